@@ -1,0 +1,15 @@
+//! `shoal-proto`: Apache RocketMQ's remoting protocol as typed Rust.
+//!
+//! This crate has no I/O and no async runtime. It owns:
+//! - [`command`]: the [`RemotingCommand`] frame (JSON and ROCKETMQ binary headers);
+//! - [`mq`]: [`MessageQueue`], the (topic, broker, queue id) triple every plane shares.
+//!
+//! The byte layouts follow `shared/protocol/rocketmq-remoting.md` (the "spec" below).
+
+pub mod command;
+pub mod error;
+pub mod mq;
+
+pub use command::{LanguageCode, RemotingCommand, SerializeType};
+pub use error::{ProtoError, Result};
+pub use mq::MessageQueue;
