@@ -1,0 +1,2 @@
+//! Criterion benchmark (being written).
+fn main() {}
