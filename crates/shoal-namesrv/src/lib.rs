@@ -1,1 +1,3 @@
-//! `shoal-namesrv`: see `shared/DESIGN.md` section 1. Built by its own issue.
+//! `shoal-namesrv`: the name server (routes: topic -> brokers -> queues).
+
+pub mod route;
