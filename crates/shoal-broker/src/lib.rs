@@ -1,1 +1,4 @@
-//! `shoal-broker`: see `shared/DESIGN.md` section 1. Built by its own issue.
+//! `shoal-broker`: the broker.
+
+pub mod lock;
+pub mod registry;
