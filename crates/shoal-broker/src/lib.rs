@@ -1,4 +1,5 @@
 //! `shoal-broker`: the broker.
 
+pub mod config;
 pub mod lock;
 pub mod registry;

@@ -1,0 +1,208 @@
+//! Broker configuration: a TOML file, overridden by command-line flags.
+
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+/// When a send is acknowledged relative to the disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum FlushMode {
+    /// Acknowledge after the write; a flusher thread fsyncs every `flush_interval_ms`.
+    #[default]
+    Async,
+    /// Acknowledge after fsync (group commit).
+    Sync,
+}
+
+/// Everything a broker needs to start. Defaults are RocketMQ's unless noted.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BrokerConfig {
+    /// Broker name (`brokerName`).
+    pub broker_name: String,
+    /// Cluster name (`brokerClusterName`).
+    pub cluster_name: String,
+    /// Broker id: 0 = master (Shoal runs masters only).
+    pub broker_id: i64,
+    /// Address to listen on.
+    pub listen_addr: String,
+    /// Address to announce to name servers and clients (defaults to the listen address).
+    pub announce_addr: Option<String>,
+    /// Name server addresses (`host:port`), registered with in parallel.
+    pub namesrv_addrs: Vec<String>,
+    /// Data directory (commit log, consume queues, index, configs, offsets).
+    pub data_dir: PathBuf,
+    /// Flush mode.
+    pub flush_mode: FlushMode,
+    /// Async flush interval.
+    pub flush_interval_ms: u64,
+    /// How long a sync-flush append may wait for fsync before answering FLUSH_DISK_TIMEOUT.
+    pub sync_flush_timeout_ms: u64,
+    /// Commit log segment size in bytes (1 GiB).
+    pub commit_log_segment_bytes: u64,
+    /// Retention of commit log segments, hours (72).
+    pub retention_hours: u64,
+    /// Largest message body accepted, bytes (4 MiB).
+    pub max_message_bytes: usize,
+    /// Create unknown topics on first send (`autoCreateTopicEnable`; on in `shoal dev`).
+    pub auto_create_topic: bool,
+    /// Create subscription groups on first heartbeat (`autoCreateSubscriptionGroup`).
+    pub auto_create_subscription_group: bool,
+    /// Queue count of auto-created topics.
+    pub default_topic_queue_nums: i32,
+    /// Interval between registrations with the name servers (30 s).
+    pub register_interval_ms: u64,
+    /// Expiry of a client without heartbeat (120 s).
+    pub client_expiry_ms: u64,
+    /// Queue lock lifetime after last renewal (60 s).
+    pub lock_ttl_ms: u64,
+    /// Long polling on (held pulls answered on arrival).
+    pub long_polling: bool,
+    /// Hold time of a pull when long polling is off (1 s).
+    pub short_polling_ms: u64,
+    /// Delay levels (`messageDelayLevel`).
+    pub delay_levels: String,
+    /// Reconsume attempts before the DLQ, when the client does not say (16).
+    pub max_reconsume_times: i32,
+    /// Queues of `%RETRY%<group>` topics (1).
+    pub retry_queue_nums: i32,
+    /// Consumer offsets flushed to disk every this many ms (5 s).
+    pub offset_flush_interval_ms: u64,
+}
+
+impl Default for BrokerConfig {
+    fn default() -> Self {
+        Self {
+            broker_name: "broker-a".into(),
+            cluster_name: "DefaultCluster".into(),
+            broker_id: 0,
+            listen_addr: "127.0.0.1:10911".into(),
+            announce_addr: None,
+            namesrv_addrs: vec!["127.0.0.1:9876".into()],
+            data_dir: PathBuf::from("shoal-data/broker"),
+            flush_mode: FlushMode::Async,
+            flush_interval_ms: 500,
+            sync_flush_timeout_ms: 5_000,
+            commit_log_segment_bytes: 1 << 30,
+            retention_hours: 72,
+            max_message_bytes: 4 * 1024 * 1024,
+            auto_create_topic: false,
+            auto_create_subscription_group: true,
+            default_topic_queue_nums: 4,
+            register_interval_ms: 30_000,
+            client_expiry_ms: 120_000,
+            lock_ttl_ms: 60_000,
+            long_polling: true,
+            short_polling_ms: 1_000,
+            delay_levels: "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h".into(),
+            max_reconsume_times: 16,
+            retry_queue_nums: 1,
+            offset_flush_interval_ms: 5_000,
+        }
+    }
+}
+
+/// A configuration that cannot be used, with the reason.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid broker configuration: {0}")]
+pub struct ConfigError(pub String);
+
+impl BrokerConfig {
+    /// Parses a TOML document; unknown keys are errors (a typo must not be ignored).
+    pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
+        let cfg: BrokerConfig = toml::from_str(text).map_err(|e| ConfigError(e.to_string()))?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Checks values that would make the broker misbehave.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.broker_name.is_empty() {
+            return Err(ConfigError("broker_name is empty".into()));
+        }
+        if self.cluster_name.is_empty() {
+            return Err(ConfigError("cluster_name is empty".into()));
+        }
+        if self.commit_log_segment_bytes < 64 * 1024 {
+            return Err(ConfigError(format!(
+                "commit_log_segment_bytes {} is below 64 KiB",
+                self.commit_log_segment_bytes
+            )));
+        }
+        if self.max_message_bytes == 0
+            || self.max_message_bytes as u64 + 64 * 1024 > self.commit_log_segment_bytes
+        {
+            return Err(ConfigError(format!(
+                "max_message_bytes {} must be positive and fit in a commit log segment ({} bytes)",
+                self.max_message_bytes, self.commit_log_segment_bytes
+            )));
+        }
+        if !(1..=1024).contains(&self.default_topic_queue_nums) {
+            return Err(ConfigError(format!(
+                "default_topic_queue_nums {} is outside 1..=1024",
+                self.default_topic_queue_nums
+            )));
+        }
+        parse_delay_levels(&self.delay_levels)?;
+        Ok(())
+    }
+
+    /// The address announced to name servers and clients.
+    pub fn announce_addr(&self) -> &str {
+        self.announce_addr.as_deref().unwrap_or(&self.listen_addr)
+    }
+}
+
+/// Parses RocketMQ's `messageDelayLevel` string ("1s 5s 10s 30s 1m ... 2h") into milliseconds.
+pub fn parse_delay_levels(text: &str) -> Result<Vec<u64>, ConfigError> {
+    let mut levels = Vec::new();
+    for item in text.split_whitespace() {
+        let (num, unit) = item.split_at(item.len().saturating_sub(1));
+        let factor = match unit {
+            "s" => 1_000,
+            "m" => 60_000,
+            "h" => 3_600_000,
+            "d" => 86_400_000,
+            _ => {
+                return Err(ConfigError(format!(
+                    "delay level {item:?} has no unit s/m/h/d"
+                )))
+            }
+        };
+        let n: u64 = num
+            .parse()
+            .map_err(|_| ConfigError(format!("delay level {item:?} is not a number")))?;
+        levels.push(n * factor);
+    }
+    if levels.is_empty() {
+        return Err(ConfigError("delay_levels is empty".into()));
+    }
+    Ok(levels)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_delay_levels() {
+        let l = parse_delay_levels(&BrokerConfig::default().delay_levels).unwrap();
+        assert_eq!(l.len(), 18);
+        assert_eq!(l[0], 1_000);
+        assert_eq!(l[4], 60_000);
+        assert_eq!(l[17], 7_200_000);
+        assert!(parse_delay_levels("1x").is_err());
+        assert!(parse_delay_levels("").is_err());
+    }
+
+    #[test]
+    fn toml_overrides_and_rejects_typos() {
+        let c = BrokerConfig::from_toml("broker_name = \"b1\"\nflush_mode = \"sync\"\n").unwrap();
+        assert_eq!(c.broker_name, "b1");
+        assert_eq!(c.flush_mode, FlushMode::Sync);
+        assert_eq!(c.cluster_name, "DefaultCluster");
+        let e = BrokerConfig::from_toml("brokr_name = \"b1\"").unwrap_err();
+        assert!(e.0.contains("brokr_name"), "{e}");
+        assert!(BrokerConfig::from_toml("max_message_bytes = 0").is_err());
+    }
+}
