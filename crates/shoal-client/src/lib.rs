@@ -1,1 +1,4 @@
-//! `shoal-client`: see `shared/DESIGN.md` section 1. Built by its own issue.
+//! `shoal-client`: producer, push consumer, lite pull consumer and admin client.
+
+pub mod fault;
+pub mod process_queue;
