@@ -1,4 +1,5 @@
 //! `shoal-client`: producer, push consumer, lite pull consumer and admin client.
 
 pub mod fault;
+pub mod offset_store;
 pub mod process_queue;
