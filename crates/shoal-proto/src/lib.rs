@@ -6,8 +6,11 @@
 //!
 //! The byte layouts follow `shared/protocol/rocketmq-remoting.md` (the "spec" below).
 
+pub mod code;
 pub mod command;
+pub mod constants;
 pub mod error;
+pub mod hash;
 pub mod mq;
 
 pub use command::{LanguageCode, RemotingCommand, SerializeType};
