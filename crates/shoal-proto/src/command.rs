@@ -3,7 +3,8 @@
 //! The struct here is the contract every plane shares. Encoding and decoding of whole frames
 //! (length prefix, JSON and ROCKETMQ binary headers) live next to it in this module.
 
-use bytes::Bytes;
+use crate::{ProtoError, Result};
+use bytes::{Buf, BufMut, Bytes, BytesMut};
 use indexmap::IndexMap;
 
 /// The "custom header" of a command: string keys to string values, in insertion order
@@ -217,6 +218,663 @@ impl RemotingCommand {
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Frame codec (spec 1.1, 1.3, 1.4, 9 and 10)
+// ---------------------------------------------------------------------------------------------
+
+/// Bytes of the fixed part of a ROCKETMQ binary header: code (2), language (1), version (2),
+/// opaque (4), flag (4), remark length (4) and extFields length (4).
+pub const ROCKETMQ_HEADER_FIXED_LEN: usize = 21;
+
+/// Largest header length the 24 low bits of a frame's second word can carry.
+pub const MAX_HEADER_LEN: usize = 0x00FF_FFFF;
+
+/// The `language` a decoded header gets when the peer sent a name or code Shoal does not know.
+///
+/// Java turns such a value into `null`; Shoal keeps [`LanguageCode::Other`] instead so that the
+/// command stays encodable and the peer is still reported as "not one of ours".
+pub const UNKNOWN_LANGUAGE: LanguageCode = LanguageCode::Other;
+
+/// Splits one frame off the front of a stream buffer, as a length-delimited decoder does.
+///
+/// `src` holds bytes read from a connection, starting at a frame boundary. When it holds a
+/// whole frame, the frame's 4-byte length field is consumed and the bytes after it (header-length
+/// word, header and body) are returned, ready for [`RemotingCommand::decode`]. When more bytes
+/// are needed, `Ok(None)` is returned and `src` is left as it was (with room reserved for the
+/// rest of the frame).
+///
+/// `max_frame_len` counts the length field itself, as Java's `frameMaxLength` does
+/// ([`MAX_FRAME_LEN`] = 16 MiB by default).
+///
+/// # Errors
+/// A negative length, a length shorter than the header-length word (4), or a frame larger than
+/// `max_frame_len`. After an error the stream is out of sync: close the connection.
+pub fn split_frame(src: &mut BytesMut, max_frame_len: usize) -> Result<Option<Bytes>> {
+    let Some(len_bytes) = src.get(..4) else {
+        return Ok(None);
+    };
+    let declared = i32::from_be_bytes([len_bytes[0], len_bytes[1], len_bytes[2], len_bytes[3]]);
+    let body_len = check_frame_length(declared, max_frame_len)?;
+    let total = body_len + 4;
+    if src.len() < total {
+        src.reserve(total - src.len());
+        return Ok(None);
+    }
+    src.advance(4);
+    Ok(Some(src.split_to(body_len).freeze()))
+}
+
+/// Validates the frame length field `declared` (which excludes its own 4 bytes) against the
+/// limit and returns it as a `usize`.
+fn check_frame_length(declared: i32, max_frame_len: usize) -> Result<usize> {
+    if declared < 0 {
+        return Err(ProtoError::BadLength(format!(
+            "negative frame length {declared}"
+        )));
+    }
+    let len = declared as usize;
+    if len < 4 {
+        return Err(ProtoError::BadLength(format!(
+            "frame length {len} is shorter than the 4-byte header-length field"
+        )));
+    }
+    if len + 4 > max_frame_len {
+        return Err(ProtoError::FrameTooLarge {
+            len: len + 4,
+            max: max_frame_len,
+        });
+    }
+    Ok(len)
+}
+
+impl RemotingCommand {
+    /// Appends this command as one whole frame to `dst`:
+    /// `int32 length | int32 (type<<24)|hdrLen | header | body`.
+    ///
+    /// The header is JSON or ROCKETMQ binary according to [`RemotingCommand::serialize_type`].
+    /// JSON is written exactly as Java's fastjson does (see [`RemotingCommand::encode_header`]).
+    /// No frame-size limit is applied here beyond what the format can represent; a transport
+    /// enforces its own limit. On error nothing is left appended to `dst`.
+    ///
+    /// # Errors
+    /// With a binary header: a `code` or `version` outside the 16-bit range, or an extFields key
+    /// longer than 32767 bytes. Any header over 16 MiB − 1 or a frame over `i32::MAX` bytes.
+    pub fn encode(&self, dst: &mut BytesMut) -> Result<()> {
+        let start = dst.len();
+        let result = self.encode_inner(dst, start);
+        if result.is_err() {
+            dst.truncate(start);
+        }
+        result
+    }
+
+    fn encode_inner(&self, dst: &mut BytesMut, start: usize) -> Result<()> {
+        let body_len = self.body.as_ref().map_or(0, Bytes::len);
+        dst.reserve(8 + 256 + body_len);
+        dst.put_u64(0); // length and header-length words, patched below
+        self.encode_header(dst)?;
+        let header_len = dst.len() - start - 8;
+        if header_len > MAX_HEADER_LEN {
+            return Err(ProtoError::FrameTooLarge {
+                len: header_len,
+                max: MAX_HEADER_LEN,
+            });
+        }
+        let frame_len = 4 + header_len + body_len;
+        let Ok(frame_len_i32) = i32::try_from(frame_len) else {
+            return Err(ProtoError::FrameTooLarge {
+                len: frame_len + 4,
+                max: i32::MAX as usize,
+            });
+        };
+        if let Some(body) = &self.body {
+            dst.extend_from_slice(body);
+        }
+        let word = (u32::from(self.serialize_type.code()) << 24) | header_len as u32;
+        dst[start..start + 4].copy_from_slice(&frame_len_i32.to_be_bytes());
+        dst[start + 4..start + 8].copy_from_slice(&word.to_be_bytes());
+        Ok(())
+    }
+
+    /// Encodes this command as one whole frame into new bytes (see [`RemotingCommand::encode`]).
+    ///
+    /// # Errors
+    /// As [`RemotingCommand::encode`].
+    pub fn to_frame(&self) -> Result<Bytes> {
+        let mut dst = BytesMut::new();
+        self.encode(&mut dst)?;
+        Ok(dst.freeze())
+    }
+
+    /// Appends only the header (no length words, no body) to `dst`, in the format given by
+    /// [`RemotingCommand::serialize_type`].
+    ///
+    /// JSON headers are what fastjson emits for Java's `RemotingCommand`: keys sorted (`code`,
+    /// `extFields`, `flag`, `language`, `opaque`, `remark`, `serializeTypeCurrentRPC`,
+    /// `version`), `null`s omitted (`extFields` when `None`, `remark` when `None`), `extFields`
+    /// entries in map order, `serializeTypeCurrentRPC` always `"JSON"`, strings with standard
+    /// JSON escaping (control characters as `\u0001`, no escaping of `/` or non-ASCII).
+    ///
+    /// # Errors
+    /// As [`RemotingCommand::encode`] (only binary headers can fail).
+    pub fn encode_header(&self, dst: &mut BytesMut) -> Result<()> {
+        match self.serialize_type {
+            SerializeType::Json => {
+                self.encode_json_header(dst);
+                Ok(())
+            }
+            SerializeType::RocketMq => self.encode_rocketmq_header(dst),
+        }
+    }
+
+    fn encode_json_header(&self, dst: &mut BytesMut) {
+        dst.extend_from_slice(b"{\"code\":");
+        put_decimal(dst, self.code);
+        if let Some(ext) = &self.ext_fields {
+            dst.extend_from_slice(b",\"extFields\":{");
+            for (i, (k, v)) in ext.iter().enumerate() {
+                if i > 0 {
+                    dst.put_u8(b',');
+                }
+                put_json_str(dst, k);
+                dst.put_u8(b':');
+                put_json_str(dst, v);
+            }
+            dst.put_u8(b'}');
+        }
+        dst.extend_from_slice(b",\"flag\":");
+        put_decimal(dst, self.flag);
+        dst.extend_from_slice(b",\"language\":\"");
+        dst.extend_from_slice(self.language.name().as_bytes());
+        dst.extend_from_slice(b"\",\"opaque\":");
+        put_decimal(dst, self.opaque);
+        if let Some(remark) = &self.remark {
+            dst.extend_from_slice(b",\"remark\":");
+            put_json_str(dst, remark);
+        }
+        dst.extend_from_slice(b",\"serializeTypeCurrentRPC\":\"JSON\",\"version\":");
+        put_decimal(dst, self.version);
+        dst.put_u8(b'}');
+    }
+
+    fn encode_rocketmq_header(&self, dst: &mut BytesMut) -> Result<()> {
+        let code = i16::try_from(self.code).map_err(|_| ProtoError::InvalidField {
+            field: "code",
+            value: self.code.to_string(),
+            reason: "does not fit the 16-bit code of a ROCKETMQ binary header; use JSON".into(),
+        })?;
+        let version = i16::try_from(self.version).map_err(|_| ProtoError::InvalidField {
+            field: "version",
+            value: self.version.to_string(),
+            reason: "does not fit the 16-bit version of a ROCKETMQ binary header".into(),
+        })?;
+        let remark = self.remark.as_deref().unwrap_or("");
+        let remark_len = len_i32(remark.len(), "remark")?;
+        let mut ext_len = 0usize;
+        if let Some(ext) = &self.ext_fields {
+            for (k, v) in ext {
+                if k.len() > i16::MAX as usize {
+                    return Err(ProtoError::InvalidField {
+                        field: "extFields",
+                        value: k.chars().take(64).collect(),
+                        reason: format!(
+                            "key of {} bytes exceeds the 32767-byte limit of a ROCKETMQ binary header",
+                            k.len()
+                        ),
+                    });
+                }
+                ext_len += 2 + k.len() + 4 + v.len();
+            }
+        }
+        let ext_len_i32 = len_i32(ext_len, "extFields")?;
+        dst.reserve(ROCKETMQ_HEADER_FIXED_LEN + remark.len() + ext_len);
+        dst.put_i16(code);
+        dst.put_u8(self.language.code());
+        dst.put_i16(version);
+        dst.put_i32(self.opaque);
+        dst.put_i32(self.flag);
+        dst.put_i32(remark_len);
+        dst.extend_from_slice(remark.as_bytes());
+        dst.put_i32(ext_len_i32);
+        if let Some(ext) = &self.ext_fields {
+            for (k, v) in ext {
+                dst.put_i16(k.len() as i16);
+                dst.extend_from_slice(k.as_bytes());
+                dst.put_i32(v.len() as i32);
+                dst.extend_from_slice(v.as_bytes());
+            }
+        }
+        Ok(())
+    }
+
+    /// Decodes one frame given the bytes after its length field (what [`split_frame`] or a
+    /// length-delimited codec hands over): `int32 (type<<24)|hdrLen | header | body`.
+    ///
+    /// The body is a zero-copy slice of `frame`; an empty body decodes as `None`.
+    ///
+    /// # Errors
+    /// A frame shorter than 4 bytes, a header length beyond the frame, an unknown serialize
+    /// type, and any error of [`RemotingCommand::decode_header`].
+    pub fn decode(frame: Bytes) -> Result<RemotingCommand> {
+        let Some(word) = frame.get(..4) else {
+            return Err(ProtoError::Truncated {
+                what: "frame header-length word",
+                need: 4,
+                have: frame.len(),
+            });
+        };
+        let word = u32::from_be_bytes([word[0], word[1], word[2], word[3]]);
+        let serialize_type = SerializeType::from_code((word >> 24) as u8)?;
+        let header_len = (word & MAX_HEADER_LEN as u32) as usize;
+        let available = frame.len() - 4;
+        if header_len > available {
+            return Err(ProtoError::BadLength(format!(
+                "header length {header_len} exceeds the {available} bytes left in the frame"
+            )));
+        }
+        let mut cmd = Self::decode_header(serialize_type, &frame[4..4 + header_len])?;
+        if frame.len() > 4 + header_len {
+            cmd.body = Some(frame.slice(4 + header_len..));
+        }
+        Ok(cmd)
+    }
+
+    /// Decodes a header alone (the `hdrLen` bytes of a frame) of the given type. The result has
+    /// no body.
+    ///
+    /// JSON (what Java's fastjson accepts): keys in any order, unknown keys ignored, every key
+    /// optional (code/version/opaque/flag 0, language JAVA, no remark, no extFields), `null`
+    /// treated as absent, integers also accepted as numeric strings, whitespace (e.g. a trailing
+    /// newline) around the object allowed, extFields scalar values (numbers, booleans) turned
+    /// into their string form and `null` values dropped, `language` by name or number with
+    /// unknown values mapped to [`UNKNOWN_LANGUAGE`].
+    ///
+    /// ROCKETMQ binary: signed 16-bit code and version, zero-length remark/keys/values decode as
+    /// absent (so an empty extFields decodes as `None`), bytes after the extFields area ignored
+    /// (as Java does), unknown language codes mapped to [`UNKNOWN_LANGUAGE`].
+    ///
+    /// # Errors
+    /// Invalid UTF-8, invalid JSON or JSON of the wrong shape, integers out of range, negative
+    /// or overlong lengths in a binary header.
+    pub fn decode_header(serialize_type: SerializeType, header: &[u8]) -> Result<RemotingCommand> {
+        match serialize_type {
+            SerializeType::Json => decode_json_header(header),
+            SerializeType::RocketMq => decode_rocketmq_header(header),
+        }
+    }
+}
+
+fn len_i32(len: usize, what: &'static str) -> Result<i32> {
+    i32::try_from(len).map_err(|_| {
+        ProtoError::BadLength(format!(
+            "{what} of {len} bytes does not fit an int32 length"
+        ))
+    })
+}
+
+/// Writes `v` in decimal without going through `fmt`.
+fn put_decimal(dst: &mut BytesMut, v: i32) {
+    let mut buf = [0u8; 11];
+    let mut pos = buf.len();
+    let mut n = v.unsigned_abs();
+    loop {
+        pos -= 1;
+        buf[pos] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    if v < 0 {
+        pos -= 1;
+        buf[pos] = b'-';
+    }
+    dst.extend_from_slice(&buf[pos..]);
+}
+
+const HEX: &[u8; 16] = b"0123456789abcdef";
+
+/// Writes `s` as a JSON string with standard escaping.
+fn put_json_str(dst: &mut BytesMut, s: &str) {
+    dst.reserve(s.len() + 2);
+    dst.put_u8(b'"');
+    let bytes = s.as_bytes();
+    let mut start = 0;
+    for (i, &b) in bytes.iter().enumerate() {
+        let short: &[u8] = match b {
+            b'"' => b"\\\"",
+            b'\\' => b"\\\\",
+            b'\n' => b"\\n",
+            b'\r' => b"\\r",
+            b'\t' => b"\\t",
+            0x08 => b"\\b",
+            0x0c => b"\\f",
+            0x00..=0x1f => b"",
+            _ => continue,
+        };
+        dst.extend_from_slice(&bytes[start..i]);
+        start = i + 1;
+        if short.is_empty() {
+            dst.extend_from_slice(&[
+                b'\\',
+                b'u',
+                b'0',
+                b'0',
+                HEX[(b >> 4) as usize],
+                HEX[(b & 0xf) as usize],
+            ]);
+        } else {
+            dst.extend_from_slice(short);
+        }
+    }
+    dst.extend_from_slice(&bytes[start..]);
+    dst.put_u8(b'"');
+}
+
+// --- JSON header decoding --------------------------------------------------------------------
+
+#[derive(serde::Deserialize)]
+struct JsonHeaderIn {
+    code: Option<JsonInt>,
+    language: Option<JsonLanguage>,
+    version: Option<JsonInt>,
+    opaque: Option<JsonInt>,
+    flag: Option<JsonInt>,
+    remark: Option<String>,
+    #[serde(rename = "extFields")]
+    ext_fields: Option<JsonExtFields>,
+}
+
+fn decode_json_header(header: &[u8]) -> Result<RemotingCommand> {
+    let text = std::str::from_utf8(header).map_err(|_| ProtoError::Utf8("JSON header"))?;
+    let h: JsonHeaderIn = serde_json::from_str(text).map_err(|e| ProtoError::Json {
+        what: "remoting command header",
+        reason: e.to_string(),
+    })?;
+    let int = |v: Option<JsonInt>| v.map_or(0, |JsonInt(i)| i);
+    Ok(RemotingCommand {
+        code: int(h.code),
+        language: h.language.map_or(LanguageCode::Java, |JsonLanguage(l)| l),
+        version: int(h.version),
+        opaque: int(h.opaque),
+        flag: int(h.flag),
+        remark: h.remark,
+        ext_fields: h.ext_fields.map(|JsonExtFields(m)| m),
+        serialize_type: SerializeType::Json,
+        body: None,
+    })
+}
+
+/// An `int` header field: a JSON integer in `i32` range, or a string holding one.
+struct JsonInt(i32);
+
+impl<'de> serde::Deserialize<'de> for JsonInt {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = JsonInt;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a 32-bit integer")
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> std::result::Result<JsonInt, E> {
+                i32::try_from(v)
+                    .map(JsonInt)
+                    .map_err(|_| E::custom(format!("integer {v} out of int32 range")))
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> std::result::Result<JsonInt, E> {
+                i32::try_from(v)
+                    .map(JsonInt)
+                    .map_err(|_| E::custom(format!("integer {v} out of int32 range")))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> std::result::Result<JsonInt, E> {
+                v.trim()
+                    .parse::<i32>()
+                    .map(JsonInt)
+                    .map_err(|_| E::custom(format!("{v:?} is not a 32-bit integer")))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// The `language` field: an enum name, or (leniently) its numeric code.
+struct JsonLanguage(LanguageCode);
+
+impl<'de> serde::Deserialize<'de> for JsonLanguage {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = JsonLanguage;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a language name")
+            }
+            fn visit_str<E: serde::de::Error>(
+                self,
+                v: &str,
+            ) -> std::result::Result<Self::Value, E> {
+                Ok(JsonLanguage(
+                    LanguageCode::from_name(v).unwrap_or(UNKNOWN_LANGUAGE),
+                ))
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> std::result::Result<Self::Value, E> {
+                Ok(JsonLanguage(
+                    u8::try_from(v)
+                        .ok()
+                        .and_then(LanguageCode::from_code)
+                        .unwrap_or(UNKNOWN_LANGUAGE),
+                ))
+            }
+            fn visit_i64<E: serde::de::Error>(
+                self,
+                _v: i64,
+            ) -> std::result::Result<Self::Value, E> {
+                Ok(JsonLanguage(UNKNOWN_LANGUAGE))
+            }
+            fn visit_bool<E: serde::de::Error>(
+                self,
+                _v: bool,
+            ) -> std::result::Result<Self::Value, E> {
+                Ok(JsonLanguage(UNKNOWN_LANGUAGE))
+            }
+            fn visit_f64<E: serde::de::Error>(
+                self,
+                _v: f64,
+            ) -> std::result::Result<Self::Value, E> {
+                Ok(JsonLanguage(UNKNOWN_LANGUAGE))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// The `extFields` object: scalar values become their string form, `null` values are dropped,
+/// nested objects and arrays become their JSON text (as Java's coercion does).
+struct JsonExtFields(ExtFields);
+
+impl<'de> serde::Deserialize<'de> for JsonExtFields {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = JsonExtFields;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an object of string values")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> std::result::Result<Self::Value, A::Error> {
+                let mut out = ExtFields::with_capacity(map.size_hint().unwrap_or(8).min(64));
+                while let Some(key) = map.next_key::<String>()? {
+                    if let Some(JsonScalar(value)) = map.next_value::<Option<JsonScalar>>()? {
+                        out.insert(key, value);
+                    }
+                }
+                Ok(JsonExtFields(out))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+/// One extFields value in string form.
+struct JsonScalar(String);
+
+impl<'de> serde::Deserialize<'de> for JsonScalar {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = JsonScalar;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON value")
+            }
+            fn visit_str<E: serde::de::Error>(
+                self,
+                v: &str,
+            ) -> std::result::Result<Self::Value, E> {
+                Ok(JsonScalar(v.to_owned()))
+            }
+            fn visit_string<E: serde::de::Error>(
+                self,
+                v: String,
+            ) -> std::result::Result<Self::Value, E> {
+                Ok(JsonScalar(v))
+            }
+            fn visit_bool<E: serde::de::Error>(
+                self,
+                v: bool,
+            ) -> std::result::Result<Self::Value, E> {
+                Ok(JsonScalar(v.to_string()))
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> std::result::Result<Self::Value, E> {
+                Ok(JsonScalar(v.to_string()))
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> std::result::Result<Self::Value, E> {
+                Ok(JsonScalar(v.to_string()))
+            }
+            fn visit_f64<E: serde::de::Error>(self, v: f64) -> std::result::Result<Self::Value, E> {
+                Ok(JsonScalar(v.to_string()))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                map: A,
+            ) -> std::result::Result<Self::Value, A::Error> {
+                let v: serde_json::Value = serde::Deserialize::deserialize(
+                    serde::de::value::MapAccessDeserializer::new(map),
+                )?;
+                Ok(JsonScalar(v.to_string()))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                seq: A,
+            ) -> std::result::Result<Self::Value, A::Error> {
+                let v: serde_json::Value = serde::Deserialize::deserialize(
+                    serde::de::value::SeqAccessDeserializer::new(seq),
+                )?;
+                Ok(JsonScalar(v.to_string()))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+// --- ROCKETMQ binary header decoding ---------------------------------------------------------
+
+/// A bounds-checked big-endian reader over a header.
+struct HeaderReader<'a> {
+    buf: &'a [u8],
+}
+
+impl<'a> HeaderReader<'a> {
+    fn take(&mut self, n: usize, what: &'static str) -> Result<&'a [u8]> {
+        if self.buf.len() < n {
+            return Err(ProtoError::Truncated {
+                what,
+                need: n,
+                have: self.buf.len(),
+            });
+        }
+        let (head, tail) = self.buf.split_at(n);
+        self.buf = tail;
+        Ok(head)
+    }
+
+    fn u8(&mut self, what: &'static str) -> Result<u8> {
+        Ok(self.take(1, what)?[0])
+    }
+
+    fn i16(&mut self, what: &'static str) -> Result<i16> {
+        let b = self.take(2, what)?;
+        Ok(i16::from_be_bytes([b[0], b[1]]))
+    }
+
+    fn i32(&mut self, what: &'static str) -> Result<i32> {
+        let b = self.take(4, what)?;
+        Ok(i32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+    }
+
+    /// A length-prefixed string; zero length gives `None`.
+    fn string(&mut self, len: i64, what: &'static str) -> Result<Option<String>> {
+        if len < 0 {
+            return Err(ProtoError::BadLength(format!(
+                "negative {what} length {len}"
+            )));
+        }
+        let bytes = self.take(len as usize, what)?;
+        if bytes.is_empty() {
+            return Ok(None);
+        }
+        std::str::from_utf8(bytes)
+            .map(|s| Some(s.to_owned()))
+            .map_err(|_| ProtoError::Utf8(what))
+    }
+}
+
+fn decode_rocketmq_header(header: &[u8]) -> Result<RemotingCommand> {
+    let mut r = HeaderReader { buf: header };
+    let code = r.i16("binary header code")?;
+    let language =
+        LanguageCode::from_code(r.u8("binary header language")?).unwrap_or(UNKNOWN_LANGUAGE);
+    let version = r.i16("binary header version")?;
+    let opaque = r.i32("binary header opaque")?;
+    let flag = r.i32("binary header flag")?;
+    let remark_len = r.i32("binary header remark length")?;
+    let remark = r.string(i64::from(remark_len), "binary header remark")?;
+    let ext_len = r.i32("binary header extFields length")?;
+    if ext_len < 0 {
+        return Err(ProtoError::BadLength(format!(
+            "negative extFields length {ext_len}"
+        )));
+    }
+    let ext_area = r.take(ext_len as usize, "binary header extFields")?;
+    let ext_fields = if ext_area.is_empty() {
+        None
+    } else {
+        let mut ext = ExtFields::new();
+        let mut e = HeaderReader { buf: ext_area };
+        while !e.buf.is_empty() {
+            let key_len = e.i16("extFields key length")?;
+            let key = e.string(i64::from(key_len), "extFields key")?;
+            let val_len = e.i32("extFields value length")?;
+            let value = e.string(i64::from(val_len), "extFields value")?;
+            if let (Some(k), Some(v)) = (key, value) {
+                ext.insert(k, v);
+            }
+        }
+        Some(ext)
+    };
+    Ok(RemotingCommand {
+        code: i32::from(code),
+        language,
+        version: i32::from(version),
+        opaque,
+        flag,
+        remark,
+        ext_fields,
+        serialize_type: SerializeType::RocketMq,
+        body: None,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -241,5 +899,527 @@ mod tests {
         assert!(resp.is_response());
         assert!(!resp.is_oneway());
         assert_eq!(resp.opaque, 42);
+    }
+
+    // --- frame codec -------------------------------------------------------------------------
+
+    use proptest::prelude::*;
+
+    const SPEC_JSON_REQUEST: &str = r#"{"code":310,"extFields":{"a":"PG","b":"T","c":"TBW102","d":"4","e":"1","f":"0","g":"1700000000000","h":"0","i":"UNIQ_KEY\u0001ABC\u0002WAIT\u0001true\u0002TAGS\u0001tagA\u0002","j":"0","k":"false","m":"false","n":"broker-a"},"flag":0,"language":"JAVA","opaque":7,"serializeTypeCurrentRPC":"JSON","version":479}"#;
+    const SPEC_JSON_RESPONSE: &str = r#"{"code":0,"extFields":{"queueId":"1","transactionId":"ABC","msgId":"7F00000100002A9F0000000000000000","TRACE_ON":"true","MSG_REGION":"DefaultRegion","queueOffset":"0"},"flag":1,"language":"JAVA","opaque":7,"serializeTypeCurrentRPC":"JSON","version":479}"#;
+
+    fn ext(pairs: &[(&str, &str)]) -> ExtFields {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn spec_send_request() -> RemotingCommand {
+        RemotingCommand {
+            code: 310,
+            language: LanguageCode::Java,
+            version: 479,
+            opaque: 7,
+            flag: 0,
+            remark: None,
+            ext_fields: Some(ext(&[
+                ("a", "PG"),
+                ("b", "T"),
+                ("c", "TBW102"),
+                ("d", "4"),
+                ("e", "1"),
+                ("f", "0"),
+                ("g", "1700000000000"),
+                ("h", "0"),
+                (
+                    "i",
+                    "UNIQ_KEY\u{1}ABC\u{2}WAIT\u{1}true\u{2}TAGS\u{1}tagA\u{2}",
+                ),
+                ("j", "0"),
+                ("k", "false"),
+                ("m", "false"),
+                ("n", "broker-a"),
+            ])),
+            serialize_type: SerializeType::Json,
+            body: Some(Bytes::from_static(b"hi")),
+        }
+    }
+
+    fn spec_send_response() -> RemotingCommand {
+        RemotingCommand {
+            code: 0,
+            language: LanguageCode::Java,
+            version: 479,
+            opaque: 7,
+            flag: 1,
+            remark: None,
+            ext_fields: Some(ext(&[
+                ("queueId", "1"),
+                ("transactionId", "ABC"),
+                ("msgId", "7F00000100002A9F0000000000000000"),
+                ("TRACE_ON", "true"),
+                ("MSG_REGION", "DefaultRegion"),
+                ("queueOffset", "0"),
+            ])),
+            serialize_type: SerializeType::Json,
+            body: None,
+        }
+    }
+
+    /// Splits a whole frame (with its length field) and decodes it.
+    fn decode_whole(frame: &[u8]) -> Result<RemotingCommand> {
+        let mut buf = BytesMut::from(frame);
+        let inner = split_frame(&mut buf, MAX_FRAME_LEN)?
+            .ok_or_else(|| ProtoError::Invalid("incomplete".into()))?;
+        assert!(buf.is_empty());
+        RemotingCommand::decode(inner)
+    }
+
+    fn json_frame(header: &str, body: &[u8]) -> Vec<u8> {
+        let mut v = Vec::new();
+        v.extend_from_slice(&((4 + header.len() + body.len()) as i32).to_be_bytes());
+        v.extend_from_slice(&(header.len() as u32).to_be_bytes());
+        v.extend_from_slice(header.as_bytes());
+        v.extend_from_slice(body);
+        v
+    }
+
+    #[test]
+    fn spec_json_request_encodes_byte_for_byte() {
+        let frame = spec_send_request().to_frame().unwrap();
+        assert_eq!(SPEC_JSON_REQUEST.len(), 310);
+        assert_eq!(&frame[..8], &[0, 0, 0x01, 0x3c, 0, 0, 0x01, 0x36]);
+        assert_eq!(&frame[8..318], SPEC_JSON_REQUEST.as_bytes());
+        assert_eq!(&frame[318..], b"hi");
+        assert_eq!(
+            frame.as_ref(),
+            json_frame(SPEC_JSON_REQUEST, b"hi").as_slice()
+        );
+        assert_eq!(decode_whole(&frame).unwrap(), spec_send_request());
+    }
+
+    #[test]
+    fn spec_json_response_both_ways() {
+        let mut header = BytesMut::new();
+        spec_send_response().encode_header(&mut header).unwrap();
+        assert_eq!(&header[..], SPEC_JSON_RESPONSE.as_bytes());
+        let decoded = decode_whole(&json_frame(SPEC_JSON_RESPONSE, b"")).unwrap();
+        assert_eq!(decoded, spec_send_response());
+        // extFields keep the order of the wire.
+        let keys: Vec<&str> = decoded
+            .ext_fields
+            .as_ref()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        assert_eq!(keys[0], "queueId");
+        assert_eq!(keys[5], "queueOffset");
+    }
+
+    fn spec_binary_frame() -> Vec<u8> {
+        let mut entries = Vec::new();
+        for (k, v) in spec_send_request().ext_fields.unwrap() {
+            entries.extend_from_slice(&(k.len() as i16).to_be_bytes());
+            entries.extend_from_slice(k.as_bytes());
+            entries.extend_from_slice(&(v.len() as i32).to_be_bytes());
+            entries.extend_from_slice(v.as_bytes());
+        }
+        assert_eq!(entries.len(), 169);
+        let mut v = vec![
+            0x00, 0x00, 0x00, 0xc4, 0x01, 0x00, 0x00, 0xbe, 0x01, 0x36, 0x00, 0x01, 0xdf, 0x00,
+            0x00, 0x00, 0x07, // len=196, type 1, hdr=190; code=310 lang=0 ver=479 opaque=7
+            0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0xa9,
+        ];
+        assert_eq!(
+            &entries[..18],
+            &[
+                0x00, 0x01, 0x61, 0x00, 0x00, 0x00, 0x02, 0x50, 0x47, 0x00, 0x01, 0x62, 0x00, 0x00,
+                0x00, 0x01, 0x54, 0x00
+            ]
+        );
+        v.extend_from_slice(&entries);
+        v.extend_from_slice(b"hi");
+        v
+    }
+
+    #[test]
+    fn spec_binary_example_both_ways() {
+        let mut cmd = spec_send_request();
+        cmd.serialize_type = SerializeType::RocketMq;
+        let expected = spec_binary_frame();
+        assert_eq!(cmd.to_frame().unwrap().as_ref(), expected.as_slice());
+        assert_eq!(decode_whole(&expected).unwrap(), cmd);
+    }
+
+    #[test]
+    fn json_decoding_is_lenient_like_java() {
+        let minimal = decode_whole(&json_frame(r#"{"code":0,"flag":1,"opaque":7}"#, b"")).unwrap();
+        assert_eq!(minimal.code, 0);
+        assert!(minimal.is_response());
+        assert_eq!(minimal.opaque, 7);
+        assert_eq!(minimal.language, LanguageCode::Java);
+        assert_eq!(minimal.version, 0);
+        assert_eq!(minimal.remark, None);
+        assert_eq!(minimal.ext_fields, None);
+        assert_eq!(minimal.body, None);
+
+        // Section 10: C++ client: no serializeTypeCurrentRPC, scalar values, trailing newline,
+        // keys in another order, unknown keys.
+        let cpp = "{\"version\":63,\"unknown\":[1,{\"x\":2}],\"opaque\":-5,\"language\":\"CPP\",\
+            \"extFields\":{\"queueId\":1,\"unitMode\":false,\"big\":12345678901234,\"neg\":-3,\
+            \"f\":1.5,\"gone\":null,\"AccessKey\":\"\",\"obj\":{\"k\":[1,\"v\"]}},\"remark\":\"\",\"code\":11,\"flag\":0}\n\n";
+        let c = decode_whole(&json_frame(cpp, b"body")).unwrap();
+        assert_eq!(c.code, 11);
+        assert_eq!(c.version, 63);
+        assert_eq!(c.opaque, -5);
+        assert_eq!(c.language, LanguageCode::Cpp);
+        assert_eq!(c.remark.as_deref(), Some(""));
+        assert_eq!(c.ext("queueId"), Some("1"));
+        assert_eq!(c.ext("unitMode"), Some("false"));
+        assert_eq!(c.ext("big"), Some("12345678901234"));
+        assert_eq!(c.ext("neg"), Some("-3"));
+        assert_eq!(c.ext("f"), Some("1.5"));
+        assert_eq!(c.ext("gone"), None);
+        assert_eq!(c.ext("AccessKey"), Some(""));
+        assert_eq!(c.ext("obj"), Some(r#"{"k":[1,"v"]}"#));
+        assert_eq!(c.body.as_deref(), Some(&b"body"[..]));
+
+        let odd = decode_whole(&json_frame(
+            r#"{"code":"310","language":"COBOL","flag":null,"remark":null,"extFields":{}}"#,
+            b"",
+        ))
+        .unwrap();
+        assert_eq!(odd.code, 310);
+        assert_eq!(odd.language, UNKNOWN_LANGUAGE);
+        assert_eq!(odd.flag, 0);
+        assert_eq!(odd.ext_fields, Some(ExtFields::new()));
+        let numeric_lang =
+            RemotingCommand::decode_header(SerializeType::Json, br#"{"language":12}"#).unwrap();
+        assert_eq!(numeric_lang.language, LanguageCode::Rust);
+    }
+
+    #[test]
+    fn json_escapes_like_standard_json() {
+        let mut cmd = RemotingCommand::response(
+            1,
+            Some("a\"b\\c/d\n\r\t\u{8}\u{c}\u{0}\u{1f}é😀\u{7f}".into()),
+        );
+        cmd.ext_fields = Some(ext(&[("k\u{1}", "v\u{2}")]));
+        let mut h = BytesMut::new();
+        cmd.encode_header(&mut h).unwrap();
+        let text = std::str::from_utf8(&h).unwrap();
+        assert!(
+            text.contains(r#""remark":"a\"b\\c/d\n\r\t\b\f\u0000\u001fé😀"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#""extFields":{"k\u0001":"v\u0002"}"#),
+            "{text}"
+        );
+        assert_eq!(
+            RemotingCommand::decode_header(SerializeType::Json, &h).unwrap(),
+            cmd
+        );
+    }
+
+    #[test]
+    fn binary_quirks() {
+        // Empty remark and empty values decode as absent; an empty map decodes as None.
+        let mut cmd = RemotingCommand::request(10).with_ext_fields(ext(&[("a", ""), ("b", "x")]));
+        cmd.serialize_type = SerializeType::RocketMq;
+        cmd.remark = Some(String::new());
+        let d = decode_whole(&cmd.to_frame().unwrap()).unwrap();
+        assert_eq!(d.remark, None);
+        assert_eq!(d.ext_fields, Some(ext(&[("b", "x")])));
+        cmd.ext_fields = Some(ExtFields::new());
+        assert_eq!(
+            decode_whole(&cmd.to_frame().unwrap()).unwrap().ext_fields,
+            None
+        );
+        // Negative codes are legal and read back signed; unknown language codes are kept as Other.
+        cmd.code = -2;
+        let mut frame = BytesMut::from(&cmd.to_frame().unwrap()[..]);
+        frame[10] = 200; // language byte
+        let d = decode_whole(&frame).unwrap();
+        assert_eq!(d.code, -2);
+        assert_eq!(d.language, UNKNOWN_LANGUAGE);
+    }
+
+    #[test]
+    fn binary_encoding_refuses_what_does_not_fit() {
+        let mut cmd = RemotingCommand::request(200_050); // POP family
+        cmd.serialize_type = SerializeType::RocketMq;
+        let mut dst = BytesMut::from(&b"keep"[..]);
+        let err = cmd.encode(&mut dst).unwrap_err();
+        assert!(
+            matches!(err, ProtoError::InvalidField { field: "code", .. }),
+            "{err}"
+        );
+        assert_eq!(&dst[..], b"keep", "nothing appended on error");
+        cmd.code = 32_768;
+        assert!(cmd.to_frame().is_err());
+        cmd.code = 32_767;
+        assert!(cmd.to_frame().is_ok());
+        cmd.code = -32_769;
+        assert!(cmd.to_frame().is_err());
+        cmd.code = 10;
+        cmd.version = 40_000;
+        assert!(matches!(
+            cmd.to_frame().unwrap_err(),
+            ProtoError::InvalidField {
+                field: "version",
+                ..
+            }
+        ));
+        cmd.version = 479;
+        cmd.ext_fields = Some(ext(&[(&"k".repeat(40_000), "v")]));
+        assert!(matches!(
+            cmd.to_frame().unwrap_err(),
+            ProtoError::InvalidField {
+                field: "extFields",
+                ..
+            }
+        ));
+        // The same command is fine with JSON.
+        cmd.serialize_type = SerializeType::Json;
+        cmd.code = 200_050;
+        assert_eq!(decode_whole(&cmd.to_frame().unwrap()).unwrap(), cmd);
+    }
+
+    #[test]
+    fn split_frame_waits_for_whole_frames_and_checks_lengths() {
+        let frame = spec_send_request().to_frame().unwrap();
+        let mut buf = BytesMut::new();
+        for (i, b) in frame.iter().enumerate() {
+            assert_eq!(
+                split_frame(&mut buf, MAX_FRAME_LEN).unwrap(),
+                None,
+                "byte {i}"
+            );
+            buf.extend_from_slice(&[*b]);
+        }
+        buf.extend_from_slice(&frame[..3]); // start of a second frame stays buffered
+        let inner = split_frame(&mut buf, MAX_FRAME_LEN).unwrap().unwrap();
+        assert_eq!(inner.len(), frame.len() - 4);
+        assert_eq!(&buf[..], &frame[..3]);
+
+        let err = |bytes: &[u8], max| split_frame(&mut BytesMut::from(bytes), max).unwrap_err();
+        assert!(matches!(
+            err(&[0xff, 0xff, 0xff, 0xfe], MAX_FRAME_LEN),
+            ProtoError::BadLength(_)
+        ));
+        assert!(matches!(
+            err(&[0, 0, 0, 3, 0, 0, 0], MAX_FRAME_LEN),
+            ProtoError::BadLength(_)
+        ));
+        assert_eq!(
+            err(&[0x01, 0x00, 0x00, 0x00], MAX_FRAME_LEN),
+            ProtoError::FrameTooLarge {
+                len: 16_777_220,
+                max: MAX_FRAME_LEN
+            }
+        );
+        // Exactly at the limit (length field included) is accepted.
+        let mut at_limit = BytesMut::from(&[0u8, 0, 0, 12][..]);
+        at_limit.extend_from_slice(&[0; 12]);
+        assert!(split_frame(&mut at_limit, 16).unwrap().is_some());
+        assert!(matches!(
+            split_frame(&mut BytesMut::from(&[0u8, 0, 0, 13][..]), 16).unwrap_err(),
+            ProtoError::FrameTooLarge { len: 17, max: 16 }
+        ));
+    }
+
+    #[test]
+    fn malformed_frames_are_errors() {
+        let dec = |b: &'static [u8]| RemotingCommand::decode(Bytes::from_static(b)).unwrap_err();
+        assert!(matches!(dec(b"\0\0"), ProtoError::Truncated { .. }));
+        assert!(matches!(dec(b"\0\0\0\x05{}"), ProtoError::BadLength(_)));
+        assert!(matches!(
+            dec(b"\x02\0\0\x02{}"),
+            ProtoError::UnknownSerializeType(2)
+        ));
+        assert!(matches!(dec(b"\0\0\0\x02{\xff"), ProtoError::Utf8(_)));
+        assert!(matches!(dec(b"\0\0\0\x03{\"\xc3"), ProtoError::Utf8(_)));
+        assert!(matches!(dec(b"\0\0\0\x02[]"), ProtoError::Json { .. }));
+        assert!(matches!(dec(b"\0\0\0\x01{"), ProtoError::Json { .. }));
+        assert!(matches!(dec(b"\0\0\0\x00"), ProtoError::Json { .. }));
+        let json = |h: &str| decode_whole(&json_frame(h, b"")).unwrap_err();
+        for bad in [
+            r#"{"code":1e400}"#,
+            r#"{"code":1.5}"#,
+            r#"{"code":2147483648}"#,
+            r#"{"opaque":"x"}"#,
+            r#"{"extFields":[1]}"#,
+            r#"{"extFields":{"a":"b",}}"#,
+            r#"{"remark":5}"#,
+            "{}    xxxx",
+            "{\"remark\":\"\\ud800\"}",
+        ] {
+            assert!(matches!(json(bad), ProtoError::Json { .. }), "{bad}");
+        }
+        // Binary: truncated fixed part, negative and lying lengths, bad UTF-8.
+        assert!(matches!(
+            dec(b"\x01\0\0\x03\0\x01\0"),
+            ProtoError::Truncated { .. }
+        ));
+        let binary = |remark_len: i32, remark: &[u8], ext_len: i32, ext: &[u8]| {
+            let mut h = vec![0, 10, 12, 1, 0xdf, 0, 0, 0, 1, 0, 0, 0, 0];
+            h.extend_from_slice(&remark_len.to_be_bytes());
+            h.extend_from_slice(remark);
+            h.extend_from_slice(&ext_len.to_be_bytes());
+            h.extend_from_slice(ext);
+            RemotingCommand::decode_header(SerializeType::RocketMq, &h)
+        };
+        assert!(binary(0, b"", 0, b"").is_ok());
+        assert!(matches!(
+            binary(-1, b"", 0, b"").unwrap_err(),
+            ProtoError::BadLength(_)
+        ));
+        assert!(matches!(
+            binary(9, b"abc", 0, b"").unwrap_err(),
+            ProtoError::Truncated { .. }
+        ));
+        assert!(matches!(
+            binary(2, b"\xff\xfe", 0, b"").unwrap_err(),
+            ProtoError::Utf8(_)
+        ));
+        assert!(matches!(
+            binary(0, b"", -7, b"").unwrap_err(),
+            ProtoError::BadLength(_)
+        ));
+        assert!(matches!(
+            binary(0, b"", 100, b"\0\x01a").unwrap_err(),
+            ProtoError::Truncated { .. }
+        ));
+        assert!(matches!(
+            binary(0, b"", 3, b"\0\x01a").unwrap_err(),
+            ProtoError::Truncated { .. }
+        ));
+        assert!(matches!(
+            binary(0, b"", 8, b"\0\x01a\xff\xff\xff\xff\0").unwrap_err(),
+            ProtoError::BadLength(_)
+        ));
+        assert!(matches!(
+            binary(0, b"", 8, b"\xff\xffa\0\0\0\0\0").unwrap_err(),
+            ProtoError::BadLength(_)
+        ));
+        assert!(matches!(
+            binary(0, b"", 8, b"\0\x01a\0\0\0\x01\xff").unwrap_err(),
+            ProtoError::Utf8(_)
+        ));
+    }
+
+    fn arb_ext() -> impl Strategy<Value = Option<ExtFields>> {
+        proptest::option::of(
+            proptest::collection::vec((any::<String>(), any::<String>()), 0..8)
+                .prop_map(|v| v.into_iter().collect::<ExtFields>()),
+        )
+    }
+
+    prop_compose! {
+        fn arb_command(serialize_type: SerializeType)(
+            code in any::<i32>(),
+            language in 0u8..14,
+            version in any::<i32>(),
+            opaque in any::<i32>(),
+            flag in any::<i32>(),
+            remark in proptest::option::of(any::<String>()),
+            ext_fields in arb_ext(),
+            body in proptest::option::of(proptest::collection::vec(any::<u8>(), 0..64)),
+        ) -> RemotingCommand {
+            let (code, version) = match serialize_type {
+                SerializeType::Json => (code, version),
+                SerializeType::RocketMq => (i32::from(code as i16), i32::from(version as i16)),
+            };
+            RemotingCommand {
+                code,
+                language: LanguageCode::from_code(language).unwrap_or_default(),
+                version,
+                opaque,
+                flag,
+                remark,
+                ext_fields,
+                serialize_type,
+                body: body.map(Bytes::from),
+            }
+        }
+    }
+
+    /// What a decoder gives back for `cmd`: empty bodies are absent, and binary headers lose
+    /// empty strings and empty maps.
+    fn normalised(mut cmd: RemotingCommand) -> RemotingCommand {
+        if cmd.body.as_ref().is_some_and(|b| b.is_empty()) {
+            cmd.body = None;
+        }
+        if cmd.serialize_type == SerializeType::RocketMq {
+            cmd.remark = cmd.remark.filter(|r| !r.is_empty());
+            cmd.ext_fields = cmd.ext_fields.filter(|m| !m.is_empty()).map(|m| {
+                m.into_iter()
+                    .filter(|(k, v)| !k.is_empty() && !v.is_empty())
+                    .collect()
+            });
+        }
+        cmd
+    }
+
+    proptest! {
+        #[test]
+        fn json_round_trip(cmd in arb_command(SerializeType::Json)) {
+            let frame = cmd.to_frame().unwrap();
+            prop_assert_eq!(decode_whole(&frame).unwrap(), normalised(cmd.clone()));
+            // The header is standard JSON (serde_json agrees on every string).
+            let mut h = BytesMut::new();
+            cmd.encode_header(&mut h).unwrap();
+            let v: serde_json::Value = serde_json::from_slice(&h).unwrap();
+            prop_assert_eq!(v["remark"].as_str(), cmd.remark.as_deref());
+        }
+
+        #[test]
+        fn binary_round_trip(cmd in arb_command(SerializeType::RocketMq)) {
+            let frame = cmd.to_frame().unwrap();
+            prop_assert_eq!(decode_whole(&frame).unwrap(), normalised(cmd));
+        }
+
+        #[test]
+        fn json_strings_escape_like_serde_json(s in any::<String>()) {
+            let mut out = BytesMut::new();
+            put_json_str(&mut out, &s);
+            let expected = serde_json::to_string(&s).unwrap();
+            prop_assert_eq!(&out[..], expected.as_bytes());
+        }
+
+        #[test]
+        fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let _ = RemotingCommand::decode(Bytes::from(bytes.clone()));
+            let _ = RemotingCommand::decode_header(SerializeType::Json, &bytes);
+            let _ = RemotingCommand::decode_header(SerializeType::RocketMq, &bytes);
+            let mut buf = BytesMut::from(&bytes[..]);
+            while let Ok(Some(frame)) = split_frame(&mut buf, 1024) {
+                let _ = RemotingCommand::decode(frame);
+            }
+        }
+
+        #[test]
+        fn mutated_frames_never_panic(
+            cmd in arb_command(SerializeType::RocketMq),
+            json in any::<bool>(),
+            flips in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..6),
+        ) {
+            let mut cmd = cmd;
+            if json {
+                cmd.serialize_type = SerializeType::Json;
+            }
+            let mut frame = cmd.to_frame().unwrap().to_vec();
+            for (i, b) in flips {
+                let i = i.index(frame.len());
+                frame[i] = b;
+            }
+            let mut buf = BytesMut::from(&frame[..]);
+            if let Ok(Some(inner)) = split_frame(&mut buf, MAX_FRAME_LEN) {
+                let _ = RemotingCommand::decode(inner);
+            }
+        }
     }
 }
