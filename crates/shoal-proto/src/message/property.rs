@@ -1,0 +1,321 @@
+//! Message properties (spec §4.4): the `key \u{1} value \u{2}` string and the well-known keys.
+//!
+//! Properties are kept in a [`Properties`] map (an [`IndexMap`], so encoding is deterministic:
+//! insertion order). The encoded form is `key 0x01 value 0x02` per pair, every pair terminated
+//! by `0x02` (the trailing separator is included), as Java's `messageProperties2String` writes.
+//!
+//! The decoder follows Java's `string2messageProperties`: the string is split on `0x02`; a
+//! segment is kept only if its first `0x01` is neither its first nor its last character, so
+//! pairs with an empty key or an empty value are **dropped**. A later duplicate key replaces
+//! the earlier value (as a Java `HashMap` does) but keeps the first position.
+
+use indexmap::IndexMap;
+
+use crate::{ProtoError, Result};
+
+/// Message properties: key → value, in insertion order.
+pub type Properties = IndexMap<String, String>;
+
+/// Separator between a property key and its value (`\u0001`).
+pub const NAME_VALUE_SEPARATOR: char = '\u{1}';
+/// Terminator after every property pair (`\u0002`).
+pub const PROPERTY_SEPARATOR: char = '\u{2}';
+/// Separator between the keys in the [`KEYS`] property (a space).
+pub const KEY_SEPARATOR: &str = " ";
+
+/// User keys of the message, separated by [`KEY_SEPARATOR`] (indexed by the broker).
+pub const KEYS: &str = "KEYS";
+/// The message tag (filtering, spec §5.3).
+pub const TAGS: &str = "TAGS";
+/// `"true"`/`"false"`: whether the producer waits for the store flush (Java default `true`).
+pub const WAIT: &str = "WAIT";
+/// Delay level (1..=18); the broker parks the message in `SCHEDULE_TOPIC_XXXX`.
+pub const DELAY: &str = "DELAY";
+/// Original topic of a retry message.
+pub const RETRY_TOPIC: &str = "RETRY_TOPIC";
+/// Original topic of a message parked in the schedule, timer or transaction half topic.
+pub const REAL_TOPIC: &str = "REAL_TOPIC";
+/// Original queue id of a message parked in the schedule, timer or transaction half topic.
+pub const REAL_QID: &str = "REAL_QID";
+/// `"true"` on transactional half messages.
+pub const TRAN_MSG: &str = "TRAN_MSG";
+/// Producer group (transactional messages; used by the check-back).
+pub const PGROUP: &str = "PGROUP";
+/// Minimum offset of the queue, added by the client on pull.
+pub const MIN_OFFSET: &str = "MIN_OFFSET";
+/// Maximum offset of the queue, added by the client on pull.
+pub const MAX_OFFSET: &str = "MAX_OFFSET";
+/// Buyer id (legacy reserved key).
+pub const BUYER_ID: &str = "BUYER_ID";
+/// First message id of a message re-sent to a retry or dead-letter topic.
+pub const ORIGIN_MESSAGE_ID: &str = "ORIGIN_MESSAGE_ID";
+/// Transfer flag (legacy reserved key).
+pub const TRANSFER_FLAG: &str = "TRANSFER_FLAG";
+/// Correction flag (legacy reserved key).
+pub const CORRECTION_FLAG: &str = "CORRECTION_FLAG";
+/// MQ2 flag (legacy reserved key).
+pub const MQ2_FLAG: &str = "MQ2_FLAG";
+/// Reconsume count, when a client re-sends to `%RETRY%` as a normal message.
+pub const RECONSUME_TIME: &str = "RECONSUME_TIME";
+/// Region id (the broker adds it; default `DefaultRegion`).
+pub const MSG_REGION: &str = "MSG_REGION";
+/// Trace switch `"true"`/`"false"` (the broker may add it).
+pub const TRACE_ON: &str = "TRACE_ON";
+/// Client-generated unique message id (spec §4.6); what applications see as the msg id.
+pub const UNIQ_KEY: &str = "UNIQ_KEY";
+/// Extended unique info (reserved).
+pub const EXTEND_UNIQ_INFO: &str = "EXTEND_UNIQ_INFO";
+/// Maximum reconsume count, when a client re-sends to `%RETRY%` as a normal message.
+pub const MAX_RECONSUME_TIMES: &str = "MAX_RECONSUME_TIMES";
+/// Set by the client when consumption starts (consume-timeout detection).
+pub const CONSUME_START_TIME: &str = "CONSUME_START_TIME";
+/// Number of messages wrapped in an inner batch.
+pub const INNER_NUM: &str = "INNER_NUM";
+/// Base queue offset of an inner batch.
+pub const INNER_BASE: &str = "INNER_BASE";
+/// Duplicate info (reserved).
+pub const DUP_INFO: &str = "DUP_INFO";
+/// Transaction check immunity, in seconds.
+pub const CHECK_IMMUNITY_TIME_IN_SECONDS: &str = "CHECK_IMMUNITY_TIME_IN_SECONDS";
+/// Queue offset of the prepared (half) message of a transaction.
+pub const TRAN_PREPARED_QUEUE_OFFSET: &str = "TRAN_PREPARED_QUEUE_OFFSET";
+/// Transaction id.
+pub const TRANSACTION_ID: &str = "__transactionId__";
+/// How many times the broker has checked a transaction.
+pub const TRANSACTION_CHECK_TIMES: &str = "TRANSACTION_CHECK_TIMES";
+/// Instance id (reserved).
+pub const INSTANCE_ID: &str = "INSTANCE_ID";
+/// Request/reply correlation id.
+pub const CORRELATION_ID: &str = "CORRELATION_ID";
+/// Client id a reply message is to be pushed to.
+pub const REPLY_TO_CLIENT: &str = "REPLY_TO_CLIENT";
+/// Time to live of a request/reply message.
+pub const TTL: &str = "TTL";
+/// Arrival time of a reply message.
+pub const ARRIVE_TIME: &str = "ARRIVE_TIME";
+/// Time a reply was pushed.
+pub const PUSH_REPLY_TIME: &str = "PUSH_REPLY_TIME";
+/// Broker cluster name, added by the broker on store.
+pub const CLUSTER: &str = "CLUSTER";
+/// Message type (e.g. `reply`).
+pub const MSG_TYPE: &str = "MSG_TYPE";
+/// POP checkpoint info (spec §8).
+pub const POP_CK: &str = "POP_CK";
+/// POP checkpoint offset.
+pub const POP_CK_OFFSET: &str = "POP_CK_OFFSET";
+/// Time of the first POP of a message.
+pub const FIRST_POP_TIME: &str = "1ST_POP_TIME";
+/// Sharding key of an ordered message.
+pub const SHARDING_KEY: &str = "__SHARDINGKEY";
+/// Forward queue id (reserved).
+pub const FORWARD_QUEUE_ID: &str = "PROPERTY_FORWARD_QUEUE_ID";
+/// Redirect flag (reserved).
+pub const REDIRECT: &str = "REDIRECT";
+/// Light message queue dispatch targets.
+pub const INNER_MULTI_DISPATCH: &str = "INNER_MULTI_DISPATCH";
+/// Light message queue offsets.
+pub const INNER_MULTI_QUEUE_OFFSET: &str = "INNER_MULTI_QUEUE_OFFSET";
+/// Trace context.
+pub const TRACE_CONTEXT: &str = "TRACE_CONTEXT";
+/// 5.x timer: delay in seconds.
+pub const TIMER_DELAY_SEC: &str = "TIMER_DELAY_SEC";
+/// 5.x timer: absolute delivery time in ms.
+pub const TIMER_DELIVER_MS: &str = "TIMER_DELIVER_MS";
+/// 5.x timer: delay in ms.
+pub const TIMER_DELAY_MS: &str = "TIMER_DELAY_MS";
+/// 5.x timer: enqueue time in ms.
+pub const TIMER_ENQUEUE_MS: &str = "TIMER_ENQUEUE_MS";
+/// 5.x timer: dequeue time in ms.
+pub const TIMER_DEQUEUE_MS: &str = "TIMER_DEQUEUE_MS";
+/// 5.x timer: roll count.
+pub const TIMER_ROLL_TIMES: &str = "TIMER_ROLL_TIMES";
+/// 5.x timer: timeout time in ms.
+pub const TIMER_OUT_MS: &str = "TIMER_OUT_MS";
+/// 5.x timer: unique key of a deleted timer message.
+pub const TIMER_DEL_UNIQKEY: &str = "TIMER_DEL_UNIQKEY";
+/// 5.x timer: delay level.
+pub const TIMER_DELAY_LEVEL: &str = "TIMER_DELAY_LEVEL";
+/// Born host carried as a property (proxy).
+pub const BORN_HOST: &str = "__BORNHOST";
+/// Born timestamp carried as a property (proxy).
+pub const BORN_TIMESTAMP: &str = "BORN_TIMESTAMP";
+/// Original topic of a dead-lettered message.
+pub const DLQ_ORIGIN_TOPIC: &str = "DLQ_ORIGIN_TOPIC";
+/// Original message id of a dead-lettered message.
+pub const DLQ_ORIGIN_MESSAGE_ID: &str = "DLQ_ORIGIN_MESSAGE_ID";
+/// CRC32 of the body carried as a property.
+pub const CRC32: &str = "__CRC32#";
+
+/// Checks that a key or value contains neither separator.
+fn check_text(what: &str, text: &str, key: &str) -> Result<()> {
+    if text.contains([NAME_VALUE_SEPARATOR, PROPERTY_SEPARATOR]) {
+        return Err(ProtoError::BadProperty(format!(
+            "{what} of property {key:?} contains a separator (\\u0001 or \\u0002)"
+        )));
+    }
+    Ok(())
+}
+
+/// Checks that a property can be encoded: neither the key nor the value may contain
+/// `\u0001` or `\u0002`.
+pub fn check_property(key: &str, value: &str) -> Result<()> {
+    check_text("key", key, key)?;
+    check_text("value", value, key)
+}
+
+/// The encoded length in bytes of `properties` (what [`encode_properties`] would produce),
+/// without validating them.
+pub fn encoded_properties_len(properties: &Properties) -> usize {
+    properties.iter().map(|(k, v)| k.len() + v.len() + 2).sum()
+}
+
+/// Appends the encoded properties string to `out`.
+///
+/// Every pair is written (also pairs with an empty key or value, as Java does; the decoder
+/// drops those). Errors with [`ProtoError::BadProperty`] if a key or value contains a
+/// separator; `out` is left unchanged then.
+pub fn encode_properties_into(properties: &Properties, out: &mut String) -> Result<()> {
+    for (k, v) in properties {
+        check_property(k, v)?;
+    }
+    out.reserve(encoded_properties_len(properties));
+    for (k, v) in properties {
+        out.push_str(k);
+        out.push(NAME_VALUE_SEPARATOR);
+        out.push_str(v);
+        out.push(PROPERTY_SEPARATOR);
+    }
+    Ok(())
+}
+
+/// Encodes properties as the `key \u0001 value \u0002 ...` string.
+///
+/// Errors with [`ProtoError::BadProperty`] if a key or value contains a separator.
+pub fn encode_properties(properties: &Properties) -> Result<String> {
+    let mut out = String::new();
+    encode_properties_into(properties, &mut out)?;
+    Ok(out)
+}
+
+/// Iterates over the `(key, value)` pairs the Java decoder would keep, in string order
+/// (duplicates included; a later one wins when collected into a map).
+pub fn iter_properties(s: &str) -> PropertyIter<'_> {
+    PropertyIter { rest: s }
+}
+
+/// Iterator returned by [`iter_properties`].
+#[derive(Debug, Clone)]
+pub struct PropertyIter<'a> {
+    rest: &'a str,
+}
+
+impl<'a> Iterator for PropertyIter<'a> {
+    type Item = (&'a str, &'a str);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        while !self.rest.is_empty() {
+            let (segment, rest) = match self.rest.split_once(PROPERTY_SEPARATOR) {
+                Some((segment, rest)) => (segment, rest),
+                None => (self.rest, ""),
+            };
+            self.rest = rest;
+            // Java: the first 0x01 of the segment must be neither its first nor its last char.
+            if let Some((key, value)) = segment.split_once(NAME_VALUE_SEPARATOR) {
+                if !key.is_empty() && !value.is_empty() {
+                    return Some((key, value));
+                }
+            }
+        }
+        None
+    }
+}
+
+/// Decodes a properties string with Java's rules (see the module documentation).
+///
+/// Never fails: like Java, malformed segments are skipped.
+pub fn decode_properties(s: &str) -> Properties {
+    let mut map = Properties::new();
+    for (k, v) in iter_properties(s) {
+        map.insert(k.to_owned(), v.to_owned());
+    }
+    map
+}
+
+/// Looks one property up in an encoded properties string without building a map.
+///
+/// Returns the value the Java decoder would end up with (the last occurrence wins).
+pub fn find_property<'a>(s: &'a str, name: &str) -> Option<&'a str> {
+    iter_properties(s)
+        .filter(|(k, _)| *k == name)
+        .last()
+        .map(|(_, v)| v)
+}
+
+/// Decodes properties from raw bytes, which must be UTF-8.
+pub fn decode_properties_bytes(bytes: &[u8]) -> Result<Properties> {
+    let s = std::str::from_utf8(bytes).map_err(|_| ProtoError::Utf8("message properties"))?;
+    Ok(decode_properties(s))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn props(pairs: &[(&str, &str)]) -> Properties {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn encodes_with_trailing_separator() {
+        let p = props(&[("TAGS", "tagA"), ("UNIQ_KEY", "X1")]);
+        assert_eq!(
+            encode_properties(&p).unwrap(),
+            "TAGS\u{1}tagA\u{2}UNIQ_KEY\u{1}X1\u{2}"
+        );
+        assert_eq!(encoded_properties_len(&p), 22);
+        assert_eq!(encode_properties(&Properties::new()).unwrap(), "");
+    }
+
+    #[test]
+    fn decoder_follows_java_rules() {
+        // Empty value, empty key, no separator, lone separators: all dropped.
+        let s = "A\u{1}1\u{2}B\u{1}\u{2}\u{1}x\u{2}junk\u{2}\u{2}\u{1}\u{2}C\u{1}3";
+        assert_eq!(decode_properties(s), props(&[("A", "1"), ("C", "3")]));
+        // A value may contain 0x01 after the first one (Java keeps it).
+        assert_eq!(
+            decode_properties("K\u{1}a\u{1}b\u{2}"),
+            props(&[("K", "a\u{1}b")])
+        );
+        // Later duplicate wins.
+        assert_eq!(
+            decode_properties("K\u{1}a\u{2}L\u{1}b\u{2}K\u{1}c\u{2}"),
+            props(&[("K", "c"), ("L", "b")])
+        );
+        assert_eq!(find_property("K\u{1}a\u{2}K\u{1}c\u{2}", "K"), Some("c"));
+        assert_eq!(find_property("K\u{1}a\u{2}", "L"), None);
+    }
+
+    #[test]
+    fn separators_are_rejected() {
+        for (k, v) in [
+            ("a\u{1}", "v"),
+            ("a", "v\u{2}"),
+            ("\u{2}", ""),
+            ("k", "\u{1}"),
+        ] {
+            let err = encode_properties(&props(&[("ok", "fine"), (k, v)])).unwrap_err();
+            assert!(matches!(err, ProtoError::BadProperty(_)), "{err:?}");
+        }
+    }
+
+    #[test]
+    fn invalid_utf8_is_an_error() {
+        assert_eq!(
+            decode_properties_bytes(&[b'K', 1, 0xff, 2]),
+            Err(ProtoError::Utf8("message properties"))
+        );
+    }
+}
