@@ -11,6 +11,7 @@ pub mod command;
 pub mod constants;
 pub mod error;
 pub mod hash;
+pub mod header;
 pub mod message;
 pub mod mq;
 

@@ -1,0 +1,477 @@
+//! Unit and property tests of the typed headers.
+
+use super::test_support::RandomValue;
+use super::*;
+use crate::code::request_code;
+use proptest::prelude::*;
+use proptest::test_runner::{RngAlgorithm, TestRng};
+
+fn ext(pairs: &[(&str, &str)]) -> ExtFields {
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
+}
+
+/// Spec 1.3: the SEND_MESSAGE_V2 request's extFields, exactly as Java sends them.
+fn spec_v2_ext() -> ExtFields {
+    ext(&[
+        ("a", "PG"),
+        ("b", "T"),
+        ("c", "TBW102"),
+        ("d", "4"),
+        ("e", "1"),
+        ("f", "0"),
+        ("g", "1700000000000"),
+        ("h", "0"),
+        (
+            "i",
+            "UNIQ_KEY\u{1}ABC\u{2}WAIT\u{1}true\u{2}TAGS\u{1}tagA\u{2}",
+        ),
+        ("j", "0"),
+        ("k", "false"),
+        ("m", "false"),
+        ("n", "broker-a"),
+    ])
+}
+
+#[test]
+fn spec_send_v2_request_decodes_and_reencodes_exactly() {
+    let h = SendMessageRequestHeaderV2::from_ext_fields(&spec_v2_ext()).unwrap();
+    assert_eq!(h.a, "PG");
+    assert_eq!(h.b, "T");
+    assert_eq!(h.c, "TBW102");
+    assert_eq!((h.d, h.e, h.f, h.g, h.h), (4, 1, 0, 1_700_000_000_000, 0));
+    assert_eq!(h.j, Some(0));
+    assert_eq!(h.k, Some(false));
+    assert_eq!(h.l, None);
+    assert_eq!(h.m, Some(false));
+    assert_eq!(h.n.as_deref(), Some("broker-a"));
+    // Same entries in the same (a..n) order as the Java example.
+    assert_eq!(h.to_ext_fields(), spec_v2_ext());
+
+    let v1 = SendMessageRequestHeader::from(h.clone());
+    assert_eq!(v1.producer_group, "PG");
+    assert_eq!(v1.default_topic_queue_nums, 4);
+    assert_eq!(v1.rpc.broker_name.as_deref(), Some("broker-a"));
+    assert_eq!(v1.properties, h.i);
+    assert_eq!(SendMessageRequestHeaderV2::from(v1), h);
+}
+
+#[test]
+fn spec_send_response_decodes() {
+    let e = ext(&[
+        ("queueId", "1"),
+        ("transactionId", "ABC"),
+        ("msgId", "7F00000100002A9F0000000000000000"),
+        ("TRACE_ON", "true"),
+        ("MSG_REGION", "DefaultRegion"),
+        ("queueOffset", "0"),
+    ]);
+    let h = SendMessageResponseHeader::from_ext_fields(&e).unwrap();
+    assert_eq!(h.msg_id, "7F00000100002A9F0000000000000000");
+    assert_eq!(h.queue_id, 1);
+    assert_eq!(h.queue_offset, 0);
+    assert_eq!(h.transaction_id.as_deref(), Some("ABC"));
+    assert_eq!(h.msg_region.as_deref(), Some("DefaultRegion"));
+    assert_eq!(h.trace_on, Some(true));
+    let back = h.to_ext_fields();
+    for (k, v) in &e {
+        assert_eq!(back.get(k), Some(v), "{k}");
+    }
+    assert_eq!(back.len(), e.len());
+}
+
+#[test]
+fn spec_pull_request_example_decodes() {
+    let e = ext(&[
+        ("queueId", "0"),
+        ("maxMsgBytes", "262144"),
+        ("maxMsgNums", "32"),
+        ("sysFlag", "3"),
+        ("suspendTimeoutMillis", "15000"),
+        ("commitOffset", "5"),
+        ("bname", "broker-a"),
+        ("topic", "T"),
+        ("queueOffset", "0"),
+        ("expressionType", "TAG"),
+        ("subVersion", "1700000000000"),
+        ("consumerGroup", "CG"),
+    ]);
+    let cmd = RemotingCommand::request(request_code::PULL_MESSAGE).with_ext_fields(e.clone());
+    let h: PullMessageRequestHeader = cmd.decode_command_header().unwrap();
+    assert_eq!(
+        h,
+        PullMessageRequestHeader {
+            consumer_group: "CG".into(),
+            topic: "T".into(),
+            queue_id: 0,
+            queue_offset: 0,
+            max_msg_nums: 32,
+            sys_flag: 3,
+            commit_offset: 5,
+            suspend_timeout_millis: 15000,
+            subscription: None,
+            sub_version: 1_700_000_000_000,
+            expression_type: Some("TAG".into()),
+            max_msg_bytes: Some(262_144),
+            request_source: None,
+            proxy_froward_client_id: None,
+            rpc: RpcFields::with_broker_name("broker-a"),
+        }
+    );
+    let mut back = h.to_ext_fields();
+    back.sort_keys();
+    let mut e = e;
+    e.sort_keys();
+    assert_eq!(back, e);
+}
+
+#[test]
+fn notify_consumer_ids_changed_is_exactly_consumer_group() {
+    let h = NotifyConsumerIdsChangedRequestHeader {
+        consumer_group: "CG".into(),
+        ..Default::default()
+    };
+    let mut cmd =
+        RemotingCommand::request_with_header(request_code::NOTIFY_CONSUMER_IDS_CHANGED, &h);
+    cmd.set_oneway();
+    assert_eq!(cmd.ext_fields, Some(ext(&[("consumerGroup", "CG")])));
+    assert_eq!(cmd.flag, 2);
+}
+
+#[test]
+fn empty_headers_write_empty_maps() {
+    let cmd = RemotingCommand::request_with_header(
+        request_code::HEART_BEAT,
+        &HeartbeatRequestHeader::default(),
+    );
+    assert_eq!(cmd.ext_fields, Some(ExtFields::new()));
+    let cmd = RemotingCommand::response(0, None).with_header(&EmptyHeader);
+    assert_eq!(cmd.ext_fields, Some(ExtFields::new()));
+    // A command without extFields decodes headers whose fields are all optional.
+    let bare = RemotingCommand::request(request_code::GET_ALL_TOPIC_CONFIG);
+    let h: GetAllTopicConfigRequestHeader = bare.decode_command_header().unwrap();
+    assert_eq!(h, GetAllTopicConfigRequestHeader::default());
+}
+
+#[test]
+fn missing_required_field_is_named() {
+    let mut e = spec_v2_ext();
+    e.shift_remove("g");
+    assert_eq!(
+        SendMessageRequestHeaderV2::from_ext_fields(&e),
+        Err(ProtoError::MissingField { field: "g" })
+    );
+    let bare = RemotingCommand::request(request_code::PULL_MESSAGE);
+    assert_eq!(
+        bare.decode_command_header::<PullMessageRequestHeader>(),
+        Err(ProtoError::MissingField {
+            field: "consumerGroup"
+        })
+    );
+    let e = ext(&[("consumerGroup", "CG"), ("topic", "T")]);
+    assert_eq!(
+        QueryConsumerOffsetRequestHeader::from_ext_fields(&e),
+        Err(ProtoError::MissingField { field: "queueId" })
+    );
+    let err = UnregisterClientRequestHeader::from_ext_fields(&ExtFields::new()).unwrap_err();
+    assert_eq!(err.to_string(), "missing required header field `clientID`");
+}
+
+#[test]
+fn unparsable_numbers_are_invalid_fields() {
+    for (key, bad) in [
+        ("d", "four"),
+        ("e", ""),
+        ("e", " 1"),
+        ("e", "2147483648"),
+        ("g", "1.5"),
+        ("g", "9223372036854775808"),
+        ("h", "0x10"),
+    ] {
+        let mut e = spec_v2_ext();
+        e.insert(key.to_owned(), bad.to_owned());
+        match SendMessageRequestHeaderV2::from_ext_fields(&e) {
+            Err(ProtoError::InvalidField { field, value, .. }) => {
+                assert_eq!(field, key);
+                assert_eq!(value, bad);
+            }
+            other => panic!("{key}={bad:?}: {other:?}"),
+        }
+    }
+    // Optional fields too.
+    let mut e = spec_v2_ext();
+    e.insert("j".into(), "x".into());
+    assert!(matches!(
+        SendMessageRequestHeaderV2::from_ext_fields(&e),
+        Err(ProtoError::InvalidField { field: "j", .. })
+    ));
+}
+
+#[test]
+fn java_integer_parsing_accepts_signs_and_extremes() {
+    let mut e = spec_v2_ext();
+    e.insert("e".into(), "-1".into());
+    e.insert("d".into(), "+4".into());
+    e.insert("g".into(), "-9223372036854775808".into());
+    let h = SendMessageRequestHeaderV2::from_ext_fields(&e).unwrap();
+    assert_eq!((h.d, h.e, h.g), (4, -1, i64::MIN));
+}
+
+#[test]
+fn booleans_follow_java_and_cpp() {
+    for (v, expected) in [
+        ("true", true),
+        ("TRUE", true),
+        ("True", true),
+        ("1", true),
+        ("false", false),
+        ("0", false),
+        ("", false),
+        ("yes", false),
+        ("t", false),
+    ] {
+        assert_eq!(parse_java_bool(v), expected, "{v:?}");
+        let mut e = spec_v2_ext();
+        e.insert("k".into(), v.into());
+        assert_eq!(
+            SendMessageRequestHeaderV2::from_ext_fields(&e).unwrap().k,
+            Some(expected)
+        );
+    }
+}
+
+#[test]
+fn defaulted_fields_follow_java_initialisers() {
+    let e = ext(&[("topic", "T"), ("queueId", "0")]);
+    assert!(
+        GetMaxOffsetRequestHeader::from_ext_fields(&e)
+            .unwrap()
+            .committed
+    );
+    let e = ext(&[("topic", "T"), ("queueId", "0"), ("committed", "false")]);
+    assert!(
+        !GetMaxOffsetRequestHeader::from_ext_fields(&e)
+            .unwrap()
+            .committed
+    );
+    assert!(GetMaxOffsetRequestHeader::default().committed);
+    let e = ext(&[
+        ("topic", "T"),
+        ("group", "G"),
+        ("timestamp", "5"),
+        ("isForce", "true"),
+    ]);
+    let h = ResetOffsetRequestHeader::from_ext_fields(&e).unwrap();
+    assert_eq!(h.queue_id, -1);
+    assert!(h.is_force);
+    assert_eq!(h.offset, None);
+    // Primitive fields are always written.
+    let w = GetMaxOffsetRequestHeader::default().to_ext_fields();
+    assert_eq!(w.get("committed").map(String::as_str), Some("true"));
+}
+
+#[test]
+fn boundary_type_is_case_insensitive_and_written_upper() {
+    let e = ext(&[
+        ("topic", "T"),
+        ("queueId", "0"),
+        ("timestamp", "1"),
+        ("boundaryType", "upper"),
+    ]);
+    let h = SearchOffsetRequestHeader::from_ext_fields(&e).unwrap();
+    assert_eq!(h.boundary_type, Some(BoundaryType::Upper));
+    assert_eq!(
+        h.to_ext_fields().get("boundaryType").map(String::as_str),
+        Some("UPPER")
+    );
+    let e = ext(&[
+        ("topic", "T"),
+        ("queueId", "0"),
+        ("timestamp", "1"),
+        ("boundaryType", "MIDDLE"),
+    ]);
+    assert!(matches!(
+        SearchOffsetRequestHeader::from_ext_fields(&e),
+        Err(ProtoError::InvalidField {
+            field: "boundaryType",
+            ..
+        })
+    ));
+}
+
+#[test]
+fn unknown_keys_are_ignored_and_rpc_fields_kept() {
+    let mut e = spec_v2_ext();
+    e.insert("AccessKey".into(), "".into());
+    e.insert("Signature".into(), "x".into());
+    e.insert("OnsChannel".into(), "ALIYUN".into());
+    e.insert("bname".into(), "broker-b".into());
+    e.insert("oway".into(), "true".into());
+    e.insert("lo".into(), "false".into());
+    e.insert("ns".into(), "NS".into());
+    e.insert("nsd".into(), "1".into());
+    let h = SendMessageRequestHeaderV2::from_ext_fields(&e).unwrap();
+    assert_eq!(
+        h.rpc,
+        RpcFields {
+            namespace: Some("NS".into()),
+            namespaced: Some(true),
+            broker_name: Some("broker-b".into()),
+            oneway: Some(true),
+            logical: Some(false),
+        }
+    );
+    // V2 -> V1 prefers `n` for the broker name.
+    let v1 = SendMessageRequestHeader::from(h);
+    assert_eq!(v1.rpc.broker_name.as_deref(), Some("broker-a"));
+    assert_eq!(v1.rpc.namespace.as_deref(), Some("NS"));
+}
+
+#[test]
+fn add_header_merges_into_existing_fields() {
+    let mut cmd = RemotingCommand::response(0, None);
+    cmd.add_header(&QueryConsumerOffsetResponseHeader { offset: 7 });
+    cmd.add_header(&GetMinOffsetResponseHeader { offset: 9 });
+    assert_eq!(cmd.ext("offset"), Some("9"));
+    let mut cmd = RemotingCommand::response(0, None).with_ext_fields(ext(&[("x", "1")]));
+    cmd.add_header(&QueryConsumerOffsetResponseHeader { offset: 7 });
+    assert_eq!(cmd.ext("x"), Some("1"));
+    assert_eq!(cmd.ext("offset"), Some("7"));
+}
+
+/// Encodes a random header, decodes it, and checks both the value and the map are stable.
+fn round_trip<H: CommandHeader + RandomValue + PartialEq + std::fmt::Debug>(seed: &[u8; 32]) {
+    let mut rng = TestRng::from_seed(RngAlgorithm::ChaCha, seed);
+    let h = H::random(&mut rng);
+    let e = h.to_ext_fields();
+    let back = H::from_ext_fields(&e).unwrap();
+    assert_eq!(back, h);
+    let cmd = RemotingCommand::request_with_header(0, &h);
+    assert_eq!(cmd.decode_command_header::<H>().unwrap(), h);
+    assert_eq!(back.to_ext_fields(), e);
+}
+
+macro_rules! round_trip_all {
+    ($seed:expr, $($t:ty,)*) => {{ $( round_trip::<$t>($seed); )* }};
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    #[test]
+    fn every_header_round_trips_through_ext_fields(seed in any::<[u8; 32]>()) {
+        round_trip_all!(&seed,
+        SendMessageRequestHeader,
+        SendMessageRequestHeaderV2,
+        SendMessageResponseHeader,
+        EndTransactionRequestHeader,
+        CheckTransactionStateRequestHeader,
+        CheckTransactionStateResponseHeader,
+        PullMessageRequestHeader,
+        PullMessageResponseHeader,
+        QueryConsumerOffsetRequestHeader,
+        QueryConsumerOffsetResponseHeader,
+        UpdateConsumerOffsetRequestHeader,
+        GetMaxOffsetRequestHeader,
+        GetMaxOffsetResponseHeader,
+        GetMinOffsetRequestHeader,
+        GetMinOffsetResponseHeader,
+        SearchOffsetRequestHeader,
+        SearchOffsetResponseHeader,
+        GetEarliestMsgStoretimeRequestHeader,
+        GetEarliestMsgStoretimeResponseHeader,
+        ViewMessageByIdRequestHeader,
+        QueryMessageRequestHeader,
+        QueryMessageResponseHeader,
+        HeartbeatRequestHeader,
+        UnregisterClientRequestHeader,
+        ConsumerSendMsgBackRequestHeader,
+        GetConsumerListByGroupRequestHeader,
+        NotifyConsumerIdsChangedRequestHeader,
+        LockBatchMqRequestHeader,
+        UnlockBatchMqRequestHeader,
+        GetConsumerRunningInfoRequestHeader,
+        ConsumeMessageDirectlyRequestHeader,
+        ResetOffsetRequestHeader,
+        CreateTopicRequestHeader,
+        GetAllTopicConfigRequestHeader,
+        GetAllTopicConfigResponseHeader,
+        GetTopicConfigRequestHeader,
+        GetConsumerConnectionListRequestHeader,
+        GetProducerConnectionListRequestHeader,
+        GetConsumeStatsRequestHeader,
+        DeleteTopicRequestHeader,
+        GetTopicStatsInfoRequestHeader,
+        QueryTopicConsumeByWhoRequestHeader,
+        GetConsumerStatusRequestHeader,
+        GetAllSubscriptionGroupRequestHeader,
+        GetSubscriptionGroupConfigRequestHeader,
+        DeleteSubscriptionGroupRequestHeader,
+        CloneGroupOffsetRequestHeader,
+        QueryConsumeQueueRequestHeader,
+        QueryConsumeTimeSpanRequestHeader,
+        GetBrokerConfigResponseHeader,
+        GetRouteInfoRequestHeader,
+        RegisterBrokerRequestHeader,
+        RegisterBrokerResponseHeader,
+        UnregisterBrokerRequestHeader,
+        BrokerHeartbeatRequestHeader,
+        DeleteTopicFromNamesrvRequestHeader,
+        RegisterTopicRequestHeader,
+        GetTopicsByClusterRequestHeader,
+        GetKvConfigRequestHeader,
+        GetKvConfigResponseHeader,
+        PutKvConfigRequestHeader,
+        DeleteKvConfigRequestHeader,
+        GetKvListByNamespaceRequestHeader,
+        WipeWritePermOfBrokerRequestHeader,
+        WipeWritePermOfBrokerResponseHeader,
+        AddWritePermOfBrokerRequestHeader,
+        AddWritePermOfBrokerResponseHeader,
+        QueryDataVersionRequestHeader,
+        QueryDataVersionResponseHeader,
+        PopMessageRequestHeader,
+        PopMessageResponseHeader,
+        AckMessageRequestHeader,
+        ChangeInvisibleTimeRequestHeader,
+        ChangeInvisibleTimeResponseHeader,
+        NotificationRequestHeader,
+        NotificationResponseHeader,
+            RpcFields,
+        );
+    }
+
+    #[test]
+    fn send_v1_v2_conversions_are_inverse(seed in any::<[u8; 32]>()) {
+        let mut rng = TestRng::from_seed(RngAlgorithm::ChaCha, &seed);
+        let mut v1 = SendMessageRequestHeader::random(&mut rng);
+        let v2 = SendMessageRequestHeaderV2::from(v1.clone());
+        prop_assert_eq!(SendMessageRequestHeader::from(v2.clone()), v1.clone());
+        // Through the wire too.
+        let v2_back = SendMessageRequestHeaderV2::from_ext_fields(&v2.to_ext_fields()).unwrap();
+        v1.rpc.broker_name = v2_back.n.clone();
+        prop_assert_eq!(SendMessageRequestHeader::from(v2_back), v1);
+    }
+
+    #[test]
+    fn arbitrary_ext_fields_never_panic(
+        entries in proptest::collection::vec(
+            (prop_oneof![
+                Just("a".to_owned()), Just("d".to_owned()), Just("g".to_owned()), Just("k".to_owned()),
+                Just("queueId".to_owned()), Just("topic".to_owned()), Just("consumerGroup".to_owned()),
+                Just("offset".to_owned()), Just("boundaryType".to_owned()), "\\PC{0,6}",
+            ], "\\PC{0,12}"),
+            0..12,
+        )
+    ) {
+        let e: ExtFields = entries.into_iter().collect();
+        let _ = SendMessageRequestHeaderV2::from_ext_fields(&e);
+        let _ = PullMessageRequestHeader::from_ext_fields(&e);
+        let _ = SearchOffsetRequestHeader::from_ext_fields(&e);
+        let _ = QueryConsumerOffsetResponseHeader::from_ext_fields(&e);
+        let _ = PopMessageRequestHeader::from_ext_fields(&e);
+        let _ = RegisterBrokerRequestHeader::from_ext_fields(&e);
+    }
+}
