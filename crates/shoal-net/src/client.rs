@@ -1,0 +1,184 @@
+//! [`RemotingClient`]: a pool of connections keyed by `"ip:port"`, with request helpers.
+
+use crate::connection::{Connection, NetConfig, NotSupportedProcessor, Processor};
+use crate::{NetError, Result};
+use parking_lot::Mutex;
+use shoal_proto::RemotingCommand;
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpStream;
+use tokio::sync::OnceCell;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::debug;
+
+/// One address's connection, established at most once (concurrent callers share the attempt;
+/// a failed attempt leaves it empty for the next caller).
+type Slot = Arc<OnceCell<Connection>>;
+
+struct ClientInner {
+    config: NetConfig,
+    processor: Arc<dyn Processor>,
+    slots: Mutex<HashMap<String, Slot>>,
+    shutdown: CancellationToken,
+}
+
+/// The client side of the transport: one connection per `"ip:port"` address, established on
+/// first use (with the connect timeout) and re-established on the next use after it died.
+/// Requests the server sends on these connections (NOTIFY_CONSUMER_IDS_CHANGED,
+/// GET_CONSUMER_RUNNING_INFO, ...) go to the client's [`Processor`].
+///
+/// Cheap to clone; clones share the pool. Connections live until [`RemotingClient::shutdown`],
+/// [`RemotingClient::close_connection`], the server closing them, or an error.
+#[derive(Clone)]
+pub struct RemotingClient {
+    inner: Arc<ClientInner>,
+}
+
+impl fmt::Debug for RemotingClient {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RemotingClient")
+            .field("config", &self.inner.config)
+            .field("addresses", &self.inner.slots.lock().len())
+            .field("shut_down", &self.inner.shutdown.is_cancelled())
+            .finish()
+    }
+}
+
+impl Default for RemotingClient {
+    fn default() -> Self {
+        Self::new(NetConfig::default(), Arc::new(NotSupportedProcessor))
+    }
+}
+
+impl RemotingClient {
+    /// A client with the given settings; `processor` handles server-initiated requests (use
+    /// [`NotSupportedProcessor`] to answer them all REQUEST_CODE_NOT_SUPPORTED, and
+    /// [`request_code_not_supported`](crate::request_code_not_supported) for unknown codes in
+    /// your own).
+    pub fn new(config: NetConfig, processor: Arc<dyn Processor>) -> Self {
+        Self {
+            inner: Arc::new(ClientInner {
+                config,
+                processor,
+                slots: Mutex::new(HashMap::new()),
+                shutdown: CancellationToken::new(),
+            }),
+        }
+    }
+
+    /// The settings this client was made with.
+    pub fn config(&self) -> &NetConfig {
+        &self.inner.config
+    }
+
+    /// The open connection to `addr` (`"ip:port"`), connecting first (within the configured
+    /// connect timeout) when there is none or the previous one has closed.
+    ///
+    /// # Errors
+    /// [`NetError::ConnectTimeout`], [`NetError::ConnectFailed`], [`NetError::Shutdown`].
+    pub async fn connection(&self, addr: &str) -> Result<Connection> {
+        self.connection_within(addr, self.inner.config.connect_timeout)
+            .await
+    }
+
+    async fn connection_within(&self, addr: &str, connect_timeout: Duration) -> Result<Connection> {
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            if self.inner.shutdown.is_cancelled() {
+                return Err(NetError::Shutdown);
+            }
+            let slot = Arc::clone(
+                self.inner
+                    .slots
+                    .lock()
+                    .entry(addr.to_owned())
+                    .or_insert_with(|| Arc::new(OnceCell::new())),
+            );
+            let conn = slot
+                .get_or_try_init(|| self.connect(addr, connect_timeout))
+                .await?;
+            if !conn.is_closed() || attempts >= 2 {
+                return Ok(conn.clone());
+            }
+            // The connection died since it was made: forget it (unless someone already
+            // replaced it) and connect again.
+            debug!(addr, id = conn.id(), "connection closed; reconnecting");
+            let mut slots = self.inner.slots.lock();
+            if slots.get(addr).is_some_and(|s| Arc::ptr_eq(s, &slot)) {
+                slots.remove(addr);
+            }
+        }
+    }
+
+    async fn connect(&self, addr: &str, timeout: Duration) -> Result<Connection> {
+        let stream = match tokio::time::timeout(timeout, TcpStream::connect(addr)).await {
+            Err(_) => {
+                return Err(NetError::ConnectTimeout {
+                    addr: addr.to_owned(),
+                    timeout,
+                })
+            }
+            Ok(Err(source)) => {
+                return Err(NetError::ConnectFailed {
+                    addr: addr.to_owned(),
+                    source,
+                })
+            }
+            Ok(Ok(stream)) => stream,
+        };
+        let (conn, driver) = Connection::start(
+            stream,
+            Arc::clone(&self.inner.processor),
+            &self.inner.config,
+            Some(&self.inner.shutdown),
+        )?;
+        tokio::spawn(driver);
+        debug!(addr, id = conn.id(), "connected");
+        Ok(conn)
+    }
+
+    /// Sends `request` to `addr` and waits for the response; `timeout` covers connecting (at
+    /// most the connect timeout) and the exchange. See [`Connection::request`].
+    ///
+    /// # Errors
+    /// Those of [`RemotingClient::connection`] and [`Connection::request`].
+    pub async fn invoke(
+        &self,
+        addr: &str,
+        request: RemotingCommand,
+        timeout: Duration,
+    ) -> Result<RemotingCommand> {
+        let deadline = Instant::now() + timeout;
+        let conn = self
+            .connection_within(addr, timeout.min(self.inner.config.connect_timeout))
+            .await?;
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        conn.request(request, remaining).await
+    }
+
+    /// Sends `request` to `addr` as a oneway request (connecting first if needed).
+    ///
+    /// # Errors
+    /// Those of [`RemotingClient::connection`] and [`Connection::oneway`].
+    pub async fn invoke_oneway(&self, addr: &str, request: RemotingCommand) -> Result<()> {
+        self.connection(addr).await?.oneway(request).await
+    }
+
+    /// Closes and forgets the connection to `addr`, if any (the next use reconnects).
+    pub fn close_connection(&self, addr: &str) {
+        let slot = self.inner.slots.lock().remove(addr);
+        if let Some(conn) = slot.as_ref().and_then(|s| s.get()) {
+            conn.close();
+        }
+    }
+
+    /// Closes every connection and refuses further use ([`NetError::Shutdown`]).
+    pub fn shutdown(&self) {
+        self.inner.shutdown.cancel();
+        self.inner.slots.lock().clear();
+    }
+}
