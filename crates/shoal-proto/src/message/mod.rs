@@ -16,6 +16,9 @@ pub mod record;
 pub mod sys_flag;
 pub mod uniq_key;
 
+#[cfg(test)]
+mod tests;
+
 use std::borrow::Cow;
 use std::net::SocketAddr;
 

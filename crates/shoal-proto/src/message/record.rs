@@ -545,7 +545,16 @@ impl<'a> RecordView<'a> {
         })?;
         let body = c.range(body_len, "message BODY")?;
         let topic_len = match version {
-            MessageVersion::V1 => usize::from(c.u8("message TOPIC length")?),
+            MessageVersion::V1 => {
+                // Java reads a signed byte: 128..=255 would be negative.
+                let n = c.u8("message TOPIC length")?;
+                if usize::from(n) > MAX_V1_TOPIC_LEN {
+                    return Err(ProtoError::BadLength(format!(
+                        "V1 message topic length {n} exceeds {MAX_V1_TOPIC_LEN}"
+                    )));
+                }
+                usize::from(n)
+            }
             MessageVersion::V2 => {
                 let n = c.i16("message TOPIC length")?;
                 usize::try_from(n).map_err(|_| {
