@@ -1,1 +1,51 @@
-//! `shoal-store`: see `shared/DESIGN.md` section 1. Built by its own issue.
+//! `shoal-store`: Shoal's message store (`shared/DESIGN.md` section 2), a blocking API with no
+//! async runtime. The broker calls it from `spawn_blocking` or dedicated threads.
+//!
+//! - [`MessageStore`]: the entry point. [`MessageStore::open`] recovers the store and reports
+//!   what it found ([`RecoveryReport`]); [`MessageStore::put_message`] /
+//!   [`MessageStore::put_messages`] append records in RocketMQ's stored format (spec section
+//!   4.1, encoded by `shoal_proto::message`) and report where they went and whether they are
+//!   durable ([`FlushStatus`]); [`MessageStore::get_messages`] answers pulls with the records'
+//!   bytes and the status rules of spec section 5.2.
+//! - Commit log: fixed-size segments named by start offset, end-of-segment blank markers.
+//! - Consume queues: 20-byte entries per (topic, queue id), rebuilt from the commit log.
+//! - Index: an append-only hash-chain log by `topic#key` (`KEYS` and `UNIQ_KEY`).
+//! - Offsets: consumer offsets and delay-level progress, persisted atomically.
+//! - [`backend`]: files behind a trait; [`backend::MemBackend`] injects faults and builds crash
+//!   images for tests.
+//!
+//! Layout of the data directory: `commitlog/`, `consumequeue/<topic>/<queueId>/`, `index/`,
+//! `config/consumerOffset.json`, `config/delayOffset.json`, `checkpoint`, `abort`. See
+//! `docs/storage.md` in the repository for the design and its reasons.
+
+pub mod backend;
+mod commitlog;
+mod config;
+mod consume_queue;
+mod error;
+mod index;
+mod offsets;
+mod store;
+
+pub use commitlog::{BLANK_MAGIC_CODE, END_OF_SEGMENT_MIN_BLANK};
+pub use config::{FlushMode, StoreConfig};
+pub use consume_queue::{CqEntry, CQ_ENTRY_SIZE};
+pub use error::{Result, StoreError};
+pub use index::INDEX_ENTRY_SIZE;
+pub use store::{
+    AppendedMessage, ArrivalListener, BoundaryType, FlushStatus, GetMessageResult,
+    GetMessageStatus, MessageArrival, MessageExtBrokerInner, MessageStore, PutMessageResult,
+    RecoveryReport, RetentionReport,
+};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assert_send_sync<T: Send + Sync>() {}
+
+    #[test]
+    fn store_is_send_and_sync() {
+        assert_send_sync::<MessageStore>();
+    }
+}

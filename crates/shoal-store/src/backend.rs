@@ -1,0 +1,634 @@
+//! Files behind a small trait, so tests can inject faults and build crash images.
+//!
+//! [`FsBackend`] is the real file system (positional reads and writes). [`MemBackend`] keeps
+//! files in memory and records every write in a journal; a *crash image* keeps everything
+//! that was fsynced plus a prefix (in write order, possibly ending in a torn write) of what was
+//! not, which is what a machine can leave behind when it loses power. Directory operations
+//! (create, remove, rename) are treated as immediately durable by both backends (the real one
+//! fsyncs directories where it matters).
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Debug;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+/// One open file with positional I/O. Shared between threads.
+pub trait StoreFile: Send + Sync + Debug {
+    /// Reads up to `buf.len()` bytes at `offset`; returns how many were read (short at EOF).
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<usize>;
+    /// Writes all of `data` at `offset`, extending the file if needed.
+    fn write_all_at(&self, offset: u64, data: &[u8]) -> io::Result<()>;
+    /// Makes everything written so far durable.
+    fn sync(&self) -> io::Result<()>;
+    /// Current length in bytes.
+    fn len(&self) -> io::Result<u64>;
+    /// Whether the file is empty.
+    fn is_empty(&self) -> io::Result<bool> {
+        Ok(self.len()? == 0)
+    }
+    /// Truncates (or extends with zeros) to `len` bytes.
+    fn set_len(&self, len: u64) -> io::Result<()>;
+
+    /// Reads exactly `buf.len()` bytes at `offset`, failing with `UnexpectedEof` if the file is
+    /// shorter.
+    fn read_exact_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        let mut done = 0;
+        while done < buf.len() {
+            let n = self.read_at(offset + done as u64, &mut buf[done..])?;
+            if n == 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    format!("short read at {}", offset + done as u64),
+                ));
+            }
+            done += n;
+        }
+        Ok(())
+    }
+}
+
+/// A file system: opens files and manipulates directories.
+pub trait Backend: Send + Sync + Debug {
+    /// Opens `path` for reading and writing, creating it if `create` is set.
+    fn open(&self, path: &Path, create: bool) -> io::Result<Arc<dyn StoreFile>>;
+    /// Names of the entries (files and directories) directly inside `dir`; empty if absent.
+    fn list(&self, dir: &Path) -> io::Result<Vec<String>>;
+    /// Creates `dir` and its parents.
+    fn create_dir_all(&self, dir: &Path) -> io::Result<()>;
+    /// Removes one file (no error if absent).
+    fn remove_file(&self, path: &Path) -> io::Result<()>;
+    /// Removes a directory and everything under it (no error if absent).
+    fn remove_dir_all(&self, dir: &Path) -> io::Result<()>;
+    /// Atomically replaces `to` with `from`.
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
+    /// Whether a file or directory exists at `path`.
+    fn exists(&self, path: &Path) -> bool;
+}
+
+/// The real file system.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct FsBackend;
+
+#[derive(Debug)]
+struct FsFile(std::fs::File);
+
+#[cfg(unix)]
+impl StoreFile for FsFile {
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+        std::os::unix::fs::FileExt::read_at(&self.0, buf, offset)
+    }
+    fn write_all_at(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        std::os::unix::fs::FileExt::write_all_at(&self.0, data, offset)
+    }
+    fn sync(&self) -> io::Result<()> {
+        self.0.sync_data()
+    }
+    fn len(&self) -> io::Result<u64> {
+        Ok(self.0.metadata()?.len())
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.0.set_len(len)
+    }
+}
+
+#[cfg(windows)]
+impl StoreFile for FsFile {
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+        std::os::windows::fs::FileExt::seek_read(&self.0, buf, offset)
+    }
+    fn write_all_at(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        let mut done = 0;
+        while done < data.len() {
+            done += std::os::windows::fs::FileExt::seek_write(
+                &self.0,
+                &data[done..],
+                offset + done as u64,
+            )?;
+        }
+        Ok(())
+    }
+    fn sync(&self) -> io::Result<()> {
+        self.0.sync_data()
+    }
+    fn len(&self) -> io::Result<u64> {
+        Ok(self.0.metadata()?.len())
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.0.set_len(len)
+    }
+}
+
+impl Backend for FsBackend {
+    fn open(&self, path: &Path, create: bool) -> io::Result<Arc<dyn StoreFile>> {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(create)
+            .truncate(false)
+            .open(path)?;
+        Ok(Arc::new(FsFile(file)))
+    }
+    fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
+        let rd = match std::fs::read_dir(dir) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(e),
+        };
+        let mut names = Vec::new();
+        for entry in rd {
+            if let Some(name) = entry?.file_name().to_str() {
+                names.push(name.to_string());
+            }
+        }
+        names.sort();
+        Ok(names)
+    }
+    fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
+        std::fs::create_dir_all(dir)
+    }
+    fn remove_file(&self, path: &Path) -> io::Result<()> {
+        match std::fs::remove_file(path) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            r => r,
+        }
+    }
+    fn remove_dir_all(&self, dir: &Path) -> io::Result<()> {
+        match std::fs::remove_dir_all(dir) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            r => r,
+        }
+    }
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        std::fs::rename(from, to)?;
+        #[cfg(unix)]
+        if let Some(parent) = to.parent() {
+            // Make the rename itself durable.
+            std::fs::File::open(parent)?.sync_all()?;
+        }
+        Ok(())
+    }
+    fn exists(&self, path: &Path) -> bool {
+        path.exists()
+    }
+}
+
+/// Faults a [`MemBackend`] injects.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Faults {
+    /// Total bytes that may still be written; a write that goes past it writes what fits and
+    /// then fails with `StorageFull` (a full disk). `None` = unlimited.
+    pub write_budget: Option<u64>,
+    /// Every `sync` fails with an I/O error.
+    pub fail_sync: bool,
+    /// Every write fails with an I/O error (before writing anything).
+    pub fail_write: bool,
+}
+
+#[derive(Debug)]
+enum Op {
+    Write {
+        file: u64,
+        offset: u64,
+        data: Vec<u8>,
+    },
+    SetLen {
+        file: u64,
+        len: u64,
+    },
+}
+
+#[derive(Debug)]
+struct JournalEntry {
+    op: Op,
+    synced: bool,
+}
+
+#[derive(Debug, Default)]
+struct MemFs {
+    /// Path -> file id.
+    names: BTreeMap<PathBuf, u64>,
+    /// Current contents per file id.
+    data: HashMap<u64, Vec<u8>>,
+    /// Indexes into `journal` of the unsynced operations per file.
+    unsynced: HashMap<u64, Vec<usize>>,
+    dirs: std::collections::BTreeSet<PathBuf>,
+    journal: Vec<JournalEntry>,
+    next_id: u64,
+    faults: Faults,
+    record: bool,
+}
+
+/// In-memory file system with a write journal, fault injection and crash images.
+#[derive(Debug, Clone)]
+pub struct MemBackend {
+    fs: Arc<Mutex<MemFs>>,
+}
+
+impl Default for MemBackend {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[derive(Debug)]
+struct MemFile {
+    fs: Arc<Mutex<MemFs>>,
+    id: u64,
+}
+
+fn apply(data: &mut Vec<u8>, op: &Op, limit: usize) {
+    match op {
+        Op::Write {
+            offset,
+            data: bytes,
+            ..
+        } => {
+            let n = limit.min(bytes.len());
+            let start = *offset as usize;
+            if data.len() < start + n {
+                data.resize(start + n, 0);
+            }
+            data[start..start + n].copy_from_slice(&bytes[..n]);
+        }
+        Op::SetLen { len, .. } => data.resize(*len as usize, 0),
+    }
+}
+
+fn op_file(op: &Op) -> u64 {
+    match op {
+        Op::Write { file, .. } | Op::SetLen { file, .. } => *file,
+    }
+}
+
+impl MemBackend {
+    /// An empty in-memory file system that journals writes (for crash images).
+    pub fn new() -> Self {
+        MemBackend {
+            fs: Arc::new(Mutex::new(MemFs {
+                record: true,
+                ..MemFs::default()
+            })),
+        }
+    }
+
+    /// Replaces the injected faults.
+    pub fn set_faults(&self, faults: Faults) {
+        self.fs.lock().faults = faults;
+    }
+
+    /// Total bytes of writes (set-len counts as one byte) not yet covered by an fsync: crash
+    /// images exist for every cut in `0..=unsynced_bytes()`.
+    pub fn unsynced_bytes(&self) -> u64 {
+        let fs = self.fs.lock();
+        fs.journal
+            .iter()
+            .filter(|e| !e.synced)
+            .map(|e| match &e.op {
+                Op::Write { data, .. } => data.len() as u64,
+                Op::SetLen { .. } => 1,
+            })
+            .sum()
+    }
+
+    /// Builds what the disk could hold after a power loss now: every fsynced write, plus the
+    /// first `cut` bytes of the unsynced writes in the order they were issued (the last one
+    /// possibly torn). The image is a new backend with no journal history.
+    pub fn crash_image(&self, cut: u64) -> MemBackend {
+        let fs = self.fs.lock();
+        let mut contents: HashMap<u64, Vec<u8>> = HashMap::new();
+        let mut budget = cut;
+        for entry in &fs.journal {
+            let file = op_file(&entry.op);
+            let target = contents.entry(file).or_default();
+            if entry.synced {
+                apply(target, &entry.op, usize::MAX);
+                continue;
+            }
+            let cost = match &entry.op {
+                Op::Write { data, .. } => data.len() as u64,
+                Op::SetLen { .. } => 1,
+            };
+            if budget >= cost {
+                apply(target, &entry.op, usize::MAX);
+                budget -= cost;
+            } else if budget > 0 {
+                if let Op::Write { .. } = entry.op {
+                    apply(target, &entry.op, budget as usize);
+                }
+                budget = 0;
+            }
+        }
+        let mut image = MemFs {
+            record: true,
+            dirs: fs.dirs.clone(),
+            ..MemFs::default()
+        };
+        for (path, id) in &fs.names {
+            let new_id = image.next_id;
+            image.next_id += 1;
+            image.names.insert(path.clone(), new_id);
+            let data = contents.remove(id).unwrap_or_default();
+            image.data.insert(new_id, data.clone());
+            // The image starts fully durable: record its contents as one synced write.
+            image.journal.push(JournalEntry {
+                op: Op::Write {
+                    file: new_id,
+                    offset: 0,
+                    data,
+                },
+                synced: true,
+            });
+        }
+        MemBackend {
+            fs: Arc::new(Mutex::new(image)),
+        }
+    }
+
+    /// The current (not crash-cut) contents of a file, for assertions in tests.
+    pub fn file_contents(&self, path: &Path) -> Option<Vec<u8>> {
+        let fs = self.fs.lock();
+        let id = fs.names.get(path)?;
+        fs.data.get(id).cloned()
+    }
+
+    /// Overwrites bytes of a file in place, as durable (to simulate on-disk corruption).
+    pub fn corrupt(&self, path: &Path, offset: u64, bytes: &[u8]) -> bool {
+        let mut fs = self.fs.lock();
+        let Some(&id) = fs.names.get(path) else {
+            return false;
+        };
+        let op = Op::Write {
+            file: id,
+            offset,
+            data: bytes.to_vec(),
+        };
+        if let Some(d) = fs.data.get_mut(&id) {
+            apply(d, &op, usize::MAX);
+        }
+        fs.journal.push(JournalEntry { op, synced: true });
+        true
+    }
+}
+
+impl MemFs {
+    fn push(&mut self, op: Op) {
+        let file = op_file(&op);
+        if let Some(d) = self.data.get_mut(&file) {
+            apply(d, &op, usize::MAX);
+        }
+        if self.record {
+            let idx = self.journal.len();
+            self.journal.push(JournalEntry { op, synced: false });
+            self.unsynced.entry(file).or_default().push(idx);
+        }
+    }
+}
+
+impl StoreFile for MemFile {
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+        let fs = self.fs.lock();
+        let data = fs
+            .data
+            .get(&self.id)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "file removed"))?;
+        let start = (offset as usize).min(data.len());
+        let n = buf.len().min(data.len() - start);
+        buf[..n].copy_from_slice(&data[start..start + n]);
+        Ok(n)
+    }
+
+    fn write_all_at(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        let mut fs = self.fs.lock();
+        if fs.faults.fail_write {
+            return Err(io::Error::other("injected write failure"));
+        }
+        let mut len = data.len();
+        let mut full = false;
+        if let Some(budget) = fs.faults.write_budget.as_mut() {
+            if (len as u64) > *budget {
+                len = *budget as usize;
+                full = true;
+            }
+            *budget -= len as u64;
+        }
+        if len > 0 {
+            fs.push(Op::Write {
+                file: self.id,
+                offset,
+                data: data[..len].to_vec(),
+            });
+        }
+        if full {
+            return Err(io::Error::new(
+                io::ErrorKind::StorageFull,
+                "injected full disk",
+            ));
+        }
+        Ok(())
+    }
+
+    fn sync(&self) -> io::Result<()> {
+        let mut fs = self.fs.lock();
+        if fs.faults.fail_sync {
+            return Err(io::Error::other("injected fsync failure"));
+        }
+        let pending = fs.unsynced.remove(&self.id).unwrap_or_default();
+        for idx in pending {
+            if let Some(e) = fs.journal.get_mut(idx) {
+                e.synced = true;
+            }
+        }
+        Ok(())
+    }
+
+    fn len(&self) -> io::Result<u64> {
+        let fs = self.fs.lock();
+        Ok(fs.data.get(&self.id).map_or(0, |d| d.len() as u64))
+    }
+
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        let mut fs = self.fs.lock();
+        fs.push(Op::SetLen { file: self.id, len });
+        Ok(())
+    }
+}
+
+impl Backend for MemBackend {
+    fn open(&self, path: &Path, create: bool) -> io::Result<Arc<dyn StoreFile>> {
+        let mut fs = self.fs.lock();
+        let id = match fs.names.get(path) {
+            Some(&id) => id,
+            None if create => {
+                let id = fs.next_id;
+                fs.next_id += 1;
+                fs.names.insert(path.to_path_buf(), id);
+                fs.data.insert(id, Vec::new());
+                id
+            }
+            None => {
+                return Err(io::Error::new(
+                    io::ErrorKind::NotFound,
+                    format!("{} not found", path.display()),
+                ))
+            }
+        };
+        Ok(Arc::new(MemFile {
+            fs: self.fs.clone(),
+            id,
+        }))
+    }
+
+    fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
+        let fs = self.fs.lock();
+        let mut names: Vec<String> = fs
+            .names
+            .keys()
+            .chain(fs.dirs.iter())
+            .filter(|p| p.parent() == Some(dir))
+            .filter_map(|p| p.file_name().and_then(|n| n.to_str()).map(String::from))
+            .collect();
+        names.sort();
+        names.dedup();
+        Ok(names)
+    }
+
+    fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
+        let mut fs = self.fs.lock();
+        let mut p = Some(dir);
+        while let Some(d) = p {
+            if d.as_os_str().is_empty() {
+                break;
+            }
+            fs.dirs.insert(d.to_path_buf());
+            p = d.parent();
+        }
+        Ok(())
+    }
+
+    fn remove_file(&self, path: &Path) -> io::Result<()> {
+        let mut fs = self.fs.lock();
+        if let Some(id) = fs.names.remove(path) {
+            fs.data.remove(&id);
+            fs.unsynced.remove(&id);
+        }
+        Ok(())
+    }
+
+    fn remove_dir_all(&self, dir: &Path) -> io::Result<()> {
+        let mut fs = self.fs.lock();
+        let victims: Vec<PathBuf> = fs
+            .names
+            .keys()
+            .filter(|p| p.starts_with(dir))
+            .cloned()
+            .collect();
+        for p in victims {
+            if let Some(id) = fs.names.remove(&p) {
+                fs.data.remove(&id);
+                fs.unsynced.remove(&id);
+            }
+        }
+        fs.dirs.retain(|d| !d.starts_with(dir));
+        Ok(())
+    }
+
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        let mut fs = self.fs.lock();
+        let id = fs.names.remove(from).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("{} not found", from.display()),
+            )
+        })?;
+        if let Some(old) = fs.names.insert(to.to_path_buf(), id) {
+            fs.data.remove(&old);
+            fs.unsynced.remove(&old);
+        }
+        Ok(())
+    }
+
+    fn exists(&self, path: &Path) -> bool {
+        let fs = self.fs.lock();
+        fs.names.contains_key(path) || fs.dirs.contains(path)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn crash_image_keeps_synced_and_prefix_of_unsynced() {
+        let be = MemBackend::new();
+        let f = be.open(Path::new("/a"), true).unwrap();
+        let g = be.open(Path::new("/b"), true).unwrap();
+        f.write_all_at(0, b"hello").unwrap();
+        f.sync().unwrap();
+        g.write_all_at(0, b"xyz").unwrap();
+        f.write_all_at(5, b"world").unwrap();
+        assert_eq!(be.unsynced_bytes(), 8);
+        let img = be.crash_image(0);
+        assert_eq!(img.file_contents(Path::new("/a")).unwrap(), b"hello");
+        assert_eq!(img.file_contents(Path::new("/b")).unwrap(), b"");
+        let img = be.crash_image(5);
+        assert_eq!(img.file_contents(Path::new("/a")).unwrap(), b"hellowo");
+        assert_eq!(img.file_contents(Path::new("/b")).unwrap(), b"xyz");
+        let img = be.crash_image(8);
+        assert_eq!(img.file_contents(Path::new("/a")).unwrap(), b"helloworld");
+        // the image is durable in full
+        assert_eq!(img.unsynced_bytes(), 0);
+        assert_eq!(
+            img.crash_image(0).file_contents(Path::new("/a")).unwrap(),
+            b"helloworld"
+        );
+    }
+
+    #[test]
+    fn full_disk_writes_what_fits_then_fails() {
+        let be = MemBackend::new();
+        be.set_faults(Faults {
+            write_budget: Some(3),
+            ..Faults::default()
+        });
+        let f = be.open(Path::new("/a"), true).unwrap();
+        let err = f.write_all_at(0, b"hello").unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::StorageFull);
+        assert_eq!(f.len().unwrap(), 3);
+        be.set_faults(Faults {
+            fail_sync: true,
+            ..Faults::default()
+        });
+        assert!(f.sync().is_err());
+    }
+
+    #[test]
+    fn list_rename_remove() {
+        let be = MemBackend::new();
+        be.create_dir_all(Path::new("/d/e")).unwrap();
+        be.open(Path::new("/d/x.tmp"), true).unwrap();
+        be.rename(Path::new("/d/x.tmp"), Path::new("/d/x")).unwrap();
+        assert_eq!(be.list(Path::new("/d")).unwrap(), vec!["e", "x"]);
+        be.remove_dir_all(Path::new("/d")).unwrap();
+        assert!(!be.exists(Path::new("/d/x")));
+    }
+
+    #[test]
+    fn fs_backend_roundtrip() {
+        let dir = tempfile::tempdir().unwrap();
+        let be = FsBackend;
+        let p = dir.path().join("f");
+        let f = be.open(&p, true).unwrap();
+        f.write_all_at(4, b"abcd").unwrap();
+        f.sync().unwrap();
+        let mut buf = [0u8; 8];
+        f.read_exact_at(0, &mut buf).unwrap();
+        assert_eq!(&buf, b"\0\0\0\0abcd");
+        assert!(f.read_exact_at(6, &mut buf).is_err());
+        f.set_len(2).unwrap();
+        assert_eq!(f.len().unwrap(), 2);
+        assert_eq!(be.list(dir.path()).unwrap(), vec!["f"]);
+    }
+}

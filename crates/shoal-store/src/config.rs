@@ -1,0 +1,124 @@
+//! Store configuration.
+
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::backend::{Backend, FsBackend};
+
+/// When an append is made durable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FlushMode {
+    /// Appends return once their bytes are written to the OS; a flusher thread fsyncs every
+    /// [`StoreConfig::flush_interval`] (RocketMQ `ASYNC_FLUSH`, the default).
+    #[default]
+    Async,
+    /// Appends return only after an fsync covering their bytes; concurrent appends share one
+    /// fsync (group commit). RocketMQ `SYNC_FLUSH`.
+    Sync,
+}
+
+/// Configuration of a [`crate::MessageStore`].
+#[derive(Clone)]
+pub struct StoreConfig {
+    /// Root directory of the store (`commitlog/`, `consumequeue/`, `index/`, `config/`, ...).
+    pub data_dir: PathBuf,
+    /// Size of one commit log segment file in bytes (1 GiB by default).
+    pub commit_log_segment_size: u64,
+    /// Number of 20-byte entries in one consume-queue file (300 000 by default, as RocketMQ).
+    pub consume_queue_file_entries: u64,
+    /// Number of entries in one index file (4 000 000 by default).
+    pub index_file_entries: u64,
+    /// Async or sync flush.
+    pub flush_mode: FlushMode,
+    /// Interval of the flusher thread (500 ms by default). Under sync flush it still flushes
+    /// consume queues, index and checkpoint on this interval.
+    pub flush_interval: Duration,
+    /// How long a sync-flush append waits for its fsync before reporting
+    /// [`crate::FlushStatus::FlushTimeout`] (5 s by default).
+    pub sync_flush_timeout: Duration,
+    /// Commit log segments whose newest message is older than this are deleted (72 h).
+    pub retention: Duration,
+    /// How often the background thread checks retention (10 s by default).
+    pub retention_check_interval: Duration,
+    /// Largest accepted stored record in bytes (4 MiB by default).
+    pub max_message_size: usize,
+    /// How often consumer offsets and delay-level progress are persisted (5 s by default).
+    pub offsets_persist_interval: Duration,
+    /// Address written as STOREHOST into every record and used in offset message ids.
+    pub store_host: SocketAddr,
+    /// Start the flusher / retention / offsets threads. Tests turn this off and call
+    /// [`crate::MessageStore::flush`] and friends themselves.
+    pub background_threads: bool,
+    /// Where files live: the real file system by default, an in-memory fault-injecting
+    /// backend in tests.
+    pub backend: Arc<dyn Backend>,
+}
+
+impl std::fmt::Debug for StoreConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreConfig")
+            .field("data_dir", &self.data_dir)
+            .field("commit_log_segment_size", &self.commit_log_segment_size)
+            .field(
+                "consume_queue_file_entries",
+                &self.consume_queue_file_entries,
+            )
+            .field("index_file_entries", &self.index_file_entries)
+            .field("flush_mode", &self.flush_mode)
+            .field("flush_interval", &self.flush_interval)
+            .field("sync_flush_timeout", &self.sync_flush_timeout)
+            .field("retention", &self.retention)
+            .field("retention_check_interval", &self.retention_check_interval)
+            .field("max_message_size", &self.max_message_size)
+            .field("offsets_persist_interval", &self.offsets_persist_interval)
+            .field("store_host", &self.store_host)
+            .field("background_threads", &self.background_threads)
+            .finish_non_exhaustive()
+    }
+}
+
+impl StoreConfig {
+    /// Defaults (as RocketMQ's) with the given data directory on the real file system.
+    pub fn new(data_dir: impl Into<PathBuf>) -> Self {
+        StoreConfig {
+            data_dir: data_dir.into(),
+            commit_log_segment_size: 1 << 30,
+            consume_queue_file_entries: 300_000,
+            index_file_entries: 4_000_000,
+            flush_mode: FlushMode::Async,
+            flush_interval: Duration::from_millis(500),
+            sync_flush_timeout: Duration::from_secs(5),
+            retention: Duration::from_secs(72 * 3600),
+            retention_check_interval: Duration::from_secs(10),
+            max_message_size: 4 * 1024 * 1024,
+            offsets_persist_interval: Duration::from_secs(5),
+            store_host: SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 10911)),
+            background_threads: true,
+            backend: Arc::new(FsBackend),
+        }
+    }
+
+    /// Validates sizes that would make the store unusable.
+    pub(crate) fn validate(&self) -> crate::Result<()> {
+        if self.commit_log_segment_size < 4096 {
+            return Err(crate::StoreError::InvalidArgument(format!(
+                "commit_log_segment_size {} is below 4096",
+                self.commit_log_segment_size
+            )));
+        }
+        if self.max_message_size as u64 + 8 > self.commit_log_segment_size {
+            return Err(crate::StoreError::InvalidArgument(format!(
+                "max_message_size {} does not fit in a segment of {} bytes",
+                self.max_message_size, self.commit_log_segment_size
+            )));
+        }
+        if self.consume_queue_file_entries == 0 || self.index_file_entries == 0 {
+            return Err(crate::StoreError::InvalidArgument(
+                "consume_queue_file_entries and index_file_entries must be positive".into(),
+            ));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,64 @@
+//! The one error type of `shoal-store`.
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong in the message store.
+///
+/// The broker maps these to RocketMQ response codes: [`StoreError::MessageTooLarge`] to
+/// MESSAGE_ILLEGAL, [`StoreError::Io`] (including a full disk) to SERVICE_NOT_AVAILABLE or
+/// SYSTEM_ERROR, [`StoreError::Closed`] to SERVICE_NOT_AVAILABLE.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// An I/O operation failed (a full disk is reported as `io::ErrorKind::StorageFull`).
+    #[error("I/O error during {op} on {path}: {source}")]
+    Io {
+        /// What the store was doing.
+        op: &'static str,
+        /// The file or directory concerned.
+        path: PathBuf,
+        /// The operating system's error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A message (encoded, as stored) larger than the configured limit.
+    #[error("message of {size} bytes exceeds the limit of {max} bytes")]
+    MessageTooLarge {
+        /// Encoded size of the stored record.
+        size: usize,
+        /// The configured limit.
+        max: usize,
+    },
+    /// A topic name, queue id, property or key that the store cannot accept.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// Encoding or decoding a stored message failed.
+    #[error("message format error: {0}")]
+    Proto(#[from] shoal_proto::ProtoError),
+    /// Data on disk that contradicts itself and cannot be recovered automatically.
+    #[error("corrupt store data in {path}: {reason}")]
+    Corrupt {
+        /// The file concerned.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// An earlier write failed half-way; the store refuses further appends until reopened,
+    /// so that nothing is appended after a hole.
+    #[error("store is read-only after an earlier write failure: {0}")]
+    WriteFailed(String),
+    /// The store has been shut down.
+    #[error("message store is closed")]
+    Closed,
+}
+
+/// `Result` with [`StoreError`].
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+/// Helper to wrap an `io::Error` with the operation and path.
+pub(crate) fn io_err(
+    op: &'static str,
+    path: impl Into<PathBuf>,
+) -> impl FnOnce(std::io::Error) -> StoreError {
+    let path = path.into();
+    move |source| StoreError::Io { op, path, source }
+}

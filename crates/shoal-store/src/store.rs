@@ -1,0 +1,1468 @@
+//! The message store: commit log + consume queues + index + offsets, with flush, recovery and
+//! retention. See the crate documentation for the overview.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::{Bytes, BytesMut};
+use parking_lot::{Condvar, Mutex, RwLock};
+use serde::{Deserialize, Serialize};
+use shoal_proto::message::msg_id::offset_msg_id;
+use shoal_proto::message::property::{find_property, KEYS, TAGS, UNIQ_KEY};
+use shoal_proto::message::record::{
+    encode_record, patch_record, store_timestamp_pos, RecordFields, RecordView, BLANK_MAGIC_CODE,
+    MIN_RECORD_LEN,
+};
+
+use crate::backend::{Backend, StoreFile};
+use crate::commitlog::CommitLog;
+use crate::config::{FlushMode, StoreConfig};
+use crate::consume_queue::{ConsumeQueue, CqEntry};
+use crate::error::{io_err, Result};
+use crate::index::Index;
+use crate::offsets::OffsetStore;
+use crate::StoreError;
+
+/// A message handed to the store by the broker (RocketMQ `MessageExtBrokerInner`): everything
+/// but the fields the store fills in (queue offset, physical offset, store timestamp, store
+/// host).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MessageExtBrokerInner {
+    /// Topic.
+    pub topic: String,
+    /// Queue id within the topic.
+    pub queue_id: i32,
+    /// User flag.
+    pub flag: i32,
+    /// Message sysFlag (spec section 4.2); the IPv6 host bits are derived from the addresses.
+    pub sys_flag: i32,
+    /// Born timestamp (ms).
+    pub born_timestamp: i64,
+    /// Producer address.
+    pub born_host: SocketAddr,
+    /// Reconsume times.
+    pub reconsume_times: i32,
+    /// Prepared transaction offset (0 for normal messages).
+    pub prepared_transaction_offset: i64,
+    /// Body as stored (already compressed if the sysFlag says so).
+    pub body: Bytes,
+    /// Encoded properties string (spec section 4.4).
+    pub properties: String,
+}
+
+/// Where and how one message was appended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AppendedMessage {
+    /// Commit log (physical) offset of the record.
+    pub physical_offset: u64,
+    /// Offset in the consume queue of (topic, queue id).
+    pub queue_offset: u64,
+    /// Store timestamp written into the record (ms).
+    pub store_timestamp: i64,
+    /// Size of the stored record.
+    pub size: u32,
+    /// Offset message id (store host + physical offset, spec section 4.5).
+    pub offset_msg_id: String,
+}
+
+/// Durability of an append, for the broker's answer (FLUSH_DISK_TIMEOUT under sync flush).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FlushStatus {
+    /// The bytes were fsynced before the call returned (sync flush).
+    Flushed,
+    /// Written to the OS only; the flusher thread will fsync them (async flush).
+    NotFlushed,
+    /// Sync flush: the fsync did not complete within `sync_flush_timeout`.
+    FlushTimeout,
+    /// Sync flush: the fsync failed; the store refuses further appends until reopened.
+    FlushFailed,
+}
+
+/// Result of [`MessageStore::put_message`] / [`MessageStore::put_messages`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PutMessageResult {
+    /// One entry per message, in the order given.
+    pub messages: Vec<AppendedMessage>,
+    /// Durability of the whole put.
+    pub flush: FlushStatus,
+}
+
+/// Notice that a message was appended to (topic, queue id), for long polling.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MessageArrival {
+    /// Topic.
+    pub topic: String,
+    /// Queue id.
+    pub queue_id: i32,
+    /// Queue offset of the message.
+    pub queue_offset: u64,
+    /// Tag hash code of the message.
+    pub tag_code: i64,
+    /// Store timestamp of the message.
+    pub store_timestamp: i64,
+}
+
+/// A callback told about every appended message (called on the appending thread after the
+/// writer lock is released; keep it short and non-blocking, e.g. send on a channel).
+pub type ArrivalListener = Arc<dyn Fn(&MessageArrival) + Send + Sync>;
+
+/// Outcome of a [`MessageStore::get_messages`] (RocketMQ `GetMessageStatus`); the broker maps
+/// it to a response code as spec section 5.2 says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GetMessageStatus {
+    /// At least one matching message (SUCCESS).
+    Found,
+    /// Entries were scanned but none matched the filter (PULL_RETRY_IMMEDIATELY).
+    NoMatchedMessage,
+    /// The queue holds nothing (max offset 0, or the queue does not exist): PULL_NOT_FOUND if
+    /// the requested offset is 0, else PULL_OFFSET_MOVED; next begin offset 0.
+    NoMessageInQueue,
+    /// Requested offset below the min offset (PULL_OFFSET_MOVED, next = min offset).
+    OffsetTooSmall,
+    /// Requested offset equals the max offset: nothing new yet (PULL_NOT_FOUND, next = offset).
+    OffsetOverflowOne,
+    /// Requested offset beyond the max offset (PULL_OFFSET_MOVED, next = max offset).
+    OffsetOverflowBadly,
+}
+
+/// Result of [`MessageStore::get_messages`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GetMessageResult {
+    /// Status, see [`GetMessageStatus`].
+    pub status: GetMessageStatus,
+    /// The stored records back to back, ready to be a pull response body.
+    pub messages: Bytes,
+    /// Number of records in `messages`.
+    pub message_count: usize,
+    /// Queue offsets of the records in `messages`.
+    pub queue_offsets: Vec<u64>,
+    /// Where the next pull should start.
+    pub next_begin_offset: u64,
+    /// The queue's min offset.
+    pub min_offset: u64,
+    /// The queue's max offset (next offset to be written).
+    pub max_offset: u64,
+}
+
+/// Which end of a run of equal-time messages [`MessageStore::offset_by_timestamp`] picks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BoundaryType {
+    /// The first offset whose store time is at or after the timestamp (max offset if none).
+    Lower,
+    /// The last offset whose store time is at or before the timestamp (min offset if none).
+    Upper,
+}
+
+/// What recovery found and did when the store was opened.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RecoveryReport {
+    /// The abort marker was present: the previous run did not shut down cleanly.
+    pub abnormal_shutdown: bool,
+    /// Records were checked (magic, size, CRC) from the checkpoint's segment onwards; false
+    /// when a clean shutdown allowed the fast path.
+    pub full_check: bool,
+    /// Commit log offset where the check started.
+    pub checked_from: u64,
+    /// Records validated by the check.
+    pub records_checked: u64,
+    /// End of the valid commit log (next write position).
+    pub commit_log_end: u64,
+    /// Bytes of torn or invalid tail removed from the commit log.
+    pub truncated_bytes: u64,
+    /// Why the check stopped where it did, if it stopped on bad data (not a clean end).
+    pub truncation_reason: Option<String>,
+    /// Consume-queue entries dropped because they pointed past the commit log end.
+    pub consume_queue_entries_dropped: u64,
+    /// Consume-queue entries re-created from the commit log.
+    pub consume_queue_entries_rebuilt: u64,
+    /// Index entries dropped because they pointed past the commit log end.
+    pub index_entries_dropped: u64,
+    /// Time recovery took.
+    pub duration: Duration,
+}
+
+/// What a retention run deleted.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RetentionReport {
+    /// Start offsets of the deleted commit log segments.
+    pub deleted_segments: Vec<u64>,
+    /// Index files deleted.
+    pub deleted_index_files: usize,
+    /// New min commit log offset.
+    pub min_commit_log_offset: u64,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Checkpoint {
+    /// Commit log durable below this offset.
+    commit_log_flushed: u64,
+    /// Consume queues and index durable for every record below this offset.
+    logics_flushed: u64,
+    /// Set only by a clean shutdown: the exact end of the commit log.
+    clean_end: Option<u64>,
+}
+
+const CHECKPOINT_FILE: &str = "checkpoint";
+const ABORT_FILE: &str = "abort";
+/// Consume-queue entries scanned at most per pull (RocketMQ scans 16000 bytes of entries).
+const MAX_SCAN_ENTRIES: usize = 800;
+
+struct WriterState {
+    last_store_timestamp: i64,
+    failed: Option<String>,
+}
+
+type QueueMap = HashMap<String, HashMap<i32, Arc<ConsumeQueue>>>;
+
+struct Inner {
+    config: StoreConfig,
+    backend: Arc<dyn Backend>,
+    commit_log: CommitLog,
+    queues: RwLock<QueueMap>,
+    index: Index,
+    offsets: OffsetStore,
+    writer: Mutex<WriterState>,
+    /// Records below this commit log offset have their consume-queue and index entries written.
+    dispatched: AtomicU64,
+    group_commit: Mutex<bool>,
+    group_commit_cv: Condvar,
+    listeners: RwLock<Vec<ArrivalListener>>,
+    closed: AtomicBool,
+    stop: Mutex<bool>,
+    stop_cv: Condvar,
+    /// Serializes checkpoint writes (flusher thread vs. explicit flush).
+    logics_lock: Mutex<()>,
+}
+
+/// The message store. `Send + Sync`; share it with an `Arc`.
+pub struct MessageStore {
+    inner: Arc<Inner>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for MessageStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MessageStore")
+            .field("data_dir", &self.inner.config.data_dir)
+            .field("commit_log_end", &self.inner.commit_log.write_pos())
+            .finish_non_exhaustive()
+    }
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// Topic names become directory names: RocketMQ's character set (`[%|a-zA-Z0-9_-]`), at most
+/// 255 bytes.
+fn validate_topic(topic: &str) -> Result<()> {
+    if topic.is_empty() || topic.len() > 255 {
+        return Err(StoreError::InvalidArgument(format!(
+            "topic length {} is outside 1..=255",
+            topic.len()
+        )));
+    }
+    if !topic
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'%' | b'|' | b'_' | b'-'))
+    {
+        return Err(StoreError::InvalidArgument(format!(
+            "topic {topic:?} contains characters outside [%|a-zA-Z0-9_-]"
+        )));
+    }
+    Ok(())
+}
+
+fn write_file_atomically(backend: &dyn Backend, path: &Path, bytes: &[u8]) -> Result<()> {
+    let tmp = path.with_extension("tmp");
+    backend.remove_file(&tmp).map_err(io_err("remove", &tmp))?;
+    let file = backend.open(&tmp, true).map_err(io_err("create", &tmp))?;
+    file.write_all_at(0, bytes).map_err(io_err("write", &tmp))?;
+    file.sync().map_err(io_err("fsync", &tmp))?;
+    backend.rename(&tmp, path).map_err(io_err("rename", path))
+}
+
+fn read_checkpoint(backend: &dyn Backend, path: &Path) -> Result<Option<Checkpoint>> {
+    if !backend.exists(path) {
+        return Ok(None);
+    }
+    let file = backend.open(path, false).map_err(io_err("open", path))?;
+    let len = file.len().map_err(io_err("stat", path))?;
+    let mut buf = vec![0u8; len as usize];
+    file.read_exact_at(0, &mut buf)
+        .map_err(io_err("read", path))?;
+    // A checkpoint that cannot be parsed only costs a longer check.
+    Ok(serde_json::from_slice(&buf).ok())
+}
+
+/// Reads a segment sequentially through a buffer (recovery scans).
+struct SegmentReader {
+    file: Arc<dyn StoreFile>,
+    buf: Vec<u8>,
+    start: u64,
+}
+
+impl SegmentReader {
+    fn new(file: Arc<dyn StoreFile>) -> Self {
+        SegmentReader {
+            file,
+            buf: Vec::new(),
+            start: 0,
+        }
+    }
+
+    /// `len` bytes at `off`, or `None` if the file ends before.
+    fn slice(&mut self, off: u64, len: usize) -> std::io::Result<Option<&[u8]>> {
+        let inside = off >= self.start && off + len as u64 <= self.start + self.buf.len() as u64;
+        if !inside {
+            let want = len.max(1 << 20);
+            self.buf.resize(want, 0);
+            let mut got = 0;
+            while got < want {
+                let n = self.file.read_at(off + got as u64, &mut self.buf[got..])?;
+                if n == 0 {
+                    break;
+                }
+                got += n;
+            }
+            self.buf.truncate(got);
+            self.start = off;
+        }
+        let from = (off - self.start) as usize;
+        Ok(self.buf.get(from..from + len))
+    }
+}
+
+/// One record found during a recovery scan.
+struct ScannedRecord {
+    phys: u64,
+    size: u32,
+    topic: String,
+    queue_id: i32,
+    queue_offset: i64,
+    tag_code: i64,
+    store_timestamp: i64,
+    keys: Vec<String>,
+}
+
+fn index_keys(properties: &str) -> Vec<String> {
+    let mut keys: Vec<String> = find_property(properties, KEYS)
+        .map(|k| {
+            k.split(' ')
+                .filter(|s| !s.is_empty())
+                .map(String::from)
+                .collect()
+        })
+        .unwrap_or_default();
+    if let Some(u) = find_property(properties, UNIQ_KEY).filter(|u| !u.is_empty()) {
+        if !keys.iter().any(|k| k == u) {
+            keys.push(u.to_string());
+        }
+    }
+    keys
+}
+
+impl MessageStore {
+    /// Opens (creating if needed) the store in `config.data_dir`, recovers it and starts the
+    /// background threads (if configured).
+    pub fn open(config: StoreConfig) -> Result<(MessageStore, RecoveryReport)> {
+        config.validate()?;
+        let started = Instant::now();
+        let backend = config.backend.clone();
+        let dir = config.data_dir.clone();
+        backend
+            .create_dir_all(&dir)
+            .map_err(io_err("create data dir", &dir))?;
+        let abort_path = dir.join(ABORT_FILE);
+        let abnormal = backend.exists(&abort_path);
+        let checkpoint = read_checkpoint(&*backend, &dir.join(CHECKPOINT_FILE))?;
+        let commit_log = CommitLog::open(
+            backend.clone(),
+            dir.join("commitlog"),
+            config.commit_log_segment_size,
+        )?;
+        let mut report = RecoveryReport {
+            abnormal_shutdown: abnormal,
+            ..RecoveryReport::default()
+        };
+
+        // 1. Find the end of the commit log.
+        let mut scanned = Vec::new();
+        let fast_end = match (&checkpoint, abnormal) {
+            (Some(cp), false) => cp.clean_end.filter(|end| {
+                // Fast path: the data must end exactly where the clean shutdown said.
+                let segs = commit_log.segments();
+                match segs.last() {
+                    None => *end == 0 || *end % config.commit_log_segment_size == 0,
+                    Some(last) => {
+                        let len = CommitLog::segment_len(last).unwrap_or(u64::MAX);
+                        last.base + len == *end
+                            || (*end == last.base + config.commit_log_segment_size)
+                    }
+                }
+            }),
+            _ => None,
+        };
+        let mut last_store_timestamp = 0;
+        let end = match fast_end {
+            Some(end) => end,
+            None => {
+                report.full_check = true;
+                let from = checkpoint
+                    .as_ref()
+                    .map_or(0, |cp| cp.commit_log_flushed.min(cp.logics_flushed));
+                let seg_size = config.commit_log_segment_size;
+                let from = (from - from % seg_size).max(commit_log.min_offset());
+                report.checked_from = from;
+                let (end, reason) = scan_commit_log(&commit_log, from, &mut scanned)?;
+                report.truncation_reason = reason;
+                report.records_checked = scanned.len() as u64;
+                if let Some(last) = scanned.last() {
+                    last_store_timestamp = last.store_timestamp;
+                }
+                end
+            }
+        };
+        report.truncated_bytes = commit_log.truncate_to(end)?;
+        report.commit_log_end = end;
+        let cl_min = commit_log.min_offset();
+
+        // 2. Consume queues: cut entries past the end.
+        let mut queues: QueueMap = HashMap::new();
+        let cq_root = dir.join("consumequeue");
+        for topic in backend.list(&cq_root).map_err(io_err("list", &cq_root))? {
+            if validate_topic(&topic).is_err() {
+                continue;
+            }
+            let tdir = cq_root.join(&topic);
+            for qid in backend.list(&tdir).map_err(io_err("list", &tdir))? {
+                let Ok(queue_id) = qid.parse::<i32>() else {
+                    continue;
+                };
+                let cq = ConsumeQueue::open(
+                    backend.clone(),
+                    tdir.join(&qid),
+                    config.consume_queue_file_entries,
+                )?;
+                report.consume_queue_entries_dropped += cq.recover(cl_min, end)?;
+                queues
+                    .entry(topic.clone())
+                    .or_default()
+                    .insert(queue_id, Arc::new(cq));
+            }
+        }
+
+        // 3. Index: cut entries past the end.
+        let (index, idx_dropped) = Index::open(
+            backend.clone(),
+            dir.join("index"),
+            config.index_file_entries,
+            end,
+        )?;
+        report.index_entries_dropped = idx_dropped;
+
+        let offsets = OffsetStore::open(backend.clone(), dir.join("config"))?;
+        let inner = Arc::new(Inner {
+            backend: backend.clone(),
+            commit_log,
+            queues: RwLock::new(queues),
+            index,
+            offsets,
+            writer: Mutex::new(WriterState {
+                last_store_timestamp,
+                failed: None,
+            }),
+            dispatched: AtomicU64::new(end),
+            group_commit: Mutex::new(false),
+            group_commit_cv: Condvar::new(),
+            listeners: RwLock::new(Vec::new()),
+            closed: AtomicBool::new(false),
+            stop: Mutex::new(false),
+            stop_cv: Condvar::new(),
+            logics_lock: Mutex::new(()),
+            config,
+        });
+
+        // 4. Re-dispatch the checked records the consume queues or index miss.
+        if report.full_check {
+            report.consume_queue_entries_rebuilt = inner.redispatch(&scanned)?;
+        }
+        if last_store_timestamp == 0 && end > 0 {
+            last_store_timestamp = inner.last_record_timestamp().unwrap_or(0);
+        }
+        inner.writer.lock().last_store_timestamp = last_store_timestamp;
+
+        // 5. Everything consistent and durable: new checkpoint, then the abort marker.
+        inner.flush_logics()?;
+        let marker = backend
+            .open(&abort_path, true)
+            .map_err(io_err("create abort marker", &abort_path))?;
+        marker.sync().map_err(io_err("fsync", &abort_path))?;
+        report.duration = started.elapsed();
+        tracing::info!(?report, "message store recovered");
+
+        let store = MessageStore {
+            inner,
+            threads: Mutex::new(Vec::new()),
+        };
+        if store.inner.config.background_threads {
+            store.start_threads();
+        }
+        Ok((store, report))
+    }
+
+    fn start_threads(&self) {
+        let inner = self.inner.clone();
+        let handle = std::thread::Builder::new()
+            .name("shoal-store-flush".into())
+            .spawn(move || inner.background_loop());
+        match handle {
+            Ok(h) => self.threads.lock().push(h),
+            Err(e) => tracing::error!(error = %e, "cannot start the store flusher thread"),
+        }
+    }
+
+    /// Appends one message. See [`Self::put_messages`].
+    pub fn put_message(&self, msg: &MessageExtBrokerInner) -> Result<PutMessageResult> {
+        self.put_messages(std::slice::from_ref(msg))
+    }
+
+    /// Appends messages (any mix of topics and queues) as one batch: queue offsets are
+    /// assigned per (topic, queue) in order, the records are written with one write per
+    /// segment, and under sync flush the call returns after one fsync covering all of them.
+    /// Either all messages are appended or (on error) none is visible.
+    pub fn put_messages(&self, msgs: &[MessageExtBrokerInner]) -> Result<PutMessageResult> {
+        let inner = &*self.inner;
+        if inner.closed.load(Ordering::Acquire) {
+            return Err(StoreError::Closed);
+        }
+        if msgs.is_empty() {
+            return Ok(PutMessageResult {
+                messages: Vec::new(),
+                flush: FlushStatus::NotFlushed,
+            });
+        }
+        // Encode outside the lock; offsets and store timestamp are patched in under it.
+        let store_host = inner.config.store_host;
+        let mut encoded: Vec<u8> = Vec::new();
+        let mut layouts = Vec::with_capacity(msgs.len());
+        for m in msgs {
+            validate_topic(&m.topic)?;
+            if m.queue_id < 0 {
+                return Err(StoreError::InvalidArgument(format!(
+                    "negative queue id {}",
+                    m.queue_id
+                )));
+            }
+            let fields = RecordFields {
+                topic: &m.topic,
+                queue_id: m.queue_id,
+                flag: m.flag,
+                queue_offset: 0,
+                physical_offset: 0,
+                sys_flag: m.sys_flag,
+                born_timestamp: m.born_timestamp,
+                born_host: m.born_host,
+                store_timestamp: 0,
+                store_host,
+                reconsume_times: m.reconsume_times,
+                prepared_transaction_offset: m.prepared_transaction_offset,
+                body: &m.body,
+                properties: &m.properties,
+            };
+            let len = fields.encoded_len()?;
+            if len > inner.config.max_message_size {
+                return Err(StoreError::MessageTooLarge {
+                    size: len,
+                    max: inner.config.max_message_size,
+                });
+            }
+            layouts.push(encode_record(&fields, &mut encoded)?);
+        }
+        let sizes: Vec<usize> = layouts.iter().map(|l| l.len).collect();
+        let tag_codes: Vec<i64> = msgs
+            .iter()
+            .map(|m| shoal_proto::hash::tags_code(find_property(&m.properties, TAGS)))
+            .collect();
+
+        let mut arrivals = Vec::with_capacity(msgs.len());
+        let (appended, end) = {
+            let mut w = inner.writer.lock();
+            if let Some(reason) = &w.failed {
+                return Err(StoreError::WriteFailed(reason.clone()));
+            }
+            if inner.closed.load(Ordering::Acquire) {
+                return Err(StoreError::Closed);
+            }
+            let ts = now_ms().max(w.last_store_timestamp);
+            // Queue offsets per (topic, queue) in order.
+            let mut next: HashMap<(&str, i32), (Arc<ConsumeQueue>, u64)> = HashMap::new();
+            let mut queue_offsets = Vec::with_capacity(msgs.len());
+            for m in msgs {
+                let key = (m.topic.as_str(), m.queue_id);
+                let slot = match next.entry(key) {
+                    std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
+                    std::collections::hash_map::Entry::Vacant(v) => {
+                        let cq = inner.queue(&m.topic, m.queue_id, true)?.ok_or_else(|| {
+                            StoreError::InvalidArgument("queue not created".into())
+                        })?;
+                        let start = cq.max_offset();
+                        v.insert((cq, start))
+                    }
+                };
+                queue_offsets.push(slot.1);
+                slot.1 += 1;
+            }
+            let phys = inner.commit_log.append(&sizes, |i, phys, buf| {
+                let start = buf.len();
+                let range = layouts.get(i).map(|l| l.range()).unwrap_or(0..0);
+                buf.extend_from_slice(encoded.get(range).unwrap_or(&[]));
+                let q = queue_offsets.get(i).copied().unwrap_or(0);
+                patch_record(&mut buf[start..], q as i64, phys as i64, ts)?;
+                Ok(())
+            })?;
+            w.last_store_timestamp = ts;
+            // Dispatch: consume-queue entries grouped per queue, then index entries.
+            let mut per_queue: HashMap<(&str, i32), Vec<CqEntry>> = HashMap::new();
+            let mut dispatch = || -> Result<()> {
+                for (i, m) in msgs.iter().enumerate() {
+                    per_queue
+                        .entry((m.topic.as_str(), m.queue_id))
+                        .or_default()
+                        .push(CqEntry {
+                            phys_offset: phys[i],
+                            size: sizes[i] as u32,
+                            tag_code: tag_codes[i],
+                        });
+                }
+                for (key, entries) in &per_queue {
+                    if let Some((cq, _)) = next.get(key) {
+                        cq.append(entries)?;
+                    }
+                }
+                for (i, m) in msgs.iter().enumerate() {
+                    for key in index_keys(&m.properties) {
+                        inner.index.put(&m.topic, &key, phys[i], ts)?;
+                    }
+                }
+                Ok(())
+            };
+            if let Err(e) = dispatch() {
+                w.failed = Some(format!("dispatch after a commit log append failed: {e}"));
+                return Err(e);
+            }
+            let end = inner.commit_log.write_pos();
+            inner.dispatched.store(end, Ordering::Release);
+            let mut appended = Vec::with_capacity(msgs.len());
+            for (i, m) in msgs.iter().enumerate() {
+                appended.push(AppendedMessage {
+                    physical_offset: phys[i],
+                    queue_offset: queue_offsets[i],
+                    store_timestamp: ts,
+                    size: sizes[i] as u32,
+                    offset_msg_id: offset_msg_id(store_host, phys[i] as i64),
+                });
+                arrivals.push(MessageArrival {
+                    topic: m.topic.clone(),
+                    queue_id: m.queue_id,
+                    queue_offset: queue_offsets[i],
+                    tag_code: tag_codes[i],
+                    store_timestamp: ts,
+                });
+            }
+            (appended, end)
+        };
+        {
+            let listeners = inner.listeners.read();
+            for a in &arrivals {
+                for l in listeners.iter() {
+                    l(a);
+                }
+            }
+        }
+        let flush = match inner.config.flush_mode {
+            FlushMode::Async => FlushStatus::NotFlushed,
+            FlushMode::Sync => inner.wait_durable(end),
+        };
+        Ok(PutMessageResult {
+            messages: appended,
+            flush,
+        })
+    }
+
+    /// Reads up to `max_count` messages (and about `max_bytes`, at least one message) from
+    /// (topic, queue id) starting at queue offset `offset`, keeping only entries whose tag
+    /// code passes `filter`. At most 800 consume-queue entries are scanned per call.
+    pub fn get_messages(
+        &self,
+        topic: &str,
+        queue_id: i32,
+        offset: u64,
+        max_count: usize,
+        max_bytes: usize,
+        filter: &dyn Fn(i64) -> bool,
+    ) -> Result<GetMessageResult> {
+        let inner = &*self.inner;
+        let cq = inner.queue(topic, queue_id, false).ok().flatten();
+        let (min, max) = cq
+            .as_ref()
+            .map_or((0, 0), |cq| (cq.min_offset(), cq.max_offset()));
+        let mut result = GetMessageResult {
+            status: GetMessageStatus::NoMessageInQueue,
+            messages: Bytes::new(),
+            message_count: 0,
+            queue_offsets: Vec::new(),
+            next_begin_offset: 0,
+            min_offset: min,
+            max_offset: max,
+        };
+        let Some(cq) = cq.filter(|_| max > 0) else {
+            return Ok(result);
+        };
+        if offset < min {
+            result.status = GetMessageStatus::OffsetTooSmall;
+            result.next_begin_offset = min;
+            return Ok(result);
+        }
+        if offset == max {
+            result.status = GetMessageStatus::OffsetOverflowOne;
+            result.next_begin_offset = offset;
+            return Ok(result);
+        }
+        if offset > max {
+            result.status = GetMessageStatus::OffsetOverflowBadly;
+            result.next_begin_offset = max;
+            return Ok(result);
+        }
+        let cl_min = inner.commit_log.min_offset();
+        let mut scanned = 0u64;
+        let mut total = 0usize;
+        let mut picked: Vec<CqEntry> = Vec::new();
+        let chunk = max_count.clamp(16, MAX_SCAN_ENTRIES);
+        'scan: while (scanned as usize) < MAX_SCAN_ENTRIES && picked.len() < max_count {
+            let want = chunk.min(MAX_SCAN_ENTRIES - scanned as usize);
+            let entries = cq.read(offset + scanned, want)?;
+            if entries.is_empty() {
+                break;
+            }
+            for e in &entries {
+                if picked.len() >= max_count
+                    || (!picked.is_empty() && total + e.size as usize > max_bytes)
+                {
+                    break 'scan;
+                }
+                scanned += 1;
+                if e.phys_offset < cl_min || !filter(e.tag_code) {
+                    continue;
+                }
+                total += e.size as usize;
+                result.queue_offsets.push(offset + scanned - 1);
+                picked.push(*e);
+            }
+        }
+        let mut buf = BytesMut::with_capacity(total);
+        // Coalesce adjacent records into one read.
+        let mut i = 0;
+        while i < picked.len() {
+            let start = picked[i].phys_offset;
+            let mut run_end = start + u64::from(picked[i].size);
+            let seg_end =
+                start - start % inner.commit_log.segment_size() + inner.commit_log.segment_size();
+            let mut j = i + 1;
+            while j < picked.len() && picked[j].phys_offset == run_end {
+                let e = run_end + u64::from(picked[j].size);
+                if e > seg_end {
+                    break;
+                }
+                run_end = e;
+                j += 1;
+            }
+            inner
+                .commit_log
+                .read_into(start, (run_end - start) as usize, &mut buf)?;
+            i = j;
+        }
+        result.message_count = picked.len();
+        result.messages = buf.freeze();
+        result.next_begin_offset = offset + scanned;
+        result.status = if picked.is_empty() {
+            GetMessageStatus::NoMatchedMessage
+        } else {
+            GetMessageStatus::Found
+        };
+        Ok(result)
+    }
+
+    /// Next queue offset to be written in (topic, queue id); 0 for an unknown queue.
+    pub fn max_offset(&self, topic: &str, queue_id: i32) -> u64 {
+        self.cq(topic, queue_id).map_or(0, |cq| cq.max_offset())
+    }
+
+    /// First readable queue offset of (topic, queue id); 0 for an unknown queue.
+    pub fn min_offset(&self, topic: &str, queue_id: i32) -> u64 {
+        self.cq(topic, queue_id).map_or(0, |cq| cq.min_offset())
+    }
+
+    fn cq(&self, topic: &str, queue_id: i32) -> Option<Arc<ConsumeQueue>> {
+        self.inner.queue(topic, queue_id, false).ok().flatten()
+    }
+
+    /// Queue offset for a time (SEARCH_OFFSET_BY_TIMESTAMP, reset by time): binary search on
+    /// the store timestamps of the queue's messages. 0 for an unknown or empty queue.
+    pub fn offset_by_timestamp(
+        &self,
+        topic: &str,
+        queue_id: i32,
+        timestamp: i64,
+        boundary: BoundaryType,
+    ) -> Result<u64> {
+        let Some(cq) = self.cq(topic, queue_id) else {
+            return Ok(0);
+        };
+        let (min, max) = (cq.min_offset(), cq.max_offset());
+        let (mut lo, mut hi) = (min, max);
+        // Find the first offset whose store time is > timestamp (Upper) or >= (Lower).
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            let ts = self.entry_store_timestamp(&cq, mid)?;
+            let before = match boundary {
+                BoundaryType::Lower => ts < timestamp,
+                BoundaryType::Upper => ts <= timestamp,
+            };
+            if before {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        Ok(match boundary {
+            BoundaryType::Lower => lo,
+            BoundaryType::Upper => lo.saturating_sub(1).max(min),
+        })
+    }
+
+    fn entry_store_timestamp(&self, cq: &ConsumeQueue, offset: u64) -> Result<i64> {
+        let e = cq.get(offset)?.ok_or_else(|| {
+            StoreError::InvalidArgument(format!("queue offset {offset} is not stored"))
+        })?;
+        self.inner.store_timestamp_at(e.phys_offset)
+    }
+
+    /// Store timestamp of the oldest message still in (topic, queue id).
+    pub fn earliest_store_time(&self, topic: &str, queue_id: i32) -> Result<Option<i64>> {
+        let Some(cq) = self.cq(topic, queue_id) else {
+            return Ok(None);
+        };
+        let min = cq.min_offset();
+        if min >= cq.max_offset() {
+            return Ok(None);
+        }
+        self.entry_store_timestamp(&cq, min).map(Some)
+    }
+
+    /// Store timestamp of the message at (topic, queue id, offset), if stored.
+    pub fn store_time_of(&self, topic: &str, queue_id: i32, offset: u64) -> Result<Option<i64>> {
+        match self.cq(topic, queue_id) {
+            Some(cq) if offset >= cq.min_offset() && offset < cq.max_offset() => {
+                self.entry_store_timestamp(&cq, offset).map(Some)
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// The stored record at a commit log offset (VIEW_MESSAGE_BY_ID with an offset message
+    /// id), or `None` if no record starts there.
+    pub fn message_by_physical_offset(&self, offset: u64) -> Result<Option<Bytes>> {
+        self.inner.record_at(offset)
+    }
+
+    /// Records of `topic` whose `KEYS` contain `key` or whose `UNIQ_KEY` is `key`, stored
+    /// between `begin` and `end` (ms, inclusive), newest first, at most `max`.
+    pub fn query_by_key(
+        &self,
+        topic: &str,
+        key: &str,
+        max: usize,
+        begin: i64,
+        end: i64,
+    ) -> Result<Vec<Bytes>> {
+        self.inner.query(topic, key, max, begin, end, false)
+    }
+
+    /// Records of `topic` whose `UNIQ_KEY` is `uniq_key`, newest first (a retried send can
+    /// store the same key more than once), at most 32.
+    pub fn query_by_uniq_key(&self, topic: &str, uniq_key: &str) -> Result<Vec<Bytes>> {
+        self.inner
+            .query(topic, uniq_key, 32, i64::MIN, i64::MAX, true)
+    }
+
+    /// Deletes a topic's consume queues and consumer offsets. Its records stay in the commit
+    /// log until retention removes them, but are no longer reachable by queue or key.
+    pub fn delete_topic(&self, topic: &str) -> Result<()> {
+        let inner = &*self.inner;
+        let _w = inner.writer.lock();
+        let removed = inner.queues.write().remove(topic);
+        if let Some(qs) = removed {
+            for cq in qs.values() {
+                cq.destroy()?;
+            }
+        }
+        let tdir = inner.config.data_dir.join("consumequeue").join(topic);
+        inner
+            .backend
+            .remove_dir_all(&tdir)
+            .map_err(io_err("remove topic dir", &tdir))?;
+        inner.offsets.remove_topic(topic);
+        drop(_w);
+        // A crash must not re-create the queues from the commit log tail.
+        inner.flush_logics()
+    }
+
+    /// Topics that have consume queues.
+    pub fn topics(&self) -> Vec<String> {
+        let mut t: Vec<String> = self.inner.queues.read().keys().cloned().collect();
+        t.sort();
+        t
+    }
+
+    /// Queue ids of a topic that have consume queues.
+    pub fn queue_ids(&self, topic: &str) -> Vec<i32> {
+        let mut q: Vec<i32> = self
+            .inner
+            .queues
+            .read()
+            .get(topic)
+            .map(|m| m.keys().copied().collect())
+            .unwrap_or_default();
+        q.sort_unstable();
+        q
+    }
+
+    /// Registers a callback told about every appended message (for long polling).
+    pub fn add_arrival_listener(&self, listener: ArrivalListener) {
+        self.inner.listeners.write().push(listener);
+    }
+
+    /// Commits a consumer offset for (group, topic, queue id).
+    pub fn commit_offset(&self, group: &str, topic: &str, queue_id: i32, offset: i64) {
+        self.inner.offsets.commit(group, topic, queue_id, offset);
+    }
+
+    /// The committed offset of (group, topic, queue id), if any.
+    pub fn query_offset(&self, group: &str, topic: &str, queue_id: i32) -> Option<i64> {
+        self.inner.offsets.query(group, topic, queue_id)
+    }
+
+    /// All committed offsets of a group as (topic, queue id, offset).
+    pub fn offsets_of_group(&self, group: &str) -> Vec<(String, i32, i64)> {
+        self.inner.offsets.of_group(group)
+    }
+
+    /// Groups that committed offsets on a topic.
+    pub fn groups_of_topic(&self, topic: &str) -> Vec<String> {
+        self.inner.offsets.groups_of_topic(topic)
+    }
+
+    /// Forgets every offset of a group.
+    pub fn remove_group_offsets(&self, group: &str) {
+        self.inner.offsets.remove_group(group);
+    }
+
+    /// Delivery progress of a delay level (the schedule topic's queue offset), if any.
+    pub fn schedule_offset(&self, delay_level: i32) -> Option<i64> {
+        self.inner.offsets.schedule_offset(delay_level)
+    }
+
+    /// Records the delivery progress of a delay level.
+    pub fn set_schedule_offset(&self, delay_level: i32, offset: i64) {
+        self.inner.offsets.set_schedule_offset(delay_level, offset);
+    }
+
+    /// Persists consumer offsets and delay progress now (also done on an interval and on
+    /// shutdown).
+    pub fn persist_offsets(&self) -> Result<()> {
+        self.inner.offsets.persist()
+    }
+
+    /// Flushes everything now: commit log, consume queues, index, checkpoint. Returns the
+    /// durable commit log offset.
+    pub fn flush(&self) -> Result<u64> {
+        let flushed = self.inner.commit_log.flush()?;
+        self.inner.flush_logics()?;
+        Ok(flushed)
+    }
+
+    /// Deletes commit log segments whose messages are all older than the retention time at
+    /// `now_ms`, with the consume-queue and index files behind them.
+    pub fn delete_expired(&self, now_ms: i64) -> Result<RetentionReport> {
+        self.inner.delete_expired(now_ms)
+    }
+
+    /// Offset where the next record goes in the commit log.
+    pub fn commit_log_max_offset(&self) -> u64 {
+        self.inner.commit_log.write_pos()
+    }
+
+    /// First commit log offset still stored.
+    pub fn commit_log_min_offset(&self) -> u64 {
+        self.inner.commit_log.min_offset()
+    }
+
+    /// Durable commit log offset.
+    pub fn commit_log_flushed_offset(&self) -> u64 {
+        self.inner.commit_log.flushed()
+    }
+
+    /// The configuration the store runs with.
+    pub fn config(&self) -> &StoreConfig {
+        &self.inner.config
+    }
+
+    /// Clean shutdown: stops the background threads, flushes everything, persists offsets,
+    /// writes the clean-shutdown checkpoint and removes the abort marker. Further puts fail
+    /// with [`StoreError::Closed`]. Idempotent.
+    pub fn shutdown(&self) -> Result<()> {
+        let inner = &*self.inner;
+        if inner.closed.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        {
+            *inner.stop.lock() = true;
+            inner.stop_cv.notify_all();
+        }
+        for h in self.threads.lock().drain(..) {
+            let _ = h.join();
+        }
+        let _w = inner.writer.lock();
+        inner.commit_log.flush()?;
+        inner.flush_logics()?;
+        inner.offsets.persist()?;
+        let end = inner.commit_log.write_pos();
+        let cp = Checkpoint {
+            commit_log_flushed: end,
+            logics_flushed: end,
+            clean_end: Some(end),
+        };
+        inner.write_checkpoint(&cp)?;
+        let abort = inner.config.data_dir.join(ABORT_FILE);
+        inner
+            .backend
+            .remove_file(&abort)
+            .map_err(io_err("remove abort marker", &abort))
+    }
+}
+
+impl Drop for MessageStore {
+    fn drop(&mut self) {
+        if let Err(e) = self.shutdown() {
+            tracing::error!(error = %e, "message store shutdown failed");
+        }
+    }
+}
+
+/// Scans the commit log from `from`, validating records; returns the end of the valid data
+/// and, if it stopped on bad data, why.
+fn scan_commit_log(
+    cl: &CommitLog,
+    from: u64,
+    out: &mut Vec<ScannedRecord>,
+) -> Result<(u64, Option<String>)> {
+    let seg_size = cl.segment_size();
+    let mut pos = from;
+    let segs = cl.segments();
+    let mut seg_idx = segs.partition_point(|s| s.base + seg_size <= pos);
+    loop {
+        let Some(seg) = segs.get(seg_idx) else {
+            return Ok((pos, None));
+        };
+        if seg.base > pos {
+            // A gap between segments: the data after it cannot be trusted.
+            return Ok((pos, Some(format!("missing segment at {pos}"))));
+        }
+        let mut reader = SegmentReader::new(seg.file.clone());
+        loop {
+            let in_seg = pos - seg.base;
+            let left = seg_size - in_seg;
+            let header = reader
+                .slice(in_seg, 8)
+                .map_err(io_err("read commit log", &seg.path))?;
+            let Some(header) = header else {
+                // End of data in this segment. Later segments would be unreachable.
+                let later = segs.get(seg_idx + 1).is_some();
+                let reason = if reader.buf.len() as u64 + reader.start > in_seg {
+                    Some(format!("torn record header at {pos}"))
+                } else if later {
+                    Some(format!("segment ends at {pos} without an end marker"))
+                } else {
+                    None
+                };
+                return Ok((pos, reason));
+            };
+            let size = u32::from_be_bytes([header[0], header[1], header[2], header[3]]);
+            let magic = u32::from_be_bytes([header[4], header[5], header[6], header[7]]);
+            if magic == BLANK_MAGIC_CODE {
+                if u64::from(size) != left {
+                    return Ok((pos, Some(format!("bad end-of-segment marker at {pos}"))));
+                }
+                pos = seg.base + seg_size;
+                break;
+            }
+            if size == 0 && magic == 0 {
+                return Ok((pos, Some(format!("zeroed space at {pos}"))));
+            }
+            if (size as usize) < MIN_RECORD_LEN || u64::from(size) + 8 > left {
+                return Ok((pos, Some(format!("bad record size {size} at {pos}"))));
+            }
+            let Some(rec) = reader
+                .slice(in_seg, size as usize)
+                .map_err(io_err("read commit log", &seg.path))?
+            else {
+                return Ok((pos, Some(format!("torn record at {pos}"))));
+            };
+            let view = match RecordView::parse(rec).and_then(|v| v.verify_crc().map(|()| v)) {
+                Ok(v) => v,
+                Err(e) => return Ok((pos, Some(format!("invalid record at {pos}: {e}")))),
+            };
+            if view.physical_offset() != pos as i64 || view.queue_offset() < 0 {
+                return Ok((
+                    pos,
+                    Some(format!(
+                        "record at {pos} carries offset {}",
+                        view.physical_offset()
+                    )),
+                ));
+            }
+            out.push(ScannedRecord {
+                phys: pos,
+                size,
+                topic: view.topic().to_string(),
+                queue_id: view.queue_id(),
+                queue_offset: view.queue_offset(),
+                tag_code: view.tags_code(),
+                store_timestamp: view.store_timestamp(),
+                keys: index_keys(view.properties_str()),
+            });
+            pos += u64::from(size);
+        }
+        seg_idx += 1;
+    }
+}
+
+impl Inner {
+    /// The consume queue of (topic, queue id), created if asked. `Ok(None)` if absent.
+    fn queue(&self, topic: &str, queue_id: i32, create: bool) -> Result<Option<Arc<ConsumeQueue>>> {
+        if let Some(cq) = self.queues.read().get(topic).and_then(|m| m.get(&queue_id)) {
+            return Ok(Some(cq.clone()));
+        }
+        if !create {
+            return Ok(None);
+        }
+        let dir = self
+            .config
+            .data_dir
+            .join("consumequeue")
+            .join(topic)
+            .join(queue_id.to_string());
+        let cq = Arc::new(ConsumeQueue::open(
+            self.backend.clone(),
+            dir,
+            self.config.consume_queue_file_entries,
+        )?);
+        let mut qs = self.queues.write();
+        let slot = qs.entry(topic.to_string()).or_default();
+        Ok(Some(slot.entry(queue_id).or_insert(cq).clone()))
+    }
+
+    /// Recovery: adds consume-queue and index entries for scanned records that lack them.
+    fn redispatch(&self, scanned: &[ScannedRecord]) -> Result<u64> {
+        let mut rebuilt = 0;
+        let indexed_to = self.index.indexed_to();
+        for r in scanned {
+            let Some(cq) = self.queue(&r.topic, r.queue_id, true)? else {
+                continue;
+            };
+            let q = r.queue_offset as u64;
+            let max = cq.max_offset();
+            if q == max || (q > max && cq.min_offset() == max) {
+                if q > max {
+                    cq.reset_to(q)?;
+                }
+                cq.append(&[CqEntry {
+                    phys_offset: r.phys,
+                    size: r.size,
+                    tag_code: r.tag_code,
+                }])?;
+                rebuilt += 1;
+            } else if q > max {
+                return Err(StoreError::Corrupt {
+                    path: self.config.data_dir.join("consumequeue").join(&r.topic),
+                    reason: format!(
+                        "queue {} ends at {max} but the commit log continues at {q}",
+                        r.queue_id
+                    ),
+                });
+            }
+            if r.phys >= indexed_to {
+                for key in &r.keys {
+                    self.index.put(&r.topic, key, r.phys, r.store_timestamp)?;
+                }
+            }
+        }
+        Ok(rebuilt)
+    }
+
+    fn last_record_timestamp(&self) -> Option<i64> {
+        // Newest consume-queue entry across queues gives a recent record.
+        let qs = self.queues.read();
+        let mut best: Option<u64> = None;
+        for cq in qs.values().flat_map(|m| m.values()) {
+            let max = cq.max_offset();
+            if max > cq.min_offset() {
+                if let Ok(Some(e)) = cq.get(max - 1) {
+                    best = best.max(Some(e.phys_offset));
+                }
+            }
+        }
+        drop(qs);
+        best.and_then(|p| self.store_timestamp_at(p).ok())
+    }
+
+    fn record_at(&self, offset: u64) -> Result<Option<Bytes>> {
+        let end = self.commit_log.write_pos();
+        if offset < self.commit_log.min_offset() || offset + MIN_RECORD_LEN as u64 > end {
+            return Ok(None);
+        }
+        let head = self.commit_log.read(offset, 8)?;
+        let size = u32::from_be_bytes([head[0], head[1], head[2], head[3]]) as u64;
+        let seg_size = self.commit_log.segment_size();
+        if size < MIN_RECORD_LEN as u64
+            || offset + size > end
+            || offset % seg_size + size > seg_size
+        {
+            return Ok(None);
+        }
+        let rec = self.commit_log.read(offset, size as usize)?;
+        match RecordView::parse(&rec) {
+            Ok(v) if v.physical_offset() == offset as i64 => Ok(Some(rec)),
+            _ => Ok(None),
+        }
+    }
+
+    fn store_timestamp_at(&self, phys: u64) -> Result<i64> {
+        let head = self.commit_log.read(phys, 40)?;
+        let sys_flag = i32::from_be_bytes([head[36], head[37], head[38], head[39]]);
+        let at = store_timestamp_pos(sys_flag) as u64;
+        let ts = self.commit_log.read(phys + at, 8)?;
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&ts);
+        Ok(i64::from_be_bytes(b))
+    }
+
+    fn query(
+        &self,
+        topic: &str,
+        key: &str,
+        max: usize,
+        begin: i64,
+        end: i64,
+        uniq_only: bool,
+    ) -> Result<Vec<Bytes>> {
+        let mut out = Vec::new();
+        if max == 0 {
+            return Ok(out);
+        }
+        let cl_min = self.commit_log.min_offset();
+        let candidates =
+            self.index
+                .lookup(topic, key, max.saturating_mul(4).max(64), begin, end)?;
+        let mut seen = std::collections::HashSet::new();
+        for phys in candidates {
+            if out.len() >= max {
+                break;
+            }
+            if phys < cl_min || !seen.insert(phys) {
+                continue;
+            }
+            let Some(rec) = self.record_at(phys)? else {
+                continue;
+            };
+            let Ok(view) = RecordView::parse(&rec) else {
+                continue;
+            };
+            if view.topic() != topic {
+                continue;
+            }
+            let uniq_match = view.uniq_key() == Some(key);
+            let key_match = view
+                .keys()
+                .is_some_and(|ks| ks.split(' ').any(|k| k == key));
+            if uniq_match || (!uniq_only && key_match) {
+                out.push(rec);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Sync flush with group commit: the first waiter fsyncs everything written so far (the
+    /// lock is not held during the fsync); others wait for it.
+    fn wait_durable(&self, end: u64) -> FlushStatus {
+        let deadline = Instant::now() + self.config.sync_flush_timeout;
+        let mut flushing = self.group_commit.lock();
+        loop {
+            if self.commit_log.flushed() >= end {
+                return FlushStatus::Flushed;
+            }
+            if self.writer_failed() {
+                return FlushStatus::FlushFailed;
+            }
+            if !*flushing {
+                *flushing = true;
+                drop(flushing);
+                let r = self.commit_log.flush();
+                flushing = self.group_commit.lock();
+                *flushing = false;
+                self.group_commit_cv.notify_all();
+                if let Err(e) = r {
+                    tracing::error!(error = %e, "sync flush failed");
+                    self.writer.lock().failed = Some(format!("fsync failed: {e}"));
+                    return FlushStatus::FlushFailed;
+                }
+                continue;
+            }
+            if self
+                .group_commit_cv
+                .wait_until(&mut flushing, deadline)
+                .timed_out()
+            {
+                return if self.commit_log.flushed() >= end {
+                    FlushStatus::Flushed
+                } else {
+                    FlushStatus::FlushTimeout
+                };
+            }
+        }
+    }
+
+    fn writer_failed(&self) -> bool {
+        self.writer.lock().failed.is_some()
+    }
+
+    /// Flushes consume queues and index, then records in the checkpoint the commit log
+    /// offset below which they are durable.
+    fn flush_logics(&self) -> Result<()> {
+        let _g = self.logics_lock.lock();
+        let dispatched = self.dispatched.load(Ordering::Acquire);
+        let queues: Vec<Arc<ConsumeQueue>> = self
+            .queues
+            .read()
+            .values()
+            .flat_map(|m| m.values().cloned())
+            .collect();
+        for cq in queues {
+            cq.flush()?;
+        }
+        self.index.flush()?;
+        let cp = Checkpoint {
+            commit_log_flushed: self.commit_log.flushed(),
+            logics_flushed: dispatched,
+            clean_end: None,
+        };
+        self.write_checkpoint(&cp)
+    }
+
+    fn write_checkpoint(&self, cp: &Checkpoint) -> Result<()> {
+        let bytes =
+            serde_json::to_vec(cp).map_err(|e| StoreError::InvalidArgument(e.to_string()))?;
+        write_file_atomically(
+            &*self.backend,
+            &self.config.data_dir.join(CHECKPOINT_FILE),
+            &bytes,
+        )
+    }
+
+    fn delete_expired(&self, now_ms: i64) -> Result<RetentionReport> {
+        let retention_ms = self.config.retention.as_millis() as i64;
+        let cutoff = now_ms.saturating_sub(retention_ms);
+        let segs = self.commit_log.segments();
+        // Segment i is expired when the first record of segment i+1 (newer than all of
+        // segment i, store timestamps being monotonic) is older than the cutoff.
+        let mut delete_before = None;
+        for pair in segs.windows(2) {
+            let next = &pair[1];
+            if next.base >= self.commit_log.write_pos() {
+                break;
+            }
+            match self.store_timestamp_at(next.base) {
+                Ok(ts) if ts < cutoff => delete_before = Some(next.base),
+                _ => break,
+            }
+        }
+        let mut report = RetentionReport {
+            min_commit_log_offset: self.commit_log.min_offset(),
+            ..RetentionReport::default()
+        };
+        let Some(before) = delete_before else {
+            return Ok(report);
+        };
+        report.deleted_segments = self.commit_log.delete_segments_before(before)?;
+        let cl_min = self.commit_log.min_offset();
+        report.min_commit_log_offset = cl_min;
+        let queues: Vec<Arc<ConsumeQueue>> = self
+            .queues
+            .read()
+            .values()
+            .flat_map(|m| m.values().cloned())
+            .collect();
+        for cq in queues {
+            cq.correct_min_offset(cl_min)?;
+        }
+        report.deleted_index_files = self.index.delete_before(cl_min)?;
+        tracing::info!(?report, "retention deleted expired files");
+        Ok(report)
+    }
+
+    fn background_loop(&self) {
+        let mut last_retention = Instant::now();
+        let mut last_offsets = Instant::now();
+        loop {
+            {
+                let mut stop = self.stop.lock();
+                if *stop {
+                    return;
+                }
+                let _ = self.stop_cv.wait_for(&mut stop, self.config.flush_interval);
+                if *stop {
+                    return;
+                }
+            }
+            if self.config.flush_mode == FlushMode::Async {
+                if let Err(e) = self.commit_log.flush() {
+                    tracing::error!(error = %e, "commit log flush failed");
+                }
+            }
+            if let Err(e) = self.flush_logics() {
+                tracing::error!(error = %e, "consume queue / index flush failed");
+            }
+            if last_offsets.elapsed() >= self.config.offsets_persist_interval {
+                last_offsets = Instant::now();
+                if let Err(e) = self.offsets.persist() {
+                    tracing::error!(error = %e, "offsets persist failed");
+                }
+            }
+            if last_retention.elapsed() >= self.config.retention_check_interval {
+                last_retention = Instant::now();
+                if let Err(e) = self.delete_expired(now_ms()) {
+                    tracing::error!(error = %e, "retention failed");
+                }
+            }
+        }
+    }
+}
