@@ -219,6 +219,7 @@ struct MemFs {
     next_id: u64,
     faults: Faults,
     record: bool,
+    syncs: u64,
 }
 
 /// In-memory file system with a write journal, fault injection and crash images.
@@ -347,6 +348,11 @@ impl MemBackend {
         }
     }
 
+    /// Number of successful `sync` calls so far (to observe group commit).
+    pub fn sync_count(&self) -> u64 {
+        self.fs.lock().syncs
+    }
+
     /// The current (not crash-cut) contents of a file, for assertions in tests.
     pub fn file_contents(&self, path: &Path) -> Option<Vec<u8>> {
         let fs = self.fs.lock();
@@ -435,6 +441,7 @@ impl StoreFile for MemFile {
         if fs.faults.fail_sync {
             return Err(io::Error::other("injected fsync failure"));
         }
+        fs.syncs += 1;
         let pending = fs.unsynced.remove(&self.id).unwrap_or_default();
         for idx in pending {
             if let Some(e) = fs.journal.get_mut(idx) {

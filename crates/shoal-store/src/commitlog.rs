@@ -80,6 +80,14 @@ impl CommitLog {
             let file = backend
                 .open(&path, false)
                 .map_err(io_err("open segment", &path))?;
+            if file.len().map_err(io_err("stat segment", &path))? > segment_size {
+                return Err(StoreError::Corrupt {
+                    path,
+                    reason: format!(
+                        "segment is longer than the configured segment size {segment_size}"
+                    ),
+                });
+            }
             segments.push(Arc::new(Segment { base, file, path }));
         }
         segments.sort_by_key(|s| s.base);
@@ -135,7 +143,7 @@ impl CommitLog {
     /// Reads `len` bytes at `offset` (which must lie in one segment and below the write
     /// position) and appends them to `out`.
     pub(crate) fn read_into(&self, offset: u64, len: usize, out: &mut BytesMut) -> Result<()> {
-        let end = offset + len as u64;
+        let end = offset.saturating_add(len as u64);
         if end > self.write_pos() {
             return Err(StoreError::InvalidArgument(format!(
                 "read of {len} bytes at {offset} goes past the commit log end {}",

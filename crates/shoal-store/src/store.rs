@@ -15,8 +15,8 @@ use serde::{Deserialize, Serialize};
 use shoal_proto::message::msg_id::offset_msg_id;
 use shoal_proto::message::property::{find_property, KEYS, TAGS, UNIQ_KEY};
 use shoal_proto::message::record::{
-    encode_record, patch_record, store_timestamp_pos, RecordFields, RecordView, BLANK_MAGIC_CODE,
-    MIN_RECORD_LEN,
+    encode_record, patch_record, store_timestamp_pos, MessageVersion, RecordFields, RecordView,
+    BLANK_MAGIC_CODE, MIN_RECORD_LEN,
 };
 
 use crate::backend::{Backend, StoreFile};
@@ -493,7 +493,8 @@ impl MessageStore {
 
         // 4. Re-dispatch the checked records the consume queues or index miss.
         if report.full_check {
-            report.consume_queue_entries_rebuilt = inner.redispatch(&scanned)?;
+            let logics = checkpoint.as_ref().map_or(0, |cp| cp.logics_flushed);
+            report.consume_queue_entries_rebuilt = inner.redispatch(&scanned, logics)?;
         }
         if last_store_timestamp == 0 && end > 0 {
             last_store_timestamp = inner.last_record_timestamp().unwrap_or(0);
@@ -1182,10 +1183,10 @@ impl Inner {
     }
 
     /// Recovery: adds consume-queue and index entries for scanned records that lack them.
-    fn redispatch(&self, scanned: &[ScannedRecord]) -> Result<u64> {
+    fn redispatch(&self, scanned: &[ScannedRecord], logics_flushed: u64) -> Result<u64> {
         let mut rebuilt = 0;
         let indexed_to = self.index.indexed_to();
-        for r in scanned {
+        for r in scanned.iter().filter(|r| r.phys >= logics_flushed) {
             let Some(cq) = self.queue(&r.topic, r.queue_id, true)? else {
                 continue;
             };
@@ -1237,19 +1238,33 @@ impl Inner {
 
     fn record_at(&self, offset: u64) -> Result<Option<Bytes>> {
         let end = self.commit_log.write_pos();
-        if offset < self.commit_log.min_offset() || offset + MIN_RECORD_LEN as u64 > end {
+        let seg_size = self.commit_log.segment_size();
+        let fits = |len: u64| {
+            offset
+                .checked_add(len)
+                .is_some_and(|e| e <= end && offset % seg_size + len <= seg_size)
+        };
+        if offset < self.commit_log.min_offset() || !fits(MIN_RECORD_LEN as u64) {
             return Ok(None);
         }
         let head = self.commit_log.read(offset, 8)?;
-        let size = u32::from_be_bytes([head[0], head[1], head[2], head[3]]) as u64;
-        let seg_size = self.commit_log.segment_size();
-        if size < MIN_RECORD_LEN as u64
-            || offset + size > end
-            || offset % seg_size + size > seg_size
+        let size = u64::from(u32::from_be_bytes([head[0], head[1], head[2], head[3]]));
+        let magic = u32::from_be_bytes([head[4], head[5], head[6], head[7]]);
+        if MessageVersion::from_magic_code(magic).is_none()
+            || size < MIN_RECORD_LEN as u64
+            || !fits(size)
         {
             return Ok(None);
         }
-        let rec = self.commit_log.read(offset, size as usize)?;
+        let rec = match self.commit_log.read(offset, size as usize) {
+            Ok(r) => r,
+            Err(StoreError::Io { source, .. })
+                if source.kind() == std::io::ErrorKind::UnexpectedEof =>
+            {
+                return Ok(None)
+            }
+            Err(e) => return Err(e),
+        };
         match RecordView::parse(&rec) {
             Ok(v) if v.physical_offset() == offset as i64 => Ok(Some(rec)),
             _ => Ok(None),
