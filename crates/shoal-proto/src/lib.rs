@@ -6,6 +6,7 @@
 //!
 //! The byte layouts follow `shared/protocol/rocketmq-remoting.md` (the "spec" below).
 
+pub mod body;
 pub mod code;
 pub mod command;
 pub mod constants;

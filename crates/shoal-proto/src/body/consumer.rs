@@ -1,0 +1,423 @@
+//! Consumer-group bodies (spec 3.4, 3.6, 3.7, 8): member lists, locks, connections, stats,
+//! offset resets, running info, assignments.
+
+use super::enums::{
+    language_code, ConsumeFromWhere, ConsumeResult, ConsumeType, MessageModel, MessageRequestMode,
+};
+use super::heartbeat::SubscriptionData;
+use super::mq_key_map;
+use super::topic::DataVersion;
+use crate::{LanguageCode, MessageQueue};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// GET_CONSUMER_LIST_BY_GROUP response body.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct GetConsumerListByGroupResponseBody {
+    /// Client ids of the group's consumers.
+    pub consumer_id_list: Vec<String>,
+}
+
+/// LOCK_BATCH_MQ request body.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct LockBatchRequestBody {
+    /// Requesting client.
+    pub client_id: String,
+    /// Consumer group.
+    pub consumer_group: String,
+    /// Queues to lock (a Java set; order kept as received).
+    pub mq_set: Vec<MessageQueue>,
+    /// Only lock on this broker (no forwarding).
+    pub only_this_broker: bool,
+}
+
+/// UNLOCK_BATCH_MQ request body (same shape as [`LockBatchRequestBody`]).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct UnlockBatchRequestBody {
+    /// Requesting client.
+    pub client_id: String,
+    /// Consumer group.
+    pub consumer_group: String,
+    /// Queues to unlock.
+    pub mq_set: Vec<MessageQueue>,
+    /// Only unlock on this broker.
+    pub only_this_broker: bool,
+}
+
+/// LOCK_BATCH_MQ response body (required on SUCCESS).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct LockBatchResponseBody {
+    /// Queues now locked by the requester.
+    #[serde(rename = "lockOKMQSet")]
+    pub lock_ok_mq_set: Vec<MessageQueue>,
+}
+
+/// GET_CONSUMER_CONNECTION_LIST response body.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct ConsumerConnection {
+    /// The group's connections.
+    pub connection_set: Vec<Connection>,
+    /// Where the group starts.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub consume_from_where: Option<ConsumeFromWhere>,
+    /// Consume type.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub consume_type: Option<ConsumeType>,
+    /// Message model.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message_model: Option<MessageModel>,
+    /// Topic → subscription.
+    pub subscription_table: BTreeMap<String, SubscriptionData>,
+}
+
+/// One client connection as the broker sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct Connection {
+    /// Remote address `ip:port`.
+    pub client_addr: String,
+    /// Client id.
+    pub client_id: String,
+    /// Client language.
+    #[serde(with = "language_code")]
+    pub language: LanguageCode,
+    /// Client version ordinal.
+    pub version: i32,
+}
+
+/// GET_CONSUME_STATS response body.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct ConsumeStats {
+    /// Consume TPS.
+    pub consume_tps: f64,
+    /// Queue → offsets.
+    #[serde(with = "mq_key_map")]
+    pub offset_table: BTreeMap<MessageQueue, OffsetWrapper>,
+}
+
+/// Offsets of one queue for one group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct OffsetWrapper {
+    /// Queue max offset.
+    pub broker_offset: i64,
+    /// Committed offset.
+    pub consumer_offset: i64,
+    /// Store time of the last consumed message, ms.
+    pub last_timestamp: i64,
+    /// Last pulled offset.
+    pub pull_offset: i64,
+}
+
+/// RESET_CONSUMER_CLIENT_OFFSET / INVOKE_BROKER_TO_RESET_OFFSET body.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct ResetOffsetBody {
+    /// Queue → new offset.
+    #[serde(with = "mq_key_map")]
+    pub offset_table: BTreeMap<MessageQueue, i64>,
+}
+
+/// GET_CONSUMER_RUNNING_INFO reply body.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct ConsumerRunningInfo {
+    /// Thread dump (when asked for).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub jstack: Option<String>,
+    /// POP queues.
+    #[serde(with = "mq_key_map")]
+    pub mq_pop_table: BTreeMap<MessageQueue, PopProcessQueueInfo>,
+    /// Pulled queues.
+    #[serde(with = "mq_key_map")]
+    pub mq_table: BTreeMap<MessageQueue, ProcessQueueInfo>,
+    /// Consumer properties (`PROP_CONSUMER_START_TIMESTAMP`, `consumeType`, …).
+    pub properties: BTreeMap<String, String>,
+    /// Topic → consume status.
+    pub status_table: BTreeMap<String, ConsumeStatus>,
+    /// Subscriptions.
+    pub subscription_set: Vec<SubscriptionData>,
+    /// User-defined info.
+    pub user_consumer_info: BTreeMap<String, String>,
+}
+
+/// Client-side state of one pulled queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct ProcessQueueInfo {
+    /// Cached message count.
+    pub cached_msg_count: i32,
+    /// Highest cached offset.
+    pub cached_msg_max_offset: i64,
+    /// Lowest cached offset.
+    pub cached_msg_min_offset: i64,
+    /// Cached size, MiB.
+    #[serde(rename = "cachedMsgSizeInMiB")]
+    pub cached_msg_size_in_mib: i32,
+    /// Committed offset.
+    pub commit_offset: i64,
+    /// Dropped (Java's spelling).
+    pub droped: bool,
+    /// Last consume time, ms.
+    pub last_consume_timestamp: i64,
+    /// Last lock time, ms.
+    pub last_lock_timestamp: i64,
+    /// Last pull time, ms.
+    pub last_pull_timestamp: i64,
+    /// Locked (orderly).
+    pub locked: bool,
+    /// Transaction message count.
+    pub transaction_msg_count: i32,
+    /// Highest transaction message offset.
+    pub transaction_msg_max_offset: i64,
+    /// Lowest transaction message offset.
+    pub transaction_msg_min_offset: i64,
+    /// Unlock attempts.
+    pub try_unlock_times: i64,
+}
+
+/// Client-side state of one POP queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct PopProcessQueueInfo {
+    /// Dropped.
+    pub droped: bool,
+    /// Last pop time, ms.
+    pub last_pop_timestamp: i64,
+    /// Messages waiting for ack.
+    pub wait_ack_count: i32,
+}
+
+/// Consume statistics of one topic.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ConsumeStatus {
+    /// Failed messages.
+    #[serde(rename = "consumeFailedMsgs")]
+    pub consume_failed_msgs: i64,
+    /// Failed TPS.
+    #[serde(rename = "consumeFailedTPS")]
+    pub consume_failed_tps: f64,
+    /// OK TPS.
+    #[serde(rename = "consumeOKTPS")]
+    pub consume_ok_tps: f64,
+    /// Consume response time.
+    #[serde(rename = "consumeRT")]
+    pub consume_rt: f64,
+    /// Pull response time.
+    #[serde(rename = "pullRT")]
+    pub pull_rt: f64,
+    /// Pull TPS.
+    #[serde(rename = "pullTPS")]
+    pub pull_tps: f64,
+}
+
+/// GET_TOPIC_STATS_INFO response body.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct TopicStatsTable {
+    /// Queue → offsets.
+    #[serde(with = "mq_key_map")]
+    pub offset_table: BTreeMap<MessageQueue, TopicOffset>,
+    /// Put TPS of the topic.
+    pub topic_put_tps: f64,
+}
+
+/// Offsets of one queue of a topic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct TopicOffset {
+    /// Store time of the last message, ms.
+    pub last_update_timestamp: i64,
+    /// Max offset.
+    pub max_offset: i64,
+    /// Min offset.
+    pub min_offset: i64,
+}
+
+/// A set of group names (QUERY_TOPIC_CONSUME_BY_WHO body).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct GroupList {
+    /// Group names.
+    pub group_list: BTreeSet<String>,
+}
+
+/// CONSUME_MESSAGE_DIRECTLY reply body.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct ConsumeMessageDirectlyResult {
+    /// Auto commit (Java default true).
+    pub auto_commit: bool,
+    /// Outcome.
+    pub consume_result: ConsumeResult,
+    /// Orderly listener.
+    pub order: bool,
+    /// Details.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub remark: Option<String>,
+    /// Time spent, ms (Java's spelling).
+    pub spent_time_mills: i64,
+}
+
+impl Default for ConsumeMessageDirectlyResult {
+    fn default() -> Self {
+        Self {
+            auto_commit: true,
+            consume_result: ConsumeResult::Success,
+            order: false,
+            remark: None,
+            spent_time_mills: 0,
+        }
+    }
+}
+
+/// GET_ALL_CONSUMER_OFFSET body.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct ConsumerOffsetSerializeWrapper {
+    /// Data version.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub data_version: Option<DataVersion>,
+    /// `topic@group` → queue id → offset.
+    pub offset_table: BTreeMap<String, BTreeMap<i32, i64>>,
+}
+
+/// A consumer group's configuration on a broker (UPDATE_AND_CREATE_SUBSCRIPTIONGROUP body).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct SubscriptionGroupConfig {
+    /// Attributes.
+    pub attributes: BTreeMap<String, String>,
+    /// Broker id to consume from.
+    pub broker_id: i64,
+    /// Broadcast consumption allowed.
+    pub consume_broadcast_enable: bool,
+    /// Consumption allowed.
+    pub consume_enable: bool,
+    /// Start from min offset for a new group.
+    pub consume_from_min_enable: bool,
+    /// Orderly consumption.
+    pub consume_message_orderly: bool,
+    /// Consume timeout, minutes.
+    pub consume_timeout_minute: i32,
+    /// Group name.
+    pub group_name: String,
+    /// Retry policy (passed through untyped).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub group_retry_policy: Option<serde_json::Value>,
+    /// Group sysFlag.
+    pub group_sys_flag: i32,
+    /// Send NOTIFY_CONSUMER_IDS_CHANGED on membership changes.
+    pub notify_consumer_ids_changed_enable: bool,
+    /// Max reconsume times before the DLQ.
+    pub retry_max_times: i32,
+    /// Retry topic queue count.
+    pub retry_queue_nums: i32,
+    /// Static subscriptions (passed through untyped).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub subscription_data_set: Option<serde_json::Value>,
+    /// Broker to use when consumption is slow.
+    pub which_broker_when_consume_slowly: i64,
+}
+
+impl Default for SubscriptionGroupConfig {
+    fn default() -> Self {
+        Self {
+            attributes: BTreeMap::new(),
+            broker_id: 0,
+            consume_broadcast_enable: true,
+            consume_enable: true,
+            consume_from_min_enable: true,
+            consume_message_orderly: false,
+            consume_timeout_minute: 15,
+            group_name: String::new(),
+            group_retry_policy: None,
+            group_sys_flag: 0,
+            notify_consumer_ids_changed_enable: true,
+            retry_max_times: 16,
+            retry_queue_nums: 1,
+            subscription_data_set: None,
+            which_broker_when_consume_slowly: 1,
+        }
+    }
+}
+
+/// GET_ALL_SUBSCRIPTIONGROUP_CONFIG body.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct SubscriptionGroupWrapper {
+    /// Data version.
+    pub data_version: DataVersion,
+    /// Group → topic → forbidden bits.
+    pub forbidden_table: BTreeMap<String, BTreeMap<String, i32>>,
+    /// Group name → config.
+    pub subscription_group_table: BTreeMap<String, SubscriptionGroupConfig>,
+}
+
+/// QUERY_ASSIGNMENT (400) request body.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct QueryAssignmentRequestBody {
+    /// Client id.
+    pub client_id: String,
+    /// Consumer group.
+    pub consumer_group: String,
+    /// Message model.
+    pub message_model: MessageModel,
+    /// Allocation strategy name (`AVG`, …).
+    pub strategy_name: String,
+    /// Topic.
+    pub topic: String,
+}
+
+/// QUERY_ASSIGNMENT response body.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct QueryAssignmentResponseBody {
+    /// Assigned queues.
+    pub message_queue_assignments: Vec<MessageQueueAssignment>,
+}
+
+/// One assigned queue and how to consume it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct MessageQueueAssignment {
+    /// Extra attachments.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub attachments: Option<BTreeMap<String, String>>,
+    /// The queue.
+    pub message_queue: MessageQueue,
+    /// PULL or POP.
+    pub mode: MessageRequestMode,
+}
+
+impl Default for MessageQueueAssignment {
+    fn default() -> Self {
+        Self {
+            attachments: None,
+            message_queue: MessageQueue::new("", "", 0),
+            mode: MessageRequestMode::Pull,
+        }
+    }
+}
+
+/// SET_MESSAGE_REQUEST_MODE (401) request body.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct SetMessageRequestModeRequestBody {
+    /// Consumer group.
+    pub consumer_group: String,
+    /// PULL or POP.
+    pub mode: MessageRequestMode,
+    /// Number of clients sharing a POP queue.
+    pub pop_share_queue_num: i32,
+    /// Topic.
+    pub topic: String,
+}
