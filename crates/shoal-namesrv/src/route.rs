@@ -5,8 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-/// Broker id of a master (`MixAll.MASTER_ID`).
-pub const MASTER_ID: i64 = 0;
+pub use shoal_proto::constants::MASTER_ID;
 
 /// The queues one broker serves for one topic (RocketMQ's `QueueData`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -212,6 +211,20 @@ impl RouteTable {
                 .entry(t.topic.clone())
                 .or_default()
                 .insert(broker_name.to_string(), t.queues.clone());
+        }
+    }
+
+    /// Refreshes a broker's liveness without changing its topics (BROKER_HEARTBEAT).
+    pub fn touch(&mut self, cluster: &str, broker_addr: &str, now_ms: u64) -> bool {
+        match self
+            .live
+            .get_mut(&(cluster.to_string(), broker_addr.to_string()))
+        {
+            Some(l) => {
+                l.last_update_ms = now_ms;
+                true
+            }
+            None => false,
         }
     }
 
