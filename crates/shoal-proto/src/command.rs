@@ -703,7 +703,7 @@ impl<'de> serde::Deserialize<'de> for JsonExtFields {
                 self,
                 mut map: A,
             ) -> std::result::Result<Self::Value, A::Error> {
-                let mut out = ExtFields::with_capacity(map.size_hint().unwrap_or(8).min(64));
+                let mut out = ExtFields::with_capacity(map.size_hint().unwrap_or(16).min(64));
                 while let Some(key) = map.next_key::<String>()? {
                     if let Some(JsonScalar(value)) = map.next_value::<Option<JsonScalar>>()? {
                         out.insert(key, value);
@@ -849,7 +849,8 @@ fn decode_rocketmq_header(header: &[u8]) -> Result<RemotingCommand> {
     let ext_fields = if ext_area.is_empty() {
         None
     } else {
-        let mut ext = ExtFields::new();
+        // Every non-empty entry takes at least 8 bytes; cap the guess for hostile lengths.
+        let mut ext = ExtFields::with_capacity((ext_area.len() / 8).min(64));
         let mut e = HeaderReader { buf: ext_area };
         while !e.buf.is_empty() {
             let key_len = e.i16("extFields key length")?;
