@@ -256,6 +256,13 @@ command_header! {
     }
 }
 
+/// CONSUMER_SEND_MSG_BACK response header: no fields.
+pub type ConsumerSendMsgBackResponseHeader = EmptyHeader;
+
+/// NOTIFY_CONSUMER_IDS_CHANGED has no response (oneway); a client that answers anyway sends
+/// no fields.
+pub type NotifyConsumerIdsChangedResponseHeader = EmptyHeader;
+
 command_header! {
     /// GET_CONSUMER_LIST_BY_GROUP (38) request header.
     pub struct GetConsumerListByGroupRequestHeader [rpc] {
