@@ -148,6 +148,22 @@ pub fn compress_body(body: &[u8], ty: CompressionType, level: i32) -> Result<(Ve
     Ok((ty.compress(body, level)?, ty.sys_flag_bits()))
 }
 
+/// The Java producer's rule for a single (non-batch) message: compress the body with `ty` at
+/// `level` if it is at least `compress_over` bytes ([`DEFAULT_COMPRESS_BODY_OVER`] = 4096 by
+/// default). Returns `None` for a body left as is, else the compressed body and the sysFlag
+/// bits to OR in.
+pub fn compress_for_send(
+    body: &[u8],
+    compress_over: usize,
+    ty: CompressionType,
+    level: i32,
+) -> Result<Option<(Vec<u8>, i32)>> {
+    if body.len() < compress_over {
+        return Ok(None);
+    }
+    compress_body(body, ty, level).map(Some)
+}
+
 /// Decompresses a body according to `sys_flag`: returns `None` if the [`COMPRESSED_FLAG`] bit
 /// is clear, else the decompressed body (at most `limit` bytes).
 pub fn decompress_body(sys_flag: i32, body: &[u8], limit: usize) -> Result<Option<Vec<u8>>> {
@@ -207,6 +223,29 @@ mod tests {
         let l = CompressionType::Lz4.compress(b"hello", 5).unwrap();
         assert_eq!(&l[..4], &[0x04, 0x22, 0x4d, 0x18]);
         assert_eq!(decompress_body(0, b"raw", 10).unwrap(), None);
+        assert_eq!(
+            compress_for_send(
+                &data[..4095],
+                DEFAULT_COMPRESS_BODY_OVER,
+                CompressionType::Zlib,
+                5
+            )
+            .unwrap(),
+            None
+        );
+        let (c, flag) = compress_for_send(
+            &data[..4096],
+            DEFAULT_COMPRESS_BODY_OVER,
+            CompressionType::Zlib,
+            5,
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(flag, 0x301);
+        assert_eq!(
+            decompress_body(flag, &c, 4096).unwrap().unwrap(),
+            &data[..4096]
+        );
         assert_eq!(
             decompress_body(0x301, &z, 10).unwrap().as_deref(),
             Some(&b"hello"[..])

@@ -26,16 +26,16 @@ use bytes::{BufMut, Bytes};
 
 pub use batch::{decode_batch, encode_batch, encode_batch_item, BatchItem};
 pub use compression::{
-    compress_body, decompress_body, CompressionType, DEFAULT_COMPRESS_LEVEL,
-    DEFAULT_MAX_DECOMPRESSED_SIZE, DEFAULT_MAX_MESSAGE_SIZE,
+    compress_body, compress_for_send, decompress_body, CompressionType, DEFAULT_COMPRESS_BODY_OVER,
+    DEFAULT_COMPRESS_LEVEL, DEFAULT_MAX_DECOMPRESSED_SIZE, DEFAULT_MAX_MESSAGE_SIZE,
 };
 pub use msg_id::{offset_msg_id, OffsetMsgId};
 pub use property::{decode_properties, encode_properties, Properties};
 pub use record::{
-    blank_marker, decode_record, decode_records, encode_record, iter_records, patch_record,
-    peek_record_prefix, record_len, store_timestamp_pos, DecodeOptions, DecodedRun, MessageVersion,
-    RecordFields, RecordIter, RecordLayout, RecordView, BLANK_MAGIC_CODE, MAGIC_CODE_V1,
-    MAGIC_CODE_V2,
+    blank_marker, decode_record, decode_records, encode_record, encode_record_to_slice,
+    iter_records, patch_record, peek_record_prefix, record_len, store_timestamp_pos, DecodeOptions,
+    DecodedRun, MessageVersion, RecordFields, RecordIter, RecordLayout, RecordView,
+    BLANK_MAGIC_CODE, MAGIC_CODE_V1, MAGIC_CODE_V2,
 };
 pub use uniq_key::{UniqKey, UniqKeyGenerator};
 

@@ -343,9 +343,29 @@ where
     B: BufMut + AsRef<[u8]>,
 {
     let len = fields.encoded_len()?;
-    let sys_flag = fields.effective_sys_flag();
-    let version = fields.version();
     let start = out.as_ref().len();
+    write_record(fields, len, out);
+    Ok(RecordLayout::new(start, len, fields.effective_sys_flag()))
+}
+
+/// Encodes one stored record into the start of `dst` (e.g. straight into a memory-mapped
+/// commit-log segment) and returns its layout (positions relative to `dst`). Errors, without
+/// writing, if the fields are invalid or `dst` is shorter than the record.
+pub fn encode_record_to_slice(fields: &RecordFields<'_>, dst: &mut [u8]) -> Result<RecordLayout> {
+    let len = fields.encoded_len()?;
+    let have = dst.len();
+    let mut window = dst.get_mut(..len).ok_or(ProtoError::Truncated {
+        what: "buffer for message record",
+        need: len,
+        have,
+    })?;
+    write_record(fields, len, &mut window);
+    Ok(RecordLayout::new(0, len, fields.effective_sys_flag()))
+}
+
+/// Writes exactly `len` bytes (the validated [`RecordFields::encoded_len`]).
+fn write_record<B: BufMut>(fields: &RecordFields<'_>, len: usize, out: &mut B) {
+    let version = fields.version();
     out.put_i32(len as i32);
     out.put_u32(version.magic_code());
     out.put_u32(body_crc(fields.body));
@@ -353,7 +373,7 @@ where
     out.put_i32(fields.flag);
     out.put_i64(fields.queue_offset);
     out.put_i64(fields.physical_offset);
-    out.put_i32(sys_flag);
+    out.put_i32(fields.effective_sys_flag());
     out.put_i64(fields.born_timestamp);
     put_host(out, &fields.born_host);
     out.put_i64(fields.store_timestamp);
@@ -369,7 +389,6 @@ where
     out.put_slice(fields.topic.as_bytes());
     out.put_i16(fields.properties.len() as i16);
     out.put_slice(fields.properties.as_bytes());
-    Ok(RecordLayout::new(start, len, sys_flag))
 }
 
 /// The 8-byte blank / end-of-file marker for a segment tail of `remaining` bytes:
@@ -1022,6 +1041,18 @@ mod tests {
         patch_record(&mut rec, 3, 4096, 0x018b_cfe5_6805).unwrap();
         assert_eq!(rec, spec_example_bytes());
         assert!(patch_record(&mut rec[..50], 1, 2, 3).is_err());
+
+        let props = msg.properties_string().unwrap();
+        let mut seg = vec![0u8; 200];
+        let l = encode_record_to_slice(&msg.fields(&props), &mut seg[20..]).unwrap();
+        assert_eq!(l.range(), 0..149);
+        patch_record(&mut seg[20..], 3, 4096, 0x018b_cfe5_6805).unwrap();
+        assert_eq!(&seg[20..169], &spec_example_bytes()[..]);
+        assert!(seg[169..].iter().all(|b| *b == 0) && seg[..20].iter().all(|b| *b == 0));
+        assert!(matches!(
+            encode_record_to_slice(&msg.fields(&props), &mut seg[..148]),
+            Err(ProtoError::Truncated { need: 149, .. })
+        ));
         assert!(layout.patch(&mut out[..100], 1, 2, 3).is_err());
     }
 
