@@ -1043,7 +1043,7 @@ mod tests {
         assert!(patch_record(&mut rec[..50], 1, 2, 3).is_err());
 
         let props = msg.properties_string().unwrap();
-        let mut seg = vec![0u8; 200];
+        let mut seg = [0u8; 200];
         let l = encode_record_to_slice(&msg.fields(&props), &mut seg[20..]).unwrap();
         assert_eq!(l.range(), 0..149);
         patch_record(&mut seg[20..], 3, 4096, 0x018b_cfe5_6805).unwrap();
