@@ -1,0 +1,111 @@
+//! Subscription groups (RocketMQ's `SubscriptionGroupManager`): a consumer group's settings on
+//! this broker, created on first heartbeat when auto-create is on, persisted as
+//! `<data>/config/subscriptionGroup.json` in RocketMQ's `SubscriptionGroupWrapper` shape.
+
+use crate::persist::{read_json, write_json_atomic, PersistError};
+pub use shoal_proto::body::SubscriptionGroupConfig;
+use shoal_proto::body::SubscriptionGroupWrapper;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+/// The group table.
+#[derive(Debug)]
+pub struct GroupTable {
+    path: Option<PathBuf>,
+    inner: SubscriptionGroupWrapper,
+    defaults: SubscriptionGroupConfig,
+}
+
+impl GroupTable {
+    /// Loads the table (or starts empty); `defaults` are used for auto-created groups.
+    pub fn open(
+        path: Option<PathBuf>,
+        defaults: SubscriptionGroupConfig,
+    ) -> Result<Self, PersistError> {
+        let inner = match &path {
+            Some(p) => read_json(p)?.unwrap_or_default(),
+            None => SubscriptionGroupWrapper::default(),
+        };
+        Ok(Self {
+            path,
+            inner,
+            defaults,
+        })
+    }
+
+    /// A group's config.
+    pub fn get(&self, group: &str) -> Option<&SubscriptionGroupConfig> {
+        self.inner.subscription_group_table.get(group)
+    }
+
+    /// Creates a group with the defaults if missing; returns (config, created).
+    pub fn ensure(&mut self, group: &str, now_ms: i64) -> (SubscriptionGroupConfig, bool) {
+        if let Some(c) = self.inner.subscription_group_table.get(group) {
+            return (c.clone(), false);
+        }
+        let c = SubscriptionGroupConfig {
+            group_name: group.to_string(),
+            ..self.defaults.clone()
+        };
+        self.upsert(c.clone(), now_ms);
+        (c, true)
+    }
+
+    /// Creates or replaces a group.
+    pub fn upsert(&mut self, config: SubscriptionGroupConfig, now_ms: i64) {
+        self.inner
+            .subscription_group_table
+            .insert(config.group_name.clone(), config);
+        self.inner.data_version.next_version(now_ms);
+    }
+
+    /// Deletes a group.
+    pub fn remove(&mut self, group: &str, now_ms: i64) -> bool {
+        let removed = self.inner.subscription_group_table.remove(group).is_some();
+        if removed {
+            self.inner.data_version.next_version(now_ms);
+        }
+        removed
+    }
+
+    /// Every group.
+    pub fn all(&self) -> &BTreeMap<String, SubscriptionGroupConfig> {
+        &self.inner.subscription_group_table
+    }
+
+    /// The whole table as GET_ALL_SUBSCRIPTIONGROUP_CONFIG answers it.
+    pub fn wrapper(&self) -> &SubscriptionGroupWrapper {
+        &self.inner
+    }
+
+    /// Writes the table to disk (when it has a path).
+    pub fn persist(&self) -> Result<(), PersistError> {
+        match &self.path {
+            Some(p) => write_json_atomic(p, &self.inner),
+            None => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ensure_persist_reload() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("config/subscriptionGroup.json");
+        let mut t = GroupTable::open(Some(p.clone()), SubscriptionGroupConfig::default()).unwrap();
+        let (c, created) = t.ensure("G", 1);
+        assert!(created);
+        assert_eq!(c.retry_max_times, 16);
+        assert!(!t.ensure("G", 2).1);
+        t.persist().unwrap();
+        let back = GroupTable::open(Some(p.clone()), SubscriptionGroupConfig::default()).unwrap();
+        assert_eq!(back.get("G").unwrap().group_name, "G");
+        let text = std::fs::read_to_string(&p).unwrap();
+        assert!(text.contains("\"retryQueueNums\": 1"), "{text}");
+        assert!(t.remove("G", 3));
+        assert!(t.get("G").is_none());
+    }
+}
