@@ -137,13 +137,16 @@ pub struct ConsumerRunningInfo {
     /// Pulled queues.
     #[serde(with = "mq_key_map")]
     pub mq_table: BTreeMap<MessageQueue, ProcessQueueInfo>,
-    /// Consumer properties (`PROP_CONSUMER_START_TIMESTAMP`, `consumeType`, …).
+    /// Consumer properties (`PROP_CONSUMER_START_TIMESTAMP`, `consumeType`, …); scalar
+    /// values of other JSON types are read as their text.
+    #[serde(deserialize_with = "super::lenient::string_map")]
     pub properties: BTreeMap<String, String>,
     /// Topic → consume status.
     pub status_table: BTreeMap<String, ConsumeStatus>,
     /// Subscriptions.
     pub subscription_set: Vec<SubscriptionData>,
     /// User-defined info.
+    #[serde(deserialize_with = "super::lenient::string_map")]
     pub user_consumer_info: BTreeMap<String, String>,
 }
 

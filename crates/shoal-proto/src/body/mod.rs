@@ -61,7 +61,9 @@ pub fn from_json_slice<T: DeserializeOwned>(bytes: &[u8]) -> Result<T> {
             if !first.is_syntax() && !first.is_eof() {
                 return Err(json_error(first.to_string()));
             }
-            let normalised = normalize_fastjson(bytes)?;
+            // Input that is not even fastjson-shaped reports the parser's first error.
+            let normalised =
+                normalize_fastjson(bytes).map_err(|_| json_error(first.to_string()))?;
             serde_json::from_slice(&normalised).map_err(|e| json_error(e.to_string()))
         }
     }
@@ -129,8 +131,33 @@ pub mod mq_key_map {
 /// Lenient readers for values the C++ client writes with another JSON type.
 pub(crate) mod lenient {
     use serde::de::{Error, Unexpected, Visitor};
-    use serde::Deserializer;
+    use serde::{Deserialize, Deserializer};
+    use std::collections::BTreeMap;
     use std::fmt;
+
+    /// A string map whose values may arrive as any JSON scalar (numbers and booleans are
+    /// turned into their text, `null` entries are dropped); nested values are an error.
+    pub(crate) fn string_map<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<BTreeMap<String, String>, D::Error> {
+        let raw = BTreeMap::<String, serde_json::Value>::deserialize(d)?;
+        let mut out = BTreeMap::new();
+        for (k, v) in raw {
+            let s = match v {
+                serde_json::Value::Null => continue,
+                serde_json::Value::String(s) => s,
+                serde_json::Value::Bool(b) => b.to_string(),
+                serde_json::Value::Number(n) => n.to_string(),
+                other => {
+                    return Err(D::Error::custom(format!(
+                        "value of {k:?} must be a scalar, got {other}"
+                    )))
+                }
+            };
+            out.insert(k, s);
+        }
+        Ok(out)
+    }
 
     /// An `i64` written as a JSON number or as a string of digits.
     pub(crate) fn i64_or_string<'de, D: Deserializer<'de>>(d: D) -> Result<i64, D::Error> {

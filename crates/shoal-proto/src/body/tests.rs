@@ -449,6 +449,20 @@ fn spec_3_7_consumer_running_info() {
 }
 
 #[test]
+fn running_info_properties_accept_scalars() {
+    let r: ConsumerRunningInfo = dec(r#"{"properties":{"a":1,"b":true,"c":"x","d":null}}"#);
+    assert_eq!(
+        r.properties,
+        BTreeMap::from([
+            ("a".to_owned(), "1".to_owned()),
+            ("b".to_owned(), "true".to_owned()),
+            ("c".to_owned(), "x".to_owned()),
+        ])
+    );
+    assert!(from_json_slice::<ConsumerRunningInfo>(br#"{"properties":{"a":[1]}}"#).is_err());
+}
+
+#[test]
 fn spec_2_4_consume_message_directly_result() {
     let s = r#"{"autoCommit":true,"consumeResult":"CR_SUCCESS","order":false,"remark":"ok","spentTimeMills":3}"#;
     let v = ConsumeMessageDirectlyResult {
