@@ -25,13 +25,21 @@ struct ClientInner {
     shutdown: CancellationToken,
 }
 
+impl Drop for ClientInner {
+    /// The last handle of a client is gone: close its connections.
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
 /// The client side of the transport: one connection per `"ip:port"` address, established on
 /// first use (with the connect timeout) and re-established on the next use after it died.
 /// Requests the server sends on these connections (NOTIFY_CONSUMER_IDS_CHANGED,
 /// GET_CONSUMER_RUNNING_INFO, ...) go to the client's [`Processor`].
 ///
 /// Cheap to clone; clones share the pool. Connections live until [`RemotingClient::shutdown`],
-/// [`RemotingClient::close_connection`], the server closing them, or an error.
+/// [`RemotingClient::close_connection`], the last clone being dropped, the server closing
+/// them, or an error.
 #[derive(Clone)]
 pub struct RemotingClient {
     inner: Arc<ClientInner>,
@@ -98,9 +106,16 @@ impl RemotingClient {
                     .entry(addr.to_owned())
                     .or_insert_with(|| Arc::new(OnceCell::new())),
             );
-            let conn = slot
-                .get_or_try_init(|| self.connect(addr, connect_timeout))
-                .await?;
+            // Callers arriving during someone else's attempt share it, within their own timeout.
+            let conn = tokio::time::timeout(
+                connect_timeout,
+                slot.get_or_try_init(|| self.connect(addr, connect_timeout)),
+            )
+            .await
+            .map_err(|_| NetError::ConnectTimeout {
+                addr: addr.to_owned(),
+                timeout: connect_timeout,
+            })??;
             if !conn.is_closed() || attempts >= 2 {
                 return Ok(conn.clone());
             }

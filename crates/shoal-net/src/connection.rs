@@ -12,7 +12,7 @@ use bytes::Bytes;
 use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt};
 use parking_lot::Mutex;
-use shoal_proto::code::response_code::{REQUEST_CODE_NOT_SUPPORTED, SYSTEM_ERROR};
+use shoal_proto::code::response_code::{REQUEST_CODE_NOT_SUPPORTED, SYSTEM_BUSY, SYSTEM_ERROR};
 use shoal_proto::command::{FLAG_ONEWAY, FLAG_RESPONSE, MAX_FRAME_LEN};
 use shoal_proto::RemotingCommand;
 use std::collections::hash_map::Entry;
@@ -27,7 +27,7 @@ use std::time::Duration;
 use tokio::io::{AsyncWriteExt, BufWriter};
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::TcpStream;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio_util::codec::FramedRead;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, warn, Instrument};
@@ -49,6 +49,11 @@ pub struct NetConfig {
     pub write_queue_capacity: usize,
     /// Time allowed to establish a TCP connection (default 3 s, Java's `connectTimeoutMillis`).
     pub connect_timeout: Duration,
+    /// Incoming requests of one connection being processed at once (default 16384). A request
+    /// beyond that is answered SYSTEM_BUSY (2) with a remark starting `[OVERLOAD]`, on which
+    /// RocketMQ clients back off and retry (a oneway one is dropped with a warning). Requests
+    /// answered later through a [`Responder`] stop counting when `process` returns.
+    pub max_concurrent_requests: usize,
 }
 
 impl Default for NetConfig {
@@ -57,6 +62,7 @@ impl Default for NetConfig {
             max_frame_len: MAX_FRAME_LEN,
             write_queue_capacity: 4096,
             connect_timeout: Duration::from_secs(3),
+            max_concurrent_requests: 16384,
         }
     }
 }
@@ -96,6 +102,42 @@ pub trait Processor: Send + Sync + 'static {
     /// Called once when a connection has closed (peer gone, error, `close()`, shutdown), after
     /// its pending requests have been failed. Must not block.
     fn on_connection_close(&self, _conn: &Connection) {}
+}
+
+/// A [`Processor`] made of an async closure (see [`processor_fn`]); connection events are
+/// ignored.
+pub struct FnProcessor<F> {
+    f: F,
+}
+
+impl<F> fmt::Debug for FnProcessor<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("FnProcessor")
+    }
+}
+
+/// Wraps an async closure `|ctx, request| async move { ... }` as a [`Processor`]: handy for
+/// small handlers and tests.
+pub fn processor_fn<F, Fut>(f: F) -> FnProcessor<F>
+where
+    F: Fn(RequestContext, RemotingCommand) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = ProcessResult> + Send + 'static,
+{
+    FnProcessor { f }
+}
+
+impl<F, Fut> Processor for FnProcessor<F>
+where
+    F: Fn(RequestContext, RemotingCommand) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = ProcessResult> + Send + 'static,
+{
+    fn process<'a>(
+        &'a self,
+        ctx: RequestContext,
+        request: RemotingCommand,
+    ) -> BoxFuture<'a, ProcessResult> {
+        Box::pin((self.f)(ctx, request))
+    }
 }
 
 /// A [`Processor`] that answers every request REQUEST_CODE_NOT_SUPPORTED (3), as RocketMQ does
@@ -220,6 +262,8 @@ struct Inner {
     pending: Mutex<PendingTable>,
     next_opaque: AtomicI32,
     closed: CancellationToken,
+    /// Permits for incoming requests being processed.
+    in_flight: Arc<Semaphore>,
 }
 
 /// One remoting connection, usable by both sides: send requests and correlate their responses,
@@ -288,6 +332,11 @@ impl Connection {
                 pending: Mutex::new(PendingTable::default()),
                 next_opaque: AtomicI32::new(0),
                 closed,
+                in_flight: Arc::new(Semaphore::new(
+                    config
+                        .max_concurrent_requests
+                        .clamp(1, Semaphore::MAX_PERMITS),
+                )),
             }),
         };
         let span = tracing::info_span!("conn", id, %peer);
@@ -541,6 +590,10 @@ fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
 /// Processes one incoming request in a task of its own and sends back what the processor
 /// answered (never for a oneway request).
 fn dispatch(conn: &Connection, processor: &Arc<dyn Processor>, request: RemotingCommand) {
+    let Ok(permit) = Arc::clone(&conn.inner.in_flight).try_acquire_owned() else {
+        overloaded(conn, request);
+        return;
+    };
     let conn = conn.clone();
     let processor = Arc::clone(processor);
     let span = tracing::debug_span!("request", code = request.code, opaque = request.opaque);
@@ -555,6 +608,7 @@ fn dispatch(conn: &Connection, processor: &Arc<dyn Processor>, request: Remoting
             let outcome = AssertUnwindSafe(async { processor.process(ctx, request).await })
                 .catch_unwind()
                 .await;
+            drop(permit);
             let response = match outcome {
                 Ok(Ok(response)) => response,
                 Ok(Err(e)) => {
@@ -578,6 +632,30 @@ fn dispatch(conn: &Connection, processor: &Arc<dyn Processor>, request: Remoting
         }
         .instrument(span),
     );
+}
+
+/// Answers a request that arrived while the connection was at its concurrency limit.
+fn overloaded(conn: &Connection, request: RemotingCommand) {
+    warn!(
+        peer = %conn.peer_addr(),
+        code = request.code,
+        oneway = request.is_oneway(),
+        "too many requests in flight on this connection; rejecting"
+    );
+    if request.is_oneway() {
+        return;
+    }
+    let response = RemotingCommand::response_to(
+        &request,
+        SYSTEM_BUSY,
+        Some("[OVERLOAD]too many requests in flight on this connection, try later".into()),
+    );
+    let conn = conn.clone();
+    tokio::spawn(async move {
+        if let Err(e) = conn.send_response(response).await {
+            debug!(error = %e, "could not send SYSTEM_BUSY");
+        }
+    });
 }
 
 /// Writes queued frames, batching whatever is queued into one flush, until the connection is

@@ -19,8 +19,8 @@ pub mod server;
 pub use client::RemotingClient;
 pub use codec::RemotingCodec;
 pub use connection::{
-    request_code_not_supported, Connection, NetConfig, NotSupportedProcessor, ProcessError,
-    ProcessResult, Processor, RequestContext, Responder,
+    processor_fn, request_code_not_supported, Connection, FnProcessor, NetConfig,
+    NotSupportedProcessor, ProcessError, ProcessResult, Processor, RequestContext, Responder,
 };
 pub use error::{NetError, Result};
 pub use server::Server;

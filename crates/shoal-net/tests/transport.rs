@@ -682,3 +682,79 @@ async fn closing_a_connection_from_either_side() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_over_the_concurrency_limit_get_system_busy() {
+    bounded(async {
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        let processor = shoal_net::processor_fn({
+            let gate = gate.clone();
+            move |_ctx, request: RemotingCommand| {
+                let gate = gate.clone();
+                async move {
+                    if request.code == NEVER {
+                        // Held until the test opens the gate.
+                        gate.acquire().await?.forget();
+                    }
+                    Ok(Some(RemotingCommand::response(SUCCESS, None)))
+                }
+            }
+        });
+        let config = NetConfig {
+            max_concurrent_requests: 2,
+            ..NetConfig::default()
+        };
+        let server = Server::bind_with_config("127.0.0.1:0", Arc::new(processor), config)
+            .await
+            .unwrap();
+        let addr = server.local_addr().to_string();
+        let client = RemotingClient::default();
+        let conn = client.connection(&addr).await.unwrap();
+        let held: Vec<_> = (0..2)
+            .map(|_| {
+                let conn = conn.clone();
+                tokio::spawn(async move {
+                    conn.request(RemotingCommand::request(NEVER), Duration::from_secs(10))
+                        .await
+                })
+            })
+            .collect();
+        wait_until("both requests are pending", || conn.pending_requests() == 2).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let busy = conn
+            .request(RemotingCommand::request(ECHO), Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert_eq!(busy.code, shoal_proto::code::response_code::SYSTEM_BUSY);
+        assert!(busy.remark.unwrap().starts_with("[OVERLOAD]"));
+        gate.add_permits(2);
+        for h in held {
+            assert_eq!(h.await.unwrap().unwrap().code, SUCCESS);
+        }
+        let ok = conn
+            .request(RemotingCommand::request(ECHO), Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert_eq!(ok.code, SUCCESS);
+        server.shutdown().await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_the_last_client_handle_closes_its_connections() {
+    bounded(async {
+        let (server, p, addr) = start_server(NetConfig::default()).await;
+        let client = RemotingClient::default();
+        let clone = client.clone();
+        let conn = client.connection(&addr).await.unwrap();
+        drop(client);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!conn.is_closed(), "a clone still holds the pool");
+        drop(clone);
+        conn.closed().await;
+        wait_until("the server saw the close", || p.closed.lock().len() == 1).await;
+        server.shutdown().await;
+    })
+    .await;
+}
