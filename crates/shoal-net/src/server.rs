@@ -26,7 +26,7 @@ impl Server {
     /// [`NetConfig`] and starts accepting.
     ///
     /// # Errors
-    /// [`NetError::Io`] when the address cannot be bound.
+    /// [`NetError::Io`](crate::NetError::Io) when the address cannot be bound.
     pub async fn bind(addr: impl ToSocketAddrs, processor: Arc<dyn Processor>) -> Result<Server> {
         Self::bind_with_config(addr, processor, NetConfig::default()).await
     }
@@ -34,7 +34,7 @@ impl Server {
     /// Binds `addr` with the given settings (frame limit, write queue) and starts accepting.
     ///
     /// # Errors
-    /// [`NetError::Io`] when the address cannot be bound.
+    /// [`NetError::Io`](crate::NetError::Io) when the address cannot be bound.
     pub async fn bind_with_config(
         addr: impl ToSocketAddrs,
         processor: Arc<dyn Processor>,
