@@ -531,7 +531,7 @@ async fn drive(
     processor: Arc<dyn Processor>,
     writer: impl Future<Output = ()> + Send + 'static,
 ) {
-    let writer = tokio::spawn(writer);
+    let mut writer = tokio::spawn(writer);
     notify(&conn, "on_connection_open", || {
         processor.on_connection_open(&conn)
     });
@@ -557,8 +557,13 @@ async fn drive(
     }
     token.cancel();
     conn.fail_pending();
-    if let Err(e) = writer.await {
-        error!(error = %e, "connection writer task failed");
+    match tokio::time::timeout(CLOSE_FLUSH_TIMEOUT, &mut writer).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => error!(error = %e, "connection writer task failed"),
+        Err(_) => {
+            debug!("gave up flushing a closing connection");
+            writer.abort();
+        }
     }
     notify(&conn, "on_connection_close", || {
         processor.on_connection_close(&conn)
@@ -666,42 +671,29 @@ async fn write_loop(
     closed: CancellationToken,
 ) {
     let mut out = BufWriter::with_capacity(64 * 1024, write_half);
+    // Frames are never abandoned half-written here (that would corrupt the stream); a writer
+    // stuck on a peer that does not read is aborted by the driver after closing.
     let result: std::io::Result<()> = async {
         loop {
-            let step = async {
-                let Some(first) = queue.recv().await else {
-                    return Ok(false);
-                };
-                out.write_all(&first).await?;
-                while let Ok(more) = queue.try_recv() {
-                    out.write_all(&more).await?;
-                }
-                out.flush().await?;
-                Ok::<_, std::io::Error>(true)
-            };
-            let go_on = tokio::select! {
+            let first = tokio::select! {
                 biased;
-                _ = closed.cancelled() => false,
-                r = step => r?,
+                _ = closed.cancelled() => break,
+                next = queue.recv() => match next {
+                    Some(frame) => frame,
+                    None => break,
+                },
             };
-            if !go_on {
-                break;
-            }
-        }
-        let drain = async {
+            out.write_all(&first).await?;
             while let Ok(more) = queue.try_recv() {
                 out.write_all(&more).await?;
             }
             out.flush().await?;
-            out.shutdown().await
-        };
-        match tokio::time::timeout(CLOSE_FLUSH_TIMEOUT, drain).await {
-            Ok(r) => r,
-            Err(_) => {
-                debug!("gave up flushing a closing connection");
-                Ok(())
-            }
         }
+        while let Ok(more) = queue.try_recv() {
+            out.write_all(&more).await?;
+        }
+        out.flush().await?;
+        out.shutdown().await
     }
     .await;
     if let Err(e) = result {

@@ -758,3 +758,28 @@ async fn dropping_the_last_client_handle_closes_its_connections() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_does_not_hang_on_a_peer_that_stops_reading() {
+    bounded(async {
+        let (server, p, addr) = start_server(NetConfig::default()).await;
+        let sock = TcpStream::connect(&addr).await.unwrap();
+        let mut framed = Framed::new(sock, RemotingCodec::default());
+        let body = "y".repeat(256 * 1024);
+        for i in 0..64 {
+            framed.send(&echo(0, &body).with_opaque(i)).await.unwrap();
+        }
+        // Never read the answers: the server's writer fills the socket buffers and blocks.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let started = tokio::time::Instant::now();
+        server.shutdown().await;
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "shutdown took {:?}",
+            started.elapsed()
+        );
+        assert_eq!(p.closed.lock().len(), 1);
+        drop(framed);
+    })
+    .await;
+}
