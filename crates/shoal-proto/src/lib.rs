@@ -3,6 +3,11 @@
 //! This crate has no I/O and no async runtime. It owns:
 //! - [`command`]: the [`RemotingCommand`] frame (JSON and ROCKETMQ binary headers);
 //! - [`mq`]: [`MessageQueue`], the (topic, broker, queue id) triple every plane shares.
+//! - [`code`]: request and response codes with their RocketMQ names;
+//! - [`header`]: typed request/response headers ([`header::CommandHeader`]) and the
+//!   `RemotingCommand` helpers `request_with_header` / `decode_command_header`;
+//! - [`body`]: JSON bodies (fastjson-compatible) with `to_json_bytes` / `from_json_slice`;
+//! - [`hash`]: Java `String.hashCode` (tag codes); [`constants`]: well-known names and bits.
 //!
 //! The byte layouts follow `shared/protocol/rocketmq-remoting.md` (the "spec" below).
 
