@@ -143,6 +143,8 @@ pub const BORN_TIMESTAMP: &str = "BORN_TIMESTAMP";
 pub const DLQ_ORIGIN_TOPIC: &str = "DLQ_ORIGIN_TOPIC";
 /// Original message id of a dead-lettered message.
 pub const DLQ_ORIGIN_MESSAGE_ID: &str = "DLQ_ORIGIN_MESSAGE_ID";
+/// Start-deliver time (legacy timed delivery).
+pub const START_DELIVER_TIME: &str = "__STARTDELIVERTIME";
 /// CRC32 of the body carried as a property.
 pub const CRC32: &str = "__CRC32#";
 
@@ -234,7 +236,8 @@ impl<'a> Iterator for PropertyIter<'a> {
 ///
 /// Never fails: like Java, malformed segments are skipped.
 pub fn decode_properties(s: &str) -> Properties {
-    let mut map = Properties::new();
+    let pairs = s.bytes().filter(|b| *b == 0x02).count() + 1;
+    let mut map = Properties::with_capacity(pairs.min(64));
     for (k, v) in iter_properties(s) {
         map.insert(k.to_owned(), v.to_owned());
     }

@@ -296,6 +296,20 @@ proptest! {
     }
 
     #[test]
+    fn lying_total_size_is_always_an_error(
+        m in message_ext(), claimed in any::<i32>(), trailing in vec(any::<u8>(), 0..200)
+    ) {
+        let mut rec = m.to_bytes().unwrap().to_vec();
+        let real = rec.len() as i32;
+        prop_assume!(claimed != real);
+        rec[..4].copy_from_slice(&claimed.to_be_bytes());
+        rec.extend_from_slice(&trailing);
+        prop_assert!(RecordView::parse(&rec).is_err());
+        let run = decode_records(&Bytes::from(rec), &DecodeOptions::default());
+        prop_assert!(run.messages.is_empty() && run.stopped_early());
+    }
+
+    #[test]
     fn body_corruption_is_caught_by_crc(m in message_ext(), at in any::<prop::sample::Index>(), x in 1u8..) {
         prop_assume!(!m.body.is_empty());
         let mut rec = m.to_bytes().unwrap().to_vec();
