@@ -1,8 +1,26 @@
 //! `shoal-broker`: the broker.
+//!
+//! [`Broker::start`] opens the store, loads the topic and subscription-group tables, listens,
+//! registers with the name servers and runs the background services (client expiry,
+//! delay-level delivery, registration). Requests are routed by [`processor::BrokerProcessor`]
+//! to the handlers in [`send`], [`pull`], [`client`], [`offsets`], [`retry`] and [`admin`].
 
+pub mod admin;
+pub mod broker;
+pub mod client;
 pub mod config;
 pub mod group_config;
+pub mod hold;
 pub mod lock;
+pub mod offsets;
 pub mod persist;
+pub mod processor;
+pub mod pull;
 pub mod registry;
+pub mod retry;
+pub mod schedule;
+pub mod send;
 pub mod topic;
+
+pub use broker::{Broker, BrokerError, BrokerInner};
+pub use config::{BrokerConfig, FlushMode};

@@ -335,6 +335,15 @@ impl<M: Clone + PartialEq, S: Clone + PartialEq> ClientRegistry<M, S> {
             .unwrap_or_default()
     }
 
+    /// One member's own subscriptions (for heartbeats that omit them).
+    pub fn member_subscriptions(&self, group: &str, conn_id: u64) -> Option<BTreeMap<String, S>> {
+        self.consumers
+            .get(group)?
+            .members
+            .get(&conn_id)
+            .map(|m| m.subscriptions.clone())
+    }
+
     /// The group-level subscription table.
     pub fn group_subscriptions(&self, group: &str) -> Option<&BTreeMap<String, S>> {
         self.consumers.get(group).map(|g| &g.subscriptions)

@@ -1,0 +1,606 @@
+//! Admin requests: topics, subscription groups, consumer connections and progress, offsets
+//! reset, runtime info, and requests forwarded to a client.
+
+use crate::broker::{wall_ms, BrokerInner};
+use crate::processor::{blocking, ok, ok_json, Handled, Reject};
+use shoal_proto::body::{
+    ConsumeStats, ConsumerConnection, ConsumerOffsetSerializeWrapper, GroupList, KVTable,
+    OffsetWrapper, ResetOffsetBody, SubscriptionGroupConfig, TopicConfig, TopicFilterType,
+    TopicOffset, TopicStatsTable,
+};
+use shoal_proto::code::{request_code as rc, response_code as resp};
+use shoal_proto::constants::{AUTO_CREATE_TOPIC_KEY_TOPIC, SCHEDULE_TOPIC};
+use shoal_proto::header::{
+    ConsumeMessageDirectlyRequestHeader, CreateTopicRequestHeader,
+    DeleteSubscriptionGroupRequestHeader, DeleteTopicRequestHeader, GetConsumeStatsRequestHeader,
+    GetConsumerConnectionListRequestHeader, GetConsumerRunningInfoRequestHeader,
+    GetTopicStatsInfoRequestHeader, QueryTopicConsumeByWhoRequestHeader, ResetOffsetRequestHeader,
+};
+use shoal_proto::message::OffsetMsgId;
+use shoal_proto::{MessageQueue, RemotingCommand};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How long a request forwarded to a client may take (RocketMQ: 10 s... and the admin's own
+/// timeout is usually shorter).
+const FORWARD_TIMEOUT: Duration = Duration::from_secs(10);
+/// Clients older than V3_1_8_SNAPSHOT cannot answer forwarded requests.
+const V3_1_8_SNAPSHOT: i32 = 62;
+
+fn is_system_topic(t: &str) -> bool {
+    t == AUTO_CREATE_TOPIC_KEY_TOPIC || t == SCHEDULE_TOPIC
+}
+
+/// UPDATE_AND_CREATE_TOPIC.
+pub fn create_topic(b: &BrokerInner, req: &RemotingCommand) -> Handled {
+    let h: CreateTopicRequestHeader = req.decode_command_header()?;
+    if is_system_topic(&h.topic) {
+        return Err(Reject::new(
+            resp::INVALID_PARAMETER,
+            format!("The topic[{}] is conflict with system topic.", h.topic),
+        ));
+    }
+    let filter = TopicFilterType::from_name(&h.topic_filter_type).ok_or_else(|| {
+        Reject::new(
+            resp::INVALID_PARAMETER,
+            format!(
+                "topicFilterType {:?} is not SINGLE_TAG or MULTI_TAG",
+                h.topic_filter_type
+            ),
+        )
+    })?;
+    let mut attributes = BTreeMap::new();
+    for item in h
+        .attributes
+        .as_deref()
+        .unwrap_or("")
+        .split(',')
+        .filter(|s| !s.is_empty())
+    {
+        let item = item.trim_start_matches(['+', '-']);
+        match item.split_once('=') {
+            Some((k, v)) => {
+                attributes.insert(k.to_string(), v.to_string());
+            }
+            None => {
+                return Err(Reject::new(
+                    resp::INVALID_PARAMETER,
+                    format!("attribute {item:?} is not key=value"),
+                ))
+            }
+        }
+    }
+    let config = TopicConfig {
+        attributes,
+        order: h.order,
+        perm: h.perm,
+        read_queue_nums: h.read_queue_nums,
+        topic_filter_type: filter,
+        topic_name: h.topic.clone(),
+        topic_sys_flag: h.topic_sys_flag.unwrap_or(0),
+        write_queue_nums: h.write_queue_nums,
+    };
+    let changed = b
+        .topics
+        .lock()
+        .upsert(config, wall_ms())
+        .map_err(|e| Reject::new(resp::INVALID_PARAMETER, e.to_string()))?;
+    if changed {
+        tracing::info!(topic = %h.topic, read = h.read_queue_nums, write = h.write_queue_nums, "topic created or updated");
+        if let Err(e) = b.topics.lock().persist() {
+            return Err(Reject::system(e));
+        }
+        b.register_now.notify_one();
+    }
+    ok()
+}
+
+/// DELETE_TOPIC_IN_BROKER: the topic's config, consume queues and offsets go.
+pub async fn delete_topic(b: &Arc<BrokerInner>, req: &RemotingCommand) -> Handled {
+    let h: DeleteTopicRequestHeader = req.decode_command_header()?;
+    if is_system_topic(&h.topic) {
+        return Err(Reject::new(
+            resp::INVALID_PARAMETER,
+            format!("The topic[{}] is conflict with system topic.", h.topic),
+        ));
+    }
+    b.topics.lock().remove(&h.topic, wall_ms());
+    let store = b.store.clone();
+    let topic = h.topic.clone();
+    blocking(move || store.delete_topic(&topic).map_err(Reject::system)).await?;
+    b.topics.lock().persist().map_err(Reject::system)?;
+    b.register_now.notify_one();
+    tracing::info!(topic = %h.topic, "topic deleted");
+    ok()
+}
+
+/// GET_ALL_TOPIC_CONFIG.
+pub fn all_topic_config(b: &BrokerInner) -> Handled {
+    ok_json(&b.topics.lock().wrapper())
+}
+
+/// GET_TOPIC_STATS_INFO: per queue min/max offsets and last store time.
+pub async fn topic_stats(b: &Arc<BrokerInner>, req: &RemotingCommand) -> Handled {
+    let h: GetTopicStatsInfoRequestHeader = req.decode_command_header()?;
+    let config = b.topics.lock().get(&h.topic).cloned().ok_or_else(|| {
+        Reject::new(
+            resp::TOPIC_NOT_EXIST,
+            format!("topic[{}] not exist", h.topic),
+        )
+    })?;
+    let store = b.store.clone();
+    let broker_name = b.config.broker_name.clone();
+    let table = blocking(move || {
+        let mut offset_table = BTreeMap::new();
+        for q in 0..config.write_queue_nums.max(config.read_queue_nums) {
+            let min = store.min_offset(&config.topic_name, q);
+            let max = store.max_offset(&config.topic_name, q);
+            let last = if max > min {
+                store
+                    .store_time_of(&config.topic_name, q, max - 1)
+                    .map_err(Reject::system)?
+                    .unwrap_or(0)
+            } else {
+                0
+            };
+            offset_table.insert(
+                MessageQueue::new(config.topic_name.clone(), broker_name.clone(), q),
+                TopicOffset {
+                    last_update_timestamp: last,
+                    max_offset: max as i64,
+                    min_offset: min as i64,
+                },
+            );
+        }
+        Ok(TopicStatsTable {
+            offset_table,
+            topic_put_tps: 0.0,
+        })
+    })
+    .await?;
+    ok_json(&table)
+}
+
+/// Adds Shoal's group-health flags to a JSON body (extra keys Java tools ignore).
+fn with_health(body: serde_json::Value, b: &BrokerInner, group: &str) -> Result<Vec<u8>, Reject> {
+    let health = b.clients.lock().health(group);
+    let mut body = body;
+    if let serde_json::Value::Object(map) = &mut body {
+        map.insert(
+            "duplicateClientIds".into(),
+            serde_json::json!(health.duplicate_client_ids),
+        );
+        map.insert(
+            "inconsistentSubscriptionTopics".into(),
+            serde_json::json!(health.inconsistent_topics),
+        );
+    }
+    serde_json::to_vec(&body).map_err(Reject::system)
+}
+
+/// GET_CONSUMER_CONNECTION_LIST: the group's connections and subscriptions, with Shoal's
+/// duplicate-client-id and inconsistent-subscription flags.
+pub fn consumer_connections(b: &BrokerInner, req: &RemotingCommand) -> Handled {
+    let h: GetConsumerConnectionListRequestHeader = req.decode_command_header()?;
+    let cc = {
+        let clients = b.clients.lock();
+        let Some(g) = clients.group(&h.consumer_group) else {
+            return Err(Reject::new(
+                resp::CONSUMER_NOT_ONLINE,
+                format!("the consumer group[{}] not online", h.consumer_group),
+            ));
+        };
+        ConsumerConnection {
+            connection_set: clients
+                .members(&h.consumer_group)
+                .into_iter()
+                .map(|(c, _)| shoal_proto::body::Connection {
+                    client_addr: c.client_addr.clone(),
+                    client_id: c.client_id.clone(),
+                    language: shoal_proto::LanguageCode::from_name(&c.language).unwrap_or_default(),
+                    version: c.version,
+                })
+                .collect(),
+            consume_from_where: Some(g.meta.consume_from_where),
+            consume_type: Some(g.meta.consume_type),
+            message_model: Some(g.meta.message_model),
+            subscription_table: clients
+                .group_subscriptions(&h.consumer_group)
+                .cloned()
+                .unwrap_or_default(),
+        }
+    };
+    let value = serde_json::to_value(&cc).map_err(Reject::system)?;
+    let body = with_health(value, b, &h.consumer_group)?;
+    Ok(Some(
+        RemotingCommand::response(resp::SUCCESS, None).with_body(body),
+    ))
+}
+
+/// Topics a group consumes: its subscriptions and the topics it has offsets for.
+fn topics_of_group(b: &BrokerInner, group: &str) -> BTreeSet<String> {
+    let mut topics: BTreeSet<String> = b
+        .clients
+        .lock()
+        .group_subscriptions(group)
+        .map(|s| s.keys().cloned().collect())
+        .unwrap_or_default();
+    for (t, _, _) in b.store.offsets_of_group(group) {
+        topics.insert(t);
+    }
+    topics
+}
+
+/// GET_CONSUME_STATS: per queue broker offset, consumer offset, last pulled offset and the
+/// store time of the last consumed message, with Shoal's group-health flags.
+pub async fn consume_stats(b: &Arc<BrokerInner>, req: &RemotingCommand) -> Handled {
+    let h: GetConsumeStatsRequestHeader = req.decode_command_header()?;
+    let topics: BTreeSet<String> = match (&h.topic, &h.topic_list) {
+        (Some(t), _) if !t.is_empty() => [t.clone()].into(),
+        (_, Some(list)) if !list.is_empty() => list.split(',').map(str::to_string).collect(),
+        _ => topics_of_group(b, &h.consumer_group),
+    };
+    let mut plan = Vec::new();
+    {
+        let table = b.topics.lock();
+        for t in &topics {
+            if let Some(c) = table.get(t) {
+                plan.push((t.clone(), c.read_queue_nums));
+            }
+        }
+    }
+    if plan.is_empty() && !topics.is_empty() {
+        return Err(Reject::new(
+            resp::TOPIC_NOT_EXIST,
+            format!(
+                "none of the topics of group {} exist on this broker",
+                h.consumer_group
+            ),
+        ));
+    }
+    let marks = b.pull_marks.lock().clone();
+    let store = b.store.clone();
+    let group = h.consumer_group.clone();
+    let broker_name = b.config.broker_name.clone();
+    let stats = blocking(move || {
+        let mut offset_table = BTreeMap::new();
+        for (topic, queues) in plan {
+            for q in 0..queues {
+                let broker_offset = store.max_offset(&topic, q) as i64;
+                let consumer_offset = store.query_offset(&group, &topic, q).unwrap_or(0).max(0);
+                let pull_offset = marks
+                    .get(&(group.clone(), topic.clone(), q))
+                    .map(|m| m.offset)
+                    .unwrap_or(consumer_offset);
+                let last_timestamp = if consumer_offset > 0 {
+                    store
+                        .store_time_of(&topic, q, (consumer_offset - 1) as u64)
+                        .map_err(Reject::system)?
+                        .unwrap_or(0)
+                } else {
+                    0
+                };
+                offset_table.insert(
+                    MessageQueue::new(topic.clone(), broker_name.clone(), q),
+                    OffsetWrapper {
+                        broker_offset,
+                        consumer_offset,
+                        last_timestamp,
+                        pull_offset,
+                    },
+                );
+            }
+        }
+        Ok(ConsumeStats {
+            consume_tps: 0.0,
+            offset_table,
+        })
+    })
+    .await?;
+    let value = serde_json::to_value(&stats).map_err(Reject::system)?;
+    let body = with_health(value, b, &h.consumer_group)?;
+    Ok(Some(
+        RemotingCommand::response(resp::SUCCESS, None).with_body(body),
+    ))
+}
+
+async fn call_client(
+    b: &BrokerInner,
+    group: &str,
+    client_id: &str,
+    mut req: RemotingCommand,
+) -> Handled {
+    let conn_id = b.clients.lock().conn_of(group, client_id).ok_or_else(|| {
+        Reject::new(
+            resp::SYSTEM_ERROR,
+            format!("The Consumer <{client_id}> not online in group {group}"),
+        )
+    })?;
+    let version = b
+        .clients
+        .lock()
+        .members(group)
+        .into_iter()
+        .find(|(c, _)| c.conn_id == conn_id)
+        .map(|(c, _)| c.version)
+        .unwrap_or(0);
+    if version < V3_1_8_SNAPSHOT {
+        return Err(Reject::new(
+            resp::SYSTEM_ERROR,
+            format!("The Consumer <{client_id}> Version <{version}> too low to finish, please upgrade it"),
+        ));
+    }
+    let conn = b.connections.lock().get(&conn_id).cloned().ok_or_else(|| {
+        Reject::new(
+            resp::SYSTEM_ERROR,
+            format!("The Consumer <{client_id}> connection is gone"),
+        )
+    })?;
+    req.flag = 0;
+    match conn.request(req, FORWARD_TIMEOUT).await {
+        Ok(mut r) => {
+            r.flag = shoal_proto::command::FLAG_RESPONSE;
+            Ok(Some(r))
+        }
+        Err(shoal_net::NetError::Timeout { .. }) => Err(Reject::new(
+            resp::CONSUME_MSG_TIMEOUT,
+            format!(
+                "consumer <{client_id}> did not answer within {} s",
+                FORWARD_TIMEOUT.as_secs()
+            ),
+        )),
+        Err(e) => Err(Reject::system(format!(
+            "forward to consumer <{client_id}> failed: {e}"
+        ))),
+    }
+}
+
+/// GET_CONSUMER_RUNNING_INFO: asks the client itself and returns its answer.
+pub async fn forward_to_client(b: &Arc<BrokerInner>, req: &RemotingCommand) -> Handled {
+    let h: GetConsumerRunningInfoRequestHeader = req.decode_command_header()?;
+    let mut fwd = RemotingCommand::request(rc::GET_CONSUMER_RUNNING_INFO);
+    fwd.ext_fields = req.ext_fields.clone();
+    fwd.body = req.body.clone();
+    call_client(b, &h.consumer_group, &h.client_id, fwd).await
+}
+
+/// CONSUME_MESSAGE_DIRECTLY: attaches the stored message and asks the client to consume it.
+pub async fn consume_message_directly(b: &Arc<BrokerInner>, req: &RemotingCommand) -> Handled {
+    let h: ConsumeMessageDirectlyRequestHeader = req.decode_command_header()?;
+    let client_id = h
+        .client_id
+        .clone()
+        .ok_or_else(|| Reject::system("missing required header field `clientId`"))?;
+    let msg_id = h
+        .msg_id
+        .clone()
+        .ok_or_else(|| Reject::system("missing required header field `msgId`"))?;
+    let id = OffsetMsgId::parse(&msg_id)?;
+    let store = b.store.clone();
+    let record = blocking(move || {
+        store
+            .message_by_physical_offset(id.commit_log_offset.max(0) as u64)
+            .map_err(Reject::system)
+    })
+    .await?
+    .ok_or_else(|| {
+        Reject::new(
+            resp::SYSTEM_ERROR,
+            format!("can not find message by id {msg_id}"),
+        )
+    })?;
+    let mut fwd = RemotingCommand::request(rc::CONSUME_MESSAGE_DIRECTLY);
+    fwd.ext_fields = req.ext_fields.clone();
+    fwd.body = Some(record);
+    call_client(b, &h.consumer_group, &client_id, fwd).await
+}
+
+/// GET_BROKER_RUNTIME_INFO: counters and offsets as a string table.
+pub fn runtime_info(b: &BrokerInner) -> Handled {
+    let c = &b.counters;
+    let mut table = BTreeMap::new();
+    let mut put = |k: &str, v: String| {
+        table.insert(k.to_string(), v);
+    };
+    put(
+        "brokerVersion",
+        shoal_proto::command::CURRENT_VERSION.to_string(),
+    );
+    put(
+        "brokerVersionDesc",
+        format!("Shoal {}", env!("CARGO_PKG_VERSION")),
+    );
+    put("bootTimestamp", b.started_wall_ms().to_string());
+    put("runtime", format!("{} ms", b.mono_ms()));
+    put(
+        "msgPutTotal",
+        c.msgs_put.load(Ordering::Relaxed).to_string(),
+    );
+    put(
+        "msgGetTotal",
+        c.msgs_got.load(Ordering::Relaxed).to_string(),
+    );
+    put(
+        "pullsHeldTotal",
+        c.pulls_held.load(Ordering::Relaxed).to_string(),
+    );
+    put("pullsHeldNow", b.holds.len().to_string());
+    put(
+        "notifyConsumerIdsChangedTotal",
+        c.notifications_sent.load(Ordering::Relaxed).to_string(),
+    );
+    put(
+        "commitLogMaxOffset",
+        b.store.commit_log_max_offset().to_string(),
+    );
+    put(
+        "commitLogMinOffset",
+        b.store.commit_log_min_offset().to_string(),
+    );
+    put(
+        "commitLogDiskFlushedOffset",
+        b.store.commit_log_flushed_offset().to_string(),
+    );
+    put("clientConnections", b.connections.lock().len().to_string());
+    put(
+        "consumerGroupsOnline",
+        b.clients.lock().group_names().len().to_string(),
+    );
+    put("topicCount", b.topics.lock().all().len().to_string());
+    ok_json(&KVTable { table })
+}
+
+/// INVOKE_BROKER_TO_RESET_OFFSET: moves a group's offsets of a topic to a time (or the
+/// latest offset for timestamp -1), stores them, and tells online members
+/// (RESET_CONSUMER_CLIENT_OFFSET). Unlike RocketMQ, an offline group is reset too.
+pub async fn reset_offset(b: &Arc<BrokerInner>, req: &RemotingCommand) -> Handled {
+    let h: ResetOffsetRequestHeader = req.decode_command_header()?;
+    let config = b.topics.lock().get(&h.topic).cloned().ok_or_else(|| {
+        Reject::new(
+            resp::TOPIC_NOT_EXIST,
+            format!("topic[{}] not exist", h.topic),
+        )
+    })?;
+    if b.groups.lock().get(&h.group).is_none() {
+        return Err(Reject::new(
+            resp::SUBSCRIPTION_GROUP_NOT_EXIST,
+            format!("subscription group not exist, {}", h.group),
+        ));
+    }
+    let store = b.store.clone();
+    let broker_name = b.config.broker_name.clone();
+    let hh = h.clone();
+    let table = blocking(move || {
+        let mut table = BTreeMap::new();
+        for q in 0..config.read_queue_nums {
+            if hh.queue_id >= 0 && q != hh.queue_id {
+                continue;
+            }
+            let target = match hh.offset {
+                Some(o) if hh.queue_id >= 0 => o,
+                _ if hh.timestamp == -1 => store.max_offset(&hh.topic, q) as i64,
+                _ => store
+                    .offset_by_timestamp(
+                        &hh.topic,
+                        q,
+                        hh.timestamp,
+                        shoal_store::BoundaryType::Lower,
+                    )
+                    .map_err(Reject::system)? as i64,
+            };
+            let current = store.query_offset(&hh.group, &hh.topic, q);
+            let apply = hh.is_force || current.is_none_or(|c| target < c);
+            let value = if apply {
+                target
+            } else {
+                current.unwrap_or(target)
+            };
+            if apply {
+                store.commit_offset(&hh.group, &hh.topic, q, target);
+            }
+            table.insert(
+                MessageQueue::new(hh.topic.clone(), broker_name.clone(), q),
+                value,
+            );
+        }
+        Ok(table)
+    })
+    .await?;
+    let body = ResetOffsetBody {
+        offset_table: table.clone(),
+    };
+    let notify = shoal_proto::header::ResetOffsetRequestHeader {
+        topic: h.topic.clone(),
+        group: h.group.clone(),
+        queue_id: h.queue_id,
+        offset: h.offset,
+        timestamp: h.timestamp,
+        is_force: h.is_force,
+        ..Default::default()
+    };
+    let conns: Vec<_> = {
+        let clients = b.clients.lock();
+        let map = b.connections.lock();
+        clients
+            .members(&h.group)
+            .into_iter()
+            .filter_map(|(c, _)| map.get(&c.conn_id).cloned())
+            .collect()
+    };
+    let bytes = shoal_proto::body::to_json_bytes(&body)?;
+    for conn in conns {
+        let mut r = RemotingCommand::request_with_header(rc::RESET_CONSUMER_CLIENT_OFFSET, &notify)
+            .with_body(bytes.clone());
+        r.set_oneway();
+        tokio::spawn(async move {
+            let _ = conn.oneway(r).await;
+        });
+    }
+    tracing::info!(group = %h.group, topic = %h.topic, timestamp = h.timestamp, "consumer offsets reset");
+    ok_json(&body)
+}
+
+/// QUERY_TOPIC_CONSUME_BY_WHO: groups that subscribe to or have offsets for a topic.
+pub fn topic_consumed_by(b: &BrokerInner, req: &RemotingCommand) -> Handled {
+    let h: QueryTopicConsumeByWhoRequestHeader = req.decode_command_header()?;
+    let mut groups: BTreeSet<String> = b
+        .clients
+        .lock()
+        .groups_of_topic(&h.topic)
+        .into_iter()
+        .collect();
+    groups.extend(b.store.groups_of_topic(&h.topic));
+    ok_json(&GroupList { group_list: groups })
+}
+
+/// UPDATE_AND_CREATE_SUBSCRIPTIONGROUP (body: SubscriptionGroupConfig).
+pub fn upsert_group(b: &BrokerInner, req: &RemotingCommand) -> Handled {
+    let config: SubscriptionGroupConfig = req.decode_json_body()?;
+    if config.group_name.is_empty() {
+        return Err(Reject::new(resp::INVALID_PARAMETER, "groupName is empty"));
+    }
+    let mut groups = b.groups.lock();
+    groups.upsert(config, wall_ms());
+    groups.persist().map_err(Reject::system)?;
+    ok()
+}
+
+/// DELETE_SUBSCRIPTIONGROUP.
+pub fn delete_group(b: &BrokerInner, req: &RemotingCommand) -> Handled {
+    let h: DeleteSubscriptionGroupRequestHeader = req.decode_command_header()?;
+    let mut groups = b.groups.lock();
+    groups.remove(&h.group_name, wall_ms());
+    groups.persist().map_err(Reject::system)?;
+    drop(groups);
+    if h.clean_offset {
+        b.store.remove_group_offsets(&h.group_name);
+    }
+    ok()
+}
+
+/// GET_ALL_CONSUMER_OFFSET: `topic@group` -> queue -> offset.
+pub fn all_consumer_offsets(b: &BrokerInner) -> Handled {
+    let groups: BTreeSet<String> = b
+        .groups
+        .lock()
+        .all()
+        .keys()
+        .cloned()
+        .chain(b.clients.lock().group_names())
+        .collect();
+    let mut offset_table: BTreeMap<String, BTreeMap<i32, i64>> = BTreeMap::new();
+    for g in groups {
+        for (topic, q, o) in b.store.offsets_of_group(&g) {
+            offset_table
+                .entry(format!("{topic}@{g}"))
+                .or_default()
+                .insert(q, o);
+        }
+    }
+    ok_json(&ConsumerOffsetSerializeWrapper {
+        data_version: None,
+        offset_table,
+    })
+}

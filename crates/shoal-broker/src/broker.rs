@@ -1,0 +1,537 @@
+//! The broker process: state shared by the request processors, background services, start and
+//! shutdown.
+
+use crate::config::{BrokerConfig, FlushMode};
+use crate::group_config::{GroupTable, SubscriptionGroupConfig};
+use crate::hold::PullHoldTable;
+use crate::lock::QueueLockTable;
+use crate::persist::PersistError;
+use crate::processor::BrokerProcessor;
+use crate::registry::{ClientRegistry, GroupChange};
+use crate::topic::TopicTable;
+use parking_lot::Mutex;
+use shoal_net::{Connection, NetConfig, NotSupportedProcessor, RemotingClient, Server};
+use shoal_proto::body::{
+    ConsumeFromWhere, ConsumeType, MessageModel, RegisterBrokerBody, SubscriptionData,
+};
+use shoal_proto::code::{request_code as rc, response_code as resp};
+use shoal_proto::header::{
+    NotifyConsumerIdsChangedRequestHeader, RegisterBrokerRequestHeader,
+    UnregisterBrokerRequestHeader,
+};
+use shoal_proto::RemotingCommand;
+use shoal_store::{MessageStore, RecoveryReport, StoreConfig};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+use tracing::{info, warn};
+
+/// What a consumer group's heartbeat says about the group as a whole.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConsumerMeta {
+    /// Push (passive) or pull (active).
+    pub consume_type: ConsumeType,
+    /// Clustering or broadcasting.
+    pub message_model: MessageModel,
+    /// Where a new group starts.
+    pub consume_from_where: ConsumeFromWhere,
+}
+
+/// The client registry type of the broker.
+pub type Clients = ClientRegistry<ConsumerMeta, SubscriptionData>;
+
+/// Errors starting a broker.
+#[derive(Debug, thiserror::Error)]
+pub enum BrokerError {
+    /// The configuration is unusable.
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    /// The store could not be opened.
+    #[error("message store: {0}")]
+    Store(#[from] shoal_store::StoreError),
+    /// A config file could not be read.
+    #[error(transparent)]
+    Persist(#[from] PersistError),
+    /// The listen address could not be bound.
+    #[error("broker cannot listen on {addr}: {source}")]
+    Bind {
+        /// Address.
+        addr: String,
+        /// Cause.
+        source: shoal_net::NetError,
+    },
+    /// The announce address is not `ip:port`.
+    #[error("announce address {0:?} is not ip:port")]
+    BadAnnounceAddr(String),
+}
+
+/// Per (group, topic, queue): the last pull (offset and time) for consume stats.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PullMark {
+    /// Offset the last pull asked for.
+    pub offset: i64,
+    /// Wall-clock time of the last pull, ms.
+    pub at_ms: i64,
+}
+
+/// Counters exported by GET_BROKER_RUNTIME_INFO and the metrics endpoint.
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// Messages stored by sends.
+    pub msgs_put: AtomicU64,
+    /// Messages returned by pulls.
+    pub msgs_got: AtomicU64,
+    /// Pulls held by long polling.
+    pub pulls_held: AtomicU64,
+    /// NOTIFY_CONSUMER_IDS_CHANGED sent.
+    pub notifications_sent: AtomicU64,
+}
+
+/// State shared by every processor and service of one broker.
+#[derive(Debug)]
+pub struct BrokerInner {
+    /// Configuration.
+    pub config: BrokerConfig,
+    /// The store.
+    pub store: Arc<MessageStore>,
+    /// Address written into stored messages and offset message ids.
+    pub store_host: SocketAddr,
+    /// Topic table.
+    pub topics: Mutex<TopicTable>,
+    /// Subscription groups.
+    pub groups: Mutex<GroupTable>,
+    /// Consumers and producers.
+    pub clients: Mutex<Clients>,
+    /// Orderly-consumption queue locks.
+    pub locks: Mutex<QueueLockTable>,
+    /// Connections of clients that heartbeated, by connection id.
+    pub connections: Mutex<HashMap<u64, Connection>>,
+    /// Long-polling pulls.
+    pub holds: PullHoldTable,
+    /// Last pull per (group, topic, queue).
+    pub pull_marks: Mutex<HashMap<(String, String, i32), PullMark>>,
+    /// Delay level durations, ms (level n = index n - 1).
+    pub delay_levels_ms: Vec<u64>,
+    /// Wakes the registration task (topic table changed).
+    pub register_now: Notify,
+    /// Wakes the delay-level services (a message was stored in the schedule topic).
+    pub schedule_wakeup: Notify,
+    /// Counters.
+    pub counters: Counters,
+    /// Client used for name servers.
+    pub namesrv_client: RemotingClient,
+    started: Instant,
+    started_wall_ms: i64,
+}
+
+/// Wall-clock milliseconds since the Unix epoch.
+pub fn wall_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+impl BrokerInner {
+    /// Monotonic milliseconds since the broker started (for expiry and lock TTLs).
+    pub fn mono_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    /// When the broker started (wall clock, ms).
+    pub fn started_wall_ms(&self) -> i64 {
+        self.started_wall_ms
+    }
+
+    /// Sends NOTIFY_CONSUMER_IDS_CHANGED to every remaining member of a changed group, unless
+    /// the group is broadcasting or has notifications switched off; releases the queue locks
+    /// of members that left.
+    pub fn apply_group_change(&self, change: &GroupChange) {
+        if !change.left_client_ids.is_empty() {
+            let mut locks = self.locks.lock();
+            for id in &change.left_client_ids {
+                let n = locks.release_client(&change.group, id);
+                if n > 0 {
+                    info!(group = %change.group, client = %id, locks = n, "released the queue locks of a client that left");
+                }
+            }
+        }
+        if let Some(h) = self.clients.lock().health_if_changed(&change.group) {
+            if h.is_healthy() {
+                info!(group = %change.group, "consumer group is consistent again");
+            } else {
+                warn!(group = %change.group, duplicate_client_ids = ?h.duplicate_client_ids, inconsistent_topics = ?h.inconsistent_topics,
+                    "consumer group misconfigured: duplicate client ids or members subscribing differently break queue allocation");
+            }
+        }
+        if !change.needs_notify() {
+            return;
+        }
+        let enabled = self
+            .groups
+            .lock()
+            .get(&change.group)
+            .is_none_or(|g| g.notify_consumer_ids_changed_enable);
+        let broadcasting = self
+            .clients
+            .lock()
+            .group(&change.group)
+            .is_some_and(|g| g.meta.message_model == MessageModel::Broadcasting);
+        if !enabled || broadcasting {
+            return;
+        }
+        let conns: Vec<Connection> = {
+            let map = self.connections.lock();
+            change
+                .notify_conn_ids
+                .iter()
+                .filter_map(|id| map.get(id).cloned())
+                .collect()
+        };
+        let header = NotifyConsumerIdsChangedRequestHeader {
+            consumer_group: change.group.clone(),
+            ..Default::default()
+        };
+        for conn in conns {
+            let mut req =
+                RemotingCommand::request_with_header(rc::NOTIFY_CONSUMER_IDS_CHANGED, &header);
+            req.set_oneway();
+            self.counters
+                .notifications_sent
+                .fetch_add(1, Ordering::Relaxed);
+            tokio::spawn(async move {
+                if let Err(e) = conn.oneway(req).await {
+                    warn!(peer = %conn.peer_addr(), error = %e, "could not notify a consumer of a membership change");
+                }
+            });
+        }
+    }
+
+    /// A client connection closed: its consumers leave their groups at once.
+    pub fn connection_closed(&self, conn_id: u64) {
+        self.connections.lock().remove(&conn_id);
+        let now = self.mono_ms();
+        let changes = self.clients.lock().connection_closed(conn_id, now);
+        for c in &changes {
+            info!(group = %c.group, clients = ?c.left_client_ids, "consumer connection closed: left the group");
+            self.apply_group_change(c);
+        }
+    }
+
+    /// Drops clients whose heartbeats stopped.
+    pub fn expire_clients(&self) {
+        let now = self.mono_ms();
+        let changes = self
+            .clients
+            .lock()
+            .expire(now, self.config.client_expiry_ms);
+        for c in &changes {
+            warn!(group = %c.group, clients = ?c.left_client_ids, "consumer expired: no heartbeat within the expiry time");
+            self.apply_group_change(c);
+        }
+    }
+
+    /// Persists topic and group tables; logs failures (the caller is a timer or shutdown).
+    pub fn persist_configs(&self) {
+        if let Err(e) = self.topics.lock().persist() {
+            warn!(error = %e, "could not persist the topic table");
+        }
+        if let Err(e) = self.groups.lock().persist() {
+            warn!(error = %e, "could not persist the subscription group table");
+        }
+    }
+
+    /// Builds a REGISTER_BROKER request carrying the whole topic table.
+    pub fn register_request(&self) -> RemotingCommand {
+        let body = RegisterBrokerBody {
+            filter_server_list: Vec::new(),
+            topic_config_serialize_wrapper: self.topics.lock().wrapper(),
+        };
+        let bytes = shoal_proto::body::to_json_bytes(&body).unwrap_or_default();
+        let header = RegisterBrokerRequestHeader {
+            broker_name: self.config.broker_name.clone(),
+            broker_addr: self.config.announce_addr().to_string(),
+            cluster_name: self.config.cluster_name.clone(),
+            ha_server_addr: self.config.announce_addr().to_string(),
+            broker_id: self.config.broker_id,
+            heartbeat_timeout_millis: Some(120_000),
+            enable_acting_master: Some(false),
+            compressed: false,
+            body_crc32: shoal_proto::message::body_crc(&bytes) as i32,
+            ..Default::default()
+        };
+        RemotingCommand::request_with_header(rc::REGISTER_BROKER, &header).with_body(bytes)
+    }
+
+    /// Registers with every name server in parallel; returns how many accepted.
+    pub async fn register_all(&self) -> usize {
+        let req = self.register_request();
+        let futs = self.config.namesrv_addrs.iter().map(|addr| {
+            let req = req.clone();
+            async move {
+                match self
+                    .namesrv_client
+                    .invoke(addr, req, Duration::from_secs(3))
+                    .await
+                {
+                    Ok(r) if r.code == resp::SUCCESS => true,
+                    Ok(r) => {
+                        warn!(namesrv = %addr, code = r.code, remark = ?r.remark, "name server refused the registration");
+                        false
+                    }
+                    Err(e) => {
+                        warn!(namesrv = %addr, error = %e, "could not register with a name server");
+                        false
+                    }
+                }
+            }
+        });
+        futures::future::join_all(futs)
+            .await
+            .into_iter()
+            .filter(|ok| *ok)
+            .count()
+    }
+
+    async fn unregister_all(&self) {
+        let header = UnregisterBrokerRequestHeader {
+            broker_name: self.config.broker_name.clone(),
+            broker_addr: self.config.announce_addr().to_string(),
+            cluster_name: self.config.cluster_name.clone(),
+            broker_id: self.config.broker_id,
+            ..Default::default()
+        };
+        let req = RemotingCommand::request_with_header(rc::UNREGISTER_BROKER, &header);
+        let futs = self.config.namesrv_addrs.iter().map(|addr| {
+            let req = req.clone();
+            async move {
+                if let Err(e) = self
+                    .namesrv_client
+                    .invoke(addr, req, Duration::from_secs(3))
+                    .await
+                {
+                    warn!(namesrv = %addr, error = %e, "could not unregister from a name server");
+                }
+            }
+        });
+        futures::future::join_all(futs).await;
+    }
+}
+
+/// A running broker.
+#[derive(Debug)]
+pub struct Broker {
+    inner: Arc<BrokerInner>,
+    server: Server,
+    tasks: Vec<JoinHandle<()>>,
+    recovery: RecoveryReport,
+}
+
+impl Broker {
+    /// Opens the store (recovering it), loads the config tables, binds the port, registers
+    /// with the name servers and starts the background services.
+    pub async fn start(config: BrokerConfig) -> Result<Broker, BrokerError> {
+        config.validate()?;
+        let delay_levels_ms = crate::config::parse_delay_levels(&config.delay_levels)?;
+        // Bind first (the announced address may depend on the port), then attach the processor
+        // once the state it needs exists; requests before that are answered SYSTEM_BUSY.
+        let late = Arc::new(crate::processor::LateProcessor::default());
+        let server = Server::bind_with_config(
+            config.listen_addr.as_str(),
+            late.clone(),
+            NetConfig::default(),
+        )
+        .await
+        .map_err(|source| BrokerError::Bind {
+            addr: config.listen_addr.clone(),
+            source,
+        })?;
+        let bound = server.local_addr();
+        let (inner, recovery) = match Self::assemble(config, bound, delay_levels_ms).await {
+            Ok(parts) => parts,
+            Err(e) => {
+                server.shutdown().await;
+                return Err(e);
+            }
+        };
+        late.set(Arc::new(BrokerProcessor::new(inner.clone())));
+        info!(addr = %server.local_addr(), broker = %inner.config.broker_name, "broker listening");
+
+        let mut tasks = Vec::new();
+        tasks.push(tokio::spawn(register_loop(inner.clone())));
+        tasks.push(tokio::spawn(housekeeping_loop(inner.clone())));
+        tasks.extend(crate::schedule::start(inner.clone()));
+        let registered = inner.register_all().await;
+        if registered == 0 && !inner.config.namesrv_addrs.is_empty() {
+            warn!(
+                "no name server accepted the first registration; retrying every {} ms",
+                inner.config.register_interval_ms
+            );
+        }
+        Ok(Broker {
+            inner,
+            server,
+            tasks,
+            recovery,
+        })
+    }
+
+    /// Opens the store and config tables and builds the shared state.
+    async fn assemble(
+        config: BrokerConfig,
+        bound: SocketAddr,
+        delay_levels_ms: Vec<u64>,
+    ) -> Result<(Arc<BrokerInner>, RecoveryReport), BrokerError> {
+        let mut config = config;
+        if config.announce_addr.is_none() {
+            config.announce_addr = Some(bound.to_string());
+        }
+        let store_host: SocketAddr = config
+            .announce_addr()
+            .parse()
+            .map_err(|_| BrokerError::BadAnnounceAddr(config.announce_addr().to_string()))?;
+
+        let mut store_cfg = StoreConfig::new(config.data_dir.join("store"));
+        store_cfg.commit_log_segment_size = config.commit_log_segment_bytes;
+        store_cfg.flush_mode = match config.flush_mode {
+            FlushMode::Async => shoal_store::FlushMode::Async,
+            FlushMode::Sync => shoal_store::FlushMode::Sync,
+        };
+        store_cfg.flush_interval = Duration::from_millis(config.flush_interval_ms);
+        store_cfg.sync_flush_timeout = Duration::from_millis(config.sync_flush_timeout_ms);
+        store_cfg.retention = Duration::from_secs(config.retention_hours * 3600);
+        store_cfg.max_message_size = config.max_message_bytes + 64 * 1024;
+        store_cfg.offsets_persist_interval = Duration::from_millis(config.offset_flush_interval_ms);
+        store_cfg.store_host = store_host;
+        let (store, recovery) = tokio::task::spawn_blocking(move || MessageStore::open(store_cfg))
+            .await
+            .map_err(|e| {
+                shoal_store::StoreError::InvalidArgument(format!("store open task failed: {e}"))
+            })??;
+        if recovery.truncated_bytes > 0 || recovery.abnormal_shutdown {
+            warn!(report = ?recovery, "store recovered after an abnormal shutdown");
+        } else {
+            info!(end = recovery.commit_log_end, "store opened");
+        }
+        let store = Arc::new(store);
+
+        let now = wall_ms();
+        let config_dir = config.data_dir.join("config");
+        let topics = TopicTable::open(
+            Some(config_dir.join("topics.json")),
+            delay_levels_ms.len(),
+            config.auto_create_topic,
+            config.default_topic_queue_nums,
+            now,
+        )?;
+        let group_defaults = SubscriptionGroupConfig {
+            retry_queue_nums: config.retry_queue_nums,
+            retry_max_times: config.max_reconsume_times,
+            ..SubscriptionGroupConfig::default()
+        };
+        let groups = GroupTable::open(
+            Some(config_dir.join("subscriptionGroup.json")),
+            group_defaults,
+        )?;
+
+        let inner = Arc::new(BrokerInner {
+            store_host,
+            store: store.clone(),
+            topics: Mutex::new(topics),
+            groups: Mutex::new(groups),
+            clients: Mutex::new(ClientRegistry::new()),
+            locks: Mutex::new(QueueLockTable::new(config.lock_ttl_ms)),
+            connections: Mutex::new(HashMap::new()),
+            holds: PullHoldTable::default(),
+            pull_marks: Mutex::new(HashMap::new()),
+            delay_levels_ms,
+            register_now: Notify::new(),
+            schedule_wakeup: Notify::new(),
+            counters: Counters::default(),
+            namesrv_client: RemotingClient::new(
+                NetConfig::default(),
+                Arc::new(NotSupportedProcessor),
+            ),
+            started: Instant::now(),
+            started_wall_ms: now,
+            config,
+        });
+        inner.persist_configs();
+
+        // Long polling and the delay services hear about every stored message.
+        let weak = Arc::downgrade(&inner);
+        store.add_arrival_listener(Arc::new(move |arrival| {
+            if let Some(b) = weak.upgrade() {
+                b.holds.notify(arrival);
+                if arrival.topic == shoal_proto::constants::SCHEDULE_TOPIC {
+                    b.schedule_wakeup.notify_waiters();
+                }
+            }
+        }));
+
+        Ok((inner, recovery))
+    }
+
+    /// The address the broker listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.server.local_addr()
+    }
+
+    /// Shared state (for tests and `shoal dev`).
+    pub fn inner(&self) -> &Arc<BrokerInner> {
+        &self.inner
+    }
+
+    /// What store recovery found at start.
+    pub fn recovery_report(&self) -> &RecoveryReport {
+        &self.recovery
+    }
+
+    /// Unregisters from the name servers, stops serving, and closes the store cleanly
+    /// (offsets and config tables flushed).
+    pub async fn shutdown(self) {
+        self.inner.unregister_all().await;
+        for t in &self.tasks {
+            t.abort();
+        }
+        self.server.shutdown().await;
+        self.inner.persist_configs();
+        self.inner.namesrv_client.shutdown();
+        let store = self.inner.store.clone();
+        match tokio::task::spawn_blocking(move || store.shutdown()).await {
+            Ok(Ok(())) => info!("broker stopped cleanly"),
+            Ok(Err(e)) => warn!(error = %e, "store shutdown failed"),
+            Err(e) => warn!(error = %e, "store shutdown task failed"),
+        }
+    }
+}
+
+async fn register_loop(inner: Arc<BrokerInner>) {
+    let interval = Duration::from_millis(inner.config.register_interval_ms.max(100));
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(interval) => {}
+            _ = inner.register_now.notified() => {}
+        }
+        inner.register_all().await;
+    }
+}
+
+async fn housekeeping_loop(inner: Arc<BrokerInner>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut n: u64 = 0;
+    loop {
+        tick.tick().await;
+        n += 1;
+        inner.expire_clients();
+        if n % 10 == 0 {
+            let i = inner.clone();
+            let _ = tokio::task::spawn_blocking(move || i.persist_configs()).await;
+        }
+    }
+}

@@ -1,0 +1,176 @@
+//! HEART_BEAT, UNREGISTER_CLIENT, GET_CONSUMER_LIST_BY_GROUP, LOCK_BATCH_MQ, UNLOCK_BATCH_MQ.
+
+use crate::broker::{wall_ms, BrokerInner, ConsumerMeta};
+use crate::processor::{ok, ok_json, Handled, Reject};
+use crate::registry::ClientChannel;
+use shoal_net::RequestContext;
+use shoal_proto::body::{
+    GetConsumerListByGroupResponseBody, HeartbeatData, LockBatchRequestBody, LockBatchResponseBody,
+    UnlockBatchRequestBody,
+};
+use shoal_proto::code::response_code as resp;
+use shoal_proto::constants::{perm, retry_topic};
+use shoal_proto::header::{GetConsumerListByGroupRequestHeader, UnregisterClientRequestHeader};
+use shoal_proto::RemotingCommand;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use tracing::{info, warn};
+
+/// HEART_BEAT: registers producers and consumers of a client connection.
+pub fn heartbeat(b: &Arc<BrokerInner>, ctx: &RequestContext, req: &RemotingCommand) -> Handled {
+    let data: HeartbeatData = req.decode_json_body()?;
+    if data.client_id.is_empty() {
+        return Err(Reject::new(
+            resp::SYSTEM_ERROR,
+            "heartbeat without clientID",
+        ));
+    }
+    let conn = ctx.connection().clone();
+    let conn_id = conn.id();
+    b.connections.lock().insert(conn_id, conn);
+    let channel = ClientChannel {
+        conn_id,
+        client_id: data.client_id.clone(),
+        client_addr: ctx.peer_addr().to_string(),
+        language: req.language.name().to_string(),
+        version: req.version,
+    };
+    let now = b.mono_ms();
+    let mut any_sub_change = false;
+    for consumer in &data.consumer_data_set {
+        let group = consumer.group_name.clone();
+        if group.is_empty() {
+            continue;
+        }
+        let group_config = if b.config.auto_create_subscription_group {
+            let (c, created) = b.groups.lock().ensure(&group, wall_ms());
+            if created {
+                info!(group = %group, "subscription group auto-created on first heartbeat");
+            }
+            Some(c)
+        } else {
+            b.groups.lock().get(&group).cloned()
+        };
+        let Some(group_config) = group_config else {
+            warn!(group = %group, client = %data.client_id, "heartbeat for an unknown subscription group ignored (auto-create is off)");
+            continue;
+        };
+        if group_config.retry_queue_nums > 0 {
+            let retry = retry_topic(&group);
+            let mut topics = b.topics.lock();
+            if topics.get(&retry).is_none() {
+                if let Err(e) = topics.ensure(
+                    &retry,
+                    group_config.retry_queue_nums,
+                    perm::PERM_READ_WRITE,
+                    wall_ms(),
+                ) {
+                    warn!(topic = %retry, error = %e, "could not create the retry topic");
+                } else {
+                    b.register_now.notify_one();
+                }
+            }
+        }
+        let meta = ConsumerMeta {
+            consume_type: consumer.consume_type,
+            message_model: consumer.message_model,
+            consume_from_where: consumer.consume_from_where,
+        };
+        let subs: BTreeMap<String, _> = if data.without_sub {
+            b.clients
+                .lock()
+                .member_subscriptions(&group, conn_id)
+                .unwrap_or_default()
+        } else {
+            consumer
+                .subscription_data_set
+                .iter()
+                .map(|s| (s.topic.clone(), s.clone()))
+                .collect()
+        };
+        let change = b
+            .clients
+            .lock()
+            .consumer_heartbeat(&group, channel.clone(), meta, subs, now);
+        if change.membership_changed {
+            info!(group = %group, client = %data.client_id, "consumer joined or changed connection");
+        }
+        any_sub_change |= change.subscription_changed;
+        b.apply_group_change(&change);
+    }
+    for producer in &data.producer_data_set {
+        if !producer.group_name.is_empty() {
+            b.clients
+                .lock()
+                .producer_heartbeat(&producer.group_name, channel.clone(), now);
+        }
+    }
+    let mut r = RemotingCommand::response(resp::SUCCESS, None);
+    let mut ext = shoal_proto::command::ExtFields::new();
+    ext.insert("IS_SUPPORT_HEART_BEAT_V2".into(), "false".into());
+    ext.insert("IS_SUB_CHANGE".into(), any_sub_change.to_string());
+    r.ext_fields = Some(ext);
+    Ok(Some(r))
+}
+
+/// UNREGISTER_CLIENT: a client leaves a producer and/or consumer group.
+pub fn unregister_client(
+    b: &Arc<BrokerInner>,
+    ctx: &RequestContext,
+    req: &RemotingCommand,
+) -> Handled {
+    let h: UnregisterClientRequestHeader = req.decode_command_header()?;
+    let conn_id = ctx.connection().id();
+    if let Some(g) = h.producer_group.as_deref().filter(|g| !g.is_empty()) {
+        b.clients.lock().unregister_producer(g, conn_id);
+    }
+    if let Some(g) = h.consumer_group.as_deref().filter(|g| !g.is_empty()) {
+        let now = b.mono_ms();
+        let change = b
+            .clients
+            .lock()
+            .unregister_consumer(g, &h.client_id, conn_id, now);
+        if let Some(change) = change {
+            info!(group = %g, client = %h.client_id, "consumer unregistered");
+            b.apply_group_change(&change);
+        }
+    }
+    ok()
+}
+
+/// GET_CONSUMER_LIST_BY_GROUP: the group's client ids (SUCCESS always carries a body).
+pub fn consumer_list(b: &BrokerInner, req: &RemotingCommand) -> Handled {
+    let h: GetConsumerListByGroupRequestHeader = req.decode_command_header()?;
+    let ids = b.clients.lock().client_ids(&h.consumer_group);
+    if ids.is_empty() {
+        return Err(Reject::new(
+            resp::SYSTEM_ERROR,
+            format!("no consumer for this group, {}", h.consumer_group),
+        ));
+    }
+    ok_json(&GetConsumerListByGroupResponseBody {
+        consumer_id_list: ids,
+    })
+}
+
+/// LOCK_BATCH_MQ: takes or renews the queue locks a client asks for; answers those it holds.
+pub fn lock_batch(b: &BrokerInner, req: &RemotingCommand) -> Handled {
+    let body: LockBatchRequestBody = req.decode_json_body()?;
+    let now = b.mono_ms();
+    let locked =
+        b.locks
+            .lock()
+            .lock_batch(&body.consumer_group, &body.mq_set, &body.client_id, now);
+    ok_json(&LockBatchResponseBody {
+        lock_ok_mq_set: locked.into_iter().collect(),
+    })
+}
+
+/// UNLOCK_BATCH_MQ: releases queue locks the client holds.
+pub fn unlock_batch(b: &BrokerInner, req: &RemotingCommand) -> Handled {
+    let body: UnlockBatchRequestBody = req.decode_json_body()?;
+    b.locks
+        .lock()
+        .unlock_batch(&body.consumer_group, &body.mq_set, &body.client_id);
+    ok()
+}

@@ -1,0 +1,186 @@
+//! Long polling: pulls that found nothing wait here until a matching message is stored or
+//! their suspend time runs out (RocketMQ's `PullRequestHoldService`, but woken at the moment
+//! of store rather than by a periodic scan).
+
+use parking_lot::Mutex;
+use shoal_proto::body::SubscriptionData;
+use shoal_store::MessageArrival;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use tokio::sync::oneshot;
+
+struct Held {
+    id: u64,
+    /// The pull's requested offset: a message at or after it wakes the pull.
+    offset: u64,
+    filter: Option<SubscriptionData>,
+    wake: oneshot::Sender<()>,
+}
+
+/// Held pulls by (topic, queue id).
+#[derive(Default)]
+pub struct PullHoldTable {
+    held: Mutex<HashMap<(String, i32), Vec<Held>>>,
+    next_id: AtomicU64,
+}
+
+impl std::fmt::Debug for PullHoldTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PullHoldTable")
+            .field("held", &self.len())
+            .finish()
+    }
+}
+
+/// A registered hold: await [`HoldTicket::wait`], then re-run the pull.
+#[derive(Debug)]
+pub struct HoldTicket {
+    id: u64,
+    key: (String, i32),
+    rx: oneshot::Receiver<()>,
+}
+
+impl PullHoldTable {
+    /// Holds a pull of (topic, queue) at `offset`, woken by a message that passes `filter`.
+    pub fn hold(
+        &self,
+        topic: &str,
+        queue_id: i32,
+        offset: u64,
+        filter: Option<SubscriptionData>,
+    ) -> HoldTicket {
+        let (tx, rx) = oneshot::channel();
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let key = (topic.to_string(), queue_id);
+        self.held.lock().entry(key.clone()).or_default().push(Held {
+            id,
+            offset,
+            filter,
+            wake: tx,
+        });
+        HoldTicket { id, key, rx }
+    }
+
+    /// A message was stored: wake the holds it satisfies.
+    pub fn notify(&self, arrival: &MessageArrival) {
+        let mut map = self.held.lock();
+        let key = (arrival.topic.clone(), arrival.queue_id);
+        let Some(list) = map.get_mut(&key) else {
+            return;
+        };
+        let mut i = 0;
+        while i < list.len() {
+            let h = &list[i];
+            let matches = arrival.queue_offset >= h.offset
+                && h.filter
+                    .as_ref()
+                    .is_none_or(|f| f.matches_tags_code(arrival.tag_code));
+            if matches {
+                let h = list.swap_remove(i);
+                let _ = h.wake.send(());
+            } else {
+                i += 1;
+            }
+        }
+        if list.is_empty() {
+            map.remove(&key);
+        }
+    }
+
+    /// Wakes every hold of a queue whose offset is now below `max_offset` (closes the race
+    /// between "nothing found" and registering the hold).
+    pub fn recheck(&self, topic: &str, queue_id: i32, max_offset: u64) {
+        let mut map = self.held.lock();
+        let key = (topic.to_string(), queue_id);
+        if let Some(list) = map.get_mut(&key) {
+            let (wake, keep): (Vec<Held>, Vec<Held>) = std::mem::take(list)
+                .into_iter()
+                .partition(|h| h.offset < max_offset);
+            *list = keep;
+            for h in wake {
+                let _ = h.wake.send(());
+            }
+            if list.is_empty() {
+                map.remove(&key);
+            }
+        }
+    }
+
+    fn cancel(&self, ticket_id: u64, key: &(String, i32)) {
+        let mut map = self.held.lock();
+        if let Some(list) = map.get_mut(key) {
+            list.retain(|h| h.id != ticket_id);
+            if list.is_empty() {
+                map.remove(key);
+            }
+        }
+    }
+
+    /// Number of held pulls.
+    pub fn len(&self) -> usize {
+        self.held.lock().values().map(Vec::len).sum()
+    }
+
+    /// True when nothing is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Waits until the ticket is woken or `timeout` passes; the hold is removed either way.
+    /// Returns true when woken by a message.
+    pub async fn wait(&self, ticket: HoldTicket, timeout: std::time::Duration) -> bool {
+        let HoldTicket { id, key, rx } = ticket;
+        let woken = matches!(tokio::time::timeout(timeout, rx).await, Ok(Ok(())));
+        if !woken {
+            self.cancel(id, &key);
+        }
+        woken
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn arrival(offset: u64, tag_code: i64) -> MessageArrival {
+        MessageArrival {
+            topic: "T".into(),
+            queue_id: 0,
+            queue_offset: offset,
+            tag_code,
+            store_timestamp: 0,
+        }
+    }
+
+    #[tokio::test]
+    async fn wakes_on_matching_arrival_only() {
+        let t = PullHoldTable::default();
+        let filter = SubscriptionData::from_tag_expression("T", "tagA", 0);
+        let ticket = t.hold("T", 0, 5, Some(filter));
+        t.notify(&arrival(4, shoal_proto::hash::tags_code(Some("tagA"))));
+        t.notify(&arrival(5, shoal_proto::hash::tags_code(Some("tagB"))));
+        assert_eq!(t.len(), 1);
+        t.notify(&arrival(6, shoal_proto::hash::tags_code(Some("tagA"))));
+        assert!(t.is_empty());
+        assert!(t.wait(ticket, Duration::from_secs(1)).await);
+    }
+
+    #[tokio::test]
+    async fn times_out_and_cleans_up() {
+        let t = PullHoldTable::default();
+        let ticket = t.hold("T", 0, 0, None);
+        assert!(!t.wait(ticket, Duration::from_millis(20)).await);
+        assert!(t.is_empty());
+    }
+
+    #[tokio::test]
+    async fn recheck_wakes_holds_behind_max() {
+        let t = PullHoldTable::default();
+        let a = t.hold("T", 0, 3, None);
+        let _b = t.hold("T", 0, 9, None);
+        t.recheck("T", 0, 4);
+        assert_eq!(t.len(), 1);
+        assert!(t.wait(a, Duration::from_secs(1)).await);
+    }
+}

@@ -1,0 +1,173 @@
+//! Offsets and lookups: QUERY_CONSUMER_OFFSET, UPDATE_CONSUMER_OFFSET, GET_MAX_OFFSET,
+//! GET_MIN_OFFSET, SEARCH_OFFSET_BY_TIMESTAMP, GET_EARLIEST_MSG_STORETIME, VIEW_MESSAGE_BY_ID,
+//! QUERY_MESSAGE.
+
+use crate::broker::BrokerInner;
+use crate::processor::{blocking, ok, Handled, Reject};
+use shoal_proto::code::response_code as resp;
+use shoal_proto::header::{
+    BoundaryType, GetEarliestMsgStoretimeRequestHeader, GetEarliestMsgStoretimeResponseHeader,
+    GetMaxOffsetRequestHeader, GetMaxOffsetResponseHeader, GetMinOffsetRequestHeader,
+    GetMinOffsetResponseHeader, QueryConsumerOffsetRequestHeader,
+    QueryConsumerOffsetResponseHeader, QueryMessageRequestHeader, QueryMessageResponseHeader,
+    SearchOffsetRequestHeader, SearchOffsetResponseHeader, UpdateConsumerOffsetRequestHeader,
+    ViewMessageByIdRequestHeader,
+};
+use shoal_proto::RemotingCommand;
+use std::sync::Arc;
+
+fn with_header<H: shoal_proto::header::CommandHeader>(h: &H) -> Handled {
+    Ok(Some(
+        RemotingCommand::response(resp::SUCCESS, None).with_header(h),
+    ))
+}
+
+/// QUERY_CONSUMER_OFFSET (spec 2.3): the stored offset; without one, 0 when the queue still
+/// starts at 0 unless the client asked `setZeroIfNotFound=false`, else QUERY_NOT_FOUND.
+pub fn query_consumer_offset(b: &BrokerInner, req: &RemotingCommand) -> Handled {
+    let h: QueryConsumerOffsetRequestHeader = req.decode_command_header()?;
+    if let Some(offset) = b
+        .store
+        .query_offset(&h.consumer_group, &h.topic, h.queue_id)
+    {
+        return with_header(&QueryConsumerOffsetResponseHeader { offset });
+    }
+    if h.set_zero_if_not_found != Some(false) && b.store.min_offset(&h.topic, h.queue_id) == 0 {
+        return with_header(&QueryConsumerOffsetResponseHeader { offset: 0 });
+    }
+    Err(Reject::new(
+        resp::QUERY_NOT_FOUND,
+        "Not found, do not set to zero, maybe this group boot first",
+    ))
+}
+
+/// UPDATE_CONSUMER_OFFSET: stores the group's next offset for a queue.
+pub fn update_consumer_offset(b: &BrokerInner, req: &RemotingCommand) -> Handled {
+    let h: UpdateConsumerOffsetRequestHeader = req.decode_command_header()?;
+    if b.topics.lock().get(&h.topic).is_none() {
+        return Err(Reject::new(
+            resp::TOPIC_NOT_EXIST,
+            format!("topic[{}] not exist, apply first please!", h.topic),
+        ));
+    }
+    if h.commit_offset < 0 {
+        return Err(Reject::new(
+            resp::INVALID_PARAMETER,
+            format!("commitOffset {} is negative", h.commit_offset),
+        ));
+    }
+    b.store
+        .commit_offset(&h.consumer_group, &h.topic, h.queue_id, h.commit_offset);
+    ok()
+}
+
+/// GET_MAX_OFFSET: the next offset to be written in a queue.
+pub fn get_max_offset(b: &BrokerInner, req: &RemotingCommand) -> Handled {
+    let h: GetMaxOffsetRequestHeader = req.decode_command_header()?;
+    let offset = b.store.max_offset(&h.topic, h.queue_id) as i64;
+    with_header(&GetMaxOffsetResponseHeader { offset })
+}
+
+/// GET_MIN_OFFSET: the smallest offset still stored in a queue.
+pub fn get_min_offset(b: &BrokerInner, req: &RemotingCommand) -> Handled {
+    let h: GetMinOffsetRequestHeader = req.decode_command_header()?;
+    let offset = b.store.min_offset(&h.topic, h.queue_id) as i64;
+    with_header(&GetMinOffsetResponseHeader { offset })
+}
+
+/// SEARCH_OFFSET_BY_TIMESTAMP: binary search of a queue by store time.
+pub async fn search_offset(b: &Arc<BrokerInner>, req: &RemotingCommand) -> Handled {
+    let h: SearchOffsetRequestHeader = req.decode_command_header()?;
+    let store = b.store.clone();
+    let boundary = match h.boundary_type.unwrap_or_default() {
+        BoundaryType::Lower => shoal_store::BoundaryType::Lower,
+        BoundaryType::Upper => shoal_store::BoundaryType::Upper,
+    };
+    let offset = blocking(move || {
+        store
+            .offset_by_timestamp(&h.topic, h.queue_id, h.timestamp, boundary)
+            .map_err(Reject::system)
+    })
+    .await?;
+    with_header(&SearchOffsetResponseHeader {
+        offset: offset as i64,
+    })
+}
+
+/// GET_EARLIEST_MSG_STORETIME: store time of a queue's first message.
+pub async fn earliest_store_time(b: &Arc<BrokerInner>, req: &RemotingCommand) -> Handled {
+    let h: GetEarliestMsgStoretimeRequestHeader = req.decode_command_header()?;
+    let store = b.store.clone();
+    let ts = blocking(move || {
+        store
+            .earliest_store_time(&h.topic, h.queue_id)
+            .map_err(Reject::system)
+    })
+    .await?;
+    with_header(&GetEarliestMsgStoretimeResponseHeader {
+        timestamp: ts.unwrap_or(-1),
+    })
+}
+
+/// VIEW_MESSAGE_BY_ID: the stored record at a commit log offset.
+pub async fn view_message_by_id(b: &Arc<BrokerInner>, req: &RemotingCommand) -> Handled {
+    let h: ViewMessageByIdRequestHeader = req.decode_command_header()?;
+    if h.offset < 0 {
+        return Err(Reject::new(
+            resp::SYSTEM_ERROR,
+            format!("can not find message by the offset, {}", h.offset),
+        ));
+    }
+    let store = b.store.clone();
+    let offset = h.offset as u64;
+    let record = blocking(move || {
+        store
+            .message_by_physical_offset(offset)
+            .map_err(Reject::system)
+    })
+    .await?;
+    match record {
+        Some(bytes) => Ok(Some(
+            RemotingCommand::response(resp::SUCCESS, None).with_body(bytes),
+        )),
+        None => Err(Reject::new(
+            resp::SYSTEM_ERROR,
+            format!("can not find message by the offset, {}", h.offset),
+        )),
+    }
+}
+
+/// QUERY_MESSAGE: messages by key (or by UNIQ_KEY when `_UNIQUE_KEY_QUERY` is true).
+pub async fn query_message(b: &Arc<BrokerInner>, req: &RemotingCommand) -> Handled {
+    let h: QueryMessageRequestHeader = req.decode_command_header()?;
+    let store = b.store.clone();
+    let max = h.max_num.clamp(1, 64) as usize;
+    let records = blocking(move || {
+        let r = if h.unique_key_query == Some(true) {
+            store.query_by_uniq_key(&h.topic, &h.key)
+        } else {
+            store.query_by_key(&h.topic, &h.key, max, h.begin_timestamp, h.end_timestamp)
+        };
+        r.map_err(Reject::system)
+    })
+    .await?;
+    if records.is_empty() {
+        return Err(Reject::new(
+            resp::QUERY_NOT_FOUND,
+            "can not find message, maybe time range not correct",
+        ));
+    }
+    let mut body = Vec::with_capacity(records.iter().map(|r| r.len()).sum());
+    for r in &records {
+        body.extend_from_slice(r);
+    }
+    let header = QueryMessageResponseHeader {
+        index_last_update_timestamp: crate::broker::wall_ms(),
+        index_last_update_phyoffset: b.store.commit_log_max_offset() as i64,
+    };
+    Ok(Some(
+        RemotingCommand::response(resp::SUCCESS, None)
+            .with_header(&header)
+            .with_body(body),
+    ))
+}

@@ -1,0 +1,195 @@
+//! Request dispatch: one [`BrokerProcessor`] routes each request code to its handler.
+
+use crate::broker::BrokerInner;
+use futures::future::BoxFuture;
+use shoal_net::{request_code_not_supported, Connection, ProcessResult, Processor, RequestContext};
+use shoal_proto::code::{request_code as rc, response_code as resp};
+use shoal_proto::RemotingCommand;
+use std::sync::{Arc, OnceLock};
+
+/// A refusal: response code and remark.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reject {
+    /// Response code.
+    pub code: i32,
+    /// Remark naming the problem.
+    pub remark: String,
+}
+
+impl Reject {
+    /// A refusal with `code` and `remark`.
+    pub fn new(code: i32, remark: impl Into<String>) -> Self {
+        Self {
+            code,
+            remark: remark.into(),
+        }
+    }
+
+    /// SYSTEM_ERROR with the error's text (bad header, bad body, store failure).
+    pub fn system(e: impl std::fmt::Display) -> Self {
+        Self::new(resp::SYSTEM_ERROR, e.to_string())
+    }
+}
+
+impl From<shoal_proto::ProtoError> for Reject {
+    fn from(e: shoal_proto::ProtoError) -> Self {
+        Reject::system(e)
+    }
+}
+
+/// What a handler returns: a response now, nothing now (oneway, or answered later), or a
+/// refusal.
+pub type Handled = Result<Option<RemotingCommand>, Reject>;
+
+/// Success with no header fields and no body.
+pub fn ok() -> Handled {
+    Ok(Some(RemotingCommand::response(resp::SUCCESS, None)))
+}
+
+/// Success with a JSON body.
+pub fn ok_json<T: serde::Serialize>(value: &T) -> Handled {
+    let body = shoal_proto::body::to_json_bytes(value)?;
+    Ok(Some(
+        RemotingCommand::response(resp::SUCCESS, None).with_body(body),
+    ))
+}
+
+/// Runs blocking store work off the async threads.
+pub async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, Reject> + Send + 'static,
+) -> Result<T, Reject> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Reject::system(format!("store task failed: {e}")))?
+}
+
+/// The broker's request processor.
+#[derive(Debug)]
+pub struct BrokerProcessor {
+    inner: Arc<BrokerInner>,
+}
+
+impl BrokerProcessor {
+    /// A processor over the broker's shared state.
+    pub fn new(inner: Arc<BrokerInner>) -> Self {
+        Self { inner }
+    }
+
+    async fn dispatch(&self, ctx: &RequestContext, req: &RemotingCommand) -> Option<Handled> {
+        let b = &self.inner;
+        Some(match req.code {
+            rc::SEND_MESSAGE | rc::SEND_MESSAGE_V2 | rc::SEND_BATCH_MESSAGE => {
+                crate::send::send_message(b, ctx, req).await
+            }
+            rc::PULL_MESSAGE | rc::LITE_PULL_MESSAGE => {
+                crate::pull::pull_message(b, ctx, req).await
+            }
+            rc::HEART_BEAT => crate::client::heartbeat(b, ctx, req),
+            rc::UNREGISTER_CLIENT => crate::client::unregister_client(b, ctx, req),
+            rc::GET_CONSUMER_LIST_BY_GROUP => crate::client::consumer_list(b, req),
+            rc::LOCK_BATCH_MQ => crate::client::lock_batch(b, req),
+            rc::UNLOCK_BATCH_MQ => crate::client::unlock_batch(b, req),
+            rc::QUERY_CONSUMER_OFFSET => crate::offsets::query_consumer_offset(b, req),
+            rc::UPDATE_CONSUMER_OFFSET => crate::offsets::update_consumer_offset(b, req),
+            rc::GET_MAX_OFFSET => crate::offsets::get_max_offset(b, req),
+            rc::GET_MIN_OFFSET => crate::offsets::get_min_offset(b, req),
+            rc::SEARCH_OFFSET_BY_TIMESTAMP => crate::offsets::search_offset(b, req).await,
+            rc::GET_EARLIEST_MSG_STORETIME => crate::offsets::earliest_store_time(b, req).await,
+            rc::VIEW_MESSAGE_BY_ID => crate::offsets::view_message_by_id(b, req).await,
+            rc::QUERY_MESSAGE => crate::offsets::query_message(b, req).await,
+            rc::CONSUMER_SEND_MSG_BACK => crate::retry::consumer_send_msg_back(b, ctx, req).await,
+            rc::CHECK_CLIENT_CONFIG => ok(),
+            rc::UPDATE_AND_CREATE_TOPIC => crate::admin::create_topic(b, req),
+            rc::DELETE_TOPIC_IN_BROKER => crate::admin::delete_topic(b, req).await,
+            rc::GET_ALL_TOPIC_CONFIG => crate::admin::all_topic_config(b),
+            rc::GET_TOPIC_STATS_INFO => crate::admin::topic_stats(b, req).await,
+            rc::GET_CONSUMER_CONNECTION_LIST => crate::admin::consumer_connections(b, req),
+            rc::GET_CONSUME_STATS => crate::admin::consume_stats(b, req).await,
+            rc::GET_CONSUMER_RUNNING_INFO => crate::admin::forward_to_client(b, req).await,
+            rc::CONSUME_MESSAGE_DIRECTLY => crate::admin::consume_message_directly(b, req).await,
+            rc::GET_BROKER_RUNTIME_INFO => crate::admin::runtime_info(b),
+            rc::INVOKE_BROKER_TO_RESET_OFFSET => crate::admin::reset_offset(b, req).await,
+            rc::QUERY_TOPIC_CONSUME_BY_WHO => crate::admin::topic_consumed_by(b, req),
+            rc::GET_ALL_SUBSCRIPTIONGROUP_CONFIG => ok_json(b.groups.lock().wrapper()),
+            rc::UPDATE_AND_CREATE_SUBSCRIPTIONGROUP => crate::admin::upsert_group(b, req),
+            rc::DELETE_SUBSCRIPTIONGROUP => crate::admin::delete_group(b, req),
+            rc::GET_ALL_CONSUMER_OFFSET => crate::admin::all_consumer_offsets(b),
+            _ => return None,
+        })
+    }
+}
+
+impl Processor for BrokerProcessor {
+    fn process<'a>(
+        &'a self,
+        ctx: RequestContext,
+        request: RemotingCommand,
+    ) -> BoxFuture<'a, ProcessResult> {
+        Box::pin(async move {
+            let response = match self.dispatch(&ctx, &request).await {
+                None => Some(request_code_not_supported(&request)),
+                Some(Ok(r)) => r,
+                Some(Err(reject)) => {
+                    Some(RemotingCommand::response(reject.code, Some(reject.remark)))
+                }
+            };
+            Ok(response)
+        })
+    }
+
+    fn on_connection_close(&self, conn: &Connection) {
+        self.inner.connection_closed(conn.id());
+    }
+}
+
+/// A processor attached after the server is bound (the broker's state needs the bound
+/// address). Until then every request is answered SYSTEM_BUSY, which clients retry.
+#[derive(Default)]
+pub struct LateProcessor {
+    target: OnceLock<Arc<dyn Processor>>,
+}
+
+impl std::fmt::Debug for LateProcessor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LateProcessor")
+            .field("attached", &self.target.get().is_some())
+            .finish()
+    }
+}
+
+impl LateProcessor {
+    /// Attaches the real processor (once).
+    pub fn set(&self, p: Arc<dyn Processor>) {
+        let _ = self.target.set(p);
+    }
+}
+
+impl Processor for LateProcessor {
+    fn process<'a>(
+        &'a self,
+        ctx: RequestContext,
+        request: RemotingCommand,
+    ) -> BoxFuture<'a, ProcessResult> {
+        match self.target.get() {
+            Some(p) => p.process(ctx, request),
+            None => Box::pin(async move {
+                Ok(Some(RemotingCommand::response(
+                    resp::SYSTEM_BUSY,
+                    Some("[REJECTREQUEST]broker is starting, try again later".into()),
+                )))
+            }),
+        }
+    }
+
+    fn on_connection_open(&self, conn: &Connection) {
+        if let Some(p) = self.target.get() {
+            p.on_connection_open(conn);
+        }
+    }
+
+    fn on_connection_close(&self, conn: &Connection) {
+        if let Some(p) = self.target.get() {
+            p.on_connection_close(conn);
+        }
+    }
+}

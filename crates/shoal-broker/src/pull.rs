@@ -1,0 +1,248 @@
+//! PULL_MESSAGE and LITE_PULL_MESSAGE (spec 5.2), with long polling.
+
+use crate::broker::{wall_ms, BrokerInner, PullMark};
+use crate::processor::{blocking, Handled, Reject};
+use shoal_net::RequestContext;
+use shoal_proto::body::{ExpressionType, MessageModel, SubscriptionData};
+use shoal_proto::code::response_code as resp;
+use shoal_proto::constants::{perm, pull_sys_flag};
+use shoal_proto::header::{PullMessageRequestHeader, PullMessageResponseHeader};
+use shoal_proto::RemotingCommand;
+use shoal_store::{GetMessageResult, GetMessageStatus};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Largest number of bytes one pull answer carries when the client does not say.
+const DEFAULT_MAX_MSG_BYTES: usize = 4 * 1024 * 1024;
+
+/// A validated pull, ready to run against the store (again, after a wake-up).
+struct PullPlan {
+    header: PullMessageRequestHeader,
+    filter: Option<SubscriptionData>,
+}
+
+/// Handles a pull: validates it, commits the piggy-backed offset, reads, and either answers
+/// or holds the request until a matching message arrives.
+pub async fn pull_message(
+    b: &Arc<BrokerInner>,
+    ctx: &RequestContext,
+    req: &RemotingCommand,
+) -> Handled {
+    let h: PullMessageRequestHeader = req.decode_command_header()?;
+    let plan = validate(b, ctx, h)?;
+    let h = &plan.header;
+    if h.sys_flag & pull_sys_flag::COMMIT_OFFSET != 0 && h.commit_offset >= 0 {
+        b.store
+            .commit_offset(&h.consumer_group, &h.topic, h.queue_id, h.commit_offset);
+    }
+    b.pull_marks.lock().insert(
+        (h.consumer_group.clone(), h.topic.clone(), h.queue_id),
+        PullMark {
+            offset: h.queue_offset,
+            at_ms: wall_ms(),
+        },
+    );
+    let result = read(b, &plan).await?;
+    let may_suspend = h.sys_flag & pull_sys_flag::SUSPEND != 0;
+    let nothing_new = result.status == GetMessageStatus::OffsetOverflowOne
+        || (result.status == GetMessageStatus::NoMessageInQueue && h.queue_offset == 0);
+    if !(may_suspend && nothing_new) {
+        return Ok(Some(answer(result, h.queue_offset)));
+    }
+
+    // Long polling: hold until a matching message is stored or the suspend time passes.
+    let hold_for = if b.config.long_polling {
+        Duration::from_millis(h.suspend_timeout_millis.clamp(0, 60_000) as u64)
+    } else {
+        Duration::from_millis(b.config.short_polling_ms)
+    };
+    let offset = h.queue_offset.max(0) as u64;
+    let ticket = b
+        .holds
+        .hold(&h.topic, h.queue_id, offset, plan.filter.clone());
+    b.holds.recheck(
+        &h.topic,
+        h.queue_id,
+        b.store.max_offset(&h.topic, h.queue_id),
+    );
+    b.counters.pulls_held.fetch_add(1, Ordering::Relaxed);
+    let responder = ctx.responder();
+    let b = b.clone();
+    tokio::spawn(async move {
+        b.holds.wait(ticket, hold_for).await;
+        let response = match read(&b, &plan).await {
+            Ok(result) => answer(result, plan.header.queue_offset),
+            Err(r) => RemotingCommand::response(r.code, Some(r.remark)),
+        };
+        if let Err(e) = responder.send(response).await {
+            tracing::debug!(error = %e, "held pull could not be answered (client gone)");
+        }
+    });
+    Ok(None)
+}
+
+fn validate(
+    b: &BrokerInner,
+    ctx: &RequestContext,
+    h: PullMessageRequestHeader,
+) -> Result<PullPlan, Reject> {
+    let group = b
+        .groups
+        .lock()
+        .get(&h.consumer_group)
+        .cloned()
+        .ok_or_else(|| {
+            Reject::new(
+                resp::SUBSCRIPTION_GROUP_NOT_EXIST,
+                format!("subscription group [{}] does not exist", h.consumer_group),
+            )
+        })?;
+    if !group.consume_enable {
+        return Err(Reject::new(
+            resp::NO_PERMISSION,
+            format!("subscription group no permission, {}", h.consumer_group),
+        ));
+    }
+    let topic = b.topics.lock().get(&h.topic).cloned().ok_or_else(|| {
+        Reject::new(
+            resp::TOPIC_NOT_EXIST,
+            format!("topic[{}] not exist, apply first please!", h.topic),
+        )
+    })?;
+    if !perm::is_readable(topic.perm) {
+        return Err(Reject::new(
+            resp::NO_PERMISSION,
+            format!("the topic[{}] pulling message is forbidden", h.topic),
+        ));
+    }
+    if h.queue_id < 0 || h.queue_id >= topic.read_queue_nums {
+        return Err(Reject::new(
+            resp::INVALID_PARAMETER,
+            format!(
+                "queueId[{}] is illegal, topic:[{}] topicConfig.readQueueNums:[{}] consumer:[{}]",
+                h.queue_id,
+                h.topic,
+                topic.read_queue_nums,
+                ctx.peer_addr()
+            ),
+        ));
+    }
+    let filter = if h.sys_flag & pull_sys_flag::SUBSCRIPTION != 0 {
+        let expr_type = h.expression_type.as_deref().unwrap_or("TAG");
+        if !expr_type.eq_ignore_ascii_case("TAG") {
+            return Err(Reject::new(
+                resp::SYSTEM_ERROR,
+                format!("the broker does not support consumer to filter message by {expr_type}"),
+            ));
+        }
+        Some(SubscriptionData::from_tag_expression(
+            h.topic.clone(),
+            h.subscription.as_deref().unwrap_or("*"),
+            h.sub_version,
+        ))
+    } else {
+        let clients = b.clients.lock();
+        let g = clients.group(&h.consumer_group).ok_or_else(|| {
+            Reject::new(
+                resp::SUBSCRIPTION_NOT_EXIST,
+                format!(
+                    "the consumer's group info not exist, group: {}",
+                    h.consumer_group
+                ),
+            )
+        })?;
+        if g.meta.message_model == MessageModel::Broadcasting && !group.consume_broadcast_enable {
+            return Err(Reject::new(
+                resp::NO_PERMISSION,
+                format!(
+                    "the consumer group[{}] can not consume by broadcast way",
+                    h.consumer_group
+                ),
+            ));
+        }
+        let sub = clients
+            .subscription(&h.consumer_group, &h.topic, Some(ctx.connection().id()))
+            .cloned()
+            .ok_or_else(|| {
+                Reject::new(
+                    resp::SUBSCRIPTION_NOT_EXIST,
+                    format!(
+                        "the consumer's subscription not exist, group: {} topic: {}",
+                        h.consumer_group, h.topic
+                    ),
+                )
+            })?;
+        if sub.sub_version < h.sub_version {
+            return Err(Reject::new(
+                resp::SUBSCRIPTION_NOT_LATEST,
+                "the consumer's subscription not latest",
+            ));
+        }
+        if sub.expression_type != ExpressionType::Tag {
+            return Err(Reject::new(
+                resp::SYSTEM_ERROR,
+                "the broker does not support consumer to filter message by SQL92",
+            ));
+        }
+        Some(sub)
+    };
+    Ok(PullPlan { header: h, filter })
+}
+
+async fn read(b: &Arc<BrokerInner>, plan: &PullPlan) -> Result<GetMessageResult, Reject> {
+    let h = &plan.header;
+    let (store, topic, queue_id) = (b.store.clone(), h.topic.clone(), h.queue_id);
+    let offset = h.queue_offset.max(0) as u64;
+    let max_count = h.max_msg_nums.clamp(1, 1024) as usize;
+    let max_bytes = h
+        .max_msg_bytes
+        .filter(|m| *m > 0)
+        .map(|m| m as usize)
+        .unwrap_or(DEFAULT_MAX_MSG_BYTES);
+    let filter = plan.filter.clone();
+    let negative = h.queue_offset < 0;
+    let mut r = blocking(move || {
+        let pass = |code: i64| filter.as_ref().is_none_or(|f| f.matches_tags_code(code));
+        store
+            .get_messages(&topic, queue_id, offset, max_count, max_bytes, &pass)
+            .map_err(|e| Reject::system(format!("get message failed: {e}")))
+    })
+    .await?;
+    if negative && r.status != GetMessageStatus::NoMessageInQueue {
+        r.status = GetMessageStatus::OffsetTooSmall;
+        r.next_begin_offset = r.min_offset;
+        r.messages = bytes::Bytes::new();
+        r.message_count = 0;
+    }
+    b.counters
+        .msgs_got
+        .fetch_add(r.message_count as u64, Ordering::Relaxed);
+    Ok(r)
+}
+
+fn answer(r: GetMessageResult, request_offset: i64) -> RemotingCommand {
+    use GetMessageStatus::*;
+    let (code, remark) = match r.status {
+        Found => (resp::SUCCESS, "FOUND"),
+        NoMatchedMessage => (resp::PULL_RETRY_IMMEDIATELY, "NO_MATCHED_MESSAGE"),
+        // Empty queue: offset 0 is "nothing new", anything else has moved.
+        NoMessageInQueue if request_offset == 0 => (resp::PULL_NOT_FOUND, "NO_MESSAGE_IN_QUEUE"),
+        NoMessageInQueue => (resp::PULL_OFFSET_MOVED, "NO_MESSAGE_IN_QUEUE"),
+        OffsetTooSmall => (resp::PULL_OFFSET_MOVED, "OFFSET_TOO_SMALL"),
+        OffsetOverflowOne => (resp::PULL_NOT_FOUND, "OFFSET_OVERFLOW_ONE"),
+        OffsetOverflowBadly => (resp::PULL_OFFSET_MOVED, "OFFSET_OVERFLOW_BADLY"),
+    };
+    let header = PullMessageResponseHeader {
+        suggest_which_broker_id: 0,
+        next_begin_offset: r.next_begin_offset as i64,
+        min_offset: r.min_offset as i64,
+        max_offset: r.max_offset as i64,
+        ..Default::default()
+    };
+    let mut cmd = RemotingCommand::response(code, Some(remark.to_string())).with_header(&header);
+    if r.status == Found {
+        cmd.body = Some(r.messages);
+    }
+    cmd
+}

@@ -1,0 +1,124 @@
+//! CONSUMER_SEND_MSG_BACK (spec 6): a message the consumer failed goes to the group's retry
+//! topic after a delay, or to its dead-letter topic after too many attempts.
+
+use crate::broker::{wall_ms, BrokerInner};
+use crate::processor::{blocking, ok, Handled, Reject};
+use crate::send::{apply_delay, put};
+use shoal_net::RequestContext;
+use shoal_proto::code::response_code as resp;
+use shoal_proto::constants::{dlq_topic, perm, retry_topic};
+use shoal_proto::header::ConsumerSendMsgBackRequestHeader;
+use shoal_proto::message::{decode_record, encode_properties, property, DecodeOptions};
+use shoal_proto::RemotingCommand;
+use shoal_store::MessageExtBrokerInner;
+use std::sync::Arc;
+
+/// The client version from which `maxReconsumeTimes` in the header is honoured (V3_4_9).
+const V3_4_9: i32 = 121;
+
+/// Handles CONSUMER_SEND_MSG_BACK.
+pub async fn consumer_send_msg_back(
+    b: &Arc<BrokerInner>,
+    _ctx: &RequestContext,
+    req: &RemotingCommand,
+) -> Handled {
+    let h: ConsumerSendMsgBackRequestHeader = req.decode_command_header()?;
+    let group = b.groups.lock().get(&h.group).cloned().ok_or_else(|| {
+        Reject::new(
+            resp::SUBSCRIPTION_GROUP_NOT_EXIST,
+            format!("subscription group not exist, {}", h.group),
+        )
+    })?;
+    if group.retry_queue_nums <= 0 {
+        return ok();
+    }
+    if h.offset < 0 {
+        return Err(Reject::new(
+            resp::SYSTEM_ERROR,
+            format!("look message by offset failed, {}", h.offset),
+        ));
+    }
+    let store = b.store.clone();
+    let offset = h.offset as u64;
+    let record = blocking(move || {
+        store
+            .message_by_physical_offset(offset)
+            .map_err(Reject::system)
+    })
+    .await?
+    .ok_or_else(|| {
+        Reject::new(
+            resp::SYSTEM_ERROR,
+            format!("look message by offset failed, {}", h.offset),
+        )
+    })?;
+    let (mut msg, _) = decode_record(&record, 0, &DecodeOptions::default())?;
+
+    let original_topic = msg.topic.clone();
+    if msg.property(property::RETRY_TOPIC).is_none() {
+        msg.put_property(property::RETRY_TOPIC, original_topic.clone())?;
+    }
+    let max = match h.max_reconsume_times {
+        Some(m) if req.version >= V3_4_9 => m,
+        _ => group.retry_max_times,
+    };
+    let origin_id = msg
+        .property(property::ORIGIN_MESSAGE_ID)
+        .map(str::to_string)
+        .unwrap_or_else(|| msg.offset_msg_id());
+    let mut props = msg.properties.clone();
+    props.insert(property::ORIGIN_MESSAGE_ID.into(), origin_id.clone());
+    props.shift_remove(property::DELAY);
+
+    let now = wall_ms();
+    let (topic, queue_id) = if msg.reconsume_times >= max || h.delay_level < 0 {
+        let dlq = dlq_topic(&h.group);
+        b.topics
+            .lock()
+            .ensure(&dlq, 1, perm::PERM_READ_WRITE, now)
+            .map_err(Reject::system)?;
+        b.register_now.notify_one();
+        props.insert(
+            "DLQ_ORIGIN_TOPIC".into(),
+            msg.property(property::RETRY_TOPIC)
+                .unwrap_or(&original_topic)
+                .to_string(),
+        );
+        props.insert("DLQ_ORIGIN_MESSAGE_ID".into(), msg.msg_id().into_owned());
+        tracing::info!(group = %h.group, msg_id = %msg.msg_id(), attempts = msg.reconsume_times, "message moved to the dead-letter queue");
+        (dlq, 0)
+    } else {
+        let retry = retry_topic(&h.group);
+        let queues = {
+            let mut topics = b.topics.lock();
+            let c = topics
+                .ensure(&retry, group.retry_queue_nums, perm::PERM_READ_WRITE, now)
+                .map_err(Reject::system)?;
+            c.write_queue_nums.max(1)
+        };
+        let level = if h.delay_level == 0 {
+            3 + msg.reconsume_times
+        } else {
+            h.delay_level
+        };
+        props.insert(property::DELAY.into(), level.to_string());
+        (retry, rand::random::<u32>() as i32 % queues)
+    };
+
+    let mut inner = MessageExtBrokerInner {
+        topic,
+        queue_id,
+        flag: msg.flag,
+        sys_flag: msg.sys_flag,
+        born_timestamp: msg.born_timestamp,
+        born_host: msg.born_host,
+        reconsume_times: msg.reconsume_times + 1,
+        prepared_transaction_offset: 0,
+        body: msg.body.clone(),
+        properties: String::new(),
+    };
+    apply_delay(b, &mut inner, &mut props);
+    inner.properties = encode_properties(&props)?;
+    put(b, vec![inner]).await?;
+    ok()
+}

@@ -1,0 +1,303 @@
+//! SEND_MESSAGE, SEND_MESSAGE_V2 and SEND_BATCH_MESSAGE, and the storing rules every path
+//! shares (delay levels, retry-topic diversion to the DLQ).
+
+use crate::broker::{wall_ms, BrokerInner};
+use crate::processor::{blocking, Handled, Reject};
+use shoal_net::RequestContext;
+use shoal_proto::code::{request_code as rc, response_code as resp};
+use shoal_proto::constants::{
+    dlq_topic, group_of_retry_topic, is_retry_topic, perm, DEFAULT_REGION, SCHEDULE_TOPIC,
+};
+use shoal_proto::header::{
+    SendMessageRequestHeader, SendMessageRequestHeaderV2, SendMessageResponseHeader,
+};
+use shoal_proto::message::{
+    decode_batch, decode_properties, encode_properties, property, Properties,
+};
+use shoal_proto::RemotingCommand;
+use shoal_store::{FlushStatus, MessageExtBrokerInner, PutMessageResult, StoreError};
+use std::sync::atomic::Ordering;
+
+/// The client version from which `maxReconsumeTimes` in a send header is honoured (V3_4_9).
+const V3_4_9: i32 = 121;
+
+/// Maps a store error to RocketMQ's answer.
+pub fn store_reject(e: StoreError) -> Reject {
+    match e {
+        StoreError::MessageTooLarge { size, max } => Reject::new(
+            resp::MESSAGE_ILLEGAL,
+            format!("message of {size} bytes exceeds the limit of {max} bytes"),
+        ),
+        StoreError::InvalidArgument(m) => Reject::new(resp::MESSAGE_ILLEGAL, m),
+        StoreError::Proto(e) => Reject::new(resp::MESSAGE_ILLEGAL, e.to_string()),
+        other => Reject::new(
+            resp::SERVICE_NOT_AVAILABLE,
+            format!("service not available now: the store refused the write ({other})"),
+        ),
+    }
+}
+
+/// Applies the delay rule (spec 6): a message with `DELAY` ≥ 1 is parked in the schedule topic
+/// at queue level−1 with its real topic and queue saved. Returns the level used, if any.
+pub fn apply_delay(
+    b: &BrokerInner,
+    msg: &mut MessageExtBrokerInner,
+    props: &mut Properties,
+) -> Option<i32> {
+    let level: i32 = props.get(property::DELAY)?.trim().parse().ok()?;
+    if level < 1 || msg.sys_flag & 0xC == 0x4 {
+        return None;
+    }
+    let level = level.min(b.delay_levels_ms.len() as i32);
+    props.insert(property::REAL_TOPIC.into(), msg.topic.clone());
+    props.insert(property::REAL_QID.into(), msg.queue_id.to_string());
+    props.insert(property::DELAY.into(), level.to_string());
+    msg.topic = SCHEDULE_TOPIC.into();
+    msg.queue_id = level - 1;
+    Some(level)
+}
+
+/// Stores messages (blocking, off the async threads) and counts them.
+pub async fn put(
+    b: &std::sync::Arc<BrokerInner>,
+    msgs: Vec<MessageExtBrokerInner>,
+) -> Result<PutMessageResult, Reject> {
+    let store = b.store.clone();
+    let n = msgs.len() as u64;
+    let r = blocking(move || {
+        if msgs.len() == 1 {
+            store.put_message(&msgs[0]).map_err(store_reject)
+        } else {
+            store.put_messages(&msgs).map_err(store_reject)
+        }
+    })
+    .await?;
+    b.counters.msgs_put.fetch_add(n, Ordering::Relaxed);
+    Ok(r)
+}
+
+/// The response code for a put's durability.
+fn flush_code(flush: FlushStatus) -> Result<i32, Reject> {
+    match flush {
+        FlushStatus::Flushed | FlushStatus::NotFlushed => Ok(resp::SUCCESS),
+        FlushStatus::FlushTimeout => Ok(resp::FLUSH_DISK_TIMEOUT),
+        FlushStatus::FlushFailed => Err(Reject::new(
+            resp::SERVICE_NOT_AVAILABLE,
+            "the message was written but its fsync failed; the store refuses writes until restarted",
+        )),
+    }
+}
+
+/// Handles the three send codes.
+pub async fn send_message(
+    b: &std::sync::Arc<BrokerInner>,
+    ctx: &RequestContext,
+    req: &RemotingCommand,
+) -> Handled {
+    let h: SendMessageRequestHeader = if req.code == rc::SEND_MESSAGE {
+        req.decode_command_header()?
+    } else {
+        req.decode_command_header::<SendMessageRequestHeaderV2>()?
+            .into()
+    };
+    let is_batch = req.code == rc::SEND_BATCH_MESSAGE || h.batch == Some(true);
+    let body = req.body.clone().unwrap_or_default();
+    if body.len() > b.config.max_message_bytes && !is_batch {
+        return Err(Reject::new(
+            resp::MESSAGE_ILLEGAL,
+            format!(
+                "message body of {} bytes exceeds the limit of {} bytes",
+                body.len(),
+                b.config.max_message_bytes
+            ),
+        ));
+    }
+
+    let topic_config = ensure_topic_for_send(b, &h)?;
+    let mut topic = h.topic.clone();
+    let mut queue_id = h.queue_id;
+    let queues = topic_config
+        .write_queue_nums
+        .max(topic_config.read_queue_nums);
+    if queue_id >= queues {
+        return Err(Reject::new(
+            resp::INVALID_PARAMETER,
+            format!("request queueId[{queue_id}] is illegal, topic {topic} has {queues} queues"),
+        ));
+    }
+    if queue_id < 0 {
+        queue_id = rand::random::<u32>() as i32 % topic_config.write_queue_nums.max(1);
+    }
+
+    let mut props = decode_properties(h.properties.as_deref().unwrap_or(""));
+    let reconsume_times = h.reconsume_times.unwrap_or(0);
+    // Retry topic: too many attempts (or a group consuming orderly) divert to the DLQ.
+    if is_retry_topic(&topic) {
+        if is_batch {
+            return Err(Reject::new(
+                resp::MESSAGE_ILLEGAL,
+                "batch sends to retry topics are not supported",
+            ));
+        }
+        let group = group_of_retry_topic(&topic).unwrap_or_default().to_string();
+        let group_config = b.groups.lock().get(&group).cloned().ok_or_else(|| {
+            Reject::new(
+                resp::SUBSCRIPTION_GROUP_NOT_EXIST,
+                format!("subscription group not exist, {group}"),
+            )
+        })?;
+        let max = match h.max_reconsume_times {
+            Some(m) if req.version >= V3_4_9 => m,
+            _ => group_config.retry_max_times,
+        };
+        let orderly_group = b.locks.lock().group_has_live_locks(&group, b.mono_ms());
+        if reconsume_times > max || orderly_group {
+            let dlq = dlq_topic(&group);
+            b.topics
+                .lock()
+                .ensure(&dlq, 1, perm::PERM_READ_WRITE, wall_ms())
+                .map_err(Reject::system)?;
+            b.register_now.notify_one();
+            props.insert(property::DELAY.into(), "-1".into());
+            topic = dlq;
+            queue_id = 0;
+        }
+    }
+
+    let born_host = ctx.peer_addr();
+    let mut inner = MessageExtBrokerInner {
+        topic,
+        queue_id,
+        flag: h.flag,
+        sys_flag: h.sys_flag,
+        born_timestamp: h.born_timestamp,
+        born_host,
+        reconsume_times,
+        prepared_transaction_offset: 0,
+        body: body.clone(),
+        properties: String::new(),
+    };
+
+    let msgs = if is_batch {
+        let items = decode_batch(&body)
+            .map_err(|e| Reject::new(resp::MESSAGE_ILLEGAL, format!("bad batch body: {e}")))?;
+        if items.is_empty() {
+            return Err(Reject::new(resp::MESSAGE_ILLEGAL, "empty batch"));
+        }
+        let mut out = Vec::with_capacity(items.len());
+        for item in items {
+            if item.body.len() > b.config.max_message_bytes {
+                return Err(Reject::new(
+                    resp::MESSAGE_ILLEGAL,
+                    format!(
+                        "a batch item of {} bytes exceeds the limit of {} bytes",
+                        item.body.len(),
+                        b.config.max_message_bytes
+                    ),
+                ));
+            }
+            let mut item_props = item.properties;
+            item_props.insert(property::CLUSTER.into(), b.config.cluster_name.clone());
+            let mut m = MessageExtBrokerInner {
+                flag: item.flag,
+                body: item.body,
+                ..inner.clone()
+            };
+            m.properties = encode_properties(&item_props)
+                .map_err(|e| Reject::new(resp::MESSAGE_ILLEGAL, e.to_string()))?;
+            out.push(m);
+        }
+        out
+    } else {
+        props.insert(property::CLUSTER.into(), b.config.cluster_name.clone());
+        apply_delay(b, &mut inner, &mut props);
+        inner.properties = encode_properties(&props)
+            .map_err(|e| Reject::new(resp::MESSAGE_ILLEGAL, e.to_string()))?;
+        vec![inner]
+    };
+    let uniq = props.get(property::UNIQ_KEY).cloned();
+    let put_result = put(b, msgs).await?;
+    let code = flush_code(put_result.flush)?;
+    let first = put_result
+        .messages
+        .first()
+        .ok_or_else(|| Reject::system("the store stored nothing"))?;
+    let msg_id = put_result
+        .messages
+        .iter()
+        .map(|m| m.offset_msg_id.as_str())
+        .collect::<Vec<_>>()
+        .join(",");
+    let header = SendMessageResponseHeader {
+        msg_id,
+        queue_id,
+        queue_offset: first.queue_offset as i64,
+        transaction_id: uniq,
+        msg_region: Some(DEFAULT_REGION.into()),
+        trace_on: Some(true),
+        ..Default::default()
+    };
+    let remark = (code == resp::FLUSH_DISK_TIMEOUT).then(|| "flush disk timeout".to_string());
+    Ok(Some(
+        RemotingCommand::response(code, remark).with_header(&header),
+    ))
+}
+
+/// Finds the topic of a send, creating it from its template when allowed (spec 7.6).
+fn ensure_topic_for_send(
+    b: &BrokerInner,
+    h: &SendMessageRequestHeader,
+) -> Result<shoal_proto::body::TopicConfig, Reject> {
+    crate::topic::validate_topic_name(&h.topic)
+        .map_err(|e| Reject::new(resp::INVALID_PARAMETER, e.to_string()))?;
+    let mut topics = b.topics.lock();
+    let config = match topics.get(&h.topic) {
+        Some(c) => c.clone(),
+        None => {
+            let created = if is_retry_topic(&h.topic) {
+                // Clients may send to %RETRY%<group> before any heartbeat created it.
+                let group = group_of_retry_topic(&h.topic).unwrap_or_default();
+                let queues = b.groups.lock().get(group).map(|g| g.retry_queue_nums);
+                match queues {
+                    Some(q) if q > 0 => Some(
+                        topics
+                            .ensure(&h.topic, q, perm::PERM_READ_WRITE, wall_ms())
+                            .map_err(Reject::system)?,
+                    ),
+                    _ => None,
+                }
+            } else if b.config.auto_create_topic {
+                topics
+                    .create_from_template(
+                        &h.topic,
+                        &h.default_topic,
+                        h.default_topic_queue_nums,
+                        wall_ms(),
+                    )
+                    .map_err(Reject::system)?
+            } else {
+                None
+            };
+            match created {
+                Some(c) => {
+                    tracing::info!(topic = %h.topic, queues = c.write_queue_nums, "topic auto-created on first send");
+                    b.register_now.notify_one();
+                    c
+                }
+                None => {
+                    return Err(Reject::new(
+                        resp::TOPIC_NOT_EXIST,
+                        format!("topic[{}] not exist, apply first please!", h.topic),
+                    ))
+                }
+            }
+        }
+    };
+    if !perm::is_writeable(config.perm) {
+        return Err(Reject::new(
+            resp::NO_PERMISSION,
+            format!("the topic[{}] sending message is forbidden", h.topic),
+        ));
+    }
+    Ok(config)
+}
