@@ -633,7 +633,112 @@ fn arb_subscription() -> impl Strategy<Value = SubscriptionData> {
         .prop_map(|(t, e, v)| SubscriptionData::from_tag_expression(t, &e, v))
 }
 
+fn round_trip<T>(v: &T) -> std::result::Result<(), TestCaseError>
+where
+    T: serde::Serialize + serde::de::DeserializeOwned + PartialEq + std::fmt::Debug,
+{
+    let bytes = to_json_bytes(v).unwrap();
+    let back: T = from_json_slice(&bytes).unwrap();
+    prop_assert_eq!(&back, v);
+    // Writing is deterministic: the re-encoded bytes are identical.
+    prop_assert_eq!(to_json_bytes(&back).unwrap(), bytes);
+    Ok(())
+}
+
+/// Floats with short exact decimal forms: serde_json (without its `float_roundtrip` feature)
+/// may parse long decimals to a neighbouring f64, which is fine for TPS statistics.
+fn arb_f64() -> impl Strategy<Value = f64> {
+    (-1_000_000_000i64..1_000_000_000).prop_map(|n| n as f64 / 4.0)
+}
+
 proptest! {
+    #[test]
+    fn more_bodies_round_trip(
+        mqs in proptest::collection::vec(arb_mq(), 0..5),
+        names in proptest::collection::btree_set("\\PC{0,8}", 0..4),
+        subs in proptest::collection::vec(arb_subscription(), 0..3),
+        nums in proptest::collection::vec(any::<i64>(), 6),
+        tps in arb_f64(),
+        lang in 0..14u8,
+        flag in any::<bool>(),
+        text in "\\PC{0,12}",
+    ) {
+        round_trip(&LockBatchRequestBody {
+            client_id: text.clone(),
+            consumer_group: text.clone(),
+            mq_set: mqs.clone(),
+            only_this_broker: flag,
+        })?;
+        round_trip(&LockBatchResponseBody { lock_ok_mq_set: mqs.clone() })?;
+        round_trip(&ClusterInfo {
+            broker_addr_table: names.iter().map(|n| (n.clone(), BrokerData {
+                broker_addrs: BTreeMap::from([(nums[0], text.clone())]),
+                broker_name: n.clone(),
+                cluster: text.clone(),
+                enable_acting_master: flag,
+                zone_name: flag.then(|| text.clone()),
+            })).collect(),
+            cluster_addr_table: BTreeMap::from([(text.clone(), names.clone())]),
+        })?;
+        round_trip(&ConsumerConnection {
+            connection_set: vec![Connection {
+                client_addr: text.clone(),
+                client_id: text.clone(),
+                language: crate::LanguageCode::from_code(lang).unwrap(),
+                version: nums[1] as i32,
+            }],
+            consume_from_where: flag.then_some(ConsumeFromWhere::ConsumeFromTimestamp),
+            consume_type: Some(ConsumeType::ConsumeActively),
+            message_model: None,
+            subscription_table: subs.iter().map(|s| (s.topic.clone(), s.clone())).collect(),
+        })?;
+        round_trip(&ConsumeStats {
+            consume_tps: tps,
+            offset_table: mqs.iter().map(|m| (m.clone(), OffsetWrapper {
+                broker_offset: nums[2], consumer_offset: nums[3], last_timestamp: nums[4], pull_offset: nums[5],
+            })).collect(),
+        })?;
+        round_trip(&ConsumerRunningInfo {
+            jstack: flag.then(|| text.clone()),
+            mq_pop_table: mqs.iter().map(|m| (m.clone(), PopProcessQueueInfo {
+                droped: flag, last_pop_timestamp: nums[0], wait_ack_count: nums[1] as i32,
+            })).collect(),
+            mq_table: mqs.iter().map(|m| (m.clone(), ProcessQueueInfo {
+                commit_offset: nums[2], locked: flag, try_unlock_times: nums[3], ..Default::default()
+            })).collect(),
+            properties: BTreeMap::from([(text.clone(), text.clone())]),
+            status_table: BTreeMap::from([(text.clone(), ConsumeStatus {
+                consume_failed_msgs: nums[4], consume_failed_tps: tps, consume_ok_tps: tps,
+                consume_rt: tps, pull_rt: tps, pull_tps: tps,
+            })]),
+            subscription_set: subs.clone(),
+            user_consumer_info: BTreeMap::new(),
+        })?;
+        round_trip(&QueryAssignmentResponseBody {
+            message_queue_assignments: mqs.iter().map(|m| MessageQueueAssignment {
+                attachments: flag.then(|| BTreeMap::from([(text.clone(), text.clone())])),
+                message_queue: m.clone(),
+                mode: if flag { MessageRequestMode::Pop } else { MessageRequestMode::Pull },
+            }).collect(),
+        })?;
+        round_trip(&TopicStatsTable {
+            offset_table: mqs.iter().map(|m| (m.clone(), TopicOffset {
+                last_update_timestamp: nums[0], max_offset: nums[1], min_offset: nums[2],
+            })).collect(),
+            topic_put_tps: tps,
+        })?;
+        round_trip(&ConsumeMessageDirectlyResult {
+            auto_commit: flag,
+            consume_result: ConsumeResult::from_ordinal(u64::from(lang % 6)).unwrap(),
+            order: !flag,
+            remark: Some(text.clone()),
+            spent_time_mills: nums[0],
+        })?;
+        round_trip(&KVTable { table: BTreeMap::from([(text.clone(), text.clone())]) })?;
+        round_trip(&TopicList { broker_addr: Some(text.clone()), topic_list: names.clone() })?;
+        round_trip(&GroupList { group_list: names })?;
+    }
+
     #[test]
     fn heartbeat_round_trips(
         client in "\\PC{0,20}",
