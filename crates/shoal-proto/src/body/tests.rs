@@ -134,6 +134,8 @@ fn heartbeat_from_cpp_client() {
         "subVersion":"1700000000000","topic":"T"},{"subString":"*","subVersion":"5","topic":"U"}],
         "unitMode":false}]}"#;
     let h: HeartbeatData = dec(cpp);
+    // jsoncpp's FastWriter ends its output with a newline.
+    assert_eq!(dec::<HeartbeatData>(&format!("{cpp}\n")), h);
     assert!(h.producer_data_set.is_empty());
     let c = &h.consumer_data_set[0];
     assert_eq!(
