@@ -35,7 +35,8 @@ pub use record::{
     blank_marker, decode_record, decode_records, encode_record, encode_record_to_slice,
     iter_records, patch_record, peek_record_prefix, record_len, store_timestamp_pos, DecodeOptions,
     DecodedRun, MessageVersion, RecordFields, RecordIter, RecordLayout, RecordView,
-    BLANK_MAGIC_CODE, MAGIC_CODE_V1, MAGIC_CODE_V2,
+    BLANK_MAGIC_CODE, BLANK_MARKER_LEN, MAGIC_CODE_V1, MAGIC_CODE_V2, MAX_PROPERTIES_LEN,
+    MAX_TOPIC_LEN, MIN_RECORD_LEN,
 };
 pub use uniq_key::{UniqKey, UniqKeyGenerator};
 
