@@ -1,1 +1,15 @@
-//! `shoal-group`: see `shared/DESIGN.md` section 1. Built by its own issue.
+//! `shoal-group`: consumer-group logic with no I/O (see `shared/DESIGN.md` section 3).
+//!
+//! - [`allocate`]: allocation strategies (RocketMQ's, Kafka's and Shoal's balanced-sticky), one
+//!   trait [`AllocateStrategy`] with a per-member view (classic client-side mode) and a
+//!   whole-assignment view (coordinated mode) that agree, plus movement metrics used by
+//!   `shoal rebalance simulate`.
+
+pub mod allocate;
+pub mod error;
+
+pub use allocate::{
+    strategy_by_name, AllocateStrategy, AllocationContext, AllocationInput, Assignment,
+    STRATEGY_NAMES,
+};
+pub use error::{GroupError, Result};
