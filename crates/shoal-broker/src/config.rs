@@ -154,25 +154,30 @@ impl BrokerConfig {
 }
 
 /// Parses RocketMQ's `messageDelayLevel` string ("1s 5s 10s 30s 1m ... 2h") into milliseconds.
+/// Shoal also accepts `ms` (handy in tests).
 pub fn parse_delay_levels(text: &str) -> Result<Vec<u64>, ConfigError> {
     let mut levels = Vec::new();
     for item in text.split_whitespace() {
-        let (num, unit) = item.split_at(item.len().saturating_sub(1));
+        let digits = item
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(item.len());
+        let (num, unit) = (&item[..digits], &item[digits..]);
         let factor = match unit {
+            "ms" => 1,
             "s" => 1_000,
             "m" => 60_000,
             "h" => 3_600_000,
             "d" => 86_400_000,
             _ => {
                 return Err(ConfigError(format!(
-                    "delay level {item:?} has no unit s/m/h/d"
+                    "delay level {item:?} needs a number and a unit ms/s/m/h/d"
                 )))
             }
         };
         let n: u64 = num
             .parse()
             .map_err(|_| ConfigError(format!("delay level {item:?} is not a number")))?;
-        levels.push(n * factor);
+        levels.push(n.saturating_mul(factor));
     }
     if levels.is_empty() {
         return Err(ConfigError("delay_levels is empty".into()));
@@ -192,6 +197,9 @@ mod tests {
         assert_eq!(l[4], 60_000);
         assert_eq!(l[17], 7_200_000);
         assert!(parse_delay_levels("1x").is_err());
+        assert!(parse_delay_levels("1\u{e9}").is_err());
+        assert!(parse_delay_levels("s").is_err());
+        assert_eq!(parse_delay_levels("20ms 1s").unwrap(), vec![20, 1_000]);
         assert!(parse_delay_levels("").is_err());
     }
 

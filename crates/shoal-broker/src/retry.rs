@@ -102,7 +102,7 @@ pub async fn consumer_send_msg_back(
             h.delay_level
         };
         props.insert(property::DELAY.into(), level.to_string());
-        (retry, rand::random::<u32>() as i32 % queues)
+        (retry, (rand::random::<u32>() % queues as u32) as i32)
     };
 
     let mut inner = MessageExtBrokerInner {

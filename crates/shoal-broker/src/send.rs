@@ -126,7 +126,7 @@ pub async fn send_message(
         ));
     }
     if queue_id < 0 {
-        queue_id = rand::random::<u32>() as i32 % topic_config.write_queue_nums.max(1);
+        queue_id = (rand::random::<u32>() % topic_config.write_queue_nums.max(1) as u32) as i32;
     }
 
     let mut props = decode_properties(h.properties.as_deref().unwrap_or(""));
