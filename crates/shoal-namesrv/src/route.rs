@@ -309,6 +309,11 @@ impl RouteTable {
         })
     }
 
+    /// True when a broker group of this name is registered.
+    pub fn has_broker(&self, broker_name: &str) -> bool {
+        self.brokers.contains_key(broker_name)
+    }
+
     /// Every topic with at least one broker.
     pub fn topics(&self) -> Vec<String> {
         self.topic_queues.keys().cloned().collect()

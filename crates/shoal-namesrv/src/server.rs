@@ -187,7 +187,7 @@ impl NamesrvProcessor {
         let now = self.now_ms();
         let result = {
             let mut st = self.state.lock();
-            let first = st.routes.cluster_info().0.get(&h.broker_name).is_none();
+            let first = !st.routes.has_broker(&h.broker_name);
             let r = st.routes.register(reg, now);
             if first {
                 info!(broker = %h.broker_name, addr = %h.broker_addr, cluster = %h.cluster_name, "broker registered");
