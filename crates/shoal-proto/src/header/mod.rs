@@ -47,7 +47,8 @@ pub trait CommandHeader: Sized {
 
     /// This header's entries as a new map.
     fn to_ext_fields(&self) -> ExtFields {
-        let mut ext = ExtFields::new();
+        // Most headers have at most 16 entries: no re-hashing while they are written.
+        let mut ext = ExtFields::with_capacity(16);
         self.write_ext_fields(&mut ext);
         ext
     }
@@ -118,17 +119,21 @@ pub fn parse_java_bool(value: &str) -> bool {
 
 /// How one declared field is read and written: required (`T`) or optional (`Option<T>`).
 pub trait HeaderField: Sized {
-    /// Reads the field `key` from `ext`.
-    fn read(ext: &ExtFields, key: &'static str) -> Result<Self>;
+    /// Reads the field `key` given its value in the map (`None` = absent).
+    fn read_value(value: Option<&str>, key: &'static str) -> Result<Self>;
     /// Writes the field (nothing for `None`).
     fn write(&self, ext: &mut ExtFields, key: &'static str);
+    /// Reads the field `key` from `ext`.
+    fn read(ext: &ExtFields, key: &'static str) -> Result<Self> {
+        Self::read_value(ext.get(key).map(String::as_str), key)
+    }
 }
 
 macro_rules! header_field_impls {
     ($($t:ty),*) => {$(
         impl HeaderField for $t {
-            fn read(ext: &ExtFields, key: &'static str) -> Result<Self> {
-                match ext.get(key) {
+            fn read_value(value: Option<&str>, key: &'static str) -> Result<Self> {
+                match value {
                     Some(v) => <$t as HeaderValue>::parse_value(key, v),
                     None => Err(ProtoError::MissingField { field: key }),
                 }
@@ -138,8 +143,8 @@ macro_rules! header_field_impls {
             }
         }
         impl HeaderField for Option<$t> {
-            fn read(ext: &ExtFields, key: &'static str) -> Result<Self> {
-                ext.get(key).map(|v| <$t as HeaderValue>::parse_value(key, v)).transpose()
+            fn read_value(value: Option<&str>, key: &'static str) -> Result<Self> {
+                value.map(|v| <$t as HeaderValue>::parse_value(key, v)).transpose()
             }
             fn write(&self, ext: &mut ExtFields, key: &'static str) {
                 if let Some(v) = self {
@@ -155,7 +160,16 @@ header_field_impls!(String, i32, i64, bool, BoundaryType);
 /// Reads a field that Java initialises to a default (primitive or initialised wrapper):
 /// absent means `default`.
 pub fn read_or<T: HeaderValue>(ext: &ExtFields, key: &'static str, default: T) -> Result<T> {
-    match ext.get(key) {
+    read_value_or(ext.get(key).map(String::as_str), key, default)
+}
+
+/// [`read_or`] given the value found in the map (`None` = absent).
+pub fn read_value_or<T: HeaderValue>(
+    value: Option<&str>,
+    key: &'static str,
+    default: T,
+) -> Result<T> {
+    match value {
         Some(v) => T::parse_value(key, v),
         None => Ok(default),
     }
@@ -218,6 +232,21 @@ impl RpcFields {
             broker_name: Some(name.into()),
             ..Self::default()
         }
+    }
+}
+
+impl RpcFields {
+    /// Takes `key`/`value` if it is one of the RPC keys; returns whether it was.
+    pub fn absorb(&mut self, key: &str, value: &str) -> bool {
+        match key {
+            "ns" => self.namespace = Some(value.to_owned()),
+            "nsd" => self.namespaced = Some(parse_java_bool(value)),
+            "bname" => self.broker_name = Some(value.to_owned()),
+            "oway" => self.oneway = Some(parse_java_bool(value)),
+            "lo" => self.logical = Some(parse_java_bool(value)),
+            _ => return false,
+        }
+        true
     }
 }
 
@@ -306,12 +335,20 @@ macro_rules! command_header {
                 $( $crate::header::CommandHeader::write_ext_fields(&self.$rpc, ext); )?
             }
 
-            #[allow(unused_variables)]
+            // One pass over the map: each entry is matched against the known keys.
+            #[allow(unused_variables, unused_mut, clippy::match_single_binding)]
             fn from_ext_fields(ext: &$crate::command::ExtFields) -> $crate::Result<Self> {
+                $( let mut $field: Option<&str> = None; )*
+                $( let mut $rpc = $crate::header::RpcFields::default(); )?
+                for (key, value) in ext {
+                    match key.as_str() {
+                        $( $key => $field = Some(value.as_str()), )*
+                        _ => { $( $rpc.absorb(key, value); )? }
+                    }
+                }
                 Ok(Self {
-                    $( $field: command_header!(@read ext, $ty, $key $(, $def)?), )*
-                    $( $rpc: <$crate::header::RpcFields as $crate::header::CommandHeader>
-                        ::from_ext_fields(ext)?, )?
+                    $( $field: command_header!(@read $field, $ty, $key $(, $def)?), )*
+                    $( $rpc, )?
                 })
             }
         }
@@ -329,11 +366,11 @@ macro_rules! command_header {
     };
     (@default) => { Default::default() };
     (@default $def:expr) => { $def };
-    (@read $ext:ident, $ty:ty, $key:literal) => {
-        <$ty as $crate::header::HeaderField>::read($ext, $key)?
+    (@read $value:ident, $ty:ty, $key:literal) => {
+        <$ty as $crate::header::HeaderField>::read_value($value, $key)?
     };
-    (@read $ext:ident, $ty:ty, $key:literal, $def:expr) => {
-        $crate::header::read_or::<$ty>($ext, $key, $def)?
+    (@read $value:ident, $ty:ty, $key:literal, $def:expr) => {
+        $crate::header::read_value_or::<$ty>($value, $key, $def)?
     };
 }
 pub(crate) use command_header;
