@@ -306,24 +306,29 @@ fn read_checkpoint(backend: &dyn Backend, path: &Path) -> Result<Option<Checkpoi
 /// Reads a segment sequentially through a buffer (recovery scans).
 struct SegmentReader {
     file: Arc<dyn StoreFile>,
+    file_len: u64,
     buf: Vec<u8>,
     start: u64,
 }
 
 impl SegmentReader {
-    fn new(file: Arc<dyn StoreFile>) -> Self {
-        SegmentReader {
+    fn new(file: Arc<dyn StoreFile>) -> std::io::Result<Self> {
+        let file_len = file.len()?;
+        Ok(SegmentReader {
             file,
+            file_len,
             buf: Vec::new(),
             start: 0,
-        }
+        })
     }
 
     /// `len` bytes at `off`, or `None` if the file ends before.
     fn slice(&mut self, off: u64, len: usize) -> std::io::Result<Option<&[u8]>> {
         let inside = off >= self.start && off + len as u64 <= self.start + self.buf.len() as u64;
         if !inside {
-            let want = len.max(1 << 20);
+            let left = self.file_len.saturating_sub(off) as usize;
+            let want = len.max(1 << 20).min(left);
+            self.buf.clear();
             self.buf.resize(want, 0);
             let mut got = 0;
             while got < want {
@@ -338,6 +343,11 @@ impl SegmentReader {
         }
         let from = (off - self.start) as usize;
         Ok(self.buf.get(from..from + len))
+    }
+
+    /// Whether the file has any byte at `off`.
+    fn has_data_at(&self, off: u64) -> bool {
+        off < self.file_len
     }
 }
 
@@ -1088,7 +1098,8 @@ fn scan_commit_log(
             // A gap between segments: the data after it cannot be trusted.
             return Ok((pos, Some(format!("missing segment at {pos}"))));
         }
-        let mut reader = SegmentReader::new(seg.file.clone());
+        let mut reader =
+            SegmentReader::new(seg.file.clone()).map_err(io_err("stat segment", &seg.path))?;
         loop {
             let in_seg = pos - seg.base;
             let left = seg_size - in_seg;
@@ -1098,7 +1109,7 @@ fn scan_commit_log(
             let Some(header) = header else {
                 // End of data in this segment. Later segments would be unreachable.
                 let later = segs.get(seg_idx + 1).is_some();
-                let reason = if reader.buf.len() as u64 + reader.start > in_seg {
+                let reason = if reader.has_data_at(in_seg) {
                     Some(format!("torn record header at {pos}"))
                 } else if later {
                     Some(format!("segment ends at {pos} without an end marker"))
