@@ -959,3 +959,71 @@ async fn auto_create_uses_the_tbw102_template() {
     ok(&r);
     c.stop().await;
 }
+
+#[tokio::test]
+async fn registers_with_every_name_server() {
+    use shoal_namesrv::{NameServer, NamesrvConfig};
+    let start_ns = || async {
+        NameServer::start(NamesrvConfig {
+            listen_addr: "127.0.0.1:0".into(),
+            ..NamesrvConfig::default()
+        })
+        .await
+        .unwrap()
+    };
+    let ns1 = start_ns().await;
+    let ns2 = start_ns().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = test_config(dir.path(), &ns1.local_addr().to_string());
+    cfg.namesrv_addrs.push(ns2.local_addr().to_string());
+    cfg.register_interval_ms = 200;
+    let broker = shoal_broker::Broker::start(cfg).await.unwrap();
+    let client = RawClient::new(&broker.local_addr().to_string());
+    ok(&client.call(create_topic_req("Both", 3)).await);
+    let route_from = |addr: String| async move {
+        let ns = RawClient::new(&addr);
+        for _ in 0..100 {
+            let r = ns
+                .call(RemotingCommand::request_with_header(
+                    rc::GET_ROUTEINFO_BY_TOPIC,
+                    &GetRouteInfoRequestHeader {
+                        topic: "Both".into(),
+                        ..Default::default()
+                    },
+                ))
+                .await;
+            if r.code == resp::SUCCESS {
+                return Some(r.decode_json_body::<TopicRouteData>().unwrap());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        None
+    };
+    let a = route_from(ns1.local_addr().to_string())
+        .await
+        .expect("route on name server 1");
+    let b = route_from(ns2.local_addr().to_string())
+        .await
+        .expect("route on name server 2");
+    assert_eq!(a, b);
+    assert_eq!(a.queue_datas[0].write_queue_nums, 3);
+    // One name server goes away: the other keeps serving, and the broker keeps registering.
+    let ns2_addr = ns2.local_addr().to_string();
+    ns1.shutdown().await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(route_from(ns2_addr.clone()).await.is_some());
+    // Shutdown unregisters: the route disappears from the remaining name server.
+    broker.shutdown().await;
+    let ns = RawClient::new(&ns2_addr);
+    let r = ns
+        .call(RemotingCommand::request_with_header(
+            rc::GET_ROUTEINFO_BY_TOPIC,
+            &GetRouteInfoRequestHeader {
+                topic: "Both".into(),
+                ..Default::default()
+            },
+        ))
+        .await;
+    assert_eq!(r.code, resp::TOPIC_NOT_EXIST);
+    ns2.shutdown().await;
+}

@@ -2,6 +2,8 @@
 
 use clap::{Parser, Subcommand};
 
+mod server;
+
 /// Shoal: a RocketMQ-compatible message queue with consumer-group rebalancing you can trust.
 #[derive(Debug, Parser)]
 #[command(name = "shoal", version, about, long_about = None)]
@@ -12,6 +14,12 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run a name server and a broker in one process, for development (auto-create on).
+    Dev(server::DevArgs),
+    /// Run a name server.
+    Namesrv(server::NamesrvArgs),
+    /// Run a broker.
+    Broker(server::BrokerArgs),
     /// Print the protocol version Shoal speaks.
     Version,
 }
@@ -19,6 +27,9 @@ enum Command {
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
+        Command::Dev(a) => return serve(server::run_dev(a)),
+        Command::Namesrv(a) => return serve(server::run_namesrv(a)),
+        Command::Broker(a) => return serve(server::run_broker(a)),
         Command::Version => {
             println!(
                 "shoal {} (RocketMQ remoting version {})",
@@ -28,4 +39,19 @@ fn main() -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Runs a server command on a multi-threaded runtime with `info` logging (RUST_LOG overrides).
+fn serve(fut: impl std::future::Future<Output = anyhow::Result<()>>) -> anyhow::Result<()> {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?
+        .block_on(fut)
 }

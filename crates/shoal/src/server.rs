@@ -1,0 +1,235 @@
+//! `shoal namesrv`, `shoal broker` and `shoal dev`: the server processes.
+
+use anyhow::{bail, Context};
+use clap::{Args, ValueEnum};
+use shoal_broker::{Broker, BrokerConfig, FlushMode};
+use shoal_namesrv::{NameServer, NamesrvConfig};
+use std::path::PathBuf;
+
+/// Options of `shoal namesrv`.
+#[derive(Debug, Args)]
+pub struct NamesrvArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:9876")]
+    pub listen: String,
+}
+
+/// Flush mode on the command line.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum FlushArg {
+    /// Acknowledge after the write; fsync in the background.
+    Async,
+    /// Acknowledge after fsync (group commit).
+    Sync,
+}
+
+/// Options of `shoal broker`. Flags override the config file; the file overrides defaults.
+#[derive(Debug, Args)]
+pub struct BrokerArgs {
+    /// TOML config file (keys as in docs/configuration.md).
+    #[arg(long, short = 'c')]
+    pub config: Option<PathBuf>,
+    /// Address to listen on (default 127.0.0.1:10911).
+    #[arg(long)]
+    pub listen: Option<String>,
+    /// Name servers, separated by `;` or `,` (default 127.0.0.1:9876).
+    #[arg(long, env = "SHOAL_NAMESRV")]
+    pub namesrv: Option<String>,
+    /// Data directory (default ./shoal-data/broker).
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// Broker name (default broker-a).
+    #[arg(long)]
+    pub broker_name: Option<String>,
+    /// Cluster name (default DefaultCluster).
+    #[arg(long)]
+    pub cluster: Option<String>,
+    /// Flush mode (default async).
+    #[arg(long, value_enum)]
+    pub flush: Option<FlushArg>,
+    /// Retention of commit log segments in hours (default 72).
+    #[arg(long)]
+    pub retention_hours: Option<u64>,
+    /// Largest message body accepted, bytes (default 4194304).
+    #[arg(long)]
+    pub max_message_bytes: Option<usize>,
+    /// Create unknown topics on first send.
+    #[arg(long)]
+    pub auto_create_topic: bool,
+}
+
+/// Options of `shoal dev`.
+#[derive(Debug, Args)]
+pub struct DevArgs {
+    /// Data directory.
+    #[arg(long, default_value = "shoal-data")]
+    pub data_dir: PathBuf,
+    /// Name server port.
+    #[arg(long, default_value_t = 9876)]
+    pub namesrv_port: u16,
+    /// Broker port.
+    #[arg(long, default_value_t = 10911)]
+    pub broker_port: u16,
+    /// Flush mode.
+    #[arg(long, value_enum, default_value = "async")]
+    pub flush: FlushArg,
+}
+
+fn split_addrs(s: &str) -> Vec<String> {
+    s.split([';', ','])
+        .map(str::trim)
+        .filter(|a| !a.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+/// Builds the broker configuration from defaults, the file and the flags.
+pub fn broker_config(args: &BrokerArgs) -> anyhow::Result<BrokerConfig> {
+    let mut cfg = match &args.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read config file {}", path.display()))?;
+            BrokerConfig::from_toml(&text).with_context(|| format!("in {}", path.display()))?
+        }
+        None => BrokerConfig::default(),
+    };
+    if let Some(v) = &args.listen {
+        cfg.listen_addr = v.clone();
+    }
+    if let Some(v) = &args.namesrv {
+        let addrs = split_addrs(v);
+        if addrs.is_empty() {
+            bail!("--namesrv is empty");
+        }
+        cfg.namesrv_addrs = addrs;
+    }
+    if let Some(v) = &args.data_dir {
+        cfg.data_dir = v.clone();
+    }
+    if let Some(v) = &args.broker_name {
+        cfg.broker_name = v.clone();
+    }
+    if let Some(v) = &args.cluster {
+        cfg.cluster_name = v.clone();
+    }
+    if let Some(v) = args.flush {
+        cfg.flush_mode = match v {
+            FlushArg::Async => FlushMode::Async,
+            FlushArg::Sync => FlushMode::Sync,
+        };
+    }
+    if let Some(v) = args.retention_hours {
+        cfg.retention_hours = v;
+    }
+    if let Some(v) = args.max_message_bytes {
+        cfg.max_message_bytes = v;
+    }
+    if args.auto_create_topic {
+        cfg.auto_create_topic = true;
+    }
+    cfg.validate()?;
+    Ok(cfg)
+}
+
+/// Waits for Ctrl-C or SIGTERM.
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// `shoal namesrv`.
+pub async fn run_namesrv(args: NamesrvArgs) -> anyhow::Result<()> {
+    let ns = NameServer::start(NamesrvConfig {
+        listen_addr: args.listen.clone(),
+        ..NamesrvConfig::default()
+    })
+    .await?;
+    println!("shoal name server listening on {}", ns.local_addr());
+    shutdown_signal().await;
+    ns.shutdown().await;
+    println!("name server stopped");
+    Ok(())
+}
+
+/// `shoal broker`.
+pub async fn run_broker(args: BrokerArgs) -> anyhow::Result<()> {
+    let cfg = broker_config(&args)?;
+    let broker = Broker::start(cfg.clone()).await?;
+    println!(
+        "shoal broker {} listening on {} (data in {}, name servers {})",
+        cfg.broker_name,
+        broker.local_addr(),
+        cfg.data_dir.display(),
+        cfg.namesrv_addrs.join(";")
+    );
+    shutdown_signal().await;
+    broker.shutdown().await;
+    println!("broker stopped");
+    Ok(())
+}
+
+/// `shoal dev`: a name server and a broker in one process, auto-create on.
+pub async fn run_dev(args: DevArgs) -> anyhow::Result<()> {
+    let ns = NameServer::start(NamesrvConfig {
+        listen_addr: format!("127.0.0.1:{}", args.namesrv_port),
+        ..NamesrvConfig::default()
+    })
+    .await
+    .context(
+        "starting the name server (is another Shoal or RocketMQ running? try --namesrv-port)",
+    )?;
+    let namesrv = ns.local_addr().to_string();
+    let cfg = BrokerConfig {
+        listen_addr: format!("127.0.0.1:{}", args.broker_port),
+        namesrv_addrs: vec![namesrv.clone()],
+        data_dir: args.data_dir.join("broker"),
+        auto_create_topic: true,
+        flush_mode: match args.flush {
+            FlushArg::Async => FlushMode::Async,
+            FlushArg::Sync => FlushMode::Sync,
+        },
+        ..BrokerConfig::default()
+    };
+    let broker = match Broker::start(cfg.clone()).await {
+        Ok(b) => b,
+        Err(e) => {
+            ns.shutdown().await;
+            return Err(anyhow::Error::new(e).context("starting the broker (try --broker-port)"));
+        }
+    };
+    println!("Shoal dev is running (Ctrl-C to stop)");
+    println!("  name server  {namesrv}");
+    println!(
+        "  broker       {} at {}, data in {}",
+        cfg.broker_name,
+        broker.local_addr(),
+        cfg.data_dir.display()
+    );
+    println!("  topics are created on first send");
+    println!("Try it:");
+    println!("  shoal send TopicTest --count 3");
+    println!("  shoal consume TopicTest --group demo");
+    shutdown_signal().await;
+    println!("stopping: flushing offsets and topics, unregistering from the name server");
+    broker.shutdown().await;
+    ns.shutdown().await;
+    println!("stopped");
+    Ok(())
+}
