@@ -76,7 +76,7 @@ mod tests {
 
     #[test]
     fn orders_by_topic_broker_queue() {
-        let mut v = vec![
+        let mut v = [
             MessageQueue::new("B", "a", 0),
             MessageQueue::new("A", "b", 0),
             MessageQueue::new("A", "a", 2),
