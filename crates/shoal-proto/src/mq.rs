@@ -89,8 +89,11 @@ mod tests {
 
     #[test]
     fn java_order_is_utf16_order() {
-        // U+FF61 sorts after U+1F600 in UTF-8 byte order but before it in UTF-16 order.
-        assert_eq!(java_str_cmp("\u{FF61}", "\u{1F600}"), std::cmp::Ordering::Greater);
+        // U+FF61 sorts before U+1F600 in UTF-8 byte order but after it in UTF-16 order.
+        assert_eq!(
+            java_str_cmp("\u{FF61}", "\u{1F600}"),
+            std::cmp::Ordering::Greater
+        );
         assert_eq!("\u{FF61}".cmp("\u{1F600}"), std::cmp::Ordering::Less);
     }
 }
