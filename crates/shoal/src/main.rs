@@ -2,6 +2,7 @@
 
 use clap::{Parser, Subcommand};
 
+mod rebalance;
 mod server;
 
 /// Shoal: a RocketMQ-compatible message queue with consumer-group rebalancing you can trust.
@@ -20,6 +21,9 @@ enum Command {
     Namesrv(server::NamesrvArgs),
     /// Run a broker.
     Broker(server::BrokerArgs),
+    /// Rebalance tools: simulate allocation strategies over membership changes.
+    #[command(subcommand)]
+    Rebalance(rebalance::RebalanceCommand),
     /// Print the protocol version Shoal speaks.
     Version,
 }
@@ -30,6 +34,7 @@ fn main() -> anyhow::Result<()> {
         Command::Dev(a) => return serve(server::run_dev(a)),
         Command::Namesrv(a) => return serve(server::run_namesrv(a)),
         Command::Broker(a) => return serve(server::run_broker(a)),
+        Command::Rebalance(c) => rebalance::run(c)?,
         Command::Version => {
             println!(
                 "shoal {} (RocketMQ remoting version {})",

@@ -109,15 +109,24 @@ impl AllocateStrategy for BalancedSticky {
     }
 }
 
-/// Rendezvous scores: hashes of queues and members, combined per pair on demand.
+/// How many best-scoring members are remembered per queue.
+const CANDIDATES: usize = 8;
+
+/// Rendezvous scores: hashes of queues and members, combined per pair on demand, plus for
+/// each queue its [`CANDIDATES`] best-scoring members (in member order) and the best score
+/// of the others, so that most bids look at a few members instead of all.
 struct Scores {
     queues: Vec<u64>,
     members: Vec<u64>,
+    /// `CANDIDATES` (or all, when fewer members) `(member, score)` per queue.
+    candidates: Vec<Vec<(usize, f64)>>,
+    /// Best score among the members that are not candidates (−∞ if none).
+    bound: Vec<f64>,
 }
 
 impl Scores {
     fn new(queues: &[MessageQueue], members: &[String]) -> Self {
-        let queues = queues
+        let queues: Vec<u64> = queues
             .iter()
             .map(|q| {
                 let mut key = Vec::with_capacity(q.topic.len() + q.broker_name.len() + 20);
@@ -129,21 +138,86 @@ impl Scores {
                 mix64(fnv1a64(&key))
             })
             .collect();
-        let members = members
+        let members: Vec<u64> = members
             .iter()
             .map(|m| mix64(fnv1a64(m.as_bytes()) ^ 0x5348_4f41_4c00_0001))
             .collect();
-        Self { queues, members }
+        let mut candidates = Vec::with_capacity(queues.len());
+        let mut bound = Vec::with_capacity(queues.len());
+        let mut row: Vec<(usize, f64)> = Vec::with_capacity(members.len());
+        for &q in &queues {
+            row.clear();
+            row.extend(
+                members
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &hm)| (i, pair_score(q, hm))),
+            );
+            // Best first; ties by member order.
+            row.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+            let mut best: Vec<(usize, f64)> = row.iter().take(CANDIDATES).copied().collect();
+            best.sort_unstable_by_key(|c| c.0);
+            candidates.push(best);
+            bound.push(row.get(CANDIDATES).map_or(f64::NEG_INFINITY, |c| c.1));
+        }
+        Self {
+            queues,
+            members,
+            candidates,
+            bound,
+        }
     }
 
     fn score(&self, q: u64, member: usize) -> f64 {
-        let hm = self.members.get(member).copied().unwrap_or(0);
-        // The pair's hash: FNV-1a over both ids' 64-bit hashes, then SplitMix64.
-        let mut key = [0u8; 16];
-        key[..8].copy_from_slice(&q.to_le_bytes());
-        key[8..].copy_from_slice(&hm.to_le_bytes());
-        gumbel(mix64(fnv1a64(&key)))
+        pair_score(q, self.members.get(member).copied().unwrap_or(0))
     }
+}
+
+/// The score of a (queue, member) pair from their 64-bit hashes: FNV-1a over both, then
+/// SplitMix64, as a standard Gumbel variate.
+fn pair_score(q: u64, hm: u64) -> f64 {
+    let mut key = [0u8; 16];
+    key[..8].copy_from_slice(&q.to_le_bytes());
+    key[8..].copy_from_slice(&hm.to_le_bytes());
+    gumbel(mix64(fnv1a64(&key)))
+}
+
+/// Best and second-best value `score − price` of queue `qi` over members with capacity, and
+/// the best member; from the candidates when that is provably exact, else from all members.
+fn best_two(
+    scores: &Scores,
+    qi: usize,
+    caps: &[usize],
+    prices: &[f64],
+) -> (Option<usize>, f64, f64) {
+    let top2 = |it: &mut dyn Iterator<Item = (usize, f64)>| {
+        let mut best = None;
+        let mut b1 = f64::NEG_INFINITY;
+        let mut b2 = f64::NEG_INFINITY;
+        for (i, s) in it {
+            if caps.get(i).copied().unwrap_or(0) == 0 {
+                continue;
+            }
+            let v = s - prices.get(i).copied().unwrap_or(0.0);
+            if v > b1 {
+                b2 = b1;
+                b1 = v;
+                best = Some(i);
+            } else if v > b2 {
+                b2 = v;
+            }
+        }
+        (best, b1, b2)
+    };
+    if let (Some(c), Some(&bound)) = (scores.candidates.get(qi), scores.bound.get(qi)) {
+        // Prices are never negative, so no other member's value exceeds `bound`.
+        let (best, b1, b2) = top2(&mut c.iter().copied());
+        if best.is_some() && b2 > bound {
+            return (best, b1, b2);
+        }
+    }
+    let q = scores.queues.get(qi).copied().unwrap_or(0);
+    top2(&mut (0..caps.len()).map(|i| (i, scores.score(q, i))))
 }
 
 /// Outcome of one auction.
@@ -167,23 +241,7 @@ fn auction(scores: &Scores, caps: &[usize], epsilon: f64) -> Auction {
     let mut held: Vec<BinaryHeap<Reverse<(u64, usize)>>> = vec![BinaryHeap::new(); m];
     let mut waiting: VecDeque<usize> = (0..n).collect();
     while let Some(qi) = waiting.pop_front() {
-        let q = scores.queues.get(qi).copied().unwrap_or(0);
-        let mut best: Option<usize> = None;
-        let mut b1 = f64::NEG_INFINITY;
-        let mut b2 = f64::NEG_INFINITY;
-        for (i, (&cap, &price)) in caps.iter().zip(&prices).enumerate() {
-            if cap == 0 {
-                continue;
-            }
-            let v = scores.score(q, i) - price;
-            if v > b1 {
-                b2 = b1;
-                b1 = v;
-                best = Some(i);
-            } else if v > b2 {
-                b2 = v;
-            }
-        }
+        let (best, b1, mut b2) = best_two(scores, qi, caps, &prices);
         let Some(i) = best else {
             // No member can take anything (all capacities zero): the queue stays unowned.
             continue;
