@@ -77,7 +77,9 @@ fn append(c: &mut Criterion) {
         let dir = tempdir();
         let store = Arc::new(open(dir.path(), FlushMode::Async));
         let m = message("bench", 0, size, 1);
-        g.bench_function(BenchmarkId::new("single", size), |b| b.iter(|| put(&store, &m)));
+        g.bench_function(BenchmarkId::new("single", size), |b| {
+            b.iter(|| put(&store, &m))
+        });
         g.throughput(Throughput::Elements(32));
         let batch: Vec<_> = (0..32).map(|i| message("bench", 1, size, i)).collect();
         g.bench_function(BenchmarkId::new("batch32", size), |b| {

@@ -918,6 +918,8 @@ impl MessageStore {
     /// Deletes a topic's consume queues and consumer offsets. Its records stay in the commit
     /// log until retention removes them, but are no longer reachable by queue or key.
     pub fn delete_topic(&self, topic: &str) -> Result<()> {
+        // The topic names a directory: never let it point elsewhere.
+        validate_topic(topic)?;
         let inner = &*self.inner;
         let _w = inner.writer.lock();
         let removed = inner.queues.write().remove(topic);
@@ -1052,10 +1054,16 @@ impl MessageStore {
         for h in self.threads.lock().drain(..) {
             let _ = h.join();
         }
-        let _w = inner.writer.lock();
+        let w = inner.writer.lock();
+        inner.offsets.persist()?;
+        if let Some(reason) = &w.failed {
+            // Leave the abort marker: the next open must run the full check and re-dispatch
+            // whatever the failed write left behind.
+            tracing::warn!(%reason, "store closed after a write failure; next open runs a full check");
+            return Ok(());
+        }
         inner.commit_log.flush()?;
         inner.flush_logics()?;
-        inner.offsets.persist()?;
         let end = inner.commit_log.write_pos();
         let cp = Checkpoint {
             commit_log_flushed: end,

@@ -351,6 +351,17 @@ fn limits_full_disk_and_fsync_failure() {
         Err(StoreError::WriteFailed(_))
     ));
     assert_eq!(read_all(&store)[&("L".to_string(), 0)].len(), 7);
+    // Closing a failed store leaves the abort marker: the next open runs the full check.
+    store.shutdown().unwrap();
+    drop(store);
+    be.set_faults(Faults::default());
+    let (store, report) = MessageStore::open(mem_config(&be, FlushMode::Sync)).unwrap();
+    assert!(report.abnormal_shutdown && report.full_check);
+    assert_eq!(store.max_offset("L", 0), 7);
+    assert!(matches!(
+        store.delete_topic("../L"),
+        Err(StoreError::InvalidArgument(_))
+    ));
 }
 
 #[test]
@@ -449,4 +460,45 @@ fn real_file_system_with_background_threads() {
         .join("commitlog")
         .join("00000000000000065536")
         .exists());
+}
+
+#[test]
+fn failure_after_commit_log_write_poisons_then_recovers() {
+    let be = MemBackend::new();
+    let (store, _) = MessageStore::open(mem_config(&be, FlushMode::Async)).unwrap();
+    let first = store.put_message(&msg("P", 0, "p0", 100, "")).unwrap();
+    let size = u64::from(first.messages[0].size);
+    // Room for the commit log record, not for its consume-queue entry.
+    be.set_faults(Faults {
+        write_budget: Some(size + 5),
+        ..Faults::default()
+    });
+    assert!(store.put_message(&msg("P", 0, "p1", 100, "")).is_err());
+    be.set_faults(Faults::default());
+    assert!(matches!(
+        store.put_message(&msg("P", 0, "p2", 100, "")),
+        Err(StoreError::WriteFailed(_))
+    ));
+    // Readers still see what was there before.
+    assert_eq!(store.max_offset("P", 0), 1);
+    drop(store);
+    let (store, report) = MessageStore::open(mem_config(&be, FlushMode::Async)).unwrap();
+    assert!(report.full_check);
+    // The record that reached the log is re-dispatched (the producer saw an error and may
+    // retry: at-least-once), and the queue stays consistent with the log.
+    let all = read_all(&store);
+    let ids: Vec<_> = all[&("P".to_string(), 0)]
+        .iter()
+        .map(|r| r.id.clone())
+        .collect();
+    assert_eq!(ids, ["p0", "p1"]);
+    assert_eq!(walk_commit_log(&store).len(), 2);
+    assert_eq!(
+        store
+            .put_message(&msg("P", 0, "p3", 100, ""))
+            .unwrap()
+            .messages[0]
+            .queue_offset,
+        2
+    );
 }
