@@ -1,0 +1,815 @@
+//! The admin client: topics, clusters, consumer progress and connections, offset resets,
+//! message lookup and DLQ resend — what `mqadmin` does, as async Rust.
+//!
+//! Every call goes to the name servers for routes and then to the brokers that serve the topic
+//! or group. Written by the lead for the `shoal` command; extend it rather than replacing it.
+
+use shoal_net::{NetConfig, NotSupportedProcessor, RemotingClient};
+use shoal_proto::body::{
+    ClusterInfo, ConsumeStats, ConsumerConnection, ConsumerRunningInfo, ResetOffsetBody, TopicList,
+    TopicRouteData, TopicStatsTable,
+};
+use shoal_proto::code::{request_code as rc, response_code as resp};
+use shoal_proto::constants::{dlq_topic, retry_topic};
+use shoal_proto::header::*;
+use shoal_proto::message::{decode_records, DecodeOptions, MessageExt, OffsetMsgId};
+use shoal_proto::{MessageQueue, RemotingCommand};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Errors of admin calls; each names what failed.
+#[derive(Debug, thiserror::Error)]
+pub enum AdminError {
+    /// No name server answered.
+    #[error("no name server reachable ({addrs}): {last}")]
+    NamesrvUnreachable {
+        /// The addresses tried.
+        addrs: String,
+        /// The last error.
+        last: String,
+    },
+    /// A server could not be reached.
+    #[error("{addr}: {source}")]
+    Net {
+        /// The server.
+        addr: String,
+        /// Cause.
+        source: shoal_net::NetError,
+    },
+    /// A server refused the request.
+    #[error("{what} refused by {addr}: code {code}: {remark}")]
+    Refused {
+        /// What was asked.
+        what: &'static str,
+        /// The server.
+        addr: String,
+        /// Response code.
+        code: i32,
+        /// Remark.
+        remark: String,
+    },
+    /// The topic has no route (it does not exist).
+    #[error("topic {0} does not exist (no route on the name server)")]
+    TopicNotFound(String),
+    /// The consumer group is unknown everywhere.
+    #[error("consumer group {0} is not known to any broker")]
+    GroupNotFound(String),
+    /// A message was not found.
+    #[error("message {0} not found")]
+    MessageNotFound(String),
+    /// Bad data in an answer.
+    #[error("bad answer from {addr}: {source}")]
+    Proto {
+        /// The server.
+        addr: String,
+        /// Cause.
+        source: shoal_proto::ProtoError,
+    },
+    /// Bad input from the caller.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// Result of admin calls.
+pub type AdminResult<T> = Result<T, AdminError>;
+
+/// A topic to create or update.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopicSpec {
+    /// Topic name.
+    pub name: String,
+    /// Read queues per broker.
+    pub read_queues: i32,
+    /// Write queues per broker.
+    pub write_queues: i32,
+    /// Permission bits (6 = read + write).
+    pub perm: i32,
+    /// Ordered topic.
+    pub order: bool,
+}
+
+impl TopicSpec {
+    /// A read-write topic with `queues` queues per broker.
+    pub fn new(name: impl Into<String>, queues: i32) -> Self {
+        Self {
+            name: name.into(),
+            read_queues: queues,
+            write_queues: queues,
+            perm: 6,
+            order: false,
+        }
+    }
+}
+
+/// One queue's consumption progress.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueProgress {
+    /// The queue.
+    pub mq: MessageQueue,
+    /// Next offset to be written (max offset).
+    pub broker_offset: i64,
+    /// The group's committed offset.
+    pub consumer_offset: i64,
+    /// Messages not yet consumed.
+    pub lag: i64,
+    /// Client id of the member that holds the queue now, if one says so.
+    pub owner: Option<String>,
+    /// Store time of the last consumed message (ms, 0 if none).
+    pub last_consume_timestamp: i64,
+}
+
+/// A group's progress over all its topics and brokers.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct GroupProgress {
+    /// Per queue, sorted.
+    pub queues: Vec<QueueProgress>,
+    /// Client ids heartbeated by more than one connection (reported by brokers).
+    pub duplicate_client_ids: BTreeSet<String>,
+    /// Topics the members subscribe to differently (reported by brokers).
+    pub inconsistent_topics: BTreeSet<String>,
+    /// Members that did not answer GET_CONSUMER_RUNNING_INFO (their queues show no owner).
+    pub unreachable_members: BTreeSet<String>,
+}
+
+impl GroupProgress {
+    /// Sum of lags.
+    pub fn total_lag(&self) -> i64 {
+        self.queues.iter().map(|q| q.lag).sum()
+    }
+
+    /// Queues with more than one owner, and queues with none: after convergence both are empty.
+    pub fn ownership_problems(&self) -> (Vec<MessageQueue>, Vec<MessageQueue>) {
+        let unowned = self
+            .queues
+            .iter()
+            .filter(|q| q.owner.is_none())
+            .map(|q| q.mq.clone())
+            .collect();
+        (Vec::new(), unowned)
+    }
+}
+
+/// One offset reset, planned or applied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OffsetReset {
+    /// The queue.
+    pub mq: MessageQueue,
+    /// Committed offset before.
+    pub from: i64,
+    /// New offset.
+    pub to: i64,
+}
+
+/// The admin client.
+#[derive(Debug, Clone)]
+pub struct AdminClient {
+    namesrv: Vec<String>,
+    net: RemotingClient,
+    timeout: Duration,
+}
+
+fn refused(what: &'static str, addr: &str, r: &RemotingCommand) -> AdminError {
+    AdminError::Refused {
+        what,
+        addr: addr.to_string(),
+        code: r.code,
+        remark: r.remark.clone().unwrap_or_default(),
+    }
+}
+
+impl AdminClient {
+    /// An admin client for the given name servers (`"host:port"`).
+    pub fn new(namesrv: Vec<String>) -> Self {
+        Self {
+            namesrv,
+            net: RemotingClient::new(NetConfig::default(), Arc::new(NotSupportedProcessor)),
+            timeout: Duration::from_secs(5),
+        }
+    }
+
+    /// Sets the per-request timeout (5 s by default).
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Closes connections.
+    pub fn shutdown(&self) {
+        self.net.shutdown();
+    }
+
+    async fn call(&self, addr: &str, req: RemotingCommand) -> AdminResult<RemotingCommand> {
+        self.net
+            .invoke(addr, req, self.timeout)
+            .await
+            .map_err(|source| AdminError::Net {
+                addr: addr.to_string(),
+                source,
+            })
+    }
+
+    async fn call_ok(
+        &self,
+        what: &'static str,
+        addr: &str,
+        req: RemotingCommand,
+    ) -> AdminResult<RemotingCommand> {
+        let r = self.call(addr, req).await?;
+        if r.code != resp::SUCCESS {
+            return Err(refused(what, addr, &r));
+        }
+        Ok(r)
+    }
+
+    /// Sends to the first name server that answers; returns its address and the answer.
+    async fn namesrv_call(&self, req: RemotingCommand) -> AdminResult<(String, RemotingCommand)> {
+        let mut last = String::from("no name server configured");
+        for addr in &self.namesrv {
+            match self.net.invoke(addr, req.clone(), self.timeout).await {
+                Ok(r) => return Ok((addr.clone(), r)),
+                Err(e) => last = e.to_string(),
+            }
+        }
+        Err(AdminError::NamesrvUnreachable {
+            addrs: self.namesrv.join(";"),
+            last,
+        })
+    }
+
+    fn json<T: serde::de::DeserializeOwned>(addr: &str, r: &RemotingCommand) -> AdminResult<T> {
+        r.decode_json_body().map_err(|source| AdminError::Proto {
+            addr: addr.to_string(),
+            source,
+        })
+    }
+
+    /// The route of a topic.
+    pub async fn topic_route(&self, topic: &str) -> AdminResult<TopicRouteData> {
+        let req = RemotingCommand::request_with_header(
+            rc::GET_ROUTEINFO_BY_TOPIC,
+            &GetRouteInfoRequestHeader {
+                topic: topic.into(),
+                ..Default::default()
+            },
+        );
+        let (addr, r) = self.namesrv_call(req).await?;
+        match r.code {
+            resp::SUCCESS => Self::json(&addr, &r),
+            resp::TOPIC_NOT_EXIST => Err(AdminError::TopicNotFound(topic.into())),
+            _ => Err(refused("route lookup", &addr, &r)),
+        }
+    }
+
+    /// Brokers (by name) and clusters.
+    pub async fn cluster_info(&self) -> AdminResult<ClusterInfo> {
+        let (addr, r) = self
+            .namesrv_call(RemotingCommand::request(rc::GET_BROKER_CLUSTER_INFO))
+            .await?;
+        if r.code != resp::SUCCESS {
+            return Err(refused("cluster info", &addr, &r));
+        }
+        Self::json(&addr, &r)
+    }
+
+    /// Every topic the name servers know.
+    pub async fn topic_list(&self) -> AdminResult<BTreeSet<String>> {
+        let (addr, r) = self
+            .namesrv_call(RemotingCommand::request(
+                rc::GET_ALL_TOPIC_LIST_FROM_NAMESERVER,
+            ))
+            .await?;
+        if r.code != resp::SUCCESS {
+            return Err(refused("topic list", &addr, &r));
+        }
+        Ok(Self::json::<TopicList>(&addr, &r)?.topic_list)
+    }
+
+    /// Master addresses of the brokers of a cluster (every cluster when `None`).
+    pub async fn master_addrs(&self, cluster: Option<&str>) -> AdminResult<Vec<String>> {
+        let info = self.cluster_info().await?;
+        let names: BTreeSet<&String> = match cluster {
+            Some(c) => info
+                .cluster_addr_table
+                .get(c)
+                .ok_or_else(|| AdminError::Invalid(format!("cluster {c} does not exist")))?
+                .iter()
+                .collect(),
+            None => info.broker_addr_table.keys().collect(),
+        };
+        Ok(names
+            .into_iter()
+            .filter_map(|n| info.broker_addr_table.get(n))
+            .filter_map(|b| b.master_addr().map(str::to_string))
+            .collect())
+    }
+
+    /// Creates or updates a topic on every master of the cluster (or of every cluster).
+    pub async fn create_topic(
+        &self,
+        spec: &TopicSpec,
+        cluster: Option<&str>,
+    ) -> AdminResult<Vec<String>> {
+        let brokers = self.master_addrs(cluster).await?;
+        if brokers.is_empty() {
+            return Err(AdminError::Invalid(
+                "no broker is registered with the name server".into(),
+            ));
+        }
+        for addr in &brokers {
+            let req = RemotingCommand::request_with_header(
+                rc::UPDATE_AND_CREATE_TOPIC,
+                &CreateTopicRequestHeader {
+                    topic: spec.name.clone(),
+                    default_topic: "TBW102".into(),
+                    read_queue_nums: spec.read_queues,
+                    write_queue_nums: spec.write_queues,
+                    perm: spec.perm,
+                    topic_filter_type: "SINGLE_TAG".into(),
+                    order: spec.order,
+                    ..Default::default()
+                },
+            );
+            self.call_ok("create topic", addr, req).await?;
+        }
+        Ok(brokers)
+    }
+
+    /// Deletes a topic from its brokers and the name servers.
+    pub async fn delete_topic(&self, topic: &str) -> AdminResult<()> {
+        let route = self.topic_route(topic).await?;
+        for b in &route.broker_datas {
+            if let Some(addr) = b.master_addr() {
+                let req = RemotingCommand::request_with_header(
+                    rc::DELETE_TOPIC_IN_BROKER,
+                    &DeleteTopicRequestHeader {
+                        topic: topic.into(),
+                        ..Default::default()
+                    },
+                );
+                self.call_ok("delete topic", addr, req).await?;
+            }
+        }
+        for ns in &self.namesrv {
+            let req = RemotingCommand::request_with_header(
+                rc::DELETE_TOPIC_IN_NAMESRV,
+                &DeleteTopicFromNamesrvRequestHeader {
+                    topic: topic.into(),
+                    ..Default::default()
+                },
+            );
+            self.call_ok("delete topic route", ns, req).await?;
+        }
+        Ok(())
+    }
+
+    /// Per queue min/max offsets and last store time.
+    pub async fn topic_status(&self, topic: &str) -> AdminResult<TopicStatsTable> {
+        let route = self.topic_route(topic).await?;
+        let mut all = TopicStatsTable::default();
+        for b in &route.broker_datas {
+            if let Some(addr) = b.master_addr() {
+                let req = RemotingCommand::request_with_header(
+                    rc::GET_TOPIC_STATS_INFO,
+                    &GetTopicStatsInfoRequestHeader {
+                        topic: topic.into(),
+                        ..Default::default()
+                    },
+                );
+                let r = self.call_ok("topic status", addr, req).await?;
+                let t: TopicStatsTable = Self::json(addr, &r)?;
+                all.offset_table.extend(t.offset_table);
+            }
+        }
+        Ok(all)
+    }
+
+    /// Brokers that serve a group: those of its retry topic, else every master.
+    async fn group_brokers(&self, group: &str) -> AdminResult<Vec<String>> {
+        match self.topic_route(&retry_topic(group)).await {
+            Ok(route) => Ok(route
+                .broker_datas
+                .iter()
+                .filter_map(|b| b.master_addr().map(str::to_string))
+                .collect()),
+            Err(AdminError::TopicNotFound(_)) => self.master_addrs(None).await,
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The group's connections (from the first broker that knows the group).
+    pub async fn consumer_connections(
+        &self,
+        group: &str,
+    ) -> AdminResult<(ConsumerConnection, serde_json::Value)> {
+        for addr in self.group_brokers(group).await? {
+            let req = RemotingCommand::request_with_header(
+                rc::GET_CONSUMER_CONNECTION_LIST,
+                &GetConsumerConnectionListRequestHeader {
+                    consumer_group: group.into(),
+                    ..Default::default()
+                },
+            );
+            let r = self.call(&addr, req).await?;
+            if r.code == resp::SUCCESS {
+                let raw: serde_json::Value = Self::json(&addr, &r)?;
+                return Ok((Self::json(&addr, &r)?, raw));
+            }
+        }
+        Err(AdminError::GroupNotFound(group.into()))
+    }
+
+    /// A member's running info (its queues), asked through a broker.
+    pub async fn consumer_running_info(
+        &self,
+        broker: &str,
+        group: &str,
+        client_id: &str,
+    ) -> AdminResult<ConsumerRunningInfo> {
+        let req = RemotingCommand::request_with_header(
+            rc::GET_CONSUMER_RUNNING_INFO,
+            &GetConsumerRunningInfoRequestHeader {
+                consumer_group: group.into(),
+                client_id: client_id.into(),
+                ..Default::default()
+            },
+        );
+        let r = self.call_ok("consumer running info", broker, req).await?;
+        Self::json(broker, &r)
+    }
+
+    /// Per queue broker offset, consumer offset, lag, owner and last consume time, over every
+    /// broker of the group, with the brokers' group-health flags.
+    pub async fn group_progress(&self, group: &str) -> AdminResult<GroupProgress> {
+        let brokers = self.group_brokers(group).await?;
+        let mut progress = GroupProgress::default();
+        let mut stats: BTreeMap<MessageQueue, shoal_proto::body::OffsetWrapper> = BTreeMap::new();
+        let mut known = false;
+        for addr in &brokers {
+            let req = RemotingCommand::request_with_header(
+                rc::GET_CONSUME_STATS,
+                &GetConsumeStatsRequestHeader {
+                    consumer_group: group.into(),
+                    ..Default::default()
+                },
+            );
+            let r = self.call(addr, req).await?;
+            if r.code != resp::SUCCESS {
+                continue;
+            }
+            known = true;
+            let s: ConsumeStats = Self::json(addr, &r)?;
+            let raw: serde_json::Value = Self::json(addr, &r)?;
+            for key in ["duplicateClientIds", "inconsistentSubscriptionTopics"] {
+                if let Some(list) = raw[key].as_array() {
+                    let set = if key == "duplicateClientIds" {
+                        &mut progress.duplicate_client_ids
+                    } else {
+                        &mut progress.inconsistent_topics
+                    };
+                    set.extend(list.iter().filter_map(|v| v.as_str().map(str::to_string)));
+                }
+            }
+            stats.extend(s.offset_table);
+        }
+        if !known {
+            return Err(AdminError::GroupNotFound(group.into()));
+        }
+        // Owners: ask each member (through a broker) which queues it holds.
+        let mut owners: BTreeMap<MessageQueue, String> = BTreeMap::new();
+        if let Ok((conns, _)) = self.consumer_connections(group).await {
+            let via = brokers.first().cloned().unwrap_or_default();
+            let ids: BTreeSet<String> = conns
+                .connection_set
+                .iter()
+                .map(|c| c.client_id.clone())
+                .collect();
+            for id in ids {
+                match self.consumer_running_info(&via, group, &id).await {
+                    Ok(info) => {
+                        for (mq, pq) in info.mq_table {
+                            if !pq.droped {
+                                owners
+                                    .entry(mq)
+                                    .and_modify(|o| {
+                                        o.push(',');
+                                        o.push_str(&id);
+                                    })
+                                    .or_insert_with(|| id.clone());
+                            }
+                        }
+                    }
+                    Err(_) => {
+                        progress.unreachable_members.insert(id);
+                    }
+                }
+            }
+        }
+        progress.queues = stats
+            .into_iter()
+            .map(|(mq, w)| QueueProgress {
+                owner: owners.get(&mq).cloned(),
+                lag: (w.broker_offset - w.consumer_offset).max(0),
+                broker_offset: w.broker_offset,
+                consumer_offset: w.consumer_offset,
+                last_consume_timestamp: w.last_timestamp,
+                mq,
+            })
+            .collect();
+        Ok(progress)
+    }
+
+    /// Moves the group's offsets of `topic` to the first message stored at or after
+    /// `timestamp_ms` (`-1` = the latest offset). With `dry_run` nothing changes and the plan is
+    /// returned.
+    pub async fn reset_offset(
+        &self,
+        group: &str,
+        topic: &str,
+        timestamp_ms: i64,
+        dry_run: bool,
+    ) -> AdminResult<Vec<OffsetReset>> {
+        let route = self.topic_route(topic).await?;
+        let mut plan = Vec::new();
+        for b in &route.broker_datas {
+            let Some(addr) = b.master_addr() else {
+                continue;
+            };
+            let req = RemotingCommand::request_with_header(
+                rc::GET_CONSUME_STATS,
+                &GetConsumeStatsRequestHeader {
+                    consumer_group: group.into(),
+                    topic: Some(topic.into()),
+                    ..Default::default()
+                },
+            );
+            let r = self.call_ok("consume stats", addr, req).await?;
+            let stats: ConsumeStats = Self::json(addr, &r)?;
+            if dry_run {
+                for (mq, w) in stats.offset_table {
+                    let to = if timestamp_ms == -1 {
+                        w.broker_offset
+                    } else {
+                        let req = RemotingCommand::request_with_header(
+                            rc::SEARCH_OFFSET_BY_TIMESTAMP,
+                            &SearchOffsetRequestHeader {
+                                topic: topic.into(),
+                                queue_id: mq.queue_id,
+                                timestamp: timestamp_ms,
+                                ..Default::default()
+                            },
+                        );
+                        let r = self.call_ok("search offset", addr, req).await?;
+                        r.decode_command_header::<SearchOffsetResponseHeader>()
+                            .map_err(|source| AdminError::Proto {
+                                addr: addr.to_string(),
+                                source,
+                            })?
+                            .offset
+                    };
+                    plan.push(OffsetReset {
+                        mq,
+                        from: w.consumer_offset,
+                        to,
+                    });
+                }
+            } else {
+                let req = RemotingCommand::request_with_header(
+                    rc::INVOKE_BROKER_TO_RESET_OFFSET,
+                    &ResetOffsetRequestHeader {
+                        topic: topic.into(),
+                        group: group.into(),
+                        timestamp: timestamp_ms,
+                        is_force: true,
+                        ..Default::default()
+                    },
+                );
+                let r = self.call_ok("reset offset", addr, req).await?;
+                let body: ResetOffsetBody = Self::json(addr, &r)?;
+                for (mq, to) in body.offset_table {
+                    let from = stats
+                        .offset_table
+                        .get(&mq)
+                        .map(|w| w.consumer_offset)
+                        .unwrap_or(0);
+                    plan.push(OffsetReset { mq, from, to });
+                }
+            }
+        }
+        plan.sort_by(|a, b| a.mq.cmp(&b.mq));
+        Ok(plan)
+    }
+
+    /// Looks a message up by its offset message id (32 or 56 hex characters, as returned by a
+    /// send) or, with `topic`, by its UNIQ_KEY.
+    pub async fn view_message(&self, id: &str, topic: Option<&str>) -> AdminResult<MessageExt> {
+        if let Ok(oid) = OffsetMsgId::parse(id) {
+            let addr = oid.store_host.to_string();
+            let req = RemotingCommand::request_with_header(
+                rc::VIEW_MESSAGE_BY_ID,
+                &ViewMessageByIdRequestHeader {
+                    offset: oid.commit_log_offset,
+                    ..Default::default()
+                },
+            );
+            let r = self.call(&addr, req).await?;
+            if r.code == resp::SUCCESS {
+                return Self::first_message(&addr, &r, id);
+            }
+            if topic.is_none() {
+                return Err(AdminError::MessageNotFound(id.into()));
+            }
+        }
+        let topic = topic.ok_or_else(|| {
+            AdminError::Invalid(format!(
+                "{id} is not an offset message id; give --topic to look it up by its message key"
+            ))
+        })?;
+        let route = self.topic_route(topic).await?;
+        for b in &route.broker_datas {
+            let Some(addr) = b.master_addr() else {
+                continue;
+            };
+            let req = RemotingCommand::request_with_header(
+                rc::QUERY_MESSAGE,
+                &QueryMessageRequestHeader {
+                    topic: topic.into(),
+                    key: id.into(),
+                    max_num: 1,
+                    begin_timestamp: 0,
+                    end_timestamp: i64::MAX,
+                    unique_key_query: Some(true),
+                    ..Default::default()
+                },
+            );
+            let r = self.call(addr, req).await?;
+            if r.code == resp::SUCCESS {
+                return Self::first_message(addr, &r, id);
+            }
+        }
+        Err(AdminError::MessageNotFound(id.into()))
+    }
+
+    fn first_message(addr: &str, r: &RemotingCommand, id: &str) -> AdminResult<MessageExt> {
+        let body = r.body.clone().unwrap_or_default();
+        decode_records(&body, &DecodeOptions::client())
+            .messages
+            .into_iter()
+            .next()
+            .ok_or_else(|| AdminError::MessageNotFound(format!("{id} (empty answer from {addr})")))
+    }
+
+    /// Registers the tools consumer group on a broker (pulls need a known group).
+    async fn ensure_tools_group(&self, addr: &str) -> AdminResult<()> {
+        let data = shoal_proto::body::HeartbeatData {
+            client_id: format!("shoal-admin@{}", std::process::id()),
+            consumer_data_set: vec![shoal_proto::body::ConsumerData {
+                group_name: shoal_proto::constants::TOOLS_CONSUMER_GROUP.into(),
+                consume_type: shoal_proto::body::ConsumeType::ConsumeActively,
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let req = RemotingCommand::request(rc::HEART_BEAT)
+            .with_json_body(&data)
+            .map_err(|source| AdminError::Proto {
+                addr: addr.to_string(),
+                source,
+            })?;
+        self.call_ok("heartbeat", addr, req).await?;
+        Ok(())
+    }
+
+    /// Sends a dead-letter message back to the topic it came from (its `RETRY_TOPIC` or
+    /// `DLQ_ORIGIN_TOPIC` property), with the same body, tags, keys and message id, as a fresh
+    /// message (reconsume count 0). Returns the topic and the new offset message id.
+    pub async fn resend_dlq_message(&self, msg: &MessageExt) -> AdminResult<(String, String)> {
+        use shoal_proto::message::property;
+        let topic = msg
+            .property(property::RETRY_TOPIC)
+            .or_else(|| msg.property(property::DLQ_ORIGIN_TOPIC))
+            .ok_or_else(|| {
+                AdminError::Invalid(format!(
+                    "message {} does not say which topic it came from",
+                    msg.msg_id()
+                ))
+            })?
+            .to_string();
+        let route = self.topic_route(&topic).await?;
+        let queues = route.publish_queues(&topic);
+        let n = queues.len().max(1);
+        let pick = (shoal_proto::hash::java_string_hash(&msg.msg_id()) as u32 as usize) % n;
+        let mq = queues
+            .get(pick)
+            .ok_or_else(|| AdminError::Invalid(format!("topic {topic} has no writable queue")))?;
+        let addr = route
+            .broker_datas
+            .iter()
+            .find(|b| b.broker_name == mq.broker_name)
+            .and_then(|b| b.master_addr())
+            .ok_or_else(|| AdminError::Invalid(format!("broker {} has no master", mq.broker_name)))?
+            .to_string();
+        let mut props = msg.properties.clone();
+        for k in [
+            property::RETRY_TOPIC,
+            property::DLQ_ORIGIN_TOPIC,
+            property::DLQ_ORIGIN_MESSAGE_ID,
+            property::REAL_TOPIC,
+            property::REAL_QID,
+            property::DELAY,
+            property::ORIGIN_MESSAGE_ID,
+            property::CLUSTER,
+            property::MAX_OFFSET,
+            property::MIN_OFFSET,
+        ] {
+            props.shift_remove(k);
+        }
+        let props = shoal_proto::message::encode_properties(&props).map_err(|source| {
+            AdminError::Proto {
+                addr: addr.clone(),
+                source,
+            }
+        })?;
+        let header = SendMessageRequestHeader {
+            producer_group: shoal_proto::constants::TOOLS_CONSUMER_GROUP.into(),
+            topic: topic.clone(),
+            default_topic: "TBW102".into(),
+            default_topic_queue_nums: 4,
+            queue_id: mq.queue_id,
+            sys_flag: msg.sys_flag & !0x30,
+            born_timestamp: msg.born_timestamp,
+            flag: msg.flag,
+            properties: Some(props),
+            reconsume_times: Some(0),
+            ..Default::default()
+        };
+        let req = RemotingCommand::request_with_header(
+            rc::SEND_MESSAGE_V2,
+            &SendMessageRequestHeaderV2::from(header),
+        )
+        .with_body(msg.body.clone());
+        let r = self.call_ok("resend", &addr, req).await?;
+        let h: SendMessageResponseHeader =
+            r.decode_command_header()
+                .map_err(|source| AdminError::Proto {
+                    addr: addr.clone(),
+                    source,
+                })?;
+        Ok((topic, h.msg_id))
+    }
+
+    /// Messages in a group's dead-letter queue (up to `max`).
+    pub async fn dlq_messages(&self, group: &str, max: usize) -> AdminResult<Vec<MessageExt>> {
+        let topic = dlq_topic(group);
+        let route = match self.topic_route(&topic).await {
+            Ok(r) => r,
+            Err(AdminError::TopicNotFound(_)) => return Ok(Vec::new()),
+            Err(e) => return Err(e),
+        };
+        let mut out = Vec::new();
+        for qd in &route.queue_datas {
+            let Some(addr) = route
+                .broker_datas
+                .iter()
+                .find(|b| b.broker_name == qd.broker_name)
+                .and_then(|b| b.master_addr())
+            else {
+                continue;
+            };
+            self.ensure_tools_group(addr).await?;
+            for q in 0..qd.read_queue_nums {
+                let mut offset = 0;
+                while out.len() < max {
+                    let req = RemotingCommand::request_with_header(
+                        rc::PULL_MESSAGE,
+                        &PullMessageRequestHeader {
+                            consumer_group: shoal_proto::constants::TOOLS_CONSUMER_GROUP.into(),
+                            topic: topic.clone(),
+                            queue_id: q,
+                            queue_offset: offset,
+                            max_msg_nums: 32,
+                            sys_flag: shoal_proto::constants::pull_sys_flag::SUBSCRIPTION,
+                            subscription: Some("*".into()),
+                            ..Default::default()
+                        },
+                    );
+                    let r = self.call(addr, req).await?;
+                    if r.code != resp::SUCCESS {
+                        break;
+                    }
+                    let h: PullMessageResponseHeader =
+                        r.decode_command_header()
+                            .map_err(|source| AdminError::Proto {
+                                addr: addr.to_string(),
+                                source,
+                            })?;
+                    let body = r.body.clone().unwrap_or_default();
+                    out.extend(decode_records(&body, &DecodeOptions::client()).messages);
+                    offset = h.next_begin_offset;
+                }
+            }
+        }
+        out.truncate(max);
+        Ok(out)
+    }
+}
