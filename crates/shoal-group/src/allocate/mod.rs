@@ -44,6 +44,7 @@ pub use rocketmq::{
 use crate::error::{GroupError, Result};
 use serde::{Deserialize, Serialize};
 use shoal_proto::mq::{java_str_cmp, MessageQueue};
+use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 
@@ -96,10 +97,10 @@ impl<'a> AllocationInput<'a> {
         members: impl IntoIterator<Item = M>,
     ) -> Self {
         let mut queues: Vec<MessageQueue> = queues.into_iter().collect();
-        queues.sort();
+        queues.sort_by(queue_cmp);
         queues.dedup();
         let mut members: Vec<String> = members.into_iter().map(Into::into).collect();
-        members.sort_by(|a, b| java_str_cmp(a, b));
+        members.sort_by(|a, b| member_cmp(a, b));
         members.dedup();
         Self {
             consumer_group,
@@ -138,7 +139,7 @@ impl<'a> AllocationInput<'a> {
     /// Position of `member` in [`members`](Self::members), if present.
     pub fn member_index(&self, member: &str) -> Option<usize> {
         self.members
-            .binary_search_by(|m| java_str_cmp(m, member))
+            .binary_search_by(|m| member_cmp(m, member))
             .ok()
     }
 }
@@ -179,7 +180,7 @@ impl Assignment {
 
     /// Gives `member` the queues `queues` (replacing what it had); the list is sorted.
     pub fn insert(&mut self, member: impl Into<String>, mut queues: Vec<MessageQueue>) {
-        queues.sort();
+        queues.sort_by(queue_cmp);
         queues.dedup();
         self.owned.insert(member.into(), queues);
     }
@@ -274,10 +275,28 @@ impl Assignment {
                 _ => c.shared += 1,
             }
         }
-        let known: BTreeSet<&MessageQueue> = queues.iter().collect();
+        let known: std::collections::HashSet<&MessageQueue> = queues.iter().collect();
         c.foreign = owners.keys().filter(|q| !known.contains(*q)).count();
         c
     }
+}
+
+/// Java's `String.compareTo` order (UTF-16 code units), with a fast path for ASCII, where
+/// it is byte order.
+pub fn member_cmp(a: &str, b: &str) -> Ordering {
+    if a.is_ascii() && b.is_ascii() {
+        a.cmp(b)
+    } else {
+        java_str_cmp(a, b)
+    }
+}
+
+/// Java's `MessageQueue.compareTo` order (the same as `MessageQueue`'s `Ord`), with
+/// [`member_cmp`]'s fast path for the names.
+pub fn queue_cmp(a: &MessageQueue, b: &MessageQueue) -> Ordering {
+    member_cmp(&a.topic, &b.topic)
+        .then_with(|| member_cmp(&a.broker_name, &b.broker_name))
+        .then_with(|| a.queue_id.cmp(&b.queue_id))
 }
 
 /// An allocation strategy: both views of one pure function.
@@ -428,6 +447,28 @@ mod tests {
         assert_eq!(input.members(), ["a", "b", "\u{1F600}", "\u{FF61}"]);
         assert_eq!(input.member_index("\u{FF61}"), Some(3));
         assert_eq!(input.member_index("zz"), None);
+    }
+
+    #[test]
+    fn fast_orders_agree_with_java() {
+        let words = [
+            "",
+            "a",
+            "b",
+            "ab",
+            "B",
+            "\u{FF61}",
+            "\u{1F600}",
+            "a\u{1F600}",
+            "\u{e9}",
+        ];
+        for a in words {
+            for b in words {
+                assert_eq!(member_cmp(a, b), java_str_cmp(a, b), "{a:?} {b:?}");
+                let (x, y) = (MessageQueue::new(a, b, 1), MessageQueue::new(b, a, 2));
+                assert_eq!(queue_cmp(&x, &y), x.cmp(&y));
+            }
+        }
     }
 
     #[test]

@@ -1,10 +1,10 @@
 //! RocketMQ's allocation strategies, with the same results as the Java client's.
 
 use super::hash::{java_md5_hash, java_message_queue_string};
-use super::{all_from_each, AllocateStrategy, AllocationInput, Assignment};
+use super::{all_from_each, queue_cmp, AllocateStrategy, AllocationInput, Assignment};
 use crate::error::{GroupError, Result};
 use shoal_proto::mq::MessageQueue;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 /// `AVG` (Java `AllocateMessageQueueAveragely`): contiguous blocks, the first
 /// `|queues| % |members|` members get one more. Byte-for-byte Java's result (protocol spec
@@ -348,7 +348,7 @@ impl AllocateStrategy for MachineRoomNearby {
             .with_context(input.context());
             out.extend(self.inner.allocate(&sub, member)?);
         }
-        out.sort();
+        out.sort_by(queue_cmp);
         Ok(out)
     }
 }
@@ -373,14 +373,18 @@ impl AllocateStrategy for ByConfig {
         if input.member_index(member).is_none() {
             return Ok(Vec::new());
         }
-        let known: BTreeSet<&MessageQueue> = input.queues().iter().collect();
         let mut out: Vec<MessageQueue> = input
             .context()
             .configured
             .get(member)
-            .map(|qs| qs.iter().filter(|q| known.contains(q)).cloned().collect())
+            .map(|qs| {
+                qs.iter()
+                    .filter(|q| input.queues().binary_search_by(|k| queue_cmp(k, q)).is_ok())
+                    .cloned()
+                    .collect()
+            })
             .unwrap_or_default();
-        out.sort();
+        out.sort_by(queue_cmp);
         out.dedup();
         Ok(out)
     }
