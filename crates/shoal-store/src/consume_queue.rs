@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use parking_lot::RwLock;
+use parking_lot::{Mutex, RwLock};
 
 use crate::backend::{Backend, StoreFile};
 use crate::commitlog::{file_name, parse_file_name};
@@ -53,6 +53,18 @@ struct CqFile {
     path: PathBuf,
 }
 
+/// Entries appended but not yet written to the files (written in chunks: the queue is derived
+/// data, re-created from the commit log by recovery, so buffering it loses nothing).
+#[derive(Debug, Default)]
+struct Pending {
+    /// Entries below this logical offset are in the files.
+    written: u64,
+    entries: Vec<CqEntry>,
+}
+
+/// Buffered entries per queue before they are written out.
+const PENDING_LIMIT: usize = 256;
+
 /// A consume queue.
 #[derive(Debug)]
 pub(crate) struct ConsumeQueue {
@@ -66,6 +78,7 @@ pub(crate) struct ConsumeQueue {
     min_offset: AtomicU64,
     /// Entries below this logical offset are durable.
     flushed: AtomicU64,
+    pending: Mutex<Pending>,
 }
 
 impl ConsumeQueue {
@@ -103,6 +116,10 @@ impl ConsumeQueue {
             max_offset: AtomicU64::new(min),
             min_offset: AtomicU64::new(min),
             flushed: AtomicU64::new(min),
+            pending: Mutex::new(Pending {
+                written: min,
+                entries: Vec::new(),
+            }),
         })
     }
 
@@ -172,6 +189,7 @@ impl ConsumeQueue {
             }
             self.max_offset.store(last.first + valid, Ordering::Release);
             self.flushed.store(last.first + valid, Ordering::Release);
+            self.pending.lock().written = last.first + valid;
             break;
         }
         drop(files);
@@ -188,9 +206,26 @@ impl ConsumeQueue {
             return Ok(out);
         }
         let want = (max as u64).min(max_off - offset);
+        let to = offset + want;
+        let (written, tail) = {
+            let p = self.pending.lock();
+            let from = offset.max(p.written);
+            let tail: Vec<CqEntry> = if to > from {
+                let a = (from - p.written) as usize;
+                let b = ((to - p.written) as usize).min(p.entries.len());
+                p.entries
+                    .get(a..b)
+                    .map(<[CqEntry]>::to_vec)
+                    .unwrap_or_default()
+            } else {
+                Vec::new()
+            };
+            (p.written, tail)
+        };
         let files = self.files.read().clone();
+        let file_to = to.min(written).max(offset);
         let mut cur = offset;
-        while cur < offset + want {
+        while cur < file_to {
             let idx = files.partition_point(|f| f.first <= cur);
             let Some(f) = idx.checked_sub(1).and_then(|i| files.get(i)) else {
                 break;
@@ -199,7 +234,7 @@ impl ConsumeQueue {
             if in_file >= self.file_entries {
                 break;
             }
-            let n = (self.file_entries - in_file).min(offset + want - cur);
+            let n = (self.file_entries - in_file).min(file_to - cur);
             let mut buf = vec![0u8; (n * CQ_ENTRY_SIZE) as usize];
             f.file
                 .read_exact_at(in_file * CQ_ENTRY_SIZE, &mut buf)
@@ -210,6 +245,9 @@ impl ConsumeQueue {
             );
             cur += n;
         }
+        if cur == file_to {
+            out.extend(tail);
+        }
         Ok(out)
     }
 
@@ -218,18 +256,36 @@ impl ConsumeQueue {
         Ok(self.read(offset, 1)?.into_iter().next())
     }
 
-    /// Appends entries at the current max offset (single writer).
+    /// Appends entries at the current max offset (single writer). They are buffered and
+    /// written out in chunks, on [`Self::flush`] and before retention.
     pub(crate) fn append(&self, entries: &[CqEntry]) -> Result<()> {
-        let mut cur = self.max_offset();
+        let mut p = self.pending.lock();
+        let old_len = p.entries.len();
+        p.entries.extend_from_slice(entries);
+        let new_max = p.written + p.entries.len() as u64;
+        if p.entries.len() >= PENDING_LIMIT {
+            if let Err(e) = self.write_pending(&mut p) {
+                p.entries.truncate(old_len);
+                return Err(e);
+            }
+        }
+        self.max_offset.store(new_max, Ordering::Release);
+        Ok(())
+    }
+
+    /// Writes the buffered entries to the files. On error the buffer is kept (a retry
+    /// rewrites the same bytes).
+    fn write_pending(&self, p: &mut Pending) -> Result<()> {
+        let mut cur = p.written;
         let mut i = 0;
-        let mut buf = Vec::with_capacity(entries.len() * CQ_ENTRY_SIZE as usize);
-        while i < entries.len() {
+        let mut buf = Vec::with_capacity(p.entries.len() * CQ_ENTRY_SIZE as usize);
+        while i < p.entries.len() {
             let first = cur - cur % self.file_entries;
             let f = self.file_at(first)?;
             let room = (self.file_entries - (cur - first)) as usize;
-            let n = room.min(entries.len() - i);
+            let n = room.min(p.entries.len() - i);
             buf.clear();
-            for e in &entries[i..i + n] {
+            for e in &p.entries[i..i + n] {
                 e.encode(&mut buf);
             }
             f.file
@@ -238,8 +294,15 @@ impl ConsumeQueue {
             cur += n as u64;
             i += n;
         }
-        self.max_offset.store(cur, Ordering::Release);
+        p.written = cur;
+        p.entries.clear();
         Ok(())
+    }
+
+    /// Writes buffered entries to the files (not fsynced).
+    pub(crate) fn write_out(&self) -> Result<()> {
+        let mut p = self.pending.lock();
+        self.write_pending(&mut p)
     }
 
     fn file_at(&self, first: u64) -> Result<Arc<CqFile>> {
@@ -263,7 +326,11 @@ impl ConsumeQueue {
 
     /// Makes all written entries durable.
     pub(crate) fn flush(&self) -> Result<()> {
-        let target = self.max_offset();
+        let target = {
+            let mut p = self.pending.lock();
+            self.write_pending(&mut p)?;
+            p.written
+        };
         let from = self.flushed.load(Ordering::Acquire);
         if target <= from {
             return Ok(());
@@ -287,6 +354,7 @@ impl ConsumeQueue {
     /// Retention: removes files whose every entry points below `commit_log_min`, and moves
     /// the min offset to the first entry at or above it.
     pub(crate) fn correct_min_offset(&self, commit_log_min: u64) -> Result<()> {
+        self.write_out()?;
         loop {
             let files = self.files.read().clone();
             let Some(first) = files.first() else {
@@ -338,6 +406,9 @@ impl ConsumeQueue {
     /// Recovery of an empty queue whose first surviving record in the commit log has queue
     /// offset `offset` (older ones were removed by retention): the queue restarts there.
     pub(crate) fn reset_to(&self, offset: u64) -> Result<()> {
+        let mut p = self.pending.lock();
+        p.written = offset;
+        p.entries.clear();
         let mut files = self.files.write();
         for f in files.drain(..) {
             self.backend
@@ -352,6 +423,7 @@ impl ConsumeQueue {
 
     /// Removes every file of this queue (topic deletion).
     pub(crate) fn destroy(&self) -> Result<()> {
+        self.pending.lock().entries.clear();
         self.files.write().clear();
         self.backend
             .remove_dir_all(&self.dir)
@@ -384,8 +456,9 @@ mod tests {
         assert_eq!(cq.read(2, 100).unwrap(), entries[2..].to_vec());
         assert_eq!(cq.get(9).unwrap(), Some(entries[9]));
         assert_eq!(cq.get(10).unwrap(), None);
-        assert_eq!(be.list(&dir).unwrap().len(), 3);
+        assert!(be.list(&dir).unwrap().is_empty(), "buffered until flush");
         cq.flush().unwrap();
+        assert_eq!(be.list(&dir).unwrap().len(), 3);
         let cq = ConsumeQueue::open(be.clone(), dir, 4).unwrap();
         // commit log ends inside entry 7: entries 7.. are dropped
         assert_eq!(cq.recover(0, 750).unwrap(), 3);
@@ -405,6 +478,7 @@ mod tests {
         let cq = ConsumeQueue::open(be.clone(), dir.clone(), 4).unwrap();
         cq.append(&(0..6).map(|i| e(i * 100)).collect::<Vec<_>>())
             .unwrap();
+        cq.write_out().unwrap();
         let cq = ConsumeQueue::open(be.clone(), dir.clone(), 4).unwrap();
         cq.recover(0, 300).unwrap();
         assert_eq!(cq.max_offset(), 3);

@@ -399,7 +399,6 @@ fn sync_flush_group_commit_with_concurrent_writers() {
     }
     let all = read_all(&store);
     assert_eq!(all.values().map(Vec::len).sum::<usize>(), 800);
-    assert!(be.unsynced_bytes() > 0); // consume queues are flushed lazily
     let img = be.crash_image(0);
     // Reopening with another segment size is refused, not "repaired".
     assert!(MessageStore::open(mem_config(&img, FlushMode::Sync)).is_err());
@@ -466,21 +465,28 @@ fn real_file_system_with_background_threads() {
 fn failure_after_commit_log_write_poisons_then_recovers() {
     let be = MemBackend::new();
     let (store, _) = MessageStore::open(mem_config(&be, FlushMode::Async)).unwrap();
-    let first = store.put_message(&msg("P", 0, "p0", 100, "")).unwrap();
-    let size = u64::from(first.messages[0].size);
-    // Room for the commit log record, not for its consume-queue entry.
+    let mut size = 0;
+    // Consume-queue entries are buffered (256 per queue); fill the buffer to one short.
+    for i in 0..255 {
+        let r = store
+            .put_message(&msg("P", 0, &format!("p{i}"), 100, ""))
+            .unwrap();
+        size = u64::from(r.messages[0].size);
+    }
+    // Room for the commit log record, not for writing out the consume-queue entries.
     be.set_faults(Faults {
         write_budget: Some(size + 5),
         ..Faults::default()
     });
-    assert!(store.put_message(&msg("P", 0, "p1", 100, "")).is_err());
+    assert!(store.put_message(&msg("P", 0, "px", 100, "")).is_err());
     be.set_faults(Faults::default());
     assert!(matches!(
-        store.put_message(&msg("P", 0, "p2", 100, "")),
+        store.put_message(&msg("P", 0, "py", 100, "")),
         Err(StoreError::WriteFailed(_))
     ));
     // Readers still see what was there before.
-    assert_eq!(store.max_offset("P", 0), 1);
+    assert_eq!(store.max_offset("P", 0), 255);
+    assert_eq!(read_all(&store)[&("P".to_string(), 0)].len(), 255);
     drop(store);
     let (store, report) = MessageStore::open(mem_config(&be, FlushMode::Async)).unwrap();
     assert!(report.full_check);
@@ -491,14 +497,9 @@ fn failure_after_commit_log_write_poisons_then_recovers() {
         .iter()
         .map(|r| r.id.clone())
         .collect();
-    assert_eq!(ids, ["p0", "p1"]);
-    assert_eq!(walk_commit_log(&store).len(), 2);
-    assert_eq!(
-        store
-            .put_message(&msg("P", 0, "p3", 100, ""))
-            .unwrap()
-            .messages[0]
-            .queue_offset,
-        2
-    );
+    assert_eq!(ids.len(), 256);
+    assert_eq!(ids[255], "px");
+    assert_eq!(walk_commit_log(&store).len(), 256);
+    let r = store.put_message(&msg("P", 0, "pz", 100, "")).unwrap();
+    assert_eq!(r.messages[0].queue_offset, 256);
 }
