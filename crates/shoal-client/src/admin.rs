@@ -285,6 +285,24 @@ impl AdminClient {
         Ok(Self::json::<TopicList>(&addr, &r)?.topic_list)
     }
 
+    /// Consumer groups known to the brokers (their subscription group tables).
+    pub async fn group_list(&self) -> AdminResult<BTreeSet<String>> {
+        let mut groups = BTreeSet::new();
+        for addr in self.master_addrs(None).await? {
+            let r = self
+                .call_ok(
+                    "group list",
+                    &addr,
+                    RemotingCommand::request(rc::GET_ALL_SUBSCRIPTIONGROUP_CONFIG),
+                )
+                .await?;
+            let w: shoal_proto::body::SubscriptionGroupWrapper = Self::json(&addr, &r)?;
+            groups.extend(w.subscription_group_table.into_keys());
+        }
+        groups.remove(shoal_proto::constants::TOOLS_CONSUMER_GROUP);
+        Ok(groups)
+    }
+
     /// Master addresses of the brokers of a cluster (every cluster when `None`).
     pub async fn master_addrs(&self, cluster: Option<&str>) -> AdminResult<Vec<String>> {
         let info = self.cluster_info().await?;
