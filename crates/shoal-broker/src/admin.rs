@@ -242,6 +242,12 @@ pub async fn consume_stats(b: &Arc<BrokerInner>, req: &RemotingCommand) -> Handl
         (_, Some(list)) if !list.is_empty() => list.split(',').map(str::to_string).collect(),
         _ => topics_of_group(b, &h.consumer_group),
     };
+    if topics.is_empty() && b.groups.lock().get(&h.consumer_group).is_none() {
+        return Err(Reject::new(
+            resp::SUBSCRIPTION_GROUP_NOT_EXIST,
+            format!("subscription group [{}] does not exist", h.consumer_group),
+        ));
+    }
     let mut plan = Vec::new();
     {
         let table = b.topics.lock();

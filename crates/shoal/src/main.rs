@@ -2,6 +2,7 @@
 
 use clap::{Parser, Subcommand};
 
+mod admin_cmd;
 mod rebalance;
 mod server;
 
@@ -9,8 +10,16 @@ mod server;
 #[derive(Debug, Parser)]
 #[command(name = "shoal", version, about, long_about = None)]
 struct Cli {
+    #[command(flatten)]
+    common: admin_cmd::Common,
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum ClusterCmd {
+    /// List clusters, brokers and their addresses.
+    List,
 }
 
 #[derive(Debug, Subcommand)]
@@ -21,6 +30,21 @@ enum Command {
     Namesrv(server::NamesrvArgs),
     /// Run a broker.
     Broker(server::BrokerArgs),
+    /// Create, update, delete, list and inspect topics.
+    #[command(subcommand)]
+    Topic(admin_cmd::TopicCmd),
+    /// Consumer groups: list, progress, connections, reset offsets.
+    #[command(subcommand)]
+    Group(admin_cmd::GroupCmd),
+    /// Brokers and clusters.
+    #[command(subcommand)]
+    Cluster(ClusterCmd),
+    /// Look messages up.
+    #[command(subcommand)]
+    Message(admin_cmd::MessageCmd),
+    /// Dead-letter queues: list and resend.
+    #[command(subcommand)]
+    Dlq(admin_cmd::DlqCmd),
     /// Rebalance tools: simulate allocation strategies over membership changes.
     #[command(subcommand)]
     Rebalance(rebalance::RebalanceCommand),
@@ -28,9 +52,21 @@ enum Command {
     Version,
 }
 
-fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+fn main() {
+    if let Err(e) = run(Cli::parse()) {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    let common = cli.common;
     match cli.command {
+        Command::Topic(c) => return client(admin_cmd::topic(&common, c)),
+        Command::Group(c) => return client(admin_cmd::group(&common, c)),
+        Command::Cluster(ClusterCmd::List) => return client(admin_cmd::cluster_list(&common)),
+        Command::Message(c) => return client(admin_cmd::message(&common, c)),
+        Command::Dlq(c) => return client(admin_cmd::dlq(&common, c)),
         Command::Dev(a) => return serve(server::run_dev(a)),
         Command::Namesrv(a) => return serve(server::run_namesrv(a)),
         Command::Broker(a) => return serve(server::run_broker(a)),
@@ -56,6 +92,14 @@ fn serve(fut: impl std::future::Future<Output = anyhow::Result<()>>) -> anyhow::
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?
+        .block_on(fut)
+}
+
+/// Runs a client command on a small runtime, without log output.
+fn client(fut: impl std::future::Future<Output = anyhow::Result<()>>) -> anyhow::Result<()> {
+    tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?
         .block_on(fut)

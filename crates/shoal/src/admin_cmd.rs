@@ -1,0 +1,659 @@
+//! `shoal topic`, `shoal group`, `shoal cluster`, `shoal message`, `shoal dlq`: administration
+//! through the name server, with human tables by default and `--json` for scripts.
+
+use anyhow::{bail, Context};
+use clap::{Args, Subcommand};
+use serde_json::json;
+use shoal_client::admin::{AdminClient, TopicSpec};
+use shoal_proto::message::MessageExt;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// Options every admin command takes.
+#[derive(Debug, Args, Clone)]
+pub struct Common {
+    /// Name server addresses, separated by `;` or `,`.
+    #[arg(
+        long,
+        env = "SHOAL_NAMESRV",
+        default_value = "127.0.0.1:9876",
+        global = true
+    )]
+    pub namesrv: String,
+    /// Print JSON instead of a table.
+    #[arg(long, global = true)]
+    pub json: bool,
+}
+
+impl Common {
+    fn admin(&self) -> AdminClient {
+        AdminClient::new(
+            self.namesrv
+                .split([';', ','])
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(str::to_string)
+                .collect(),
+        )
+        .with_timeout(Duration::from_secs(5))
+    }
+}
+
+/// `shoal topic ...`
+#[derive(Debug, Subcommand)]
+pub enum TopicCmd {
+    /// Create a topic on every broker of the cluster.
+    Create(TopicCreate),
+    /// Change a topic's queue counts or permission (same options as create).
+    Update(TopicCreate),
+    /// Delete a topic from its brokers and the name servers.
+    Delete {
+        /// Topic.
+        topic: String,
+    },
+    /// List topics.
+    List,
+    /// Show where a topic's queues are.
+    Route {
+        /// Topic.
+        topic: String,
+    },
+    /// Per queue min/max offsets and last store time.
+    Status {
+        /// Topic.
+        topic: String,
+    },
+}
+
+/// Options of `topic create` / `topic update`.
+#[derive(Debug, Args)]
+pub struct TopicCreate {
+    /// Topic.
+    pub topic: String,
+    /// Queues per broker (read and write).
+    #[arg(long, default_value_t = 8)]
+    pub queues: i32,
+    /// Only on the brokers of this cluster.
+    #[arg(long)]
+    pub cluster: Option<String>,
+    /// Permission: 6 = read+write, 4 = read only, 2 = write only.
+    #[arg(long, default_value_t = 6)]
+    pub perm: i32,
+    /// Mark the topic ordered.
+    #[arg(long)]
+    pub order: bool,
+}
+
+/// `shoal group ...`
+#[derive(Debug, Subcommand)]
+pub enum GroupCmd {
+    /// List consumer groups known to the brokers.
+    List,
+    /// Per queue: broker offset, consumer offset, lag, owning client, last consume time.
+    Progress {
+        /// Consumer group.
+        group: String,
+    },
+    /// The group's live connections and subscriptions.
+    Connections {
+        /// Consumer group.
+        group: String,
+    },
+    /// Move the group's offsets of a topic to a time, or to the earliest or latest message.
+    ResetOffset {
+        /// Consumer group.
+        group: String,
+        /// Topic.
+        #[arg(long)]
+        topic: String,
+        /// `earliest`, `latest`, epoch milliseconds, RFC 3339 time, or a duration ago (`10m`).
+        #[arg(long)]
+        to: String,
+        /// Show the plan without changing anything.
+        #[arg(long)]
+        dry_run: bool,
+    },
+}
+
+/// `shoal message ...`
+#[derive(Debug, Subcommand)]
+pub enum MessageCmd {
+    /// Show one message by its offset message id (or by message id with --topic).
+    Get {
+        /// Offset message id (32/56 hex chars) or, with --topic, the message id (UNIQ_KEY).
+        id: String,
+        /// Topic, to look up by message id.
+        #[arg(long)]
+        topic: Option<String>,
+    },
+}
+
+/// `shoal dlq ...`
+#[derive(Debug, Subcommand)]
+pub enum DlqCmd {
+    /// List the messages of a group's dead-letter queue.
+    List {
+        /// Consumer group.
+        #[arg(long)]
+        group: String,
+        /// At most this many.
+        #[arg(long, default_value_t = 100)]
+        max: usize,
+    },
+    /// Send dead-letter messages back to the topic they came from.
+    Resend {
+        /// Consumer group.
+        #[arg(long)]
+        group: String,
+        /// Only this message id (UNIQ_KEY); all of them when absent.
+        #[arg(long)]
+        id: Option<String>,
+        /// At most this many.
+        #[arg(long, default_value_t = 1000)]
+        max: usize,
+    },
+}
+
+/// A plain text table with aligned columns.
+struct Table {
+    header: Vec<String>,
+    rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    fn new(header: &[&str]) -> Self {
+        Self {
+            header: header.iter().map(|s| s.to_string()).collect(),
+            rows: Vec::new(),
+        }
+    }
+
+    fn row(&mut self, cells: Vec<String>) {
+        self.rows.push(cells);
+    }
+
+    fn print(&self) {
+        let mut widths: Vec<usize> = self.header.iter().map(|h| h.chars().count()).collect();
+        for r in &self.rows {
+            for (i, c) in r.iter().enumerate() {
+                if let Some(w) = widths.get_mut(i) {
+                    *w = (*w).max(c.chars().count());
+                }
+            }
+        }
+        let line = |cells: &[String]| {
+            let parts: Vec<String> = cells
+                .iter()
+                .enumerate()
+                .map(|(i, c)| format!("{:<w$}", c, w = widths.get(i).copied().unwrap_or(0)))
+                .collect();
+            println!("{}", parts.join("  ").trim_end());
+        };
+        line(&self.header);
+        for r in &self.rows {
+            line(r);
+        }
+    }
+}
+
+fn fmt_time(ms: i64) -> String {
+    if ms <= 0 {
+        return "-".into();
+    }
+    let t = UNIX_EPOCH + Duration::from_millis(ms as u64);
+    humantime::format_rfc3339_millis(t).to_string()
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// Parses `earliest`, `latest`, epoch ms, RFC 3339, or a duration ago (`10m`, `2h 30m`) into
+/// the timestamp the broker expects (`-1` = latest, `0` = earliest).
+pub fn parse_time(s: &str) -> anyhow::Result<i64> {
+    let s = s.trim();
+    match s {
+        "earliest" | "first" => return Ok(0),
+        "latest" | "last" => return Ok(-1),
+        _ => {}
+    }
+    if let Ok(ms) = s.parse::<i64>() {
+        if ms < 0 {
+            bail!("time {s:?} is negative");
+        }
+        return Ok(ms);
+    }
+    if let Ok(t) = humantime::parse_rfc3339_weak(s) {
+        return Ok(t
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis() as i64)
+            .unwrap_or(0));
+    }
+    if let Ok(d) = humantime::parse_duration(s.trim_end_matches(" ago")) {
+        return Ok((now_ms() - d.as_millis() as i64).max(0));
+    }
+    bail!("cannot read time {s:?}: use earliest, latest, epoch milliseconds, an RFC 3339 time or a duration ago such as 10m")
+}
+
+fn message_json(m: &MessageExt) -> serde_json::Value {
+    json!({
+        "msgId": m.msg_id(),
+        "offsetMsgId": m.offset_msg_id(),
+        "topic": m.topic,
+        "queueId": m.queue_id,
+        "queueOffset": m.queue_offset,
+        "tags": m.tags(),
+        "keys": m.keys(),
+        "reconsumeTimes": m.reconsume_times,
+        "bornTimestamp": m.born_timestamp,
+        "storeTimestamp": m.store_timestamp,
+        "bornHost": m.born_host.to_string(),
+        "storeHost": m.store_host.to_string(),
+        "properties": m.properties,
+        "body": String::from_utf8_lossy(&m.body),
+    })
+}
+
+/// `shoal topic`.
+pub async fn topic(common: &Common, cmd: TopicCmd) -> anyhow::Result<()> {
+    let admin = common.admin();
+    match cmd {
+        TopicCmd::Create(c) | TopicCmd::Update(c) => {
+            if c.queues <= 0 {
+                bail!("--queues must be at least 1");
+            }
+            let spec = TopicSpec {
+                perm: c.perm,
+                order: c.order,
+                ..TopicSpec::new(&c.topic, c.queues)
+            };
+            let brokers = admin.create_topic(&spec, c.cluster.as_deref()).await?;
+            if common.json {
+                println!(
+                    "{}",
+                    json!({"topic": c.topic, "queues": c.queues, "brokers": brokers})
+                );
+            } else {
+                println!(
+                    "topic {} with {} queues on {}",
+                    c.topic,
+                    c.queues,
+                    brokers.join(", ")
+                );
+            }
+        }
+        TopicCmd::Delete { topic } => {
+            admin.delete_topic(&topic).await?;
+            if common.json {
+                println!("{}", json!({"deleted": topic}));
+            } else {
+                println!("topic {topic} deleted");
+            }
+        }
+        TopicCmd::List => {
+            let topics = admin.topic_list().await?;
+            if common.json {
+                println!("{}", json!(topics));
+            } else {
+                for t in topics {
+                    println!("{t}");
+                }
+            }
+        }
+        TopicCmd::Route { topic } => {
+            let route = admin.topic_route(&topic).await?;
+            if common.json {
+                println!("{}", serde_json::to_string(&route)?);
+            } else {
+                let mut t = Table::new(&["BROKER", "ADDRESS", "READ", "WRITE", "PERM"]);
+                for q in &route.queue_datas {
+                    let addr = route
+                        .broker_datas
+                        .iter()
+                        .find(|b| b.broker_name == q.broker_name)
+                        .and_then(|b| b.master_addr())
+                        .unwrap_or("-");
+                    t.row(vec![
+                        q.broker_name.clone(),
+                        addr.to_string(),
+                        q.read_queue_nums.to_string(),
+                        q.write_queue_nums.to_string(),
+                        shoal_proto::constants::perm::to_display_string(q.perm),
+                    ]);
+                }
+                t.print();
+            }
+        }
+        TopicCmd::Status { topic } => {
+            let stats = admin.topic_status(&topic).await?;
+            if common.json {
+                let rows: Vec<_> = stats
+                    .offset_table
+                    .iter()
+                    .map(|(mq, o)| json!({"broker": mq.broker_name, "queue": mq.queue_id, "minOffset": o.min_offset, "maxOffset": o.max_offset, "lastStoreTime": o.last_update_timestamp}))
+                    .collect();
+                println!("{}", json!(rows));
+            } else {
+                let mut t = Table::new(&["BROKER", "QUEUE", "MIN", "MAX", "LAST STORE TIME"]);
+                for (mq, o) in &stats.offset_table {
+                    t.row(vec![
+                        mq.broker_name.clone(),
+                        mq.queue_id.to_string(),
+                        o.min_offset.to_string(),
+                        o.max_offset.to_string(),
+                        fmt_time(o.last_update_timestamp),
+                    ]);
+                }
+                t.print();
+                let total: i64 = stats
+                    .offset_table
+                    .values()
+                    .map(|o| o.max_offset - o.min_offset)
+                    .sum();
+                println!(
+                    "{} queues, {} messages stored",
+                    stats.offset_table.len(),
+                    total
+                );
+            }
+        }
+    }
+    admin.shutdown();
+    Ok(())
+}
+
+/// `shoal group`.
+pub async fn group(common: &Common, cmd: GroupCmd) -> anyhow::Result<()> {
+    let admin = common.admin();
+    match cmd {
+        GroupCmd::List => {
+            let groups = admin.group_list().await?;
+            if common.json {
+                println!("{}", json!(groups));
+            } else {
+                for g in groups {
+                    println!("{g}");
+                }
+            }
+        }
+        GroupCmd::Progress { group } => {
+            let p = admin.group_progress(&group).await?;
+            if common.json {
+                let rows: Vec<_> = p
+                    .queues
+                    .iter()
+                    .map(|q| json!({
+                        "topic": q.mq.topic, "broker": q.mq.broker_name, "queue": q.mq.queue_id,
+                        "brokerOffset": q.broker_offset, "consumerOffset": q.consumer_offset,
+                        "lag": q.lag, "owner": q.owner, "lastConsumeTime": q.last_consume_timestamp,
+                    }))
+                    .collect();
+                println!(
+                    "{}",
+                    json!({
+                        "group": group, "queues": rows, "totalLag": p.total_lag(),
+                        "duplicateClientIds": p.duplicate_client_ids,
+                        "inconsistentSubscriptionTopics": p.inconsistent_topics,
+                        "unreachableMembers": p.unreachable_members,
+                    })
+                );
+            } else {
+                let mut t = Table::new(&[
+                    "TOPIC",
+                    "BROKER",
+                    "QUEUE",
+                    "BROKER OFFSET",
+                    "CONSUMER OFFSET",
+                    "LAG",
+                    "OWNER",
+                    "LAST CONSUMED",
+                ]);
+                for q in &p.queues {
+                    t.row(vec![
+                        q.mq.topic.clone(),
+                        q.mq.broker_name.clone(),
+                        q.mq.queue_id.to_string(),
+                        q.broker_offset.to_string(),
+                        q.consumer_offset.to_string(),
+                        q.lag.to_string(),
+                        q.owner.clone().unwrap_or_else(|| "-".into()),
+                        fmt_time(q.last_consume_timestamp),
+                    ]);
+                }
+                t.print();
+                println!("total lag {}", p.total_lag());
+                if !p.duplicate_client_ids.is_empty() {
+                    println!(
+                        "WARNING: client ids used by more than one connection: {:?}",
+                        p.duplicate_client_ids
+                    );
+                }
+                if !p.inconsistent_topics.is_empty() {
+                    println!(
+                        "WARNING: members subscribe differently to: {:?}",
+                        p.inconsistent_topics
+                    );
+                }
+                if !p.unreachable_members.is_empty() {
+                    println!(
+                        "note: members that did not report their queues: {:?}",
+                        p.unreachable_members
+                    );
+                }
+            }
+        }
+        GroupCmd::Connections { group } => {
+            let (conns, raw) = admin.consumer_connections(&group).await?;
+            if common.json {
+                println!("{raw}");
+            } else {
+                let mut t = Table::new(&["CLIENT ID", "ADDRESS", "LANGUAGE", "VERSION"]);
+                for c in &conns.connection_set {
+                    t.row(vec![
+                        c.client_id.clone(),
+                        c.client_addr.clone(),
+                        c.language.name().to_string(),
+                        c.version.to_string(),
+                    ]);
+                }
+                t.print();
+                println!(
+                    "model {}, consume type {}",
+                    conns.message_model.map(|m| m.name()).unwrap_or("-"),
+                    conns.consume_type.map(|m| m.name()).unwrap_or("-")
+                );
+                for (topic, s) in &conns.subscription_table {
+                    println!("subscription {topic}: {}", s.sub_string);
+                }
+            }
+        }
+        GroupCmd::ResetOffset {
+            group,
+            topic,
+            to,
+            dry_run,
+        } => {
+            let ts = parse_time(&to)?;
+            let plan = admin.reset_offset(&group, &topic, ts, dry_run).await?;
+            if common.json {
+                let rows: Vec<_> = plan
+                    .iter()
+                    .map(|r| json!({"broker": r.mq.broker_name, "queue": r.mq.queue_id, "from": r.from, "to": r.to}))
+                    .collect();
+                println!("{}", json!({"dryRun": dry_run, "offsets": rows}));
+            } else {
+                let mut t = Table::new(&["BROKER", "QUEUE", "FROM", "TO"]);
+                for r in &plan {
+                    t.row(vec![
+                        r.mq.broker_name.clone(),
+                        r.mq.queue_id.to_string(),
+                        r.from.to_string(),
+                        r.to.to_string(),
+                    ]);
+                }
+                t.print();
+                println!(
+                    "{}",
+                    if dry_run {
+                        "dry run: nothing changed"
+                    } else {
+                        "offsets reset; online members were told"
+                    }
+                );
+            }
+        }
+    }
+    admin.shutdown();
+    Ok(())
+}
+
+/// `shoal cluster list`.
+pub async fn cluster_list(common: &Common) -> anyhow::Result<()> {
+    let admin = common.admin();
+    let info = admin.cluster_info().await?;
+    if common.json {
+        println!("{}", serde_json::to_string(&info)?);
+    } else {
+        let mut t = Table::new(&["CLUSTER", "BROKER", "ID", "ADDRESS"]);
+        for (cluster, names) in &info.cluster_addr_table {
+            for name in names {
+                if let Some(b) = info.broker_addr_table.get(name) {
+                    for (id, addr) in &b.broker_addrs {
+                        t.row(vec![
+                            cluster.clone(),
+                            name.clone(),
+                            id.to_string(),
+                            addr.clone(),
+                        ]);
+                    }
+                }
+            }
+        }
+        t.print();
+    }
+    admin.shutdown();
+    Ok(())
+}
+
+/// `shoal message get`.
+pub async fn message(common: &Common, cmd: MessageCmd) -> anyhow::Result<()> {
+    let admin = common.admin();
+    let MessageCmd::Get { id, topic } = cmd;
+    let m = admin.view_message(&id, topic.as_deref()).await?;
+    if common.json {
+        println!("{}", message_json(&m));
+    } else {
+        println!("msgId:        {}", m.msg_id());
+        println!("offsetMsgId:  {}", m.offset_msg_id());
+        println!(
+            "topic:        {} (queue {}, offset {})",
+            m.topic, m.queue_id, m.queue_offset
+        );
+        println!("tags:         {}", m.tags().unwrap_or("-"));
+        println!("keys:         {}", m.keys().unwrap_or("-"));
+        println!(
+            "born:         {} from {}",
+            fmt_time(m.born_timestamp),
+            m.born_host
+        );
+        println!(
+            "stored:       {} on {}",
+            fmt_time(m.store_timestamp),
+            m.store_host
+        );
+        println!("reconsumed:   {}", m.reconsume_times);
+        for (k, v) in &m.properties {
+            println!("property:     {k}={v}");
+        }
+        println!(
+            "body ({} bytes): {}",
+            m.body.len(),
+            String::from_utf8_lossy(&m.body)
+        );
+    }
+    admin.shutdown();
+    Ok(())
+}
+
+/// `shoal dlq`.
+pub async fn dlq(common: &Common, cmd: DlqCmd) -> anyhow::Result<()> {
+    let admin = common.admin();
+    match cmd {
+        DlqCmd::List { group, max } => {
+            let msgs = admin.dlq_messages(&group, max).await?;
+            if common.json {
+                for m in &msgs {
+                    println!("{}", message_json(m));
+                }
+            } else {
+                let mut t = Table::new(&["MSG ID", "ORIGINAL TOPIC", "ATTEMPTS", "STORED", "BODY"]);
+                for m in &msgs {
+                    let body = String::from_utf8_lossy(&m.body);
+                    let body: String = body.chars().take(40).collect();
+                    t.row(vec![
+                        m.msg_id().into_owned(),
+                        m.property(shoal_proto::message::property::RETRY_TOPIC)
+                            .unwrap_or("-")
+                            .to_string(),
+                        m.reconsume_times.to_string(),
+                        fmt_time(m.store_timestamp),
+                        body,
+                    ]);
+                }
+                t.print();
+                println!(
+                    "{} messages in the dead-letter queue of {group}",
+                    msgs.len()
+                );
+            }
+        }
+        DlqCmd::Resend { group, id, max } => {
+            let msgs = admin.dlq_messages(&group, max).await?;
+            let chosen: Vec<&MessageExt> = msgs
+                .iter()
+                .filter(|m| id.as_deref().is_none_or(|i| m.msg_id() == i))
+                .collect();
+            if chosen.is_empty() {
+                bail!("no matching message in the dead-letter queue of {group}");
+            }
+            for m in chosen {
+                let (topic, new_id) = admin
+                    .resend_dlq_message(m)
+                    .await
+                    .with_context(|| format!("resending {}", m.msg_id()))?;
+                if common.json {
+                    println!(
+                        "{}",
+                        json!({"msgId": m.msg_id(), "topic": topic, "newOffsetMsgId": new_id})
+                    );
+                } else {
+                    println!("{} -> {topic} ({new_id})", m.msg_id());
+                }
+            }
+        }
+    }
+    admin.shutdown();
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times() {
+        assert_eq!(parse_time("earliest").unwrap(), 0);
+        assert_eq!(parse_time("latest").unwrap(), -1);
+        assert_eq!(parse_time("1700000000000").unwrap(), 1_700_000_000_000);
+        assert_eq!(
+            parse_time("2023-11-14T22:13:20Z").unwrap(),
+            1_700_000_000_000
+        );
+        let ago = parse_time("10m").unwrap();
+        assert!((now_ms() - ago - 600_000).abs() < 5_000);
+        assert!(parse_time("yesterday-ish").is_err());
+        assert!(parse_time("-5").is_err());
+    }
+}
