@@ -432,13 +432,13 @@ impl MessageStore {
                 let seg_size = config.commit_log_segment_size;
                 let from = (from - from % seg_size).max(commit_log.min_offset());
                 report.checked_from = from;
-                let (end, reason) = scan_commit_log(&commit_log, from, &mut scanned)?;
-                report.truncation_reason = reason;
-                report.records_checked = scanned.len() as u64;
-                if let Some(last) = scanned.last() {
-                    last_store_timestamp = last.store_timestamp;
-                }
-                end
+                // Only records the consume queues / index may miss are kept for re-dispatch.
+                let collect_from = checkpoint.as_ref().map_or(0, |cp| cp.logics_flushed);
+                let scan = scan_commit_log(&commit_log, from, collect_from, &mut scanned)?;
+                report.truncation_reason = scan.reason;
+                report.records_checked = scan.checked;
+                last_store_timestamp = scan.last_store_timestamp;
+                scan.end
             }
         };
         report.truncated_bytes = commit_log.truncate_to(end)?;
@@ -1087,24 +1087,52 @@ impl Drop for MessageStore {
     }
 }
 
-/// Scans the commit log from `from`, validating records; returns the end of the valid data
-/// and, if it stopped on bad data, why.
+/// Outcome of a recovery scan.
+struct ScanOutcome {
+    /// End of the valid data.
+    end: u64,
+    /// Why the scan stopped, if it stopped on bad data.
+    reason: Option<String>,
+    /// Records validated.
+    checked: u64,
+    /// Store timestamp of the last valid record (0 if none).
+    last_store_timestamp: i64,
+}
+
+/// Scans the commit log from `from`, validating records; collects those at or above
+/// `collect_from` into `out`.
 fn scan_commit_log(
     cl: &CommitLog,
     from: u64,
+    collect_from: u64,
     out: &mut Vec<ScannedRecord>,
-) -> Result<(u64, Option<String>)> {
+) -> Result<ScanOutcome> {
+    let mut checked = 0u64;
+    let mut last_ts = 0i64;
+    let done = |end: u64, reason: Option<String>, checked: u64, last_ts: i64| {
+        Ok(ScanOutcome {
+            end,
+            reason,
+            checked,
+            last_store_timestamp: last_ts,
+        })
+    };
     let seg_size = cl.segment_size();
     let mut pos = from;
     let segs = cl.segments();
     let mut seg_idx = segs.partition_point(|s| s.base + seg_size <= pos);
     loop {
         let Some(seg) = segs.get(seg_idx) else {
-            return Ok((pos, None));
+            return done(pos, None, checked, last_ts);
         };
         if seg.base > pos {
             // A gap between segments: the data after it cannot be trusted.
-            return Ok((pos, Some(format!("missing segment at {pos}"))));
+            return done(
+                pos,
+                Some(format!("missing segment at {pos}")),
+                checked,
+                last_ts,
+            );
         }
         let mut reader =
             SegmentReader::new(seg.file.clone()).map_err(io_err("stat segment", &seg.path))?;
@@ -1124,41 +1152,60 @@ fn scan_commit_log(
                 } else {
                     None
                 };
-                return Ok((pos, reason));
+                return done(pos, reason, checked, last_ts);
             };
             let size = u32::from_be_bytes([header[0], header[1], header[2], header[3]]);
             let magic = u32::from_be_bytes([header[4], header[5], header[6], header[7]]);
             if magic == BLANK_MAGIC_CODE {
                 if u64::from(size) != left {
-                    return Ok((pos, Some(format!("bad end-of-segment marker at {pos}"))));
+                    return done(
+                        pos,
+                        Some(format!("bad end-of-segment marker at {pos}")),
+                        checked,
+                        last_ts,
+                    );
                 }
                 pos = seg.base + seg_size;
                 break;
             }
             if size == 0 && magic == 0 {
-                return Ok((pos, Some(format!("zeroed space at {pos}"))));
+                return done(
+                    pos,
+                    Some(format!("zeroed space at {pos}")),
+                    checked,
+                    last_ts,
+                );
             }
             if (size as usize) < MIN_RECORD_LEN || u64::from(size) + 8 > left {
-                return Ok((pos, Some(format!("bad record size {size} at {pos}"))));
+                return done(
+                    pos,
+                    Some(format!("bad record size {size} at {pos}")),
+                    checked,
+                    last_ts,
+                );
             }
             let Some(rec) = reader
                 .slice(in_seg, size as usize)
                 .map_err(io_err("read commit log", &seg.path))?
             else {
-                return Ok((pos, Some(format!("torn record at {pos}"))));
+                return done(pos, Some(format!("torn record at {pos}")), checked, last_ts);
             };
             let view = match RecordView::parse(rec).and_then(|v| v.verify_crc().map(|()| v)) {
                 Ok(v) => v,
-                Err(e) => return Ok((pos, Some(format!("invalid record at {pos}: {e}")))),
+                Err(e) => {
+                    let reason = format!("invalid record at {pos}: {e}");
+                    return done(pos, Some(reason), checked, last_ts);
+                }
             };
             if view.physical_offset() != pos as i64 || view.queue_offset() < 0 {
-                return Ok((
-                    pos,
-                    Some(format!(
-                        "record at {pos} carries offset {}",
-                        view.physical_offset()
-                    )),
-                ));
+                let reason = format!("record at {pos} carries offset {}", view.physical_offset());
+                return done(pos, Some(reason), checked, last_ts);
+            }
+            checked += 1;
+            last_ts = view.store_timestamp();
+            if pos < collect_from {
+                pos += u64::from(size);
+                continue;
             }
             out.push(ScannedRecord {
                 phys: pos,
