@@ -13,7 +13,7 @@ use bytes::{Bytes, BytesMut};
 use parking_lot::{Condvar, Mutex, RwLock};
 use serde::{Deserialize, Serialize};
 use shoal_proto::message::msg_id::offset_msg_id;
-use shoal_proto::message::property::{find_property, KEYS, TAGS, UNIQ_KEY};
+use shoal_proto::message::property::{find_property, KEYS, TAGS, UNIQ_KEY, WAIT};
 use shoal_proto::message::record::{
     encode_record, patch_record, store_timestamp_pos, MessageVersion, RecordFields, RecordView,
     BLANK_MAGIC_CODE, MIN_RECORD_LEN,
@@ -548,7 +548,8 @@ impl MessageStore {
 
     /// Appends messages (any mix of topics and queues) as one batch: queue offsets are
     /// assigned per (topic, queue) in order, the records are written with one write per
-    /// segment, and under sync flush the call returns after one fsync covering all of them.
+    /// segment, and under sync flush the call returns after one fsync covering all of them
+    /// (unless every message carries `WAIT=false`, as RocketMQ, then `NotFlushed`).
     /// Either all messages are appended or (on error) none is visible.
     pub fn put_messages(&self, msgs: &[MessageExtBrokerInner]) -> Result<PutMessageResult> {
         let inner = &*self.inner;
@@ -699,9 +700,13 @@ impl MessageStore {
                 }
             }
         }
+        // RocketMQ's `WAIT=false` property: the producer does not wait for the flush.
+        let wait = msgs
+            .iter()
+            .any(|m| find_property(&m.properties, WAIT) != Some("false"));
         let flush = match inner.config.flush_mode {
-            FlushMode::Async => FlushStatus::NotFlushed,
-            FlushMode::Sync => inner.wait_durable(end),
+            FlushMode::Sync if wait => inner.wait_durable(end),
+            _ => FlushStatus::NotFlushed,
         };
         Ok(PutMessageResult {
             messages: appended,

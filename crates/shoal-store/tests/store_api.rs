@@ -503,3 +503,87 @@ fn failure_after_commit_log_write_poisons_then_recovers() {
     let r = store.put_message(&msg("P", 0, "pz", 100, "")).unwrap();
     assert_eq!(r.messages[0].queue_offset, 256);
 }
+
+#[test]
+fn wait_false_skips_the_sync_flush_wait() {
+    let be = MemBackend::new();
+    let (store, _) = MessageStore::open(mem_config(&be, FlushMode::Sync)).unwrap();
+    let mut m = msg("W", 0, "w0", 50, "");
+    m.properties = m.properties.replace("WAIT\u{1}true", "WAIT\u{1}false");
+    assert_eq!(
+        store.put_message(&m).unwrap().flush,
+        FlushStatus::NotFlushed
+    );
+    let m = msg("W", 0, "w1", 50, "");
+    assert_eq!(store.put_message(&m).unwrap().flush, FlushStatus::Flushed);
+}
+
+#[test]
+fn concurrent_writers_and_readers_see_consistent_queues() {
+    let be = MemBackend::new();
+    let mut cfg = mem_config(&be, FlushMode::Async);
+    cfg.commit_log_segment_size = 64 * 1024;
+    let (store, _) = MessageStore::open(cfg).unwrap();
+    let store = Arc::new(store);
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writers: Vec<_> = (0..4)
+        .map(|w| {
+            let store = store.clone();
+            std::thread::spawn(move || {
+                for i in 0..400 {
+                    let batch: Vec<_> = (0..1 + i % 3)
+                        .map(|j| {
+                            msg(
+                                "C",
+                                (i + j) % 2,
+                                &format!("c{w}-{i}-{j}"),
+                                40 + (i as usize * 7) % 200,
+                                "t",
+                            )
+                        })
+                        .collect();
+                    store.put_messages(&batch).unwrap();
+                    if i % 97 == 0 {
+                        store.flush().unwrap();
+                    }
+                }
+            })
+        })
+        .collect();
+    let readers: Vec<_> = (0..2)
+        .map(|q| {
+            let store = store.clone();
+            let done = done.clone();
+            std::thread::spawn(move || {
+                let mut off = 0u64;
+                let mut seen = 0usize;
+                while !done.load(std::sync::atomic::Ordering::Acquire)
+                    || off < store.max_offset("C", q)
+                {
+                    let r = store
+                        .get_messages("C", q, off, 32, 1 << 20, &|_| true)
+                        .unwrap();
+                    let recs = decode(&r.messages);
+                    for (i, rec) in recs.iter().enumerate() {
+                        assert_eq!(rec.queue_offset as u64, off + i as u64);
+                        assert_eq!(rec.queue_id, q);
+                    }
+                    seen += recs.len();
+                    if r.status == GetMessageStatus::Found {
+                        off = r.next_begin_offset;
+                    } else {
+                        std::thread::yield_now();
+                    }
+                }
+                seen
+            })
+        })
+        .collect();
+    for w in writers {
+        w.join().unwrap();
+    }
+    done.store(true, std::sync::atomic::Ordering::Release);
+    let seen: usize = readers.into_iter().map(|r| r.join().unwrap()).sum();
+    assert_eq!(seen, 4 * (134 + 133 * 2 + 133 * 3));
+    assert_eq!(walk_commit_log(&store).len(), seen);
+}
