@@ -438,6 +438,14 @@ pub fn runtime_info(b: &BrokerInner) -> Handled {
         c.notifications_sent.load(Ordering::Relaxed).to_string(),
     );
     put(
+        "sendsRejectedBusy",
+        c.sends_rejected_busy.load(Ordering::Relaxed).to_string(),
+    );
+    put(
+        "sendsWaitingForStore",
+        c.inflight_puts.load(Ordering::Relaxed).to_string(),
+    );
+    put(
         "commitLogMaxOffset",
         b.store.commit_log_max_offset().to_string(),
     );

@@ -89,6 +89,10 @@ pub struct Counters {
     pub pulls_held: AtomicU64,
     /// NOTIFY_CONSUMER_IDS_CHANGED sent.
     pub notifications_sent: AtomicU64,
+    /// Sends refused with SYSTEM_BUSY.
+    pub sends_rejected_busy: AtomicU64,
+    /// Puts waiting for the store now.
+    pub inflight_puts: std::sync::atomic::AtomicUsize,
 }
 
 /// State shared by every processor and service of one broker.

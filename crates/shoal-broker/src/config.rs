@@ -68,6 +68,9 @@ pub struct BrokerConfig {
     pub retry_queue_nums: i32,
     /// Consumer offsets flushed to disk every this many ms (5 s).
     pub offset_flush_interval_ms: u64,
+    /// Sends waiting for the store at once before new ones are refused with SYSTEM_BUSY
+    /// (RocketMQ's send thread pool queue, 10000).
+    pub max_inflight_sends: usize,
 }
 
 impl Default for BrokerConfig {
@@ -98,6 +101,7 @@ impl Default for BrokerConfig {
             max_reconsume_times: 16,
             retry_queue_nums: 1,
             offset_flush_interval_ms: 5_000,
+            max_inflight_sends: 10_000,
         }
     }
 }

@@ -79,12 +79,15 @@ pub async fn consumer_send_msg_back(
             .map_err(Reject::system)?;
         b.register_now.notify_one();
         props.insert(
-            "DLQ_ORIGIN_TOPIC".into(),
+            property::DLQ_ORIGIN_TOPIC.into(),
             msg.property(property::RETRY_TOPIC)
                 .unwrap_or(&original_topic)
                 .to_string(),
         );
-        props.insert("DLQ_ORIGIN_MESSAGE_ID".into(), msg.msg_id().into_owned());
+        props.insert(
+            property::DLQ_ORIGIN_MESSAGE_ID.into(),
+            msg.msg_id().into_owned(),
+        );
         tracing::info!(group = %h.group, msg_id = %msg.msg_id(), attempts = msg.reconsume_times, "message moved to the dead-letter queue");
         (dlq, 0)
     } else {

@@ -64,6 +64,27 @@ pub async fn put(
 ) -> Result<PutMessageResult, Reject> {
     let store = b.store.clone();
     let n = msgs.len() as u64;
+    let inflight = &b.counters.inflight_puts;
+    if inflight.fetch_add(1, Ordering::AcqRel) >= b.config.max_inflight_sends {
+        inflight.fetch_sub(1, Ordering::AcqRel);
+        b.counters
+            .sends_rejected_busy
+            .fetch_add(1, Ordering::Relaxed);
+        return Err(Reject::new(
+            resp::SYSTEM_BUSY,
+            format!(
+                "[REJECTREQUEST]system busy, {} sends are waiting for the store, start flow control for a while",
+                b.config.max_inflight_sends
+            ),
+        ));
+    }
+    struct Release<'a>(&'a std::sync::atomic::AtomicUsize);
+    impl Drop for Release<'_> {
+        fn drop(&mut self) {
+            self.0.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+    let _release = Release(inflight);
     let r = blocking(move || {
         if msgs.len() == 1 {
             store.put_message(&msgs[0]).map_err(store_reject)

@@ -1027,3 +1027,126 @@ async fn registers_with_every_name_server() {
     assert_eq!(r.code, resp::TOPIC_NOT_EXIST);
     ns2.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_silent_client_expires_and_the_others_are_told() {
+    let c = Cluster::start_with(|cfg| cfg.client_expiry_ms = 600).await;
+    let a = RawClient::new(&c.broker_addr);
+    let b = RawClient::new(&c.broker_addr);
+    ok(&a.call(create_topic_req("T", 2)).await);
+    ok(&a
+        .call(heartbeat_req(
+            "a",
+            "G",
+            &[("T", "*")],
+            MessageModel::Clustering,
+        ))
+        .await);
+    ok(&b
+        .call(heartbeat_req(
+            "b",
+            "G",
+            &[("T", "*")],
+            MessageModel::Clustering,
+        ))
+        .await);
+    assert!(
+        a.wait_notifications(rc::NOTIFY_CONSUMER_IDS_CHANGED, 2)
+            .await
+    );
+    // a keeps heartbeating, b falls silent (its connection stays open).
+    let list = || {
+        RemotingCommand::request_with_header(
+            rc::GET_CONSUMER_LIST_BY_GROUP,
+            &GetConsumerListByGroupRequestHeader {
+                consumer_group: "G".into(),
+                ..Default::default()
+            },
+        )
+    };
+    let mut expired = false;
+    for _ in 0..40 {
+        ok(&a
+            .call(heartbeat_req(
+                "a",
+                "G",
+                &[("T", "*")],
+                MessageModel::Clustering,
+            ))
+            .await);
+        let ids: GetConsumerListByGroupResponseBody =
+            a.call(list()).await.decode_json_body().unwrap();
+        if ids.consumer_id_list == vec!["a"] {
+            expired = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(expired, "b never expired");
+    assert!(
+        a.wait_notifications(rc::NOTIFY_CONSUMER_IDS_CHANGED, 3)
+            .await,
+        "expiry not notified"
+    );
+    c.stop().await;
+}
+
+#[tokio::test]
+async fn running_info_is_forwarded_to_the_client() {
+    use shoal_net::{processor_fn, NetConfig, RemotingClient};
+    use shoal_proto::body::{ConsumerRunningInfo, ProcessQueueInfo};
+    let c = Cluster::start().await;
+    // A client that answers GET_CONSUMER_RUNNING_INFO with one owned queue.
+    let processor = processor_fn(|_ctx, req: RemotingCommand| async move {
+        if req.code != rc::GET_CONSUMER_RUNNING_INFO {
+            return Ok(None);
+        }
+        let mut info = ConsumerRunningInfo::default();
+        info.mq_table.insert(
+            MessageQueue::new("T", "broker-a", 1),
+            ProcessQueueInfo {
+                commit_offset: 7,
+                ..Default::default()
+            },
+        );
+        Ok(Some(
+            RemotingCommand::response(resp::SUCCESS, None)
+                .with_json_body(&info)
+                .unwrap(),
+        ))
+    });
+    let member = RemotingClient::new(NetConfig::default(), std::sync::Arc::new(processor));
+    let hb = heartbeat_req("m1", "G", &[("T", "*")], MessageModel::Clustering);
+    ok(&member
+        .invoke(&c.broker_addr, create_topic_req("T", 2), T)
+        .await
+        .unwrap());
+    ok(&member.invoke(&c.broker_addr, hb, T).await.unwrap());
+    let admin = RawClient::new(&c.broker_addr);
+    let req = RemotingCommand::request_with_header(
+        rc::GET_CONSUMER_RUNNING_INFO,
+        &GetConsumerRunningInfoRequestHeader {
+            consumer_group: "G".into(),
+            client_id: "m1".into(),
+            ..Default::default()
+        },
+    );
+    let r = admin.call(req).await;
+    ok(&r);
+    let info: ConsumerRunningInfo = r.decode_json_body().unwrap();
+    assert_eq!(
+        info.mq_table[&MessageQueue::new("T", "broker-a", 1)].commit_offset,
+        7
+    );
+    // An unknown client is an error, not a hang.
+    let req = RemotingCommand::request_with_header(
+        rc::GET_CONSUMER_RUNNING_INFO,
+        &GetConsumerRunningInfoRequestHeader {
+            consumer_group: "G".into(),
+            client_id: "nobody".into(),
+            ..Default::default()
+        },
+    );
+    assert_eq!(admin.call(req).await.code, resp::SYSTEM_ERROR);
+    c.stop().await;
+}
