@@ -55,11 +55,11 @@ impl BalancedSticky {
         if m == 0 || n == 0 {
             return vec![None; n];
         }
-        let scores = Scores::new(queues, members);
+        let mut scores = Scores::new(queues, members);
         let mut auction = Auction::new(&scores, n / m, m - n % m);
         let mut eps = 1.0;
         loop {
-            auction.run(&scores, eps);
+            auction.run(&mut scores, eps);
             if eps <= self.epsilon {
                 break;
             }
@@ -129,29 +129,48 @@ impl Scores {
             .iter()
             .map(|m| mix64(fnv1a64(m.as_bytes()) ^ 0x5348_4f41_4c00_0001))
             .collect();
-        let mut candidates = Vec::with_capacity(queues.len());
-        let mut bound = Vec::with_capacity(queues.len());
-        let mut row: Vec<(usize, f64)> = Vec::with_capacity(members.len());
-        for &q in &queues {
-            row.clear();
-            row.extend(
-                members
-                    .iter()
-                    .enumerate()
-                    .map(|(i, &hm)| (i, pair_score(q, hm))),
-            );
-            // Best first; ties by member order.
-            row.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-            let mut best: Vec<(usize, f64)> = row.iter().take(CANDIDATES).copied().collect();
-            best.sort_unstable_by_key(|c| c.0);
-            candidates.push(best);
-            bound.push(row.get(CANDIDATES).map_or(f64::NEG_INFINITY, |c| c.1));
-        }
-        Self {
+        let mut scores = Self {
+            candidates: Vec::with_capacity(queues.len()),
+            bound: Vec::with_capacity(queues.len()),
             queues,
             members,
-            candidates,
-            bound,
+        };
+        for qi in 0..scores.queues.len() {
+            let (best, bound) = scores.top(qi, CANDIDATES);
+            scores.candidates.push(best);
+            scores.bound.push(bound);
+        }
+        scores
+    }
+
+    /// The `k` best-scoring members of queue `qi` (in member order) and the best score of
+    /// the others (−∞ if none).
+    fn top(&self, qi: usize, k: usize) -> (Vec<(usize, f64)>, f64) {
+        let q = self.queues.get(qi).copied().unwrap_or(0);
+        let mut row: Vec<(usize, f64)> = self
+            .members
+            .iter()
+            .enumerate()
+            .map(|(i, &hm)| (i, pair_score(q, hm)))
+            .collect();
+        // Best first; ties by member order.
+        let order = |a: &(usize, f64), b: &(usize, f64)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+        if k < row.len() {
+            row.select_nth_unstable_by(k, order);
+        }
+        let bound = row.get(k).map_or(f64::NEG_INFINITY, |c| c.1);
+        row.truncate(k);
+        row.sort_unstable_by_key(|c| c.0);
+        (row, bound)
+    }
+
+    /// Doubles the candidate list of queue `qi` (when bids keep needing more members).
+    fn grow(&mut self, qi: usize) {
+        let k = self.candidates.get(qi).map_or(CANDIDATES, Vec::len) * 2;
+        let (best, bound) = self.top(qi, k.max(CANDIDATES));
+        if let (Some(c), Some(b)) = (self.candidates.get_mut(qi), self.bound.get_mut(qi)) {
+            *c = best;
+            *b = bound;
         }
     }
 
@@ -203,7 +222,7 @@ impl Auction {
     }
 
     /// One ε phase: every bidder starts unassigned and bids until all hold a slot.
-    fn run(&mut self, scores: &Scores, epsilon: f64) {
+    fn run(&mut self, scores: &mut Scores, epsilon: f64) {
         for h in &mut self.held {
             h.clear();
         }
@@ -244,7 +263,7 @@ impl Auction {
 
     /// Best class, best and second-best value (`score − price`) for queue `qi`: from its
     /// candidates when provably exact, else from all members.
-    fn best_two_queue(&self, scores: &Scores, qi: usize) -> (Option<usize>, f64, f64) {
+    fn best_two_queue(&self, scores: &mut Scores, qi: usize) -> (Option<usize>, f64, f64) {
         let top2 = |it: &mut dyn Iterator<Item = (usize, f64)>| {
             let mut best = None;
             let mut b1 = f64::NEG_INFINITY;
@@ -266,12 +285,20 @@ impl Auction {
             }
             (best, b1, b2)
         };
-        if let (Some(c), Some(&bound)) = (scores.candidates.get(qi), scores.bound.get(qi)) {
+        let m = scores.members.len();
+        loop {
+            let Some((c, &bound)) = scores.candidates.get(qi).zip(scores.bound.get(qi)) else {
+                break;
+            };
             // Prices are never negative, so no other member's value exceeds `bound`.
             let (best, b1, b2) = top2(&mut c.iter().copied());
             if best.is_some() && b2 > bound {
                 return (best, b1, b2);
             }
+            if c.len() >= m {
+                break;
+            }
+            scores.grow(qi);
         }
         let q = scores.queues.get(qi).copied().unwrap_or(0);
         top2(&mut (0..scores.members.len()).map(|i| (i, scores.score(q, i))))
