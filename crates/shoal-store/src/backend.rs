@@ -123,12 +123,22 @@ impl StoreFile for FsFile {
 
 impl Backend for FsBackend {
     fn open(&self, path: &Path, create: bool) -> io::Result<Arc<dyn StoreFile>> {
+        let is_new = create && !path.exists();
         let file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
             .create(create)
             .truncate(false)
             .open(path)?;
+        #[cfg(unix)]
+        if is_new {
+            // Make the new directory entry durable, so an fsync of the file's data is enough.
+            if let Some(parent) = path.parent() {
+                std::fs::File::open(parent)?.sync_all()?;
+            }
+        }
+        #[cfg(not(unix))]
+        let _ = is_new;
         Ok(Arc::new(FsFile(file)))
     }
     fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
