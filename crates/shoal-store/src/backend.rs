@@ -157,7 +157,24 @@ impl Backend for FsBackend {
         Ok(names)
     }
     fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
-        std::fs::create_dir_all(dir)
+        // Remember which components are new, to make their entries durable.
+        let mut new_dirs = Vec::new();
+        let mut p = Some(dir);
+        while let Some(d) = p {
+            if d.as_os_str().is_empty() || d.exists() {
+                break;
+            }
+            new_dirs.push(d.to_path_buf());
+            p = d.parent();
+        }
+        std::fs::create_dir_all(dir)?;
+        #[cfg(unix)]
+        for d in new_dirs.iter().rev() {
+            if let Some(parent) = d.parent().filter(|p| !p.as_os_str().is_empty()) {
+                std::fs::File::open(parent)?.sync_all()?;
+            }
+        }
+        Ok(())
     }
     fn remove_file(&self, path: &Path) -> io::Result<()> {
         match std::fs::remove_file(path) {
