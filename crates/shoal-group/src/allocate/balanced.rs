@@ -286,10 +286,7 @@ impl Auction {
             (best, b1, b2)
         };
         let m = scores.members.len();
-        loop {
-            let Some((c, &bound)) = scores.candidates.get(qi).zip(scores.bound.get(qi)) else {
-                break;
-            };
+        while let Some((c, &bound)) = scores.candidates.get(qi).zip(scores.bound.get(qi)) {
             // Prices are never negative, so no other member's value exceeds `bound`.
             let (best, b1, b2) = top2(&mut c.iter().copied());
             if best.is_some() && b2 > bound {

@@ -417,7 +417,8 @@ mod tests {
     /// c0..: shares in member order), computed from the Java algorithm.
     #[test]
     fn averagely_matches_java_table() {
-        let cases: &[(i32, &[&str], &[&[i32]])] = &[
+        type Case<'a> = (i32, &'a [&'a str], &'a [&'a [i32]]);
+        let cases: &[Case<'_>] = &[
             (8, &["c0", "c1", "c2"], &[&[0, 1, 2], &[3, 4, 5], &[6, 7]]),
             (5, &["c0", "c1", "c2"], &[&[0, 1], &[2, 3], &[4]]),
             (2, &["c0", "c1", "c2"], &[&[0], &[1], &[]]),
