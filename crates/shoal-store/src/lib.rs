@@ -18,6 +18,8 @@
 //! `config/consumerOffset.json`, `config/delayOffset.json`, `checkpoint`, `abort`. See
 //! `docs/storage.md` in the repository for the design and its reasons.
 
+#![warn(missing_docs)]
+
 pub mod backend;
 mod commitlog;
 mod config;
