@@ -1,6 +1,48 @@
-//! `shoal-client`: producer, push consumer, lite pull consumer and admin client.
+//! `shoal-client`: producer, push consumer, lite pull consumer and admin client for Shoal and
+//! Apache RocketMQ brokers (remoting protocol).
+//!
+//! - [`Producer`] (build with [`Producer::builder`]): sync / async / oneway sends, batches,
+//!   selectors (ordered messages), latency fault tolerance ([`fault`]).
+//! - [`PushConsumer`] (build with [`PushConsumer::builder`]): clustering or broadcasting,
+//!   concurrent or orderly listeners, classic client-side rebalance with Shoal's fixes
+//!   (immediate rebalance on notification, graceful hand-over, broker-held orderly locks,
+//!   offsets never moved back by a former owner), retry and DLQ.
+//! - `LitePullConsumer`: subscribe (with rebalance) or assign, `poll`, commits, seeks,
+//!   pause/resume.
+//! - [`AdminClient`]: topics, cluster, consumer progress with owners, connections, offset
+//!   resets, messages by id, DLQ re-send.
+//! - [`ClientInstance`]: the shared machinery (client id, routes, heartbeats, typed requests).
+//!
+//! Sans-IO parts: [`fault`], [`process_queue`], [`offset_store`].
 
 pub mod admin;
+pub mod config;
+pub mod consumer;
+pub mod error;
 pub mod fault;
+pub mod instance;
 pub mod offset_store;
 pub mod process_queue;
+pub mod producer;
+
+pub use config::ClientConfig;
+pub use consumer::{
+    ConsumeConcurrentlyStatus, ConsumeContext, ConsumeOrderlyStatus, ConsumerConfig,
+    MessageListener, PushConsumer, PushConsumerBuilder,
+};
+pub use error::{ClientError, Result};
+pub use instance::ClientInstance;
+
+pub use admin::{AdminClient, GroupProgress, QueueProgress, TopicSpec};
+pub use producer::{Producer, ProducerBuilder, ProducerConfig, SendResult, SendStatus};
+pub use shoal_proto::body::{ConsumeFromWhere, MessageModel};
+pub use shoal_proto::message::{Message, MessageExt};
+pub use shoal_proto::MessageQueue;
+
+/// Milliseconds since the Unix epoch.
+pub(crate) fn now_ms_u64() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or_default()
+}

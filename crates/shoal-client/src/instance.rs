@@ -1,0 +1,1122 @@
+//! [`ClientInstance`]: what RocketMQ calls `MQClientInstance` — one identity (client id), one
+//! connection pool, the route and broker address tables, the heartbeat and route-refresh timers,
+//! the handler of requests brokers send to the client, and typed calls for every request the
+//! producer, consumers and admin client make.
+//!
+//! Every [`Producer`](crate::Producer) and [`PushConsumer`](crate::PushConsumer) owns one
+//! instance; the client id is `ip@instanceName` (spec 7.1), the instance name RocketMQ's
+//! `<pid>#<nanos>` unless configured.
+
+use crate::config::{default_instance_name, local_ip_towards, ClientConfig};
+use crate::error::{ClientError, Result};
+use futures::future::BoxFuture;
+use parking_lot::Mutex;
+use shoal_net::{request_code_not_supported, NetConfig, Processor, RemotingClient, RequestContext};
+use shoal_proto::body::{
+    ConsumeMessageDirectlyResult, ConsumerData, ConsumerRunningInfo,
+    GetConsumerListByGroupResponseBody, HeartbeatData, LockBatchRequestBody, LockBatchResponseBody,
+    ProducerData, ResetOffsetBody, TopicRouteData, UnlockBatchRequestBody,
+};
+use shoal_proto::code::{request_code as rc, response_code as resp};
+use shoal_proto::header::*;
+use shoal_proto::message::{decode_records, DecodeOptions, MessageExt};
+use shoal_proto::{MessageQueue, RemotingCommand};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, warn};
+
+/// Client-side timeout of a long-polling pull (spec 5.1: 30 s against a 15 s hold).
+pub const PULL_RPC_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What a consumer registered in an instance answers to the broker's requests.
+pub(crate) trait ConsumerHandle: Send + Sync + 'static {
+    /// The consumer's data for heartbeats.
+    fn consumer_data(&self) -> ConsumerData;
+    /// Topics the consumer subscribes (including its retry topic).
+    fn subscribed_topics(&self) -> Vec<String>;
+    /// NOTIFY_CONSUMER_IDS_CHANGED, or a route change: rebalance now.
+    fn rebalance_now(&self);
+    /// GET_CONSUMER_RUNNING_INFO.
+    fn running_info(&self) -> ConsumerRunningInfo;
+    /// RESET_CONSUMER_CLIENT_OFFSET.
+    fn reset_offset(&self, topic: &str, offsets: BTreeMap<MessageQueue, i64>);
+    /// CONSUME_MESSAGE_DIRECTLY.
+    fn consume_directly(&self, msg: MessageExt)
+        -> BoxFuture<'static, ConsumeMessageDirectlyResult>;
+}
+
+/// Consumers by group; weak so that a consumer dropped without shutdown does not live on.
+#[derive(Default)]
+struct Registry {
+    consumers: Mutex<HashMap<String, Weak<dyn ConsumerHandle>>>,
+}
+
+impl Registry {
+    fn get(&self, group: &str) -> Option<Arc<dyn ConsumerHandle>> {
+        self.consumers.lock().get(group).and_then(Weak::upgrade)
+    }
+    fn all(&self) -> Vec<Arc<dyn ConsumerHandle>> {
+        self.consumers
+            .lock()
+            .values()
+            .filter_map(Weak::upgrade)
+            .collect()
+    }
+}
+
+/// Handles NOTIFY_CONSUMER_IDS_CHANGED (40), RESET_CONSUMER_CLIENT_OFFSET (220),
+/// GET_CONSUMER_RUNNING_INFO (307) and CONSUME_MESSAGE_DIRECTLY (309); anything else is
+/// answered REQUEST_CODE_NOT_SUPPORTED.
+struct ClientProcessor {
+    registry: Arc<Registry>,
+}
+
+impl Processor for ClientProcessor {
+    fn process<'a>(
+        &'a self,
+        _ctx: RequestContext,
+        request: RemotingCommand,
+    ) -> BoxFuture<'a, shoal_net::ProcessResult> {
+        Box::pin(async move {
+            match request.code {
+                rc::NOTIFY_CONSUMER_IDS_CHANGED => {
+                    let h: NotifyConsumerIdsChangedRequestHeader =
+                        request.decode_command_header()?;
+                    debug!(group = %h.consumer_group, "consumer ids changed");
+                    if let Some(c) = self.registry.get(&h.consumer_group) {
+                        c.rebalance_now();
+                    }
+                    Ok(None)
+                }
+                rc::RESET_CONSUMER_CLIENT_OFFSET => {
+                    let h: ResetOffsetRequestHeader = request.decode_command_header()?;
+                    let body: ResetOffsetBody = match request.body {
+                        Some(_) => request.decode_json_body()?,
+                        None => ResetOffsetBody::default(),
+                    };
+                    if let Some(c) = self.registry.get(&h.group) {
+                        c.reset_offset(&h.topic, body.offset_table);
+                    }
+                    Ok(None)
+                }
+                rc::GET_CONSUMER_RUNNING_INFO => {
+                    let h: GetConsumerRunningInfoRequestHeader = request.decode_command_header()?;
+                    Ok(Some(match self.registry.get(&h.consumer_group) {
+                        Some(c) => RemotingCommand::response(resp::SUCCESS, None)
+                            .with_json_body(&c.running_info())?,
+                        None => RemotingCommand::response(
+                            resp::SYSTEM_ERROR,
+                            Some(format!(
+                                "The Consumer Group <{}> not exist in this consumer",
+                                h.consumer_group
+                            )),
+                        ),
+                    }))
+                }
+                rc::CONSUME_MESSAGE_DIRECTLY => {
+                    let h: ConsumeMessageDirectlyRequestHeader = request.decode_command_header()?;
+                    let Some(c) = self.registry.get(&h.consumer_group) else {
+                        return Ok(Some(RemotingCommand::response(
+                            resp::SYSTEM_ERROR,
+                            Some(format!(
+                                "The Consumer Group <{}> not exist in this consumer",
+                                h.consumer_group
+                            )),
+                        )));
+                    };
+                    let body = request.body.clone().unwrap_or_default();
+                    let run = decode_records(&body, &DecodeOptions::client());
+                    let Some(msg) = run.messages.into_iter().next() else {
+                        return Ok(Some(RemotingCommand::response(
+                            resp::SYSTEM_ERROR,
+                            Some(format!(
+                                "no message in the request body: {}",
+                                run.error.map(|e| e.to_string()).unwrap_or_default()
+                            )),
+                        )));
+                    };
+                    let result = c.consume_directly(msg).await;
+                    Ok(Some(
+                        RemotingCommand::response(resp::SUCCESS, None).with_json_body(&result)?,
+                    ))
+                }
+                _ => Ok(Some(request_code_not_supported(&request))),
+            }
+        })
+    }
+}
+
+/// The outcome of a pull, as RocketMQ's `PullStatus`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PullStatus {
+    /// Messages were found.
+    Found,
+    /// Nothing new at this offset.
+    NoNewMsg,
+    /// Entries were scanned but none matched the subscription.
+    NoMatchedMsg,
+    /// The offset is outside the queue; use `next_begin_offset`.
+    OffsetIllegal,
+}
+
+/// A pull answer.
+#[derive(Debug, Clone)]
+pub struct PullResult {
+    /// What happened.
+    pub status: PullStatus,
+    /// Where to pull next.
+    pub next_begin_offset: i64,
+    /// The queue's minimum offset.
+    pub min_offset: i64,
+    /// The queue's maximum offset (next to be written).
+    pub max_offset: i64,
+    /// The messages (with `Found`), bodies decompressed.
+    pub messages: Vec<MessageExt>,
+}
+
+/// The arguments of a pull.
+#[derive(Debug, Clone)]
+pub struct PullArgs<'a> {
+    /// Request code: PULL_MESSAGE (push consumer) or LITE_PULL_MESSAGE.
+    pub code: i32,
+    /// Consumer group.
+    pub group: &'a str,
+    /// Queue.
+    pub mq: &'a MessageQueue,
+    /// Offset to read from.
+    pub offset: i64,
+    /// Maximum number of messages.
+    pub max_msgs: i32,
+    /// PullSysFlag bits.
+    pub sys_flag: i32,
+    /// Offset to commit (with COMMIT_OFFSET).
+    pub commit_offset: i64,
+    /// Long-polling hold, ms.
+    pub suspend_ms: i64,
+    /// Subscription expression (sent with SUBSCRIPTION).
+    pub subscription: Option<&'a str>,
+    /// Subscription version.
+    pub sub_version: i64,
+    /// RPC timeout.
+    pub timeout: Duration,
+}
+
+struct Inner {
+    config: ClientConfig,
+    client_id: String,
+    net: RemotingClient,
+    registry: Arc<Registry>,
+    routes: Mutex<HashMap<String, TopicRouteData>>,
+    /// Broker name -> broker id -> address.
+    brokers: Mutex<HashMap<String, BTreeMap<i64, String>>>,
+    producer_groups: Mutex<BTreeSet<String>>,
+    namesrv_index: AtomicUsize,
+    shutdown: CancellationToken,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+        self.net.shutdown();
+    }
+}
+
+/// One client identity with its connections, tables and timers. Cheap to clone.
+#[derive(Clone)]
+pub struct ClientInstance {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for ClientInstance {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientInstance")
+            .field("client_id", &self.inner.client_id)
+            .field("namesrv_addrs", &self.inner.config.namesrv_addrs)
+            .finish()
+    }
+}
+
+fn ok_or(what: &'static str, r: RemotingCommand) -> Result<RemotingCommand> {
+    if r.code == resp::SUCCESS {
+        Ok(r)
+    } else {
+        Err(ClientError::server(what, &r))
+    }
+}
+
+impl ClientInstance {
+    /// Creates an instance and starts its route-refresh and heartbeat timers (they stop at
+    /// [`ClientInstance::shutdown`] or when the last clone is dropped). Must be called inside a
+    /// tokio runtime.
+    ///
+    /// # Errors
+    /// [`ClientError::InvalidArgument`] for an unusable configuration.
+    pub fn start(config: ClientConfig) -> Result<Self> {
+        config.validate()?;
+        let instance_name = config
+            .instance_name
+            .clone()
+            .unwrap_or_else(default_instance_name);
+        let ip = match &config.client_ip {
+            Some(ip) => ip.clone(),
+            None => local_ip_towards(config.namesrv_addrs.first().map_or("", String::as_str)),
+        };
+        let registry = Arc::new(Registry::default());
+        let net = RemotingClient::new(
+            NetConfig::default(),
+            Arc::new(ClientProcessor {
+                registry: Arc::clone(&registry),
+            }),
+        );
+        let start_index = rand::random::<usize>() % config.namesrv_addrs.len().max(1);
+        let inner = Arc::new(Inner {
+            client_id: format!("{ip}@{instance_name}"),
+            config,
+            net,
+            registry,
+            routes: Mutex::new(HashMap::new()),
+            brokers: Mutex::new(HashMap::new()),
+            producer_groups: Mutex::new(BTreeSet::new()),
+            namesrv_index: AtomicUsize::new(start_index),
+            shutdown: CancellationToken::new(),
+        });
+        let this = ClientInstance { inner };
+        this.spawn_timer(this.inner.config.poll_namesrv_interval, |c| {
+            Box::pin(async move { c.refresh_routes().await })
+        });
+        this.spawn_timer(this.inner.config.heartbeat_interval, |c| {
+            Box::pin(async move {
+                c.heartbeat_all().await;
+            })
+        });
+        Ok(this)
+    }
+
+    /// Runs `tick` every `period` while the instance lives and is not shut down.
+    fn spawn_timer(
+        &self,
+        period: Duration,
+        tick: impl Fn(ClientInstance) -> BoxFuture<'static, ()> + Send + 'static,
+    ) {
+        let weak = Arc::downgrade(&self.inner);
+        let token = self.inner.shutdown.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = token.cancelled() => return,
+                    _ = tokio::time::sleep(period) => {}
+                }
+                let Some(inner) = weak.upgrade() else { return };
+                tick(ClientInstance { inner }).await;
+            }
+        });
+    }
+
+    /// The client id, `ip@instanceName`.
+    pub fn client_id(&self) -> &str {
+        &self.inner.client_id
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ClientConfig {
+        &self.inner.config
+    }
+
+    /// A token cancelled at shutdown (for tasks of the producer/consumers).
+    pub(crate) fn shutdown_token(&self) -> CancellationToken {
+        self.inner.shutdown.clone()
+    }
+
+    /// True once [`ClientInstance::shutdown`] was called.
+    pub fn is_shut_down(&self) -> bool {
+        self.inner.shutdown.is_cancelled()
+    }
+
+    /// Stops the timers and closes every connection.
+    pub fn shutdown(&self) {
+        self.inner.shutdown.cancel();
+        self.inner.net.shutdown();
+    }
+
+    pub(crate) fn register_consumer(&self, group: &str, handle: Weak<dyn ConsumerHandle>) {
+        self.inner
+            .registry
+            .consumers
+            .lock()
+            .insert(group.to_owned(), handle);
+    }
+
+    pub(crate) fn unregister_consumer_local(&self, group: &str) {
+        self.inner.registry.consumers.lock().remove(group);
+    }
+
+    pub(crate) fn register_producer(&self, group: &str) {
+        self.inner.producer_groups.lock().insert(group.to_owned());
+    }
+
+    // ---- name server -------------------------------------------------------------------
+
+    /// Sends a request to a name server: the current one first, then the others round-robin.
+    ///
+    /// # Errors
+    /// The last transport error when no name server answered.
+    pub async fn invoke_namesrv(&self, request: RemotingCommand) -> Result<RemotingCommand> {
+        let addrs = &self.inner.config.namesrv_addrs;
+        let n = addrs.len();
+        let start = self.inner.namesrv_index.load(Ordering::Relaxed);
+        let mut last = None;
+        for i in 0..n {
+            let idx = (start + i) % n;
+            let Some(addr) = addrs.get(idx) else { continue };
+            match self
+                .inner
+                .net
+                .invoke(addr, request.clone(), self.inner.config.rpc_timeout)
+                .await
+            {
+                Ok(r) => {
+                    self.inner.namesrv_index.store(idx, Ordering::Relaxed);
+                    return Ok(r);
+                }
+                Err(e) => {
+                    warn!(namesrv = %addr, error = %e, "name server request failed");
+                    last = Some(e);
+                }
+            }
+        }
+        Err(last.map_or(
+            ClientError::InvalidArgument("no name server".into()),
+            Into::into,
+        ))
+    }
+
+    /// Asks the name servers for a topic's route (no caching).
+    ///
+    /// # Errors
+    /// [`ClientError::NoRoute`] if the topic does not exist, transport errors otherwise.
+    pub async fn fetch_route(&self, topic: &str) -> Result<TopicRouteData> {
+        let req = RemotingCommand::request_with_header(
+            rc::GET_ROUTEINFO_BY_TOPIC,
+            &GetRouteInfoRequestHeader {
+                topic: topic.to_owned(),
+                ..Default::default()
+            },
+        );
+        let r = self.invoke_namesrv(req).await?;
+        match r.code {
+            resp::SUCCESS => Ok(r.decode_json_body()?),
+            resp::TOPIC_NOT_EXIST => Err(ClientError::NoRoute(topic.to_owned())),
+            _ => Err(ClientError::server("GET_ROUTEINFO_BY_TOPIC", &r)),
+        }
+    }
+
+    /// Fetches a topic's route and stores it (and its broker addresses); consumers of the topic
+    /// rebalance when it changed. Returns the route.
+    ///
+    /// # Errors
+    /// Those of [`ClientInstance::fetch_route`].
+    pub async fn update_route(&self, topic: &str) -> Result<TopicRouteData> {
+        let route = self.fetch_route(topic).await?;
+        self.store_route(topic, &route);
+        Ok(route)
+    }
+
+    fn store_route(&self, topic: &str, route: &TopicRouteData) {
+        {
+            let mut brokers = self.inner.brokers.lock();
+            for b in &route.broker_datas {
+                brokers.insert(b.broker_name.clone(), b.broker_addrs.clone());
+            }
+        }
+        let changed = {
+            let mut routes = self.inner.routes.lock();
+            let old = routes.insert(topic.to_owned(), route.clone());
+            old.as_ref().is_some_and(|o| {
+                o.queue_datas != route.queue_datas || o.broker_datas != route.broker_datas
+            })
+        };
+        if changed {
+            debug!(topic, "route changed");
+            for c in self.inner.registry.all() {
+                if c.subscribed_topics().iter().any(|t| t == topic) {
+                    c.rebalance_now();
+                }
+            }
+        }
+    }
+
+    /// The cached route of a topic, fetching it on first use.
+    ///
+    /// # Errors
+    /// Those of [`ClientInstance::fetch_route`].
+    pub async fn route(&self, topic: &str) -> Result<TopicRouteData> {
+        if let Some(r) = self.inner.routes.lock().get(topic) {
+            return Ok(r.clone());
+        }
+        self.update_route(topic).await
+    }
+
+    /// The cached route of a topic, if any.
+    pub fn cached_route(&self, topic: &str) -> Option<TopicRouteData> {
+        self.inner.routes.lock().get(topic).cloned()
+    }
+
+    /// Refreshes the routes of every topic in use (the 30 s timer).
+    pub async fn refresh_routes(&self) {
+        let mut topics: BTreeSet<String> = self.inner.routes.lock().keys().cloned().collect();
+        for c in self.inner.registry.all() {
+            topics.extend(c.subscribed_topics());
+        }
+        for t in topics {
+            if let Err(e) = self.update_route(&t).await {
+                debug!(topic = %t, error = %e, "route refresh failed");
+            }
+        }
+    }
+
+    /// The master address of a broker, if known.
+    pub fn master_addr(&self, broker_name: &str) -> Option<String> {
+        self.inner
+            .brokers
+            .lock()
+            .get(broker_name)
+            .and_then(|ids| ids.get(&shoal_proto::constants::MASTER_ID).cloned())
+    }
+
+    /// The master address of a broker, refreshing `topic`'s route if it is unknown.
+    ///
+    /// # Errors
+    /// [`ClientError::NoBrokerAddr`] when no route names it.
+    pub async fn find_master_addr(&self, broker_name: &str, topic: &str) -> Result<String> {
+        if let Some(a) = self.master_addr(broker_name) {
+            return Ok(a);
+        }
+        let _ = self.update_route(topic).await;
+        self.master_addr(broker_name)
+            .ok_or_else(|| ClientError::NoBrokerAddr(broker_name.to_owned()))
+    }
+
+    /// Every known master address.
+    pub fn master_addrs(&self) -> Vec<String> {
+        let mut v: Vec<String> = self
+            .inner
+            .brokers
+            .lock()
+            .values()
+            .filter_map(|ids| ids.get(&shoal_proto::constants::MASTER_ID).cloned())
+            .collect();
+        v.sort();
+        v.dedup();
+        v
+    }
+
+    // ---- heartbeats --------------------------------------------------------------------
+
+    fn heartbeat_data(&self) -> HeartbeatData {
+        HeartbeatData {
+            client_id: self.inner.client_id.clone(),
+            consumer_data_set: self
+                .inner
+                .registry
+                .all()
+                .iter()
+                .map(|c| c.consumer_data())
+                .collect(),
+            producer_data_set: self
+                .inner
+                .producer_groups
+                .lock()
+                .iter()
+                .map(|g| ProducerData {
+                    group_name: g.clone(),
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    /// Sends HEART_BEAT to every known master; returns how many answered SUCCESS.
+    pub async fn heartbeat_all(&self) -> usize {
+        let data = self.heartbeat_data();
+        if data.consumer_data_set.is_empty() && data.producer_data_set.is_empty() {
+            return 0;
+        }
+        let Ok(req) = RemotingCommand::request(rc::HEART_BEAT)
+            .with_ext_fields(Default::default())
+            .with_json_body(&data)
+        else {
+            return 0;
+        };
+        let calls = self.master_addrs().into_iter().map(|addr| {
+            let req = req.clone();
+            async move {
+                match self
+                    .inner
+                    .net
+                    .invoke(&addr, req, self.inner.config.rpc_timeout)
+                    .await
+                {
+                    Ok(r) if r.code == resp::SUCCESS => true,
+                    Ok(r) => {
+                        warn!(broker = %addr, code = r.code, remark = ?r.remark, "heartbeat refused");
+                        false
+                    }
+                    Err(e) => {
+                        debug!(broker = %addr, error = %e, "heartbeat failed");
+                        false
+                    }
+                }
+            }
+        });
+        futures::future::join_all(calls)
+            .await
+            .into_iter()
+            .filter(|ok| *ok)
+            .count()
+    }
+
+    /// Sends UNREGISTER_CLIENT for a producer or consumer group to every known master.
+    pub async fn unregister_client(
+        &self,
+        producer_group: Option<&str>,
+        consumer_group: Option<&str>,
+    ) {
+        let req = RemotingCommand::request_with_header(
+            rc::UNREGISTER_CLIENT,
+            &UnregisterClientRequestHeader {
+                client_id: self.inner.client_id.clone(),
+                producer_group: producer_group.map(str::to_owned),
+                consumer_group: consumer_group.map(str::to_owned),
+                ..Default::default()
+            },
+        );
+        let calls = self.master_addrs().into_iter().map(|addr| {
+            let req = req.clone();
+            async move {
+                if let Err(e) = self
+                    .inner
+                    .net
+                    .invoke(&addr, req, self.inner.config.rpc_timeout)
+                    .await
+                {
+                    debug!(broker = %addr, error = %e, "unregister failed");
+                }
+            }
+        });
+        futures::future::join_all(calls).await;
+    }
+
+    // ---- broker requests ----------------------------------------------------------------
+
+    /// Sends a request to a broker address and waits for the answer.
+    ///
+    /// # Errors
+    /// Transport errors.
+    pub async fn invoke(
+        &self,
+        addr: &str,
+        request: RemotingCommand,
+        timeout: Duration,
+    ) -> Result<RemotingCommand> {
+        Ok(self.inner.net.invoke(addr, request, timeout).await?)
+    }
+
+    /// Sends a oneway request to a broker address.
+    ///
+    /// # Errors
+    /// Transport errors.
+    pub async fn invoke_oneway(&self, addr: &str, request: RemotingCommand) -> Result<()> {
+        Ok(self.inner.net.invoke_oneway(addr, request).await?)
+    }
+
+    async fn call_broker(
+        &self,
+        what: &'static str,
+        mq: &MessageQueue,
+        request: RemotingCommand,
+    ) -> Result<RemotingCommand> {
+        let addr = self.find_master_addr(&mq.broker_name, &mq.topic).await?;
+        let r = self
+            .invoke(&addr, request, self.inner.config.rpc_timeout)
+            .await?;
+        ok_or(what, r)
+    }
+
+    /// Pulls messages from a queue's master.
+    ///
+    /// # Errors
+    /// Transport errors, and [`ClientError::Server`] for codes other than SUCCESS,
+    /// PULL_NOT_FOUND, PULL_RETRY_IMMEDIATELY and PULL_OFFSET_MOVED.
+    pub async fn pull(&self, args: PullArgs<'_>) -> Result<PullResult> {
+        let mq = args.mq;
+        let addr = self.find_master_addr(&mq.broker_name, &mq.topic).await?;
+        let header = PullMessageRequestHeader {
+            consumer_group: args.group.to_owned(),
+            topic: mq.topic.clone(),
+            queue_id: mq.queue_id,
+            queue_offset: args.offset,
+            max_msg_nums: args.max_msgs,
+            sys_flag: args.sys_flag,
+            commit_offset: args.commit_offset,
+            suspend_timeout_millis: args.suspend_ms,
+            subscription: args.subscription.map(str::to_owned),
+            sub_version: args.sub_version,
+            expression_type: Some("TAG".to_owned()),
+            max_msg_bytes: Some(262_144),
+            rpc: RpcFields::with_broker_name(&mq.broker_name),
+            ..Default::default()
+        };
+        let r = self
+            .invoke(
+                &addr,
+                RemotingCommand::request_with_header(args.code, &header),
+                args.timeout,
+            )
+            .await?;
+        let status = match r.code {
+            resp::SUCCESS => PullStatus::Found,
+            resp::PULL_NOT_FOUND => PullStatus::NoNewMsg,
+            resp::PULL_RETRY_IMMEDIATELY => PullStatus::NoMatchedMsg,
+            resp::PULL_OFFSET_MOVED => PullStatus::OffsetIllegal,
+            _ => return Err(ClientError::server("PULL_MESSAGE", &r)),
+        };
+        let h: PullMessageResponseHeader = r.decode_command_header()?;
+        let mut messages = Vec::new();
+        if status == PullStatus::Found {
+            let body = r.body.clone().unwrap_or_default();
+            let run = decode_records(&body, &DecodeOptions::client());
+            if let Some(e) = &run.error {
+                warn!(%mq, error = %e, decoded = run.messages.len(), "pull body decoded partially");
+            }
+            messages = run.messages;
+            if let Some(delta) = h.offset_delta {
+                for m in &mut messages {
+                    m.queue_offset += delta;
+                }
+            }
+        }
+        Ok(PullResult {
+            status,
+            next_begin_offset: h.next_begin_offset,
+            min_offset: h.min_offset,
+            max_offset: h.max_offset,
+            messages,
+        })
+    }
+
+    /// QUERY_CONSUMER_OFFSET with `setZeroIfNotFound=false`: `None` when the group has no
+    /// offset for the queue.
+    ///
+    /// # Errors
+    /// Transport errors and unexpected codes.
+    pub async fn query_consumer_offset(
+        &self,
+        group: &str,
+        mq: &MessageQueue,
+    ) -> Result<Option<i64>> {
+        let req = RemotingCommand::request_with_header(
+            rc::QUERY_CONSUMER_OFFSET,
+            &QueryConsumerOffsetRequestHeader {
+                consumer_group: group.to_owned(),
+                topic: mq.topic.clone(),
+                queue_id: mq.queue_id,
+                set_zero_if_not_found: Some(false),
+                rpc: RpcFields::with_broker_name(&mq.broker_name),
+            },
+        );
+        let addr = self.find_master_addr(&mq.broker_name, &mq.topic).await?;
+        let r = self
+            .invoke(&addr, req, self.inner.config.rpc_timeout)
+            .await?;
+        match r.code {
+            resp::SUCCESS => {
+                let h: QueryConsumerOffsetResponseHeader = r.decode_command_header()?;
+                Ok(Some(h.offset))
+            }
+            resp::QUERY_NOT_FOUND => Ok(None),
+            _ => Err(ClientError::server("QUERY_CONSUMER_OFFSET", &r)),
+        }
+    }
+
+    fn update_offset_req(group: &str, mq: &MessageQueue, offset: i64) -> RemotingCommand {
+        RemotingCommand::request_with_header(
+            rc::UPDATE_CONSUMER_OFFSET,
+            &UpdateConsumerOffsetRequestHeader {
+                consumer_group: group.to_owned(),
+                topic: mq.topic.clone(),
+                queue_id: mq.queue_id,
+                commit_offset: offset,
+                rpc: RpcFields::with_broker_name(&mq.broker_name),
+            },
+        )
+    }
+
+    /// UPDATE_CONSUMER_OFFSET, waiting for the answer.
+    ///
+    /// # Errors
+    /// Transport errors and a non-SUCCESS answer.
+    pub async fn update_consumer_offset(
+        &self,
+        group: &str,
+        mq: &MessageQueue,
+        offset: i64,
+    ) -> Result<()> {
+        self.call_broker(
+            "UPDATE_CONSUMER_OFFSET",
+            mq,
+            Self::update_offset_req(group, mq, offset),
+        )
+        .await
+        .map(|_| ())
+    }
+
+    /// UPDATE_CONSUMER_OFFSET, oneway (the 5 s persistence).
+    ///
+    /// # Errors
+    /// Transport errors.
+    pub async fn update_consumer_offset_oneway(
+        &self,
+        group: &str,
+        mq: &MessageQueue,
+        offset: i64,
+    ) -> Result<()> {
+        let addr = self.find_master_addr(&mq.broker_name, &mq.topic).await?;
+        self.invoke_oneway(&addr, Self::update_offset_req(group, mq, offset))
+            .await
+    }
+
+    /// GET_MAX_OFFSET: the next offset to be written in a queue.
+    ///
+    /// # Errors
+    /// Transport errors and a non-SUCCESS answer.
+    pub async fn max_offset(&self, mq: &MessageQueue) -> Result<i64> {
+        let req = RemotingCommand::request_with_header(
+            rc::GET_MAX_OFFSET,
+            &GetMaxOffsetRequestHeader {
+                topic: mq.topic.clone(),
+                queue_id: mq.queue_id,
+                committed: true,
+                rpc: RpcFields::with_broker_name(&mq.broker_name),
+            },
+        );
+        let r = self.call_broker("GET_MAX_OFFSET", mq, req).await?;
+        Ok(r.decode_command_header::<GetMaxOffsetResponseHeader>()?
+            .offset)
+    }
+
+    /// GET_MIN_OFFSET: the smallest offset still in a queue.
+    ///
+    /// # Errors
+    /// Transport errors and a non-SUCCESS answer.
+    pub async fn min_offset(&self, mq: &MessageQueue) -> Result<i64> {
+        let req = RemotingCommand::request_with_header(
+            rc::GET_MIN_OFFSET,
+            &GetMinOffsetRequestHeader {
+                topic: mq.topic.clone(),
+                queue_id: mq.queue_id,
+                rpc: RpcFields::with_broker_name(&mq.broker_name),
+            },
+        );
+        let r = self.call_broker("GET_MIN_OFFSET", mq, req).await?;
+        Ok(r.decode_command_header::<GetMinOffsetResponseHeader>()?
+            .offset)
+    }
+
+    /// SEARCH_OFFSET_BY_TIMESTAMP: the first offset stored at or after `timestamp_ms`.
+    ///
+    /// # Errors
+    /// Transport errors and a non-SUCCESS answer.
+    pub async fn search_offset(&self, mq: &MessageQueue, timestamp_ms: i64) -> Result<i64> {
+        let req = RemotingCommand::request_with_header(
+            rc::SEARCH_OFFSET_BY_TIMESTAMP,
+            &SearchOffsetRequestHeader {
+                topic: mq.topic.clone(),
+                queue_id: mq.queue_id,
+                timestamp: timestamp_ms,
+                boundary_type: None,
+                rpc: RpcFields::with_broker_name(&mq.broker_name),
+            },
+        );
+        let r = self
+            .call_broker("SEARCH_OFFSET_BY_TIMESTAMP", mq, req)
+            .await?;
+        Ok(r.decode_command_header::<SearchOffsetResponseHeader>()?
+            .offset)
+    }
+
+    /// GET_CONSUMER_LIST_BY_GROUP sent to one broker of `topic` (a random one, spec 7.3).
+    ///
+    /// # Errors
+    /// Transport errors and a non-SUCCESS answer.
+    pub async fn consumer_ids(&self, group: &str, topic: &str) -> Result<Vec<String>> {
+        let route = self.route(topic).await?;
+        let addrs: Vec<String> = route
+            .broker_datas
+            .iter()
+            .filter_map(|b| b.master_addr().map(str::to_owned))
+            .collect();
+        if addrs.is_empty() {
+            return Err(ClientError::NoRoute(topic.to_owned()));
+        }
+        let addr = addrs
+            .get(rand::random::<usize>() % addrs.len())
+            .cloned()
+            .unwrap_or_default();
+        let req = RemotingCommand::request_with_header(
+            rc::GET_CONSUMER_LIST_BY_GROUP,
+            &GetConsumerListByGroupRequestHeader {
+                consumer_group: group.to_owned(),
+                ..Default::default()
+            },
+        );
+        let r = ok_or(
+            "GET_CONSUMER_LIST_BY_GROUP",
+            self.invoke(&addr, req, self.inner.config.rpc_timeout)
+                .await?,
+        )?;
+        let body: GetConsumerListByGroupResponseBody = r.decode_json_body()?;
+        Ok(body.consumer_id_list)
+    }
+
+    /// LOCK_BATCH_MQ on one broker: returns the queues locked for this client.
+    ///
+    /// # Errors
+    /// Transport errors and a non-SUCCESS answer.
+    pub async fn lock_batch(
+        &self,
+        group: &str,
+        broker_name: &str,
+        topic: &str,
+        mqs: Vec<MessageQueue>,
+    ) -> Result<Vec<MessageQueue>> {
+        let addr = self.find_master_addr(broker_name, topic).await?;
+        let body = LockBatchRequestBody {
+            client_id: self.inner.client_id.clone(),
+            consumer_group: group.to_owned(),
+            mq_set: mqs,
+            only_this_broker: false,
+        };
+        let req = RemotingCommand::request(rc::LOCK_BATCH_MQ)
+            .with_ext_fields(Default::default())
+            .with_json_body(&body)?;
+        let r = ok_or(
+            "LOCK_BATCH_MQ",
+            self.invoke(&addr, req, self.inner.config.rpc_timeout)
+                .await?,
+        )?;
+        let body: LockBatchResponseBody = r.decode_json_body()?;
+        Ok(body.lock_ok_mq_set)
+    }
+
+    /// UNLOCK_BATCH_MQ on one broker, waiting for the answer.
+    ///
+    /// # Errors
+    /// Transport errors and a non-SUCCESS answer.
+    pub async fn unlock_batch(
+        &self,
+        group: &str,
+        broker_name: &str,
+        topic: &str,
+        mqs: Vec<MessageQueue>,
+    ) -> Result<()> {
+        let addr = self.find_master_addr(broker_name, topic).await?;
+        let body = UnlockBatchRequestBody {
+            client_id: self.inner.client_id.clone(),
+            consumer_group: group.to_owned(),
+            mq_set: mqs,
+            only_this_broker: false,
+        };
+        let req = RemotingCommand::request(rc::UNLOCK_BATCH_MQ)
+            .with_ext_fields(Default::default())
+            .with_json_body(&body)?;
+        ok_or(
+            "UNLOCK_BATCH_MQ",
+            self.invoke(&addr, req, self.inner.config.rpc_timeout)
+                .await?,
+        )
+        .map(|_| ())
+    }
+
+    /// CONSUMER_SEND_MSG_BACK for a message that came from `broker_name`.
+    ///
+    /// # Errors
+    /// Transport errors and a non-SUCCESS answer.
+    pub async fn send_back(
+        &self,
+        broker_name: &str,
+        group: &str,
+        msg: &MessageExt,
+        delay_level: i32,
+        max_reconsume_times: i32,
+    ) -> Result<()> {
+        let addr = self.find_master_addr(broker_name, &msg.topic).await?;
+        let req = RemotingCommand::request_with_header(
+            rc::CONSUMER_SEND_MSG_BACK,
+            &ConsumerSendMsgBackRequestHeader {
+                offset: msg.commit_log_offset,
+                group: group.to_owned(),
+                delay_level,
+                origin_msg_id: Some(msg.msg_id().into_owned()),
+                origin_topic: Some(msg.topic.clone()),
+                unit_mode: false,
+                max_reconsume_times: Some(max_reconsume_times),
+                rpc: RpcFields::with_broker_name(broker_name),
+            },
+        );
+        ok_or(
+            "CONSUMER_SEND_MSG_BACK",
+            self.invoke(&addr, req, self.inner.config.rpc_timeout)
+                .await?,
+        )
+        .map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shoal_net::Server;
+
+    /// A consumer handle that records what the processor asked of it.
+    #[derive(Default)]
+    struct Recorder {
+        rebalances: Mutex<usize>,
+        resets: Mutex<Vec<(String, BTreeMap<MessageQueue, i64>)>>,
+    }
+
+    impl ConsumerHandle for Recorder {
+        fn consumer_data(&self) -> ConsumerData {
+            ConsumerData {
+                group_name: "G".into(),
+                ..Default::default()
+            }
+        }
+        fn subscribed_topics(&self) -> Vec<String> {
+            vec!["T".into()]
+        }
+        fn rebalance_now(&self) {
+            *self.rebalances.lock() += 1;
+        }
+        fn running_info(&self) -> ConsumerRunningInfo {
+            let mut info = ConsumerRunningInfo::default();
+            info.properties.insert("k".into(), "v".into());
+            info
+        }
+        fn reset_offset(&self, topic: &str, offsets: BTreeMap<MessageQueue, i64>) {
+            self.resets.lock().push((topic.to_owned(), offsets));
+        }
+        fn consume_directly(
+            &self,
+            _msg: MessageExt,
+        ) -> BoxFuture<'static, ConsumeMessageDirectlyResult> {
+            Box::pin(async { ConsumeMessageDirectlyResult::default() })
+        }
+    }
+
+    /// A broker stand-in that, once the client connected, sends it server-initiated requests.
+    #[tokio::test]
+    async fn processor_answers_broker_requests() {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let server = Server::bind(
+            "127.0.0.1:0",
+            Arc::new(shoal_net::processor_fn(move |ctx, _req| {
+                let tx = tx.clone();
+                async move {
+                    let _ = tx.send(ctx.connection().clone());
+                    Ok(Some(RemotingCommand::response(resp::SUCCESS, None)))
+                }
+            })),
+        )
+        .await
+        .unwrap();
+        let addr = server.local_addr().to_string();
+        let instance = ClientInstance::start(ClientConfig::new(&addr)).unwrap();
+        let rec = Arc::new(Recorder::default());
+        let weak: Weak<dyn ConsumerHandle> =
+            Arc::downgrade(&(rec.clone() as Arc<dyn ConsumerHandle>));
+        instance.register_consumer("G", weak);
+        let r = instance
+            .invoke(
+                &addr,
+                RemotingCommand::request(rc::HEART_BEAT),
+                Duration::from_secs(3),
+            )
+            .await
+            .unwrap();
+        assert_eq!(r.code, resp::SUCCESS);
+        let conn = rx.recv().await.unwrap();
+        let t = Duration::from_secs(3);
+
+        // GET_CONSUMER_RUNNING_INFO for a known and an unknown group.
+        let req = RemotingCommand::request_with_header(
+            rc::GET_CONSUMER_RUNNING_INFO,
+            &GetConsumerRunningInfoRequestHeader {
+                consumer_group: "G".into(),
+                client_id: instance.client_id().into(),
+                ..Default::default()
+            },
+        );
+        let r = conn.request(req, t).await.unwrap();
+        assert_eq!(r.code, resp::SUCCESS);
+        let info: ConsumerRunningInfo = r.decode_json_body().unwrap();
+        assert_eq!(info.properties.get("k").map(String::as_str), Some("v"));
+        let req = RemotingCommand::request_with_header(
+            rc::GET_CONSUMER_RUNNING_INFO,
+            &GetConsumerRunningInfoRequestHeader {
+                consumer_group: "nope".into(),
+                client_id: "x".into(),
+                ..Default::default()
+            },
+        );
+        let r = conn.request(req, t).await.unwrap();
+        assert_eq!(r.code, resp::SYSTEM_ERROR);
+        assert!(r.remark.unwrap().contains("nope"));
+
+        // NOTIFY (oneway) triggers a rebalance; RESET passes the table on.
+        let mut notify = RemotingCommand::request_with_header(
+            rc::NOTIFY_CONSUMER_IDS_CHANGED,
+            &NotifyConsumerIdsChangedRequestHeader {
+                consumer_group: "G".into(),
+                ..Default::default()
+            },
+        );
+        notify.set_oneway();
+        conn.oneway(notify).await.unwrap();
+        let mut table = BTreeMap::new();
+        table.insert(MessageQueue::new("T", "b", 1), 42);
+        let reset = RemotingCommand::request_with_header(
+            rc::RESET_CONSUMER_CLIENT_OFFSET,
+            &ResetOffsetRequestHeader {
+                topic: "T".into(),
+                group: "G".into(),
+                timestamp: 0,
+                ..Default::default()
+            },
+        )
+        .with_json_body(&ResetOffsetBody {
+            offset_table: table.clone(),
+        })
+        .unwrap();
+        conn.oneway(reset).await.unwrap();
+        for _ in 0..200 {
+            if *rec.rebalances.lock() == 1 && rec.resets.lock().len() == 1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(*rec.rebalances.lock(), 1);
+        assert_eq!(rec.resets.lock()[0], ("T".to_owned(), table));
+
+        // Unknown codes.
+        let r = conn
+            .request(RemotingCommand::request(999_999), t)
+            .await
+            .unwrap();
+        assert_eq!(r.code, resp::REQUEST_CODE_NOT_SUPPORTED);
+        instance.shutdown();
+        server.shutdown().await;
+    }
+}
