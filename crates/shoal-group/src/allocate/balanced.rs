@@ -47,6 +47,12 @@ impl BalancedSticky {
         Ok(Self { epsilon })
     }
 
+    /// The rendezvous score of (`queue`, `member`): what the assignment maximises the sum of.
+    pub fn score(queue: &MessageQueue, member: &str) -> f64 {
+        let scores = Scores::new(std::slice::from_ref(queue), &[member.to_string()]);
+        scores.score(scores.queues.first().copied().unwrap_or(0), 0)
+    }
+
     /// The owner index of every queue.
     fn owners(&self, input: &AllocationInput<'_>) -> Vec<Option<usize>> {
         let queues = input.queues();
@@ -412,6 +418,42 @@ mod tests {
                 "{topic}: moved {moved}, minimum {minimum}"
             );
         }
+    }
+
+    /// The worked example of `docs/rebalance.md`: 6 queues, c1 and c2, then c3 joins.
+    #[test]
+    fn worked_example() {
+        let q: Vec<MessageQueue> = (0..6)
+            .map(|i| MessageQueue::new("T", "broker-a", i))
+            .collect();
+        for m in ["c1", "c2", "c3"] {
+            let row: Vec<String> = q
+                .iter()
+                .map(|x| format!("{:6.2}", BalancedSticky::score(x, m)))
+                .collect();
+            eprintln!("{m}: {}", row.join(" "));
+        }
+        let s = BalancedSticky::default();
+        let two = s
+            .allocate_all(&AllocationInput::new("g", q.clone(), ["c1", "c2"]))
+            .unwrap();
+        let three = s
+            .allocate_all(&AllocationInput::new("g", q.clone(), ["c1", "c2", "c3"]))
+            .unwrap();
+        for (label, a) in [("two", &two), ("three", &three)] {
+            for (m, qs) in a.iter() {
+                let ids: Vec<i32> = qs.iter().map(|x| x.queue_id).collect();
+                eprintln!("{label} {m}: {ids:?}");
+            }
+        }
+        let members: Vec<String> = ["c1", "c2", "c3"].iter().map(|s| s.to_string()).collect();
+        eprintln!(
+            "moved {} minimum {}",
+            moved_queues(&two, &three),
+            minimum_moves(&two, &q, &members)
+        );
+        assert_eq!(three.load_range(), (2, 2));
+        assert_eq!(two.load_range(), (3, 3));
     }
 
     #[test]
