@@ -1,7 +1,7 @@
 //! The message store: commit log + consume queues + index + offsets, with flush, recovery and
 //! retention. See the crate documentation for the overview.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -363,6 +363,16 @@ struct ScannedRecord {
     keys: Vec<String>,
 }
 
+impl ScannedRecord {
+    fn cq_entry(&self) -> CqEntry {
+        CqEntry {
+            phys_offset: self.phys,
+            size: self.size,
+            tag_code: self.tag_code,
+        }
+    }
+}
+
 fn index_keys(properties: &str) -> Vec<String> {
     let mut keys: Vec<String> = find_property(properties, KEYS)
         .map(|k| {
@@ -434,7 +444,10 @@ impl MessageStore {
                 report.checked_from = from;
                 // Only records the consume queues / index may miss are kept for re-dispatch.
                 let collect_from = checkpoint.as_ref().map_or(0, |cp| cp.logics_flushed);
-                let scan = scan_commit_log(&commit_log, from, collect_from, &mut scanned)?;
+                let scan = scan_commit_log(&commit_log, from, collect_from, &mut |r| {
+                    scanned.push(r);
+                    Ok(())
+                })?;
                 report.truncation_reason = scan.reason;
                 report.records_checked = scan.checked;
                 last_store_timestamp = scan.last_store_timestamp;
@@ -1110,7 +1123,7 @@ fn scan_commit_log(
     cl: &CommitLog,
     from: u64,
     collect_from: u64,
-    out: &mut Vec<ScannedRecord>,
+    sink: &mut dyn FnMut(ScannedRecord) -> Result<()>,
 ) -> Result<ScanOutcome> {
     let mut checked = 0u64;
     let mut last_ts = 0i64;
@@ -1212,7 +1225,7 @@ fn scan_commit_log(
                 pos += u64::from(size);
                 continue;
             }
-            out.push(ScannedRecord {
+            sink(ScannedRecord {
                 phys: pos,
                 size,
                 topic: view.topic().to_string(),
@@ -1221,7 +1234,7 @@ fn scan_commit_log(
                 tag_code: view.tags_code(),
                 store_timestamp: view.store_timestamp(),
                 keys: index_keys(view.properties_str()),
-            });
+            })?;
             pos += u64::from(size);
         }
         seg_idx += 1;
@@ -1257,37 +1270,69 @@ impl Inner {
     fn redispatch(&self, scanned: &[ScannedRecord], logics_flushed: u64) -> Result<u64> {
         let mut rebuilt = 0;
         let indexed_to = self.index.indexed_to();
+        let mut broken: HashSet<(String, i32)> = HashSet::new();
         for r in scanned.iter().filter(|r| r.phys >= logics_flushed) {
-            let Some(cq) = self.queue(&r.topic, r.queue_id, true)? else {
-                continue;
-            };
-            let q = r.queue_offset as u64;
-            let max = cq.max_offset();
-            if q == max || (q > max && cq.min_offset() == max) {
-                if q > max {
-                    cq.reset_to(q)?;
-                }
-                cq.append(&[CqEntry {
-                    phys_offset: r.phys,
-                    size: r.size,
-                    tag_code: r.tag_code,
-                }])?;
-                rebuilt += 1;
-            } else if q > max {
-                return Err(StoreError::Corrupt {
-                    path: self.config.data_dir.join("consumequeue").join(&r.topic),
-                    reason: format!(
-                        "queue {} ends at {max} but the commit log continues at {q}",
-                        r.queue_id
-                    ),
-                });
-            }
             if r.phys >= indexed_to {
                 for key in &r.keys {
                     self.index.put(&r.topic, key, r.phys, r.store_timestamp)?;
                 }
             }
+            if broken.contains(&(r.topic.clone(), r.queue_id)) {
+                continue;
+            }
+            let Some(cq) = self.queue(&r.topic, r.queue_id, true)? else {
+                continue;
+            };
+            let q = r.queue_offset as u64;
+            let max = cq.max_offset();
+            if q == max {
+                cq.append(&[r.cq_entry()])?;
+                rebuilt += 1;
+            } else if q > max {
+                // Entries are missing below the checkpoint (or the queue lost its files):
+                // rebuild this queue from the whole commit log below.
+                tracing::warn!(
+                    topic = %r.topic,
+                    queue_id = r.queue_id,
+                    max,
+                    next = q,
+                    "consume queue has a hole; rebuilding it from the commit log"
+                );
+                broken.insert((r.topic.clone(), r.queue_id));
+            }
         }
+        if !broken.is_empty() {
+            rebuilt += self.rebuild_queues(&broken)?;
+        }
+        Ok(rebuilt)
+    }
+
+    /// Re-creates the given consume queues from every record in the commit log.
+    fn rebuild_queues(&self, queues: &HashSet<(String, i32)>) -> Result<u64> {
+        let mut cqs = HashMap::new();
+        for (topic, qid) in queues {
+            if let Some(cq) = self.queue(topic, *qid, true)? {
+                cq.reset_to(0)?;
+                cqs.insert((topic.clone(), *qid), (cq, true));
+            }
+        }
+        let mut rebuilt = 0u64;
+        let from = self.commit_log.min_offset();
+        scan_commit_log(&self.commit_log, from, from, &mut |r| {
+            let Some((cq, first)) = cqs.get_mut(&(r.topic.clone(), r.queue_id)) else {
+                return Ok(());
+            };
+            let q = r.queue_offset as u64;
+            if *first && q > 0 {
+                cq.reset_to(q)?;
+            }
+            *first = false;
+            if q == cq.max_offset() {
+                cq.append(&[r.cq_entry()])?;
+                rebuilt += 1;
+            }
+            Ok(())
+        })?;
         Ok(rebuilt)
     }
 
@@ -1369,7 +1414,7 @@ impl Inner {
         let candidates =
             self.index
                 .lookup(topic, key, max.saturating_mul(4).max(64), begin, end)?;
-        let mut seen = std::collections::HashSet::new();
+        let mut seen = HashSet::new();
         for phys in candidates {
             if out.len() >= max {
                 break;
