@@ -164,6 +164,11 @@ pub struct ConsumerConfig {
     pub drop_wait: Duration,
     /// Broadcasting: directory of the local offset files.
     pub offset_store_dir: PathBuf,
+    /// Clustering, concurrent: after the first rebalance, how long a consumer waits before
+    /// reading the start offset of a queue it gained, so that the former owner (which got the
+    /// same notification) has committed its final offset (Shoal; 200 ms). Orderly consumers
+    /// need no delay: the broker lock orders the hand-over.
+    pub handover_delay: Duration,
 }
 
 impl ConsumerConfig {
@@ -192,6 +197,7 @@ impl ConsumerConfig {
             suspend_current_queue_time: Duration::from_secs(1),
             drop_wait: Duration::from_secs(5),
             offset_store_dir: home.join(".shoal_offsets"),
+            handover_delay: Duration::from_millis(200),
         }
     }
 }
@@ -732,6 +738,13 @@ impl Inner {
                     }
                 }
             }
+        }
+        if !to_add.is_empty()
+            && !orderly
+            && self.clustering()
+            && self.stats.rebalances.load(Ordering::Relaxed) > 1
+        {
+            tokio::time::sleep(self.config.handover_delay).await;
         }
         for mq in to_add {
             let start = match self.start_offset(&mq).await {

@@ -434,7 +434,7 @@ impl ClientInstance {
         let changed = {
             let mut routes = self.inner.routes.lock();
             let old = routes.insert(topic.to_owned(), route.clone());
-            old.as_ref().is_some_and(|o| {
+            old.as_ref().is_none_or(|o| {
                 o.queue_datas != route.queue_datas || o.broker_datas != route.broker_datas
             })
         };

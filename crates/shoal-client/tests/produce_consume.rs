@@ -1,0 +1,167 @@
+//! Producer and push consumer against an in-process Shoal name server and broker: tags, keys,
+//! user properties, delay, batch, async and oneway sends, retry up to the DLQ, broadcasting.
+
+mod common;
+
+use common::{wait_until, Cluster};
+use parking_lot::Mutex;
+use shoal_client::consumer::{ConsumeConcurrentlyStatus, MessageListener};
+use shoal_client::{Message, MessageExt, MessageModel, Producer, PushConsumer, SendStatus};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const T: Duration = Duration::from_secs(20);
+
+fn recorder() -> (Arc<Mutex<Vec<MessageExt>>>, MessageListener) {
+    let got: Arc<Mutex<Vec<MessageExt>>> = Arc::default();
+    let g = got.clone();
+    let listener = MessageListener::concurrently(move |msgs, _ctx| {
+        g.lock().extend(msgs.iter().cloned());
+        ConsumeConcurrentlyStatus::ConsumeSuccess
+    });
+    (got, listener)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn round_trip_tags_keys_delay_batch_async_oneway() {
+    let cluster = Cluster::start().await;
+    cluster.create_topic("RT", 4).await;
+    let producer = Producer::builder("PG")
+        .client_config(cluster.client_config())
+        .start()
+        .await
+        .unwrap();
+
+    // Start the consumer first; it subscribes tagA || tagC only.
+    let (got, listener) = recorder();
+    let consumer = PushConsumer::start(
+        {
+            let mut c = cluster.consumer_config("CG-RT");
+            c.subscriptions.insert("RT".into(), "tagA || tagC".into());
+            c
+        },
+        listener,
+    )
+    .await
+    .unwrap();
+
+    let mut expected = BTreeMap::new();
+    for i in 0..10 {
+        let tag = if i % 2 == 0 { "tagA" } else { "tagB" };
+        let mut m = Message::new("RT", format!("body-{i}"));
+        m.set_tags(tag).unwrap();
+        m.set_keys([format!("key-{i}"), "common".to_string()])
+            .unwrap();
+        m.put_property("user-prop", format!("v{i}")).unwrap();
+        let r = producer.send(m).await.unwrap();
+        assert_eq!(r.status, SendStatus::SendOk);
+        assert_eq!(r.message_queue.topic, "RT");
+        if tag == "tagA" {
+            expected.insert(format!("body-{i}"), r.msg_id.clone());
+        }
+    }
+    // Delay level 1 (20 ms in the test broker).
+    let mut m = Message::new("RT", "delayed");
+    m.set_tags("tagC").unwrap();
+    m.set_delay_level(1).unwrap();
+    let sent_at = Instant::now();
+    let r = producer.send(m).await.unwrap();
+    expected.insert("delayed".into(), r.msg_id);
+    // A batch of 5 and an async send, and a oneway send.
+    let batch: Vec<Message> = (0..5)
+        .map(|i| {
+            let mut m = Message::new("RT", format!("batch-{i}"));
+            m.set_tags("tagA").unwrap();
+            m
+        })
+        .collect();
+    let r = producer.send_batch(batch).await.unwrap();
+    let ids: Vec<&str> = r.msg_id.split(',').collect();
+    assert_eq!(ids.len(), 5);
+    for (i, id) in ids.iter().enumerate() {
+        expected.insert(format!("batch-{i}"), id.to_string());
+    }
+    let mut m = Message::new("RT", "async");
+    m.set_tags("tagA").unwrap();
+    let fut = producer.send_async(m);
+    let r = fut.await.unwrap();
+    expected.insert("async".into(), r.msg_id);
+    let mut m = Message::new("RT", "oneway");
+    m.set_tags("tagA").unwrap();
+    producer.send_oneway(m).await.unwrap();
+
+    let n = expected.len() + 1;
+    assert!(
+        wait_until(T, || got.lock().len() >= n).await,
+        "got {} of {n}",
+        got.lock().len()
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let got = got.lock().clone();
+    assert_eq!(got.len(), n, "no duplicates and no tagB");
+    let by_body: BTreeMap<String, &MessageExt> = got
+        .iter()
+        .map(|m| (String::from_utf8_lossy(&m.body).into_owned(), m))
+        .collect();
+    for (body, id) in &expected {
+        let m = by_body
+            .get(body)
+            .unwrap_or_else(|| panic!("{body} missing"));
+        assert_eq!(m.msg_id(), id.as_str(), "UNIQ_KEY is the message id");
+        assert_eq!(m.topic, "RT");
+    }
+    assert!(by_body.contains_key("oneway"));
+    let m0 = by_body["body-0"];
+    assert_eq!(m0.tags(), Some("tagA"));
+    assert_eq!(m0.key_list().collect::<Vec<_>>(), vec!["key-0", "common"]);
+    assert_eq!(m0.property("user-prop"), Some("v0"));
+    assert!(by_body.values().all(|m| m.tags() != Some("tagB")));
+    println!(
+        "delayed message consumed within {:?} of its send",
+        sent_at.elapsed()
+    );
+
+    consumer.shutdown().await;
+    producer.shutdown().await;
+    cluster.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_bodies_are_compressed_and_restored() {
+    let cluster = Cluster::start().await;
+    cluster.create_topic("BIG", 2).await;
+    let producer = Producer::builder("PG")
+        .client_config(cluster.client_config())
+        .compress_over(1024)
+        .start()
+        .await
+        .unwrap();
+    let body: Vec<u8> = (0..20_000u32).map(|i| (i % 7) as u8).collect();
+    producer
+        .send(Message::new("BIG", body.clone()))
+        .await
+        .unwrap();
+    let (got, listener) = recorder();
+    let consumer = PushConsumer::start(
+        {
+            let mut c = cluster.consumer_config("CG-BIG");
+            c.subscriptions.insert("BIG".into(), "*".into());
+            c
+        },
+        listener,
+    )
+    .await
+    .unwrap();
+    assert!(wait_until(T, || !got.lock().is_empty()).await);
+    assert_eq!(got.lock()[0].body.as_ref(), body.as_slice());
+    // Too large: refused before sending.
+    let err = producer
+        .send(Message::new("BIG", vec![0u8; 5 * 1024 * 1024]))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("limit"), "{err}");
+    consumer.shutdown().await;
+    producer.shutdown().await;
+    cluster.stop().await;
+}
