@@ -131,14 +131,17 @@ fn setup(l: &QueueArgs) -> Result<Setup> {
         }
         strategies.push(s);
     }
-    let mut context = AllocationContext::default();
-    context.consume_rooms = if l.consume_rooms.is_empty() {
+    let consume_rooms = if l.consume_rooms.is_empty() {
         l.brokers
             .iter()
             .filter_map(|b| shoal_group::allocate::broker_machine_room(b).map(str::to_string))
             .collect()
     } else {
         l.consume_rooms.iter().cloned().collect()
+    };
+    let context = AllocationContext {
+        consume_rooms,
+        ..Default::default()
     };
     Ok(Setup {
         queues,
@@ -399,11 +402,17 @@ fn simulate(a: SimulateArgs) -> Result<()> {
         return Ok(());
     }
     println!("{} queues", queues.len());
+    let w = strategies
+        .iter()
+        .map(|s| s.name().len())
+        .max()
+        .unwrap_or(8)
+        .max(28);
     for r in &reports {
         println!();
         println!("== {} -> {} members", r.step, r.members.len());
         println!(
-            "{:<28} {:>5} {:>5} {:>6} {:>8} {:>11} {:>10} {:>9} {:>7}",
+            "{:<w$} {:>5} {:>5} {:>6} {:>8} {:>11} {:>10} {:>9} {:>7}",
             "strategy",
             "min",
             "max",
@@ -416,7 +425,7 @@ fn simulate(a: SimulateArgs) -> Result<()> {
         );
         for row in &r.results {
             println!(
-                "{:<28} {:>5} {:>5} {:>6} {:>8} {:>11} {:>10} {:>9} {:>7}",
+                "{:<w$} {:>5} {:>5} {:>6} {:>8} {:>11} {:>10} {:>9} {:>7}",
                 row.strategy,
                 row.min_load,
                 row.max_load,
