@@ -164,8 +164,8 @@ pub struct ConsumerConfig {
     pub drop_wait: Duration,
     /// Broadcasting: directory of the local offset files.
     pub offset_store_dir: PathBuf,
-    /// Clustering, concurrent: after the first rebalance, how long a consumer waits before
-    /// reading the start offset of a queue it gained, so that the former owner (which got the
+    /// Clustering, concurrent: how long a consumer waits before reading the start offset of
+    /// queues it gained, so that the former owner (which got the
     /// same notification) has committed its final offset (Shoal; 200 ms). Orderly consumers
     /// need no delay: the broker lock orders the hand-over.
     pub handover_delay: Duration,
@@ -381,6 +381,9 @@ struct Inner {
     rebalance_lock: tokio::sync::Mutex<()>,
     /// Ourselves, for work the broker's requests start.
     me: std::sync::Weak<Inner>,
+    /// Bumped by every rebalance request: a rebalance that sees it move knows its view of the
+    /// group is stale and gives up its gains (the next run is already due).
+    generation: AtomicU64,
 }
 
 /// A started push consumer. Cheap to clone.
@@ -463,6 +466,7 @@ impl PushConsumer {
         let permits = Arc::new(Semaphore::new(config.consume_thread_max));
         let inner = Arc::new_cyclic(|me| Inner {
             me: me.clone(),
+            generation: AtomicU64::new(0),
             token: instance.shutdown_token().child_token(),
             instance,
             listener,
@@ -644,11 +648,12 @@ impl Inner {
             return false;
         }
         self.stats.rebalances.fetch_add(1, Ordering::Relaxed);
+        let generation = self.generation.load(Ordering::SeqCst);
         let mut retry = false;
         for topic in self.subs.keys() {
             match self.allocate(topic).await {
                 Ok(mine) => {
-                    if self.update_table(topic, mine).await {
+                    if self.update_table(topic, mine, generation).await {
                         retry = true;
                     }
                 }
@@ -686,7 +691,12 @@ impl Inner {
     }
 
     /// Applies an allocation for one topic; returns true if something must be retried.
-    async fn update_table(self: &Arc<Self>, topic: &str, mine: BTreeSet<MessageQueue>) -> bool {
+    async fn update_table(
+        self: &Arc<Self>,
+        topic: &str,
+        mine: BTreeSet<MessageQueue>,
+        generation: u64,
+    ) -> bool {
         let current: Vec<Arc<QueueState>> = self
             .table
             .lock()
@@ -739,12 +749,17 @@ impl Inner {
                 }
             }
         }
-        if !to_add.is_empty()
-            && !orderly
-            && self.clustering()
-            && self.stats.rebalances.load(Ordering::Relaxed) > 1
-        {
+        if !to_add.is_empty() && !orderly && self.clustering() {
             tokio::time::sleep(self.config.handover_delay).await;
+        }
+        if !to_add.is_empty() && self.generation.load(Ordering::SeqCst) != generation {
+            // The group changed while we were releasing or waiting: these gains may already
+            // belong to someone else. The pending run recomputes them.
+            debug!(topic, "membership changed during rebalance; gains deferred");
+            if orderly {
+                self.unlock_quietly(topic, &to_add).await;
+            }
+            return true;
         }
         for mq in to_add {
             let start = match self.start_offset(&mq).await {
@@ -752,15 +767,7 @@ impl Inner {
                 Err(e) => {
                     warn!(queue = %mq, error = %e, "no start offset; retrying later");
                     if orderly {
-                        let _ = self
-                            .instance
-                            .unlock_batch(
-                                &self.config.group,
-                                &mq.broker_name,
-                                topic,
-                                vec![mq.clone()],
-                            )
-                            .await;
+                        self.unlock_quietly(topic, std::slice::from_ref(&mq)).await;
                     }
                     retry = true;
                     continue;
@@ -781,6 +788,18 @@ impl Inner {
             }
         }
         retry
+    }
+
+    async fn unlock_quietly(&self, topic: &str, mqs: &[MessageQueue]) {
+        for mq in mqs {
+            if let Err(e) = self
+                .instance
+                .unlock_batch(&self.config.group, &mq.broker_name, topic, vec![mq.clone()])
+                .await
+            {
+                debug!(queue = %mq, error = %e, "unlock failed");
+            }
+        }
     }
 
     /// The offset a newly owned queue starts at (spec 7.4).
@@ -1466,6 +1485,7 @@ impl Inner {
             }
         }
         drop(_guard);
+        self.generation.fetch_add(1, Ordering::SeqCst);
         self.rebalance_wake.notify_one();
     }
 }
@@ -1487,6 +1507,7 @@ impl ConsumerHandle for Inner {
     }
 
     fn rebalance_now(&self) {
+        self.generation.fetch_add(1, Ordering::SeqCst);
         self.rebalance_wake.notify_one();
     }
 

@@ -1,0 +1,209 @@
+//! Classic rebalance with 1 -> 3 -> 5 -> 2 consumers over 8 and 16 queues, against the Shoal
+//! broker: after each change every queue has exactly one owner (checked through the admin
+//! client's consumer progress, i.e. GET_CONSUMER_RUNNING_INFO of each member), no message is
+//! lost, duplicates are counted, and the time to converge after the membership change is
+//! measured (the safety-net timer is set to 60 s so convergence can only come from the
+//! broker's NOTIFY_CONSUMER_IDS_CHANGED). Graceful leave must give zero duplicates.
+
+mod common;
+
+use common::{wait_until, Cluster};
+use parking_lot::Mutex;
+use shoal_client::consumer::{ConsumeConcurrentlyStatus, MessageListener};
+use shoal_client::{Message, MessageQueue, Producer, PushConsumer};
+use shoal_group::{strategy_by_name, AllocationInput};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+type Seen = Arc<Mutex<HashMap<u64, u32>>>;
+
+fn duplicates(seen: &Seen) -> u64 {
+    seen.lock().values().map(|c| u64::from(c - 1)).sum()
+}
+
+async fn start_consumer(cluster: &Cluster, group: &str, topic: &str, seen: &Seen) -> PushConsumer {
+    let mut c = cluster.consumer_config(group);
+    c.subscriptions.insert(topic.into(), "*".into());
+    c.rebalance_interval = Duration::from_secs(60);
+    let seen = seen.clone();
+    PushConsumer::start(
+        c,
+        MessageListener::concurrently(move |msgs, _| {
+            let mut s = seen.lock();
+            for m in msgs {
+                if let Some(seq) = std::str::from_utf8(&m.body)
+                    .ok()
+                    .and_then(|b| b.parse::<u64>().ok())
+                {
+                    *s.entry(seq).or_insert(0) += 1;
+                }
+            }
+            ConsumeConcurrentlyStatus::ConsumeSuccess
+        }),
+    )
+    .await
+    .unwrap()
+}
+
+fn expected_assignment(
+    group: &str,
+    queues: &[MessageQueue],
+    consumers: &[PushConsumer],
+) -> BTreeMap<String, BTreeSet<MessageQueue>> {
+    let ids: Vec<String> = consumers.iter().map(|c| c.client_id().to_owned()).collect();
+    let input = AllocationInput::new(group, queues.to_vec(), ids.clone());
+    let avg = strategy_by_name("AVG").unwrap();
+    ids.iter()
+        .map(|id| {
+            (
+                id.clone(),
+                avg.allocate(&input, id).unwrap().into_iter().collect(),
+            )
+        })
+        .collect()
+}
+
+fn converged(
+    topic: &str,
+    expected: &BTreeMap<String, BTreeSet<MessageQueue>>,
+    consumers: &[PushConsumer],
+) -> bool {
+    consumers.iter().all(|c| {
+        let owned: BTreeSet<MessageQueue> = c
+            .owned_queues()
+            .into_iter()
+            .filter(|q| q.topic == topic)
+            .collect();
+        expected.get(c.client_id()) == Some(&owned)
+    })
+}
+
+async fn scenario(queues: i32) {
+    let cluster = Cluster::start().await;
+    let topic = format!("RB{queues}");
+    let group = format!("CG-RB{queues}");
+    cluster.create_topic(&topic, queues).await;
+    let all_queues: Vec<MessageQueue> = (0..queues)
+        .map(|q| MessageQueue::new(topic.clone(), "broker-a", q))
+        .collect();
+    let producer = Producer::builder("PG")
+        .client_config(cluster.client_config())
+        .start()
+        .await
+        .unwrap();
+    let admin = cluster.admin();
+    let seen: Seen = Arc::default();
+    let mut consumers: Vec<PushConsumer> = Vec::new();
+    let mut next_seq = 0u64;
+    let per_phase = 200u64;
+    println!("== {queues} queues ==");
+    for target in [1usize, 3, 5, 2] {
+        let dups_before = duplicates(&seen);
+        let from = consumers.len();
+        // Messages flow while the group changes.
+        let p = producer.clone();
+        let t = topic.clone();
+        let first = next_seq;
+        let sender = tokio::spawn(async move {
+            for seq in first..first + per_phase {
+                p.send(Message::new(t.clone(), seq.to_string()))
+                    .await
+                    .unwrap();
+                if seq % 20 == 0 {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            }
+        });
+        next_seq += per_phase;
+        let changed_at = Instant::now();
+        while consumers.len() < target {
+            consumers.push(start_consumer(&cluster, &group, &topic, &seen).await);
+        }
+        while consumers.len() > target {
+            if let Some(c) = consumers.pop() {
+                c.shutdown().await;
+            }
+        }
+        let change_took = changed_at.elapsed();
+        let expected = expected_assignment(&group, &all_queues, &consumers);
+        let ok = wait_until(Duration::from_secs(15), || {
+            converged(&topic, &expected, &consumers)
+        })
+        .await;
+        let convergence = changed_at.elapsed();
+        assert!(
+            ok,
+            "{from} -> {target}: no convergence within 15 s (timer is 60 s)"
+        );
+        sender.await.unwrap();
+        let total = next_seq;
+        let all_seen = wait_until(Duration::from_secs(20), || {
+            let s = seen.lock();
+            (0..total).all(|q| s.contains_key(&q))
+        })
+        .await;
+        let missing: Vec<u64> = {
+            let s = seen.lock();
+            (0..total).filter(|q| !s.contains_key(q)).collect()
+        };
+        assert!(all_seen, "lost messages: {missing:?}");
+        // Exactly one owner per queue, as the members themselves report it.
+        let live: BTreeSet<String> = consumers.iter().map(|c| c.client_id().to_owned()).collect();
+        let mut owners_ok = false;
+        let mut last = String::new();
+        for _ in 0..50 {
+            let progress = admin.group_progress(&group).await.unwrap();
+            let mine: Vec<_> = progress
+                .queues
+                .iter()
+                .filter(|q| q.mq.topic == topic)
+                .collect();
+            owners_ok = mine.len() == queues as usize
+                && mine.iter().all(|q| {
+                    q.owner
+                        .as_deref()
+                        .is_some_and(|o| !o.contains(',') && live.contains(o))
+                });
+            last = format!(
+                "{:?}",
+                mine.iter()
+                    .map(|q| (q.mq.queue_id, q.owner.clone()))
+                    .collect::<Vec<_>>()
+            );
+            if owners_ok {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(owners_ok, "{from} -> {target}: owners {last}");
+        let phase_dups = duplicates(&seen) - dups_before;
+        println!(
+            "{from} -> {target} consumers: membership change took {change_took:?}, converged after {convergence:?}, \
+             {phase_dups} duplicate(s) in this phase, {total} messages consumed, none lost"
+        );
+        if target < from {
+            assert_eq!(phase_dups, 0, "graceful leave must not duplicate");
+        }
+    }
+    println!(
+        "{queues} queues: {} duplicate(s) in total over {next_seq} messages",
+        duplicates(&seen)
+    );
+    for c in consumers {
+        c.shutdown().await;
+    }
+    producer.shutdown().await;
+    admin.shutdown();
+    cluster.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rebalance_1_3_5_2_over_8_queues() {
+    scenario(8).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rebalance_1_3_5_2_over_16_queues() {
+    scenario(16).await;
+}
