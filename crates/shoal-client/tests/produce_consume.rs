@@ -7,7 +7,7 @@ use common::{wait_until, Cluster};
 use parking_lot::Mutex;
 use shoal_client::consumer::{ConsumeConcurrentlyStatus, MessageListener};
 use shoal_client::{Message, MessageExt, MessageModel, Producer, PushConsumer, SendStatus};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -162,6 +162,161 @@ async fn large_bodies_are_compressed_and_restored() {
         .unwrap_err();
     assert!(err.to_string().contains("limit"), "{err}");
     consumer.shutdown().await;
+    producer.shutdown().await;
+    cluster.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconsume_later_retries_then_dead_letters_and_resend() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let cluster = Cluster::start().await;
+    cluster.create_topic("RETRY-T", 2).await;
+    let producer = Producer::builder("PG")
+        .client_config(cluster.client_config())
+        .start()
+        .await
+        .unwrap();
+    let got: Arc<Mutex<Vec<MessageExt>>> = Arc::default();
+    let failing = Arc::new(AtomicBool::new(true));
+    let (g, f) = (got.clone(), failing.clone());
+    let consumer = PushConsumer::start(
+        {
+            let mut c = cluster.consumer_config("CG-RETRY");
+            c.subscriptions.insert("RETRY-T".into(), "*".into());
+            c.max_reconsume_times = Some(2);
+            c
+        },
+        MessageListener::concurrently(move |msgs, _| {
+            g.lock().extend(msgs.iter().cloned());
+            let fail = f.load(Ordering::SeqCst) && msgs.iter().any(|m| m.tags() == Some("fail"));
+            if fail {
+                ConsumeConcurrentlyStatus::ReconsumeLater
+            } else {
+                ConsumeConcurrentlyStatus::ConsumeSuccess
+            }
+        }),
+    )
+    .await
+    .unwrap();
+    let mut bad = Message::new("RETRY-T", "bad");
+    bad.set_tags("fail").unwrap();
+    let bad_id = producer.send(bad).await.unwrap().msg_id;
+    let mut good = Message::new("RETRY-T", "good");
+    good.set_tags("ok").unwrap();
+    producer.send(good).await.unwrap();
+
+    // Delivered once and re-delivered twice (max reconsume times 2), then dead-lettered.
+    let bad_deliveries = || {
+        got.lock()
+            .iter()
+            .filter(|m| m.body.as_ref() == b"bad")
+            .map(|m| (m.topic.clone(), m.reconsume_times))
+            .collect::<Vec<_>>()
+    };
+    assert!(
+        wait_until(T, || bad_deliveries().len() >= 3).await,
+        "{:?}",
+        bad_deliveries()
+    );
+    let admin = cluster.admin();
+    let mut dlq: Vec<MessageExt>;
+    let found = {
+        let deadline = Instant::now() + T;
+        loop {
+            dlq = admin.dlq_messages("CG-RETRY", 10).await.unwrap_or_default();
+            if !dlq.is_empty() || Instant::now() > deadline {
+                break !dlq.is_empty();
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    assert!(found, "nothing in the DLQ");
+    let deliveries = bad_deliveries();
+    assert_eq!(
+        deliveries,
+        vec![
+            ("RETRY-T".to_string(), 0),
+            ("RETRY-T".to_string(), 1),
+            ("RETRY-T".to_string(), 2)
+        ],
+        "real topic restored for the listener, reconsume count grows"
+    );
+    assert_eq!(dlq.len(), 1);
+    assert_eq!(dlq[0].body.as_ref(), b"bad");
+    assert_eq!(dlq[0].msg_id(), bad_id.as_str());
+    assert_eq!(
+        got.lock()
+            .iter()
+            .filter(|m| m.body.as_ref() == b"good")
+            .count(),
+        1
+    );
+    // Send it back to its topic: consumed once more, successfully.
+    failing.store(false, Ordering::SeqCst);
+    let (topic, _) = admin.resend_dlq_message(&dlq[0]).await.unwrap();
+    assert_eq!(topic, "RETRY-T");
+    assert!(wait_until(T, || bad_deliveries().len() >= 4).await);
+    println!("bad message deliveries: {:?}", bad_deliveries());
+    admin.shutdown();
+    consumer.shutdown().await;
+    producer.shutdown().await;
+    cluster.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broadcasting_every_consumer_gets_everything_and_offsets_survive_restart() {
+    let cluster = Cluster::start().await;
+    cluster.create_topic("BC", 4).await;
+    let producer = Producer::builder("PG")
+        .client_config(cluster.client_config())
+        .start()
+        .await
+        .unwrap();
+    let config = |instance: &str| {
+        let mut c = cluster.consumer_config("CG-BC");
+        c.subscriptions.insert("BC".into(), "*".into());
+        c.message_model = MessageModel::Broadcasting;
+        c.client.instance_name = Some(instance.into());
+        c
+    };
+    let (got1, l1) = recorder();
+    let (got2, l2) = recorder();
+    let c1 = PushConsumer::start(config("b1"), l1).await.unwrap();
+    let c2 = PushConsumer::start(config("b2"), l2).await.unwrap();
+    for i in 0..20 {
+        producer
+            .send(Message::new("BC", format!("m{i}")))
+            .await
+            .unwrap();
+    }
+    assert!(wait_until(T, || got1.lock().len() >= 20 && got2.lock().len() >= 20).await);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(got1.lock().len(), 20);
+    assert_eq!(got2.lock().len(), 20);
+    assert_eq!(c1.owned_queues().len(), 4, "broadcasting takes every queue");
+    c1.shutdown().await;
+    for i in 20..30 {
+        producer
+            .send(Message::new("BC", format!("m{i}")))
+            .await
+            .unwrap();
+    }
+    // Same instance name, same client id, same local offset file: only the 10 new ones.
+    let (again, l1b) = recorder();
+    let c1b = PushConsumer::start(config("b1"), l1b).await.unwrap();
+    assert!(wait_until(T, || again.lock().len() >= 10).await);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let bodies: BTreeSet<String> = again
+        .lock()
+        .iter()
+        .map(|m| String::from_utf8_lossy(&m.body).into_owned())
+        .collect();
+    let want: BTreeSet<String> = (20..30).map(|i| format!("m{i}")).collect();
+    assert_eq!(bodies, want);
+    assert_eq!(again.lock().len(), 10);
+    assert!(wait_until(T, || got2.lock().len() >= 30).await);
+    c1b.shutdown().await;
+    c2.shutdown().await;
     producer.shutdown().await;
     cluster.stop().await;
 }
