@@ -1,0 +1,147 @@
+//! Orderly consumption: messages of one sharding key go to one queue and are consumed in send
+//! order, also while the group changes (a second consumer joins, then the first leaves): the
+//! broker lock is taken before a queue is consumed and released at once after the final commit.
+
+mod common;
+
+use common::{wait_until, Cluster};
+use parking_lot::Mutex;
+use shoal_client::consumer::{ConsumeOrderlyStatus, MessageListener};
+use shoal_client::{Message, Producer, PushConsumer};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+type Log = Arc<Mutex<BTreeMap<String, Vec<(u32, String)>>>>;
+
+async fn start(cluster: &Cluster, log: &Log, instance: &str) -> PushConsumer {
+    let mut c = cluster.consumer_config("CG-ORD");
+    c.subscriptions.insert("ORD".into(), "*".into());
+    c.client.instance_name = Some(instance.into());
+    c.lock_interval = Duration::from_secs(1);
+    c.suspend_current_queue_time = Duration::from_millis(50);
+    c.rebalance_interval = Duration::from_secs(60);
+    let log = log.clone();
+    let who = instance.to_string();
+    PushConsumer::start(
+        c,
+        MessageListener::orderly(move |msgs, _| {
+            let mut l = log.lock();
+            for m in msgs {
+                let key = m.keys().unwrap_or_default().to_string();
+                let seq: u32 = std::str::from_utf8(&m.body)
+                    .ok()
+                    .and_then(|b| b.parse().ok())
+                    .unwrap_or(u32::MAX);
+                l.entry(key).or_default().push((seq, who.clone()));
+            }
+            ConsumeOrderlyStatus::Success
+        }),
+    )
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_key_order_is_preserved_across_rebalance() {
+    let cluster = Cluster::start().await;
+    cluster.create_topic("ORD", 8).await;
+    let producer = Producer::builder("PG")
+        .client_config(cluster.client_config())
+        .start()
+        .await
+        .unwrap();
+    let log: Log = Arc::default();
+    let keys: Vec<String> = (0..12).map(|k| format!("order-{k}")).collect();
+    let per_key = 30u32;
+    let c1 = start(&cluster, &log, "o1").await;
+    let p = producer.clone();
+    let ks = keys.clone();
+    let sender = tokio::spawn(async move {
+        for seq in 0..per_key {
+            for k in &ks {
+                let mut m = Message::new("ORD", seq.to_string());
+                m.set_keys([k.as_str()]).unwrap();
+                p.send_ordered(m, k).await.unwrap();
+            }
+            tokio::time::sleep(Duration::from_millis(15)).await;
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let joined = Instant::now();
+    let c2 = start(&cluster, &log, "o2").await;
+    assert!(
+        wait_until(Duration::from_secs(15), || c1
+            .owned_queues()
+            .iter()
+            .filter(|q| q.topic == "ORD")
+            .count()
+            == 4
+            && c2
+                .owned_queues()
+                .iter()
+                .filter(|q| q.topic == "ORD")
+                .count()
+                == 4)
+        .await,
+        "o1 {:?} o2 {:?}",
+        c1.owned_queues(),
+        c2.owned_queues()
+    );
+    println!("orderly join converged after {:?}", joined.elapsed());
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let left = Instant::now();
+    c1.shutdown().await;
+    assert!(
+        wait_until(Duration::from_secs(15), || c2
+            .owned_queues()
+            .iter()
+            .filter(|q| q.topic == "ORD")
+            .count()
+            == 8)
+        .await
+    );
+    println!("orderly leave converged after {:?}", left.elapsed());
+    sender.await.unwrap();
+    let total = per_key as usize * keys.len();
+    assert!(
+        wait_until(Duration::from_secs(20), || log
+            .lock()
+            .values()
+            .map(Vec::len)
+            .sum::<usize>()
+            >= total)
+        .await,
+        "consumed {} of {total}",
+        log.lock().values().map(Vec::len).sum::<usize>()
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let log = log.lock().clone();
+    let dups = AtomicU32::new(0);
+    let mut switched = 0;
+    for k in &keys {
+        let seqs = &log[k];
+        // In order, each exactly once.
+        let only: Vec<u32> = seqs.iter().map(|(s, _)| *s).collect();
+        assert_eq!(only, (0..per_key).collect::<Vec<_>>(), "key {k}: {seqs:?}");
+        if seqs.windows(2).any(|w| w[0].1 != w[1].1) {
+            switched += 1;
+        }
+        dups.fetch_add(
+            (seqs.len() as u32).saturating_sub(per_key),
+            Ordering::Relaxed,
+        );
+    }
+    println!(
+        "{} keys, {} messages in order, {} keys changed consumer mid-stream, {} duplicates",
+        keys.len(),
+        total,
+        switched,
+        dups.load(Ordering::Relaxed)
+    );
+    assert!(switched > 0, "the test must move keys between consumers");
+    c2.shutdown().await;
+    producer.shutdown().await;
+    cluster.stop().await;
+}
