@@ -7,7 +7,7 @@
 //!   concurrent or orderly listeners, classic client-side rebalance with Shoal's fixes
 //!   (immediate rebalance on notification, graceful hand-over, broker-held orderly locks,
 //!   offsets never moved back by a former owner), retry and DLQ.
-//! - `LitePullConsumer`: subscribe (with rebalance) or assign, `poll`, commits, seeks,
+//! - [`LitePullConsumer`]: subscribe (with rebalance) or assign, `poll`, commits, seeks,
 //!   pause/resume.
 //! - [`AdminClient`]: topics, cluster, consumer progress with owners, connections, offset
 //!   resets, messages by id, DLQ re-send.
@@ -21,6 +21,7 @@ pub mod consumer;
 pub mod error;
 pub mod fault;
 pub mod instance;
+pub mod lite_pull;
 pub mod offset_store;
 pub mod process_queue;
 pub mod producer;
@@ -32,6 +33,7 @@ pub use consumer::{
 };
 pub use error::{ClientError, Result};
 pub use instance::ClientInstance;
+pub use lite_pull::{LitePullConfig, LitePullConsumer};
 
 pub use admin::{AdminClient, GroupProgress, QueueProgress, TopicSpec};
 pub use producer::{Producer, ProducerBuilder, ProducerConfig, SendResult, SendStatus};
