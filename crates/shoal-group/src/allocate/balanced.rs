@@ -153,21 +153,25 @@ impl Scores {
     /// the others (−∞ if none).
     fn top(&self, qi: usize, k: usize) -> (Vec<(usize, f64)>, f64) {
         let q = self.queues.get(qi).copied().unwrap_or(0);
-        let mut row: Vec<(usize, f64)> = self
+        // Select on the raw pair hashes: the score is a non-decreasing function of them.
+        let mut row: Vec<(usize, u64)> = self
             .members
             .iter()
             .enumerate()
-            .map(|(i, &hm)| (i, pair_score(q, hm)))
+            .map(|(i, &hm)| (i, pair_bits(q, hm)))
             .collect();
         // Best first; ties by member order.
-        let order = |a: &(usize, f64), b: &(usize, f64)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+        let order = |a: &(usize, u64), b: &(usize, u64)| b.1.cmp(&a.1).then(a.0.cmp(&b.0));
         if k < row.len() {
             row.select_nth_unstable_by(k, order);
         }
-        let bound = row.get(k).map_or(f64::NEG_INFINITY, |c| c.1);
+        let bound = row.get(k).map_or(f64::NEG_INFINITY, |c| gumbel(c.1));
         row.truncate(k);
         row.sort_unstable_by_key(|c| c.0);
-        (row, bound)
+        (
+            row.into_iter().map(|(i, b)| (i, gumbel(b))).collect(),
+            bound,
+        )
     }
 
     /// Doubles the candidate list of queue `qi` (when bids keep needing more members).
@@ -188,10 +192,15 @@ impl Scores {
 /// The score of a (queue, member) pair from their 64-bit hashes: FNV-1a over both, then
 /// SplitMix64, as a standard Gumbel variate.
 fn pair_score(q: u64, hm: u64) -> f64 {
+    gumbel(pair_bits(q, hm))
+}
+
+/// The 64-bit hash of a (queue, member) pair: FNV-1a over both hashes, then SplitMix64.
+fn pair_bits(q: u64, hm: u64) -> u64 {
     let mut key = [0u8; 16];
     key[..8].copy_from_slice(&q.to_le_bytes());
     key[8..].copy_from_slice(&hm.to_le_bytes());
-    gumbel(mix64(fnv1a64(&key)))
+    mix64(fnv1a64(&key))
 }
 
 /// Who bids in the auction: a queue (by index) or one of the placeholder bidders that fill

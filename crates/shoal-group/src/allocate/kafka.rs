@@ -20,7 +20,18 @@ impl AllocateStrategy for Range {
     }
 
     fn allocate_all(&self, input: &AllocationInput<'_>) -> Result<Assignment> {
-        all_from_each(self, input)
+        let members = input.members();
+        let mut lists: Vec<Vec<MessageQueue>> = vec![Vec::new(); members.len()];
+        for topic in input.queues().chunk_by(|a, b| a.topic == b.topic) {
+            for (i, list) in lists.iter_mut().enumerate() {
+                list.extend_from_slice(range_share(topic, members.len(), i));
+            }
+        }
+        let mut a = Assignment::new();
+        for (m, list) in members.iter().zip(lists) {
+            a.insert(m.clone(), list);
+        }
+        Ok(a)
     }
 
     fn allocate(&self, input: &AllocationInput<'_>, member: &str) -> Result<Vec<MessageQueue>> {
@@ -30,14 +41,22 @@ impl AllocateStrategy for Range {
         let m = input.members().len();
         let mut out = Vec::new();
         for topic in input.queues().chunk_by(|a, b| a.topic == b.topic) {
-            let per = topic.len() / m;
-            let extra = topic.len() % m;
-            let start = per * i + i.min(extra);
-            let len = per + usize::from(i < extra);
-            out.extend_from_slice(topic.get(start..start + len).unwrap_or(&[]));
+            out.extend_from_slice(range_share(topic, m, i));
         }
         Ok(out)
     }
+}
+
+/// Member `i`'s range of one topic's partitions among `m` members.
+fn range_share(topic: &[MessageQueue], m: usize, i: usize) -> &[MessageQueue] {
+    if m == 0 {
+        return &[];
+    }
+    let per = topic.len() / m;
+    let extra = topic.len() % m;
+    let start = per * i + i.min(extra);
+    let len = per + usize::from(i < extra);
+    topic.get(start..start + len).unwrap_or(&[])
 }
 
 /// `ROUND_ROBIN` (Kafka `RoundRobinAssignor`): all partitions sorted by topic then

@@ -192,19 +192,39 @@ impl AllocateStrategy for MachineRoom {
     }
 
     fn allocate_all(&self, input: &AllocationInput<'_>) -> Result<Assignment> {
-        all_from_each(self, input)
+        let pre = Self::consumed(input);
+        let mut a = Assignment::new();
+        for (index, m) in input.members().iter().enumerate() {
+            a.insert(m.clone(), Self::share(input, &pre, index));
+        }
+        Ok(a)
     }
 
     fn allocate(&self, input: &AllocationInput<'_>, member: &str) -> Result<Vec<MessageQueue>> {
         let Some(index) = input.member_index(member) else {
             return Ok(Vec::new());
         };
+        Ok(Self::share(input, &Self::consumed(input), index))
+    }
+}
+
+impl MachineRoom {
+    /// The queues of the consumed rooms, in queue order.
+    fn consumed<'i>(input: &'i AllocationInput<'_>) -> Vec<&'i MessageQueue> {
         let rooms = &input.context().consume_rooms;
-        let pre: Vec<&MessageQueue> = input
+        input
             .queues()
             .iter()
             .filter(|q| broker_machine_room(&q.broker_name).is_some_and(|r| rooms.contains(r)))
-            .collect();
+            .collect()
+    }
+
+    /// Member `index`'s share of the consumed queues `pre`.
+    fn share(
+        input: &AllocationInput<'_>,
+        pre: &[&MessageQueue],
+        index: usize,
+    ) -> Vec<MessageQueue> {
         let m = input.members().len();
         let per = pre.len() / m;
         let rem = pre.len() % m;
@@ -220,7 +240,7 @@ impl AllocateStrategy for MachineRoom {
                 out.push((*q).clone());
             }
         }
-        Ok(out)
+        out
     }
 }
 
