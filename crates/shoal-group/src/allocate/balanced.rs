@@ -465,6 +465,71 @@ mod tests {
         assert_eq!(two.load_range(), (3, 3));
     }
 
+    /// The auction finds the balanced assignment of maximal total score (checked against
+    /// every balanced assignment of small groups).
+    #[test]
+    fn assignment_is_optimal_on_small_groups() {
+        for n in 0..=7usize {
+            for k in 1..=3usize {
+                for topic in ["T", "U"] {
+                    let q: Vec<MessageQueue> = (0..n as i32)
+                        .map(|i| MessageQueue::new(topic, "b", i))
+                        .collect();
+                    let input = AllocationInput::new("g", q.clone(), members(k));
+                    let a = BalancedSticky::default().allocate_all(&input).unwrap();
+                    let total = |owner: &[usize]| -> f64 {
+                        owner
+                            .iter()
+                            .zip(input.queues())
+                            .map(|(&o, x)| BalancedSticky::score(x, &input.members()[o]))
+                            .sum()
+                    };
+                    let got: Vec<usize> = input
+                        .queues()
+                        .iter()
+                        .map(|x| {
+                            input
+                                .members()
+                                .iter()
+                                .position(|m| a.queues_of(m).contains(x))
+                                .unwrap()
+                        })
+                        .collect();
+                    // Enumerate all k^n owner vectors with balanced loads.
+                    let mut best = f64::NEG_INFINITY;
+                    let mut owner = vec![0usize; n];
+                    loop {
+                        let mut loads = vec![0usize; k];
+                        for &o in &owner {
+                            loads[o] += 1;
+                        }
+                        let (lo, hi) = (loads.iter().min().unwrap(), loads.iter().max().unwrap());
+                        if hi - lo <= 1 {
+                            best = best.max(total(&owner));
+                        }
+                        // Next vector in base k.
+                        let mut i = 0;
+                        while i < n && owner[i] == k - 1 {
+                            owner[i] = 0;
+                            i += 1;
+                        }
+                        if i == n {
+                            break;
+                        }
+                        owner[i] += 1;
+                    }
+                    if n > 0 {
+                        assert!(
+                            total(&got) >= best - 1e-6 * n as f64,
+                            "{n} queues, {k} members: {} < {best}",
+                            total(&got)
+                        );
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn epsilon_is_checked() {
         assert!(BalancedSticky::with_epsilon(0.0).is_err());
