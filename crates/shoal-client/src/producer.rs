@@ -16,7 +16,7 @@ use shoal_proto::header::{SendMessageRequestHeaderV2, SendMessageResponseHeader}
 use shoal_proto::message::{
     compress_for_send, encode_batch, encode_properties, property, CompressionType, Message,
     Properties, UniqKeyGenerator, DEFAULT_COMPRESS_BODY_OVER, DEFAULT_COMPRESS_LEVEL,
-    DEFAULT_MAX_MESSAGE_SIZE, MAX_TOPIC_LEN,
+    DEFAULT_MAX_MESSAGE_SIZE,
 };
 use shoal_proto::{MessageQueue, RemotingCommand};
 use std::future::Future;
@@ -184,6 +184,9 @@ impl std::fmt::Debug for Producer {
     }
 }
 
+/// Longest topic name a client accepts (RocketMQ's `Validators.TOPIC_MAX_LENGTH`).
+pub const TOPIC_MAX_LENGTH: usize = 127;
+
 /// Checks a topic name as RocketMQ does: 1..=127 chars of `[%|a-zA-Z0-9_-]`.
 ///
 /// # Errors
@@ -192,9 +195,9 @@ pub fn validate_topic(topic: &str) -> Result<()> {
     if topic.is_empty() {
         return Err(ClientError::InvalidArgument("topic is empty".into()));
     }
-    if topic.len() > MAX_TOPIC_LEN {
+    if topic.len() > TOPIC_MAX_LENGTH {
         return Err(ClientError::InvalidArgument(format!(
-            "topic {topic:?} is longer than {MAX_TOPIC_LEN} characters"
+            "topic {topic:?} is longer than {TOPIC_MAX_LENGTH} characters"
         )));
     }
     if let Some(c) = topic
