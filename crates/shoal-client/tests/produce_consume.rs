@@ -320,3 +320,75 @@ async fn broadcasting_every_consumer_gets_everything_and_offsets_survive_restart
     producer.shutdown().await;
     cluster.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_group_from_last_offset_then_reset_by_time_reconsumes() {
+    let cluster = Cluster::start().await;
+    cluster.create_topic("RS", 2).await;
+    let producer = Producer::builder("PG")
+        .client_config(cluster.client_config())
+        .start()
+        .await
+        .unwrap();
+    for i in 0..6 {
+        producer
+            .send(Message::new("RS", format!("old{i}")))
+            .await
+            .unwrap();
+    }
+    // A new group starting from the last offset skips what was sent before it started.
+    let (got, listener) = recorder();
+    let consumer = PushConsumer::start(
+        {
+            let mut c = cluster.consumer_config("CG-RS");
+            c.subscriptions.insert("RS".into(), "*".into());
+            c.consume_from_where = shoal_client::ConsumeFromWhere::ConsumeFromLastOffset;
+            c
+        },
+        listener,
+    )
+    .await
+    .unwrap();
+    assert!(
+        wait_until(T, || consumer
+            .owned_queues()
+            .iter()
+            .filter(|q| q.topic == "RS")
+            .count()
+            == 2)
+        .await
+    );
+    for i in 0..4 {
+        producer
+            .send(Message::new("RS", format!("new{i}")))
+            .await
+            .unwrap();
+    }
+    assert!(wait_until(T, || got.lock().len() >= 4).await);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let bodies = |g: &[MessageExt]| -> BTreeSet<String> {
+        g.iter()
+            .map(|m| String::from_utf8_lossy(&m.body).into_owned())
+            .collect()
+    };
+    assert_eq!(
+        bodies(&got.lock()),
+        (0..4).map(|i| format!("new{i}")).collect::<BTreeSet<_>>()
+    );
+    // Reset to the beginning of time: the broker tells the consumer, which drops its queues
+    // and starts again from the reset offsets.
+    let admin = cluster.admin();
+    let plan = admin.reset_offset("CG-RS", "RS", 0, false).await.unwrap();
+    assert!(plan.iter().all(|r| r.to == 0), "{plan:?}");
+    assert!(
+        wait_until(T, || got.lock().len() >= 14).await,
+        "got {}",
+        got.lock().len()
+    );
+    let all = bodies(&got.lock());
+    assert_eq!(all.len(), 10, "old and new all consumed: {all:?}");
+    admin.shutdown();
+    consumer.shutdown().await;
+    producer.shutdown().await;
+    cluster.stop().await;
+}
