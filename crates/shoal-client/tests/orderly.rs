@@ -145,3 +145,107 @@ async fn per_key_order_is_preserved_across_rebalance() {
     producer.shutdown().await;
     cluster.stop().await;
 }
+
+/// The local lock flag follows the broker: when the broker lock is lost (it expired and
+/// another client took it), the next renewal fails and consumption of the queue stops; when the
+/// lock comes back, consumption resumes where it stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consumption_stops_when_the_broker_lock_is_lost() {
+    use shoal_client::{ClientConfig, ClientInstance, MessageQueue};
+    use std::sync::atomic::AtomicBool;
+    let cluster = Cluster::start_with(1, |c| c.lock_ttl_ms = 300).await;
+    cluster.create_topic("LOCK", 1).await;
+    let producer = Producer::builder("PG")
+        .client_config(cluster.client_config())
+        .start()
+        .await
+        .unwrap();
+    let got: Arc<Mutex<Vec<String>>> = Arc::default();
+    let g = got.clone();
+    let mut c = cluster.consumer_config("CG-LOCK");
+    c.subscriptions.insert("LOCK".into(), "*".into());
+    c.lock_interval = Duration::from_millis(700);
+    c.rebalance_interval = Duration::from_secs(60);
+    let consumer = PushConsumer::start(
+        c,
+        MessageListener::orderly(move |msgs, _| {
+            g.lock().extend(
+                msgs.iter()
+                    .map(|m| String::from_utf8_lossy(&m.body).into_owned()),
+            );
+            ConsumeOrderlyStatus::Success
+        }),
+    )
+    .await
+    .unwrap();
+    let mq = MessageQueue::new("LOCK", "broker-a", 0);
+    producer
+        .send_to_queue(Message::new("LOCK", "before"), &mq)
+        .await
+        .unwrap();
+    assert!(wait_until(Duration::from_secs(10), || got.lock().len() == 1).await);
+
+    // A thief takes the lock as soon as ours expires on the broker.
+    let thief = ClientInstance::start(ClientConfig {
+        instance_name: Some("thief".into()),
+        ..cluster.client_config()
+    })
+    .unwrap();
+    thief.update_route("LOCK").await.unwrap();
+    let stolen_at = Instant::now();
+    loop {
+        let locked = thief
+            .lock_batch("CG-LOCK", "broker-a", "LOCK", vec![mq.clone()])
+            .await
+            .unwrap();
+        if locked.contains(&mq) {
+            break;
+        }
+        assert!(
+            stolen_at.elapsed() < Duration::from_secs(10),
+            "lock never expired"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The thief keeps its lock alive (the broker TTL is 300 ms).
+    let stop = Arc::new(AtomicBool::new(false));
+    let (t2, mq2, stop2) = (thief.clone(), mq.clone(), stop.clone());
+    let renewer = tokio::spawn(async move {
+        while !stop2.load(Ordering::SeqCst) {
+            let _ = t2
+                .lock_batch("CG-LOCK", "broker-a", "LOCK", vec![mq2.clone()])
+                .await;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    // After our next renewal fails, messages are no longer consumed.
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    producer
+        .send_to_queue(Message::new("LOCK", "while-stolen"), &mq)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(
+        got.lock().clone(),
+        vec!["before"],
+        "consumed without the lock"
+    );
+    // The thief gives it back: the renewal succeeds and consumption resumes.
+    stop.store(true, Ordering::SeqCst);
+    renewer.await.unwrap();
+    thief
+        .unlock_batch("CG-LOCK", "broker-a", "LOCK", vec![mq.clone()])
+        .await
+        .unwrap();
+    let released = Instant::now();
+    assert!(wait_until(Duration::from_secs(10), || got.lock().len() == 2).await);
+    println!(
+        "consumption resumed {:?} after the lock came back",
+        released.elapsed()
+    );
+    assert_eq!(got.lock().clone(), vec!["before", "while-stolen"]);
+    thief.shutdown();
+    consumer.shutdown().await;
+    producer.shutdown().await;
+    cluster.stop().await;
+}
