@@ -324,11 +324,11 @@ struct QueueState {
 }
 
 impl QueueState {
-    fn new(mq: MessageQueue) -> Self {
+    fn new(mq: MessageQueue, parent: &CancellationToken) -> Self {
         Self {
             mq,
             pq: Mutex::new(ProcessQueue::new()),
-            cancel: CancellationToken::new(),
+            cancel: parent.child_token(),
             in_flight: watch::channel(0).0,
             wake: Notify::new(),
             suspends: Mutex::new(HashMap::new()),
@@ -773,7 +773,7 @@ impl Inner {
                     continue;
                 }
             };
-            let state = Arc::new(QueueState::new(mq.clone()));
+            let state = Arc::new(QueueState::new(mq.clone(), &self.token));
             {
                 let mut pq = state.pq.lock();
                 pq.locked = orderly;
@@ -1609,5 +1609,116 @@ impl ConsumerHandle for Inner {
                 spent_time_mills: started.elapsed().as_millis() as i64,
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn builder_sets_what_it_says() {
+        let b = PushConsumer::builder("G")
+            .namesrv("10.0.0.1:9876;10.0.0.2:9876")
+            .subscribe("T", "a || b")
+            .subscribe("U", "*")
+            .message_model(MessageModel::Broadcasting)
+            .consume_from_where(ConsumeFromWhere::ConsumeFromTimestamp)
+            .consume_timestamp_ms(42)
+            .allocate_strategy("BALANCED_STICKY")
+            .consume_thread_max(3)
+            .consume_batch_size(4)
+            .pull_batch_size(5)
+            .max_reconsume_times(6)
+            .rebalance_interval(Duration::from_secs(7))
+            .lock_interval(Duration::from_secs(8))
+            .suspend_current_queue_time(Duration::from_millis(9))
+            .configure(|c| c.drop_wait = Duration::from_millis(10));
+        let c = b.config();
+        assert_eq!(
+            c.client.namesrv_addrs,
+            vec!["10.0.0.1:9876", "10.0.0.2:9876"]
+        );
+        assert_eq!(c.subscriptions.get("T").map(String::as_str), Some("a || b"));
+        assert_eq!(c.subscriptions.len(), 2);
+        assert_eq!(c.message_model, MessageModel::Broadcasting);
+        assert_eq!(c.consume_from_where, ConsumeFromWhere::ConsumeFromTimestamp);
+        assert_eq!(c.consume_timestamp_ms, 42);
+        assert_eq!(c.allocate_strategy, "BALANCED_STICKY");
+        assert_eq!(
+            (
+                c.consume_thread_max,
+                c.consume_batch_size,
+                c.pull_batch_size
+            ),
+            (3, 4, 5)
+        );
+        assert_eq!(c.max_reconsume_times, Some(6));
+        assert_eq!(c.rebalance_interval, Duration::from_secs(7));
+        assert_eq!(c.lock_interval, Duration::from_secs(8));
+        assert_eq!(c.suspend_current_queue_time, Duration::from_millis(9));
+        assert_eq!(c.drop_wait, Duration::from_millis(10));
+    }
+
+    #[test]
+    fn defaults_are_rocketmqs() {
+        let c = ConsumerConfig::new("G");
+        assert_eq!(c.rebalance_interval, Duration::from_secs(20));
+        assert_eq!(c.lock_interval, Duration::from_secs(20));
+        assert_eq!(c.client.heartbeat_interval, Duration::from_secs(30));
+        assert_eq!(c.client.poll_namesrv_interval, Duration::from_secs(30));
+        assert_eq!(c.client.persist_offset_interval, Duration::from_secs(5));
+        assert_eq!(c.pull_batch_size, 32);
+        assert_eq!(c.consume_thread_max, 20);
+        assert_eq!(c.consume_concurrently_max_span, 2000);
+        assert_eq!(c.pull_suspend_ms, 15_000);
+        assert_eq!(c.message_model, MessageModel::Clustering);
+        assert_eq!(c.allocate_strategy, "AVG");
+    }
+
+    #[tokio::test]
+    async fn bad_configurations_are_refused_before_any_io() {
+        let listener =
+            || MessageListener::concurrently(|_, _| ConsumeConcurrentlyStatus::ConsumeSuccess);
+        let e = PushConsumer::builder("G")
+            .start(listener())
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("no subscription"), "{e}");
+        let e = PushConsumer::builder("")
+            .subscribe("T", "*")
+            .start(listener())
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("group"), "{e}");
+        let e = PushConsumer::builder("G")
+            .subscribe("bad topic", "*")
+            .start(listener())
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("illegal character"), "{e}");
+        let e = PushConsumer::builder("G")
+            .subscribe("T", "*")
+            .allocate_strategy("NOPE")
+            .start(listener())
+            .await
+            .unwrap_err();
+        assert!(matches!(e, ClientError::Allocate(_)), "{e}");
+        let e = PushConsumer::builder("G")
+            .subscribe("T", "*")
+            .consume_thread_max(0)
+            .start(listener())
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("at least 1"), "{e}");
+    }
+
+    #[test]
+    fn listener_kinds() {
+        let c = MessageListener::concurrently(|_, _| ConsumeConcurrentlyStatus::ConsumeSuccess);
+        let o = MessageListener::orderly(|_, _| ConsumeOrderlyStatus::Success);
+        assert!(!c.is_orderly());
+        assert!(o.is_orderly());
+        assert_eq!(format!("{o:?}"), "MessageListener::Orderly");
     }
 }

@@ -207,3 +207,74 @@ async fn rebalance_1_3_5_2_over_8_queues() {
 async fn rebalance_1_3_5_2_over_16_queues() {
     scenario(16).await;
 }
+
+/// A member that dies without leaving (its connections drop, no unregister, no final commit):
+/// the broker notices the closed connection and notifies the others at once; its queues are
+/// taken over from the last committed offsets (duplicates possible, counted), nothing is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_member_is_replaced_without_loss() {
+    let cluster = Cluster::start().await;
+    let (topic, group) = ("RBK", "CG-RBK");
+    cluster.create_topic(topic, 12).await;
+    let all_queues: Vec<MessageQueue> = (0..12)
+        .map(|q| MessageQueue::new(topic, "broker-a", q))
+        .collect();
+    let producer = Producer::builder("PG")
+        .client_config(cluster.client_config())
+        .start()
+        .await
+        .unwrap();
+    let seen: Seen = Arc::default();
+    let mut consumers = Vec::new();
+    for _ in 0..3 {
+        consumers.push(start_consumer(&cluster, group, topic, &seen).await);
+    }
+    let expected = expected_assignment(group, &all_queues, &consumers);
+    assert!(
+        wait_until(Duration::from_secs(15), || converged(
+            topic, &expected, &consumers
+        ))
+        .await
+    );
+    let p = producer.clone();
+    let sender = tokio::spawn(async move {
+        for seq in 0..300u64 {
+            p.send(Message::new(topic, seq.to_string())).await.unwrap();
+            if seq % 20 == 0 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let victim = consumers.pop().unwrap();
+    let killed_at = Instant::now();
+    victim.instance().shutdown();
+    let expected = expected_assignment(group, &all_queues, &consumers);
+    assert!(
+        wait_until(Duration::from_secs(15), || converged(
+            topic, &expected, &consumers
+        ))
+        .await,
+        "no convergence after a kill"
+    );
+    let convergence = killed_at.elapsed();
+    sender.await.unwrap();
+    assert!(
+        wait_until(Duration::from_secs(20), || {
+            let s = seen.lock();
+            (0..300).all(|q| s.contains_key(&q))
+        })
+        .await,
+        "messages lost after a kill"
+    );
+    println!(
+        "killed 1 of 3 consumers over 12 queues: converged after {convergence:?}, {} duplicate(s) over 300 messages, none lost",
+        duplicates(&seen)
+    );
+    drop(victim);
+    for c in consumers {
+        c.shutdown().await;
+    }
+    producer.shutdown().await;
+    cluster.stop().await;
+}
