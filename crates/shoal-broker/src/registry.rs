@@ -12,6 +12,39 @@
 use shoal_proto::mq::java_str_cmp;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
+/// A subscription as the registry compares it: two subscriptions are "the same" when they
+/// filter the same messages, whatever their version stamps say (each client stamps its
+/// subscriptions with its own start time, so versions always differ between members).
+pub trait Subscription: Clone {
+    /// True when both select the same messages.
+    fn same_filter(&self, other: &Self) -> bool;
+}
+
+impl Subscription for shoal_proto::body::SubscriptionData {
+    fn same_filter(&self, other: &Self) -> bool {
+        self.topic == other.topic
+            && self.expression_type == other.expression_type
+            && self.class_filter_mode == other.class_filter_mode
+            && (self.is_sub_all() && other.is_sub_all()
+                || self.sub_string == other.sub_string
+                    && self.tags_set == other.tags_set
+                    && self.code_set == other.code_set)
+    }
+}
+
+impl Subscription for &'static str {
+    fn same_filter(&self, other: &Self) -> bool {
+        self == other
+    }
+}
+
+fn same_table<S: Subscription>(a: &BTreeMap<String, S>, b: &BTreeMap<String, S>) -> bool {
+    a.len() == b.len()
+        && a.iter()
+            .zip(b.iter())
+            .all(|((ta, sa), (tb, sb))| ta == tb && sa.same_filter(sb))
+}
+
 /// Default client expiry without heartbeat (RocketMQ `channelExpiredTimeout`).
 pub const DEFAULT_CLIENT_EXPIRY_MS: u64 = 120_000;
 
@@ -97,13 +130,13 @@ pub struct ClientRegistry<M, S> {
     reported_health: HashMap<String, GroupHealth>,
 }
 
-impl<M: Clone + PartialEq, S: Clone + PartialEq> Default for ClientRegistry<M, S> {
+impl<M: Clone + PartialEq, S: Subscription> Default for ClientRegistry<M, S> {
     fn default() -> Self {
         Self::new()
     }
 }
 
-impl<M: Clone + PartialEq, S: Clone + PartialEq> ClientRegistry<M, S> {
+impl<M: Clone + PartialEq, S: Subscription> ClientRegistry<M, S> {
     /// An empty registry.
     pub fn new() -> Self {
         Self {
@@ -143,7 +176,7 @@ impl<M: Clone + PartialEq, S: Clone + PartialEq> ClientRegistry<M, S> {
                     change.left_client_ids.push(m.channel.client_id.clone());
                     change.membership_changed = true;
                 }
-                if m.subscriptions != subscriptions {
+                if !same_table(&m.subscriptions, &subscriptions) {
                     change.subscription_changed = true;
                 }
                 m.channel = channel;
@@ -162,10 +195,11 @@ impl<M: Clone + PartialEq, S: Clone + PartialEq> ClientRegistry<M, S> {
                 );
             }
         }
-        if g.subscriptions != subscriptions {
+        if !same_table(&g.subscriptions, &subscriptions) {
             change.subscription_changed |= !g.subscriptions.is_empty() || !subscriptions.is_empty();
-            g.subscriptions = subscriptions;
         }
+        // The group table follows the latest heartbeat (as RocketMQ), versions included.
+        g.subscriptions = subscriptions;
         if change.needs_notify() {
             g.last_change_ms = now_ms;
         }
@@ -406,7 +440,11 @@ impl<M: Clone + PartialEq, S: Clone + PartialEq> ClientRegistry<M, S> {
             .filter(|t| {
                 let mut subs = g.members.values().map(|m| m.subscriptions.get(*t));
                 let first = subs.next().flatten();
-                first.is_none() || subs.any(|s| s != first)
+                first.is_none()
+                    || subs.any(|s| match (s, first) {
+                        (Some(a), Some(b)) => !a.same_filter(b),
+                        _ => true,
+                    })
             })
             .map(|t| t.to_string())
             .collect();
@@ -478,6 +516,46 @@ mod tests {
         assert_eq!(r.subscription("G", "T", None), Some(&"tagA"));
         assert!(r.health_if_changed("G").is_some());
         assert!(r.health_if_changed("G").is_none());
+    }
+
+    #[test]
+    fn subscription_versions_alone_are_not_a_change() {
+        use shoal_proto::body::SubscriptionData;
+        let mut r: ClientRegistry<&'static str, SubscriptionData> = ClientRegistry::new();
+        let sub = |v| -> BTreeMap<String, SubscriptionData> {
+            [(
+                "T".to_string(),
+                SubscriptionData::from_tag_expression("T", "a || b", v),
+            )]
+            .into()
+        };
+        r.consumer_heartbeat("G", ch(1, "a"), "m", sub(1), 0);
+        r.consumer_heartbeat("G", ch(2, "b"), "m", sub(2), 0);
+        // Members alternate heartbeats with their own versions: no change, no inconsistency.
+        for i in 0..4 {
+            let c = r.consumer_heartbeat(
+                "G",
+                ch(1 + i % 2, ["a", "b"][(i % 2) as usize]),
+                "m",
+                sub(1 + (i % 2) as i64),
+                1,
+            );
+            assert!(!c.needs_notify());
+        }
+        assert!(r.health("G").is_healthy());
+        let c = r.consumer_heartbeat(
+            "G",
+            ch(2, "b"),
+            "m",
+            [(
+                "T".to_string(),
+                SubscriptionData::from_tag_expression("T", "a", 3),
+            )]
+            .into(),
+            2,
+        );
+        assert!(c.subscription_changed);
+        assert_eq!(r.health("G").inconsistent_topics, vec!["T"]);
     }
 
     #[test]

@@ -3,6 +3,7 @@
 use clap::{Parser, Subcommand};
 
 mod admin_cmd;
+mod client_cmd;
 mod rebalance;
 mod server;
 
@@ -30,6 +31,10 @@ enum Command {
     Namesrv(server::NamesrvArgs),
     /// Run a broker.
     Broker(server::BrokerArgs),
+    /// Send messages (from --body/--size, or one per line of standard input).
+    Send(client_cmd::SendArgs),
+    /// Consume and print messages until Ctrl-C (or --count).
+    Consume(client_cmd::ConsumeArgs),
     /// Create, update, delete, list and inspect topics.
     #[command(subcommand)]
     Topic(admin_cmd::TopicCmd),
@@ -62,6 +67,8 @@ fn main() {
 fn run(cli: Cli) -> anyhow::Result<()> {
     let common = cli.common;
     match cli.command {
+        Command::Send(a) => return client(client_cmd::send(&common, a)),
+        Command::Consume(a) => return client_mt(client_cmd::consume(&common, a)),
         Command::Topic(c) => return client(admin_cmd::topic(&common, c)),
         Command::Group(c) => return client(admin_cmd::group(&common, c)),
         Command::Cluster(ClusterCmd::List) => return client(admin_cmd::cluster_list(&common)),
@@ -100,6 +107,21 @@ fn serve(fut: impl std::future::Future<Output = anyhow::Result<()>>) -> anyhow::
 /// Runs a client command on a small runtime, without log output.
 fn client(fut: impl std::future::Future<Output = anyhow::Result<()>>) -> anyhow::Result<()> {
     tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?
+        .block_on(fut)
+}
+
+/// Runs a long-lived client command (a consumer) on a multi-threaded runtime, warnings only.
+fn client_mt(fut: impl std::future::Future<Output = anyhow::Result<()>>) -> anyhow::Result<()> {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?
         .block_on(fut)

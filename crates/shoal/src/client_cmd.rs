@@ -1,0 +1,316 @@
+//! `shoal send` and `shoal consume`: produce and consume from the command line, usable in shell
+//! pipelines (`--json` prints one JSON object per line).
+
+use crate::admin_cmd::{parse_time, Common};
+use anyhow::{bail, Context};
+use clap::Args;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use serde_json::json;
+use shoal_client::consumer::{
+    ConsumeConcurrentlyStatus, ConsumeContext, ConsumeOrderlyStatus, MessageListener,
+};
+use shoal_client::{ConsumeFromWhere, Message, MessageExt, MessageModel, Producer, PushConsumer};
+use std::io::{BufRead, IsTerminal, Write};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Options of `shoal send`.
+#[derive(Debug, Args)]
+pub struct SendArgs {
+    /// Topic.
+    pub topic: String,
+    /// Message body. Without it (and without --size), lines of standard input are sent, one
+    /// message each.
+    #[arg(long)]
+    pub body: Option<String>,
+    /// Tag.
+    #[arg(long)]
+    pub tag: Option<String>,
+    /// Key (`{i}` is replaced by the message number).
+    #[arg(long)]
+    pub key: Option<String>,
+    /// Delay level (1 = 1s, 2 = 5s, 3 = 10s, ... 18 = 2h).
+    #[arg(long)]
+    pub delay_level: Option<i32>,
+    /// Number of messages (with --body or --size).
+    #[arg(long, default_value_t = 1)]
+    pub count: u64,
+    /// Body of this many bytes (generated) instead of --body.
+    #[arg(long)]
+    pub size: Option<usize>,
+    /// Send ordered by this sharding key (same key, same queue).
+    #[arg(long)]
+    pub sharding_key: Option<String>,
+    /// Producer group.
+    #[arg(long, default_value = "SHOAL_CLI_PRODUCER")]
+    pub group: String,
+}
+
+/// Options of `shoal consume`.
+#[derive(Debug, Args)]
+pub struct ConsumeArgs {
+    /// Topic.
+    pub topic: String,
+    /// Consumer group.
+    #[arg(long)]
+    pub group: String,
+    /// Tag expression: `*`, `tagA`, `tagA || tagB`.
+    #[arg(long, default_value = "*")]
+    pub tag_expr: String,
+    /// Consume orderly (one queue at a time, under the broker lock).
+    #[arg(long)]
+    pub orderly: bool,
+    /// Broadcasting: every consumer of the group gets every message.
+    #[arg(long)]
+    pub broadcast: bool,
+    /// Where a new group starts: `first`, `last`, or a time (epoch ms, RFC 3339, `10m` ago).
+    #[arg(long, default_value = "last")]
+    pub from: String,
+    /// Exit after this many messages.
+    #[arg(long)]
+    pub count: Option<u64>,
+    /// Allocation strategy (AVG, AVG_BY_CIRCLE, CONSISTENT_HASH, BALANCED_STICKY, ...).
+    #[arg(long, default_value = "AVG")]
+    pub strategy: String,
+    /// Instance name (the client id is `ip@instance`; default: pid and time).
+    #[arg(long)]
+    pub instance: Option<String>,
+    /// Safety-net rebalance period in seconds (notifications trigger rebalances at once).
+    #[arg(long, default_value_t = 20)]
+    pub rebalance_interval_secs: u64,
+}
+
+fn progress(total: u64) -> ProgressBar {
+    let pb = ProgressBar::new(total);
+    if std::io::stderr().is_terminal() && total > 1 {
+        pb.set_draw_target(ProgressDrawTarget::stderr());
+        if let Ok(style) =
+            ProgressStyle::with_template("{bar:40} {pos}/{len} messages {per_sec} eta {eta}")
+        {
+            pb.set_style(style);
+        }
+    } else {
+        pb.set_draw_target(ProgressDrawTarget::hidden());
+    }
+    pb
+}
+
+/// `shoal send`.
+pub async fn send(common: &Common, a: SendArgs) -> anyhow::Result<()> {
+    if a.body.is_some() && a.size.is_some() {
+        bail!("give either --body or --size, not both");
+    }
+    let producer = Producer::builder(&a.group)
+        .namesrv(&common.namesrv)
+        .start()
+        .await
+        .context("starting the producer")?;
+    let from_stdin = a.body.is_none() && a.size.is_none();
+    let bodies: Box<dyn Iterator<Item = anyhow::Result<Vec<u8>>>> = if from_stdin {
+        if std::io::stdin().is_terminal() {
+            eprintln!("reading message bodies from standard input, one per line (Ctrl-D ends)");
+        }
+        Box::new(
+            std::io::stdin()
+                .lock()
+                .lines()
+                .map(|l| l.map(String::into_bytes).map_err(anyhow::Error::from))
+                .collect::<Vec<_>>()
+                .into_iter(),
+        )
+    } else {
+        let body = match (&a.body, a.size) {
+            (Some(b), _) => b.clone().into_bytes(),
+            (None, Some(n)) => (0..n).map(|i| b'a' + (i % 26) as u8).collect(),
+            (None, None) => Vec::new(),
+        };
+        Box::new((0..a.count).map(move |_| Ok(body.clone())))
+    };
+    let pb = progress(if from_stdin { 0 } else { a.count });
+    let stdout = std::io::stdout();
+    let mut sent = 0u64;
+    for (i, body) in bodies.enumerate() {
+        let body = body?;
+        let mut msg = Message::new(a.topic.clone(), body);
+        if let Some(t) = &a.tag {
+            msg.set_tags(t.clone())?;
+        }
+        if let Some(k) = &a.key {
+            msg.set_keys([k.replace("{i}", &i.to_string())])?;
+        }
+        if let Some(d) = a.delay_level {
+            msg.set_delay_level(d)?;
+        }
+        let r = match &a.sharding_key {
+            Some(k) => producer.send_ordered(msg, k).await,
+            None => producer.send(msg).await,
+        }
+        .with_context(|| format!("sending message {i} to {}", a.topic))?;
+        sent += 1;
+        pb.inc(1);
+        let line = if common.json {
+            json!({
+                "msgId": r.msg_id, "offsetMsgId": r.offset_msg_id, "status": format!("{:?}", r.status),
+                "topic": r.message_queue.topic, "broker": r.message_queue.broker_name,
+                "queue": r.message_queue.queue_id, "queueOffset": r.queue_offset,
+            })
+            .to_string()
+        } else {
+            format!(
+                "sent {} to {} queue {} offset {} ({:?}, offset id {})",
+                r.msg_id,
+                r.message_queue.broker_name,
+                r.message_queue.queue_id,
+                r.queue_offset,
+                r.status,
+                r.offset_msg_id
+            )
+        };
+        if common.json || !pb.is_hidden() || sent <= 1000 || a.count <= 1000 {
+            if !pb.is_hidden() {
+                pb.suspend(|| println!("{line}"));
+            } else {
+                let mut out = stdout.lock();
+                writeln!(out, "{line}")?;
+            }
+        }
+    }
+    pb.finish_and_clear();
+    producer.shutdown().await;
+    if !common.json {
+        eprintln!("{sent} messages sent to {}", a.topic);
+    }
+    Ok(())
+}
+
+fn print_message(json_out: bool, m: &MessageExt, ctx: &ConsumeContext) {
+    let line = if json_out {
+        json!({
+            "msgId": m.msg_id(), "topic": m.topic, "broker": ctx.message_queue.broker_name,
+            "queue": ctx.message_queue.queue_id, "queueOffset": m.queue_offset, "tags": m.tags(),
+            "keys": m.keys(), "reconsumeTimes": m.reconsume_times, "storeTimestamp": m.store_timestamp,
+            "body": String::from_utf8_lossy(&m.body),
+        })
+        .to_string()
+    } else {
+        format!(
+            "{} {}#{} offset {} tags={} keys={} body={}",
+            m.msg_id(),
+            ctx.message_queue.broker_name,
+            ctx.message_queue.queue_id,
+            m.queue_offset,
+            m.tags().unwrap_or("-"),
+            m.keys().unwrap_or("-"),
+            String::from_utf8_lossy(&m.body)
+        )
+    };
+    let mut out = std::io::stdout().lock();
+    // A closed pipe (e.g. `| head`) is not an error worth a panic.
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}
+
+/// `shoal consume`: prints messages until Ctrl-C / SIGTERM (or --count), then leaves the group
+/// gracefully (offsets committed, queues handed over at once).
+pub async fn consume(common: &Common, a: ConsumeArgs) -> anyhow::Result<()> {
+    let (from, ts) = match a.from.as_str() {
+        "first" | "earliest" => (ConsumeFromWhere::ConsumeFromFirstOffset, None),
+        "last" | "latest" => (ConsumeFromWhere::ConsumeFromLastOffset, None),
+        other => (
+            ConsumeFromWhere::ConsumeFromTimestamp,
+            Some(parse_time(other)?),
+        ),
+    };
+    if shoal_group::strategy_by_name(&a.strategy).is_err() {
+        bail!(
+            "unknown allocation strategy {:?}; known: {}",
+            a.strategy,
+            shoal_group::STRATEGY_NAMES.join(", ")
+        );
+    }
+    let seen = Arc::new(AtomicU64::new(0));
+    let (done_tx, mut done_rx) = tokio::sync::watch::channel(false);
+    let limit = a.count;
+    let json_out = common.json;
+    let counter = seen.clone();
+    let tick = move || {
+        let n = counter.fetch_add(1, Ordering::AcqRel) + 1;
+        if limit.is_some_and(|l| n >= l) {
+            let _ = done_tx.send(true);
+        }
+    };
+    let listener = if a.orderly {
+        MessageListener::orderly(move |msgs, ctx| {
+            for m in msgs {
+                print_message(json_out, m, ctx);
+                tick();
+            }
+            ConsumeOrderlyStatus::Success
+        })
+    } else {
+        MessageListener::concurrently(move |msgs, ctx| {
+            for m in msgs {
+                print_message(json_out, m, ctx);
+                tick();
+            }
+            ConsumeConcurrentlyStatus::ConsumeSuccess
+        })
+    };
+    let mut builder = PushConsumer::builder(&a.group)
+        .namesrv(&common.namesrv)
+        .subscribe(a.topic.clone(), a.tag_expr.clone())
+        .message_model(if a.broadcast {
+            MessageModel::Broadcasting
+        } else {
+            MessageModel::Clustering
+        })
+        .consume_from_where(from)
+        .allocate_strategy(a.strategy.clone())
+        .rebalance_interval(Duration::from_secs(a.rebalance_interval_secs.max(1)));
+    if let Some(ts) = ts {
+        builder = builder.consume_timestamp_ms(ts);
+    }
+    if let Some(name) = &a.instance {
+        builder = builder.instance_name(name.clone());
+    }
+    let consumer = builder
+        .start(listener)
+        .await
+        .context("starting the consumer")?;
+    if !json_out {
+        eprintln!(
+            "consumer {} in group {} subscribed to {} ({}); Ctrl-C to stop",
+            consumer.client_id(),
+            a.group,
+            a.topic,
+            a.tag_expr
+        );
+    }
+    let stop = async {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            if let Ok(mut term) = signal(SignalKind::terminate()) {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+                return;
+            }
+        }
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    tokio::select! {
+        _ = stop => {}
+        _ = async { while done_rx.changed().await.is_ok() { if *done_rx.borrow() { break; } } } => {}
+    }
+    consumer.shutdown().await;
+    if !json_out {
+        eprintln!(
+            "{} messages consumed; offsets committed, queues handed over",
+            seen.load(Ordering::Acquire)
+        );
+    }
+    Ok(())
+}
