@@ -20,8 +20,8 @@ use std::time::Duration;
 pub struct SendArgs {
     /// Topic.
     pub topic: String,
-    /// Message body. Without it (and without --size), lines of standard input are sent, one
-    /// message each.
+    /// Message body (`{i}` is replaced by the message number). Without it (and without
+    /// --size), lines of standard input are sent, one message each.
     #[arg(long)]
     pub body: Option<String>,
     /// Tag.
@@ -45,6 +45,9 @@ pub struct SendArgs {
     /// Producer group.
     #[arg(long, default_value = "SHOAL_CLI_PRODUCER")]
     pub group: String,
+    /// Pause between messages, in milliseconds (a steady rate instead of as fast as possible).
+    #[arg(long, default_value_t = 0)]
+    pub interval_ms: u64,
 }
 
 /// Options of `shoal consume`.
@@ -132,6 +135,17 @@ pub async fn send(common: &Common, a: SendArgs) -> anyhow::Result<()> {
     let mut sent = 0u64;
     for (i, body) in bodies.enumerate() {
         let body = body?;
+        if a.interval_ms > 0 && i > 0 {
+            tokio::time::sleep(Duration::from_millis(a.interval_ms)).await;
+        }
+        let body = if a.size.is_none() && a.body.is_some() {
+            // `{i}` in --body is replaced by the message number (unique bodies for tests).
+            String::from_utf8_lossy(&body)
+                .replace("{i}", &i.to_string())
+                .into_bytes()
+        } else {
+            body
+        };
         let mut msg = Message::new(a.topic.clone(), body);
         if let Some(t) = &a.tag {
             msg.set_tags(t.clone())?;

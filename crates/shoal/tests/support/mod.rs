@@ -1,0 +1,358 @@
+//! Runs the built `shoal` binary as separate processes: a dev server, consumers that print JSON
+//! lines, producers and admin commands. Everything on 127.0.0.1 with ports chosen at run time.
+
+#![allow(dead_code)]
+
+use serde_json::Value;
+use std::collections::{BTreeMap, HashMap};
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+pub fn shoal() -> &'static str {
+    env!("CARGO_BIN_EXE_shoal")
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A child process killed (SIGKILL) when dropped.
+pub struct Proc {
+    pub child: Child,
+}
+
+impl Proc {
+    pub fn sigterm(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+    }
+
+    pub fn sigkill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Waits up to `limit` for the process to exit.
+    pub fn wait_exit(&mut self, limit: Duration) -> bool {
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A `shoal dev` process.
+pub struct Dev {
+    pub proc: Proc,
+    pub namesrv: String,
+    pub dir: tempfile::TempDir,
+}
+
+impl Dev {
+    pub fn start() -> Dev {
+        let dir = tempfile::tempdir().unwrap();
+        let ns = free_port();
+        let broker = free_port();
+        let child = Command::new(shoal())
+            .args([
+                "dev",
+                "--namesrv-port",
+                &ns.to_string(),
+                "--broker-port",
+                &broker.to_string(),
+                "--data-dir",
+                dir.path().join("data").to_str().unwrap(),
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let dev = Dev {
+            proc: Proc { child },
+            namesrv: format!("127.0.0.1:{ns}"),
+            dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let out = dev.cmd(&["cluster", "list", "--json"]);
+            if out.status.success() && String::from_utf8_lossy(&out.stdout).contains("broker-a") {
+                break;
+            }
+            assert!(Instant::now() < deadline, "shoal dev did not come up");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        dev
+    }
+
+    /// Runs an admin/client command to completion.
+    pub fn cmd(&self, args: &[&str]) -> Output {
+        Command::new(shoal())
+            .args(args)
+            .env("SHOAL_NAMESRV", &self.namesrv)
+            .output()
+            .unwrap()
+    }
+
+    /// Runs a command and parses its stdout as JSON.
+    pub fn json(&self, args: &[&str]) -> Value {
+        let out = self.cmd(args);
+        assert!(
+            out.status.success(),
+            "{args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "{args:?} printed no JSON ({e}): {}",
+                String::from_utf8_lossy(&out.stdout)
+            )
+        })
+    }
+
+    /// Starts a background command with stdout piped.
+    pub fn spawn(&self, args: &[&str]) -> Child {
+        Command::new(shoal())
+            .args(args)
+            .env("SHOAL_NAMESRV", &self.namesrv)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    }
+}
+
+/// One message as a consumer printed it.
+#[derive(Debug, Clone)]
+pub struct Seen {
+    pub consumer: String,
+    pub msg_id: String,
+    pub queue: i64,
+    pub body: String,
+    pub at: Instant,
+}
+
+/// Consumer processes of one group, and everything they printed.
+pub struct Group {
+    pub name: String,
+    pub topic: String,
+    pub members: BTreeMap<String, Proc>,
+    pub seen: Arc<Mutex<Vec<Seen>>>,
+}
+
+impl Group {
+    pub fn new(name: &str, topic: &str) -> Group {
+        Group {
+            name: name.into(),
+            topic: topic.into(),
+            members: BTreeMap::new(),
+            seen: Arc::new(Mutex::new(Vec::new())),
+        }
+    }
+
+    /// Starts a consumer process with instance name `member`.
+    pub fn join(&mut self, dev: &Dev, member: &str) {
+        let mut child = dev.spawn(&[
+            "consume",
+            &self.topic,
+            "--group",
+            &self.name,
+            "--json",
+            "--from",
+            "first",
+            "--instance",
+            member,
+        ]);
+        let stdout = child.stdout.take().unwrap();
+        let seen = self.seen.clone();
+        let who = member.to_string();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                let Ok(v) = serde_json::from_str::<Value>(&line) else {
+                    continue;
+                };
+                seen.lock().unwrap().push(Seen {
+                    consumer: who.clone(),
+                    msg_id: v["msgId"].as_str().unwrap_or_default().to_string(),
+                    queue: v["queue"].as_i64().unwrap_or(-1),
+                    body: v["body"].as_str().unwrap_or_default().to_string(),
+                    at: Instant::now(),
+                });
+            }
+        });
+        self.members.insert(member.to_string(), Proc { child });
+    }
+
+    /// Stops a member gracefully (SIGTERM) and waits for it to exit.
+    pub fn leave(&mut self, member: &str) {
+        if let Some(mut p) = self.members.remove(member) {
+            p.sigterm();
+            assert!(
+                p.wait_exit(Duration::from_secs(20)),
+                "{member} did not stop on SIGTERM"
+            );
+        }
+    }
+
+    /// Kills a member (SIGKILL): no hand-over at all.
+    pub fn crash(&mut self, member: &str) {
+        if let Some(mut p) = self.members.remove(member) {
+            p.sigkill();
+        }
+    }
+
+    /// Polls `shoal group progress --json` until every queue of the topic has exactly one owner
+    /// and the owners are exactly the live members (when there are at most as many members as
+    /// queues). Returns the time it took, or panics after `limit`.
+    pub fn converge(&self, dev: &Dev, queues: usize, limit: Duration) -> Duration {
+        let start = Instant::now();
+        let live: Vec<&String> = self.members.keys().collect();
+        loop {
+            let out = dev.cmd(&["group", "progress", &self.name, "--json"]);
+            if out.status.success() {
+                if let Ok(v) = serde_json::from_slice::<Value>(&out.stdout) {
+                    if converged(&v, &self.topic, queues, &live) {
+                        return start.elapsed();
+                    }
+                }
+            }
+            assert!(
+                start.elapsed() < limit,
+                "group {} did not converge within {limit:?} with members {live:?}: {}",
+                self.name,
+                String::from_utf8_lossy(&out.stdout)
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Distinct messages seen, and how many deliveries were duplicates.
+    pub fn tally(&self) -> (HashMap<String, usize>, usize) {
+        let seen = self.seen.lock().unwrap();
+        let mut counts: HashMap<String, usize> = HashMap::new();
+        for s in seen.iter() {
+            *counts.entry(s.body.clone()).or_default() += 1;
+        }
+        let dups = counts.values().map(|c| c - 1).sum();
+        (counts, dups)
+    }
+
+    /// Waits until every body in `expected` has been seen at least once.
+    pub fn wait_all(&self, expected: &[String], limit: Duration) {
+        let start = Instant::now();
+        loop {
+            let (counts, _) = self.tally();
+            let missing: Vec<&String> = expected
+                .iter()
+                .filter(|b| !counts.contains_key(*b))
+                .collect();
+            if missing.is_empty() {
+                return;
+            }
+            assert!(
+                start.elapsed() < limit,
+                "{} messages never consumed, e.g. {:?}",
+                missing.len(),
+                missing.iter().take(5).collect::<Vec<_>>()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+fn converged(v: &Value, topic: &str, queues: usize, live: &[&String]) -> bool {
+    let Some(rows) = v["queues"].as_array() else {
+        return false;
+    };
+    let rows: Vec<&Value> = rows.iter().filter(|r| r["topic"] == topic).collect();
+    if rows.len() != queues {
+        return false;
+    }
+    let mut owners_seen = std::collections::BTreeSet::new();
+    for r in rows {
+        let Some(owner) = r["owner"].as_str() else {
+            return false;
+        };
+        if owner.contains(',') {
+            return false;
+        }
+        let Some(m) = live.iter().find(|m| owner.ends_with(&format!("@{m}"))) else {
+            return false;
+        };
+        owners_seen.insert(m.to_string());
+    }
+    // Every live member owns something when there are enough queues.
+    live.len() > queues || owners_seen.len() == live.len()
+}
+
+/// Sends `count` messages with bodies `<prefix>-<i>` (synchronously, through the CLI).
+pub fn send(dev: &Dev, topic: &str, prefix: &str, count: usize) -> Vec<String> {
+    let body = format!("{prefix}-{{i}}");
+    let out = dev.cmd(&[
+        "send",
+        topic,
+        "--body",
+        &body,
+        "--count",
+        &count.to_string(),
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "send failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (0..count).map(|i| format!("{prefix}-{i}")).collect()
+}
+
+/// Starts a producer that sends one message every `interval_ms` until killed.
+pub fn steady_producer(
+    dev: &Dev,
+    topic: &str,
+    prefix: &str,
+    count: usize,
+    interval_ms: u64,
+) -> Proc {
+    let body = format!("{prefix}-{{i}}");
+    let child = Command::new(shoal())
+        .args([
+            "send",
+            topic,
+            "--body",
+            &body,
+            "--count",
+            &count.to_string(),
+            "--interval-ms",
+            &interval_ms.to_string(),
+            "--json",
+        ])
+        .env("SHOAL_NAMESRV", &dev.namesrv)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    Proc { child }
+}
+
+pub fn data_dir(dev: &Dev) -> PathBuf {
+    dev.dir.path().join("data")
+}
