@@ -34,7 +34,7 @@ fn is_system_topic(t: &str) -> bool {
 }
 
 /// UPDATE_AND_CREATE_TOPIC.
-pub fn create_topic(b: &BrokerInner, req: &RemotingCommand) -> Handled {
+pub async fn create_topic(b: &BrokerInner, req: &RemotingCommand) -> Handled {
     let h: CreateTopicRequestHeader = req.decode_command_header()?;
     if is_system_topic(&h.topic) {
         return Err(Reject::new(
@@ -82,6 +82,11 @@ pub fn create_topic(b: &BrokerInner, req: &RemotingCommand) -> Handled {
         topic_sys_flag: h.topic_sys_flag.unwrap_or(0),
         write_queue_nums: h.write_queue_nums,
     };
+    let queues_before = b
+        .topics
+        .lock()
+        .get(&h.topic)
+        .map(|c| (c.read_queue_nums, c.write_queue_nums));
     let changed = b
         .topics
         .lock()
@@ -92,7 +97,14 @@ pub fn create_topic(b: &BrokerInner, req: &RemotingCommand) -> Handled {
         if let Err(e) = b.topics.lock().persist() {
             return Err(Reject::system(e));
         }
-        b.register_now.notify_one();
+        if queues_before.is_some_and(|q| q != (h.read_queue_nums, h.write_queue_nums)) {
+            // The name servers must know the new queues before consumers look them up.
+            b.register_all().await;
+            // Consumers rebalance at once instead of at their next route refresh.
+            b.notify_consumers_of_topic(&h.topic);
+        } else {
+            b.register_now.notify_one();
+        }
     }
     ok()
 }

@@ -215,6 +215,27 @@ impl BrokerInner {
         }
     }
 
+    /// Tells every member of the groups that consume `topic` to rebalance now (the topic's
+    /// queues changed).
+    pub fn notify_consumers_of_topic(&self, topic: &str) {
+        let groups = self.clients.lock().groups_of_topic(topic);
+        for group in groups {
+            let conns: Vec<u64> = self
+                .clients
+                .lock()
+                .members(&group)
+                .into_iter()
+                .map(|(c, _)| c.conn_id)
+                .collect();
+            self.apply_group_change(&GroupChange {
+                group,
+                subscription_changed: true,
+                notify_conn_ids: conns,
+                ..GroupChange::default()
+            });
+        }
+    }
+
     /// A client connection closed: its consumers leave their groups at once.
     pub fn connection_closed(&self, conn_id: u64) {
         self.connections.lock().remove(&conn_id);

@@ -99,7 +99,7 @@ impl BrokerProcessor {
             rc::QUERY_MESSAGE => crate::offsets::query_message(b, req).await,
             rc::CONSUMER_SEND_MSG_BACK => crate::retry::consumer_send_msg_back(b, ctx, req).await,
             rc::CHECK_CLIENT_CONFIG => ok(),
-            rc::UPDATE_AND_CREATE_TOPIC => crate::admin::create_topic(b, req),
+            rc::UPDATE_AND_CREATE_TOPIC => crate::admin::create_topic(b, req).await,
             rc::DELETE_TOPIC_IN_BROKER => crate::admin::delete_topic(b, req).await,
             rc::GET_ALL_TOPIC_CONFIG => crate::admin::all_topic_config(b),
             rc::GET_TOPIC_STATS_INFO => crate::admin::topic_stats(b, req).await,
