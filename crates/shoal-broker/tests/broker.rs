@@ -6,7 +6,7 @@ mod common;
 use common::*;
 use shoal_proto::body::{
     ConsumeStats, GetConsumerListByGroupResponseBody, KVTable, LockBatchRequestBody,
-    LockBatchResponseBody, MessageModel, TopicRouteData, UnlockBatchRequestBody,
+    LockBatchResponseBody, MessageModel, UnlockBatchRequestBody,
 };
 use shoal_proto::code::{request_code as rc, response_code as resp};
 use shoal_proto::constants::pull_sys_flag;
@@ -48,14 +48,7 @@ async fn send_and_pull_round_trip_with_tags() {
         .as_mut()
         .unwrap()
         .insert("subscription".into(), "tagA".into());
-    ok(&client
-        .call(heartbeat_req(
-            "c1",
-            "G",
-            &[("T", "*")],
-            MessageModel::Clustering,
-        ))
-        .await);
+    client.join("c1", "G", &[("T", "*")]).await;
     let r = client.call(pull).await;
     ok(&r);
     let h: PullMessageResponseHeader = r.decode_command_header().unwrap();
@@ -237,14 +230,7 @@ async fn error_paths_are_answered_with_the_right_codes() {
     // Pull: unknown group, unknown topic, bad queue, no subscription.
     let r = client.call(pull_req("NoGroup", "T", 0, 0, 0, 0)).await;
     assert_eq!(r.code, resp::SUBSCRIPTION_GROUP_NOT_EXIST);
-    ok(&client
-        .call(heartbeat_req(
-            "c1",
-            "G",
-            &[("T", "*")],
-            MessageModel::Clustering,
-        ))
-        .await);
+    client.join("c1", "G", &[("T", "*")]).await;
     let r = client.call(pull_req("G", "Nope", 0, 0, 0, 0)).await;
     assert_eq!(r.code, resp::TOPIC_NOT_EXIST);
     let r = client.call(pull_req("G", "T", 5, 0, 0, 0)).await;
@@ -281,14 +267,7 @@ async fn long_polling_answers_at_the_moment_of_store() {
     let consumer = RawClient::new(&c.broker_addr);
     let producer = RawClient::new(&c.broker_addr);
     ok(&consumer.call(create_topic_req("T", 1)).await);
-    ok(&consumer
-        .call(heartbeat_req(
-            "c1",
-            "G",
-            &[("T", "tagA")],
-            MessageModel::Clustering,
-        ))
-        .await);
+    consumer.join("c1", "G", &[("T", "tagA")]).await;
     let pull = pull_req("G", "T", 0, 0, pull_sys_flag::SUSPEND, 20_000);
     let started = Instant::now();
     let held = tokio::spawn(async move {
@@ -324,14 +303,7 @@ async fn long_polling_answers_at_the_moment_of_store() {
 
     // Without a message the hold ends at its suspend time with PULL_NOT_FOUND.
     let consumer = RawClient::new(&c.broker_addr);
-    ok(&consumer
-        .call(heartbeat_req(
-            "c1",
-            "G",
-            &[("T", "*")],
-            MessageModel::Clustering,
-        ))
-        .await);
+    consumer.join("c1", "G", &[("T", "*")]).await;
     let r = consumer
         .call(pull_req("G", "T", 0, 2, pull_sys_flag::SUSPEND, 300))
         .await;
@@ -346,22 +318,8 @@ async fn membership_changes_notify_every_member() {
     let b = RawClient::new(&c.broker_addr);
     let x = RawClient::new(&c.broker_addr);
     ok(&a.call(create_topic_req("T", 4)).await);
-    ok(&a
-        .call(heartbeat_req(
-            "a",
-            "G",
-            &[("T", "*")],
-            MessageModel::Clustering,
-        ))
-        .await);
-    ok(&b
-        .call(heartbeat_req(
-            "b",
-            "G",
-            &[("T", "*")],
-            MessageModel::Clustering,
-        ))
-        .await);
+    a.join("a", "G", &[("T", "*")]).await;
+    b.join("b", "G", &[("T", "*")]).await;
     assert!(
         a.wait_notifications(rc::NOTIFY_CONSUMER_IDS_CHANGED, 2)
             .await,
@@ -371,14 +329,7 @@ async fn membership_changes_notify_every_member() {
         b.wait_notifications(rc::NOTIFY_CONSUMER_IDS_CHANGED, 1)
             .await
     );
-    ok(&x
-        .call(heartbeat_req(
-            "x",
-            "G",
-            &[("T", "*")],
-            MessageModel::Clustering,
-        ))
-        .await);
+    x.join("x", "G", &[("T", "*")]).await;
     assert!(
         a.wait_notifications(rc::NOTIFY_CONSUMER_IDS_CHANGED, 3)
             .await
@@ -400,14 +351,7 @@ async fn membership_changes_notify_every_member() {
     assert_eq!(list.consumer_id_list, vec!["a", "b", "x"]);
     // A repeated heartbeat changes nothing and notifies nobody.
     let before = a.notifications(rc::NOTIFY_CONSUMER_IDS_CHANGED);
-    ok(&a
-        .call(heartbeat_req(
-            "a",
-            "G",
-            &[("T", "*")],
-            MessageModel::Clustering,
-        ))
-        .await);
+    a.join("a", "G", &[("T", "*")]).await;
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(a.notifications(rc::NOTIFY_CONSUMER_IDS_CHANGED), before);
     // Connection loss: x's connection goes; a and b hear of it.
@@ -464,22 +408,8 @@ async fn misconfigured_groups_are_flagged() {
     let a = RawClient::new(&c.broker_addr);
     let b = RawClient::new(&c.broker_addr);
     ok(&a.call(create_topic_req("T", 4)).await);
-    ok(&a
-        .call(heartbeat_req(
-            "same-id",
-            "G",
-            &[("T", "tagA")],
-            MessageModel::Clustering,
-        ))
-        .await);
-    ok(&b
-        .call(heartbeat_req(
-            "same-id",
-            "G",
-            &[("T", "tagB")],
-            MessageModel::Clustering,
-        ))
-        .await);
+    a.join("same-id", "G", &[("T", "tagA")]).await;
+    b.join("same-id", "G", &[("T", "tagB")]).await;
     let r = a
         .call(RemotingCommand::request_with_header(
             rc::GET_CONSUMER_CONNECTION_LIST,
@@ -518,22 +448,8 @@ async fn queue_locks_are_exclusive_and_released_on_leave() {
     let a = RawClient::new(&c.broker_addr);
     let b = RawClient::new(&c.broker_addr);
     ok(&a.call(create_topic_req("T", 2)).await);
-    ok(&a
-        .call(heartbeat_req(
-            "a",
-            "G",
-            &[("T", "*")],
-            MessageModel::Clustering,
-        ))
-        .await);
-    ok(&b
-        .call(heartbeat_req(
-            "b",
-            "G",
-            &[("T", "*")],
-            MessageModel::Clustering,
-        ))
-        .await);
+    a.join("a", "G", &[("T", "*")]).await;
+    b.join("b", "G", &[("T", "*")]).await;
     let mqs = vec![
         MessageQueue::new("T", "broker-a", 0),
         MessageQueue::new("T", "broker-a", 1),
@@ -589,14 +505,7 @@ async fn offsets_and_topics_survive_a_restart() {
     let client = RawClient::new(&c.broker_addr);
     ok(&client.call(create_topic_req("T", 2)).await);
     ok(&client.call(send_req("T", 1, b"x", "")).await);
-    ok(&client
-        .call(heartbeat_req(
-            "c1",
-            "G",
-            &[("T", "*")],
-            MessageModel::Clustering,
-        ))
-        .await);
+    client.join("c1", "G", &[("T", "*")]).await;
     let upd = RemotingCommand::request_with_header(
         rc::UPDATE_CONSUMER_OFFSET,
         &UpdateConsumerOffsetRequestHeader {
@@ -665,14 +574,7 @@ async fn offsets_and_topics_survive_a_restart() {
         .await;
     assert_eq!(decode(&r).len(), 1);
     // Consume stats show broker and consumer offsets.
-    ok(&client
-        .call(heartbeat_req(
-            "c1",
-            "G",
-            &[("T", "*")],
-            MessageModel::Clustering,
-        ))
-        .await);
+    client.join("c1", "G", &[("T", "*")]).await;
     let r = client
         .call(RemotingCommand::request_with_header(
             rc::GET_CONSUME_STATS,
@@ -693,14 +595,9 @@ async fn a_message_failing_16_times_ends_in_the_dlq() {
     let c = Cluster::start().await;
     let client = RawClient::new(&c.broker_addr);
     ok(&client.call(create_topic_req("T", 1)).await);
-    ok(&client
-        .call(heartbeat_req(
-            "c1",
-            "G",
-            &[("T", "*"), ("%RETRY%G", "*")],
-            MessageModel::Clustering,
-        ))
-        .await);
+    client
+        .join("c1", "G", &[("T", "*"), ("%RETRY%G", "*")])
+        .await;
     let r = client
         .call(send_req(
             "T",
@@ -749,14 +646,9 @@ async fn a_message_failing_16_times_ends_in_the_dlq() {
         retry_offset = m.queue_offset + 1;
         current = m;
     }
-    ok(&client
-        .call(heartbeat_req(
-            "c1",
-            "G",
-            &[("T", "*"), ("%RETRY%G", "*"), ("%DLQ%G", "*")],
-            MessageModel::Clustering,
-        ))
-        .await);
+    client
+        .join("c1", "G", &[("T", "*"), ("%RETRY%G", "*"), ("%DLQ%G", "*")])
+        .await;
     let r = client.call(pull_req("G", "%DLQ%G", 0, 0, 0, 0)).await;
     ok(&r);
     let dead = decode(&r);
@@ -772,25 +664,8 @@ async fn a_message_failing_16_times_ends_in_the_dlq() {
     assert_eq!(d.body.as_ref(), b"poison");
     // The DLQ topic is routed by the name server.
     let ns = RawClient::new(&c.namesrv_addr);
-    let mut routed = false;
-    for _ in 0..100 {
-        let r = ns
-            .call(RemotingCommand::request_with_header(
-                rc::GET_ROUTEINFO_BY_TOPIC,
-                &GetRouteInfoRequestHeader {
-                    topic: "%DLQ%G".into(),
-                    ..Default::default()
-                },
-            ))
-            .await;
-        if r.code == resp::SUCCESS {
-            let route: TopicRouteData = r.decode_json_body().unwrap();
-            routed = !route.queue_datas.is_empty();
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(routed, "%DLQ%G not routed");
+    let route = ns.wait_route("%DLQ%G").await.expect("%DLQ%G not routed");
+    assert!(!route.queue_datas.is_empty(), "%DLQ%G not routed");
     c.stop().await;
 }
 
@@ -799,14 +674,7 @@ async fn delayed_messages_are_delivered_after_their_level() {
     let c = Cluster::start_with(|cfg| cfg.delay_levels = "300ms 1s".into()).await;
     let client = RawClient::new(&c.broker_addr);
     ok(&client.call(create_topic_req("T", 1)).await);
-    ok(&client
-        .call(heartbeat_req(
-            "c1",
-            "G",
-            &[("T", "*")],
-            MessageModel::Clustering,
-        ))
-        .await);
+    client.join("c1", "G", &[("T", "*")]).await;
     let sent = Instant::now();
     ok(&client
         .call(send_req("T", 0, b"later", &props(&[("DELAY", "1")])))
@@ -857,14 +725,7 @@ async fn batch_send_and_admin_requests() {
     let h: SendMessageResponseHeader = r.decode_command_header().unwrap();
     assert_eq!(h.msg_id.split(',').count(), 3);
     assert_eq!(h.queue_offset, 0);
-    ok(&client
-        .call(heartbeat_req(
-            "c1",
-            "G",
-            &[("T", "*")],
-            MessageModel::Clustering,
-        ))
-        .await);
+    client.join("c1", "G", &[("T", "*")]).await;
     let msgs = decode(&client.call(pull_req("G", "T", 0, 0, 0, 0)).await);
     assert_eq!(
         msgs.iter()
@@ -924,39 +785,12 @@ async fn auto_create_uses_the_tbw102_template() {
     let r = client.call(send_req("Fresh", -1, b"x", "")).await;
     ok(&r);
     let ns = RawClient::new(&c.namesrv_addr);
-    let mut routed = false;
-    for _ in 0..100 {
-        let r = ns
-            .call(RemotingCommand::request_with_header(
-                rc::GET_ROUTEINFO_BY_TOPIC,
-                &GetRouteInfoRequestHeader {
-                    topic: "Fresh".into(),
-                    ..Default::default()
-                },
-            ))
-            .await;
-        if r.code == resp::SUCCESS {
-            let route: TopicRouteData = r.decode_json_body().unwrap();
-            assert_eq!(route.queue_datas[0].write_queue_nums, 4);
-            routed = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(
-        routed,
-        "auto-created topic not registered with the name server"
-    );
-    let r = ns
-        .call(RemotingCommand::request_with_header(
-            rc::GET_ROUTEINFO_BY_TOPIC,
-            &GetRouteInfoRequestHeader {
-                topic: "TBW102".into(),
-                ..Default::default()
-            },
-        ))
-        .await;
-    ok(&r);
+    let route = ns
+        .wait_route("Fresh")
+        .await
+        .expect("auto-created topic not registered with the name server");
+    assert_eq!(route.queue_datas[0].write_queue_nums, 4);
+    assert!(ns.wait_route("TBW102").await.is_some(), "TBW102 not routed");
     c.stop().await;
 }
 
@@ -980,25 +814,7 @@ async fn registers_with_every_name_server() {
     let broker = shoal_broker::Broker::start(cfg).await.unwrap();
     let client = RawClient::new(&broker.local_addr().to_string());
     ok(&client.call(create_topic_req("Both", 3)).await);
-    let route_from = |addr: String| async move {
-        let ns = RawClient::new(&addr);
-        for _ in 0..100 {
-            let r = ns
-                .call(RemotingCommand::request_with_header(
-                    rc::GET_ROUTEINFO_BY_TOPIC,
-                    &GetRouteInfoRequestHeader {
-                        topic: "Both".into(),
-                        ..Default::default()
-                    },
-                ))
-                .await;
-            if r.code == resp::SUCCESS {
-                return Some(r.decode_json_body::<TopicRouteData>().unwrap());
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        None
-    };
+    let route_from = |addr: String| async move { RawClient::new(&addr).wait_route("Both").await };
     let a = route_from(ns1.local_addr().to_string())
         .await
         .expect("route on name server 1");
@@ -1034,22 +850,8 @@ async fn a_silent_client_expires_and_the_others_are_told() {
     let a = RawClient::new(&c.broker_addr);
     let b = RawClient::new(&c.broker_addr);
     ok(&a.call(create_topic_req("T", 2)).await);
-    ok(&a
-        .call(heartbeat_req(
-            "a",
-            "G",
-            &[("T", "*")],
-            MessageModel::Clustering,
-        ))
-        .await);
-    ok(&b
-        .call(heartbeat_req(
-            "b",
-            "G",
-            &[("T", "*")],
-            MessageModel::Clustering,
-        ))
-        .await);
+    a.join("a", "G", &[("T", "*")]).await;
+    b.join("b", "G", &[("T", "*")]).await;
     assert!(
         a.wait_notifications(rc::NOTIFY_CONSUMER_IDS_CHANGED, 2)
             .await
@@ -1066,14 +868,7 @@ async fn a_silent_client_expires_and_the_others_are_told() {
     };
     let mut expired = false;
     for _ in 0..40 {
-        ok(&a
-            .call(heartbeat_req(
-                "a",
-                "G",
-                &[("T", "*")],
-                MessageModel::Clustering,
-            ))
-            .await);
+        a.join("a", "G", &[("T", "*")]).await;
         let ids: GetConsumerListByGroupResponseBody =
             a.call(list()).await.decode_json_body().unwrap();
         if ids.consumer_id_list == vec!["a"] {

@@ -146,6 +146,38 @@ impl RawClient {
     pub fn shutdown(&self) {
         self.client.shutdown();
     }
+
+    /// Heartbeats as a clustering member of `group` with the given subscriptions.
+    pub async fn join(&self, client_id: &str, group: &str, subs: &[(&str, &str)]) {
+        ok(&self
+            .call(heartbeat_req(
+                client_id,
+                group,
+                subs,
+                MessageModel::Clustering,
+            ))
+            .await);
+    }
+
+    /// Asks this (name server) address for a topic's route until it has one (2 s at most).
+    pub async fn wait_route(&self, topic: &str) -> Option<shoal_proto::body::TopicRouteData> {
+        for _ in 0..100 {
+            let r = self
+                .call(RemotingCommand::request_with_header(
+                    rc::GET_ROUTEINFO_BY_TOPIC,
+                    &shoal_proto::header::GetRouteInfoRequestHeader {
+                        topic: topic.into(),
+                        ..Default::default()
+                    },
+                ))
+                .await;
+            if r.code == resp::SUCCESS {
+                return r.decode_json_body().ok();
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        None
+    }
 }
 
 pub fn create_topic_req(topic: &str, queues: i32) -> RemotingCommand {
