@@ -3,6 +3,7 @@
 use clap::{Parser, Subcommand};
 
 mod admin_cmd;
+mod bench;
 mod client_cmd;
 mod rebalance;
 mod server;
@@ -53,6 +54,9 @@ enum Command {
     /// Rebalance tools: simulate allocation strategies over membership changes.
     #[command(subcommand)]
     Rebalance(rebalance::RebalanceCommand),
+    /// Benchmarks: produce, consume, end-to-end latency, rebalance under load.
+    #[command(subcommand)]
+    Bench(bench::BenchCmd),
     /// Print the protocol version Shoal speaks.
     Version,
 }
@@ -69,6 +73,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Send(a) => return client(client_cmd::send(&common, a)),
         Command::Consume(a) => return client_mt(client_cmd::consume(&common, a)),
+        Command::Bench(c) => return client_mt(bench::run(&common, c)),
         Command::Topic(c) => return client(admin_cmd::topic(&common, c)),
         Command::Group(c) => return client(admin_cmd::group(&common, c)),
         Command::Cluster(ClusterCmd::List) => return client(admin_cmd::cluster_list(&common)),
