@@ -1,0 +1,332 @@
+//! `shoal bench` as a process: argument errors, and short produce / consume / e2e / rebalance
+//! runs against `shoal dev` whose JSON reports must have the right shape and add up
+//! (sent = acknowledged + errors; consumed >= acknowledged; nothing lost).
+
+use serde_json::Value;
+use std::io::Read;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A `shoal dev` process, killed on drop.
+struct Dev {
+    child: Child,
+    namesrv: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Dev {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Dev {
+    fn start() -> Dev {
+        let dir = tempfile::tempdir().unwrap();
+        let (np, bp) = (free_port(), free_port());
+        let child = Command::new(env!("CARGO_BIN_EXE_shoal"))
+            .args(["dev", "--namesrv-port", &np.to_string()])
+            .args(["--broker-port", &bp.to_string()])
+            .arg("--data-dir")
+            .arg(dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn shoal dev");
+        let dev = Dev {
+            child,
+            namesrv: format!("127.0.0.1:{np}"),
+            _dir: dir,
+        };
+        // Ready when the broker is registered: a topic can be created through the name server.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let out = dev.shoal(
+                &["topic", "create", "BenchReady", "--queues", "1"],
+                Duration::from_secs(10),
+            );
+            if out.status.success() {
+                break;
+            }
+            assert!(Instant::now() < deadline, "shoal dev never became ready");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        dev
+    }
+
+    fn shoal(&self, args: &[&str], timeout: Duration) -> Output {
+        run(
+            Command::new(env!("CARGO_BIN_EXE_shoal"))
+                .args(["--namesrv", &self.namesrv])
+                .args(args),
+            timeout,
+        )
+    }
+
+    /// Runs `shoal bench <args> --json`, checks it succeeded, returns the report.
+    fn bench(&self, args: &[&str]) -> Value {
+        let mut all = vec!["--json", "bench"];
+        all.extend_from_slice(args);
+        let out = self.shoal(&all, Duration::from_secs(60));
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "bench {args:?} failed: {}\n{stdout}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {stdout}"))
+    }
+}
+
+/// Runs a command with a time limit (killed when it runs over).
+fn run(cmd: &mut Command, timeout: Duration) -> Output {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn shoal");
+    let mut stdout = child.stdout.take().unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    let out_reader = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = stdout.read_to_end(&mut v);
+        v
+    });
+    let err_reader = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = stderr.read_to_end(&mut v);
+        v
+    });
+    let deadline = Instant::now() + timeout;
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{cmd:?} ran over {timeout:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    Output {
+        status,
+        stdout: out_reader.join().unwrap(),
+        stderr: err_reader.join().unwrap(),
+    }
+}
+
+fn u(v: &Value, path: &str) -> u64 {
+    v.pointer(path)
+        .and_then(Value::as_u64)
+        .unwrap_or_else(|| panic!("{path} missing or not a count in {v}"))
+}
+
+fn f(v: &Value, path: &str) -> f64 {
+    v.pointer(path)
+        .and_then(Value::as_f64)
+        .unwrap_or_else(|| panic!("{path} missing or not a number in {v}"))
+}
+
+fn check_latency(v: &Value, path: &str) {
+    let p = |q: &str| f(v, &format!("{path}/{q}"));
+    assert!(u(v, &format!("{path}/count")) > 0, "{path}: no samples");
+    assert!(p("p50_ms") > 0.0);
+    assert!(p("p50_ms") <= p("p90_ms"), "{path}");
+    assert!(p("p90_ms") <= p("p99_ms"), "{path}");
+    assert!(p("p99_ms") <= p("p999_ms"), "{path}");
+    assert!(p("p999_ms") <= p("max_ms"), "{path}");
+}
+
+fn check_produce_adds_up(r: &Value) {
+    let sent = u(r, "/produce/sent");
+    let acked = u(r, "/produce/acknowledged");
+    let errors = u(r, "/produce/errors");
+    assert_eq!(sent, acked + errors, "sent = acknowledged + errors: {r}");
+    let by_kind: u64 = r
+        .pointer("/produce/errors_by_kind")
+        .and_then(Value::as_object)
+        .expect("errors_by_kind")
+        .values()
+        .filter_map(Value::as_u64)
+        .sum();
+    assert_eq!(by_kind, errors, "errors by kind add up: {r}");
+    assert!(acked > 0, "nothing acknowledged: {r}");
+    assert!(f(r, "/produce/msgs_per_s") > 0.0);
+    assert!(f(r, "/produce/mb_per_s") > 0.0);
+    check_latency(r, "/produce/ack_latency");
+}
+
+#[test]
+fn argument_errors_are_reported() {
+    // These fail before any connection is made (the name server is not even there).
+    let cases: &[(&[&str], &str)] = &[
+        (&["bench", "produce", "--size", "0"], "--size"),
+        (&["bench", "produce", "--producers", "0"], "--producers"),
+        (&["bench", "produce", "--batch", "0"], "--batch"),
+        (&["bench", "produce", "--duration", "soon"], "soon"),
+        (
+            &["bench", "produce", "--duration", "1s", "--count", "5"],
+            "cannot be used with",
+        ),
+        (&["bench", "e2e", "--size", "10"], "at least 24"),
+        (&["bench", "e2e", "--consumers", "0"], "--consumers"),
+        (
+            &["bench", "e2e", "--strategy", "NOPE"],
+            "unknown allocation strategy",
+        ),
+        (
+            &["bench", "rebalance", "--schedule", "leave:4"],
+            "no consumer",
+        ),
+        (
+            &["bench", "rebalance", "--schedule", "grow:1"],
+            "unknown kind",
+        ),
+        (&["bench", "rebalance", "--rate", "0"], "positive --rate"),
+        (&["bench", "consume", "--from", "middle"], "middle"),
+        (&["bench", "fly"], "unrecognized subcommand"),
+    ];
+    for (args, needle) in cases {
+        let out = run(
+            Command::new(env!("CARGO_BIN_EXE_shoal"))
+                .args(["--namesrv", "127.0.0.1:1"])
+                .args(*args),
+            Duration::from_secs(20),
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(
+            stderr.contains(needle),
+            "{args:?}: {needle:?} not in {stderr}"
+        );
+    }
+}
+
+#[test]
+fn short_runs_against_shoal_dev_add_up() {
+    let dev = Dev::start();
+
+    // Produce a fixed count in batches: every message is accounted for.
+    let r = dev.bench(&[
+        "produce",
+        "--topic",
+        "BenchP",
+        "--queues",
+        "4",
+        "--count",
+        "400",
+        "--batch",
+        "4",
+        "--producers",
+        "2",
+        "--size",
+        "64",
+    ]);
+    assert_eq!(r["mode"], "produce");
+    assert_eq!(u(&r, "/produce/sent"), 400);
+    check_produce_adds_up(&r);
+    assert!(r["consume"].is_null());
+
+    // Drain them with a fresh group of two.
+    let r = dev.bench(&[
+        "consume",
+        "--topic",
+        "BenchP",
+        "--queues",
+        "4",
+        "--consumers",
+        "2",
+        "--idle",
+        "1s",
+        "--duration",
+        "30s",
+    ]);
+    assert_eq!(r["mode"], "consume");
+    assert!(u(&r, "/consume/consumed") >= 400, "{r}");
+    assert_eq!(u(&r, "/consume/foreign"), 0);
+
+    // Produce and consume at a fixed rate: at least once, nothing lost.
+    let r = dev.bench(&[
+        "e2e",
+        "--topic",
+        "BenchE",
+        "--queues",
+        "4",
+        "--rate",
+        "300",
+        "--duration",
+        "2s",
+        "--consumers",
+        "2",
+        "--drain",
+        "10s",
+    ]);
+    assert_eq!(r["mode"], "e2e");
+    check_produce_adds_up(&r);
+    let acked = u(&r, "/produce/acknowledged");
+    assert!(
+        (450..=650).contains(&acked),
+        "about 300/s for 2 s expected: {r}"
+    );
+    assert!(u(&r, "/consume/consumed") >= acked, "consumed >= sent: {r}");
+    assert_eq!(u(&r, "/consume/unique"), acked, "{r}");
+    assert_eq!(u(&r, "/consume/lost"), 0, "{r}");
+    check_latency(&r, "/consume/e2e_latency");
+
+    // A short rebalance schedule: one join, one crash.
+    let r = dev.bench(&[
+        "rebalance",
+        "--topic",
+        "BenchR",
+        "--queues",
+        "4",
+        "--consumers",
+        "1",
+        "--schedule",
+        "join:1,kill:1",
+        "--interval",
+        "2s",
+        "--rate",
+        "200",
+        "--drain",
+        "15s",
+        "--persist-offset-interval",
+        "500ms",
+    ]);
+    assert_eq!(r["mode"], "rebalance");
+    check_produce_adds_up(&r);
+    let acked = u(&r, "/produce/acknowledged");
+    assert!(u(&r, "/consume/consumed") >= acked, "{r}");
+    assert_eq!(u(&r, "/consume/lost"), 0, "{r}");
+    let events = r
+        .pointer("/rebalance/events")
+        .and_then(Value::as_array)
+        .expect("events");
+    let names: Vec<&str> = events.iter().filter_map(|e| e["event"].as_str()).collect();
+    assert_eq!(names, ["start 1", "join 1", "kill 1"], "{r}");
+    let sizes: Vec<(u64, u64)> = events
+        .iter()
+        .map(|e| (u(e, "/from"), u(e, "/to")))
+        .collect();
+    assert_eq!(sizes, [(0, 1), (1, 2), (2, 1)]);
+    for e in events {
+        let conv = e["convergence_ms"]
+            .as_f64()
+            .unwrap_or_else(|| panic!("no convergence within the interval: {e}"));
+        assert!(conv > 0.0 && conv < 2000.0, "{e}");
+        assert!(f(e, "/pause_ms") > 0.0, "{e}");
+    }
+    let dups: u64 = events.iter().map(|e| u(e, "/duplicates")).sum();
+    assert!(dups <= u(&r, "/consume/duplicates"), "{r}");
+    assert_eq!(u(&r, "/rebalance/queues"), 4);
+}
