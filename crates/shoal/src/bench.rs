@@ -7,9 +7,10 @@
 //! latency, duplicates and losses; bodies without it are counted as foreign.
 //!
 //! Latencies go into HdrHistograms in microseconds (3 significant digits). In open-loop mode
-//! (`--rate`), send latency is measured from the time the message was *due*, not from when it
-//! was actually handed to the client, so a stalled broker shows up in the tail (no coordinated
-//! omission).
+//! (`--rate`) sends follow a fixed timetable and a send's latency counts from the moment its
+//! timer fired, including any wait for a free in-flight slot: a stalled broker shows up in the
+//! tail instead of slowing the load down (no coordinated omission, up to `--inflight`
+//! outstanding sends per producer).
 
 use crate::admin_cmd::Common;
 use anyhow::{bail, Context};
@@ -709,29 +710,27 @@ async fn producer_loop(
             }
             None => plan.batch,
         };
-        let due = match period {
-            Some(p) => {
-                let at = started + offset + p.mul_f64(f64::from(tick));
-                if plan.count.is_none() && at >= started + plan.duration {
-                    break;
-                }
-                tokio::time::sleep_until(at.into()).await;
-                if stop.load(Ordering::Acquire) {
-                    break;
-                }
-                at
+        if let Some(p) = period {
+            let at = started + offset + p.mul_f64(f64::from(tick));
+            if plan.count.is_none() && at >= started + plan.duration {
+                break;
             }
-            None => Instant::now(),
-        };
+            tokio::time::sleep_until(at.into()).await;
+            if stop.load(Ordering::Acquire) {
+                break;
+            }
+        }
         tick = tick.saturating_add(1);
+        // Latency counts from here. Open loop: the timer's own lateness (tokio's timer has
+        // 1 ms resolution) is not the broker's, but a wait for an in-flight slot is. Closed
+        // loop: a slot frees when the previous send completes, so the wait is not counted.
+        let mut due = Instant::now();
         let Ok(permit) = sem.clone().acquire_owned().await else {
             break;
         };
-        let due = if period.is_some() {
-            due
-        } else {
-            Instant::now()
-        };
+        if period.is_none() {
+            due = Instant::now();
+        }
         let sent_us = now_us();
         let msgs: Vec<Message> = (0..n)
             .map(|_| {
