@@ -595,6 +595,12 @@ impl PushConsumer {
         self.inner.offsets.lock().get(mq)
     }
 
+    /// What GET_CONSUMER_RUNNING_INFO answers: owned queues with their cached counts,
+    /// offsets and lock state, properties, subscriptions.
+    pub fn running_info(&self) -> ConsumerRunningInfo {
+        ConsumerHandle::running_info(&*self.inner)
+    }
+
     /// Runs a rebalance now and waits for it (normally the service does this by itself).
     pub async fn rebalance_now(&self) {
         self.inner.rebalance().await;
@@ -851,11 +857,10 @@ impl Inner {
             warn!(queue = %state.mq, "in-flight consume still running after drop_wait; releasing anyway");
         }
         let mq = &state.mq;
-        let final_offset = state
-            .pq
-            .lock()
-            .commit_offset()
-            .or_else(|| self.offsets.lock().get(mq));
+        // Lock order is table -> offsets -> process queue: take the queue's answer first and
+        // let its guard go before looking at the offset table.
+        let in_flight_floor = state.pq.lock().commit_offset();
+        let final_offset = in_flight_floor.or_else(|| self.offsets.lock().get(mq));
         if commit {
             if let Some(off) = final_offset {
                 self.offsets.lock().update(mq, off, true);

@@ -392,3 +392,65 @@ async fn new_group_from_last_offset_then_reset_by_time_reconsumes() {
     producer.shutdown().await;
     cluster.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flow_control_bounds_the_cache_of_a_slow_consumer() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let cluster = Cluster::start().await;
+    cluster.create_topic("FC", 1).await;
+    let producer = Producer::builder("PG")
+        .client_config(cluster.client_config())
+        .start()
+        .await
+        .unwrap();
+    for i in 0..100 {
+        producer
+            .send(Message::new("FC", format!("m{i}")))
+            .await
+            .unwrap();
+    }
+    let open = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicUsize::new(0));
+    let (o, d) = (open.clone(), done.clone());
+    let consumer = PushConsumer::start(
+        {
+            let mut c = cluster.consumer_config("CG-FC");
+            c.subscriptions.insert("FC".into(), "*".into());
+            c.pull_threshold_for_queue = 10;
+            c.pull_batch_size = 5;
+            c.consume_thread_max = 2;
+            c
+        },
+        MessageListener::concurrently(move |msgs, _| {
+            while !o.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            d.fetch_add(msgs.len(), Ordering::SeqCst);
+            ConsumeConcurrentlyStatus::ConsumeSuccess
+        }),
+    )
+    .await
+    .unwrap();
+    let cached_now = || -> i32 {
+        consumer
+            .running_info()
+            .mq_table
+            .iter()
+            .filter(|(mq, _)| mq.topic == "FC")
+            .map(|(_, pq)| pq.cached_msg_count)
+            .sum()
+    };
+    wait_until(T, || cached_now() >= 10).await;
+    // Give the pull loop time to overshoot if flow control did not hold it.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let cached = cached_now();
+    let pulls = consumer.stats().pulls.load(Ordering::Relaxed);
+    println!("slow consumer: {cached} messages cached, {pulls} pulls made");
+    // Let the listeners go before asserting, so that a failure does not leave them spinning.
+    open.store(true, Ordering::SeqCst);
+    assert!(cached > 0 && cached < 10 + 5, "cached {cached}");
+    assert!(wait_until(T, || done.load(Ordering::SeqCst) >= 100).await);
+    consumer.shutdown().await;
+    producer.shutdown().await;
+    cluster.stop().await;
+}
