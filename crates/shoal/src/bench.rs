@@ -435,6 +435,8 @@ pub struct EventReport {
     pub moved_queues: usize,
     /// Duplicate deliveries during the interval.
     pub duplicates: u64,
+    /// Messages sent (and acknowledged) during the interval and never consumed.
+    pub lost: u64,
 }
 
 /// Results of `bench rebalance`.
@@ -507,8 +509,8 @@ struct SendStats {
     errors: AtomicU64,
     ack_latency: Mutex<Histogram<u64>>,
     errors_by_kind: Mutex<BTreeMap<String, u64>>,
-    /// Keys acknowledged (only kept when a consumer checks losses).
-    acked_keys: Option<Mutex<Vec<u64>>>,
+    /// Keys acknowledged with their send times (only kept when a consumer checks losses).
+    acked_keys: Option<Mutex<Vec<(u64, u64)>>>,
     first_send: Mutex<Option<Instant>>,
     last_ack: Mutex<Option<Instant>>,
 }
@@ -765,7 +767,7 @@ async fn producer_loop(
                         .lock()
                         .saturating_record(took.as_micros().max(1) as u64);
                     if let Some(k) = &stats.acked_keys {
-                        k.lock().extend_from_slice(&keys);
+                        k.lock().extend(keys.iter().map(|&key| (key, sent_us)));
                     }
                     let now = Instant::now();
                     let mut last = stats.last_ack.lock();
@@ -909,14 +911,15 @@ impl Tracker {
         }
     }
 
-    /// Acknowledged keys not consumed.
-    fn missing(&self, acked: &[u64]) -> u64 {
+    /// Send times of the acknowledged messages not consumed.
+    fn missing(&self, acked: &[(u64, u64)]) -> Vec<u64> {
         let run = self.run.unwrap_or_default();
         let s = self.state.lock();
         acked
             .iter()
-            .filter(|&&k| !s.seen.contains_key(&(run, k)))
-            .count() as u64
+            .filter(|(k, _)| !s.seen.contains_key(&(run, *k)))
+            .map(|&(_, sent)| sent)
+            .collect()
     }
 }
 
@@ -1286,8 +1289,9 @@ async fn consume(common: &Common, a: ConsumeArgs) -> anyhow::Result<Report> {
     })
 }
 
-/// Waits until every acknowledged key was consumed or `drain` passed; returns the losses.
-async fn drain(stats: &SendStats, tracker: &Tracker, drain: Duration) -> u64 {
+/// Waits until every acknowledged key was consumed or `drain` passed; returns the send times
+/// of the messages lost.
+async fn drain(stats: &SendStats, tracker: &Tracker, drain: Duration) -> Vec<u64> {
     let deadline = Instant::now() + drain;
     loop {
         let acked = stats
@@ -1298,7 +1302,7 @@ async fn drain(stats: &SendStats, tracker: &Tracker, drain: Duration) -> u64 {
         let unique = tracker.state.lock().seen.len();
         if unique >= acked.len() || Instant::now() >= deadline {
             let missing = tracker.missing(&acked);
-            if missing == 0 || Instant::now() >= deadline {
+            if missing.is_empty() || Instant::now() >= deadline {
                 return missing;
             }
         }
@@ -1353,7 +1357,7 @@ async fn e2e(common: &Common, a: E2eArgs) -> anyhow::Result<Report> {
         target_rate: plan.rate,
         elapsed_s: round3(t0.elapsed().as_secs_f64()),
         produce: Some(stats.report(plan.size)),
-        consume: Some(tracker.report(Some(lost))),
+        consume: Some(tracker.report(Some(lost.len() as u64))),
         rebalance: None,
     })
 }
@@ -1432,6 +1436,7 @@ async fn rebalance(common: &Common, a: RebalanceArgs) -> anyhow::Result<Report> 
         extra.clone(),
     );
     let change0 = Instant::now();
+    let mut wall_starts = vec![now_us()];
     let mut members = start_group(common, &spec, a.consumers, &tracker).await?;
     let mut next_id = members.len();
     let start_change = change0.elapsed();
@@ -1448,10 +1453,8 @@ async fn rebalance(common: &Common, a: RebalanceArgs) -> anyhow::Result<Report> 
     let mut owners = wait_converged(&members, &tracker, nq, change0, change0 + a.interval).await;
     let start_conv = owners.as_ref().map(|_| change0.elapsed());
     reset_gaps(&tracker);
-    let base_from = Instant::now();
     tokio::time::sleep_until((change0 + a.interval).into()).await;
     let baseline = window_pause(&tracker, Instant::now());
-    let _ = base_from;
     events.push(EventReport {
         event: format!("start {}", a.consumers),
         from: 0,
@@ -1462,6 +1465,7 @@ async fn rebalance(common: &Common, a: RebalanceArgs) -> anyhow::Result<Report> 
         pause_ms: ms(baseline.as_micros() as u64),
         moved_queues: nq,
         duplicates: 0,
+        lost: 0,
     });
     let mut graveyard: Vec<Member> = Vec::new();
     for ev in &schedule {
@@ -1470,6 +1474,7 @@ async fn rebalance(common: &Common, a: RebalanceArgs) -> anyhow::Result<Report> 
         reset_gaps(&tracker);
         let dups_before = tracker.state.lock().duplicates;
         let t0 = Instant::now();
+        wall_starts.push(now_us());
         match *ev {
             MemberEvent::Join(n) => {
                 for _ in 0..n {
@@ -1518,12 +1523,21 @@ async fn rebalance(common: &Common, a: RebalanceArgs) -> anyhow::Result<Report> 
             pause_ms: ms(pause.as_micros() as u64),
             moved_queues: moved,
             duplicates: tracker.state.lock().duplicates - dups_before,
+            lost: 0,
         });
     }
     stop.store(true, Ordering::Release);
     load_task.await.context("the load task failed")?;
     *extra.lock() = "| draining".into();
     let lost = drain(&stats, &tracker, a.drain).await;
+    for sent in &lost {
+        let i = wall_starts
+            .partition_point(|&w| w <= *sent)
+            .saturating_sub(1);
+        if let Some(e) = events.get_mut(i) {
+            e.lost += 1;
+        }
+    }
     for m in &members {
         m.consumer.shutdown().await;
     }
@@ -1540,7 +1554,7 @@ async fn rebalance(common: &Common, a: RebalanceArgs) -> anyhow::Result<Report> 
         target_rate: Some(a.rate),
         elapsed_s: round3(t_start.elapsed().as_secs_f64()),
         produce: Some(stats.report(a.size)),
-        consume: Some(tracker.report(Some(lost))),
+        consume: Some(tracker.report(Some(lost.len() as u64))),
         rebalance: Some(RebalanceReport {
             queues: nq,
             strategy: a.strategy.clone(),
@@ -1620,7 +1634,7 @@ pub fn render(r: &Report) -> String {
             rb.queues, rb.strategy, rb.baseline_pause_ms
         ));
         s.push_str(&format!(
-            "{:<10} {:>7} {:>8} {:>10} {:>13} {:>10} {:>6} {:>10}\n",
+            "{:<10} {:>7} {:>8} {:>10} {:>13} {:>10} {:>6} {:>10} {:>6}\n",
             "event",
             "members",
             "at (s)",
@@ -1628,14 +1642,15 @@ pub fn render(r: &Report) -> String {
             "converged ms",
             "pause ms",
             "moved",
-            "duplicates"
+            "duplicates",
+            "lost"
         ));
         for e in &rb.events {
             let conv = e
                 .convergence_ms
                 .map_or_else(|| "no".to_string(), |c| format!("{c:.1}"));
             s.push_str(&format!(
-                "{:<10} {:>7} {:>8.1} {:>10.1} {:>13} {:>10.1} {:>6} {:>10}\n",
+                "{:<10} {:>7} {:>8.1} {:>10.1} {:>13} {:>10.1} {:>6} {:>10} {:>6}\n",
                 e.event,
                 format!("{}->{}", e.from, e.to),
                 e.at_s,
@@ -1643,7 +1658,8 @@ pub fn render(r: &Report) -> String {
                 conv,
                 e.pause_ms,
                 e.moved_queues,
-                e.duplicates
+                e.duplicates,
+                e.lost
             ));
         }
     }
@@ -1778,7 +1794,7 @@ mod tests {
             (r.consumed, r.unique, r.duplicates, r.foreign),
             (4, 2, 1, 1)
         );
-        assert_eq!(t.missing(&[1, 2, 3]), 1);
+        assert_eq!(t.missing(&[(1, 10), (2, 20), (3, 30)]), vec![30]);
         let s = t.state.lock();
         assert_eq!(s.queues[0].last_member, 0);
         assert_eq!(s.queues[1].last_member, 1);
@@ -1825,6 +1841,7 @@ mod tests {
                     pause_ms: 100.0,
                     moved_queues: 8,
                     duplicates: 0,
+                    lost: 0,
                 }],
             }),
         };

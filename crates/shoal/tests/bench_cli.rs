@@ -326,6 +326,8 @@ fn short_runs_against_shoal_dev_add_up() {
         assert!(conv > 0.0 && conv < 2000.0, "{e}");
         assert!(f(e, "/pause_ms") > 0.0, "{e}");
     }
+    let lost: u64 = events.iter().map(|e| u(e, "/lost")).sum();
+    assert_eq!(lost, 0, "{r}");
     let dups: u64 = events.iter().map(|e| u(e, "/duplicates")).sum();
     assert!(dups <= u(&r, "/consume/duplicates"), "{r}");
     assert_eq!(u(&r, "/rebalance/queues"), 4);
