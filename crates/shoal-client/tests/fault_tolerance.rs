@@ -105,3 +105,40 @@ async fn slow_broker_is_avoided_with_fault_tolerance() {
     println!("total send time: on {took_on:?}, off {took_off:?}");
     cluster.stop().await;
 }
+
+/// A broker that went away: the send to it fails, the broker is isolated, and the retry goes
+/// to the other broker; later sends avoid it while isolated.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_send_is_retried_on_another_broker() {
+    let mut cluster = Cluster::start_with(2, |_| {}).await;
+    cluster.create_topic("FT2", 2).await;
+    let producer = Producer::builder("PG-retry")
+        .client_config(cluster.client_config())
+        .start()
+        .await
+        .unwrap();
+    // Learn the route while both brokers are up, then stop broker-b.
+    producer.publish_queues("FT2").await.unwrap();
+    if let Some(b) = cluster.brokers.pop() {
+        b.shutdown().await;
+    }
+    let mut per_broker: BTreeMap<String, usize> = BTreeMap::new();
+    for i in 0..8 {
+        let r = producer
+            .send(Message::new("FT2", format!("m{i}")))
+            .await
+            .unwrap();
+        *per_broker.entry(r.message_queue.broker_name).or_default() += 1;
+    }
+    println!(
+        "with broker-b down: per broker {per_broker:?}, broker-b available: {}",
+        producer.broker_available("broker-b")
+    );
+    assert_eq!(per_broker.get("broker-a"), Some(&8));
+    assert!(
+        !producer.broker_available("broker-b"),
+        "isolated after the failure"
+    );
+    producer.shutdown().await;
+    cluster.stop().await;
+}

@@ -454,3 +454,56 @@ async fn flow_control_bounds_the_cache_of_a_slow_consumer() {
     producer.shutdown().await;
     cluster.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_group_from_timestamp_starts_at_that_time() {
+    let cluster = Cluster::start().await;
+    cluster.create_topic("TS", 1).await;
+    let producer = Producer::builder("PG")
+        .client_config(cluster.client_config())
+        .start()
+        .await
+        .unwrap();
+    for i in 0..3 {
+        producer
+            .send(Message::new("TS", format!("before{i}")))
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let since = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    for i in 0..3 {
+        producer
+            .send(Message::new("TS", format!("after{i}")))
+            .await
+            .unwrap();
+    }
+    let (got, listener) = recorder();
+    let consumer = PushConsumer::start(
+        {
+            let mut c = cluster.consumer_config("CG-TS");
+            c.subscriptions.insert("TS".into(), "*".into());
+            c.consume_from_where = shoal_client::ConsumeFromWhere::ConsumeFromTimestamp;
+            c.consume_timestamp_ms = since;
+            c
+        },
+        listener,
+    )
+    .await
+    .unwrap();
+    assert!(wait_until(T, || got.lock().len() >= 3).await);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let bodies: Vec<String> = got
+        .lock()
+        .iter()
+        .map(|m| String::from_utf8_lossy(&m.body).into_owned())
+        .collect();
+    assert_eq!(bodies, vec!["after0", "after1", "after2"]);
+    consumer.shutdown().await;
+    producer.shutdown().await;
+    cluster.stop().await;
+}
