@@ -249,3 +249,75 @@ async fn consumption_stops_when_the_broker_lock_is_lost() {
     producer.shutdown().await;
     cluster.stop().await;
 }
+
+/// An orderly listener that keeps suspending: with an explicit `max_reconsume_times` the
+/// message goes to the DLQ after that many local retries and the queue moves on in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn orderly_gives_up_after_max_reconsume_times_and_moves_on() {
+    let cluster = Cluster::start().await;
+    cluster.create_topic("ORDQ", 1).await;
+    let producer = Producer::builder("PG")
+        .client_config(cluster.client_config())
+        .start()
+        .await
+        .unwrap();
+    let seen: Arc<Mutex<Vec<(String, i32)>>> = Arc::default();
+    let s = seen.clone();
+    let mut c = cluster.consumer_config("CG-ORDQ");
+    c.subscriptions.insert("ORDQ".into(), "*".into());
+    c.max_reconsume_times = Some(2);
+    c.suspend_current_queue_time = Duration::from_millis(20);
+    let consumer = PushConsumer::start(
+        c,
+        MessageListener::orderly(move |msgs, _| {
+            let mut s = s.lock();
+            let mut status = ConsumeOrderlyStatus::Success;
+            for m in msgs {
+                let body = String::from_utf8_lossy(&m.body).into_owned();
+                if body == "poison" {
+                    status = ConsumeOrderlyStatus::SuspendCurrentQueueAMoment;
+                }
+                s.push((body, m.reconsume_times));
+            }
+            status
+        }),
+    )
+    .await
+    .unwrap();
+    for b in ["first", "poison", "last"] {
+        producer.send(Message::new("ORDQ", b)).await.unwrap();
+    }
+    assert!(
+        wait_until(Duration::from_secs(15), || seen
+            .lock()
+            .iter()
+            .any(|(b, _)| b == "last"))
+        .await
+    );
+    let log = seen.lock().clone();
+    assert_eq!(
+        log,
+        vec![
+            ("first".to_string(), 0),
+            ("poison".to_string(), 0),
+            ("poison".to_string(), 1),
+            ("poison".to_string(), 2),
+            ("last".to_string(), 0),
+        ]
+    );
+    let admin = cluster.admin();
+    let mut dlq = Vec::new();
+    for _ in 0..100 {
+        dlq = admin.dlq_messages("CG-ORDQ", 10).await.unwrap_or_default();
+        if !dlq.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(dlq.len(), 1);
+    assert_eq!(dlq[0].body.as_ref(), b"poison");
+    admin.shutdown();
+    consumer.shutdown().await;
+    producer.shutdown().await;
+    cluster.stop().await;
+}
