@@ -1057,6 +1057,14 @@ impl Inner {
             Ok(r) => r,
             Err(e) => {
                 debug!(queue = %state.mq, error = %e, "pull failed");
+                if e.server_code() == Some(shoal_proto::code::response_code::FLOW_CONTROL) {
+                    // The broker is busy: RocketMQ re-pulls after 20 ms, not the error delay.
+                    tokio::select! {
+                        _ = state.cancel.cancelled() => {}
+                        _ = tokio::time::sleep(Duration::from_millis(20)) => {}
+                    }
+                    return Some(offset);
+                }
                 return None;
             }
         };
