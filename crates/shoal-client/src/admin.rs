@@ -113,7 +113,8 @@ pub struct QueueProgress {
     pub consumer_offset: i64,
     /// Messages not yet consumed.
     pub lag: i64,
-    /// Client id of the member that holds the queue now, if one says so.
+    /// Client id of the member that holds the queue now, if one says so (several ids joined
+    /// by `,` when more than one member claims it).
     pub owner: Option<String>,
     /// Store time of the last consumed message (ms, 0 if none).
     pub last_consume_timestamp: i64,
@@ -140,13 +141,19 @@ impl GroupProgress {
 
     /// Queues with more than one owner, and queues with none: after convergence both are empty.
     pub fn ownership_problems(&self) -> (Vec<MessageQueue>, Vec<MessageQueue>) {
+        let shared = self
+            .queues
+            .iter()
+            .filter(|q| q.owner.as_deref().is_some_and(|o| o.contains(',')))
+            .map(|q| q.mq.clone())
+            .collect();
         let unowned = self
             .queues
             .iter()
             .filter(|q| q.owner.is_none())
             .map(|q| q.mq.clone())
             .collect();
-        (Vec::new(), unowned)
+        (shared, unowned)
     }
 }
 
@@ -829,5 +836,33 @@ impl AdminClient {
         }
         out.truncate(max);
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn q(i: i32, owner: Option<&str>) -> QueueProgress {
+        QueueProgress {
+            mq: MessageQueue::new("T", "b", i),
+            broker_offset: 10,
+            consumer_offset: 4,
+            lag: 6,
+            owner: owner.map(str::to_string),
+            last_consume_timestamp: 0,
+        }
+    }
+
+    #[test]
+    fn ownership_problems_and_lag() {
+        let p = GroupProgress {
+            queues: vec![q(0, Some("a")), q(1, Some("a,b")), q(2, None)],
+            ..GroupProgress::default()
+        };
+        let (shared, unowned) = p.ownership_problems();
+        assert_eq!(shared, vec![MessageQueue::new("T", "b", 1)]);
+        assert_eq!(unowned, vec![MessageQueue::new("T", "b", 2)]);
+        assert_eq!(p.total_lag(), 18);
     }
 }
