@@ -395,7 +395,8 @@ pub struct ProduceReport {
 /// What was consumed.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct ConsumeReport {
-    /// Deliveries to the listeners (duplicates included).
+    /// Deliveries of this run's messages to the listeners, duplicates included (`bench
+    /// consume`: of every message).
     pub consumed: u64,
     /// Distinct messages of this run consumed.
     pub unique: u64,
@@ -856,8 +857,6 @@ impl Tracker {
             None
         };
         let mut s = self.state.lock();
-        s.first.get_or_insert(now);
-        s.last = Some(now);
         if let Some(t) = q.and_then(|q| s.queues.get_mut(q)) {
             if let Some(last) = t.last {
                 let gap = now.saturating_duration_since(last);
@@ -870,9 +869,8 @@ impl Tracker {
                 t.last_member = member;
             }
         }
+        let mut counted = false;
         for body in bodies {
-            s.consumed += 1;
-            s.bytes += body.len() as u64;
             match parse_body(body) {
                 Some(h) if self.run.is_none_or(|r| r == h.run) => {
                     s.e2e
@@ -883,8 +881,22 @@ impl Tracker {
                         s.duplicates += 1;
                     }
                 }
-                _ => s.foreign += 1,
+                _ => {
+                    s.foreign += 1;
+                    // Another run's messages are not this run's consumption (`bench consume`,
+                    // which has no run, counts everything).
+                    if self.run.is_some() {
+                        continue;
+                    }
+                }
             }
+            counted = true;
+            s.consumed += 1;
+            s.bytes += body.len() as u64;
+        }
+        if counted {
+            s.first.get_or_insert(now);
+            s.last = Some(now);
         }
     }
 
@@ -1205,12 +1217,15 @@ fn check_strategy(s: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Starts `n` members and waits (up to 15 s) until every queue has one owner.
+/// Starts `n` members and waits (up to 15 s) until every queue has one owner and the
+/// assignment stayed the same for `settle` (members joining one after the other can pass
+/// through states that look complete).
 async fn start_group(
     common: &Common,
     spec: &GroupSpec,
     n: usize,
     tracker: &Arc<Tracker>,
+    settle: Duration,
 ) -> anyhow::Result<Vec<Member>> {
     let mut members = Vec::with_capacity(n);
     for id in 0..n {
@@ -1218,12 +1233,21 @@ async fn start_group(
     }
     let nq = tracker.queue_index.len();
     let deadline = Instant::now() + Duration::from_secs(15);
-    while ownership(&members, tracker, nq).is_none() {
+    let mut last: Option<Vec<usize>> = None;
+    let mut same_since = Instant::now();
+    loop {
+        let owners = ownership(&members, tracker, nq);
+        if owners.is_none() || owners != last {
+            same_since = Instant::now();
+        } else if same_since.elapsed() >= settle {
+            break;
+        }
+        last = owners;
         if Instant::now() >= deadline {
             for m in &members {
                 m.consumer.shutdown().await;
             }
-            bail!("the consumer group did not take every queue within 15 s");
+            bail!("the consumer group did not settle on an assignment of every queue within 15 s");
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -1255,7 +1279,14 @@ async fn consume(common: &Common, a: ConsumeArgs) -> anyhow::Result<Report> {
     let pb = progress_bar();
     let prog = spawn_progress(pb.clone(), None, Some(tracker.clone()), Arc::default());
     let t0 = Instant::now();
-    let members = start_group(common, &spec, a.group.consumers, &tracker).await?;
+    let members = start_group(
+        common,
+        &spec,
+        a.group.consumers,
+        &tracker,
+        Duration::from_secs(1),
+    )
+    .await?;
     loop {
         tokio::time::sleep(Duration::from_millis(50)).await;
         let (n, last) = {
@@ -1329,7 +1360,14 @@ async fn e2e(common: &Common, a: E2eArgs) -> anyhow::Result<Report> {
         persist_offset_interval: Duration::from_secs(5),
         run,
     };
-    let members = start_group(common, &spec, a.group.consumers, &tracker).await?;
+    let members = start_group(
+        common,
+        &spec,
+        a.group.consumers,
+        &tracker,
+        Duration::from_secs(1),
+    )
+    .await?;
     let producers = start_producers(common, &plan).await?;
     let stats = Arc::new(SendStats::new(true));
     let pb = progress_bar();
@@ -1407,7 +1445,8 @@ async fn rebalance(common: &Common, a: RebalanceArgs) -> anyhow::Result<Report> 
         batch: 1,
         rate: a.rate,
         inflight: None,
-        duration: a.interval * (schedule.len() as u32 + 1),
+        // An upper bound: the load is stopped after the last event's interval.
+        duration: a.interval * (schedule.len() as u32 + 4),
         count: None,
         send_timeout: Duration::from_secs(3),
     };
@@ -1437,7 +1476,7 @@ async fn rebalance(common: &Common, a: RebalanceArgs) -> anyhow::Result<Report> 
     );
     let change0 = Instant::now();
     let mut wall_starts = vec![now_us()];
-    let mut members = start_group(common, &spec, a.consumers, &tracker).await?;
+    let mut members = start_group(common, &spec, a.consumers, &tracker, Duration::ZERO).await?;
     let mut next_id = members.len();
     let start_change = change0.elapsed();
     let producers = start_producers(common, &plan).await?;
@@ -1450,10 +1489,14 @@ async fn rebalance(common: &Common, a: RebalanceArgs) -> anyhow::Result<Report> 
     ));
     let mut events = Vec::new();
     // Initial group: converged once every queue is consumed by its owner.
-    let mut owners = wait_converged(&members, &tracker, nq, change0, change0 + a.interval).await;
-    let start_conv = owners.as_ref().map(|_| change0.elapsed());
+    let start_end = change0 + a.interval;
+    let start = wait_converged(&members, &tracker, nq, change0, start_end).await;
+    let start_conv = start.as_ref().map(|(at, _)| at.duration_since(change0));
+    let mut owners = start.map(|(_, o)| o);
+    // One more interval of steady state: the baseline pause.
     reset_gaps(&tracker);
-    tokio::time::sleep_until((change0 + a.interval).into()).await;
+    let base_end = start_end + a.interval;
+    tokio::time::sleep_until(base_end.into()).await;
     let baseline = window_pause(&tracker, Instant::now());
     events.push(EventReport {
         event: format!("start {}", a.consumers),
@@ -1502,8 +1545,9 @@ async fn rebalance(common: &Common, a: RebalanceArgs) -> anyhow::Result<Report> 
         }
         let change = t0.elapsed();
         let end = t0 + a.interval;
-        let new_owners = wait_converged(&members, &tracker, nq, t0, end).await;
-        let convergence = new_owners.as_ref().map(|_| t0.elapsed());
+        let result = wait_converged(&members, &tracker, nq, t0, end).await;
+        let convergence = result.as_ref().map(|(at, _)| at.duration_since(t0));
+        let new_owners = result.map(|(_, o)| o);
         let moved = match (&owners, &new_owners) {
             (Some(o), Some(n)) => o.iter().zip(n).filter(|(x, y)| x != y).count(),
             _ => nq,
@@ -1511,7 +1555,6 @@ async fn rebalance(common: &Common, a: RebalanceArgs) -> anyhow::Result<Report> 
         if new_owners.is_some() {
             owners = new_owners;
         }
-        tokio::time::sleep_until(end.into()).await;
         let pause = window_pause(&tracker, Instant::now());
         events.push(EventReport {
             event: ev.to_string(),
@@ -1564,20 +1607,33 @@ async fn rebalance(common: &Common, a: RebalanceArgs) -> anyhow::Result<Report> 
     })
 }
 
-/// Polls (every 5 ms) until the group converged after a change at `since`, or `until`.
+/// Watches the group (every 5 ms) from a change at `since` to `until`; returns when it
+/// converged: the first moment from which every queue kept the same single live owner until
+/// `until`, every queue having been consumed by that owner since the change; and the final
+/// owners. `None` when the assignment was still incomplete or changing at `until`.
 async fn wait_converged(
     members: &[Member],
     tracker: &Tracker,
     nq: usize,
     since: Instant,
     until: Instant,
-) -> Option<Vec<usize>> {
+) -> Option<(Instant, Vec<usize>)> {
+    let mut last: Option<Vec<usize>> = None;
+    let mut at: Option<Instant> = None;
     loop {
-        if let Some(o) = converged(members, tracker, nq, since) {
-            return Some(o);
+        let now = Instant::now();
+        let owners = ownership(members, tracker, nq);
+        if owners.is_none() || owners != last {
+            at = None;
         }
-        if Instant::now() >= until {
-            return None;
+        if at.is_none()
+            && converged(members, tracker, nq, since).is_some_and(|o| Some(&o) == owners.as_ref())
+        {
+            at = Some(now);
+        }
+        last = owners;
+        if now >= until {
+            return at.zip(last);
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
@@ -1792,7 +1848,7 @@ mod tests {
         let r = t.report(None);
         assert_eq!(
             (r.consumed, r.unique, r.duplicates, r.foreign),
-            (4, 2, 1, 1)
+            (3, 2, 1, 1)
         );
         assert_eq!(t.missing(&[(1, 10), (2, 20), (3, 30)]), vec![30]);
         let s = t.state.lock();
