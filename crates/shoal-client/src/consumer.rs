@@ -48,6 +48,9 @@ use tracing::{debug, info, warn};
 /// Client-side expiry of an orderly lock without renewal (RocketMQ: 30 s).
 pub const LOCK_EXPIRE_MS: u64 = 30_000;
 
+/// When a released queue's final commit is repeated (see `release_queue`).
+const FINAL_COMMIT_REPEAT_AFTER: Duration = Duration::from_millis(30);
+
 /// What a concurrent listener returns (`ConsumeConcurrentlyStatus`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ConsumeConcurrentlyStatus {
@@ -656,12 +659,14 @@ impl Inner {
         self.stats.rebalances.fetch_add(1, Ordering::Relaxed);
         let generation = self.generation.load(Ordering::SeqCst);
         let mut retry = false;
+        // Phase 1, every topic: allocate and release what is lost (the next owners wait on
+        // our commits and unlocks).
+        let mut plans = Vec::new();
         for topic in self.subs.keys() {
             match self.allocate(topic).await {
                 Ok(mine) => {
-                    if self.update_table(topic, mine, generation).await {
-                        retry = true;
-                    }
+                    let gained = self.release_lost(topic, &mine).await;
+                    plans.push((topic, mine, gained));
                 }
                 Err(e) => {
                     debug!(topic = %topic, error = %e, "rebalance of topic skipped");
@@ -670,6 +675,17 @@ impl Inner {
                         retry = true;
                     }
                 }
+            }
+        }
+        // One hand-over pause for all gains (concurrent clustering; orderly has the locks).
+        let orderly = self.listener.is_orderly() && self.clustering();
+        if !orderly && self.clustering() && plans.iter().any(|(_, _, g)| !g.is_empty()) {
+            tokio::time::sleep(self.config.handover_delay).await;
+        }
+        // Phase 2: take the gains.
+        for (topic, mine, gained) in plans {
+            if !gained.is_empty() && self.add_gained(topic, &mine, gained, generation).await {
+                retry = true;
             }
         }
         retry
@@ -697,12 +713,8 @@ impl Inner {
     }
 
     /// Applies an allocation for one topic; returns true if something must be retried.
-    async fn update_table(
-        self: &Arc<Self>,
-        topic: &str,
-        mine: BTreeSet<MessageQueue>,
-        generation: u64,
-    ) -> bool {
+    /// Releases the queues of `topic` not in `mine`; returns the queues to gain.
+    async fn release_lost(&self, topic: &str, mine: &BTreeSet<MessageQueue>) -> Vec<MessageQueue> {
         let current: Vec<Arc<QueueState>> = self
             .table
             .lock()
@@ -721,9 +733,19 @@ impl Inner {
             info!(group = %self.config.group, client_id = %self.instance.client_id(), topic,
                 lost = lost.len(), gained = gained.len(), "rebalance changes assignment");
         }
-        // Release first, all at once: the next owners wait on our commits and unlocks.
         futures::future::join_all(lost.into_iter().map(|s| self.release_queue(s, true))).await;
+        gained
+    }
 
+    /// Takes gained queues of `topic` (locking them first when orderly); returns true if
+    /// something must be retried soon.
+    async fn add_gained(
+        self: &Arc<Self>,
+        topic: &str,
+        mine: &BTreeSet<MessageQueue>,
+        gained: Vec<MessageQueue>,
+        generation: u64,
+    ) -> bool {
         let mut retry = false;
         let mut to_add = gained;
         let orderly = self.listener.is_orderly() && self.clustering();
@@ -755,17 +777,19 @@ impl Inner {
                 }
             }
         }
-        if !to_add.is_empty() && !orderly && self.clustering() {
-            tokio::time::sleep(self.config.handover_delay).await;
-        }
         if !to_add.is_empty() && self.generation.load(Ordering::SeqCst) != generation {
-            // The group changed while we were releasing or waiting: these gains may already
-            // belong to someone else. The pending run recomputes them.
-            debug!(topic, "membership changed during rebalance; gains deferred");
-            if orderly {
-                self.unlock_quietly(topic, &to_add).await;
+            // Something was notified while we were releasing or waiting. If the group and the
+            // queues are still what we allocated from (e.g. the notice of our own join), the
+            // gains stand; otherwise they may already belong to someone else and the pending
+            // run recomputes them.
+            let still = matches!(self.allocate(topic).await, Ok(fresh) if &fresh == mine);
+            if !still {
+                debug!(topic, "membership changed during rebalance; gains deferred");
+                if orderly {
+                    self.unlock_quietly(topic, &to_add).await;
+                }
+                return true;
             }
-            return true;
         }
         for mq in to_add {
             let start = match self.start_offset(&mq).await {
@@ -865,6 +889,18 @@ impl Inner {
             if let Some(off) = final_offset {
                 self.offsets.lock().update(mq, off, true);
                 if self.clustering() {
+                    if let Err(e) = self
+                        .instance
+                        .update_consumer_offset(&self.config.group, mq, off)
+                        .await
+                    {
+                        warn!(queue = %mq, error = %e, "final offset commit failed");
+                    }
+                    // A pull sent just before the release carries an older commitOffset that
+                    // the broker, processing requests concurrently, may apply after the commit
+                    // above: commit once more after it (still before the unlock and well
+                    // within the next owner's `handover_delay`).
+                    tokio::time::sleep(FINAL_COMMIT_REPEAT_AFTER).await;
                     if let Err(e) = self
                         .instance
                         .update_consumer_offset(&self.config.group, mq, off)
@@ -1049,7 +1085,10 @@ impl Inner {
             sub_version: sub.sub_version,
             timeout: PULL_RPC_TIMEOUT,
         };
+        // Biased: a queue released in the meantime must not send one more pull (its
+        // commitOffset could land after the final commit).
         let result = tokio::select! {
+            biased;
             _ = state.cancel.cancelled() => return Some(offset),
             r = self.instance.pull(args) => r,
         };
