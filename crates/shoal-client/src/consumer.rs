@@ -1558,6 +1558,26 @@ impl ConsumerHandle for Inner {
         self.subs.keys().cloned().collect()
     }
 
+    fn group_changed(&self) {
+        self.rebalance_now();
+        // The notice may be about the topic's queues: refresh the routes too; a changed route
+        // triggers one more rebalance (`store_route`).
+        let instance = self.instance.clone();
+        let topics: Vec<String> = self
+            .subs
+            .keys()
+            .filter(|t| !is_retry_topic(t))
+            .cloned()
+            .collect();
+        tokio::spawn(async move {
+            for t in topics {
+                if let Err(e) = instance.update_route(&t).await {
+                    debug!(topic = %t, error = %e, "route refresh after a notification failed");
+                }
+            }
+        });
+    }
+
     fn rebalance_now(&self) {
         self.generation.fetch_add(1, Ordering::SeqCst);
         self.rebalance_wake.notify_one();

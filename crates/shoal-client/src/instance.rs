@@ -37,8 +37,14 @@ pub(crate) trait ConsumerHandle: Send + Sync + 'static {
     fn consumer_data(&self) -> ConsumerData;
     /// Topics the consumer subscribes (including its retry topic).
     fn subscribed_topics(&self) -> Vec<String>;
-    /// NOTIFY_CONSUMER_IDS_CHANGED, or a route change: rebalance now.
+    /// A route change (or anything else that calls for it): rebalance now.
     fn rebalance_now(&self);
+    /// NOTIFY_CONSUMER_IDS_CHANGED: the group's members or the topic's queues changed.
+    /// Rebalances now; consumers that cache routes also refresh them (a Shoal broker notifies
+    /// when a subscribed topic's queue count changes).
+    fn group_changed(&self) {
+        self.rebalance_now();
+    }
     /// GET_CONSUMER_RUNNING_INFO.
     fn running_info(&self) -> ConsumerRunningInfo;
     /// RESET_CONSUMER_CLIENT_OFFSET.
@@ -87,7 +93,7 @@ impl Processor for ClientProcessor {
                         request.decode_command_header()?;
                     debug!(group = %h.consumer_group, "consumer ids changed");
                     if let Some(c) = self.registry.get(&h.consumer_group) {
-                        c.rebalance_now();
+                        c.group_changed();
                     }
                     Ok(None)
                 }
