@@ -132,6 +132,7 @@ pub async fn send(common: &Common, a: SendArgs) -> anyhow::Result<()> {
     };
     let pb = progress(if from_stdin { 0 } else { a.count });
     let stdout = std::io::stdout();
+    let mut stdout_open = true;
     let mut sent = 0u64;
     for (i, body) in bodies.enumerate() {
         let body = body?;
@@ -181,12 +182,23 @@ pub async fn send(common: &Common, a: SendArgs) -> anyhow::Result<()> {
                 r.offset_msg_id
             )
         };
-        if common.json || !pb.is_hidden() || sent <= 1000 || a.count <= 1000 {
-            if !pb.is_hidden() {
-                pb.suspend(|| println!("{line}"));
-            } else {
+        // One line per message with --json, for reading standard input, or for up to 1000
+        // messages; larger runs show the progress bar and the total only. A closed standard
+        // output (e.g. `| head`) stops the printing, not the sending.
+        if stdout_open && (common.json || from_stdin || a.count <= 1000) {
+            let write = |line: &str| {
                 let mut out = stdout.lock();
-                writeln!(out, "{line}")?;
+                writeln!(out, "{line}").and_then(|()| out.flush())
+            };
+            let result = if pb.is_hidden() {
+                write(&line)
+            } else {
+                pb.suspend(|| write(&line))
+            };
+            match result {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => stdout_open = false,
+                Err(e) => return Err(e.into()),
             }
         }
     }

@@ -74,11 +74,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Send(a) => return client(client_cmd::send(&common, a)),
         Command::Consume(a) => return client_mt(client_cmd::consume(&common, a)),
         Command::Bench(c) => return client_mt(bench::run(&common, c)),
-        Command::Topic(c) => return client(admin_cmd::topic(&common, c)),
-        Command::Group(c) => return client(admin_cmd::group(&common, c)),
-        Command::Cluster(ClusterCmd::List) => return client(admin_cmd::cluster_list(&common)),
-        Command::Message(c) => return client(admin_cmd::message(&common, c)),
-        Command::Dlq(c) => return client(admin_cmd::dlq(&common, c)),
+        Command::Topic(c) => return admin(admin_cmd::topic(&common, c)),
+        Command::Group(c) => return admin(admin_cmd::group(&common, c)),
+        Command::Cluster(ClusterCmd::List) => return admin(admin_cmd::cluster_list(&common)),
+        Command::Message(c) => return admin(admin_cmd::message(&common, c)),
+        Command::Dlq(c) => return admin(admin_cmd::dlq(&common, c)),
         Command::Dev(a) => return serve(server::run_dev(a)),
         Command::Namesrv(a) => return serve(server::run_namesrv(a)),
         Command::Broker(a) => return serve(server::run_broker(a)),
@@ -130,4 +130,17 @@ fn client_mt(fut: impl std::future::Future<Output = anyhow::Result<()>>) -> anyh
         .enable_all()
         .build()?
         .block_on(fut)
+}
+
+/// Runs an admin command: like [`client`], and a closed standard output (`| head`) ends the
+/// process quietly, as it does for other Unix tools, instead of a panic.
+fn admin(fut: impl std::future::Future<Output = anyhow::Result<()>>) -> anyhow::Result<()> {
+    #[cfg(unix)]
+    #[allow(unsafe_code)]
+    // SAFETY: restoring the default disposition of SIGPIPE before any thread is started; no
+    // handler is installed, so no signal-safety rules apply.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+    client(fut)
 }
