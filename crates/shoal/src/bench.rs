@@ -942,6 +942,7 @@ struct Member {
     alive: Arc<AtomicBool>,
 }
 
+#[derive(Debug, Clone)]
 struct GroupSpec {
     group: String,
     topic: String,
@@ -1520,17 +1521,33 @@ async fn rebalance(common: &Common, a: RebalanceArgs) -> anyhow::Result<Report> 
         wall_starts.push(now_us());
         match *ev {
             MemberEvent::Join(n) => {
-                for _ in 0..n {
-                    members.push(start_member(common, &spec, next_id, &tracker).await?);
-                    next_id += 1;
+                // The new members start at once, as a scale-out would.
+                let mut starting = JoinSet::new();
+                for id in next_id..next_id + n {
+                    let (c, sp, t) = (common.clone(), spec.clone(), tracker.clone());
+                    starting.spawn(async move { start_member(&c, &sp, id, &t).await });
                 }
+                next_id += n;
+                let mut joined = Vec::with_capacity(n);
+                while let Some(r) = starting.join_next().await {
+                    joined.push(r.context("a consumer start task failed")??);
+                }
+                joined.sort_by_key(|m| m.id);
+                members.extend(joined);
             }
             MemberEvent::Leave(n) => {
-                for _ in 0..n {
-                    if let Some(m) = members.pop() {
-                        m.alive.store(false, Ordering::Release);
-                        m.consumer.shutdown().await;
-                    }
+                // The leaving members shut down at once, as a scale-in would. A graceful leave
+                // finishes its in-flight messages and commits their offsets: they count as
+                // consumed.
+                let leaving: Vec<Member> = (0..n).filter_map(|_| members.pop()).collect();
+                let mut stopping = JoinSet::new();
+                for m in &leaving {
+                    let c = m.consumer.clone();
+                    stopping.spawn(async move { c.shutdown().await });
+                }
+                while stopping.join_next().await.is_some() {}
+                for m in leaving {
+                    m.alive.store(false, Ordering::Release);
                 }
             }
             MemberEvent::Kill(n) => {
