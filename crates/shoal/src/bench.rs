@@ -1590,13 +1590,11 @@ async fn rebalance(common: &Common, a: RebalanceArgs) -> anyhow::Result<Report> 
     load_task.await.context("the load task failed")?;
     *extra.lock() = "| draining".into();
     let lost = drain(&stats, &tracker, a.drain).await;
-    for sent in &lost {
-        let i = wall_starts
-            .partition_point(|&w| w <= *sent)
-            .saturating_sub(1);
-        if let Some(e) = events.get_mut(i) {
-            e.lost += 1;
-        }
+    for (e, n) in events
+        .iter_mut()
+        .zip(losses_per_interval(&wall_starts, &lost))
+    {
+        e.lost = n;
     }
     for m in &members {
         m.consumer.shutdown().await;
@@ -1654,6 +1652,20 @@ async fn wait_converged(
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+}
+
+/// Counts lost messages per interval: interval `i` starts at `starts[i]` (wall-clock µs,
+/// ascending) and ends where the next begins; a message sent before the first start counts in
+/// the first interval.
+fn losses_per_interval(starts: &[u64], lost_sent_us: &[u64]) -> Vec<u64> {
+    let mut out = vec![0u64; starts.len()];
+    for sent in lost_sent_us {
+        let i = starts.partition_point(|&w| w <= *sent).saturating_sub(1);
+        if let Some(n) = out.get_mut(i) {
+            *n += 1;
+        }
+    }
+    out
 }
 
 // ---- rendering ------------------------------------------------------------------------
@@ -1871,6 +1883,17 @@ mod tests {
         let s = t.state.lock();
         assert_eq!(s.queues[0].last_member, 0);
         assert_eq!(s.queues[1].last_member, 1);
+    }
+
+    #[test]
+    fn losses_go_to_the_interval_they_were_sent_in() {
+        let starts = [100, 200, 300];
+        assert_eq!(
+            losses_per_interval(&starts, &[50, 100, 150, 299, 300, 1000]),
+            vec![3, 1, 2]
+        );
+        assert_eq!(losses_per_interval(&starts, &[]), vec![0, 0, 0]);
+        assert!(losses_per_interval(&[], &[5]).is_empty());
     }
 
     #[test]
