@@ -388,7 +388,11 @@ impl ClientInstance {
                     return Ok(r);
                 }
                 Err(e) => {
-                    warn!(namesrv = %addr, error = %e, "name server request failed");
+                    if self.inner.shutdown.is_cancelled() {
+                        debug!(namesrv = %addr, error = %e, "name server request failed during shutdown");
+                    } else {
+                        warn!(namesrv = %addr, error = %e, "name server request failed");
+                    }
                     last = Some(e);
                 }
             }

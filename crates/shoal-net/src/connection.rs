@@ -559,6 +559,8 @@ async fn drive(
     conn.fail_pending();
     match tokio::time::timeout(CLOSE_FLUSH_TIMEOUT, &mut writer).await {
         Ok(Ok(())) => {}
+        // Cancelled: the runtime is shutting down; nothing was lost that the caller waited on.
+        Ok(Err(e)) if e.is_cancelled() => debug!("connection writer task cancelled"),
         Ok(Err(e)) => error!(error = %e, "connection writer task failed"),
         Err(_) => {
             debug!("gave up flushing a closing connection");
