@@ -157,32 +157,11 @@ impl BrokerConfig {
     }
 }
 
-/// Parses RocketMQ's `messageDelayLevel` string ("1s 5s 10s 30s 1m ... 2h") into milliseconds.
-/// Shoal also accepts `ms` (handy in tests).
+/// Parses RocketMQ's `messageDelayLevel` string ("1s 5s 10s 30s 1m ... 2h") into milliseconds
+/// (see [`shoal_proto::constants::parse_delay_levels`]; `ms` is accepted too). Empty is an error.
 pub fn parse_delay_levels(text: &str) -> Result<Vec<u64>, ConfigError> {
-    let mut levels = Vec::new();
-    for item in text.split_whitespace() {
-        let digits = item
-            .find(|c: char| !c.is_ascii_digit())
-            .unwrap_or(item.len());
-        let (num, unit) = (&item[..digits], &item[digits..]);
-        let factor = match unit {
-            "ms" => 1,
-            "s" => 1_000,
-            "m" => 60_000,
-            "h" => 3_600_000,
-            "d" => 86_400_000,
-            _ => {
-                return Err(ConfigError(format!(
-                    "delay level {item:?} needs a number and a unit ms/s/m/h/d"
-                )))
-            }
-        };
-        let n: u64 = num
-            .parse()
-            .map_err(|_| ConfigError(format!("delay level {item:?} is not a number")))?;
-        levels.push(n.saturating_mul(factor));
-    }
+    let levels = shoal_proto::constants::parse_delay_levels(text)
+        .map_err(|e| ConfigError(format!("delay_levels: {e}")))?;
     if levels.is_empty() {
         return Err(ConfigError("delay_levels is empty".into()));
     }

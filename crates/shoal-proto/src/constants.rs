@@ -76,18 +76,19 @@ pub fn group_of_dlq_topic(topic: &str) -> Option<&str> {
 }
 
 /// Parses a delay-level string such as [`DEFAULT_DELAY_LEVELS`] into milliseconds, level 1
-/// first. Units: `s`, `m`, `h`, `d`. A malformed entry is an error naming it.
+/// first. Units: `ms` (a Shoal addition, handy in tests), `s`, `m`, `h`, `d`. A malformed entry
+/// is an error naming it.
 pub fn parse_delay_levels(levels: &str) -> crate::Result<Vec<u64>> {
     levels
         .split_whitespace()
         .map(|entry| {
             let invalid = || crate::ProtoError::Invalid(format!("bad delay level {entry:?}"));
-            let split = entry.len().checked_sub(1).ok_or_else(invalid)?;
-            let (num, unit) = (entry.get(..split), entry.get(split..));
-            let (Some(num), Some(unit)) = (num, unit) else {
-                return Err(invalid());
-            };
+            let digits = entry
+                .find(|c: char| !c.is_ascii_digit())
+                .unwrap_or(entry.len());
+            let (num, unit) = entry.split_at(digits);
             let factor: u64 = match unit {
+                "ms" => 1,
                 "s" => 1_000,
                 "m" => 60_000,
                 "h" => 3_600_000,
@@ -229,6 +230,7 @@ mod tests {
         assert_eq!(levels[4], 60_000);
         assert_eq!(levels[17], 7_200_000);
         assert_eq!(parse_delay_levels("1d").unwrap(), vec![86_400_000]);
+        assert_eq!(parse_delay_levels("20ms 1s").unwrap(), vec![20, 1_000]);
     }
 
     #[test]
