@@ -4,12 +4,12 @@
 use crate::config::{BrokerConfig, FlushMode};
 use crate::group_config::{GroupTable, SubscriptionGroupConfig};
 use crate::hold::PullHoldTable;
-use crate::lock::QueueLockTable;
 use crate::persist::PersistError;
 use crate::processor::BrokerProcessor;
-use crate::registry::{ClientRegistry, GroupChange};
 use crate::topic::TopicTable;
 use parking_lot::Mutex;
+use shoal_group::lock::QueueLockTable;
+use shoal_group::membership::{ClientRegistry, GroupChange};
 use shoal_net::{Connection, NetConfig, NotSupportedProcessor, RemotingClient, Server};
 use shoal_proto::body::{
     ConsumeFromWhere, ConsumeType, MessageModel, RegisterBrokerBody, SubscriptionData,

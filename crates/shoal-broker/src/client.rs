@@ -2,7 +2,7 @@
 
 use crate::broker::{wall_ms, BrokerInner, ConsumerMeta};
 use crate::processor::{ok, ok_json, Handled, Reject};
-use crate::registry::ClientChannel;
+use shoal_group::membership::ClientChannel;
 use shoal_net::RequestContext;
 use shoal_proto::body::{
     GetConsumerListByGroupResponseBody, HeartbeatData, LockBatchRequestBody, LockBatchResponseBody,

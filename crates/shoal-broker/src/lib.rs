@@ -11,16 +11,15 @@ pub mod client;
 pub mod config;
 pub mod group_config;
 pub mod hold;
-pub mod lock;
 pub mod offsets;
 pub mod persist;
 pub mod processor;
 pub mod pull;
-pub mod registry;
 pub mod retry;
 pub mod schedule;
 pub mod send;
 pub mod topic;
 
 pub use broker::{Broker, BrokerError, BrokerInner};
+
 pub use config::{BrokerConfig, FlushMode};

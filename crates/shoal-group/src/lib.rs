@@ -4,9 +4,14 @@
 //!   trait [`AllocateStrategy`] with a per-member view (classic client-side mode) and a
 //!   whole-assignment view (coordinated mode) that agree, plus movement metrics used by
 //!   `shoal rebalance simulate`.
+//! - [`membership`]: who is in a consumer group (members by connection, their subscriptions,
+//!   expiry, and the health checks for duplicate client ids and inconsistent subscriptions).
+//! - [`lock`]: queue locks for orderly consumption, with a TTL.
 
 pub mod allocate;
 pub mod error;
+pub mod lock;
+pub mod membership;
 
 pub use allocate::{
     strategy_by_name, AllocateStrategy, AllocationContext, AllocationInput, Assignment,
