@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod external;
+
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap};
 use std::io::{BufRead, BufReader};
