@@ -7,8 +7,11 @@
 //! - [`membership`]: who is in a consumer group (members by connection, their subscriptions,
 //!   expiry, and the health checks for duplicate client ids and inconsistent subscriptions).
 //! - [`lock`]: queue locks for orderly consumption, with a TTL.
+//! - [`coordinator`]: the group coordinator of coordinated mode (member and group epochs,
+//!   target assignment, revoke-then-assign reconciliation, fencing, static membership).
 
 pub mod allocate;
+pub mod coordinator;
 pub mod error;
 pub mod lock;
 pub mod membership;

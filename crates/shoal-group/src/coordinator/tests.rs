@@ -1,0 +1,844 @@
+//! Coordinator tests on virtual time, with simulated clients that act on the answers.
+
+use super::*;
+use crate::allocate::{minimum_moves, moved_queues, Assignment};
+use proptest::prelude::*;
+
+const T: &str = "T";
+
+fn queues(n: i32) -> Vec<MessageQueue> {
+    (0..n)
+        .map(|i| MessageQueue::new(T, "broker-a", i))
+        .collect()
+}
+
+/// A simulated member process: what it physically consumes, and how it answers.
+#[derive(Debug, Clone)]
+struct Client {
+    member_id: String,
+    instance_id: Option<String>,
+    conn: u64,
+    epoch: i32,
+    /// Queues it consumes now.
+    owned: BTreeSet<MessageQueue>,
+    /// It releases revoked queues only when told to (`release_now`).
+    slow: bool,
+    /// It holds revoked queues here until it releases them.
+    to_release: BTreeSet<MessageQueue>,
+    assignor: String,
+    heartbeats: usize,
+}
+
+impl Client {
+    fn new(id: &str, conn: u64, assignor: &str) -> Self {
+        Self {
+            member_id: id.to_string(),
+            instance_id: None,
+            conn,
+            epoch: 0,
+            owned: BTreeSet::new(),
+            slow: false,
+            to_release: BTreeSet::new(),
+            assignor: assignor.to_string(),
+            heartbeats: 0,
+        }
+    }
+
+    fn with_instance(mut self, inst: &str) -> Self {
+        self.instance_id = Some(inst.to_string());
+        self
+    }
+
+    fn request(&self, group: &str) -> HeartbeatRequest {
+        HeartbeatRequest {
+            group: group.to_string(),
+            member_id: self.member_id.clone(),
+            member_epoch: self.epoch,
+            instance_id: self.instance_id.clone(),
+            client_id: format!("client-{}", self.member_id),
+            conn_id: self.conn,
+            subscriptions: [T.to_string()].into(),
+            owned: self.owned.clone(),
+            adoptable: BTreeSet::new(),
+            rebalance_timeout_ms: Some(10_000),
+            assignor: Some(self.assignor.clone()),
+        }
+    }
+
+    /// One heartbeat; acts on the answer. Returns the error, if any.
+    fn heartbeat(&mut self, c: &mut Coordinator, now: u64) -> Option<GroupError> {
+        self.heartbeats += 1;
+        match c.heartbeat(self.request("G"), now) {
+            Ok(r) => {
+                self.epoch = r.member_epoch;
+                let assigned: BTreeSet<MessageQueue> = r.assignment.into_iter().collect();
+                let lose: Vec<MessageQueue> = self.owned.difference(&assigned).cloned().collect();
+                for q in lose {
+                    if self.slow {
+                        self.to_release.insert(q);
+                    } else {
+                        self.owned.remove(&q);
+                    }
+                }
+                self.owned.extend(assigned);
+                None
+            }
+            Err(e) => {
+                // Fenced or unknown: drop everything, rejoin.
+                self.owned.clear();
+                self.to_release.clear();
+                self.epoch = JOIN_EPOCH;
+                Some(e)
+            }
+        }
+    }
+
+    fn release_now(&mut self) {
+        for q in std::mem::take(&mut self.to_release) {
+            self.owned.remove(&q);
+        }
+    }
+}
+
+/// Safety: no queue is consumed by two clients whose pulls the broker would accept.
+fn check_exclusive(c: &Coordinator, clients: &[Client]) {
+    c.check_invariants().unwrap();
+    let mut seen: BTreeMap<&MessageQueue, &str> = BTreeMap::new();
+    for cl in clients {
+        for q in &cl.owned {
+            if c.validate("G", &cl.member_id, cl.epoch, q).is_err() {
+                continue;
+            }
+            if let Some(other) = seen.insert(q, &cl.member_id) {
+                panic!("{q} consumed by {other} and {}", cl.member_id);
+            }
+        }
+    }
+}
+
+/// Heartbeats everyone (after the notices, as the broker would deliver them) until nothing
+/// changes; returns the rounds taken.
+fn converge(c: &mut Coordinator, clients: &mut [Client], now: u64) -> usize {
+    for round in 0..20 {
+        let before: Vec<(i32, BTreeSet<MessageQueue>)> =
+            clients.iter().map(|x| (x.epoch, x.owned.clone())).collect();
+        for cl in clients.iter_mut() {
+            cl.heartbeat(c, now);
+            check_exclusive(c, std::slice::from_ref(cl));
+        }
+        check_exclusive(c, clients);
+        let after: Vec<(i32, BTreeSet<MessageQueue>)> =
+            clients.iter().map(|x| (x.epoch, x.owned.clone())).collect();
+        if before == after {
+            return round;
+        }
+    }
+    panic!("no convergence in 20 rounds");
+}
+
+fn coordinator() -> Coordinator {
+    let mut c = Coordinator::new(CoordinatorConfig::default());
+    c.set_topic_queues(T, queues(16), 0);
+    c
+}
+
+fn assignment_of(clients: &[Client]) -> Assignment {
+    let mut a = Assignment::new();
+    for cl in clients {
+        a.insert(cl.member_id.clone(), cl.owned.iter().cloned().collect());
+    }
+    a
+}
+
+fn complete(c: &Coordinator, clients: &[Client]) -> bool {
+    let d = c.describe("G", 0).unwrap();
+    d.reconciled
+        && assignment_of(clients)
+            .coverage(&queues(16))
+            .is_exclusive_and_complete()
+}
+
+#[test]
+fn first_member_gets_everything() {
+    let mut c = coordinator();
+    let mut a = Client::new("a", 1, "STICKY");
+    assert!(a.heartbeat(&mut c, 0).is_none());
+    assert_eq!(a.owned.len(), 16);
+    assert_eq!(a.epoch, 1);
+    let h = c.history("G");
+    assert_eq!(h.len(), 1);
+    assert_eq!(h[0].reconciled_at_ms, Some(0));
+    assert!(matches!(h[0].cause, RebalanceCause::Join { .. }));
+}
+
+#[test]
+fn revoke_then_assign_on_join() {
+    let mut c = coordinator();
+    let mut a = Client::new("a", 1, "STICKY");
+    a.slow = true;
+    a.heartbeat(&mut c, 0);
+    c.drain_effects();
+    let mut b = Client::new("b", 2, "STICKY");
+    b.heartbeat(&mut c, 10);
+    // b gets nothing yet: a must release first. a is told to heartbeat.
+    assert!(b.owned.is_empty());
+    let fx = c.drain_effects();
+    assert!(fx
+        .iter()
+        .any(|e| matches!(e, Effect::Notify { member_id, .. } if member_id == "a")));
+    a.heartbeat(&mut c, 11);
+    assert_eq!(a.to_release.len(), 8);
+    // Still held: still not b's.
+    a.heartbeat(&mut c, 12);
+    b.heartbeat(&mut c, 12);
+    assert!(b.owned.is_empty());
+    check_exclusive(&c, &[a.clone(), b.clone()]);
+    assert_eq!(
+        c.describe("G", 12).unwrap().members[0].state,
+        MemberState::UnrevokedQueues
+    );
+    a.release_now();
+    a.heartbeat(&mut c, 13);
+    // b is told at once that its queues are free.
+    let fx = c.drain_effects();
+    assert!(fx
+        .iter()
+        .any(|e| matches!(e, Effect::Notify { member_id, .. } if member_id == "b")));
+    b.heartbeat(&mut c, 14);
+    assert_eq!((a.owned.len(), b.owned.len()), (8, 8));
+    let mut all = vec![a, b];
+    assert!(complete(&c, &all));
+    converge(&mut c, &mut all, 15);
+    let h = c.history("G");
+    assert_eq!(h.last().unwrap().reconcile_ms(), Some(4));
+    assert_eq!(h.last().unwrap().moved(), 8);
+}
+
+#[test]
+fn unlock_evidence_frees_queues_before_the_heartbeat() {
+    let mut c = coordinator();
+    let mut a = Client::new("a", 1, "STICKY");
+    a.heartbeat(&mut c, 0);
+    let mut b = Client::new("b", 2, "STICKY");
+    b.heartbeat(&mut c, 1);
+    let revoked: Vec<MessageQueue> = c.describe("G", 1).unwrap().members[0].revoking.clone();
+    assert_eq!(revoked.len(), 8);
+    c.drain_effects();
+    // The broker saw a unlock them.
+    c.released_by_client("G", "client-a", &revoked, 2);
+    let fx = c.drain_effects();
+    assert!(fx
+        .iter()
+        .any(|e| matches!(e, Effect::Notify { member_id, .. } if member_id == "b")));
+    b.heartbeat(&mut c, 3);
+    assert_eq!(b.owned.len(), 8);
+}
+
+/// 16 queues, 4 -> 8 -> 4 members: sticky assignors move exactly the minimum, ownership is
+/// exclusive at every step and complete after each change.
+#[test]
+fn sticky_moves_the_minimum_4_8_4() {
+    for assignor in ["STICKY", "COOPERATIVE_STICKY"] {
+        let mut c = coordinator();
+        let mut clients: Vec<Client> = (0..4)
+            .map(|i| Client::new(&format!("m{i}"), i as u64, assignor))
+            .collect();
+        converge(&mut c, &mut clients, 0);
+        assert!(complete(&c, &clients));
+        let mut now = 100;
+        for i in 4..8 {
+            let before = assignment_of(&clients);
+            clients.push(Client::new(&format!("m{i}"), i as u64, assignor));
+            converge(&mut c, &mut clients, now);
+            assert!(complete(&c, &clients), "{assignor}");
+            let after = assignment_of(&clients);
+            let members: Vec<String> = clients.iter().map(|x| x.member_id.clone()).collect();
+            assert_eq!(
+                moved_queues(&before, &after),
+                minimum_moves(&before, &queues(16), &members),
+                "{assignor} join m{i}"
+            );
+            now += 100;
+        }
+        for _ in 0..4 {
+            let before = assignment_of(&clients);
+            let gone = clients.remove(1);
+            // A graceful leave: it released everything.
+            c.leave("G", &gone.member_id, false, now).unwrap();
+            converge(&mut c, &mut clients, now);
+            assert!(complete(&c, &clients));
+            let after = assignment_of(&clients);
+            let members: Vec<String> = clients.iter().map(|x| x.member_id.clone()).collect();
+            assert_eq!(
+                moved_queues(&before, &after),
+                minimum_moves(&before, &queues(16), &members)
+            );
+            now += 100;
+        }
+        assert_eq!(assignment_of(&clients).load_range(), (4, 4));
+    }
+}
+
+#[test]
+fn stale_epochs_are_fenced() {
+    let mut c = coordinator();
+    let mut a = Client::new("a", 1, "STICKY");
+    a.heartbeat(&mut c, 0);
+    let q0 = queues(16)[0].clone();
+    // Ahead of the coordinator.
+    let mut r = a.request("G");
+    r.member_epoch = 5;
+    assert!(matches!(
+        c.heartbeat(r, 1),
+        Err(GroupError::FencedMemberEpoch { .. })
+    ));
+    // Claims a queue it was not given.
+    let mut b = Client::new("b", 2, "STICKY");
+    b.heartbeat(&mut c, 2);
+    a.heartbeat(&mut c, 3);
+    a.heartbeat(&mut c, 3);
+    b.heartbeat(&mut c, 4);
+    let a_q = a.owned.iter().next().unwrap().clone();
+    let b_q = b.owned.iter().next().unwrap().clone();
+    let mut r = a.request("G");
+    r.owned.insert(b_q.clone());
+    assert!(matches!(
+        c.heartbeat(r, 5),
+        Err(GroupError::FencedMemberEpoch { .. })
+    ));
+    // Pulls: own queue at its epoch ok; someone else's not assigned; ahead fenced.
+    assert!(c.validate("G", "a", a.epoch, &a_q).is_ok());
+    assert!(matches!(
+        c.validate("G", "a", a.epoch, &b_q),
+        Err(GroupError::QueueNotAssigned { .. })
+    ));
+    assert!(matches!(
+        c.validate("G", "a", a.epoch + 1, &a_q),
+        Err(GroupError::FencedMemberEpoch { .. })
+    ));
+    // A queue given at epoch 2 is fenced for a pull stamped with epoch 1 (stale, from an
+    // earlier ownership).
+    assert!(b.epoch >= 2);
+    assert!(matches!(
+        c.validate("G", "b", 1, &b_q),
+        Err(GroupError::FencedMemberEpoch { .. })
+    ));
+    // After leaving: unknown.
+    c.leave("G", "b", false, 6).unwrap();
+    assert!(matches!(
+        c.validate("G", "b", b.epoch, &b_q),
+        Err(GroupError::UnknownMember { .. })
+    ));
+    let mut r = b.request("G");
+    r.member_epoch = b.epoch;
+    assert!(matches!(
+        c.heartbeat(r, 7),
+        Err(GroupError::UnknownMember { .. })
+    ));
+    let _ = q0;
+    // A fenced client drops its queues and rejoins.
+    let mut all = vec![a, b];
+    converge(&mut c, &mut all, 8);
+    assert!(complete(&c, &all));
+}
+
+#[test]
+fn a_lost_answer_is_not_fenced() {
+    let mut c = coordinator();
+    let mut a = Client::new("a", 1, "STICKY");
+    a.heartbeat(&mut c, 0);
+    let mut b = Client::new("b", 2, "STICKY");
+    b.heartbeat(&mut c, 1);
+    // a releases, but the answer with the bumped epoch is lost.
+    let mut lost = a.clone();
+    lost.heartbeat(&mut c, 2);
+    lost.release_now();
+    let mut r = a.request("G");
+    r.owned = lost.owned.clone();
+    assert!(c.heartbeat(r, 3).is_ok());
+}
+
+#[test]
+fn static_member_restart_moves_nothing() {
+    let mut c = coordinator();
+    let mut clients: Vec<Client> = (0..4)
+        .map(|i| Client::new(&format!("m{i}"), i as u64, "STICKY").with_instance(&format!("i{i}")))
+        .collect();
+    converge(&mut c, &mut clients, 0);
+    let before = assignment_of(&clients);
+    let epoch = c.describe("G", 0).unwrap().group_epoch;
+    let history = c.history("G").len();
+    // m2 leaves gracefully (a restart): its queues stay reserved.
+    let old = clients.remove(2);
+    c.leave("G", &old.member_id, false, 1000).unwrap();
+    converge(&mut c, &mut clients, 1000);
+    for cl in &clients {
+        assert!(
+            cl.owned.is_disjoint(&old.owned),
+            "reserved queues went to {}",
+            cl.member_id
+        );
+    }
+    assert_eq!(
+        c.describe("G", 1000).unwrap().members[2].state,
+        MemberState::Away
+    );
+    // The restarted process: a new member id, the same instance id.
+    let mut new = Client::new("m2-restarted", 9, "STICKY").with_instance("i2");
+    new.heartbeat(&mut c, 20_000);
+    assert_eq!(new.owned, old.owned);
+    clients.insert(2, new);
+    converge(&mut c, &mut clients, 20_001);
+    let d = c.describe("G", 20_001).unwrap();
+    assert_eq!(d.group_epoch, epoch);
+    assert_eq!(c.history("G").len(), history);
+    let mut after = assignment_of(&clients);
+    let moved_back = after.queues_of("m2-restarted").to_vec();
+    after.insert("m2", moved_back);
+    let mut after_renamed = Assignment::new();
+    for (m, q) in after.iter().filter(|(m, _)| m.as_str() != "m2-restarted") {
+        after_renamed.insert(m.clone(), q.clone());
+    }
+    assert_eq!(before, after_renamed);
+    // The old incarnation is fenced.
+    let q = old.owned.iter().next().unwrap();
+    assert!(c.validate("G", "m2", old.epoch, q).is_err());
+}
+
+#[test]
+fn static_member_reserved_until_session_timeout() {
+    let mut c = coordinator();
+    let mut a = Client::new("a", 1, "STICKY").with_instance("ia");
+    let mut b = Client::new("b", 2, "STICKY");
+    let mut both = vec![a.clone(), b.clone()];
+    converge(&mut c, &mut both, 0);
+    a = both[0].clone();
+    b = both[1].clone();
+    // a's connection closes (killed): away, reserved.
+    c.connection_closed(1, 100);
+    let fx = c.drain_effects();
+    assert!(fx
+        .iter()
+        .any(|e| matches!(e, Effect::ReleaseLocks { client_id, .. } if client_id == "client-a")));
+    b.heartbeat(&mut c, 200);
+    assert_eq!(b.owned.len(), 8);
+    // A live holder blocks a second instance with the same id; an away one does not.
+    let session = c.config().session_timeout_ms;
+    c.tick(100 + session - 1);
+    b.heartbeat(&mut c, 100 + session - 1);
+    assert_eq!(b.owned.len(), 8);
+    assert_eq!(c.next_deadline(), Some(100 + session));
+    c.tick(100 + session);
+    b.heartbeat(&mut c, 100 + session);
+    assert_eq!(b.owned.len(), 16);
+    assert!(matches!(
+        c.history("G").last().unwrap().cause,
+        RebalanceCause::SessionExpired { .. }
+    ));
+    let _ = a;
+}
+
+#[test]
+fn unreleased_instance_id_is_refused() {
+    let mut c = coordinator();
+    let mut a = Client::new("a", 1, "STICKY").with_instance("i");
+    a.heartbeat(&mut c, 0);
+    let mut twin = Client::new("a2", 2, "STICKY").with_instance("i");
+    assert!(matches!(
+        twin.heartbeat(&mut c, 1),
+        Some(GroupError::UnreleasedInstanceId { .. })
+    ));
+    assert!(twin.owned.is_empty());
+}
+
+#[test]
+fn dynamic_session_expiry_and_connection_close() {
+    let mut c = coordinator();
+    let mut all = vec![
+        Client::new("a", 1, "STICKY"),
+        Client::new("b", 2, "STICKY"),
+        Client::new("c", 3, "STICKY"),
+    ];
+    converge(&mut c, &mut all, 0);
+    // c is killed: its connection closes; its queues go at once.
+    let killed = all.remove(2);
+    c.connection_closed(killed.conn, 10);
+    converge(&mut c, &mut all, 11);
+    assert!(complete(&c, &all));
+    // b freezes: it keeps consuming but stops heartbeating; after the session timeout its
+    // queues go to a, and b's stale pulls are refused.
+    let session = c.config().session_timeout_ms;
+    let mut now = 11;
+    while now < 11 + session + 1000 {
+        now += 1000;
+        all[0].heartbeat(&mut c, now);
+        c.tick(now);
+    }
+    all[0].heartbeat(&mut c, now);
+    assert_eq!(all[0].owned.len(), 16);
+    check_exclusive(&c, &all);
+}
+
+#[test]
+fn stuck_member_is_fenced_after_rebalance_timeout_and_others_go_on() {
+    let mut c = coordinator();
+    let mut all = vec![Client::new("a", 1, "STICKY"), Client::new("b", 2, "STICKY")];
+    converge(&mut c, &mut all, 0);
+    all[0].slow = true; // a will never release
+    all.push(Client::new("c", 3, "STICKY"));
+    for t in 1..5 {
+        for cl in all.iter_mut() {
+            cl.heartbeat(&mut c, t);
+        }
+        check_exclusive(&c, &all);
+    }
+    // b released promptly: c already has b's share although a is stuck.
+    let from_b = all[2].owned.len();
+    assert!(from_b >= 2, "c got {from_b}");
+    assert_eq!(
+        c.describe("G", 5).unwrap().members[0].state,
+        MemberState::UnrevokedQueues
+    );
+    // a's rebalance timeout is 10 s.
+    let mut now = 5;
+    while now <= 10_010 {
+        now += 500;
+        all[1].heartbeat(&mut c, now);
+        all[2].heartbeat(&mut c, now);
+        c.tick(now);
+        check_exclusive(&c, &all);
+    }
+    assert!(matches!(
+        c.history("G").last().unwrap().cause,
+        RebalanceCause::RebalanceTimeout { .. }
+    ));
+    // a is out (its pulls are fenced); b and c share everything.
+    assert!(all[0].heartbeat(&mut c, now).is_some());
+    all[0].slow = false;
+    converge(&mut c, &mut all, now);
+    assert!(complete(&c, &all));
+}
+
+#[test]
+fn topic_growth_rebalances() {
+    let mut c = coordinator();
+    let mut all = vec![Client::new("a", 1, "STICKY"), Client::new("b", 2, "STICKY")];
+    converge(&mut c, &mut all, 0);
+    let more: Vec<MessageQueue> = (0..20)
+        .map(|i| MessageQueue::new(T, "broker-a", i))
+        .collect();
+    c.set_topic_queues(T, more.clone(), 10);
+    converge(&mut c, &mut all, 11);
+    assert!(assignment_of(&all)
+        .coverage(&more)
+        .is_exclusive_and_complete());
+    assert_eq!(assignment_of(&all).load_range(), (10, 10));
+    assert!(matches!(
+        c.history("G").last().unwrap().cause,
+        RebalanceCause::TopicChanged { .. }
+    ));
+}
+
+#[test]
+fn restore_keeps_assignments_and_moves_epochs_forward() {
+    let mut c = coordinator();
+    let mut all: Vec<Client> = (0..3)
+        .map(|i| Client::new(&format!("m{i}"), i, "STICKY"))
+        .collect();
+    converge(&mut c, &mut all, 0);
+    let before = assignment_of(&all);
+    let epoch = c.describe("G", 0).unwrap().group_epoch;
+    let json = serde_json::to_string(&c.snapshot()).unwrap();
+    let snap: CoordinatorSnapshot = serde_json::from_str(&json).unwrap();
+    let mut c2 = Coordinator::restore(CoordinatorConfig::default(), snap, 50);
+    c2.set_topic_queues(T, queues(16), 50);
+    c2.check_invariants().unwrap();
+    // The members carry on with their old epochs: accepted, nothing moves.
+    for cl in all.iter_mut() {
+        assert!(cl.heartbeat(&mut c2, 60).is_none());
+    }
+    converge(&mut c2, &mut all, 61);
+    assert_eq!(assignment_of(&all), before);
+    assert!(c2.describe("G", 61).unwrap().group_epoch >= epoch + RESTORE_EPOCH_GAP);
+    assert!(all.iter().all(|cl| cl.epoch > epoch));
+}
+
+#[test]
+fn adoption_needs_evidence_and_a_free_queue() {
+    let mut c = coordinator();
+    let q = queues(16);
+    let mut r = Client::new("a", 1, "STICKY").request("G");
+    r.owned = q[..4].iter().cloned().collect();
+    r.adoptable = q[..2].iter().cloned().collect();
+    let resp = c.heartbeat(r, 0).unwrap();
+    assert_eq!(resp.assignment.len(), 16);
+    let mut r = Client::new("b", 2, "STICKY").request("G");
+    r.owned = q[..2].iter().cloned().collect();
+    r.adoptable = r.owned.clone();
+    // a owns them: b adopts nothing.
+    let resp = c.heartbeat(r, 1).unwrap();
+    assert!(resp.assignment.is_empty());
+    c.check_invariants().unwrap();
+}
+
+#[test]
+fn limits_and_bad_requests() {
+    let mut c = Coordinator::new(CoordinatorConfig {
+        max_members_per_group: 2,
+        max_groups: 1,
+        ..CoordinatorConfig::default()
+    });
+    c.set_topic_queues(T, queues(4), 0);
+    let mut a = Client::new("a", 1, "STICKY");
+    a.heartbeat(&mut c, 0);
+    Client::new("b", 2, "STICKY").heartbeat(&mut c, 0);
+    assert!(matches!(
+        Client::new("c", 3, "STICKY").heartbeat(&mut c, 0),
+        Some(GroupError::GroupFull { .. })
+    ));
+    let mut r = a.request("H");
+    r.member_epoch = 0;
+    assert!(matches!(
+        c.heartbeat(r, 0),
+        Err(GroupError::TooManyGroups(1))
+    ));
+    for bad in ["MACHINE_ROOM", "CONFIG", "CONSISTENT_HASH:0", "nope"] {
+        let mut r = a.request("G");
+        r.assignor = Some(bad.into());
+        assert!(c.heartbeat(r, 0).is_err(), "{bad}");
+    }
+    let mut r = a.request("G");
+    r.member_id = "x".repeat(300);
+    assert!(matches!(
+        c.heartbeat(r, 0),
+        Err(GroupError::InvalidRequest(_))
+    ));
+    let mut r = a.request("G");
+    r.member_epoch = -1;
+    assert!(c.heartbeat(r, 0).is_err());
+    assert_eq!(
+        canonical_assignor("cooperative-sticky").unwrap(),
+        "COOPERATIVE_STICKY"
+    );
+    assert_eq!(
+        canonical_assignor("consistent_hash:5").unwrap(),
+        "CONSISTENT_HASH:5"
+    );
+}
+
+#[test]
+fn assignor_follows_the_members_and_history_is_bounded() {
+    let mut c = Coordinator::new(CoordinatorConfig {
+        history_limit: 3,
+        ..CoordinatorConfig::default()
+    });
+    c.set_topic_queues(T, queues(16), 0);
+    let mut all = vec![Client::new("a", 1, "AVG"), Client::new("b", 2, "AVG")];
+    converge(&mut c, &mut all, 0);
+    assert_eq!(c.describe("G", 0).unwrap().assignor, "AVG");
+    // AVG is RocketMQ's arithmetic: contiguous blocks by member order.
+    assert_eq!(all[0].owned, queues(16)[..8].iter().cloned().collect());
+    for cl in all.iter_mut() {
+        cl.assignor = "BALANCED_STICKY".into();
+    }
+    converge(&mut c, &mut all, 1);
+    assert_eq!(c.describe("G", 1).unwrap().assignor, "BALANCED_STICKY");
+    for i in 0..5 {
+        all.push(Client::new(&format!("x{i}"), 10 + i, "BALANCED_STICKY"));
+        converge(&mut c, &mut all, 2 + i);
+    }
+    assert_eq!(c.history("G").len(), 3);
+    assert!(complete(&c, &all));
+}
+
+// ---- property test: random schedules on virtual time ----
+
+#[derive(Debug, Clone)]
+enum Op {
+    Join { static_member: bool },
+    Leave(usize),
+    Kill(usize),
+    Freeze(usize),
+    Heartbeat(usize),
+    HeartbeatAll,
+    SetSlow(usize, bool),
+    Release(usize),
+    Unlock(usize),
+    Restart(usize),
+    Queues(i32),
+    Advance(u64),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        3 => any::<bool>().prop_map(|s| Op::Join { static_member: s }),
+        1 => (0usize..16).prop_map(Op::Leave),
+        1 => (0usize..16).prop_map(Op::Kill),
+        1 => (0usize..16).prop_map(Op::Freeze),
+        6 => (0usize..16).prop_map(Op::Heartbeat),
+        3 => Just(Op::HeartbeatAll),
+        2 => ((0usize..16), any::<bool>()).prop_map(|(i, s)| Op::SetSlow(i, s)),
+        2 => (0usize..16).prop_map(Op::Release),
+        1 => (0usize..16).prop_map(Op::Unlock),
+        1 => (0usize..16).prop_map(Op::Restart),
+        1 => (1i32..24).prop_map(Op::Queues),
+        2 => (1u64..20_000).prop_map(Op::Advance),
+    ]
+}
+
+#[derive(Debug, Clone)]
+struct Sim {
+    c_next: u64,
+    live: Vec<Client>,
+    /// Frozen processes: they keep consuming what they had, never heartbeat again.
+    frozen: Vec<Client>,
+    now: u64,
+    queues: i32,
+}
+
+fn run(ops: Vec<Op>, assignor: &str) {
+    let mut c = Coordinator::new(CoordinatorConfig::default());
+    let mut s = Sim {
+        c_next: 1,
+        live: Vec::new(),
+        frozen: Vec::new(),
+        now: 0,
+        queues: 16,
+    };
+    c.set_topic_queues(T, queues(s.queues), 0);
+    let pick = |n: usize, i: usize| if n == 0 { None } else { Some(i % n) };
+    for op in ops {
+        match op {
+            Op::Join { static_member } => {
+                let id = format!("m{}", s.c_next);
+                let mut cl = Client::new(&id, s.c_next, assignor);
+                if static_member {
+                    cl = cl.with_instance(&format!("inst{}", s.c_next));
+                }
+                s.c_next += 1;
+                cl.heartbeat(&mut c, s.now);
+                s.live.push(cl);
+            }
+            Op::Leave(i) => {
+                if let Some(i) = pick(s.live.len(), i) {
+                    let cl = s.live.remove(i);
+                    c.leave("G", &cl.member_id, false, s.now).unwrap();
+                }
+            }
+            Op::Kill(i) => {
+                if let Some(i) = pick(s.live.len(), i) {
+                    let cl = s.live.remove(i);
+                    c.connection_closed(cl.conn, s.now);
+                }
+            }
+            Op::Freeze(i) => {
+                if let Some(i) = pick(s.live.len(), i) {
+                    let cl = s.live.remove(i);
+                    s.frozen.push(cl);
+                }
+            }
+            Op::Heartbeat(i) => {
+                if let Some(i) = pick(s.live.len(), i) {
+                    s.live[i].heartbeat(&mut c, s.now);
+                }
+            }
+            Op::HeartbeatAll => {
+                for cl in s.live.iter_mut() {
+                    cl.heartbeat(&mut c, s.now);
+                }
+            }
+            Op::SetSlow(i, slow) => {
+                if let Some(i) = pick(s.live.len(), i) {
+                    s.live[i].slow = slow;
+                }
+            }
+            Op::Release(i) => {
+                if let Some(i) = pick(s.live.len(), i) {
+                    s.live[i].release_now();
+                }
+            }
+            Op::Unlock(i) => {
+                if let Some(i) = pick(s.live.len(), i) {
+                    let gone: Vec<MessageQueue> = s.live[i].to_release.iter().cloned().collect();
+                    s.live[i].release_now();
+                    let client = format!("client-{}", s.live[i].member_id);
+                    c.released_by_client("G", &client, &gone, s.now);
+                }
+            }
+            Op::Restart(i) => {
+                // A static member restarts: graceful leave, new process, same instance id.
+                if let Some(i) = pick(s.live.len(), i) {
+                    if let Some(inst) = s.live[i].instance_id.clone() {
+                        let old = s.live.remove(i);
+                        c.leave("G", &old.member_id, false, s.now).unwrap();
+                        let id = format!("m{}", s.c_next);
+                        let mut cl = Client::new(&id, s.c_next, assignor).with_instance(&inst);
+                        s.c_next += 1;
+                        cl.heartbeat(&mut c, s.now);
+                        s.live.push(cl);
+                    }
+                }
+            }
+            Op::Queues(n) => {
+                s.queues = n;
+                c.set_topic_queues(T, queues(n), s.now);
+            }
+            Op::Advance(ms) => {
+                s.now += ms;
+                c.tick(s.now);
+                // Everyone alive heartbeats at least every 5 s.
+                if ms >= 5_000 {
+                    for cl in s.live.iter_mut() {
+                        cl.heartbeat(&mut c, s.now);
+                    }
+                }
+            }
+        }
+        let everyone: Vec<Client> = s.live.iter().chain(s.frozen.iter()).cloned().collect();
+        check_exclusive(&c, &everyone);
+    }
+    // Quiet period: no churn, everyone releases promptly; frozen members' sessions expire.
+    for cl in s.live.iter_mut() {
+        cl.slow = false;
+        cl.release_now();
+    }
+    s.now += c.config().session_timeout_ms + 1;
+    for cl in s.live.iter_mut() {
+        cl.heartbeat(&mut c, s.now - 1);
+    }
+    c.tick(s.now);
+    converge(&mut c, &mut s.live, s.now);
+    let everyone: Vec<Client> = s.live.iter().chain(s.frozen.iter()).cloned().collect();
+    check_exclusive(&c, &everyone);
+    let d = c.describe("G", s.now);
+    if !s.live.is_empty() {
+        let d = d.expect("group");
+        assert!(d.reconciled, "{d:?}");
+        let a = assignment_of(&s.live);
+        assert!(
+            a.coverage(&queues(s.queues)).is_exclusive_and_complete(),
+            "{a:?}"
+        );
+        assert_eq!(
+            d.members.len(),
+            s.live.len(),
+            "only live members remain: {d:?}"
+        );
+        let last = c.history("G");
+        assert!(last
+            .last()
+            .is_some_and(|r| r.reconciled_at_ms.is_some() || r.superseded));
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    #[test]
+    fn random_schedules_stay_exclusive_and_converge(
+        ops in prop::collection::vec(op(), 1..80),
+        assignor in prop::sample::select(vec!["STICKY", "COOPERATIVE_STICKY", "AVG", "BALANCED_STICKY", "ROUND_ROBIN"]),
+    ) {
+        run(ops, assignor);
+    }
+}
