@@ -66,6 +66,30 @@ pub trait Backend: Send + Sync + Debug {
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
     /// Whether a file or directory exists at `path`.
     fn exists(&self, path: &Path) -> bool;
+    /// Takes an exclusive lock on the lock file `path` (created if needed) without waiting,
+    /// writing `owner` into it. `Ok(Err(current))` when another owner holds it (`current` is
+    /// what that owner wrote). The lock is held until the returned guard is dropped, or the
+    /// process dies.
+    fn try_lock(&self, path: &Path, owner: &str) -> io::Result<Result<DirLock, String>>;
+}
+
+/// An exclusive lock taken with [`Backend::try_lock`]; released when dropped.
+pub struct DirLock {
+    _guard: Box<dyn Send + Sync>,
+    path: PathBuf,
+}
+
+impl Debug for DirLock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DirLock").field("path", &self.path).finish()
+    }
+}
+
+impl DirLock {
+    /// The lock file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
 }
 
 /// The real file system.
@@ -200,6 +224,33 @@ impl Backend for FsBackend {
     fn exists(&self, path: &Path) -> bool {
         path.exists()
     }
+
+    fn try_lock(&self, path: &Path, owner: &str) -> io::Result<Result<DirLock, String>> {
+        use std::io::{Read, Seek, Write};
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)?;
+        match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => {}
+            Err(e) if e == rustix::io::Errno::WOULDBLOCK => {
+                let mut current = String::new();
+                let _ = file.read_to_string(&mut current);
+                return Ok(Err(current.trim().to_string()));
+            }
+            Err(e) => return Err(e.into()),
+        }
+        file.set_len(0)?;
+        file.seek(io::SeekFrom::Start(0))?;
+        file.write_all(owner.as_bytes())?;
+        file.sync_data()?;
+        Ok(Ok(DirLock {
+            _guard: Box::new(file),
+            path: path.to_path_buf(),
+        }))
+    }
 }
 
 /// Faults a [`MemBackend`] injects.
@@ -247,6 +298,8 @@ struct MemFs {
     faults: Faults,
     record: bool,
     syncs: u64,
+    /// Lock files held, with what their owner wrote (see [`Backend::try_lock`]).
+    locks: HashMap<PathBuf, String>,
 }
 
 /// In-memory file system with a write journal, fault injection and crash images.
@@ -587,6 +640,34 @@ impl Backend for MemBackend {
     fn exists(&self, path: &Path) -> bool {
         let fs = self.fs.lock();
         fs.names.contains_key(path) || fs.dirs.contains(path)
+    }
+
+    fn try_lock(&self, path: &Path, owner: &str) -> io::Result<Result<DirLock, String>> {
+        let mut fs = self.fs.lock();
+        if let Some(current) = fs.locks.get(path) {
+            return Ok(Err(current.clone()));
+        }
+        fs.locks.insert(path.to_path_buf(), owner.to_string());
+        Ok(Ok(DirLock {
+            _guard: Box::new(MemLock {
+                fs: self.fs.clone(),
+                path: path.to_path_buf(),
+            }),
+            path: path.to_path_buf(),
+        }))
+    }
+}
+
+/// A lock on a [`MemBackend`] lock file (crash images start with no locks held: the process
+/// that held them is gone).
+struct MemLock {
+    fs: Arc<Mutex<MemFs>>,
+    path: PathBuf,
+}
+
+impl Drop for MemLock {
+    fn drop(&mut self) {
+        self.fs.lock().locks.remove(&self.path);
     }
 }
 

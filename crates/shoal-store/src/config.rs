@@ -19,6 +19,18 @@ pub enum FlushMode {
     Sync,
 }
 
+/// What a read does with a record whose framing is intact but whose body CRC fails (bit rot,
+/// a bad disk block).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CorruptRecordPolicy {
+    /// Leave it out of the answer (the next offset moves past it); it is logged and counted.
+    #[default]
+    Skip,
+    /// Answer the read that reaches it with [`crate::StoreError::CorruptRecord`] (records
+    /// before it are still served); the consumer stays there until an operator acts.
+    Error,
+}
+
 /// Configuration of a [`crate::MessageStore`].
 #[derive(Clone)]
 pub struct StoreConfig {
@@ -48,6 +60,12 @@ pub struct StoreConfig {
     pub offsets_persist_interval: Duration,
     /// Address written as STOREHOST into every record and used in offset message ids.
     pub store_host: SocketAddr,
+    /// Check the body CRC of every record a pull reads (RocketMQ's `checkCRCOnRecover`, applied
+    /// to reads too; on by default). Records found corrupt by recovery are always treated as
+    /// corrupt.
+    pub check_crc_on_read: bool,
+    /// What reads do with a corrupt record.
+    pub corrupt_record_policy: CorruptRecordPolicy,
     /// Start the flusher / retention / offsets threads. Tests turn this off and call
     /// [`crate::MessageStore::flush`] and friends themselves.
     pub background_threads: bool,
@@ -74,6 +92,8 @@ impl std::fmt::Debug for StoreConfig {
             .field("max_message_size", &self.max_message_size)
             .field("offsets_persist_interval", &self.offsets_persist_interval)
             .field("store_host", &self.store_host)
+            .field("check_crc_on_read", &self.check_crc_on_read)
+            .field("corrupt_record_policy", &self.corrupt_record_policy)
             .field("background_threads", &self.background_threads)
             .finish_non_exhaustive()
     }
@@ -95,6 +115,8 @@ impl StoreConfig {
             max_message_size: 4 * 1024 * 1024,
             offsets_persist_interval: Duration::from_secs(5),
             store_host: SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 10911)),
+            check_crc_on_read: true,
+            corrupt_record_policy: CorruptRecordPolicy::Skip,
             background_threads: true,
             backend: Arc::new(FsBackend),
         }

@@ -134,10 +134,13 @@ impl ConsumeQueue {
     }
 
     /// Recovery: keeps the longest prefix of entries that are non-empty, increasing and end at
-    /// or below `commit_log_end`; truncates the rest. Returns the number of entries dropped.
-    pub(crate) fn recover(&self, commit_log_min: u64, commit_log_end: u64) -> Result<u64> {
+    /// or below `commit_log_end`; truncates the rest. Returns the number of entries dropped and
+    /// whether the drop looks like damage rather than a torn tail (a valid-looking entry
+    /// followed the first invalid one: the queue must then be rebuilt from the commit log).
+    pub(crate) fn recover(&self, commit_log_min: u64, commit_log_end: u64) -> Result<(u64, bool)> {
         let mut files = self.files.write();
         let mut dropped = 0u64;
+        let mut damaged = false;
         while let Some(last) = files.last().cloned() {
             let len = last.file.len().map_err(io_err("stat", &last.path))?;
             let n = (len / CQ_ENTRY_SIZE).min(self.file_entries);
@@ -167,6 +170,20 @@ impl ConsumeQueue {
                 prev_end = end;
                 valid += 1;
             }
+            // What follows the valid prefix: zeroes or entries past the log end are a torn or
+            // lost tail; a later entry that points inside the log means damaged bytes.
+            let rest = buf
+                .chunks_exact(CQ_ENTRY_SIZE as usize)
+                .skip(valid.max(lead) as usize + 1);
+            for chunk in rest {
+                if let Some(e) = CqEntry::decode(chunk) {
+                    let end = e.phys_offset.saturating_add(u64::from(e.size));
+                    if e.size > 0 && end <= commit_log_end && e.phys_offset >= prev_end {
+                        damaged = true;
+                        break;
+                    }
+                }
+            }
             if valid == lead {
                 valid = 0;
             }
@@ -194,7 +211,51 @@ impl ConsumeQueue {
         }
         drop(files);
         self.correct_min_offset(commit_log_min)?;
-        Ok(dropped)
+        Ok((dropped, damaged))
+    }
+
+    /// Start-up check of every stored entry: non-empty, increasing, inside the commit log
+    /// `[commit_log_min, commit_log_end)`. Returns `Err(reason)` on the first bad entry, else
+    /// samples (logical offset, entry) to compare with the commit log: the first and last
+    /// entry of every file.
+    pub(crate) fn check_entries(
+        &self,
+        commit_log_min: u64,
+        commit_log_end: u64,
+    ) -> Result<std::result::Result<Vec<(u64, CqEntry)>, String>> {
+        const CHUNK: usize = 16 * 1024;
+        let (min, max) = (self.min_offset(), self.max_offset());
+        let mut samples = Vec::new();
+        let mut prev_end = 0u64;
+        let mut cur = min;
+        while cur < max {
+            let entries = self.read(cur, CHUNK)?;
+            if entries.is_empty() {
+                return Ok(Err(format!("entries {cur}..{max} cannot be read")));
+            }
+            for e in &entries {
+                let end = e.phys_offset.saturating_add(u64::from(e.size));
+                if e.size == 0
+                    || e.phys_offset < prev_end
+                    || e.phys_offset < commit_log_min
+                    || end > commit_log_end
+                {
+                    return Ok(Err(format!(
+                        "entry {cur} (commit log offset {}, size {}) is out of order or outside the commit log",
+                        e.phys_offset, e.size
+                    )));
+                }
+                if cur == min || cur % self.file_entries == 0 {
+                    samples.push((cur, *e));
+                }
+                if (cur + 1) % self.file_entries == 0 || cur + 1 == max {
+                    samples.push((cur, *e));
+                }
+                prev_end = end;
+                cur += 1;
+            }
+        }
+        Ok(Ok(samples))
     }
 
     /// Reads entries `[offset, offset + max)` clipped to what is stored.
@@ -461,7 +522,7 @@ mod tests {
         assert_eq!(be.list(&dir).unwrap().len(), 3);
         let cq = ConsumeQueue::open(be.clone(), dir, 4).unwrap();
         // commit log ends inside entry 7: entries 7.. are dropped
-        assert_eq!(cq.recover(0, 750).unwrap(), 3);
+        assert_eq!(cq.recover(0, 750).unwrap(), (3, false));
         assert_eq!(cq.max_offset(), 7);
         assert_eq!(cq.read(0, 100).unwrap(), entries[..7].to_vec());
         // retention moves the min offset and deletes a whole file

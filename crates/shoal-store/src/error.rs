@@ -46,6 +46,27 @@ pub enum StoreError {
     /// so that nothing is appended after a hole.
     #[error("store is read-only after an earlier write failure: {0}")]
     WriteFailed(String),
+    /// A record whose framing is intact but whose body CRC fails, under
+    /// [`crate::config::CorruptRecordPolicy::Error`].
+    #[error("record at commit log offset {phys_offset} ({topic} queue {queue_id} offset {queue_offset}) failed its CRC check")]
+    CorruptRecord {
+        /// Commit log offset of the record.
+        phys_offset: u64,
+        /// Topic of the queue read.
+        topic: String,
+        /// Queue id.
+        queue_id: i32,
+        /// Queue offset of the record.
+        queue_offset: u64,
+    },
+    /// Another process (or another store in this process) has the data directory open.
+    #[error("data directory {} is in use by another process ({owner}); stop it or use another data directory", dir.display())]
+    Locked {
+        /// The data directory.
+        dir: PathBuf,
+        /// What the owner wrote into the lock file (its pid and start time).
+        owner: String,
+    },
     /// The store has been shut down.
     #[error("message store is closed")]
     Closed,

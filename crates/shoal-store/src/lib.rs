@@ -30,14 +30,14 @@ mod offsets;
 mod store;
 
 pub use commitlog::{BLANK_MAGIC_CODE, END_OF_SEGMENT_MIN_BLANK};
-pub use config::{FlushMode, StoreConfig};
+pub use config::{CorruptRecordPolicy, FlushMode, StoreConfig};
 pub use consume_queue::{CqEntry, CQ_ENTRY_SIZE};
 pub use error::{Result, StoreError};
 pub use index::INDEX_ENTRY_SIZE;
 pub use store::{
     AppendedMessage, ArrivalListener, BoundaryType, FlushStatus, GetMessageResult,
     GetMessageStatus, MessageArrival, MessageExtBrokerInner, MessageStore, PutMessageResult,
-    RecoveryReport, RetentionReport,
+    RecoveryReport, RetentionReport, LOCK_FILE,
 };
 
 #[cfg(test)]

@@ -1,7 +1,7 @@
 //! The message store: commit log + consume queues + index + offsets, with flush, recovery and
 //! retention. See the crate documentation for the overview.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -19,9 +19,9 @@ use shoal_proto::message::record::{
     BLANK_MAGIC_CODE, MIN_RECORD_LEN,
 };
 
-use crate::backend::{Backend, StoreFile};
+use crate::backend::{Backend, DirLock, StoreFile};
 use crate::commitlog::CommitLog;
-use crate::config::{FlushMode, StoreConfig};
+use crate::config::{CorruptRecordPolicy, FlushMode, StoreConfig};
 use crate::consume_queue::{ConsumeQueue, CqEntry};
 use crate::error::{io_err, Result};
 use crate::index::Index;
@@ -147,6 +147,9 @@ pub struct GetMessageResult {
     pub min_offset: u64,
     /// The queue's max offset (next offset to be written).
     pub max_offset: u64,
+    /// Corrupt records (body CRC failed) left out of `messages` under
+    /// [`CorruptRecordPolicy::Skip`].
+    pub corrupt_skipped: usize,
 }
 
 /// Which end of a run of equal-time messages [`MessageStore::offset_by_timestamp`] picks.
@@ -182,6 +185,12 @@ pub struct RecoveryReport {
     pub consume_queue_entries_rebuilt: u64,
     /// Index entries dropped because they pointed past the commit log end.
     pub index_entries_dropped: u64,
+    /// Commit log offsets of records whose framing is intact but whose body CRC failed; they
+    /// keep their place (and queue offset) and are skipped or refused on read.
+    pub corrupt_records: Vec<u64>,
+    /// Consume queues (`topic/queueId`) found damaged or missing and rebuilt from the whole
+    /// commit log, with the reason.
+    pub consume_queues_rebuilt: Vec<String>,
     /// Time recovery took.
     pub duration: Duration,
 }
@@ -206,10 +215,16 @@ struct Checkpoint {
     logics_flushed: u64,
     /// Set only by a clean shutdown: the exact end of the commit log.
     clean_end: Option<u64>,
+    /// Set only by a clean shutdown: every consume queue (`topic/queueId`) and its max offset,
+    /// so the next start notices a queue that lost entries or files.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    queues: Option<BTreeMap<String, u64>>,
 }
 
 const CHECKPOINT_FILE: &str = "checkpoint";
 const ABORT_FILE: &str = "abort";
+/// Lock file of the data directory: held (flock) while the store is open, holds the owner's pid.
+pub const LOCK_FILE: &str = "lock";
 /// Consume-queue entries scanned at most per pull (RocketMQ scans 16000 bytes of entries).
 const MAX_SCAN_ENTRIES: usize = 800;
 
@@ -238,6 +253,12 @@ struct Inner {
     stop_cv: Condvar,
     /// Serializes checkpoint writes (flusher thread vs. explicit flush).
     logics_lock: Mutex<()>,
+    /// Records whose body CRC failed (commit log offsets), found by recovery or by reads.
+    corrupt: RwLock<HashSet<u64>>,
+    /// Corrupt records met by reads (skipped or refused), for the broker's counters.
+    corrupt_reads: AtomicU64,
+    /// The exclusive lock on the data directory, held while the store is open.
+    dir_lock: Mutex<Option<DirLock>>,
 }
 
 /// The message store. `Send + Sync`; share it with an `Arc`.
@@ -401,6 +422,24 @@ impl MessageStore {
         backend
             .create_dir_all(&dir)
             .map_err(io_err("create data dir", &dir))?;
+        let lock_path = dir.join(LOCK_FILE);
+        let owner = format!("pid {}, opened at {} ms", std::process::id(), now_ms());
+        let dir_lock = match backend
+            .try_lock(&lock_path, &owner)
+            .map_err(io_err("lock data dir", &lock_path))?
+        {
+            Ok(l) => l,
+            Err(current) => {
+                return Err(StoreError::Locked {
+                    dir: dir.clone(),
+                    owner: if current.is_empty() {
+                        "owner unknown".into()
+                    } else {
+                        current
+                    },
+                })
+            }
+        };
         let abort_path = dir.join(ABORT_FILE);
         let abnormal = backend.exists(&abort_path);
         let checkpoint = read_checkpoint(&*backend, &dir.join(CHECKPOINT_FILE))?;
@@ -432,6 +471,7 @@ impl MessageStore {
             _ => None,
         };
         let mut last_store_timestamp = 0;
+        let mut corrupt_found = Vec::new();
         let end = match fast_end {
             Some(end) => end,
             None => {
@@ -451,6 +491,7 @@ impl MessageStore {
                 report.truncation_reason = scan.reason;
                 report.records_checked = scan.checked;
                 last_store_timestamp = scan.last_store_timestamp;
+                corrupt_found = scan.corrupt;
                 scan.end
             }
         };
@@ -458,7 +499,8 @@ impl MessageStore {
         report.commit_log_end = end;
         let cl_min = commit_log.min_offset();
 
-        // 2. Consume queues: cut entries past the end.
+        // 2. Consume queues: cut entries past the end; note the damaged ones.
+        let mut damaged: BTreeMap<(String, i32), String> = BTreeMap::new();
         let mut queues: QueueMap = HashMap::new();
         let cq_root = dir.join("consumequeue");
         for topic in backend.list(&cq_root).map_err(io_err("list", &cq_root))? {
@@ -475,7 +517,14 @@ impl MessageStore {
                     tdir.join(&qid),
                     config.consume_queue_file_entries,
                 )?;
-                report.consume_queue_entries_dropped += cq.recover(cl_min, end)?;
+                let (dropped, bad) = cq.recover(cl_min, end)?;
+                report.consume_queue_entries_dropped += dropped;
+                if bad || (dropped > 0 && fast_end.is_some()) {
+                    damaged.insert(
+                        (topic.clone(), queue_id),
+                        format!("{dropped} entries were invalid"),
+                    );
+                }
                 queues
                     .entry(topic.clone())
                     .or_default()
@@ -511,14 +560,59 @@ impl MessageStore {
             stop: Mutex::new(false),
             stop_cv: Condvar::new(),
             logics_lock: Mutex::new(()),
+            dir_lock: Mutex::new(Some(dir_lock)),
+            corrupt: RwLock::new(corrupt_found.iter().copied().collect()),
+            corrupt_reads: AtomicU64::new(0),
             config,
         });
 
         // 4. Re-dispatch the checked records the consume queues or index miss.
         if report.full_check {
             let logics = checkpoint.as_ref().map_or(0, |cp| cp.logics_flushed);
-            report.consume_queue_entries_rebuilt = inner.redispatch(&scanned, logics)?;
+            report.consume_queue_entries_rebuilt =
+                inner.redispatch(&scanned, logics, &mut damaged)?;
         }
+        drop(scanned);
+        // 4b. Verify every consume queue against the commit log (on every start): entries in
+        // order and inside the log, sampled entries pointing at their own records, and after a
+        // clean shutdown every queue as long as it was. Rebuild what does not match.
+        if let Some(expected) = checkpoint.as_ref().and_then(|cp| cp.queues.as_ref()) {
+            if fast_end.is_some() {
+                for (name, max) in expected {
+                    let Some((topic, qid)) = name
+                        .rsplit_once('/')
+                        .and_then(|(t, q)| q.parse::<i32>().ok().map(|q| (t.to_string(), q)))
+                    else {
+                        continue;
+                    };
+                    let have = inner
+                        .queues
+                        .read()
+                        .get(&topic)
+                        .and_then(|m| m.get(&qid))
+                        .map(|cq| cq.max_offset());
+                    if have != Some(*max) && validate_topic(&topic).is_ok() {
+                        let why = match have {
+                            None => format!("its files are missing (it had {max} entries)"),
+                            Some(h) => format!("it has {h} entries, {max} at the clean shutdown"),
+                        };
+                        damaged.entry((topic, qid)).or_insert(why);
+                    }
+                }
+            }
+        }
+        inner.verify_queues(&mut damaged)?;
+        if !damaged.is_empty() {
+            for ((topic, qid), why) in &damaged {
+                tracing::warn!(%topic, queue_id = qid, reason = %why, "consume queue does not match the commit log; rebuilding it");
+                report
+                    .consume_queues_rebuilt
+                    .push(format!("{topic}/{qid}: {why}"));
+            }
+            let set: HashSet<(String, i32)> = damaged.into_keys().collect();
+            report.consume_queue_entries_rebuilt += inner.rebuild_queues(&set)?;
+        }
+        report.corrupt_records = corrupt_found;
         if last_store_timestamp == 0 && end > 0 {
             last_store_timestamp = inner.last_record_timestamp().unwrap_or(0);
         }
@@ -752,6 +846,7 @@ impl MessageStore {
             next_begin_offset: 0,
             min_offset: min,
             max_offset: max,
+            corrupt_skipped: 0,
         };
         let Some(cq) = cq.filter(|_| max > 0) else {
             return Ok(result);
@@ -819,15 +914,110 @@ impl MessageStore {
                 .read_into(start, (run_end - start) as usize, &mut buf)?;
             i = j;
         }
-        result.message_count = picked.len();
-        result.messages = buf.freeze();
         result.next_begin_offset = offset + scanned;
+        let buf = self.drop_corrupt(topic, queue_id, &mut picked, &mut result, buf)?;
+        result.message_count = picked.len();
+        result.messages = buf;
         result.status = if picked.is_empty() {
             GetMessageStatus::NoMatchedMessage
         } else {
             GetMessageStatus::Found
         };
         Ok(result)
+    }
+
+    /// Finds corrupt records (known ones, and by CRC when `check_crc_on_read`) among the
+    /// records read by a pull and applies the [`CorruptRecordPolicy`].
+    fn drop_corrupt(
+        &self,
+        topic: &str,
+        queue_id: i32,
+        picked: &mut Vec<CqEntry>,
+        result: &mut GetMessageResult,
+        buf: BytesMut,
+    ) -> Result<Bytes> {
+        let inner = &*self.inner;
+        let check = inner.config.check_crc_on_read;
+        let mut bad = Vec::new();
+        {
+            let known = inner.corrupt.read();
+            if !check && known.is_empty() {
+                return Ok(buf.freeze());
+            }
+            let mut at = 0usize;
+            for (i, e) in picked.iter().enumerate() {
+                let end = at + e.size as usize;
+                let rec = buf.get(at..end).unwrap_or(&[]);
+                let corrupt = known.contains(&e.phys_offset)
+                    || (check && RecordView::parse(rec).and_then(|v| v.verify_crc()).is_err());
+                if corrupt {
+                    bad.push(i);
+                }
+                at = end;
+            }
+        }
+        if bad.is_empty() {
+            return Ok(buf.freeze());
+        }
+        inner
+            .corrupt_reads
+            .fetch_add(bad.len() as u64, Ordering::Relaxed);
+        {
+            let mut known = inner.corrupt.write();
+            for &i in &bad {
+                let e = picked[i];
+                if known.insert(e.phys_offset) {
+                    tracing::warn!(
+                        offset = e.phys_offset,
+                        %topic,
+                        queue_id,
+                        queue_offset = result.queue_offsets[i],
+                        "commit log record failed its CRC check on read"
+                    );
+                }
+            }
+        }
+        let first = bad[0];
+        if inner.config.corrupt_record_policy == CorruptRecordPolicy::Error {
+            if first == 0 {
+                return Err(StoreError::CorruptRecord {
+                    phys_offset: picked[0].phys_offset,
+                    topic: topic.to_string(),
+                    queue_id,
+                    queue_offset: result.queue_offsets[0],
+                });
+            }
+            // Serve what precedes it; the next pull starts at the corrupt record.
+            let keep: usize = picked[..first].iter().map(|e| e.size as usize).sum();
+            result.next_begin_offset = result.queue_offsets[first];
+            picked.truncate(first);
+            result.queue_offsets.truncate(first);
+            let mut buf = buf;
+            buf.truncate(keep);
+            return Ok(buf.freeze());
+        }
+        let mut out = BytesMut::with_capacity(buf.len());
+        let mut at = 0usize;
+        let mut kept = Vec::with_capacity(picked.len());
+        let mut offsets = Vec::with_capacity(picked.len());
+        for (i, e) in picked.iter().enumerate() {
+            let end = at + e.size as usize;
+            if !bad.contains(&i) {
+                out.extend_from_slice(buf.get(at..end).unwrap_or(&[]));
+                kept.push(*e);
+                offsets.push(result.queue_offsets[i]);
+            }
+            at = end;
+        }
+        result.corrupt_skipped = bad.len();
+        *picked = kept;
+        result.queue_offsets = offsets;
+        Ok(out.freeze())
+    }
+
+    /// Corrupt records met by reads so far (skipped or refused).
+    pub fn corrupt_records_read(&self) -> u64 {
+        self.inner.corrupt_reads.load(Ordering::Relaxed)
     }
 
     /// Next queue offset to be written in (topic, queue id); 0 for an unknown queue.
@@ -1065,6 +1255,14 @@ impl MessageStore {
         if inner.closed.swap(true, Ordering::AcqRel) {
             return Ok(());
         }
+        let r = self.close_files();
+        // Another process may open the directory now.
+        inner.dir_lock.lock().take();
+        r
+    }
+
+    fn close_files(&self) -> Result<()> {
+        let inner = &*self.inner;
         {
             *inner.stop.lock() = true;
             inner.stop_cv.notify_all();
@@ -1083,10 +1281,20 @@ impl MessageStore {
         inner.commit_log.flush()?;
         inner.flush_logics()?;
         let end = inner.commit_log.write_pos();
+        let queues: BTreeMap<String, u64> = inner
+            .queues
+            .read()
+            .iter()
+            .flat_map(|(t, m)| {
+                m.iter()
+                    .map(move |(q, cq)| (format!("{t}/{q}"), cq.max_offset()))
+            })
+            .collect();
         let cp = Checkpoint {
             commit_log_flushed: end,
             logics_flushed: end,
             clean_end: Some(end),
+            queues: Some(queues),
         };
         inner.write_checkpoint(&cp)?;
         let abort = inner.config.data_dir.join(ABORT_FILE);
@@ -1094,6 +1302,25 @@ impl MessageStore {
             .backend
             .remove_file(&abort)
             .map_err(io_err("remove abort marker", &abort))
+    }
+}
+
+impl MessageStore {
+    /// Simulates the process dying, for crash tests: stops the background threads and releases
+    /// the data directory lock, with no flush, no checkpoint and the abort marker left in place.
+    /// Bytes already written stay where the OS has them.
+    pub fn abandon(self) {
+        let inner = &*self.inner;
+        inner.closed.store(true, Ordering::Release);
+        {
+            *inner.stop.lock() = true;
+            inner.stop_cv.notify_all();
+        }
+        for h in self.threads.lock().drain(..) {
+            let _ = h.join();
+        }
+        inner.dir_lock.lock().take();
+        std::mem::forget(self);
     }
 }
 
@@ -1115,10 +1342,14 @@ struct ScanOutcome {
     checked: u64,
     /// Store timestamp of the last valid record (0 if none).
     last_store_timestamp: i64,
+    /// Records with intact framing and a failed body CRC, followed by valid records (kept).
+    corrupt: Vec<u64>,
 }
 
-/// Scans the commit log from `from`, validating records; collects those at or above
-/// `collect_from` into `out`.
+/// Scans the commit log from `from`, validating records; hands those at or above
+/// `collect_from` to `sink`. A record whose framing is intact (size, magic, field lengths, its
+/// own position) but whose body CRC fails is kept in its place (reported in `corrupt`) when a
+/// valid record follows it; at the tail it is a torn write and ends the log.
 fn scan_commit_log(
     cl: &CommitLog,
     from: u64,
@@ -1127,12 +1358,31 @@ fn scan_commit_log(
 ) -> Result<ScanOutcome> {
     let mut checked = 0u64;
     let mut last_ts = 0i64;
-    let done = |end: u64, reason: Option<String>, checked: u64, last_ts: i64| {
+    let mut corrupt: Vec<u64> = Vec::new();
+    // CRC-failed records not yet followed by a valid one.
+    let mut pending: Vec<ScannedRecord> = Vec::new();
+    let done = |end: u64,
+                reason: Option<String>,
+                checked: u64,
+                last_ts: i64,
+                pending: Vec<ScannedRecord>,
+                corrupt: Vec<u64>| {
+        let (end, reason) = match pending.first() {
+            Some(first) => (
+                first.phys,
+                Some(format!(
+                    "record at {} failed its CRC check and no valid record follows it (torn tail)",
+                    first.phys
+                )),
+            ),
+            None => (end, reason),
+        };
         Ok(ScanOutcome {
             end,
             reason,
             checked,
             last_store_timestamp: last_ts,
+            corrupt,
         })
     };
     let seg_size = cl.segment_size();
@@ -1141,7 +1391,7 @@ fn scan_commit_log(
     let mut seg_idx = segs.partition_point(|s| s.base + seg_size <= pos);
     loop {
         let Some(seg) = segs.get(seg_idx) else {
-            return done(pos, None, checked, last_ts);
+            return done(pos, None, checked, last_ts, pending, corrupt);
         };
         if seg.base > pos {
             // A gap between segments: the data after it cannot be trusted.
@@ -1150,6 +1400,8 @@ fn scan_commit_log(
                 Some(format!("missing segment at {pos}")),
                 checked,
                 last_ts,
+                pending,
+                corrupt,
             );
         }
         let mut reader =
@@ -1170,7 +1422,7 @@ fn scan_commit_log(
                 } else {
                     None
                 };
-                return done(pos, reason, checked, last_ts);
+                return done(pos, reason, checked, last_ts, pending, corrupt);
             };
             let size = u32::from_be_bytes([header[0], header[1], header[2], header[3]]);
             let magic = u32::from_be_bytes([header[4], header[5], header[6], header[7]]);
@@ -1181,6 +1433,8 @@ fn scan_commit_log(
                         Some(format!("bad end-of-segment marker at {pos}")),
                         checked,
                         last_ts,
+                        pending,
+                        corrupt,
                     );
                 }
                 pos = seg.base + seg_size;
@@ -1192,6 +1446,8 @@ fn scan_commit_log(
                     Some(format!("zeroed space at {pos}")),
                     checked,
                     last_ts,
+                    pending,
+                    corrupt,
                 );
             }
             if (size as usize) < MIN_RECORD_LEN || u64::from(size) + 8 > left {
@@ -1200,32 +1456,36 @@ fn scan_commit_log(
                     Some(format!("bad record size {size} at {pos}")),
                     checked,
                     last_ts,
+                    pending,
+                    corrupt,
                 );
             }
             let Some(rec) = reader
                 .slice(in_seg, size as usize)
                 .map_err(io_err("read commit log", &seg.path))?
             else {
-                return done(pos, Some(format!("torn record at {pos}")), checked, last_ts);
+                return done(
+                    pos,
+                    Some(format!("torn record at {pos}")),
+                    checked,
+                    last_ts,
+                    pending,
+                    corrupt,
+                );
             };
-            let view = match RecordView::parse(rec).and_then(|v| v.verify_crc().map(|()| v)) {
+            let view = match RecordView::parse(rec) {
                 Ok(v) => v,
                 Err(e) => {
                     let reason = format!("invalid record at {pos}: {e}");
-                    return done(pos, Some(reason), checked, last_ts);
+                    return done(pos, Some(reason), checked, last_ts, pending, corrupt);
                 }
             };
             if view.physical_offset() != pos as i64 || view.queue_offset() < 0 {
                 let reason = format!("record at {pos} carries offset {}", view.physical_offset());
-                return done(pos, Some(reason), checked, last_ts);
+                return done(pos, Some(reason), checked, last_ts, pending, corrupt);
             }
-            checked += 1;
-            last_ts = view.store_timestamp();
-            if pos < collect_from {
-                pos += u64::from(size);
-                continue;
-            }
-            sink(ScannedRecord {
+            let crc_ok = view.verify_crc().is_ok();
+            let record = ScannedRecord {
                 phys: pos,
                 size,
                 topic: view.topic().to_string(),
@@ -1234,8 +1494,32 @@ fn scan_commit_log(
                 tag_code: view.tags_code(),
                 store_timestamp: view.store_timestamp(),
                 keys: index_keys(view.properties_str()),
-            })?;
+            };
             pos += u64::from(size);
+            if !crc_ok {
+                // Framing intact, body damaged: decided by what follows.
+                pending.push(record);
+                continue;
+            }
+            for p in pending.drain(..) {
+                tracing::warn!(
+                    offset = p.phys,
+                    topic = %p.topic,
+                    queue_id = p.queue_id,
+                    queue_offset = p.queue_offset,
+                    "commit log record failed its CRC check; kept in place and skipped on read"
+                );
+                corrupt.push(p.phys);
+                checked += 1;
+                if p.phys >= collect_from {
+                    sink(p)?;
+                }
+            }
+            checked += 1;
+            last_ts = view.store_timestamp();
+            if record.phys >= collect_from {
+                sink(record)?;
+            }
         }
         seg_idx += 1;
     }
@@ -1267,17 +1551,22 @@ impl Inner {
     }
 
     /// Recovery: adds consume-queue and index entries for scanned records that lack them.
-    fn redispatch(&self, scanned: &[ScannedRecord], logics_flushed: u64) -> Result<u64> {
+    /// Queues found with a hole are added to `broken` (to be rebuilt) and skipped.
+    fn redispatch(
+        &self,
+        scanned: &[ScannedRecord],
+        logics_flushed: u64,
+        broken: &mut BTreeMap<(String, i32), String>,
+    ) -> Result<u64> {
         let mut rebuilt = 0;
         let indexed_to = self.index.indexed_to();
-        let mut broken: HashSet<(String, i32)> = HashSet::new();
         for r in scanned.iter().filter(|r| r.phys >= logics_flushed) {
             if r.phys >= indexed_to {
                 for key in &r.keys {
                     self.index.put(&r.topic, key, r.phys, r.store_timestamp)?;
                 }
             }
-            if broken.contains(&(r.topic.clone(), r.queue_id)) {
+            if broken.contains_key(&(r.topic.clone(), r.queue_id)) {
                 continue;
             }
             let Some(cq) = self.queue(&r.topic, r.queue_id, true)? else {
@@ -1298,13 +1587,66 @@ impl Inner {
                     next = q,
                     "consume queue has a hole; rebuilding it from the commit log"
                 );
-                broken.insert((r.topic.clone(), r.queue_id));
+                broken.insert(
+                    (r.topic.clone(), r.queue_id),
+                    format!("entries {max}..{q} are missing below the checkpoint"),
+                );
             }
         }
-        if !broken.is_empty() {
-            rebuilt += self.rebuild_queues(&broken)?;
-        }
         Ok(rebuilt)
+    }
+
+    /// Start-up check of every consume queue against the commit log; adds the queues that do
+    /// not match to `damaged`.
+    fn verify_queues(&self, damaged: &mut BTreeMap<(String, i32), String>) -> Result<()> {
+        let all: Vec<(String, i32, Arc<ConsumeQueue>)> = self
+            .queues
+            .read()
+            .iter()
+            .flat_map(|(t, m)| m.iter().map(move |(q, cq)| (t.clone(), *q, cq.clone())))
+            .collect();
+        let (cl_min, cl_end) = (self.commit_log.min_offset(), self.commit_log.write_pos());
+        for (topic, qid, cq) in all {
+            if damaged.contains_key(&(topic.clone(), qid)) {
+                continue;
+            }
+            let samples = match cq.check_entries(cl_min, cl_end)? {
+                Ok(samples) => samples,
+                Err(why) => {
+                    damaged.insert((topic, qid), why);
+                    continue;
+                }
+            };
+            for (logical, e) in samples {
+                if let Some(why) = self.entry_mismatch(&topic, qid, logical, &e) {
+                    damaged.insert((topic.clone(), qid), why);
+                    break;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Why the consume-queue entry `logical` of (topic, queue id) does not point at its own
+    /// record, if it does not.
+    fn entry_mismatch(&self, topic: &str, qid: i32, logical: u64, e: &CqEntry) -> Option<String> {
+        let rec = match self.commit_log.read(e.phys_offset, e.size as usize) {
+            Ok(r) => r,
+            Err(err) => return Some(format!("entry {logical} cannot be read: {err}")),
+        };
+        let ok = RecordView::parse(&rec).is_ok_and(|v| {
+            v.total_size() as u32 == e.size
+                && v.physical_offset() == e.phys_offset as i64
+                && v.queue_offset() == logical as i64
+                && v.queue_id() == qid
+                && v.topic() == topic
+        });
+        (!ok).then(|| {
+            format!(
+                "entry {logical} points at commit log offset {} which is not its record",
+                e.phys_offset
+            )
+        })
     }
 
     /// Re-creates the given consume queues from every record in the commit log.
@@ -1505,6 +1847,7 @@ impl Inner {
             commit_log_flushed: self.commit_log.flushed(),
             logics_flushed: dispatched,
             clean_end: None,
+            queues: None,
         };
         self.write_checkpoint(&cp)
     }

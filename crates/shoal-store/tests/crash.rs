@@ -278,8 +278,8 @@ fn recovery_is_itself_crash_safe_and_reports_truncation() {
     assert_eq!(seen, durable);
 }
 
-#[test]
-fn corrupted_record_body_is_cut_by_crc() {
+/// Six records on T1/0, durable; a byte of record `victim`'s body is flipped on disk.
+fn image_with_flipped_body(victim: usize) -> (MemBackend, Vec<u64>) {
     let be = MemBackend::new();
     let (store, _) = MessageStore::open(cfg_on(&be, FlushMode::Sync)).unwrap();
     let mut offsets = Vec::new();
@@ -291,13 +291,177 @@ fn corrupted_record_body_is_cut_by_crc() {
     }
     let img = be.crash_image(0);
     drop(store);
-    // Flip a byte in the body of the 5th record (durable data, so only the CRC can tell).
+    // Flip a byte in the body (durable data, so only the CRC can tell).
     let seg = std::path::PathBuf::from("/data/commitlog/00000000000000000000");
-    assert!(img.corrupt(&seg, offsets[4] + 100, b"Z"));
+    assert!(img.corrupt(&seg, offsets[victim] + 100, b"Z"));
+    (img, offsets)
+}
+
+fn pull_ids(store: &MessageStore, topic: &str, q: i32) -> (Vec<String>, usize) {
+    let (mut ids, mut skipped, mut off) = (Vec::new(), 0, 0);
+    while off < store.max_offset(topic, q) {
+        let r = store
+            .get_messages(topic, q, off, 32, 1 << 20, &|_| true)
+            .unwrap();
+        ids.extend(decode(&r.messages).into_iter().map(|m| m.id));
+        skipped += r.corrupt_skipped;
+        off = r.next_begin_offset;
+    }
+    (ids, skipped)
+}
+
+#[test]
+fn one_corrupt_record_does_not_take_the_following_ones_with_it() {
+    let (img, offsets) = image_with_flipped_body(2);
     let (store, report) = MessageStore::open(cfg_on(&img, FlushMode::Sync)).unwrap();
-    assert_eq!(report.commit_log_end, offsets[4]);
+    assert!(report.full_check);
+    assert_eq!(report.truncated_bytes, 0, "{report:?}");
+    assert_eq!(report.corrupt_records, vec![offsets[2]]);
+    // The corrupt record keeps its queue offset; reads skip it and serve the rest.
+    assert_eq!(store.max_offset("T1", 0), 6);
+    let (ids, skipped) = pull_ids(&store, "T1", 0);
+    assert_eq!(ids, ["c0", "c1", "c3", "c4", "c5"]);
+    assert_eq!(skipped, 1);
+    assert_eq!(store.corrupt_records_read(), 1);
+    // The next message gets the next offset: nothing is reused.
+    let r = store.put_message(&msg("T1", 0, "c6", 100, "")).unwrap();
+    assert_eq!(r.messages[0].queue_offset, 6);
+}
+
+#[test]
+fn corrupt_record_under_the_error_policy_is_refused_after_the_good_prefix() {
+    let (img, offsets) = image_with_flipped_body(2);
+    let mut cfg = cfg_on(&img, FlushMode::Sync);
+    cfg.corrupt_record_policy = shoal_store::CorruptRecordPolicy::Error;
+    let (store, _) = MessageStore::open(cfg).unwrap();
+    let r = store
+        .get_messages("T1", 0, 0, 32, 1 << 20, &|_| true)
+        .unwrap();
+    assert_eq!(r.message_count, 2);
+    assert_eq!(r.next_begin_offset, 2);
+    let err = store
+        .get_messages("T1", 0, 2, 32, 1 << 20, &|_| true)
+        .unwrap_err();
+    assert!(
+        matches!(err, shoal_store::StoreError::CorruptRecord { phys_offset, queue_offset: 2, .. } if phys_offset == offsets[2]),
+        "{err}"
+    );
+    let r = store
+        .get_messages("T1", 0, 3, 32, 1 << 20, &|_| true)
+        .unwrap();
+    assert_eq!(r.message_count, 3);
+}
+
+#[test]
+fn corrupt_last_record_is_a_torn_tail_and_is_cut() {
+    let (img, offsets) = image_with_flipped_body(5);
+    let (store, report) = MessageStore::open(cfg_on(&img, FlushMode::Sync)).unwrap();
+    assert_eq!(report.commit_log_end, offsets[5]);
     assert!(report.truncation_reason.unwrap().contains("CRC"));
-    assert_eq!(store.max_offset("T1", 0), 4);
+    assert!(report.corrupt_records.is_empty());
+    assert_eq!(store.max_offset("T1", 0), 5);
+}
+
+#[test]
+fn bit_rot_is_caught_on_read_after_a_clean_restart() {
+    let be = MemBackend::new();
+    let (store, _) = MessageStore::open(cfg_on(&be, FlushMode::Sync)).unwrap();
+    let mut offsets = Vec::new();
+    for i in 0..6 {
+        let r = store
+            .put_message(&msg("T2", 0, &format!("r{i}"), 100, ""))
+            .unwrap();
+        offsets.push(r.messages[0].physical_offset);
+    }
+    store.shutdown().unwrap();
+    drop(store);
+    let seg = std::path::PathBuf::from("/data/commitlog/00000000000000000000");
+    assert!(be.corrupt(&seg, offsets[3] + 100, b"Z"));
+    // Clean shutdown: the fast path does not scan the log, the read checks the CRC.
+    let (store, report) = MessageStore::open(cfg_on(&be, FlushMode::Sync)).unwrap();
+    assert!(!report.full_check);
+    let (ids, skipped) = pull_ids(&store, "T2", 0);
+    assert_eq!(ids, ["r0", "r1", "r2", "r4", "r5"]);
+    assert_eq!(skipped, 1);
+    // With the check off, the bytes are served as they are (what the switch is for).
+    store.shutdown().unwrap();
+    drop(store);
+    let mut cfg = cfg_on(&be, FlushMode::Sync);
+    cfg.check_crc_on_read = false;
+    let (store, _) = MessageStore::open(cfg).unwrap();
+    let r = store
+        .get_messages("T2", 0, 0, 32, 1 << 20, &|_| true)
+        .unwrap();
+    assert_eq!((r.message_count, r.corrupt_skipped), (6, 0));
+}
+
+/// Twenty messages on Q/0 and Q/1 (consume-queue files of 16 entries), cleanly shut down.
+fn clean_store_with_two_queues() -> MemBackend {
+    let be = MemBackend::new();
+    let (store, _) = MessageStore::open(cfg_on(&be, FlushMode::Async)).unwrap();
+    for i in 0..40 {
+        store
+            .put_message(&msg("Q", i % 2, &format!("q{i}"), 60, ""))
+            .unwrap();
+    }
+    store.shutdown().unwrap();
+    be
+}
+
+fn assert_queue_served_whole(store: &MessageStore, q: i32) {
+    let all = read_all(store);
+    let ids: Vec<String> = all[&("Q".to_string(), q)]
+        .iter()
+        .map(|r| r.id.clone())
+        .collect();
+    let expected: Vec<String> = (0..40)
+        .filter(|i| i % 2 == q)
+        .map(|i| format!("q{i}"))
+        .collect();
+    assert_eq!(ids, expected);
+    let r = store.put_message(&msg("Q", q, "next", 60, "")).unwrap();
+    assert_eq!(r.messages[0].queue_offset, 20, "an offset was reused");
+}
+
+#[test]
+fn damaged_consume_queue_is_rebuilt_after_a_clean_shutdown() {
+    let be = clean_store_with_two_queues();
+    // 200 garbage bytes at the start of the first consume-queue file of Q/1.
+    let f = std::path::PathBuf::from("/data/consumequeue/Q/1/00000000000000000000");
+    assert!(be.corrupt(&f, 0, &[0xAB; 200]));
+    let (store, report) = MessageStore::open(cfg_on(&be, FlushMode::Async)).unwrap();
+    assert!(!report.full_check, "clean shutdown: fast path for the log");
+    assert_eq!(report.consume_queues_rebuilt.len(), 1, "{report:?}");
+    assert!(report.consume_queues_rebuilt[0].starts_with("Q/1"));
+    assert_queue_served_whole(&store, 1);
+    assert_queue_served_whole(&store, 0);
+}
+
+#[test]
+fn damage_in_an_older_consume_queue_file_is_found() {
+    let be = clean_store_with_two_queues();
+    // Entry 5 of the first file (the queue has two files) points somewhere else.
+    let f = std::path::PathBuf::from("/data/consumequeue/Q/0/00000000000000000000");
+    let e = be.file_contents(&f).unwrap()[20 * 4..20 * 5].to_vec();
+    assert!(be.corrupt(&f, 20 * 5, &e));
+    let (store, report) = MessageStore::open(cfg_on(&be, FlushMode::Async)).unwrap();
+    assert_eq!(report.consume_queues_rebuilt.len(), 1, "{report:?}");
+    assert_queue_served_whole(&store, 0);
+}
+
+#[test]
+fn missing_or_truncated_consume_queue_is_rebuilt_after_a_clean_shutdown() {
+    let be = clean_store_with_two_queues();
+    be.remove_dir_all(std::path::Path::new("/data/consumequeue/Q/1"))
+        .unwrap();
+    let f = std::path::PathBuf::from("/data/consumequeue/Q/0/00000000000000000320");
+    let file = be.open(&f, false).unwrap();
+    file.set_len(20).unwrap();
+    file.sync().unwrap();
+    let (store, report) = MessageStore::open(cfg_on(&be, FlushMode::Async)).unwrap();
+    assert_eq!(report.consume_queues_rebuilt.len(), 2, "{report:?}");
+    assert_queue_served_whole(&store, 0);
+    assert_queue_served_whole(&store, 1);
 }
 
 #[test]

@@ -608,7 +608,7 @@ fn real_file_system_unclean_stop_and_torn_tail() {
         last = Some(r.messages[0].clone());
     }
     // The process dies: no shutdown, nothing flushed, but the bytes are in the OS.
-    std::mem::forget(store);
+    store.abandon();
     let last = last.unwrap();
     let seg_base = last.physical_offset - last.physical_offset % 16384;
     let seg = dir.path().join("commitlog").join(format!("{seg_base:020}"));
@@ -624,4 +624,30 @@ fn real_file_system_unclean_stop_and_torn_tail() {
     let total: usize = read_all(&store).values().map(Vec::len).sum();
     assert_eq!(total, 99);
     assert_eq!(walk_commit_log(&store).len(), 99);
+}
+
+#[test]
+fn second_store_on_the_same_directory_is_refused_until_the_first_closes() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = StoreConfig::new(dir.path());
+    cfg.commit_log_segment_size = 16 * 1024;
+    cfg.max_message_size = 4096;
+    cfg.background_threads = false;
+    let (store, _) = MessageStore::open(cfg.clone()).unwrap();
+    store.put_message(&msg("L", 0, "l0", 100, "")).unwrap();
+    let err = MessageStore::open(cfg.clone()).unwrap_err();
+    let text = err.to_string();
+    assert!(
+        matches!(err, shoal_store::StoreError::Locked { .. }),
+        "{err}"
+    );
+    assert!(
+        text.contains(&format!("pid {}", std::process::id())) && text.contains("in use"),
+        "{text}"
+    );
+    let lock = std::fs::read_to_string(dir.path().join(shoal_store::LOCK_FILE)).unwrap();
+    assert!(lock.contains(&std::process::id().to_string()), "{lock}");
+    store.shutdown().unwrap();
+    let (again, _) = MessageStore::open(cfg).unwrap();
+    assert_eq!(again.max_offset("L", 0), 1);
 }
