@@ -93,6 +93,24 @@ pub struct Counters {
     pub sends_rejected_busy: AtomicU64,
     /// Puts waiting for the store now.
     pub inflight_puts: std::sync::atomic::AtomicUsize,
+    /// Pull answers cut by `max_pull_batch_bytes` / `max_pull_batch_messages`.
+    pub pulls_capped: AtomicU64,
+    /// Heartbeats refused (too large, too many groups or subscriptions).
+    pub heartbeats_refused: AtomicU64,
+    /// Groups not auto-created because `max_subscription_groups` was reached.
+    pub groups_refused: AtomicU64,
+    /// Client sends to system topics refused.
+    pub system_topic_sends_refused: AtomicU64,
+    /// Requests refused for bad queue ids or offsets.
+    pub invalid_queue_requests: AtomicU64,
+    /// Requests refused by the ACL (authentication or permission).
+    pub acl_refused: AtomicU64,
+}
+
+/// Whether a counter just reached a value worth a log line (1, 2, 4, 8, ...), so a flood of
+/// refusals logs a few lines, not one per request.
+pub fn worth_logging(count: u64) -> bool {
+    count.is_power_of_two()
 }
 
 /// State shared by every processor and service of one broker.
@@ -128,6 +146,8 @@ pub struct BrokerInner {
     pub counters: Counters,
     /// Client used for name servers.
     pub namesrv_client: RemotingClient,
+    /// Serializes writes of the config tables.
+    pub persist_lock: Mutex<()>,
     started: Instant,
     started_wall_ms: i64,
 }
@@ -262,12 +282,69 @@ impl BrokerInner {
 
     /// Persists topic and group tables; logs failures (the caller is a timer or shutdown).
     pub fn persist_configs(&self) {
-        if let Err(e) = self.topics.lock().persist() {
-            warn!(error = %e, "could not persist the topic table");
+        if let Err(e) = self.persist_tables_now() {
+            warn!(error = %e, "could not persist the config tables");
         }
-        if let Err(e) = self.groups.lock().persist() {
-            warn!(error = %e, "could not persist the subscription group table");
+    }
+
+    /// A subscription group, created with the defaults when auto-create is on (heartbeat,
+    /// pull). `Err` with the reason when it does not exist and may not be created: auto-create
+    /// is off, the name is invalid, or `max_subscription_groups` is reached.
+    pub fn group_or_auto_create(&self, group: &str) -> Result<SubscriptionGroupConfig, String> {
+        let mut groups = self.groups.lock();
+        if let Some(c) = groups.get(group) {
+            return Ok(c.clone());
         }
+        if !self.config.auto_create_subscription_group {
+            return Err(format!("subscription group [{group}] does not exist"));
+        }
+        crate::group_config::validate_group_name(group)?;
+        if groups.len() >= self.config.max_subscription_groups {
+            drop(groups);
+            let n = self.counters.groups_refused.fetch_add(1, Ordering::Relaxed) + 1;
+            if worth_logging(n) {
+                warn!(%group, limit = self.config.max_subscription_groups, refused = n,
+                    "subscription group not auto-created: max_subscription_groups reached");
+            }
+            return Err(format!(
+                "subscription group [{group}] does not exist and cannot be auto-created: the broker holds max_subscription_groups = {} groups",
+                self.config.max_subscription_groups
+            ));
+        }
+        let (c, created) = groups.ensure(group, wall_ms());
+        if created {
+            info!(%group, "subscription group auto-created");
+        }
+        Ok(c)
+    }
+
+    /// Whether the topic or group table has changes not on disk yet.
+    pub fn tables_dirty(&self) -> bool {
+        self.topics.lock().is_dirty() || self.groups.lock().is_dirty()
+    }
+
+    /// Writes the topic and group tables if they changed (blocking: temp file, fsync,
+    /// rename). Writers are serialized and each writes a copy taken after the previous write
+    /// finished, so a newer table is never overwritten by an older one.
+    pub fn persist_tables_now(&self) -> Result<(), PersistError> {
+        let _one_writer = self.persist_lock.lock();
+        let topics = {
+            let t = self.topics.lock();
+            t.is_dirty().then(|| t.snapshot())
+        };
+        if let Some(snap) = topics {
+            snap.write()?;
+            self.topics.lock().mark_persisted(snap.changes);
+        }
+        let groups = {
+            let g = self.groups.lock();
+            g.is_dirty().then(|| g.snapshot())
+        };
+        if let Some(snap) = groups {
+            snap.write()?;
+            self.groups.lock().mark_persisted(snap.changes);
+        }
+        Ok(())
     }
 
     /// Builds a REGISTER_BROKER request carrying the whole topic table.
@@ -432,6 +509,11 @@ impl Broker {
         store_cfg.max_message_size = config.max_message_bytes + 64 * 1024;
         store_cfg.offsets_persist_interval = Duration::from_millis(config.offset_flush_interval_ms);
         store_cfg.store_host = store_host;
+        store_cfg.check_crc_on_read = config.check_crc_on_read;
+        store_cfg.corrupt_record_policy = match config.corrupt_record_policy {
+            crate::config::CorruptRecordPolicy::Skip => shoal_store::CorruptRecordPolicy::Skip,
+            crate::config::CorruptRecordPolicy::Error => shoal_store::CorruptRecordPolicy::Error,
+        };
         let (store, recovery) = tokio::task::spawn_blocking(move || MessageStore::open(store_cfg))
             .await
             .map_err(|e| {
@@ -481,6 +563,7 @@ impl Broker {
                 NetConfig::default(),
                 Arc::new(NotSupportedProcessor),
             ),
+            persist_lock: Mutex::new(()),
             started: Instant::now(),
             started_wall_ms: now,
             config,

@@ -17,8 +17,63 @@ use std::sync::Arc;
 use tracing::{info, warn};
 
 /// HEART_BEAT: registers producers and consumers of a client connection.
-pub fn heartbeat(b: &Arc<BrokerInner>, ctx: &RequestContext, req: &RemotingCommand) -> Handled {
+pub async fn heartbeat(
+    b: &Arc<BrokerInner>,
+    ctx: &RequestContext,
+    req: &RemotingCommand,
+) -> Handled {
+    let body_len = req.body.as_ref().map_or(0, |b| b.len());
+    if body_len > b.config.max_heartbeat_bytes {
+        return Err(refuse_heartbeat(
+            b,
+            ctx,
+            format!(
+                "heartbeat body of {body_len} bytes exceeds max_heartbeat_bytes = {}",
+                b.config.max_heartbeat_bytes
+            ),
+        ));
+    }
     let data: HeartbeatData = req.decode_json_body()?;
+    let conn_id = ctx.connection().id();
+    {
+        let mut groups: std::collections::BTreeSet<&str> = data
+            .consumer_data_set
+            .iter()
+            .map(|c| c.group_name.as_str())
+            .collect();
+        let joined = b.clients.lock().groups_of_conn(conn_id);
+        let mut total = data.producer_data_set.len();
+        for g in &joined {
+            groups.insert(g.as_str());
+        }
+        total += groups.len();
+        if total > b.config.max_groups_per_client {
+            return Err(refuse_heartbeat(
+                b,
+                ctx,
+                format!(
+                    "heartbeat names {total} producer and consumer groups for this connection, more than max_groups_per_client = {}",
+                    b.config.max_groups_per_client
+                ),
+            ));
+        }
+        if let Some(c) = data
+            .consumer_data_set
+            .iter()
+            .find(|c| c.subscription_data_set.len() > b.config.max_subscriptions_per_group)
+        {
+            return Err(refuse_heartbeat(
+                b,
+                ctx,
+                format!(
+                    "consumer group {} has {} subscriptions, more than max_subscriptions_per_group = {}",
+                    c.group_name,
+                    c.subscription_data_set.len(),
+                    b.config.max_subscriptions_per_group
+                ),
+            ));
+        }
+    }
     if data.client_id.is_empty() {
         return Err(Reject::new(
             resp::SYSTEM_ERROR,
@@ -26,7 +81,6 @@ pub fn heartbeat(b: &Arc<BrokerInner>, ctx: &RequestContext, req: &RemotingComma
         ));
     }
     let conn = ctx.connection().clone();
-    let conn_id = conn.id();
     b.connections.lock().insert(conn_id, conn);
     let channel = ClientChannel {
         conn_id,
@@ -42,18 +96,12 @@ pub fn heartbeat(b: &Arc<BrokerInner>, ctx: &RequestContext, req: &RemotingComma
         if group.is_empty() {
             continue;
         }
-        let group_config = if b.config.auto_create_subscription_group {
-            let (c, created) = b.groups.lock().ensure(&group, wall_ms());
-            if created {
-                info!(group = %group, "subscription group auto-created on first heartbeat");
+        let group_config = match b.group_or_auto_create(&group) {
+            Ok(c) => c,
+            Err(why) => {
+                warn!(group = %group, client = %data.client_id, reason = %why, "heartbeat for an unknown subscription group ignored");
+                continue;
             }
-            Some(c)
-        } else {
-            b.groups.lock().get(&group).cloned()
-        };
-        let Some(group_config) = group_config else {
-            warn!(group = %group, client = %data.client_id, "heartbeat for an unknown subscription group ignored (auto-create is off)");
-            continue;
         };
         if group_config.retry_queue_nums > 0 {
             let retry = retry_topic(&group);
@@ -105,12 +153,26 @@ pub fn heartbeat(b: &Arc<BrokerInner>, ctx: &RequestContext, req: &RemotingComma
                 .producer_heartbeat(&producer.group_name, channel.clone(), now);
         }
     }
+    crate::processor::persist_tables(b).await?;
     let mut r = RemotingCommand::response(resp::SUCCESS, None);
     let mut ext = shoal_proto::command::ExtFields::new();
     ext.insert("IS_SUPPORT_HEART_BEAT_V2".into(), "false".into());
     ext.insert("IS_SUB_CHANGE".into(), any_sub_change.to_string());
     r.ext_fields = Some(ext);
     Ok(Some(r))
+}
+
+/// Counts and logs a refused heartbeat; the refusal to answer.
+fn refuse_heartbeat(b: &BrokerInner, ctx: &RequestContext, why: String) -> Reject {
+    let n = b
+        .counters
+        .heartbeats_refused
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        + 1;
+    if crate::broker::worth_logging(n) {
+        warn!(peer = %ctx.peer_addr(), reason = %why, refused = n, "heartbeat refused");
+    }
+    Reject::new(resp::SYSTEM_ERROR, why)
 }
 
 /// UNREGISTER_CLIENT: a client leaves a producer and/or consumer group.

@@ -71,6 +71,38 @@ pub struct BrokerConfig {
     /// Sends waiting for the store at once before new ones are refused with SYSTEM_BUSY
     /// (RocketMQ's send thread pool queue, 10000).
     pub max_inflight_sends: usize,
+    /// Largest pull answer in bytes of message data (RocketMQ's
+    /// `maxTransferBytesOnMessageInMemory`, 256 KiB); a single larger message is still served
+    /// alone. The client's `maxMsgBytes` can only lower it.
+    pub max_pull_batch_bytes: usize,
+    /// Most messages in one pull answer (RocketMQ's `maxTransferCountOnMessageInMemory`, 32).
+    pub max_pull_batch_messages: usize,
+    /// Largest HEART_BEAT body accepted, bytes (1 MiB).
+    pub max_heartbeat_bytes: usize,
+    /// Most producer plus consumer groups one client connection may join (256).
+    pub max_groups_per_client: usize,
+    /// Most subscriptions (topics) of one consumer group in a heartbeat (1024).
+    pub max_subscriptions_per_group: usize,
+    /// Most subscription groups on the broker before auto-create (heartbeat, pull) refuses new
+    /// ones (10000); groups created by an administrator are not counted against it.
+    pub max_subscription_groups: usize,
+    /// Check the CRC of every record a pull reads (RocketMQ's `checkCRCOnRecover`, applied to
+    /// reads as well).
+    pub check_crc_on_read: bool,
+    /// A record whose CRC fails: `skip` (left out of pull answers, logged and counted) or
+    /// `error` (the pull that reaches it is answered SYSTEM_ERROR).
+    pub corrupt_record_policy: CorruptRecordPolicy,
+}
+
+/// What pulls do with a record whose body CRC fails.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum CorruptRecordPolicy {
+    /// Left out of the answer (the consumer moves past it); logged and counted.
+    #[default]
+    Skip,
+    /// The pull that reaches it is refused; the consumer stays there.
+    Error,
 }
 
 impl Default for BrokerConfig {
@@ -102,6 +134,14 @@ impl Default for BrokerConfig {
             retry_queue_nums: 1,
             offset_flush_interval_ms: 5_000,
             max_inflight_sends: 10_000,
+            max_pull_batch_bytes: 256 * 1024,
+            max_pull_batch_messages: 32,
+            max_heartbeat_bytes: 1024 * 1024,
+            max_groups_per_client: 256,
+            max_subscriptions_per_group: 1024,
+            max_subscription_groups: 10_000,
+            check_crc_on_read: true,
+            corrupt_record_policy: CorruptRecordPolicy::Skip,
         }
     }
 }
@@ -146,6 +186,38 @@ impl BrokerConfig {
                 "default_topic_queue_nums {} is outside 1..=1024",
                 self.default_topic_queue_nums
             )));
+        }
+        // A pull answer (data + headers) must fit in a 16 MiB frame.
+        const FRAME_ROOM: usize = 15 * 1024 * 1024;
+        if self.max_pull_batch_bytes == 0 || self.max_pull_batch_bytes > FRAME_ROOM {
+            return Err(ConfigError(format!(
+                "max_pull_batch_bytes {} must be within 1..={FRAME_ROOM} (an answer must fit in a 16 MiB frame)",
+                self.max_pull_batch_bytes
+            )));
+        }
+        if self.max_message_bytes + 64 * 1024 > FRAME_ROOM {
+            return Err(ConfigError(format!(
+                "max_message_bytes {} is too large: a message must fit in a 16 MiB frame",
+                self.max_message_bytes
+            )));
+        }
+        if !(1..=1024).contains(&self.max_pull_batch_messages) {
+            return Err(ConfigError(format!(
+                "max_pull_batch_messages {} is outside 1..=1024",
+                self.max_pull_batch_messages
+            )));
+        }
+        for (name, v) in [
+            ("max_heartbeat_bytes", self.max_heartbeat_bytes),
+            ("max_groups_per_client", self.max_groups_per_client),
+            (
+                "max_subscriptions_per_group",
+                self.max_subscriptions_per_group,
+            ),
+        ] {
+            if v == 0 {
+                return Err(ConfigError(format!("{name} must be positive")));
+            }
         }
         parse_delay_levels(&self.delay_levels)?;
         Ok(())

@@ -2,11 +2,28 @@
 //! this broker, created on first heartbeat when auto-create is on, persisted as
 //! `<data>/config/subscriptionGroup.json` in RocketMQ's `SubscriptionGroupWrapper` shape.
 
-use crate::persist::{read_json, write_json_atomic, PersistError};
+use crate::persist::{read_json, PersistError};
+use crate::topic::TableSnapshot;
 pub use shoal_proto::body::SubscriptionGroupConfig;
 use shoal_proto::body::SubscriptionGroupWrapper;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+
+/// Checks a group name as RocketMQ clients do: 1..=255 characters of `[%|a-zA-Z0-9_-]`.
+pub fn validate_group_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > 255 {
+        return Err(format!("group name {name:?} must have 1..=255 characters"));
+    }
+    if !name
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '%' | '|' | '_' | '-'))
+    {
+        return Err(format!(
+            "group name {name:?} is invalid: only letters, digits and % | _ - are allowed"
+        ));
+    }
+    Ok(())
+}
 
 /// The group table.
 #[derive(Debug)]
@@ -14,6 +31,9 @@ pub struct GroupTable {
     path: Option<PathBuf>,
     inner: SubscriptionGroupWrapper,
     defaults: SubscriptionGroupConfig,
+    /// Changes made so far, and how many of them are on disk.
+    changes: u64,
+    persisted: u64,
 }
 
 impl GroupTable {
@@ -30,6 +50,8 @@ impl GroupTable {
             path,
             inner,
             defaults,
+            changes: 1,
+            persisted: 0,
         })
     }
 
@@ -57,6 +79,7 @@ impl GroupTable {
             .subscription_group_table
             .insert(config.group_name.clone(), config);
         self.inner.data_version.next_version(now_ms);
+        self.changes += 1;
     }
 
     /// Deletes a group.
@@ -64,6 +87,7 @@ impl GroupTable {
         let removed = self.inner.subscription_group_table.remove(group).is_some();
         if removed {
             self.inner.data_version.next_version(now_ms);
+            self.changes += 1;
         }
         removed
     }
@@ -79,11 +103,40 @@ impl GroupTable {
     }
 
     /// Writes the table to disk (when it has a path).
-    pub fn persist(&self) -> Result<(), PersistError> {
-        match &self.path {
-            Some(p) => write_json_atomic(p, &self.inner),
-            None => Ok(()),
+    pub fn persist(&mut self) -> Result<(), PersistError> {
+        let snapshot = self.snapshot();
+        snapshot.write()?;
+        self.mark_persisted(snapshot.changes);
+        Ok(())
+    }
+
+    /// Whether changes are not on disk yet.
+    pub fn is_dirty(&self) -> bool {
+        self.persisted < self.changes
+    }
+
+    /// A copy to write outside the table's lock (then [`Self::mark_persisted`]).
+    pub fn snapshot(&self) -> TableSnapshot<SubscriptionGroupWrapper> {
+        TableSnapshot {
+            path: self.path.clone(),
+            value: self.inner.clone(),
+            changes: self.changes,
         }
+    }
+
+    /// Records that the snapshot taken at `changes` is on disk.
+    pub fn mark_persisted(&mut self, changes: u64) {
+        self.persisted = self.persisted.max(changes);
+    }
+
+    /// Number of groups.
+    pub fn len(&self) -> usize {
+        self.inner.subscription_group_table.len()
+    }
+
+    /// Whether there is no group.
+    pub fn is_empty(&self) -> bool {
+        self.inner.subscription_group_table.is_empty()
     }
 }
 

@@ -22,4 +22,4 @@ pub mod topic;
 
 pub use broker::{Broker, BrokerError, BrokerInner};
 
-pub use config::{BrokerConfig, FlushMode};
+pub use config::{BrokerConfig, CorruptRecordPolicy, FlushMode};

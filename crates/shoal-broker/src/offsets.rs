@@ -22,10 +22,40 @@ fn with_header<H: shoal_proto::header::CommandHeader>(h: &H) -> Handled {
     ))
 }
 
+/// Refuses a queue id that cannot exist: negative, or (for a known topic) not below the
+/// topic's queue count. Offsets of such queues would be stored and served forever.
+pub fn check_queue_id(b: &BrokerInner, topic: &str, queue_id: i32) -> Result<(), Reject> {
+    let queues = b
+        .topics
+        .lock()
+        .get(topic)
+        .map(|c| c.read_queue_nums.max(c.write_queue_nums));
+    let bad = queue_id < 0 || queues.is_some_and(|n| queue_id >= n);
+    if !bad {
+        return Ok(());
+    }
+    let n = b
+        .counters
+        .invalid_queue_requests
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        + 1;
+    if crate::broker::worth_logging(n) {
+        tracing::warn!(%topic, queue_id, refused = n, "request for a queue id out of range refused");
+    }
+    Err(Reject::new(
+        resp::INVALID_PARAMETER,
+        match queues {
+            Some(q) => format!("queueId[{queue_id}] is illegal, topic {topic} has {q} queues"),
+            None => format!("queueId[{queue_id}] is illegal"),
+        },
+    ))
+}
+
 /// QUERY_CONSUMER_OFFSET (spec 2.3): the stored offset; without one, 0 when the queue still
 /// starts at 0 unless the client asked `setZeroIfNotFound=false`, else QUERY_NOT_FOUND.
 pub fn query_consumer_offset(b: &BrokerInner, req: &RemotingCommand) -> Handled {
     let h: QueryConsumerOffsetRequestHeader = req.decode_command_header()?;
+    check_queue_id(b, &h.topic, h.queue_id)?;
     if let Some(offset) = b
         .store
         .query_offset(&h.consumer_group, &h.topic, h.queue_id)
@@ -50,6 +80,7 @@ pub fn update_consumer_offset(b: &BrokerInner, req: &RemotingCommand) -> Handled
             format!("topic[{}] not exist, apply first please!", h.topic),
         ));
     }
+    check_queue_id(b, &h.topic, h.queue_id)?;
     if h.commit_offset < 0 {
         return Err(Reject::new(
             resp::INVALID_PARAMETER,
@@ -64,6 +95,7 @@ pub fn update_consumer_offset(b: &BrokerInner, req: &RemotingCommand) -> Handled
 /// GET_MAX_OFFSET: the next offset to be written in a queue.
 pub fn get_max_offset(b: &BrokerInner, req: &RemotingCommand) -> Handled {
     let h: GetMaxOffsetRequestHeader = req.decode_command_header()?;
+    check_queue_id(b, &h.topic, h.queue_id)?;
     let offset = b.store.max_offset(&h.topic, h.queue_id) as i64;
     with_header(&GetMaxOffsetResponseHeader { offset })
 }
@@ -71,6 +103,7 @@ pub fn get_max_offset(b: &BrokerInner, req: &RemotingCommand) -> Handled {
 /// GET_MIN_OFFSET: the smallest offset still stored in a queue.
 pub fn get_min_offset(b: &BrokerInner, req: &RemotingCommand) -> Handled {
     let h: GetMinOffsetRequestHeader = req.decode_command_header()?;
+    check_queue_id(b, &h.topic, h.queue_id)?;
     let offset = b.store.min_offset(&h.topic, h.queue_id) as i64;
     with_header(&GetMinOffsetResponseHeader { offset })
 }
@@ -78,6 +111,7 @@ pub fn get_min_offset(b: &BrokerInner, req: &RemotingCommand) -> Handled {
 /// SEARCH_OFFSET_BY_TIMESTAMP: binary search of a queue by store time.
 pub async fn search_offset(b: &Arc<BrokerInner>, req: &RemotingCommand) -> Handled {
     let h: SearchOffsetRequestHeader = req.decode_command_header()?;
+    check_queue_id(b, &h.topic, h.queue_id)?;
     let store = b.store.clone();
     let boundary = match h.boundary_type.unwrap_or_default() {
         BoundaryType::Lower => shoal_store::BoundaryType::Lower,
@@ -97,6 +131,7 @@ pub async fn search_offset(b: &Arc<BrokerInner>, req: &RemotingCommand) -> Handl
 /// GET_EARLIEST_MSG_STORETIME: store time of a queue's first message.
 pub async fn earliest_store_time(b: &Arc<BrokerInner>, req: &RemotingCommand) -> Handled {
     let h: GetEarliestMsgStoretimeRequestHeader = req.decode_command_header()?;
+    check_queue_id(b, &h.topic, h.queue_id)?;
     let store = b.store.clone();
     let ts = blocking(move || {
         store

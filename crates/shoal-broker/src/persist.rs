@@ -17,7 +17,7 @@ pub enum PersistError {
         source: std::io::Error,
     },
     /// The file is not valid JSON of the expected shape.
-    #[error("{path} is corrupt: {reason}")]
+    #[error("{path} is corrupt: {reason} (fix it, or restore it from a backup; the broker does not start without its config tables)")]
     Corrupt {
         /// The file.
         path: String,

@@ -63,6 +63,26 @@ pub async fn blocking<T: Send + 'static>(
         .map_err(|e| Reject::system(format!("store task failed: {e}")))?
 }
 
+/// Makes auto-created topics and groups durable before the request that created them is
+/// acknowledged (a crash right after must not lose them: their acknowledged messages would
+/// become unreachable). Cheap when nothing changed.
+pub async fn persist_tables(b: &Arc<BrokerInner>) -> Result<(), Reject> {
+    if !b.tables_dirty() {
+        return Ok(());
+    }
+    let b2 = b.clone();
+    blocking(move || {
+        b2.persist_tables_now().map_err(|e| {
+            tracing::error!(error = %e, "could not persist an auto-created topic or group");
+            Reject::new(
+                resp::SYSTEM_ERROR,
+                format!("could not persist the topic or subscription group table: {e}"),
+            )
+        })
+    })
+    .await
+}
+
 /// The broker's request processor.
 #[derive(Debug)]
 pub struct BrokerProcessor {
@@ -84,7 +104,7 @@ impl BrokerProcessor {
             rc::PULL_MESSAGE | rc::LITE_PULL_MESSAGE => {
                 crate::pull::pull_message(b, ctx, req).await
             }
-            rc::HEART_BEAT => crate::client::heartbeat(b, ctx, req),
+            rc::HEART_BEAT => crate::client::heartbeat(b, ctx, req).await,
             rc::UNREGISTER_CLIENT => crate::client::unregister_client(b, ctx, req),
             rc::GET_CONSUMER_LIST_BY_GROUP => crate::client::consumer_list(b, req),
             rc::LOCK_BATCH_MQ => crate::client::lock_batch(b, req),

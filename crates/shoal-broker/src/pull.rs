@@ -13,9 +13,6 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Largest number of bytes one pull answer carries when the client does not say.
-const DEFAULT_MAX_MSG_BYTES: usize = 4 * 1024 * 1024;
-
 /// A validated pull, ready to run against the store (again, after a wake-up).
 struct PullPlan {
     header: PullMessageRequestHeader,
@@ -31,6 +28,8 @@ pub async fn pull_message(
 ) -> Handled {
     let h: PullMessageRequestHeader = req.decode_command_header()?;
     let plan = validate(b, ctx, h)?;
+    // A group auto-created by this pull is durable before the answer.
+    crate::processor::persist_tables(b).await?;
     let h = &plan.header;
     if h.sys_flag & pull_sys_flag::COMMIT_OFFSET != 0 && h.commit_offset >= 0 {
         b.store
@@ -87,17 +86,10 @@ fn validate(
     ctx: &RequestContext,
     h: PullMessageRequestHeader,
 ) -> Result<PullPlan, Reject> {
+    // As RocketMQ: a pull for an unknown group creates it when auto-create is on.
     let group = b
-        .groups
-        .lock()
-        .get(&h.consumer_group)
-        .cloned()
-        .ok_or_else(|| {
-            Reject::new(
-                resp::SUBSCRIPTION_GROUP_NOT_EXIST,
-                format!("subscription group [{}] does not exist", h.consumer_group),
-            )
-        })?;
+        .group_or_auto_create(&h.consumer_group)
+        .map_err(|why| Reject::new(resp::SUBSCRIPTION_GROUP_NOT_EXIST, why))?;
     if !group.consume_enable {
         return Err(Reject::new(
             resp::NO_PERMISSION,
@@ -129,7 +121,12 @@ fn validate(
         ));
     }
     let filter = if h.sys_flag & pull_sys_flag::SUBSCRIPTION != 0 {
-        let expr_type = h.expression_type.as_deref().unwrap_or("TAG");
+        // Java treats a missing or empty expression type as TAG.
+        let expr_type = h
+            .expression_type
+            .as_deref()
+            .filter(|t| !t.is_empty())
+            .unwrap_or("TAG");
         if !expr_type.eq_ignore_ascii_case("TAG") {
             return Err(Reject::new(
                 resp::SYSTEM_ERROR,
@@ -194,12 +191,31 @@ async fn read(b: &Arc<BrokerInner>, plan: &PullPlan) -> Result<GetMessageResult,
     let h = &plan.header;
     let (store, topic, queue_id) = (b.store.clone(), h.topic.clone(), h.queue_id);
     let offset = h.queue_offset.max(0) as u64;
-    let max_count = h.max_msg_nums.clamp(1, 1024) as usize;
-    let max_bytes = h
+    // The broker's caps bound what one pull can make it read into memory; the client can only
+    // ask for less. A single message larger than the byte cap is still served alone.
+    let cap_count = b.config.max_pull_batch_messages;
+    let cap_bytes = b.config.max_pull_batch_bytes;
+    let asked_count = h.max_msg_nums.max(1) as usize;
+    let asked_bytes = h
         .max_msg_bytes
         .filter(|m| *m > 0)
-        .map(|m| m as usize)
-        .unwrap_or(DEFAULT_MAX_MSG_BYTES);
+        .map_or(usize::MAX, |m| m as usize);
+    let explicit_bytes = h.max_msg_bytes.is_some_and(|m| m > 0);
+    if asked_count > cap_count || (explicit_bytes && asked_bytes > cap_bytes) {
+        let n = b.counters.pulls_capped.fetch_add(1, Ordering::Relaxed) + 1;
+        if crate::broker::worth_logging(n) {
+            tracing::info!(
+                asked_count,
+                asked_bytes,
+                cap_count,
+                cap_bytes,
+                pulls_capped = n,
+                "pull asked for more than max_pull_batch_messages / max_pull_batch_bytes; answer capped"
+            );
+        }
+    }
+    let max_count = asked_count.min(cap_count);
+    let max_bytes = asked_bytes.min(cap_bytes);
     let filter = plan.filter.clone();
     let negative = h.queue_offset < 0;
     let mut r = blocking(move || {

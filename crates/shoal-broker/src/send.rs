@@ -21,6 +21,38 @@ use std::sync::atomic::Ordering;
 /// The client version from which `maxReconsumeTimes` in a send header is honoured (V3_4_9).
 const V3_4_9: i32 = 121;
 
+/// System topics a client may not send to (RocketMQ's `TopicValidator` "not allowed send"
+/// set): the broker writes them itself (delay levels, transaction half and op messages).
+pub const NOT_ALLOWED_SEND_TOPICS: [&str; 6] = [
+    "SCHEDULE_TOPIC_XXXX",
+    "RMQ_SYS_TRANS_HALF_TOPIC",
+    "RMQ_SYS_TRANS_OP_HALF_TOPIC",
+    "TRANS_CHECK_MAX_TIME_TOPIC",
+    "SELF_TEST_TOPIC",
+    "OFFSET_MOVED_EVENT",
+];
+
+/// Refuses a client's send to a system topic with NO_PERMISSION, as Java's broker does.
+/// Only the request's own topic is checked: the broker's internal writes (delay levels,
+/// transaction half messages) do not pass through here.
+pub fn refuse_system_topic(b: &BrokerInner, topic: &str) -> Result<(), Reject> {
+    if !NOT_ALLOWED_SEND_TOPICS.contains(&topic) {
+        return Ok(());
+    }
+    let n = b
+        .counters
+        .system_topic_sends_refused
+        .fetch_add(1, Ordering::Relaxed)
+        + 1;
+    if crate::broker::worth_logging(n) {
+        tracing::warn!(%topic, refused = n, "client send to a system topic refused");
+    }
+    Err(Reject::new(
+        resp::NO_PERMISSION,
+        format!("Sending message to topic[{topic}] is forbidden."),
+    ))
+}
+
 /// Maps a store error to RocketMQ's answer.
 pub fn store_reject(e: StoreError) -> Reject {
     match e {
@@ -121,6 +153,7 @@ pub async fn send_message(
         req.decode_command_header::<SendMessageRequestHeaderV2>()?
             .into()
     };
+    refuse_system_topic(b, &h.topic)?;
     let is_batch = req.code == rc::SEND_BATCH_MESSAGE || h.batch == Some(true);
     let body = req.body.clone().unwrap_or_default();
     if body.len() > b.config.max_message_bytes && !is_batch {
@@ -237,6 +270,7 @@ pub async fn send_message(
         vec![inner]
     };
     let uniq = props.get(property::UNIQ_KEY).cloned();
+    crate::processor::persist_tables(b).await?;
     let put_result = put(b, msgs).await?;
     let code = flush_code(put_result.flush)?;
     let first = put_result

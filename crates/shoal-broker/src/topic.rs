@@ -50,6 +50,9 @@ pub struct TopicTable {
     path: Option<PathBuf>,
     topics: BTreeMap<String, TopicConfig>,
     data_version: DataVersion,
+    /// Changes made so far, and how many of them are on disk.
+    changes: u64,
+    persisted: u64,
 }
 
 impl TopicTable {
@@ -75,6 +78,8 @@ impl TopicTable {
             path,
             topics,
             data_version,
+            changes: 1,
+            persisted: 0,
         };
         let mut schedule = TopicConfig::new(SCHEDULE_TOPIC, delay_levels as i32);
         schedule.perm = perm::PERM_READ_WRITE;
@@ -139,6 +144,7 @@ impl TopicTable {
         }
         self.topics.insert(config.topic_name.clone(), config);
         self.data_version.next_version(now_ms);
+        self.changes += 1;
         Ok(true)
     }
 
@@ -186,13 +192,54 @@ impl TopicTable {
     pub fn remove(&mut self, topic: &str, now_ms: i64) -> Option<TopicConfig> {
         let c = self.topics.remove(topic)?;
         self.data_version.next_version(now_ms);
+        self.changes += 1;
         Some(c)
     }
 
     /// Writes the table to disk (when it has a path).
-    pub fn persist(&self) -> Result<(), PersistError> {
+    pub fn persist(&mut self) -> Result<(), PersistError> {
+        let snapshot = self.snapshot();
+        snapshot.write()?;
+        self.mark_persisted(snapshot.changes);
+        Ok(())
+    }
+
+    /// Whether changes are not on disk yet.
+    pub fn is_dirty(&self) -> bool {
+        self.persisted < self.changes
+    }
+
+    /// A copy to write outside the table's lock (then [`Self::mark_persisted`]).
+    pub fn snapshot(&self) -> TableSnapshot<TopicConfigAndMappingSerializeWrapper> {
+        TableSnapshot {
+            path: self.path.clone(),
+            value: self.wrapper(),
+            changes: self.changes,
+        }
+    }
+
+    /// Records that the snapshot taken at `changes` is on disk.
+    pub fn mark_persisted(&mut self, changes: u64) {
+        self.persisted = self.persisted.max(changes);
+    }
+}
+
+/// A copy of a config table to write to disk without holding the table's lock.
+#[derive(Debug)]
+pub struct TableSnapshot<T> {
+    /// Where it goes (nothing is written without a path).
+    pub path: Option<PathBuf>,
+    /// The content.
+    pub value: T,
+    /// The table's change count when the copy was taken.
+    pub changes: u64,
+}
+
+impl<T: serde::Serialize> TableSnapshot<T> {
+    /// Writes the copy atomically (temp file, fsync, rename).
+    pub fn write(&self) -> Result<(), PersistError> {
         match &self.path {
-            Some(p) => write_json_atomic(p, &self.wrapper()),
+            Some(p) => write_json_atomic(p, &self.value),
             None => Ok(()),
         }
     }

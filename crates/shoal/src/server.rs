@@ -211,7 +211,13 @@ pub async fn run_dev(args: DevArgs) -> anyhow::Result<()> {
         Ok(b) => b,
         Err(e) => {
             ns.shutdown().await;
-            return Err(anyhow::Error::new(e).context("starting the broker (try --broker-port)"));
+            let hint = match &e {
+                shoal_broker::BrokerError::Bind { .. } => {
+                    "starting the broker (is another broker on that port? try --broker-port)"
+                }
+                _ => "starting the broker",
+            };
+            return Err(anyhow::Error::new(e).context(hint));
         }
     };
     println!("Shoal dev is running (Ctrl-C to stop)");
