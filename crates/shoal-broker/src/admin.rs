@@ -432,27 +432,15 @@ pub fn runtime_info(b: &BrokerInner) -> Handled {
     );
     put("bootTimestamp", b.started_wall_ms().to_string());
     put("runtime", format!("{} ms", b.mono_ms()));
-    put(
-        "msgPutTotal",
-        c.msgs_put.load(Ordering::Relaxed).to_string(),
-    );
-    put(
-        "msgGetTotal",
-        c.msgs_got.load(Ordering::Relaxed).to_string(),
-    );
-    put(
-        "pullsHeldTotal",
-        c.pulls_held.load(Ordering::Relaxed).to_string(),
-    );
+    put("msgPutTotal", c.msgs_put.get().to_string());
+    put("msgGetTotal", c.msgs_got.get().to_string());
+    put("pullsHeldTotal", c.pulls_held.get().to_string());
     put("pullsHeldNow", b.holds.len().to_string());
     put(
         "notifyConsumerIdsChangedTotal",
-        c.notifications_sent.load(Ordering::Relaxed).to_string(),
+        c.notifications_sent.get().to_string(),
     );
-    put(
-        "sendsRejectedBusy",
-        c.sends_rejected_busy.load(Ordering::Relaxed).to_string(),
-    );
+    put("sendsRejectedBusy", c.sends_rejected_busy.get().to_string());
     put(
         "sendsWaitingForStore",
         c.inflight_puts.load(Ordering::Relaxed).to_string(),

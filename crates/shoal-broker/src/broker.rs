@@ -4,10 +4,12 @@
 use crate::config::{BrokerConfig, FlushMode};
 use crate::group_config::{GroupTable, SubscriptionGroupConfig};
 use crate::hold::PullHoldTable;
+use crate::metrics::BrokerMetrics;
 use crate::persist::PersistError;
 use crate::processor::BrokerProcessor;
 use crate::topic::TopicTable;
 use parking_lot::Mutex;
+use prometheus_client::metrics::counter::Counter;
 use shoal_group::lock::QueueLockTable;
 use shoal_group::membership::{ClientRegistry, GroupChange};
 use shoal_net::{Connection, NetConfig, NotSupportedProcessor, RemotingClient, Server};
@@ -23,7 +25,7 @@ use shoal_proto::RemotingCommand;
 use shoal_store::{MessageStore, RecoveryReport, StoreConfig};
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::Notify;
@@ -76,22 +78,25 @@ pub struct PullMark {
     pub offset: i64,
     /// Wall-clock time of the last pull, ms.
     pub at_ms: i64,
+    /// Connection the last pull came on (its member owns the queue now).
+    pub conn_id: u64,
 }
 
-/// Counters exported by GET_BROKER_RUNTIME_INFO and the metrics endpoint.
-#[derive(Debug, Default)]
+/// Counters exported by GET_BROKER_RUNTIME_INFO and the metrics endpoint (registered in
+/// [`BrokerMetrics::registry`]; `inc()` / `inc_by(n)` / `get()`).
+#[derive(Debug)]
 pub struct Counters {
     /// Messages stored by sends.
-    pub msgs_put: AtomicU64,
+    pub msgs_put: Counter,
     /// Messages returned by pulls.
-    pub msgs_got: AtomicU64,
+    pub msgs_got: Counter,
     /// Pulls held by long polling.
-    pub pulls_held: AtomicU64,
+    pub pulls_held: Counter,
     /// NOTIFY_CONSUMER_IDS_CHANGED sent.
-    pub notifications_sent: AtomicU64,
-    /// Sends refused with SYSTEM_BUSY.
-    pub sends_rejected_busy: AtomicU64,
-    /// Puts waiting for the store now.
+    pub notifications_sent: Counter,
+    /// Sends refused with SYSTEM_BUSY (`max_inflight_sends`).
+    pub sends_rejected_busy: Counter,
+    /// Puts waiting for the store now (exported as `shoal_broker_sends_waiting_for_store`).
     pub inflight_puts: std::sync::atomic::AtomicUsize,
     /// Pull answers cut by `max_pull_batch_bytes` / `max_pull_batch_messages`.
     pub pulls_capped: AtomicU64,
@@ -111,6 +116,24 @@ pub struct Counters {
 /// refusals logs a few lines, not one per request.
 pub fn worth_logging(count: u64) -> bool {
     count.is_power_of_two()
+}
+
+impl Counters {
+    /// The counters, registered in `m`.
+    pub fn new(m: &BrokerMetrics) -> Self {
+        let r = &m.registry;
+        Self {
+            msgs_put: r.counter("shoal_broker_messages_put", "Messages stored by sends (all topics)."),
+            msgs_got: r.counter("shoal_broker_messages_pulled", "Messages returned by pulls (all topics)."),
+            pulls_held: r.counter("shoal_broker_pulls_held", "Pulls that found nothing and were held by long polling."),
+            notifications_sent: r.counter(
+                "shoal_broker_notifications_sent",
+                "NOTIFY_CONSUMER_IDS_CHANGED requests sent to consumers (membership or subscription changes).",
+            ),
+            sends_rejected_busy: m.limit("max_inflight_sends"),
+            inflight_puts: std::sync::atomic::AtomicUsize::new(0),
+        }
+    }
 }
 
 /// State shared by every processor and service of one broker.
@@ -144,6 +167,8 @@ pub struct BrokerInner {
     pub schedule_wakeup: Notify,
     /// Counters.
     pub counters: Counters,
+    /// Metrics (the registry served at `/metrics`).
+    pub metrics: BrokerMetrics,
     /// Client used for name servers.
     pub namesrv_client: RemotingClient,
     /// Serializes writes of the config tables.
@@ -224,9 +249,7 @@ impl BrokerInner {
             let mut req =
                 RemotingCommand::request_with_header(rc::NOTIFY_CONSUMER_IDS_CHANGED, &header);
             req.set_oneway();
-            self.counters
-                .notifications_sent
-                .fetch_add(1, Ordering::Relaxed);
+            self.counters.notifications_sent.inc();
             tokio::spawn(async move {
                 if let Err(e) = conn.oneway(req).await {
                     warn!(peer = %conn.peer_addr(), error = %e, "could not notify a consumer of a membership change");
@@ -545,6 +568,7 @@ impl Broker {
             group_defaults,
         )?;
 
+        let metrics = BrokerMetrics::new();
         let inner = Arc::new(BrokerInner {
             store_host,
             store: store.clone(),
@@ -558,7 +582,8 @@ impl Broker {
             delay_levels_ms,
             register_now: Notify::new(),
             schedule_wakeup: Notify::new(),
-            counters: Counters::default(),
+            counters: Counters::new(&metrics),
+            metrics,
             namesrv_client: RemotingClient::new(
                 NetConfig::default(),
                 Arc::new(NotSupportedProcessor),
@@ -569,6 +594,15 @@ impl Broker {
             config,
         });
         inner.persist_configs();
+        inner
+            .metrics
+            .registry
+            .collector(crate::metrics::BrokerCollector::new(&inner));
+        inner.metrics.registry.register(
+            "shoal_broker_store_flush_seconds",
+            "Time of one commit log fsync (the flusher thread, sync-flush group commits, shutdown).",
+            inner.store.flush_latency(),
+        );
 
         // Long polling and the delay services hear about every stored message.
         let weak = Arc::downgrade(&inner);

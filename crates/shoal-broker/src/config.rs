@@ -28,6 +28,9 @@ pub struct BrokerConfig {
     pub listen_addr: String,
     /// Address to announce to name servers and clients (defaults to the listen address).
     pub announce_addr: Option<String>,
+    /// HTTP address for `/metrics` and the dashboard (served by the `shoal` binary); none by
+    /// default (`shoal dev` turns it on).
+    pub http_listen_addr: Option<String>,
     /// Name server addresses (`host:port`), registered with in parallel.
     pub namesrv_addrs: Vec<String>,
     /// Data directory (commit log, consume queues, index, configs, offsets).
@@ -113,6 +116,7 @@ impl Default for BrokerConfig {
             broker_id: 0,
             listen_addr: "127.0.0.1:10911".into(),
             announce_addr: None,
+            http_listen_addr: None,
             namesrv_addrs: vec!["127.0.0.1:9876".into()],
             data_dir: PathBuf::from("shoal-data/broker"),
             flush_mode: FlushMode::Async,

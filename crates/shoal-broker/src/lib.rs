@@ -11,6 +11,7 @@ pub mod client;
 pub mod config;
 pub mod group_config;
 pub mod hold;
+pub mod metrics;
 pub mod offsets;
 pub mod persist;
 pub mod processor;

@@ -146,6 +146,7 @@ impl Processor for BrokerProcessor {
         request: RemotingCommand,
     ) -> BoxFuture<'a, ProcessResult> {
         Box::pin(async move {
+            let start = std::time::Instant::now();
             let response = match self.dispatch(&ctx, &request).await {
                 None => Some(request_code_not_supported(&request)),
                 Some(Ok(r)) => r,
@@ -153,11 +154,24 @@ impl Processor for BrokerProcessor {
                     Some(RemotingCommand::response(reject.code, Some(reject.remark)))
                 }
             };
+            let code = response
+                .as_ref()
+                .map_or(shoal_metrics::request::DEFERRED, |r| r.code);
+            self.inner
+                .metrics
+                .requests
+                .observe(request.code, code, start.elapsed());
             Ok(response)
         })
     }
 
+    fn on_connection_open(&self, _conn: &Connection) {
+        self.inner.metrics.connections.inc();
+        self.inner.metrics.connections_opened.inc();
+    }
+
     fn on_connection_close(&self, conn: &Connection) {
+        self.inner.metrics.connections.dec();
         self.inner.connection_closed(conn.id());
     }
 }

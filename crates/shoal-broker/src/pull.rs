@@ -9,7 +9,6 @@ use shoal_proto::constants::{perm, pull_sys_flag};
 use shoal_proto::header::{PullMessageRequestHeader, PullMessageResponseHeader};
 use shoal_proto::RemotingCommand;
 use shoal_store::{GetMessageResult, GetMessageStatus};
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -40,6 +39,7 @@ pub async fn pull_message(
         PullMark {
             offset: h.queue_offset,
             at_ms: wall_ms(),
+            conn_id: ctx.connection().id(),
         },
     );
     let result = read(b, &plan).await?;
@@ -65,7 +65,7 @@ pub async fn pull_message(
         h.queue_id,
         b.store.max_offset(&h.topic, h.queue_id),
     );
-    b.counters.pulls_held.fetch_add(1, Ordering::Relaxed);
+    b.counters.pulls_held.inc();
     let responder = ctx.responder();
     let b = b.clone();
     tokio::spawn(async move {
@@ -231,9 +231,12 @@ async fn read(b: &Arc<BrokerInner>, plan: &PullPlan) -> Result<GetMessageResult,
         r.messages = bytes::Bytes::new();
         r.message_count = 0;
     }
-    b.counters
-        .msgs_got
-        .fetch_add(r.message_count as u64, Ordering::Relaxed);
+    b.counters.msgs_got.inc_by(r.message_count as u64);
+    if r.message_count > 0 {
+        b.metrics
+            .topic(&h.topic)
+            .pulled(r.message_count as u64, r.messages.len() as u64);
+    }
     Ok(r)
 }
 

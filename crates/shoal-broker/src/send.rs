@@ -99,9 +99,7 @@ pub async fn put(
     let inflight = &b.counters.inflight_puts;
     if inflight.fetch_add(1, Ordering::AcqRel) >= b.config.max_inflight_sends {
         inflight.fetch_sub(1, Ordering::AcqRel);
-        b.counters
-            .sends_rejected_busy
-            .fetch_add(1, Ordering::Relaxed);
+        b.counters.sends_rejected_busy.inc();
         return Err(Reject::new(
             resp::SYSTEM_BUSY,
             format!(
@@ -117,15 +115,24 @@ pub async fn put(
         }
     }
     let _release = Release(inflight);
+    let traffic = msgs.first().map(|m| b.metrics.topic(&m.topic));
+    let bytes: u64 = msgs.iter().map(|m| m.body.len() as u64).sum();
+    let append = b.metrics.store_append.clone();
     let r = blocking(move || {
-        if msgs.len() == 1 {
+        let start = std::time::Instant::now();
+        let r = if msgs.len() == 1 {
             store.put_message(&msgs[0]).map_err(store_reject)
         } else {
             store.put_messages(&msgs).map_err(store_reject)
-        }
+        };
+        append.observe(start.elapsed());
+        r
     })
     .await?;
-    b.counters.msgs_put.fetch_add(n, Ordering::Relaxed);
+    b.counters.msgs_put.inc_by(n);
+    if let Some(t) = traffic {
+        t.sent(n, bytes);
+    }
     Ok(r)
 }
 

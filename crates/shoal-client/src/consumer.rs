@@ -579,6 +579,30 @@ impl PushConsumer {
         &self.inner.stats
     }
 
+    /// Prometheus metrics of this consumer, to register in an application's registry.
+    pub fn metrics(&self) -> crate::metrics::ConsumerMetrics {
+        let weak = Arc::downgrade(&self.inner);
+        crate::metrics::ConsumerMetrics::new(&self.inner.config.group, move || {
+            let inner = weak.upgrade()?;
+            let s = &inner.stats;
+            let owned = inner
+                .table
+                .lock()
+                .values()
+                .filter(|q| !q.is_dropped())
+                .count();
+            Some(crate::metrics::ConsumerSnapshot {
+                consumed_ok: s.consumed_ok.load(Ordering::Relaxed),
+                consumed_failed: s.consumed_failed.load(Ordering::Relaxed),
+                sent_back: s.sent_back.load(Ordering::Relaxed),
+                rebalances: s.rebalances.load(Ordering::Relaxed),
+                queues_released: s.queues_released.load(Ordering::Relaxed),
+                pulls: s.pulls.load(Ordering::Relaxed),
+                queues_owned: owned as u64,
+            })
+        })
+    }
+
     /// The queues owned now (not dropped), sorted.
     pub fn owned_queues(&self) -> Vec<MessageQueue> {
         let mut v: Vec<MessageQueue> = self

@@ -22,6 +22,7 @@ pub mod error;
 pub mod fault;
 pub mod instance;
 pub mod lite_pull;
+pub mod metrics;
 pub mod offset_store;
 pub mod process_queue;
 pub mod producer;

@@ -167,6 +167,7 @@ struct Inner {
     instance: ClientInstance,
     fault: Mutex<LatencyFaultTolerance>,
     uniq: UniqKeyGenerator,
+    metrics: crate::metrics::ProducerMetrics,
 }
 
 /// A started producer. Cheap to clone; clones share the instance.
@@ -275,10 +276,11 @@ impl Producer {
             LatencyFaultTolerance::new(config.latency_fault_enabled, config.fault_table.clone());
         Ok(Producer {
             inner: Arc::new(Inner {
-                config,
                 instance,
                 fault: Mutex::new(fault),
                 uniq: UniqKeyGenerator::new(ip),
+                metrics: crate::metrics::ProducerMetrics::new(&config.group),
+                config,
             }),
         })
     }
@@ -286,6 +288,12 @@ impl Producer {
     /// The client instance (client id, routes).
     pub fn instance(&self) -> &ClientInstance {
         &self.inner.instance
+    }
+
+    /// Prometheus metrics of this producer's sends, to register in an application's
+    /// registry.
+    pub fn metrics(&self) -> &crate::metrics::ProducerMetrics {
+        &self.inner.metrics
     }
 
     /// The configuration.
@@ -471,6 +479,7 @@ impl Producer {
                 .lock()
                 .select(&queues, last_failed.as_deref(), now)
             else {
+                self.inner.metrics.failed(started.elapsed());
                 return Err(ClientError::NoRoute(msg.topic.clone()));
             };
             made += 1;
@@ -488,6 +497,7 @@ impl Producer {
                         false,
                         crate::now_ms_u64(),
                     );
+                    self.inner.metrics.sent(started.elapsed());
                     return Ok(r);
                 }
                 Err(e) => {
@@ -497,6 +507,7 @@ impl Producer {
                         true,
                         crate::now_ms_u64(),
                     );
+                    self.inner.metrics.attempt_failed();
                     warn!(queue = %mq, error = %e, "send attempt failed");
                     let again = retryable(&e);
                     last_failed = Some(mq.broker_name.clone());
@@ -507,6 +518,7 @@ impl Producer {
                 }
             }
         }
+        self.inner.metrics.failed(started.elapsed());
         Err(ClientError::SendFailed {
             attempts: made,
             last: Box::new(last_err.unwrap_or(ClientError::NotRunning("send timed out"))),

@@ -4,6 +4,7 @@
 //! remoting protocol (REGISTER_BROKER, UNREGISTER_BROKER, BROKER_HEARTBEAT,
 //! GET_ROUTEINFO_BY_TOPIC, GET_BROKER_CLUSTER_INFO, topic lists, KV config).
 
+pub mod metrics;
 pub mod route;
 pub mod server;
 

@@ -1,5 +1,6 @@
 //! The name server process: a [`RouteTable`] behind the remoting protocol.
 
+use crate::metrics::NamesrvMetrics;
 use crate::route::{BrokerRegistration, QueueInfo, RouteTable, TopicRegistration};
 use futures::future::BoxFuture;
 use parking_lot::Mutex;
@@ -72,6 +73,7 @@ struct State {
 /// The request processor of the name server.
 pub struct NamesrvProcessor {
     state: Mutex<State>,
+    metrics: Arc<NamesrvMetrics>,
     started: Instant,
     default_timeout_ms: u64,
 }
@@ -96,9 +98,22 @@ impl NamesrvProcessor {
                 routes: RouteTable::new(),
                 kv: BTreeMap::new(),
             }),
+            metrics: Arc::new(NamesrvMetrics::new()),
             started: Instant::now(),
             default_timeout_ms: config.default_broker_timeout.as_millis() as u64,
         }
+    }
+
+    /// The name server's metrics (registry served at `/metrics` by the `shoal` binary).
+    pub fn metrics(&self) -> &Arc<NamesrvMetrics> {
+        &self.metrics
+    }
+
+    /// Brokers registered and topics known now.
+    pub fn sizes(&self) -> (usize, usize) {
+        let st = self.state.lock();
+        let (_, brokers) = st.routes.cluster_info();
+        (brokers.len(), st.routes.topics().len())
     }
 
     fn now_ms(&self) -> u64 {
@@ -428,16 +443,25 @@ impl Processor for NamesrvProcessor {
         request: RemotingCommand,
     ) -> BoxFuture<'a, ProcessResult> {
         Box::pin(async move {
+            let start = Instant::now();
             let response = match self.handle(ctx.connection(), &request) {
                 None => request_code_not_supported(&request),
                 Some(Ok(r)) => r,
                 Some(Err((code, remark))) => RemotingCommand::response(code, Some(remark)),
             };
+            self.metrics
+                .requests
+                .observe(request.code, response.code, start.elapsed());
             Ok(Some(response))
         })
     }
 
+    fn on_connection_open(&self, _conn: &Connection) {
+        self.metrics.connections.inc();
+    }
+
     fn on_connection_close(&self, conn: &Connection) {
+        self.metrics.connections.dec();
         let removed = self.state.lock().routes.connection_closed(conn.id());
         for b in removed {
             info!(broker = %b.broker_name, addr = %b.broker_addr, "broker connection closed: removed from routes");
@@ -467,6 +491,10 @@ impl NameServer {
             addr: config.listen_addr.clone(),
             source,
         })?;
+        processor
+            .metrics
+            .registry
+            .collector(crate::metrics::NamesrvCollector::new(&processor));
         let p = processor.clone();
         let interval = config.scan_interval;
         let scanner = tokio::spawn(async move {

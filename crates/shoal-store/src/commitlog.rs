@@ -55,6 +55,8 @@ pub(crate) struct CommitLog {
     write_pos: AtomicU64,
     /// Everything below is durable.
     flushed: AtomicU64,
+    /// Time of each fsync round (exported by the broker).
+    pub(crate) flush_latency: shoal_metrics::LatencyHistogram,
 }
 
 impl CommitLog {
@@ -98,6 +100,7 @@ impl CommitLog {
             segments: RwLock::new(segments),
             write_pos: AtomicU64::new(0),
             flushed: AtomicU64::new(0),
+            flush_latency: shoal_metrics::LatencyHistogram::default(),
         })
     }
 
@@ -267,11 +270,13 @@ impl CommitLog {
             .filter(|s| s.base + self.segment_size > from && s.base < target)
             .cloned()
             .collect();
+        let start = std::time::Instant::now();
         for seg in segs {
             seg.file
                 .sync()
                 .map_err(io_err("fsync commit log", &seg.path))?;
         }
+        self.flush_latency.observe(start.elapsed());
         self.flushed.fetch_max(target, Ordering::AcqRel);
         Ok(target)
     }

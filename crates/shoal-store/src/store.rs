@@ -1242,6 +1242,11 @@ impl MessageStore {
         self.inner.commit_log.flushed()
     }
 
+    /// The histogram of commit log fsync times (each flush round that had bytes to sync).
+    pub fn flush_latency(&self) -> shoal_metrics::LatencyHistogram {
+        self.inner.commit_log.flush_latency.clone()
+    }
+
     /// The configuration the store runs with.
     pub fn config(&self) -> &StoreConfig {
         &self.inner.config

@@ -1,5 +1,6 @@
 //! `shoal namesrv`, `shoal broker` and `shoal dev`: the server processes.
 
+use crate::http::{HttpServer, HttpState};
 use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
 use shoal_broker::{Broker, BrokerConfig, FlushMode};
@@ -12,6 +13,9 @@ pub struct NamesrvArgs {
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:9876")]
     pub listen: String,
+    /// HTTP address for Prometheus metrics (`/metrics`); off when absent.
+    #[arg(long)]
+    pub http_listen: Option<String>,
 }
 
 /// Flush mode on the command line.
@@ -56,6 +60,10 @@ pub struct BrokerArgs {
     /// Create unknown topics on first send.
     #[arg(long)]
     pub auto_create_topic: bool,
+    /// HTTP address for metrics (`/metrics`) and the dashboard, e.g. 127.0.0.1:8090 (config
+    /// key `http_listen_addr`; off by default).
+    #[arg(long)]
+    pub http_listen: Option<String>,
 }
 
 /// Options of `shoal dev`.
@@ -73,7 +81,16 @@ pub struct DevArgs {
     /// Flush mode.
     #[arg(long, value_enum, default_value = "async")]
     pub flush: FlushArg,
+    /// HTTP port for metrics (`/metrics`) and the dashboard (0 picks a free port).
+    #[arg(long, default_value_t = DEV_HTTP_PORT)]
+    pub http_port: u16,
+    /// Do not serve HTTP (no metrics endpoint, no dashboard).
+    #[arg(long)]
+    pub no_http: bool,
 }
+
+/// Default HTTP port of `shoal dev`.
+pub const DEV_HTTP_PORT: u16 = 8090;
 
 fn split_addrs(s: &str) -> Vec<String> {
     s.split([';', ','])
@@ -127,6 +144,9 @@ pub fn broker_config(args: &BrokerArgs) -> anyhow::Result<BrokerConfig> {
     if args.auto_create_topic {
         cfg.auto_create_topic = true;
     }
+    if let Some(v) = &args.http_listen {
+        cfg.http_listen_addr = Some(v.clone());
+    }
     cfg.validate()?;
     Ok(cfg)
 }
@@ -162,7 +182,22 @@ pub async fn run_namesrv(args: NamesrvArgs) -> anyhow::Result<()> {
     })
     .await?;
     println!("shoal name server listening on {}", ns.local_addr());
+    let http = match &args.http_listen {
+        Some(addr) => {
+            let state = HttpState {
+                namesrv: Some(ns.processor().clone()),
+                ..HttpState::default()
+            };
+            let h = HttpServer::start(addr, state).await?;
+            println!("metrics at http://{}/metrics", h.local_addr());
+            Some(h)
+        }
+        None => None,
+    };
     shutdown_signal().await;
+    if let Some(h) = http {
+        h.shutdown().await;
+    }
     ns.shutdown().await;
     println!("name server stopped");
     Ok(())
@@ -179,7 +214,30 @@ pub async fn run_broker(args: BrokerArgs) -> anyhow::Result<()> {
         cfg.data_dir.display(),
         cfg.namesrv_addrs.join(";")
     );
+    let http = match &cfg.http_listen_addr {
+        Some(addr) => {
+            let state = HttpState {
+                broker: Some(broker.inner().clone()),
+                namesrv_addrs: cfg.namesrv_addrs.clone(),
+                ..HttpState::default()
+            };
+            match HttpServer::start(addr, state).await {
+                Ok(h) => {
+                    println!("metrics and dashboard at http://{}/", h.local_addr());
+                    Some(h)
+                }
+                Err(e) => {
+                    broker.shutdown().await;
+                    return Err(e);
+                }
+            }
+        }
+        None => None,
+    };
     shutdown_signal().await;
+    if let Some(h) = http {
+        h.shutdown().await;
+    }
     broker.shutdown().await;
     println!("broker stopped");
     Ok(())
@@ -228,12 +286,37 @@ pub async fn run_dev(args: DevArgs) -> anyhow::Result<()> {
         broker.local_addr(),
         cfg.data_dir.display()
     );
+    let http = if args.no_http {
+        None
+    } else {
+        let state = HttpState {
+            broker: Some(broker.inner().clone()),
+            namesrv: Some(ns.processor().clone()),
+            namesrv_addrs: vec![namesrv.clone()],
+        };
+        match HttpServer::start(&format!("127.0.0.1:{}", args.http_port), state).await {
+            Ok(h) => {
+                println!(
+                    "  dashboard    http://{}/ (metrics at /metrics)",
+                    h.local_addr()
+                );
+                Some(h)
+            }
+            Err(e) => {
+                println!("  dashboard    not started: {e:#} (choose another with --http-port)");
+                None
+            }
+        }
+    };
     println!("  topics are created on first send");
     println!("Try it:");
     println!("  shoal send TopicTest --count 3");
     println!("  shoal consume TopicTest --group demo");
     shutdown_signal().await;
     println!("stopping: flushing offsets and topics, unregistering from the name server");
+    if let Some(h) = http {
+        h.shutdown().await;
+    }
     broker.shutdown().await;
     ns.shutdown().await;
     println!("stopped");

@@ -66,6 +66,8 @@ impl Drop for Proc {
 pub struct Dev {
     pub proc: Proc,
     pub namesrv: String,
+    /// HTTP address (metrics, dashboard): `127.0.0.1:PORT`.
+    pub http: String,
     pub dir: tempfile::TempDir,
 }
 
@@ -74,6 +76,7 @@ impl Dev {
         let dir = tempfile::tempdir().unwrap();
         let ns = free_port();
         let broker = free_port();
+        let http = free_port();
         let child = Command::new(shoal())
             .args([
                 "dev",
@@ -81,6 +84,8 @@ impl Dev {
                 &ns.to_string(),
                 "--broker-port",
                 &broker.to_string(),
+                "--http-port",
+                &http.to_string(),
                 "--data-dir",
                 dir.path().join("data").to_str().unwrap(),
             ])
@@ -91,6 +96,7 @@ impl Dev {
         let dev = Dev {
             proc: Proc { child },
             namesrv: format!("127.0.0.1:{ns}"),
+            http: format!("127.0.0.1:{http}"),
             dir,
         };
         let deadline = Instant::now() + Duration::from_secs(20);
@@ -103,6 +109,11 @@ impl Dev {
             std::thread::sleep(Duration::from_millis(100));
         }
         dev
+    }
+
+    /// GET `path` from the dev server's HTTP port: (status, body).
+    pub fn http_get(&self, path: &str) -> (u16, String) {
+        http_request(&self.http, "GET", path, "")
     }
 
     /// Runs an admin/client command to completion.
@@ -357,4 +368,65 @@ pub fn steady_producer(
 
 pub fn data_dir(dev: &Dev) -> PathBuf {
     dev.dir.path().join("data")
+}
+
+/// One HTTP/1.1 request to `addr` with `Connection: close`: (status, body).
+pub fn http_request(addr: &str, method: &str, path: &str, body: &str) -> (u16, String) {
+    http_exchange(addr, method, path, body, "*/*")
+}
+
+/// GET with an `Accept` header.
+pub fn http_request_accept(addr: &str, path: &str, accept: &str) -> (u16, String) {
+    http_exchange(addr, "GET", path, "", accept)
+}
+
+fn http_exchange(addr: &str, method: &str, path: &str, body: &str, accept: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nAccept: {accept}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).unwrap();
+    let text = String::from_utf8_lossy(&raw).to_string();
+    let (head, rest) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        dechunk(rest)
+    } else {
+        rest.to_string()
+    };
+    (status, body)
+}
+
+fn dechunk(mut s: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = s.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        s = rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+/// The value of the Prometheus sample `series` (name with labels, exactly as printed).
+pub fn sample(metrics: &str, series: &str) -> Option<f64> {
+    metrics.lines().find_map(|l| {
+        let (name, value) = l.rsplit_once(' ')?;
+        (name == series).then(|| value.parse().ok())?
+    })
 }

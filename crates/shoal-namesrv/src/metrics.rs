@@ -1,0 +1,98 @@
+//! The name server's Prometheus metrics (described in `docs/operations.md`).
+
+use crate::server::NamesrvProcessor;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::DescriptorEncoder;
+use prometheus_client::metrics::gauge::Gauge;
+use shoal_metrics::{encode_gauges, prometheus_client, Metrics, RequestMetrics};
+use std::sync::{Arc, Weak};
+
+/// The name server's registry and the metrics updated per request.
+#[derive(Debug)]
+pub struct NamesrvMetrics {
+    /// The registry (served at `/metrics`); register new metrics here.
+    pub registry: Arc<Metrics>,
+    /// Requests by request and response code, with latency.
+    pub requests: RequestMetrics,
+    /// Open connections (brokers and clients).
+    pub connections: Gauge,
+}
+
+impl Default for NamesrvMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl NamesrvMetrics {
+    /// A fresh registry with the name server's metrics registered.
+    pub fn new() -> Self {
+        let registry = Arc::new(Metrics::new());
+        let requests = RequestMetrics::new(
+            "shoal_namesrv_request_seconds",
+            "Requests served by the name server, by request code and response code, and how long they took.",
+        );
+        registry.collector(requests.clone());
+        Self {
+            connections: registry.gauge(
+                "shoal_namesrv_connections",
+                "Connections open now (brokers and clients).",
+            ),
+            requests,
+            registry,
+        }
+    }
+}
+
+/// Reads the route table's size at scrape time.
+#[derive(Debug)]
+pub struct NamesrvCollector {
+    processor: Weak<NamesrvProcessor>,
+}
+
+impl NamesrvCollector {
+    /// A collector over a name server's processor (held weakly).
+    pub fn new(p: &Arc<NamesrvProcessor>) -> Self {
+        Self {
+            processor: Arc::downgrade(p),
+        }
+    }
+}
+
+impl Collector for NamesrvCollector {
+    fn encode(&self, mut e: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let Some(p) = self.processor.upgrade() else {
+            return Ok(());
+        };
+        let (brokers, topics) = p.sizes();
+        let none: [(&str, &str); 0] = [];
+        encode_gauges(
+            &mut e,
+            "shoal_namesrv_brokers",
+            "Broker names registered now.",
+            [(none, brokers as i64)],
+        )?;
+        encode_gauges(
+            &mut e,
+            "shoal_namesrv_topics",
+            "Topics in the route table now.",
+            [(none, topics as i64)],
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::NamesrvConfig;
+
+    #[test]
+    fn route_table_sizes_are_exported() {
+        let p = Arc::new(NamesrvProcessor::new(&NamesrvConfig::default()));
+        p.metrics().registry.collector(NamesrvCollector::new(&p));
+        let text = p.metrics().registry.encode_text();
+        assert!(text.contains("shoal_namesrv_brokers 0\n"), "{text}");
+        assert!(text.contains("shoal_namesrv_topics 0\n"), "{text}");
+        assert!(text.contains("shoal_namesrv_connections 0\n"), "{text}");
+    }
+}

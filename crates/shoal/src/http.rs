@@ -1,0 +1,178 @@
+//! The HTTP port of `shoal broker`, `shoal namesrv` and `shoal dev`: Prometheus metrics at
+//! `/metrics`, and (where a broker runs) the dashboard and its JSON API (see `dashboard`).
+
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use shoal_broker::BrokerInner;
+use shoal_namesrv::NamesrvProcessor;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use tokio::task::JoinHandle;
+use tokio_util_shutdown::Shutdown;
+
+/// What one HTTP port serves.
+#[derive(Clone, Default)]
+pub struct HttpState {
+    /// The broker of this process, if any.
+    pub broker: Option<Arc<BrokerInner>>,
+    /// The name server of this process, if any.
+    pub namesrv: Option<Arc<NamesrvProcessor>>,
+    /// Name servers the dashboard asks for cluster-wide views.
+    pub namesrv_addrs: Vec<String>,
+}
+
+impl std::fmt::Debug for HttpState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpState")
+            .field("broker", &self.broker.is_some())
+            .field("namesrv", &self.namesrv.is_some())
+            .field("namesrv_addrs", &self.namesrv_addrs)
+            .finish()
+    }
+}
+
+/// A running HTTP server; stops when dropped or by [`HttpServer::shutdown`].
+#[derive(Debug)]
+pub struct HttpServer {
+    addr: SocketAddr,
+    stop: Shutdown,
+    task: Option<JoinHandle<()>>,
+}
+
+impl HttpServer {
+    /// Binds `addr` and serves `state`.
+    pub async fn start(addr: &str, state: HttpState) -> anyhow::Result<HttpServer> {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| anyhow::anyhow!("HTTP port {addr}: {e}"))?;
+        let bound = listener.local_addr()?;
+        let app = router(state);
+        let stop = Shutdown::default();
+        let wait = stop.clone();
+        let task = tokio::spawn(async move {
+            let served = axum::serve(listener, app)
+                .with_graceful_shutdown(async move { wait.wait().await })
+                .await;
+            if let Err(e) = served {
+                tracing::warn!(error = %e, "HTTP server failed");
+            }
+        });
+        tracing::info!(addr = %bound, "HTTP (metrics, dashboard) listening");
+        Ok(HttpServer {
+            addr: bound,
+            stop,
+            task: Some(task),
+        })
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Stops serving (open requests finish) and waits.
+    pub async fn shutdown(mut self) {
+        self.stop.trigger();
+        if let Some(t) = self.task.take() {
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(5), t).await;
+        }
+    }
+}
+
+impl Drop for HttpServer {
+    fn drop(&mut self) {
+        self.stop.trigger();
+    }
+}
+
+fn router(state: HttpState) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .route("/", get(index))
+        .with_state(state)
+}
+
+async fn index() -> &'static str {
+    "Shoal: Prometheus metrics at /metrics\n"
+}
+
+/// `/metrics`: every registry of the process, in the Prometheus text format, or OpenMetrics
+/// when the scraper asks for it.
+async fn metrics(
+    axum::extract::State(state): axum::extract::State<HttpState>,
+    headers: HeaderMap,
+) -> Response {
+    let openmetrics = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains("application/openmetrics-text"));
+    let registries: Vec<Arc<shoal_metrics::Metrics>> = state
+        .broker
+        .iter()
+        .map(|b| b.metrics.registry.clone())
+        .chain(state.namesrv.iter().map(|n| n.metrics().registry.clone()))
+        .collect();
+    // Collectors read store offsets and tables: off the async threads.
+    let body = tokio::task::spawn_blocking(move || {
+        let mut out = String::new();
+        for r in &registries {
+            if openmetrics {
+                out.push_str(&r.encode_openmetrics());
+            } else {
+                out.push_str(&r.encode_text());
+            }
+        }
+        if openmetrics {
+            shoal_metrics::openmetrics_eof(&mut out);
+        }
+        out
+    })
+    .await;
+    match body {
+        Ok(body) => (
+            [(
+                header::CONTENT_TYPE,
+                if openmetrics {
+                    shoal_metrics::OPENMETRICS_CONTENT_TYPE
+                } else {
+                    shoal_metrics::TEXT_CONTENT_TYPE
+                },
+            )],
+            body,
+        )
+            .into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    }
+}
+
+/// A one-shot shutdown signal shared by clones.
+mod tokio_util_shutdown {
+    use std::sync::Arc;
+    use tokio::sync::watch;
+
+    #[derive(Debug, Clone)]
+    pub struct Shutdown {
+        tx: Arc<watch::Sender<bool>>,
+    }
+
+    impl Default for Shutdown {
+        fn default() -> Self {
+            Self {
+                tx: Arc::new(watch::channel(false).0),
+            }
+        }
+    }
+
+    impl Shutdown {
+        pub fn trigger(&self) {
+            self.tx.send_replace(true);
+        }
+
+        pub async fn wait(&self) {
+            let mut rx = self.tx.subscribe();
+            let _ = rx.wait_for(|v| *v).await;
+        }
+    }
+}
