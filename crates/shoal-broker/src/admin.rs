@@ -2,7 +2,7 @@
 //! reset, runtime info, and requests forwarded to a client.
 
 use crate::broker::{wall_ms, BrokerInner};
-use crate::processor::{blocking, ok, ok_json, Handled, Reject};
+use crate::reply::{blocking, ok, ok_json, Handled, Reject};
 use shoal_proto::body::{
     ConsumeStats, ConsumerConnection, ConsumerOffsetSerializeWrapper, GroupList, KVTable,
     OffsetWrapper, ResetOffsetBody, SubscriptionGroupConfig, TopicConfig, TopicFilterType,

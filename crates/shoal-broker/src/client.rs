@@ -1,7 +1,7 @@
 //! HEART_BEAT, UNREGISTER_CLIENT, GET_CONSUMER_LIST_BY_GROUP, LOCK_BATCH_MQ, UNLOCK_BATCH_MQ.
 
 use crate::broker::{wall_ms, BrokerInner, ConsumerMeta};
-use crate::processor::{ok, ok_json, Handled, Reject};
+use crate::reply::{ok, ok_json, Handled, Reject};
 use shoal_group::membership::ClientChannel;
 use shoal_net::RequestContext;
 use shoal_proto::body::{

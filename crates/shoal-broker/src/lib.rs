@@ -16,6 +16,7 @@ pub mod offsets;
 pub mod persist;
 pub mod processor;
 pub mod pull;
+pub mod reply;
 pub mod retry;
 pub mod schedule;
 pub mod send;

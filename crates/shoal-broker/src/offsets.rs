@@ -3,7 +3,7 @@
 //! QUERY_MESSAGE.
 
 use crate::broker::BrokerInner;
-use crate::processor::{blocking, ok, Handled, Reject};
+use crate::reply::{blocking, ok, Handled, Reject};
 use shoal_proto::code::response_code as resp;
 use shoal_proto::header::{
     BoundaryType, GetEarliestMsgStoretimeRequestHeader, GetEarliestMsgStoretimeResponseHeader,

@@ -7,61 +7,8 @@ use shoal_proto::code::{request_code as rc, response_code as resp};
 use shoal_proto::RemotingCommand;
 use std::sync::{Arc, OnceLock};
 
-/// A refusal: response code and remark.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Reject {
-    /// Response code.
-    pub code: i32,
-    /// Remark naming the problem.
-    pub remark: String,
-}
-
-impl Reject {
-    /// A refusal with `code` and `remark`.
-    pub fn new(code: i32, remark: impl Into<String>) -> Self {
-        Self {
-            code,
-            remark: remark.into(),
-        }
-    }
-
-    /// SYSTEM_ERROR with the error's text (bad header, bad body, store failure).
-    pub fn system(e: impl std::fmt::Display) -> Self {
-        Self::new(resp::SYSTEM_ERROR, e.to_string())
-    }
-}
-
-impl From<shoal_proto::ProtoError> for Reject {
-    fn from(e: shoal_proto::ProtoError) -> Self {
-        Reject::system(e)
-    }
-}
-
-/// What a handler returns: a response now, nothing now (oneway, or answered later), or a
-/// refusal.
-pub type Handled = Result<Option<RemotingCommand>, Reject>;
-
-/// Success with no header fields and no body.
-pub fn ok() -> Handled {
-    Ok(Some(RemotingCommand::response(resp::SUCCESS, None)))
-}
-
-/// Success with a JSON body.
-pub fn ok_json<T: serde::Serialize>(value: &T) -> Handled {
-    let body = shoal_proto::body::to_json_bytes(value)?;
-    Ok(Some(
-        RemotingCommand::response(resp::SUCCESS, None).with_body(body),
-    ))
-}
-
-/// Runs blocking store work off the async threads.
-pub async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, Reject> + Send + 'static,
-) -> Result<T, Reject> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| Reject::system(format!("store task failed: {e}")))?
-}
+// Handlers import these from `crate::reply`; kept here for code written against the old path.
+pub use crate::reply::{blocking, ok, ok_json, Handled, Reject};
 
 /// Makes auto-created topics and groups durable before the request that created them is
 /// acknowledged (a crash right after must not lose them: their acknowledged messages would

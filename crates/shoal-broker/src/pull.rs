@@ -1,7 +1,7 @@
 //! PULL_MESSAGE and LITE_PULL_MESSAGE (spec 5.2), with long polling.
 
 use crate::broker::{wall_ms, BrokerInner, PullMark};
-use crate::processor::{blocking, Handled, Reject};
+use crate::reply::{blocking, Handled, Reject};
 use shoal_net::RequestContext;
 use shoal_proto::body::{ExpressionType, MessageModel, SubscriptionData};
 use shoal_proto::code::response_code as resp;

@@ -2,7 +2,7 @@
 //! topic after a delay, or to its dead-letter topic after too many attempts.
 
 use crate::broker::{wall_ms, BrokerInner};
-use crate::processor::{blocking, ok, Handled, Reject};
+use crate::reply::{blocking, ok, Handled, Reject};
 use crate::send::{apply_delay, put};
 use shoal_net::RequestContext;
 use shoal_proto::code::response_code as resp;

@@ -5,7 +5,7 @@
 //! Progress per level is kept in the store's delay offsets (persisted with consumer offsets).
 
 use crate::broker::{wall_ms, BrokerInner};
-use crate::processor::Reject;
+use crate::reply::Reject;
 use crate::send::put;
 use shoal_proto::constants::SCHEDULE_TOPIC;
 use shoal_proto::message::{decode_records, encode_properties, property, DecodeOptions};
@@ -53,7 +53,7 @@ async fn deliver_due(b: &Arc<BrokerInner>, level: i32) -> Result<Step, Reject> {
     let delay_ms = b.delay_levels_ms[(level - 1) as usize] as i64;
     let offset = b.store.schedule_offset(level).unwrap_or(0).max(0) as u64;
     let store = b.store.clone();
-    let got = crate::processor::blocking(move || {
+    let got = crate::reply::blocking(move || {
         store
             .get_messages(
                 SCHEDULE_TOPIC,

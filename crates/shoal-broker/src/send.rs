@@ -2,7 +2,7 @@
 //! shares (delay levels, retry-topic diversion to the DLQ).
 
 use crate::broker::{wall_ms, BrokerInner};
-use crate::processor::{blocking, Handled, Reject};
+use crate::reply::{blocking, Handled, Reject};
 use shoal_net::RequestContext;
 use shoal_proto::code::{request_code as rc, response_code as resp};
 use shoal_proto::constants::{

@@ -15,6 +15,7 @@ pub mod body;
 pub mod code;
 pub mod command;
 pub mod constants;
+pub mod coordinated;
 pub mod error;
 pub mod hash;
 pub mod header;
