@@ -3,6 +3,7 @@
 
 use crate::config::{BrokerConfig, FlushMode};
 use crate::group_config::{GroupTable, SubscriptionGroupConfig};
+use crate::group_state::{GroupEffect, GroupState, StatePart};
 use crate::hold::PullHoldTable;
 use crate::metrics::BrokerMetrics;
 use crate::persist::PersistError;
@@ -10,6 +11,7 @@ use crate::processor::BrokerProcessor;
 use crate::topic::TopicTable;
 use parking_lot::Mutex;
 use prometheus_client::metrics::counter::Counter;
+use shoal_group::coordinator::{Coordinator, CoordinatorSnapshot};
 use shoal_group::lock::QueueLockTable;
 use shoal_group::membership::{ClientRegistry, GroupChange};
 use shoal_net::{Connection, NetConfig, NotSupportedProcessor, RemotingClient, Server};
@@ -25,7 +27,7 @@ use shoal_proto::RemotingCommand;
 use shoal_store::{MessageStore, RecoveryReport, StoreConfig};
 use std::collections::HashMap;
 use std::net::SocketAddr;
-
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::Notify;
@@ -96,6 +98,12 @@ pub struct Counters {
     pub notifications_sent: Counter,
     /// Sends refused with SYSTEM_BUSY (`max_inflight_sends`).
     pub sends_rejected_busy: Counter,
+    /// Coordinated members removed (left, expired, fenced, replaced).
+    pub coordinator_members_removed: Counter,
+    /// GROUP_ASSIGNMENT_CHANGED notices sent.
+    pub coordinator_notices_sent: Counter,
+    /// Pulls, commits and lock requests refused for a stale member epoch.
+    pub coordinator_fenced: Counter,
     /// Puts waiting for the store now (exported as `shoal_broker_sends_waiting_for_store`).
     pub inflight_puts: std::sync::atomic::AtomicUsize,
     /// Pull answers cut by `max_pull_batch_bytes` / `max_pull_batch_messages`.
@@ -131,7 +139,25 @@ impl Counters {
                 "NOTIFY_CONSUMER_IDS_CHANGED requests sent to consumers (membership or subscription changes).",
             ),
             sends_rejected_busy: m.limit("max_inflight_sends"),
+            coordinator_members_removed: r.counter(
+                "shoal_broker_coordinator_members_removed",
+                "Coordinated members removed (left, session expired, rebalance timeout, connection closed, replaced).",
+            ),
+            coordinator_notices_sent: r.counter(
+                "shoal_broker_coordinator_notices_sent",
+                "GROUP_ASSIGNMENT_CHANGED notices sent to coordinated members.",
+            ),
+            coordinator_fenced: r.counter(
+                "shoal_broker_coordinator_fenced",
+                "Pulls, offset commits and lock requests refused for a stale member epoch or a queue not assigned.",
+            ),
             inflight_puts: std::sync::atomic::AtomicUsize::new(0),
+            pulls_capped: AtomicU64::new(0),
+            heartbeats_refused: AtomicU64::new(0),
+            groups_refused: AtomicU64::new(0),
+            system_topic_sends_refused: AtomicU64::new(0),
+            invalid_queue_requests: AtomicU64::new(0),
+            acl_refused: AtomicU64::new(0),
         }
     }
 }
@@ -149,10 +175,17 @@ pub struct BrokerInner {
     pub topics: Mutex<TopicTable>,
     /// Subscription groups.
     pub groups: Mutex<GroupTable>,
-    /// Consumers and producers.
-    pub clients: Mutex<Clients>,
-    /// Orderly-consumption queue locks.
-    pub locks: Mutex<QueueLockTable>,
+    /// The one owner of group state: membership registry, queue locks, coordinator.
+    pub group_state: Arc<Mutex<GroupState>>,
+    /// Consumers and producers (a view of `group_state`: the same lock).
+    pub clients: StatePart<Clients>,
+    /// Queue locks (a view of `group_state`: the same lock).
+    pub locks: StatePart<QueueLockTable>,
+    /// The coordinator state changed since it was last persisted.
+    pub coordinator_dirty: std::sync::atomic::AtomicBool,
+    /// Shutting down: the coordinator state was written before connections closed, and the
+    /// closes of shutdown are not members leaving.
+    pub coordinator_frozen: std::sync::atomic::AtomicBool,
     /// Connections of clients that heartbeated, by connection id.
     pub connections: Mutex<HashMap<u64, Connection>>,
     /// Long-polling pulls.
@@ -196,10 +229,107 @@ impl BrokerInner {
         self.started_wall_ms
     }
 
+    /// The coordinator's clock: wall-clock ms at start plus monotonic time since, so it never
+    /// goes backwards while the broker runs and stays comparable across restarts.
+    pub fn coord_ms(&self) -> u64 {
+        (self.started_wall_ms.max(0) as u64).saturating_add(self.mono_ms())
+    }
+
+    /// Runs `f` on the group state under its one lock, then executes the effects it left.
+    pub fn with_group_state<R>(&self, f: impl FnOnce(&mut GroupState, u64) -> R) -> R {
+        let now = self.coord_ms();
+        let (r, effects) = {
+            let mut g = self.group_state.lock();
+            let r = f(&mut g, now);
+            (r, g.take_effects())
+        };
+        self.execute_group_effects(effects);
+        r
+    }
+
+    /// Executes what a group-state operation asked for (notices, logs, persistence).
+    pub fn execute_group_effects(&self, effects: Vec<GroupEffect>) {
+        for e in effects {
+            match e {
+                GroupEffect::NotifyMember {
+                    group,
+                    member_id,
+                    conn_id,
+                } => self.send_assignment_notice(&group, &member_id, conn_id),
+                GroupEffect::MemberRemoved {
+                    group,
+                    member_id,
+                    reason,
+                } => {
+                    info!(group = %group, member = %member_id, reason = ?reason, "coordinated member removed");
+                    self.counters.coordinator_members_removed.inc();
+                }
+                GroupEffect::Persist => {
+                    self.coordinator_dirty.store(true, Ordering::Relaxed);
+                }
+                GroupEffect::ModeChanged {
+                    group,
+                    mode,
+                    notify_conn_ids,
+                } => {
+                    info!(group = %group, mode = %mode, "consumer group changed mode");
+                    for conn in notify_conn_ids {
+                        self.send_assignment_notice(&group, "", conn);
+                    }
+                }
+            }
+        }
+    }
+
+    /// GROUP_ASSIGNMENT_CHANGED to a coordinated member (oneway).
+    fn send_assignment_notice(&self, group: &str, member_id: &str, conn_id: u64) {
+        let Some(conn) = self.connections.lock().get(&conn_id).cloned() else {
+            return;
+        };
+        let body = shoal_proto::coordinated::AssignmentChangedNotice {
+            group: group.to_string(),
+            member_id: member_id.to_string(),
+        };
+        let Ok(bytes) = shoal_proto::body::to_json_bytes(&body) else {
+            return;
+        };
+        let mut req = RemotingCommand::request(
+            shoal_proto::coordinated::request_code::GROUP_ASSIGNMENT_CHANGED,
+        )
+        .with_body(bytes);
+        req.set_oneway();
+        self.counters.coordinator_notices_sent.inc();
+        tokio::spawn(async move {
+            if let Err(e) = conn.oneway(req).await {
+                warn!(peer = %conn.peer_addr(), error = %e, "could not tell a coordinated member its assignment changed");
+            }
+        });
+    }
+
+    /// The queues of `topic` this broker serves, as the coordinator sees them.
+    pub fn topic_queues(&self, topic: &str) -> Option<Vec<shoal_proto::MessageQueue>> {
+        let n = self.topics.lock().get(topic).map(|c| c.read_queue_nums)?;
+        Some(
+            (0..n)
+                .map(|i| shoal_proto::MessageQueue::new(topic, &self.config.broker_name, i))
+                .collect(),
+        )
+    }
+
+    /// Tells the coordinator a topic's queues (after a change, or before a heartbeat).
+    pub fn refresh_coordinator_topic(&self, topic: &str) {
+        let queues = self.topic_queues(topic);
+        self.with_group_state(|g, now| match queues {
+            Some(q) => g.coordinator.set_topic_queues(topic, q, now),
+            None => g.coordinator.remove_topic(topic, now),
+        });
+    }
+
     /// Sends NOTIFY_CONSUMER_IDS_CHANGED to every remaining member of a changed group, unless
     /// the group is broadcasting or has notifications switched off; releases the queue locks
     /// of members that left.
     pub fn apply_group_change(&self, change: &GroupChange) {
+        self.with_group_state(|g, now| g.after_registry_change(change, now));
         if !change.left_client_ids.is_empty() {
             let mut locks = self.locks.lock();
             for id in &change.left_client_ids {
@@ -261,6 +391,7 @@ impl BrokerInner {
     /// Tells every member of the groups that consume `topic` to rebalance now (the topic's
     /// queues changed).
     pub fn notify_consumers_of_topic(&self, topic: &str) {
+        self.refresh_coordinator_topic(topic);
         let groups = self.clients.lock().groups_of_topic(topic);
         for group in groups {
             let conns: Vec<u64> = self
@@ -284,6 +415,7 @@ impl BrokerInner {
         self.connections.lock().remove(&conn_id);
         let now = self.mono_ms();
         let changes = self.clients.lock().connection_closed(conn_id, now);
+        self.with_group_state(|g, t| g.coordinator.connection_closed(conn_id, t));
         for c in &changes {
             info!(group = %c.group, clients = ?c.left_client_ids, "consumer connection closed: left the group");
             self.apply_group_change(c);
@@ -301,6 +433,7 @@ impl BrokerInner {
             warn!(group = %c.group, clients = ?c.left_client_ids, "consumer expired: no heartbeat within the expiry time");
             self.apply_group_change(c);
         }
+        self.with_group_state(|g, now| g.tick(now));
     }
 
     /// Persists topic and group tables; logs failures (the caller is a timer or shutdown).
@@ -308,6 +441,7 @@ impl BrokerInner {
         if let Err(e) = self.persist_tables_now() {
             warn!(error = %e, "could not persist the config tables");
         }
+        self.persist_coordinator();
     }
 
     /// A subscription group, created with the defaults when auto-create is on (heartbeat,
@@ -368,6 +502,25 @@ impl BrokerInner {
             self.groups.lock().mark_persisted(snap.changes);
         }
         Ok(())
+    }
+
+    /// Where the coordinator's state is kept.
+    pub fn coordinator_path(&self) -> std::path::PathBuf {
+        self.config.data_dir.join("config").join("coordinator.json")
+    }
+
+    /// Writes the coordinator's state if it changed.
+    pub fn persist_coordinator(&self) {
+        if self.coordinator_frozen.load(Ordering::Relaxed)
+            || !self.coordinator_dirty.swap(false, Ordering::Relaxed)
+        {
+            return;
+        }
+        let snapshot = self.group_state.lock().snapshot();
+        if let Err(e) = crate::persist::write_json_atomic(&self.coordinator_path(), &snapshot) {
+            self.coordinator_dirty.store(true, Ordering::Relaxed);
+            warn!(error = %e, "could not persist the group coordinator state");
+        }
     }
 
     /// Builds a REGISTER_BROKER request carrying the whole topic table.
@@ -569,13 +722,33 @@ impl Broker {
         )?;
 
         let metrics = BrokerMetrics::new();
+        let coordinator_path = config_dir.join("coordinator.json");
+        let coord_now = now.max(0) as u64;
+        let mut restored = false;
+        let coordinator = match crate::persist::read_json::<CoordinatorSnapshot>(&coordinator_path)?
+        {
+            Some(snap) => {
+                info!("group coordinator state restored; epochs move forward");
+                restored = true;
+                Coordinator::restore(config.coordinator.clone(), snap, coord_now)
+            }
+            None => Coordinator::new(config.coordinator.clone()),
+        };
+        let group_state = Arc::new(Mutex::new(GroupState::with_coordinator(
+            ClientRegistry::new(),
+            QueueLockTable::new(config.lock_ttl_ms),
+            coordinator,
+        )));
         let inner = Arc::new(BrokerInner {
             store_host,
             store: store.clone(),
             topics: Mutex::new(topics),
             groups: Mutex::new(groups),
-            clients: Mutex::new(ClientRegistry::new()),
-            locks: Mutex::new(QueueLockTable::new(config.lock_ttl_ms)),
+            clients: StatePart::new(group_state.clone(), |g| &mut g.clients),
+            locks: StatePart::new(group_state.clone(), |g| &mut g.locks),
+            group_state,
+            coordinator_dirty: std::sync::atomic::AtomicBool::new(restored),
+            coordinator_frozen: std::sync::atomic::AtomicBool::new(false),
             connections: Mutex::new(HashMap::new()),
             holds: PullHoldTable::default(),
             pull_marks: Mutex::new(HashMap::new()),
@@ -640,6 +813,11 @@ impl Broker {
         for t in &self.tasks {
             t.abort();
         }
+        // Members stay members across a restart: write the coordinator's state before the
+        // server closes their connections.
+        self.inner.coordinator_dirty.store(true, Ordering::Relaxed);
+        self.inner.persist_coordinator();
+        self.inner.coordinator_frozen.store(true, Ordering::Relaxed);
         self.server.shutdown().await;
         self.inner.persist_configs();
         self.inner.namesrv_client.shutdown();

@@ -218,6 +218,7 @@ pub fn consumer_list(b: &BrokerInner, req: &RemotingCommand) -> Handled {
 /// LOCK_BATCH_MQ: takes or renews the queue locks a client asks for; answers those it holds.
 pub fn lock_batch(b: &BrokerInner, req: &RemotingCommand) -> Handled {
     let body: LockBatchRequestBody = req.decode_json_body()?;
+    crate::coordinated::check_stamp(b, &body.consumer_group, &body.mq_set, req)?;
     let now = b.mono_ms();
     let locked =
         b.locks
@@ -231,8 +232,11 @@ pub fn lock_batch(b: &BrokerInner, req: &RemotingCommand) -> Handled {
 /// UNLOCK_BATCH_MQ: releases queue locks the client holds.
 pub fn unlock_batch(b: &BrokerInner, req: &RemotingCommand) -> Handled {
     let body: UnlockBatchRequestBody = req.decode_json_body()?;
-    b.locks
-        .lock()
-        .unlock_batch(&body.consumer_group, &body.mq_set, &body.client_id);
+    b.with_group_state(|g, now| {
+        g.locks
+            .unlock_batch(&body.consumer_group, &body.mq_set, &body.client_id);
+        // Evidence for the coordinator: revoked queues are free for their next owners.
+        g.unlocked(&body.consumer_group, &body.client_id, &body.mq_set, now);
+    });
     ok()
 }

@@ -95,6 +95,9 @@ pub struct BrokerConfig {
     /// A record whose CRC fails: `skip` (left out of pull answers, logged and counted) or
     /// `error` (the pull that reaches it is answered SYSTEM_ERROR).
     pub corrupt_record_policy: CorruptRecordPolicy,
+    /// The group coordinator of coordinated mode (`[coordinator]` table: session, heartbeat
+    /// and rebalance timeouts, limits, default assignor).
+    pub coordinator: shoal_group::coordinator::CoordinatorConfig,
 }
 
 /// What pulls do with a record whose body CRC fails.
@@ -146,6 +149,7 @@ impl Default for BrokerConfig {
             max_subscription_groups: 10_000,
             check_crc_on_read: true,
             corrupt_record_policy: CorruptRecordPolicy::Skip,
+            coordinator: shoal_group::coordinator::CoordinatorConfig::default(),
         }
     }
 }

@@ -74,6 +74,8 @@ pub fn query_consumer_offset(b: &BrokerInner, req: &RemotingCommand) -> Handled 
 /// UPDATE_CONSUMER_OFFSET: stores the group's next offset for a queue.
 pub fn update_consumer_offset(b: &BrokerInner, req: &RemotingCommand) -> Handled {
     let h: UpdateConsumerOffsetRequestHeader = req.decode_command_header()?;
+    let mq = shoal_proto::MessageQueue::new(&h.topic, &b.config.broker_name, h.queue_id);
+    crate::coordinated::check_stamp(b, &h.consumer_group, &[mq], req)?;
     if b.topics.lock().get(&h.topic).is_none() {
         return Err(Reject::new(
             resp::TOPIC_NOT_EXIST,

@@ -4,6 +4,7 @@ use crate::broker::BrokerInner;
 use futures::future::BoxFuture;
 use shoal_net::{request_code_not_supported, Connection, ProcessResult, Processor, RequestContext};
 use shoal_proto::code::{request_code as rc, response_code as resp};
+use shoal_proto::coordinated::request_code as crc;
 use shoal_proto::RemotingCommand;
 use std::sync::{Arc, OnceLock};
 
@@ -81,6 +82,10 @@ impl BrokerProcessor {
             rc::UPDATE_AND_CREATE_SUBSCRIPTIONGROUP => crate::admin::upsert_group(b, req),
             rc::DELETE_SUBSCRIPTIONGROUP => crate::admin::delete_group(b, req),
             rc::GET_ALL_CONSUMER_OFFSET => crate::admin::all_consumer_offsets(b),
+            crc::GROUP_HEARTBEAT => crate::coordinated::heartbeat(b, ctx, req),
+            crc::GROUP_LEAVE => crate::coordinated::leave(b, req),
+            crc::GROUP_DESCRIBE => crate::coordinated::describe(b, req),
+            crc::GROUP_HISTORY => crate::coordinated::history(b, req),
             _ => return None,
         })
     }

@@ -9,6 +9,7 @@ use shoal_proto::constants::{perm, pull_sys_flag};
 use shoal_proto::header::{PullMessageRequestHeader, PullMessageResponseHeader};
 use shoal_proto::RemotingCommand;
 use shoal_store::{GetMessageResult, GetMessageStatus};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -30,6 +31,8 @@ pub async fn pull_message(
     // A group auto-created by this pull is durable before the answer.
     crate::processor::persist_tables(b).await?;
     let h = &plan.header;
+    let mq = shoal_proto::MessageQueue::new(&h.topic, &b.config.broker_name, h.queue_id);
+    crate::coordinated::check_stamp(b, &h.consumer_group, &[mq], req)?;
     if h.sys_flag & pull_sys_flag::COMMIT_OFFSET != 0 && h.commit_offset >= 0 {
         b.store
             .commit_offset(&h.consumer_group, &h.topic, h.queue_id, h.commit_offset);

@@ -326,7 +326,7 @@ impl Group {
         }
         let bumped = cause.is_some();
         if let Some(c) = cause {
-            self.bump(c, ctx);
+            self.bump_skipping(c, Some(&id), ctx);
         }
         let changed = self.reconcile(&id, Some(&req.owned), ctx);
         if let Some(m) = self.members.get_mut(&id) {
@@ -580,6 +580,11 @@ impl Group {
     /// Bumps the group epoch and computes a new target given the current assignment, then
     /// reconciles every member towards it.
     pub(crate) fn bump(&mut self, cause: RebalanceCause, ctx: &mut Ctx<'_>) {
+        self.bump_skipping(cause, None, ctx);
+    }
+
+    /// [`bump`](Self::bump), not notifying `skip` (the member whose heartbeat this answers).
+    fn bump_skipping(&mut self, cause: RebalanceCause, skip: Option<&str>, ctx: &mut Ctx<'_>) {
         self.epoch = self.epoch.saturating_add(1);
         let new_target = self.compute_target(ctx);
         let moves = target_moves(&self.target, &new_target);
@@ -599,11 +604,11 @@ impl Group {
         );
         let ids: Vec<String> = self.members.keys().cloned().collect();
         for id in &ids {
-            if self.reconcile(id, None, ctx).visible {
+            if self.reconcile(id, None, ctx).visible && skip != Some(id.as_str()) {
                 self.notify(id, ctx);
             }
         }
-        self.settle(None, ctx);
+        self.settle(skip, ctx);
         self.check_reconciled(ctx);
         self.last_change_ms = ctx.now_ms;
         self.persist(ctx);

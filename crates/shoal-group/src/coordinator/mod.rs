@@ -74,6 +74,7 @@ pub const COORDINATED_ASSIGNORS: &[&str] = &[
 
 /// Limits and timers of the coordinator.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct CoordinatorConfig {
     /// A member that does not heartbeat for this long is removed (Kafka
     /// `group.consumer.session.timeout.ms`, 45 s).
@@ -239,6 +240,8 @@ pub struct GroupDescription {
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct CoordinatorSnapshot {
     groups: Vec<Group>,
+    #[serde(default)]
+    topics: BTreeMap<String, Vec<MessageQueue>>,
 }
 
 /// The coordinator of every coordinated group of one broker.
@@ -535,6 +538,7 @@ impl Coordinator {
     pub fn snapshot(&self) -> CoordinatorSnapshot {
         CoordinatorSnapshot {
             groups: self.groups.values().cloned().collect(),
+            topics: self.topics.clone(),
         }
     }
 
@@ -542,6 +546,7 @@ impl Coordinator {
     pub fn snapshot_group(&self, group: &str) -> Option<CoordinatorSnapshot> {
         self.groups.get(group).map(|g| CoordinatorSnapshot {
             groups: vec![g.clone()],
+            topics: BTreeMap::new(),
         })
     }
 
@@ -550,6 +555,7 @@ impl Coordinator {
     /// backwards), members keep their queues and get a fresh session; nothing moves.
     pub fn restore(config: CoordinatorConfig, snapshot: CoordinatorSnapshot, now_ms: u64) -> Self {
         let mut c = Self::new(config);
+        c.topics = snapshot.topics;
         for mut g in snapshot.groups {
             let mut ctx = group::Ctx {
                 config: &c.config,

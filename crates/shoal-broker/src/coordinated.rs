@@ -1,0 +1,224 @@
+//! Coordinated mode requests (GROUP_HEARTBEAT, GROUP_LEAVE, GROUP_DESCRIBE, GROUP_HISTORY) and
+//! the member-epoch fence on pulls, offset commits and lock requests.
+
+use crate::broker::BrokerInner;
+use crate::group_state::GroupMode;
+use crate::reply::{ok, ok_json, Handled, Reject};
+use serde::Serialize;
+use shoal_group::coordinator::{
+    GroupDescription, HeartbeatRequest, MemberDescription, RebalanceRecord,
+};
+use shoal_group::GroupError;
+use shoal_net::RequestContext;
+use shoal_proto::coordinated::{
+    member_stamp, response_code as cresp, GroupHeartbeatRequest, GroupHeartbeatResponse,
+    GroupLeaveRequest, GroupRef,
+};
+use shoal_proto::{MessageQueue, RemotingCommand};
+
+/// The response code of a coordinator error.
+pub fn reject_of(e: &GroupError) -> Reject {
+    let code = match e {
+        GroupError::FencedMemberEpoch { .. } => cresp::FENCED_MEMBER_EPOCH,
+        GroupError::UnknownMember { .. } => cresp::UNKNOWN_MEMBER_ID,
+        GroupError::UnreleasedInstanceId { .. } => cresp::UNRELEASED_INSTANCE_ID,
+        GroupError::QueueNotAssigned { .. } => cresp::QUEUE_NOT_ASSIGNED,
+        GroupError::GroupFull { .. } | GroupError::TooManyGroups(_) => cresp::GROUP_FULL,
+        _ => cresp::INVALID_GROUP_REQUEST,
+    };
+    Reject::new(code, e.to_string())
+}
+
+/// GROUP_HEARTBEAT: join or heartbeat a coordinated group.
+pub fn heartbeat(b: &BrokerInner, ctx: &RequestContext, req: &RemotingCommand) -> Handled {
+    let body: GroupHeartbeatRequest = req.decode_json_body()?;
+    let conn = ctx.connection().clone();
+    let conn_id = conn.id();
+    b.connections.lock().insert(conn_id, conn);
+    // The coordinator allocates the queues this broker serves.
+    let topics: Vec<(String, Option<Vec<MessageQueue>>)> = body
+        .subscriptions
+        .iter()
+        .take(b.config.coordinator.max_subscriptions)
+        .map(|t| (t.clone(), b.topic_queues(t)))
+        .collect();
+    let group = body.group.clone();
+    if !group.is_empty() {
+        b.group_or_auto_create(&group).map_err(|e| {
+            Reject::new(
+                shoal_proto::code::response_code::SUBSCRIPTION_GROUP_NOT_EXIST,
+                e,
+            )
+        })?;
+    }
+    let request = HeartbeatRequest {
+        group: body.group,
+        member_id: body.member_id,
+        member_epoch: body.member_epoch,
+        instance_id: body.instance_id,
+        client_id: body.client_id,
+        conn_id,
+        subscriptions: body.subscriptions.into_iter().collect(),
+        owned: body.owned.into_iter().collect(),
+        adoptable: Default::default(),
+        rebalance_timeout_ms: body.rebalance_timeout_ms,
+        assignor: body.assignor,
+    };
+    let result = b.with_group_state(|g, now| {
+        for (t, q) in topics {
+            if let Some(q) = q {
+                g.coordinator.set_topic_queues(&t, q, now);
+            }
+        }
+        g.coordinated_heartbeat(request, now)
+    });
+    match result {
+        Ok(Some(r)) => ok_json(&GroupHeartbeatResponse {
+            assignment: r.assignment,
+            group_epoch: r.group_epoch,
+            heartbeat_interval_ms: r.heartbeat_interval_ms,
+            member_epoch: r.member_epoch,
+            member_id: r.member_id,
+        }),
+        Ok(None) => Err(Reject::new(
+            cresp::GROUP_CLASSIC_MODE,
+            format!(
+                "group {group} has members that only speak the classic protocol: allocate client-side"
+            ),
+        )),
+        Err(e) => Err(reject_of(&e)),
+    }
+}
+
+/// GROUP_LEAVE: a member leaves (a static member's queues stay reserved unless `permanent`).
+pub fn leave(b: &BrokerInner, req: &RemotingCommand) -> Handled {
+    let body: GroupLeaveRequest = req.decode_json_body()?;
+    b.with_group_state(|g, now| {
+        g.coordinator
+            .leave(&body.group, &body.member_id, body.permanent, now)
+    })
+    .map_err(|e| reject_of(&e))?;
+    ok()
+}
+
+/// A member as GROUP_DESCRIBE shows it: the coordinator's view plus its lag.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct MemberView {
+    #[serde(flatten)]
+    member: MemberDescription,
+    /// Messages not yet committed over its owned queues.
+    lag: i64,
+}
+
+/// GROUP_DESCRIBE's answer.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct DescribeAnswer {
+    group: String,
+    mode: GroupMode,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    group_epoch: Option<i32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    target_epoch: Option<i32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    assignor: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reconciled: Option<bool>,
+    members: Vec<MemberView>,
+    /// Members that only speak the classic protocol (client ids).
+    classic_clients: Vec<String>,
+}
+
+/// GROUP_DESCRIBE: mode, epochs, assignor, members with owned and target queues and lag.
+pub fn describe(b: &BrokerInner, req: &RemotingCommand) -> Handled {
+    let body: GroupRef = req.decode_json_body()?;
+    let now = b.coord_ms();
+    let (mode, desc, classic): (GroupMode, Option<GroupDescription>, Vec<String>) = {
+        let g = b.group_state.lock();
+        (
+            g.mode(&body.group),
+            g.coordinator.describe(&body.group, now),
+            g.classic_clients(&body.group),
+        )
+    };
+    let lag = |q: &MessageQueue| -> i64 {
+        let max = b.store.max_offset(&q.topic, q.queue_id) as i64;
+        let committed = b
+            .store
+            .query_offset(&body.group, &q.topic, q.queue_id)
+            .unwrap_or(0);
+        (max - committed).max(0)
+    };
+    let answer = match desc {
+        Some(d) if mode == GroupMode::Coordinated => DescribeAnswer {
+            group: d.group,
+            mode,
+            group_epoch: Some(d.group_epoch),
+            target_epoch: Some(d.target_epoch),
+            assignor: Some(d.assignor),
+            reconciled: Some(d.reconciled),
+            members: d
+                .members
+                .into_iter()
+                .map(|m| MemberView {
+                    lag: m.owned.iter().chain(m.revoking.iter()).map(lag).sum(),
+                    member: m,
+                })
+                .collect(),
+            classic_clients: classic,
+        },
+        _ => DescribeAnswer {
+            group: body.group,
+            mode,
+            group_epoch: None,
+            target_epoch: None,
+            assignor: None,
+            reconciled: None,
+            members: Vec::new(),
+            classic_clients: classic,
+        },
+    };
+    ok_json(&answer)
+}
+
+/// GROUP_HISTORY's answer.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct HistoryAnswer {
+    group: String,
+    rebalances: Vec<RebalanceRecord>,
+}
+
+/// GROUP_HISTORY: the group's last rebalances, oldest first.
+pub fn history(b: &BrokerInner, req: &RemotingCommand) -> Handled {
+    let body: GroupRef = req.decode_json_body()?;
+    let rebalances = b.group_state.lock().coordinator.history(&body.group);
+    ok_json(&HistoryAnswer {
+        group: body.group,
+        rebalances,
+    })
+}
+
+/// The member-epoch fence: a request stamped with a coordinated member's id and epoch must be
+/// valid for every queue it touches. Unstamped requests (classic members) pass.
+pub fn check_stamp(
+    b: &BrokerInner,
+    group: &str,
+    queues: &[MessageQueue],
+    req: &RemotingCommand,
+) -> Result<(), Reject> {
+    let Some(stamp) = member_stamp(req) else {
+        return Ok(());
+    };
+    let (member, epoch) =
+        stamp.map_err(|e| Reject::new(shoal_proto::code::response_code::INVALID_PARAMETER, e))?;
+    let g = b.group_state.lock();
+    for q in queues {
+        if let Err(e) = g.coordinator.validate(group, &member, epoch, q) {
+            b.counters.coordinator_fenced.inc();
+            return Err(reject_of(&e));
+        }
+    }
+    Ok(())
+}
