@@ -287,6 +287,50 @@ impl Collector for BrokerCollector {
             by_topic(|c| c.bytes_out.load(Ordering::Relaxed)),
         )?;
         let one = |v: i64| [([("broker", b.config.broker_name.clone())], v)];
+        let c = &b.counters;
+        let refusals = [
+            (
+                "shoal_broker_pulls_capped",
+                "Pull answers cut by max_pull_batch_bytes / max_pull_batch_messages.",
+                &c.pulls_capped,
+            ),
+            (
+                "shoal_broker_heartbeats_refused",
+                "Heartbeats refused (too large, too many groups or subscriptions).",
+                &c.heartbeats_refused,
+            ),
+            (
+                "shoal_broker_groups_refused",
+                "Groups not auto-created because max_subscription_groups was reached.",
+                &c.groups_refused,
+            ),
+            (
+                "shoal_broker_system_topic_sends_refused",
+                "Client sends to system topics refused.",
+                &c.system_topic_sends_refused,
+            ),
+            (
+                "shoal_broker_invalid_queue_requests",
+                "Requests refused for bad queue ids or offsets.",
+                &c.invalid_queue_requests,
+            ),
+            (
+                "shoal_broker_acl_refused",
+                "Requests refused by the ACL (authentication or permission).",
+                &c.acl_refused,
+            ),
+        ];
+        for (name, help, v) in refusals {
+            encode_counters(
+                &mut e,
+                name,
+                help,
+                [(
+                    [("broker", b.config.broker_name.clone())],
+                    v.load(Ordering::Relaxed),
+                )],
+            )?;
+        }
         encode_gauges(
             &mut e,
             "shoal_broker_pull_holds",
