@@ -136,6 +136,9 @@ pub async fn heartbeat(
                 .map(|s| (s.topic.clone(), s.clone()))
                 .collect()
         };
+        if speaks_coordinated(req, &group) {
+            b.with_group_state(|g, t| g.mark_coordinated(&group, &data.client_id, conn_id, t));
+        }
         let change = b
             .clients
             .lock()
@@ -173,6 +176,12 @@ fn refuse_heartbeat(b: &BrokerInner, ctx: &RequestContext, why: String) -> Rejec
         warn!(peer = %ctx.peer_addr(), reason = %why, refused = n, "heartbeat refused");
     }
     Reject::new(resp::SYSTEM_ERROR, why)
+}
+
+/// True when a Shoal client's HEART_BEAT says its consumer of `group` speaks coordinated mode.
+fn speaks_coordinated(req: &RemotingCommand, group: &str) -> bool {
+    req.ext("shoalCoordinatedGroups")
+        .is_some_and(|list| list.split(',').any(|g| g == group))
 }
 
 /// UNREGISTER_CLIENT: a client leaves a producer and/or consumer group.

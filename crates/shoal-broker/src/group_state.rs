@@ -213,6 +213,15 @@ impl GroupState {
         self.coordinator.heartbeat(req, now_ms).map(Some)
     }
 
+    /// A classic heartbeat says this client's consumer of `group` speaks coordinated mode: its
+    /// classic registration does not make the group classic.
+    pub fn mark_coordinated(&mut self, group: &str, client_id: &str, conn_id: u64, now_ms: u64) {
+        self.coordinated_clients
+            .entry(group.to_string())
+            .or_default()
+            .insert(client_id.to_string(), (conn_id, now_ms));
+    }
+
     /// Re-evaluates a group's mode after a membership change; on a change, records a
     /// [`GroupEffect::ModeChanged`].
     fn refresh_mode(&mut self, group: &str, now_ms: u64) {

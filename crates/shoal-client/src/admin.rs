@@ -422,6 +422,57 @@ impl AdminClient {
         }
     }
 
+    /// Coordinated mode: a group as its coordinator describes it (GROUP_DESCRIBE): mode,
+    /// epochs, assignor, members with owned and target queues and lag. Asks the group's
+    /// brokers in order and returns the first answer that knows the group (mode not `empty`),
+    /// with the broker address.
+    pub async fn group_describe(&self, group: &str) -> AdminResult<(String, serde_json::Value)> {
+        self.coordinator_query(
+            group,
+            shoal_proto::coordinated::request_code::GROUP_DESCRIBE,
+            |v| v["mode"] != "empty",
+        )
+        .await
+    }
+
+    /// Coordinated mode: the group's last rebalances (GROUP_HISTORY), oldest first, from the
+    /// broker that coordinates it.
+    pub async fn group_history(&self, group: &str) -> AdminResult<(String, serde_json::Value)> {
+        self.coordinator_query(
+            group,
+            shoal_proto::coordinated::request_code::GROUP_HISTORY,
+            |v| v["rebalances"].as_array().is_some_and(|a| !a.is_empty()),
+        )
+        .await
+    }
+
+    async fn coordinator_query(
+        &self,
+        group: &str,
+        code: i32,
+        knows: impl Fn(&serde_json::Value) -> bool,
+    ) -> AdminResult<(String, serde_json::Value)> {
+        let body = shoal_proto::coordinated::GroupRef {
+            group: group.to_string(),
+        };
+        let mut first: Option<(String, serde_json::Value)> = None;
+        for addr in self.group_brokers(group).await? {
+            let req = RemotingCommand::request(code)
+                .with_json_body(&body)
+                .map_err(|source| AdminError::Proto {
+                    addr: addr.clone(),
+                    source,
+                })?;
+            let r = self.call_ok("group coordinator query", &addr, req).await?;
+            let v: serde_json::Value = Self::json(&addr, &r)?;
+            if knows(&v) {
+                return Ok((addr, v));
+            }
+            first.get_or_insert((addr, v));
+        }
+        first.ok_or_else(|| AdminError::GroupNotFound(group.into()))
+    }
+
     /// The group's connections (from the first broker that knows the group).
     pub async fn consumer_connections(
         &self,

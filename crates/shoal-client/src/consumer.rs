@@ -20,6 +20,7 @@
 //! pool.
 
 use crate::config::ClientConfig;
+use crate::coordinated::{new_member_id, GroupProtocol, MemberMode, Membership};
 use crate::error::{ClientError, Result};
 use crate::instance::{ClientInstance, ConsumerHandle, PullArgs, PullStatus, PULL_RPC_TIMEOUT};
 use crate::offset_store::{LocalOffsetFile, OffsetTable};
@@ -172,6 +173,13 @@ pub struct ConsumerConfig {
     /// same notification) has committed its final offset (Shoal; 200 ms). Orderly consumers
     /// need no delay: the broker lock orders the hand-over.
     pub handover_delay: Duration,
+    /// Group protocol: `Auto` (coordinated where the broker coordinates groups, classic
+    /// otherwise), `Coordinated` or `Classic` (clustering only; broadcasting is always
+    /// classic).
+    pub protocol: GroupProtocol,
+    /// Coordinated mode: a stable instance id (static membership): a restart within the
+    /// session timeout gets the same queues back and moves nothing.
+    pub instance_id: Option<String>,
 }
 
 impl ConsumerConfig {
@@ -201,6 +209,8 @@ impl ConsumerConfig {
             drop_wait: Duration::from_secs(5),
             offset_store_dir: home.join(".shoal_offsets"),
             handover_delay: Duration::from_millis(200),
+            protocol: GroupProtocol::Auto,
+            instance_id: None,
         }
     }
 }
@@ -252,6 +262,16 @@ impl PushConsumerBuilder {
     /// Allocation strategy name.
     pub fn allocate_strategy(mut self, name: impl Into<String>) -> Self {
         self.config.allocate_strategy = name.into();
+        self
+    }
+    /// Group protocol (`Auto` by default).
+    pub fn protocol(mut self, p: GroupProtocol) -> Self {
+        self.config.protocol = p;
+        self
+    }
+    /// Static membership instance id (coordinated mode).
+    pub fn instance_id(mut self, id: impl Into<String>) -> Self {
+        self.config.instance_id = Some(id.into());
         self
     }
     /// Concurrent batches at once.
@@ -387,6 +407,8 @@ struct Inner {
     /// Bumped by every rebalance request: a rebalance that sees it move knows its view of the
     /// group is stale and gives up its gains (the next run is already due).
     generation: AtomicU64,
+    /// Coordinated mode membership (clustering consumers whose protocol is not classic).
+    membership: Option<Arc<Membership>>,
 }
 
 /// A started push consumer. Cheap to clone.
@@ -467,7 +489,18 @@ impl PushConsumer {
             (Some(f), t)
         };
         let permits = Arc::new(Semaphore::new(config.consume_thread_max));
+        let membership = (is_clustering(&config) && config.protocol != GroupProtocol::Classic)
+            .then(|| {
+                Arc::new(Membership::new(
+                    &config.group,
+                    new_member_id(instance.client_id()),
+                    config.instance_id.clone(),
+                    config.protocol,
+                    &config.allocate_strategy,
+                ))
+            });
         let inner = Arc::new_cyclic(|me| Inner {
+            membership,
             me: me.clone(),
             generation: AtomicU64::new(0),
             token: instance.shutdown_token().child_token(),
@@ -495,6 +528,19 @@ impl PushConsumer {
         inner
             .instance
             .register_consumer(&inner.config.group, Arc::downgrade(&handle));
+        // Coordinated first, so the classic heartbeat below finds the member known.
+        if let Some(m) = inner.membership.clone() {
+            inner.member_heartbeat().await;
+            if m.protocol() == GroupProtocol::Coordinated && m.mode() == MemberMode::Unsupported {
+                inner
+                    .instance
+                    .unregister_consumer_local(&inner.config.group);
+                inner.instance.shutdown();
+                return Err(ClientError::InvalidArgument(
+                    "protocol = coordinated, but the broker does not coordinate groups (an Apache RocketMQ broker?)".into(),
+                ));
+            }
+        }
         inner.instance.heartbeat_all().await;
         let this = PushConsumer { inner };
         this.spawn_services();
@@ -503,6 +549,21 @@ impl PushConsumer {
     }
 
     fn spawn_services(&self) {
+        // Coordinated membership: heartbeats on notices, releases and every interval.
+        if let Some(m) = self.inner.membership.clone() {
+            let weak = Arc::downgrade(&self.inner);
+            let token = self.inner.token.clone();
+            tokio::spawn(async move {
+                loop {
+                    tokio::select! {
+                        _ = token.cancelled() => return,
+                        _ = m.wait() => {}
+                    }
+                    let Some(inner) = weak.upgrade() else { return };
+                    inner.member_heartbeat().await;
+                }
+            });
+        }
         // Rebalance service.
         let weak = Arc::downgrade(&self.inner);
         let token = self.inner.token.clone();
@@ -647,6 +708,14 @@ impl PushConsumer {
         let _guard = inner.rebalance_lock.lock().await;
         let all: Vec<Arc<QueueState>> = inner.table.lock().values().cloned().collect();
         futures::future::join_all(all.into_iter().map(|s| inner.release_queue(s, true))).await;
+        if let Some(m) = &inner.membership {
+            let topics: Vec<String> = inner.subs.keys().cloned().collect();
+            if let Some(addr) =
+                Membership::coordinator_addr(&inner.instance, &inner.config.group, &topics)
+            {
+                m.leave(&inner.instance, &addr).await;
+            }
+        }
         if let Some(f) = &inner.local_file {
             let table = inner.offsets.lock().clone();
             if let Err(e) = f.store(&table) {
@@ -673,6 +742,39 @@ impl Inner {
         is_clustering(&self.config)
     }
 
+    /// True when the coordinator decides this consumer's queues.
+    fn coordinated(&self) -> bool {
+        self.membership.as_ref().is_some_and(|m| m.decides())
+    }
+
+    /// One coordinated heartbeat; rebalances when the assignment or mode changed.
+    async fn member_heartbeat(&self) {
+        let Some(m) = &self.membership else { return };
+        let topics: Vec<String> = self.subs.keys().cloned().collect();
+        let addr = match Membership::coordinator_addr(&self.instance, &self.config.group, &topics) {
+            Some(a) => a,
+            None => {
+                for t in topics.iter().filter(|t| !is_retry_topic(t)) {
+                    if let Err(e) = self.instance.update_route(t).await {
+                        debug!(topic = %t, error = %e, "no route for the coordinator choice");
+                    }
+                }
+                match Membership::coordinator_addr(&self.instance, &self.config.group, &topics) {
+                    Some(a) => a,
+                    None => return,
+                }
+            }
+        };
+        let owned: Vec<MessageQueue> = self.table.lock().keys().cloned().collect();
+        let out = m.heartbeat(&self.instance, &addr, topics, owned).await;
+        if out.changed {
+            self.rebalance_now();
+        }
+        if out.again {
+            m.wake();
+        }
+    }
+
     /// One rebalance over every subscribed topic. Returns true when it should be retried soon
     /// (a lock could not be taken, a start offset could not be found, a lookup failed).
     async fn rebalance(self: &Arc<Self>) -> bool {
@@ -683,6 +785,7 @@ impl Inner {
         self.stats.rebalances.fetch_add(1, Ordering::Relaxed);
         let generation = self.generation.load(Ordering::SeqCst);
         let mut retry = false;
+        let held_before = self.table.lock().len();
         // Phase 1, every topic: allocate and release what is lost (the next owners wait on
         // our commits and unlocks).
         let mut plans = Vec::new();
@@ -701,9 +804,20 @@ impl Inner {
                 }
             }
         }
-        // One hand-over pause for all gains (concurrent clustering; orderly has the locks).
+        // Coordinated: report the releases at once (the next owners wait for them).
+        if self.coordinated() && self.table.lock().len() < held_before {
+            if let Some(m) = &self.membership {
+                m.wake();
+            }
+        }
+        // One hand-over pause for all gains (concurrent clustering; orderly has the locks;
+        // coordinated mode has the coordinator's evidence).
         let orderly = self.listener.is_orderly() && self.clustering();
-        if !orderly && self.clustering() && plans.iter().any(|(_, _, g)| !g.is_empty()) {
+        if !orderly
+            && self.clustering()
+            && !self.coordinated()
+            && plans.iter().any(|(_, _, g)| !g.is_empty())
+        {
             tokio::time::sleep(self.config.handover_delay).await;
         }
         // Phase 2: take the gains.
@@ -723,6 +837,9 @@ impl Inner {
         let all = route.subscribe_queues(topic);
         if !self.clustering() {
             return Ok(all.into_iter().collect());
+        }
+        if let Some(m) = self.membership.as_ref().filter(|m| m.decides()) {
+            return Ok(m.assignment_of(topic));
         }
         let cids = self
             .instance
@@ -1582,7 +1699,22 @@ impl ConsumerHandle for Inner {
         self.subs.keys().cloned().collect()
     }
 
+    fn speaks_coordinated(&self) -> bool {
+        self.membership.is_some()
+    }
+
+    fn assignment_changed(&self) {
+        match &self.membership {
+            Some(m) => m.wake(),
+            None => self.rebalance_now(),
+        }
+    }
+
     fn group_changed(&self) {
+        if let Some(m) = &self.membership {
+            // A member may have left or joined a group that runs classic: ask again.
+            m.wake();
+        }
         self.rebalance_now();
         // The notice may be about the topic's queues: refresh the routes too; a changed route
         // triggers one more rebalance (`store_route`).

@@ -47,12 +47,25 @@ pub(crate) trait ConsumerHandle: Send + Sync + 'static {
     }
     /// GET_CONSUMER_RUNNING_INFO.
     fn running_info(&self) -> ConsumerRunningInfo;
+    /// True when the consumer speaks coordinated mode (its classic heartbeat says so, so the
+    /// broker does not count it as a classic-only member).
+    fn speaks_coordinated(&self) -> bool {
+        false
+    }
+    /// GROUP_ASSIGNMENT_CHANGED: the coordinator has news for this member.
+    fn assignment_changed(&self) {
+        self.rebalance_now();
+    }
     /// RESET_CONSUMER_CLIENT_OFFSET.
     fn reset_offset(&self, topic: &str, offsets: BTreeMap<MessageQueue, i64>);
     /// CONSUME_MESSAGE_DIRECTLY.
     fn consume_directly(&self, msg: MessageExt)
         -> BoxFuture<'static, ConsumeMessageDirectlyResult>;
 }
+
+/// extField of HEART_BEAT naming the groups whose consumers on this client speak coordinated
+/// mode (comma-separated).
+pub const COORDINATED_GROUPS_EXT: &str = "shoalCoordinatedGroups";
 
 /// Consumers by group; weak so that a consumer dropped without shutdown does not live on.
 #[derive(Default)]
@@ -88,6 +101,14 @@ impl Processor for ClientProcessor {
     ) -> BoxFuture<'a, shoal_net::ProcessResult> {
         Box::pin(async move {
             match request.code {
+                shoal_proto::coordinated::request_code::GROUP_ASSIGNMENT_CHANGED => {
+                    let n: shoal_proto::coordinated::AssignmentChangedNotice =
+                        request.decode_json_body()?;
+                    if let Some(c) = self.registry.get(&n.group) {
+                        c.assignment_changed();
+                    }
+                    Ok(None)
+                }
                 rc::NOTIFY_CONSUMER_IDS_CHANGED => {
                     let h: NotifyConsumerIdsChangedRequestHeader =
                         request.decode_command_header()?;
@@ -221,6 +242,8 @@ struct Inner {
     producer_groups: Mutex<BTreeSet<String>>,
     namesrv_index: AtomicUsize,
     shutdown: CancellationToken,
+    /// Coordinated mode: group -> (member id, member epoch) stamped on pulls, commits, locks.
+    stamps: Mutex<HashMap<String, (String, i32)>>,
 }
 
 impl Drop for Inner {
@@ -287,6 +310,7 @@ impl ClientInstance {
             brokers: Mutex::new(HashMap::new()),
             producer_groups: Mutex::new(BTreeSet::new()),
             namesrv_index: AtomicUsize::new(start_index),
+            stamps: Mutex::new(HashMap::new()),
             shutdown: CancellationToken::new(),
         });
         let this = ClientInstance { inner };
@@ -554,8 +578,22 @@ impl ClientInstance {
         if data.consumer_data_set.is_empty() && data.producer_data_set.is_empty() {
             return 0;
         }
+        let coordinated: Vec<String> = self
+            .inner
+            .registry
+            .all()
+            .iter()
+            .filter(|c| c.speaks_coordinated())
+            .map(|c| c.consumer_data().group_name)
+            .collect();
+        let mut ext = shoal_proto::command::ExtFields::new();
+        if !coordinated.is_empty() {
+            // Shoal brokers: these groups' members speak coordinated mode (Apache RocketMQ
+            // ignores extFields it does not know).
+            ext.insert(COORDINATED_GROUPS_EXT.into(), coordinated.join(","));
+        }
         let Ok(req) = RemotingCommand::request(rc::HEART_BEAT)
-            .with_ext_fields(Default::default())
+            .with_ext_fields(ext)
             .with_json_body(&data)
         else {
             return 0;
@@ -679,13 +717,9 @@ impl ClientInstance {
             rpc: RpcFields::with_broker_name(&mq.broker_name),
             ..Default::default()
         };
-        let r = self
-            .invoke(
-                &addr,
-                RemotingCommand::request_with_header(args.code, &header),
-                args.timeout,
-            )
-            .await?;
+        let mut req = RemotingCommand::request_with_header(args.code, &header);
+        self.stamp(args.group, &mut req);
+        let r = self.invoke(&addr, req, args.timeout).await?;
         let status = match r.code {
             resp::SUCCESS => PullStatus::Found,
             resp::PULL_NOT_FOUND => PullStatus::NoNewMsg,
@@ -751,8 +785,8 @@ impl ClientInstance {
         }
     }
 
-    fn update_offset_req(group: &str, mq: &MessageQueue, offset: i64) -> RemotingCommand {
-        RemotingCommand::request_with_header(
+    fn update_offset_req(&self, group: &str, mq: &MessageQueue, offset: i64) -> RemotingCommand {
+        let mut req = RemotingCommand::request_with_header(
             rc::UPDATE_CONSUMER_OFFSET,
             &UpdateConsumerOffsetRequestHeader {
                 consumer_group: group.to_owned(),
@@ -761,7 +795,29 @@ impl ClientInstance {
                 commit_offset: offset,
                 rpc: RpcFields::with_broker_name(&mq.broker_name),
             },
-        )
+        );
+        self.stamp(group, &mut req);
+        req
+    }
+
+    /// Coordinated mode: the member id and epoch to stamp on this group's pulls, commits and
+    /// lock requests (`None`: classic, unstamped).
+    pub fn set_member_stamp(&self, group: &str, stamp: Option<(String, i32)>) {
+        let mut m = self.inner.stamps.lock();
+        match stamp {
+            Some(s) => {
+                m.insert(group.to_string(), s);
+            }
+            None => {
+                m.remove(group);
+            }
+        }
+    }
+
+    fn stamp(&self, group: &str, req: &mut RemotingCommand) {
+        if let Some((id, epoch)) = self.inner.stamps.lock().get(group) {
+            shoal_proto::coordinated::stamp(req, id, *epoch);
+        }
     }
 
     /// UPDATE_CONSUMER_OFFSET, waiting for the answer.
@@ -777,7 +833,7 @@ impl ClientInstance {
         self.call_broker(
             "UPDATE_CONSUMER_OFFSET",
             mq,
-            Self::update_offset_req(group, mq, offset),
+            self.update_offset_req(group, mq, offset),
         )
         .await
         .map(|_| ())
@@ -794,7 +850,7 @@ impl ClientInstance {
         offset: i64,
     ) -> Result<()> {
         let addr = self.find_master_addr(&mq.broker_name, &mq.topic).await?;
-        self.invoke_oneway(&addr, Self::update_offset_req(group, mq, offset))
+        self.invoke_oneway(&addr, self.update_offset_req(group, mq, offset))
             .await
     }
 
@@ -909,9 +965,10 @@ impl ClientInstance {
             mq_set: mqs,
             only_this_broker: false,
         };
-        let req = RemotingCommand::request(rc::LOCK_BATCH_MQ)
+        let mut req = RemotingCommand::request(rc::LOCK_BATCH_MQ)
             .with_ext_fields(Default::default())
             .with_json_body(&body)?;
+        self.stamp(group, &mut req);
         let r = ok_or(
             "LOCK_BATCH_MQ",
             self.invoke(&addr, req, self.inner.config.rpc_timeout)

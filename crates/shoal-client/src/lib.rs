@@ -18,6 +18,7 @@
 pub mod admin;
 pub mod config;
 pub mod consumer;
+pub mod coordinated;
 pub mod error;
 pub mod fault;
 pub mod instance;
@@ -32,6 +33,7 @@ pub use consumer::{
     ConsumeConcurrentlyStatus, ConsumeContext, ConsumeOrderlyStatus, ConsumerConfig,
     MessageListener, PushConsumer, PushConsumerBuilder,
 };
+pub use coordinated::GroupProtocol;
 pub use error::{ClientError, Result};
 pub use instance::ClientInstance;
 pub use lite_pull::{LitePullConfig, LitePullConsumer};

@@ -98,6 +98,18 @@ pub enum GroupCmd {
         /// Consumer group.
         group: String,
     },
+    /// Coordinated mode: mode, group epoch, assignor and members (member id, instance id,
+    /// client id, member epoch, state, owned vs target queues, lag).
+    Describe {
+        /// Consumer group.
+        group: String,
+    },
+    /// Coordinated mode: the group's last rebalances (time, cause, queues moved from/to, time
+    /// until reconciled).
+    History {
+        /// Consumer group.
+        group: String,
+    },
     /// Move the group's offsets of a topic to a time, or to the earliest or latest message.
     ResetOffset {
         /// Consumer group.
@@ -154,24 +166,24 @@ pub enum DlqCmd {
 }
 
 /// A plain text table with aligned columns.
-struct Table {
+pub(crate) struct Table {
     header: Vec<String>,
     rows: Vec<Vec<String>>,
 }
 
 impl Table {
-    fn new(header: &[&str]) -> Self {
+    pub(crate) fn new(header: &[&str]) -> Self {
         Self {
             header: header.iter().map(|s| s.to_string()).collect(),
             rows: Vec::new(),
         }
     }
 
-    fn row(&mut self, cells: Vec<String>) {
+    pub(crate) fn row(&mut self, cells: Vec<String>) {
         self.rows.push(cells);
     }
 
-    fn print(&self) {
+    pub(crate) fn print(&self) {
         let mut widths: Vec<usize> = self.header.iter().map(|h| h.chars().count()).collect();
         for r in &self.rows {
             for (i, c) in r.iter().enumerate() {
@@ -442,6 +454,22 @@ pub async fn group(common: &Common, cmd: GroupCmd) -> anyhow::Result<()> {
                         p.unreachable_members
                     );
                 }
+            }
+        }
+        GroupCmd::Describe { group } => {
+            let (broker, v) = admin.group_describe(&group).await?;
+            if common.json {
+                println!("{v}");
+            } else {
+                crate::group_view::print_describe(&broker, &v);
+            }
+        }
+        GroupCmd::History { group } => {
+            let (broker, v) = admin.group_history(&group).await?;
+            if common.json {
+                println!("{v}");
+            } else {
+                crate::group_view::print_history(&broker, &v);
             }
         }
         GroupCmd::Connections { group } => {

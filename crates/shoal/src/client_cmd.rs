@@ -82,6 +82,14 @@ pub struct ConsumeArgs {
     /// Safety-net rebalance period in seconds (notifications trigger rebalances at once).
     #[arg(long, default_value_t = 20)]
     pub rebalance_interval_secs: u64,
+    /// Group protocol: `auto` (coordinated where the broker coordinates groups, classic
+    /// against RocketMQ brokers or with classic-only members), `coordinated`, `classic`.
+    #[arg(long, default_value = "auto")]
+    pub protocol: shoal_client::GroupProtocol,
+    /// Coordinated mode: static membership instance id (a restart within the session timeout
+    /// keeps the same queues).
+    #[arg(long)]
+    pub instance_id: Option<String>,
 }
 
 fn progress(total: u64) -> ProgressBar {
@@ -293,7 +301,11 @@ pub async fn consume(common: &Common, a: ConsumeArgs) -> anyhow::Result<()> {
         })
         .consume_from_where(from)
         .allocate_strategy(a.strategy.clone())
+        .protocol(a.protocol)
         .rebalance_interval(Duration::from_secs(a.rebalance_interval_secs.max(1)));
+    if let Some(id) = &a.instance_id {
+        builder = builder.instance_id(id.clone());
+    }
     if let Some(ts) = ts {
         builder = builder.consume_timestamp_ms(ts);
     }

@@ -5,6 +5,7 @@ use clap::{Parser, Subcommand};
 mod admin_cmd;
 mod bench;
 mod client_cmd;
+mod group_view;
 mod http;
 mod rebalance;
 mod server;

@@ -1,0 +1,173 @@
+//! Coordinated mode end to end (push consumers against the Shoal broker as coordinator):
+//! 16 queues, 4 -> 8 -> 4 members with STICKY under steady load; every change is checked for
+//! single ownership (coordinator and members agree), no loss and no duplicates (graceful
+//! joins and leaves hand over by evidence); a static member's restart moves nothing; a member
+//! killed without leaving is replaced without loss.
+
+mod common;
+
+use common::{wait_until, Cluster};
+use parking_lot::Mutex;
+use shoal_client::consumer::{ConsumeConcurrentlyStatus, MessageListener};
+use shoal_client::{GroupProtocol, Message, MessageQueue, Producer, PushConsumer};
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+type Seen = Arc<Mutex<HashMap<u64, u32>>>;
+
+fn duplicates(seen: &Seen) -> u64 {
+    seen.lock().values().map(|c| u64::from(c - 1)).sum()
+}
+
+async fn start(cluster: &Cluster, seen: &Seen, instance: Option<&str>) -> PushConsumer {
+    let mut c = cluster.consumer_config("CG-COORD");
+    c.subscriptions.insert("COORD".into(), "*".into());
+    c.rebalance_interval = Duration::from_secs(60);
+    c.allocate_strategy = "STICKY".into();
+    c.protocol = GroupProtocol::Coordinated;
+    c.instance_id = instance.map(str::to_string);
+    let seen = seen.clone();
+    PushConsumer::start(
+        c,
+        MessageListener::concurrently(move |msgs, _| {
+            let mut s = seen.lock();
+            for m in msgs {
+                if let Some(seq) = std::str::from_utf8(&m.body)
+                    .ok()
+                    .and_then(|b| b.parse::<u64>().ok())
+                {
+                    *s.entry(seq).or_insert(0) += 1;
+                }
+            }
+            ConsumeConcurrentlyStatus::ConsumeSuccess
+        }),
+    )
+    .await
+    .unwrap()
+}
+
+/// Every queue of the topic owned by exactly one member, loads 16/n, the coordinator
+/// reconciled.
+async fn settled(admin: &shoal_client::AdminClient, consumers: &[PushConsumer]) -> bool {
+    let mut owners: HashMap<MessageQueue, usize> = HashMap::new();
+    for c in consumers {
+        for q in c.owned_queues().into_iter().filter(|q| q.topic == "COORD") {
+            *owners.entry(q).or_default() += 1;
+        }
+    }
+    if owners.len() != 16 || owners.values().any(|n| *n != 1) {
+        return false;
+    }
+    matches!(admin.group_describe("CG-COORD").await, Ok((_, d)) if d["reconciled"] == true && d["mode"] == "coordinated")
+}
+
+async fn converge(admin: &shoal_client::AdminClient, consumers: &[PushConsumer]) -> Duration {
+    let t = Instant::now();
+    for _ in 0..300 {
+        if settled(admin, consumers).await {
+            return t.elapsed();
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("no convergence within 6 s");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn four_eight_four_static_restart_and_kill() {
+    let cluster = Cluster::start().await;
+    cluster.create_topic("COORD", 16).await;
+    let admin = cluster.admin();
+    let producer = Producer::builder("PG-COORD")
+        .client_config(cluster.client_config())
+        .start()
+        .await
+        .unwrap();
+    let seen: Seen = Arc::default();
+    let sent = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let stop = tokio_util::sync::CancellationToken::new();
+    let load = {
+        let (p, sent, stop) = (producer.clone(), sent.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut seq = 0u64;
+            while !stop.is_cancelled() {
+                if p.send(Message::new("COORD", seq.to_string())).await.is_ok() {
+                    seq += 1;
+                    sent.store(seq, std::sync::atomic::Ordering::SeqCst);
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        })
+    };
+    let mut consumers = Vec::new();
+    for i in 0..4 {
+        consumers.push(start(&cluster, &seen, (i == 0).then_some("static-0")).await);
+    }
+    let t = converge(&admin, &consumers).await;
+    println!("0 -> 4: converged in {t:?}");
+    for step in [8usize, 4] {
+        let dups = duplicates(&seen);
+        while consumers.len() < step {
+            consumers.push(start(&cluster, &seen, None).await);
+        }
+        while consumers.len() > step {
+            if let Some(c) = consumers.pop() {
+                c.shutdown().await;
+            }
+        }
+        let t = converge(&admin, &consumers).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let d = duplicates(&seen) - dups;
+        println!("-> {step}: converged in {t:?}, {d} duplicate(s)");
+        assert_eq!(d, 0, "graceful change to {step} members duplicated");
+    }
+    // Static restart: the member with instance id static-0 leaves and a new process takes its
+    // place: same queues, no rebalance.
+    let (_, before) = admin.group_describe("CG-COORD").await.unwrap();
+    let old_queues: BTreeSet<MessageQueue> = consumers[0].owned_queues().into_iter().collect();
+    let old = consumers.remove(0);
+    old.shutdown().await;
+    let new = start(&cluster, &seen, Some("static-0")).await;
+    consumers.insert(0, new);
+    let t = converge(&admin, &consumers).await;
+    let (_, after) = admin.group_describe("CG-COORD").await.unwrap();
+    let new_queues: BTreeSet<MessageQueue> = consumers[0].owned_queues().into_iter().collect();
+    println!(
+        "static restart: converged in {t:?}, group epoch {} -> {}",
+        before["groupEpoch"], after["groupEpoch"]
+    );
+    assert_eq!(
+        old_queues, new_queues,
+        "the static member's restart moved queues"
+    );
+    assert_eq!(
+        before["groupEpoch"], after["groupEpoch"],
+        "a static restart is not a rebalance"
+    );
+    // A member killed: its connection closes without leave.
+    let killed = consumers.pop().unwrap();
+    killed.instance().shutdown();
+    let t = converge(&admin, &consumers).await;
+    println!("kill: converged in {t:?}");
+    stop.cancel();
+    load.await.unwrap();
+    let total = sent.load(std::sync::atomic::Ordering::SeqCst);
+    let all = wait_until(Duration::from_secs(20), || {
+        let s = seen.lock();
+        (0..total).all(|q| s.contains_key(&q))
+    })
+    .await;
+    assert!(all, "messages lost");
+    println!(
+        "{total} messages, {} duplicate(s) in total",
+        duplicates(&seen)
+    );
+    let (_, h) = admin.group_history("CG-COORD").await.unwrap();
+    assert!(h["rebalances"].as_array().is_some_and(|r| r.len() >= 8));
+    for c in consumers {
+        c.shutdown().await;
+    }
+    producer.shutdown().await;
+    admin.shutdown();
+    cluster.stop().await;
+}
