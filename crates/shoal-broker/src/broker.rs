@@ -849,6 +849,10 @@ async fn housekeeping_loop(inner: Arc<BrokerInner>) {
         tick.tick().await;
         n += 1;
         inner.expire_clients();
+        if inner.coordinator_dirty.load(Ordering::Relaxed) {
+            let i = inner.clone();
+            let _ = tokio::task::spawn_blocking(move || i.persist_coordinator()).await;
+        }
         if n % 10 == 0 {
             let i = inner.clone();
             let _ = tokio::task::spawn_blocking(move || i.persist_configs()).await;
