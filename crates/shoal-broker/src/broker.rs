@@ -186,6 +186,9 @@ pub struct BrokerInner {
     /// Shutting down: the coordinator state was written before connections closed, and the
     /// closes of shutdown are not members leaving.
     pub coordinator_frozen: std::sync::atomic::AtomicBool,
+    /// Coordinated mode: other brokers' queues of a topic (from the name servers) and when
+    /// they were fetched.
+    pub route_cache: Mutex<HashMap<String, (Vec<shoal_proto::MessageQueue>, Instant)>>,
     /// Connections of clients that heartbeated, by connection id.
     pub connections: Mutex<HashMap<u64, Connection>>,
     /// Long-polling pulls.
@@ -208,6 +211,19 @@ pub struct BrokerInner {
     pub persist_lock: Mutex<()>,
     started: Instant,
     started_wall_ms: i64,
+}
+
+/// This broker's queues of a topic together with other brokers' (none when neither has any).
+fn merge_queues(
+    own: Option<Vec<shoal_proto::MessageQueue>>,
+    others: Vec<shoal_proto::MessageQueue>,
+) -> Option<Vec<shoal_proto::MessageQueue>> {
+    if own.is_none() && others.is_empty() {
+        return None;
+    }
+    let mut all = own.unwrap_or_default();
+    all.extend(others);
+    Some(all)
 }
 
 /// Wall-clock milliseconds since the Unix epoch.
@@ -316,9 +332,81 @@ impl BrokerInner {
         )
     }
 
-    /// Tells the coordinator a topic's queues (after a change, or before a heartbeat).
+    /// Every queue of `topic` in the cluster, as the coordinator allocates them: this broker's
+    /// own, plus the other brokers' from the name servers' route (cached for 2 s; the last
+    /// known when the name servers do not answer).
+    pub async fn cluster_topic_queues(
+        &self,
+        topic: &str,
+    ) -> Option<Vec<shoal_proto::MessageQueue>> {
+        let own = self.topic_queues(topic);
+        let fresh = self
+            .route_cache
+            .lock()
+            .get(topic)
+            .filter(|(_, at)| at.elapsed() < Duration::from_secs(2))
+            .map(|(q, _)| q.clone());
+        let others = match fresh {
+            Some(o) => o,
+            None => match self.fetch_other_queues(topic).await {
+                Some(o) => {
+                    self.route_cache
+                        .lock()
+                        .insert(topic.to_string(), (o.clone(), Instant::now()));
+                    o
+                }
+                None => self
+                    .route_cache
+                    .lock()
+                    .get(topic)
+                    .map(|(q, _)| q.clone())
+                    .unwrap_or_default(),
+            },
+        };
+        merge_queues(own, others)
+    }
+
+    /// Other brokers' readable queues of `topic` from the first name server that answers.
+    async fn fetch_other_queues(&self, topic: &str) -> Option<Vec<shoal_proto::MessageQueue>> {
+        let req = RemotingCommand::request_with_header(
+            rc::GET_ROUTEINFO_BY_TOPIC,
+            &shoal_proto::header::GetRouteInfoRequestHeader {
+                topic: topic.to_string(),
+                ..Default::default()
+            },
+        );
+        for addr in &self.config.namesrv_addrs {
+            match self
+                .namesrv_client
+                .invoke(addr, req.clone(), Duration::from_secs(3))
+                .await
+            {
+                Ok(r) if r.code == resp::SUCCESS => {
+                    let route: shoal_proto::body::TopicRouteData = r.decode_json_body().ok()?;
+                    return Some(
+                        route
+                            .subscribe_queues(topic)
+                            .into_iter()
+                            .filter(|q| q.broker_name != self.config.broker_name)
+                            .collect(),
+                    );
+                }
+                Ok(_) => return Some(Vec::new()),
+                Err(_) => continue,
+            }
+        }
+        None
+    }
+
+    /// Tells the coordinator a topic's queues (after a change of this broker's topic table).
     pub fn refresh_coordinator_topic(&self, topic: &str) {
-        let queues = self.topic_queues(topic);
+        let others = self
+            .route_cache
+            .lock()
+            .get(topic)
+            .map(|(q, _)| q.clone())
+            .unwrap_or_default();
+        let queues = merge_queues(self.topic_queues(topic), others);
         self.with_group_state(|g, now| match queues {
             Some(q) => g.coordinator.set_topic_queues(topic, q, now),
             None => g.coordinator.remove_topic(topic, now),
@@ -749,6 +837,7 @@ impl Broker {
             group_state,
             coordinator_dirty: std::sync::atomic::AtomicBool::new(restored),
             coordinator_frozen: std::sync::atomic::AtomicBool::new(false),
+            route_cache: Mutex::new(HashMap::new()),
             connections: Mutex::new(HashMap::new()),
             holds: PullHoldTable::default(),
             pull_marks: Mutex::new(HashMap::new()),

@@ -30,18 +30,20 @@ pub fn reject_of(e: &GroupError) -> Reject {
 }
 
 /// GROUP_HEARTBEAT: join or heartbeat a coordinated group.
-pub fn heartbeat(b: &BrokerInner, ctx: &RequestContext, req: &RemotingCommand) -> Handled {
+pub async fn heartbeat(b: &BrokerInner, ctx: &RequestContext, req: &RemotingCommand) -> Handled {
     let body: GroupHeartbeatRequest = req.decode_json_body()?;
     let conn = ctx.connection().clone();
     let conn_id = conn.id();
     b.connections.lock().insert(conn_id, conn);
-    // The coordinator allocates the queues this broker serves.
-    let topics: Vec<(String, Option<Vec<MessageQueue>>)> = body
+    // The coordinator allocates every queue of the topics in the cluster.
+    let mut topics: Vec<(String, Option<Vec<MessageQueue>>)> = Vec::new();
+    for t in body
         .subscriptions
         .iter()
         .take(b.config.coordinator.max_subscriptions)
-        .map(|t| (t.clone(), b.topic_queues(t)))
-        .collect();
+    {
+        topics.push((t.clone(), b.cluster_topic_queues(t).await));
+    }
     let group = body.group.clone();
     if !group.is_empty() {
         b.group_or_auto_create(&group).map_err(|e| {
@@ -214,6 +216,10 @@ pub fn check_stamp(
     let (member, epoch) =
         stamp.map_err(|e| Reject::new(shoal_proto::code::response_code::INVALID_PARAMETER, e))?;
     let g = b.group_state.lock();
+    if !g.coordinator.knows_group(group) {
+        // Another broker coordinates this group: its queues here are not fenced by epoch.
+        return Ok(());
+    }
     for q in queues {
         if let Err(e) = g.coordinator.validate(group, &member, epoch, q) {
             b.counters.coordinator_fenced.inc();

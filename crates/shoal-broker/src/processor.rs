@@ -82,7 +82,7 @@ impl BrokerProcessor {
             rc::UPDATE_AND_CREATE_SUBSCRIPTIONGROUP => crate::admin::upsert_group(b, req),
             rc::DELETE_SUBSCRIPTIONGROUP => crate::admin::delete_group(b, req),
             rc::GET_ALL_CONSUMER_OFFSET => crate::admin::all_consumer_offsets(b),
-            crc::GROUP_HEARTBEAT => crate::coordinated::heartbeat(b, ctx, req),
+            crc::GROUP_HEARTBEAT => crate::coordinated::heartbeat(b, ctx, req).await,
             crc::GROUP_LEAVE => crate::coordinated::leave(b, req),
             crc::GROUP_DESCRIBE => crate::coordinated::describe(b, req),
             crc::GROUP_HISTORY => crate::coordinated::history(b, req),

@@ -21,8 +21,18 @@ fn duplicates(seen: &Seen) -> u64 {
 }
 
 async fn start(cluster: &Cluster, seen: &Seen, instance: Option<&str>) -> PushConsumer {
-    let mut c = cluster.consumer_config("CG-COORD");
-    c.subscriptions.insert("COORD".into(), "*".into());
+    start_on(cluster, seen, instance, "CG-COORD", "COORD").await
+}
+
+async fn start_on(
+    cluster: &Cluster,
+    seen: &Seen,
+    instance: Option<&str>,
+    group: &str,
+    topic: &str,
+) -> PushConsumer {
+    let mut c = cluster.consumer_config(group);
+    c.subscriptions.insert(topic.into(), "*".into());
     c.rebalance_interval = Duration::from_secs(60);
     c.allocate_strategy = "STICKY".into();
     c.protocol = GroupProtocol::Coordinated;
@@ -49,23 +59,39 @@ async fn start(cluster: &Cluster, seen: &Seen, instance: Option<&str>) -> PushCo
 
 /// Every queue of the topic owned by exactly one member, loads 16/n, the coordinator
 /// reconciled.
-async fn settled(admin: &shoal_client::AdminClient, consumers: &[PushConsumer]) -> bool {
+async fn settled(
+    admin: &shoal_client::AdminClient,
+    consumers: &[PushConsumer],
+    group: &str,
+    topic: &str,
+    queues: usize,
+) -> bool {
     let mut owners: HashMap<MessageQueue, usize> = HashMap::new();
     for c in consumers {
-        for q in c.owned_queues().into_iter().filter(|q| q.topic == "COORD") {
+        for q in c.owned_queues().into_iter().filter(|q| q.topic == topic) {
             *owners.entry(q).or_default() += 1;
         }
     }
-    if owners.len() != 16 || owners.values().any(|n| *n != 1) {
+    if owners.len() != queues || owners.values().any(|n| *n != 1) {
         return false;
     }
-    matches!(admin.group_describe("CG-COORD").await, Ok((_, d)) if d["reconciled"] == true && d["mode"] == "coordinated")
+    matches!(admin.group_describe(group).await, Ok((_, d)) if d["reconciled"] == true && d["mode"] == "coordinated")
 }
 
 async fn converge(admin: &shoal_client::AdminClient, consumers: &[PushConsumer]) -> Duration {
+    converge_on(admin, consumers, "CG-COORD", "COORD", 16).await
+}
+
+async fn converge_on(
+    admin: &shoal_client::AdminClient,
+    consumers: &[PushConsumer],
+    group: &str,
+    topic: &str,
+    queues: usize,
+) -> Duration {
     let t = Instant::now();
     for _ in 0..300 {
-        if settled(admin, consumers).await {
+        if settled(admin, consumers, group, topic, queues).await {
             return t.elapsed();
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -168,6 +194,28 @@ async fn four_eight_four_static_restart_and_kill() {
         c.shutdown().await;
     }
     producer.shutdown().await;
+    admin.shutdown();
+    cluster.stop().await;
+}
+
+/// Two brokers: one coordinator (the same for every member) assigns the queues of both.
+#[tokio::test]
+async fn one_coordinator_assigns_every_broker_s_queues() {
+    let cluster = Cluster::start_with(2, |_| {}).await;
+    cluster.create_topic("COORD2", 4).await;
+    let admin = cluster.admin();
+    let seen: Seen = Arc::default();
+    let mut consumers = Vec::new();
+    for _ in 0..3 {
+        consumers.push(start_on(&cluster, &seen, None, "CG-COORD2", "COORD2").await);
+    }
+    let t = converge_on(&admin, &consumers, "CG-COORD2", "COORD2", 8).await;
+    let (coordinator, d) = admin.group_describe("CG-COORD2").await.unwrap();
+    println!("2 brokers, 3 members: converged in {t:?}, coordinator {coordinator}");
+    assert_eq!(d["members"].as_array().map(Vec::len), Some(3));
+    for c in consumers {
+        c.shutdown().await;
+    }
     admin.shutdown();
     cluster.stop().await;
 }

@@ -485,6 +485,11 @@ impl Coordinator {
         self.groups.keys().cloned().collect()
     }
 
+    /// True when the coordinator knows `group` (with or without members).
+    pub fn knows_group(&self, group: &str) -> bool {
+        self.groups.contains_key(group)
+    }
+
     /// True when `group` has members.
     pub fn has_members(&self, group: &str) -> bool {
         self.groups.get(group).is_some_and(|g| g.member_count() > 0)
