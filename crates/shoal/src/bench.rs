@@ -198,6 +198,11 @@ pub struct RebalanceArgs {
     /// Allocation strategy.
     #[arg(long, default_value = "AVG")]
     strategy: String,
+    /// Group protocol of the consumers: `classic` (client-side allocation, hand-over by
+    /// locks and notices), `coordinated` (the broker coordinates: epochs, revoke then
+    /// assign), `auto` (the consumers' default: coordinated against a Shoal broker).
+    #[arg(long, default_value = "auto")]
+    mode: shoal_client::GroupProtocol,
     /// Consumers' safety-net rebalance period (notifications trigger rebalances at once).
     #[arg(long, value_parser = parse_duration, default_value = "20s")]
     rebalance_interval: Duration,
@@ -447,6 +452,8 @@ pub struct RebalanceReport {
     pub queues: usize,
     /// Allocation strategy.
     pub strategy: String,
+    /// Group protocol asked for (`auto`, `classic`, `coordinated`).
+    pub mode: String,
     /// Longest per-queue gap before the first event (steady state), ms.
     pub baseline_pause_ms: f64,
     /// One entry per membership change.
@@ -947,6 +954,7 @@ struct GroupSpec {
     group: String,
     topic: String,
     strategy: String,
+    protocol: shoal_client::GroupProtocol,
     from: ConsumeFromWhere,
     from_ts_ms: i64,
     rebalance_interval: Duration,
@@ -979,6 +987,7 @@ async fn start_member(
         .client_config(cfg)
         .subscribe(spec.topic.clone(), "*")
         .allocate_strategy(spec.strategy.clone())
+        .protocol(spec.protocol)
         .rebalance_interval(spec.rebalance_interval)
         .consume_from_where(spec.from)
         .consume_timestamp_ms(spec.from_ts_ms)
@@ -1267,6 +1276,7 @@ async fn consume(common: &Common, a: ConsumeArgs) -> anyhow::Result<Report> {
         group: a.group.group.clone().unwrap_or_else(|| fresh_group(run)),
         topic: a.topic.topic.clone(),
         strategy: a.group.strategy.clone(),
+        protocol: shoal_client::GroupProtocol::Auto,
         from: if a.from == "first" {
             ConsumeFromWhere::ConsumeFromFirstOffset
         } else {
@@ -1355,6 +1365,7 @@ async fn e2e(common: &Common, a: E2eArgs) -> anyhow::Result<Report> {
         group: a.group.group.clone().unwrap_or_else(|| fresh_group(run)),
         topic: plan.topic.clone(),
         strategy: a.group.strategy.clone(),
+        protocol: shoal_client::GroupProtocol::Auto,
         from: ConsumeFromWhere::ConsumeFromTimestamp,
         from_ts_ms: (now_us() / 1000) as i64 - 1000,
         rebalance_interval: Duration::from_secs(20),
@@ -1459,6 +1470,7 @@ async fn rebalance(common: &Common, a: RebalanceArgs) -> anyhow::Result<Report> 
         group: a.group.clone().unwrap_or_else(|| fresh_group(run)),
         topic: a.topic.clone(),
         strategy: a.strategy.clone(),
+        protocol: a.mode,
         from: ConsumeFromWhere::ConsumeFromTimestamp,
         from_ts_ms: (now_us() / 1000) as i64 - 1000,
         rebalance_interval: a.rebalance_interval,
@@ -1616,6 +1628,7 @@ async fn rebalance(common: &Common, a: RebalanceArgs) -> anyhow::Result<Report> 
         rebalance: Some(RebalanceReport {
             queues: nq,
             strategy: a.strategy.clone(),
+            mode: format!("{:?}", a.mode).to_ascii_lowercase(),
             baseline_pause_ms: ms(baseline.as_micros() as u64),
             events,
         }),
@@ -1715,8 +1728,8 @@ pub fn render(r: &Report) -> String {
     }
     if let Some(rb) = &r.rebalance {
         s.push_str(&format!(
-            "rebalance over {} queues ({}), steady-state pause {:.1} ms\n",
-            rb.queues, rb.strategy, rb.baseline_pause_ms
+            "rebalance over {} queues ({}, {} mode), steady-state pause {:.1} ms\n",
+            rb.queues, rb.strategy, rb.mode, rb.baseline_pause_ms
         ));
         s.push_str(&format!(
             "{:<10} {:>7} {:>8} {:>10} {:>13} {:>10} {:>6} {:>10} {:>6}\n",
@@ -1926,6 +1939,7 @@ mod tests {
             rebalance: Some(RebalanceReport {
                 queues: 16,
                 strategy: "AVG".into(),
+                mode: "auto".into(),
                 baseline_pause_ms: 3.0,
                 events: vec![EventReport {
                     event: "join 4".into(),
