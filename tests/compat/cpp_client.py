@@ -5,6 +5,9 @@ a clustering push consumer with a tag filter, and an orderly consumer.
 Usage: python cpp_client.py NAMESRV_ADDR
 Exit code 0 when every sent message was consumed, 1 otherwise.
 """
+import json
+import os
+import subprocess
 import sys
 import threading
 import time
@@ -51,8 +54,28 @@ def consume(topic, group, expression, want, orderly=False):
             if len(set(got)) >= want:
                 break
         time.sleep(0.1)
+    owners_ok = check_owners(group, topic)
     c.shutdown()
-    return got
+    return got if owners_ok else []
+
+
+def check_owners(group, topic):
+    """`shoal group progress` reads the C++ consumer's running info (its 64-bit fields arrive as
+    JSON strings): every queue of the topic has the consumer as its owner."""
+    shoal = os.environ.get("SHOAL_BIN")
+    if not shoal:
+        return True
+    out = subprocess.run([shoal, "--namesrv", NS, "--json", "group", "progress", group],
+                         capture_output=True, text=True, timeout=60)
+    if out.returncode != 0:
+        print("group progress failed:", out.stderr)
+        return False
+    p = json.loads(out.stdout)
+    queues = [q for q in p["queues"] if q["topic"] == topic]
+    owners = set(q["owner"] for q in queues)
+    print("group progress %s: %d queues, owners %s, unreachable %s"
+          % (group, len(queues), sorted(map(str, owners)), p["unreachableMembers"]))
+    return bool(queues) and None not in owners and len(owners) == 1 and not p["unreachableMembers"]
 
 
 def main():

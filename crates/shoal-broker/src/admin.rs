@@ -133,6 +133,19 @@ pub fn all_topic_config(b: &BrokerInner) -> Handled {
     ok_json(&b.topics.lock().wrapper())
 }
 
+/// GET_TOPIC_CONFIG (5.x admin tools ask it before topic and consume stats): the topic's
+/// config; Shoal has no static topics, so never a `mappingDetail`.
+pub fn topic_config(b: &BrokerInner, req: &RemotingCommand) -> Handled {
+    let h: shoal_proto::header::GetTopicConfigRequestHeader = req.decode_command_header()?;
+    let config = b.topics.lock().get(&h.topic).cloned().ok_or_else(|| {
+        Reject::new(
+            resp::TOPIC_NOT_EXIST,
+            format!("No topic in this broker. topic: {}", h.topic),
+        )
+    })?;
+    ok_json(&config)
+}
+
 /// GET_TOPIC_STATS_INFO: per queue min/max offsets and last store time.
 pub async fn topic_stats(b: &Arc<BrokerInner>, req: &RemotingCommand) -> Handled {
     let h: GetTopicStatsInfoRequestHeader = req.decode_command_header()?;
@@ -463,7 +476,56 @@ pub fn runtime_info(b: &BrokerInner) -> Handled {
         b.clients.lock().group_names().len().to_string(),
     );
     put("topicCount", b.topics.lock().all().len().to_string());
+    // The keys RocketMQ's broker reports that mqadmin (clusterList, brokerStatus) reads.
+    let put_now = c.msgs_put.get();
+    let got_now = c.msgs_got.get();
+    let s = b.stats.lock().snapshot();
+    put("brokerActive", "true".into());
+    put("msgPutTotalTodayNow", put_now.to_string());
+    put("msgGetTotalTodayNow", got_now.to_string());
+    put("msgPutTotalTodayMorning", s.put_today_morning.to_string());
+    put("msgGetTotalTodayMorning", s.got_today_morning.to_string());
+    put(
+        "msgPutTotalYesterdayMorning",
+        s.put_yesterday_morning.to_string(),
+    );
+    put(
+        "msgGetTotalYesterdayMorning",
+        s.got_yesterday_morning.to_string(),
+    );
+    put("putTps", crate::stats::format_tps(&s.put_tps));
+    put("getTransferredTps", crate::stats::format_tps(&s.got_tps));
+    // The 4.x tools read the key with RocketMQ's old spelling.
+    put("getTransferedTps", crate::stats::format_tps(&s.got_tps));
+    put(
+        "sendThreadPoolQueueSize",
+        c.inflight_puts.load(Ordering::Relaxed).to_string(),
+    );
+    put(
+        "sendThreadPoolQueueCapacity",
+        b.config.max_inflight_sends.to_string(),
+    );
+    if let Some(t) = earliest_message_time(b) {
+        put("earliestMessageTimeStamp", t.to_string());
+    }
+    put(
+        "startAcceptSendRequestTimeStamp",
+        b.started_wall_ms().to_string(),
+    );
     ok_json(&KVTable { table })
+}
+
+/// The store time of the oldest message in the commit log.
+fn earliest_message_time(b: &BrokerInner) -> Option<i64> {
+    let record = b
+        .store
+        .message_by_physical_offset(b.store.commit_log_min_offset())
+        .ok()??;
+    let run = shoal_proto::message::decode_records(
+        &record,
+        &shoal_proto::message::DecodeOptions::default(),
+    );
+    run.messages.first().map(|m| m.store_timestamp)
 }
 
 /// INVOKE_BROKER_TO_RESET_OFFSET: moves a group's offsets of a topic to a time (or the

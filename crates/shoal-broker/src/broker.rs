@@ -205,6 +205,8 @@ pub struct BrokerInner {
     pub counters: Counters,
     /// Metrics (the registry served at `/metrics`).
     pub metrics: BrokerMetrics,
+    /// Daily totals and throughput windows (sampled every second), for runtime info.
+    pub stats: Mutex<crate::stats::BrokerStats>,
     /// Client used for name servers.
     pub namesrv_client: RemotingClient,
     /// Serializes writes of the config tables.
@@ -846,6 +848,7 @@ impl Broker {
             schedule_wakeup: Notify::new(),
             counters: Counters::new(&metrics),
             metrics,
+            stats: Mutex::new(crate::stats::BrokerStats::default()),
             namesrv_client: RemotingClient::new(
                 NetConfig::default(),
                 Arc::new(NotSupportedProcessor),
@@ -942,6 +945,12 @@ async fn housekeeping_loop(inner: Arc<BrokerInner>) {
             let i = inner.clone();
             let _ = tokio::task::spawn_blocking(move || i.persist_coordinator()).await;
         }
+        inner.stats.lock().sample(
+            wall_ms(),
+            inner.mono_ms(),
+            inner.counters.msgs_put.get(),
+            inner.counters.msgs_got.get(),
+        );
         if n % 10 == 0 {
             let i = inner.clone();
             let _ = tokio::task::spawn_blocking(move || i.persist_configs()).await;

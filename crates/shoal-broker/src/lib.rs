@@ -22,6 +22,7 @@ pub mod reply;
 pub mod retry;
 pub mod schedule;
 pub mod send;
+pub mod stats;
 pub mod topic;
 
 pub use broker::{Broker, BrokerError, BrokerInner};

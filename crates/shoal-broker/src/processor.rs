@@ -70,6 +70,7 @@ impl BrokerProcessor {
             rc::UPDATE_AND_CREATE_TOPIC => crate::admin::create_topic(b, req).await,
             rc::DELETE_TOPIC_IN_BROKER => crate::admin::delete_topic(b, req).await,
             rc::GET_ALL_TOPIC_CONFIG => crate::admin::all_topic_config(b),
+            rc::GET_TOPIC_CONFIG => crate::admin::topic_config(b, req),
             rc::GET_TOPIC_STATS_INFO => crate::admin::topic_stats(b, req).await,
             rc::GET_CONSUMER_CONNECTION_LIST => crate::admin::consumer_connections(b, req),
             rc::GET_CONSUME_STATS => crate::admin::consume_stats(b, req).await,

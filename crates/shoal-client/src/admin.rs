@@ -575,7 +575,8 @@ impl AdminClient {
                             }
                         }
                     }
-                    Err(_) => {
+                    Err(e) => {
+                        tracing::debug!(client = %id, error = %e, "no usable running info from a member");
                         progress.unreachable_members.insert(id);
                     }
                 }

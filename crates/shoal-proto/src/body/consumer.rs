@@ -150,38 +150,53 @@ pub struct ConsumerRunningInfo {
     pub user_consumer_info: BTreeMap<String, String>,
 }
 
-/// Client-side state of one pulled queue.
+/// Client-side state of one pulled queue. Numbers and booleans are also read from strings:
+/// the C++ client writes its 64-bit fields as JSON strings (`"cachedMsgMaxOffset" : "0"`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
 pub struct ProcessQueueInfo {
     /// Cached message count.
+    #[serde(deserialize_with = "super::lenient::i32_or_string")]
     pub cached_msg_count: i32,
     /// Highest cached offset.
+    #[serde(deserialize_with = "super::lenient::i64_or_string")]
     pub cached_msg_max_offset: i64,
     /// Lowest cached offset.
+    #[serde(deserialize_with = "super::lenient::i64_or_string")]
     pub cached_msg_min_offset: i64,
     /// Cached size, MiB.
     #[serde(rename = "cachedMsgSizeInMiB")]
+    #[serde(deserialize_with = "super::lenient::i32_or_string")]
     pub cached_msg_size_in_mib: i32,
     /// Committed offset.
+    #[serde(deserialize_with = "super::lenient::i64_or_string")]
     pub commit_offset: i64,
     /// Dropped (Java's spelling).
+    #[serde(deserialize_with = "super::lenient::bool_or_string")]
     pub droped: bool,
     /// Last consume time, ms.
+    #[serde(deserialize_with = "super::lenient::i64_or_string")]
     pub last_consume_timestamp: i64,
     /// Last lock time, ms.
+    #[serde(deserialize_with = "super::lenient::i64_or_string")]
     pub last_lock_timestamp: i64,
     /// Last pull time, ms.
+    #[serde(deserialize_with = "super::lenient::i64_or_string")]
     pub last_pull_timestamp: i64,
     /// Locked (orderly).
+    #[serde(deserialize_with = "super::lenient::bool_or_string")]
     pub locked: bool,
     /// Transaction message count.
+    #[serde(deserialize_with = "super::lenient::i32_or_string")]
     pub transaction_msg_count: i32,
     /// Highest transaction message offset.
+    #[serde(deserialize_with = "super::lenient::i64_or_string")]
     pub transaction_msg_max_offset: i64,
     /// Lowest transaction message offset.
+    #[serde(deserialize_with = "super::lenient::i64_or_string")]
     pub transaction_msg_min_offset: i64,
     /// Unlock attempts.
+    #[serde(deserialize_with = "super::lenient::i64_or_string")]
     pub try_unlock_times: i64,
 }
 
@@ -203,21 +218,27 @@ pub struct PopProcessQueueInfo {
 pub struct ConsumeStatus {
     /// Failed messages.
     #[serde(rename = "consumeFailedMsgs")]
+    #[serde(deserialize_with = "super::lenient::i64_or_string")]
     pub consume_failed_msgs: i64,
     /// Failed TPS.
     #[serde(rename = "consumeFailedTPS")]
+    #[serde(deserialize_with = "super::lenient::f64_or_string")]
     pub consume_failed_tps: f64,
     /// OK TPS.
     #[serde(rename = "consumeOKTPS")]
+    #[serde(deserialize_with = "super::lenient::f64_or_string")]
     pub consume_ok_tps: f64,
     /// Consume response time.
     #[serde(rename = "consumeRT")]
+    #[serde(deserialize_with = "super::lenient::f64_or_string")]
     pub consume_rt: f64,
     /// Pull response time.
     #[serde(rename = "pullRT")]
+    #[serde(deserialize_with = "super::lenient::f64_or_string")]
     pub pull_rt: f64,
     /// Pull TPS.
     #[serde(rename = "pullTPS")]
+    #[serde(deserialize_with = "super::lenient::f64_or_string")]
     pub pull_tps: f64,
 }
 

@@ -181,6 +181,60 @@ pub(crate) mod lenient {
         }
         d.deserialize_any(V)
     }
+
+    /// An `i32` written as a JSON number or as a string of digits.
+    pub(crate) fn i32_or_string<'de, D: Deserializer<'de>>(d: D) -> Result<i32, D::Error> {
+        let v = i64_or_string(d)?;
+        i32::try_from(v).map_err(|_| D::Error::invalid_value(Unexpected::Signed(v), &"an i32"))
+    }
+
+    /// An `f64` written as a JSON number or as a string holding one.
+    pub(crate) fn f64_or_string<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = f64;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a number or a string holding one")
+            }
+            fn visit_f64<E: Error>(self, v: f64) -> Result<f64, E> {
+                Ok(v)
+            }
+            fn visit_i64<E: Error>(self, v: i64) -> Result<f64, E> {
+                Ok(v as f64)
+            }
+            fn visit_u64<E: Error>(self, v: u64) -> Result<f64, E> {
+                Ok(v as f64)
+            }
+            fn visit_str<E: Error>(self, v: &str) -> Result<f64, E> {
+                v.trim()
+                    .parse()
+                    .map_err(|_| E::invalid_value(Unexpected::Str(v), &self))
+            }
+        }
+        d.deserialize_any(V)
+    }
+
+    /// A `bool` written as a JSON boolean or as the string `"true"` / `"false"`.
+    pub(crate) fn bool_or_string<'de, D: Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = bool;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a boolean or a string holding one")
+            }
+            fn visit_bool<E: Error>(self, v: bool) -> Result<bool, E> {
+                Ok(v)
+            }
+            fn visit_str<E: Error>(self, v: &str) -> Result<bool, E> {
+                match v.trim() {
+                    "true" => Ok(true),
+                    "false" => Ok(false),
+                    _ => Err(E::invalid_value(Unexpected::Str(v), &self)),
+                }
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 #[cfg(test)]

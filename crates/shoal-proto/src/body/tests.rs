@@ -839,3 +839,42 @@ proptest! {
         let _ = RegisterBrokerBody::decode_compressed(&bytes, 479);
     }
 }
+
+/// What Apache RocketMQ's C++ client (librocketmq, PyPI `rocketmq` 0.4.4) answers to
+/// GET_CONSUMER_RUNNING_INFO, as captured from a live consumer: pretty-printed object keys, 64-bit
+/// fields as strings, `subVersion` as a string, no `statusTable`.
+#[test]
+fn consumer_running_info_from_the_cpp_client() {
+    let cpp = r#"{"mqTable":{{
+   "brokerName" : "broker-a",
+   "queueId" : 0,
+   "topic" : "CppX"
+}:{
+   "cachedMsgCount" : 0,
+   "cachedMsgMaxOffset" : "4",
+   "cachedMsgMinOffset" : "0",
+   "commitOffset" : "5",
+   "droped" : false,
+   "lastConsumeTimestamp" : "1796121823743",
+   "lastLockTimestamp" : "825292860872982528",
+   "lastPullTimestamp" : "1796121823742",
+   "locked" : false,
+   "transactionMsgCount" : 0,
+   "transactionMsgMaxOffset" : "0",
+   "transactionMsgMinOffset" : "0",
+   "tryUnlockTimes" : 0
+}
+},"jstack":"","properties":{"PROP_CLIENT_VERSION":"V3_1_8","PROP_CONSUMEORDERLY":"flase","PROP_CONSUMER_START_TIMESTAMP":"1796121803637","PROP_CONSUME_TYPE":"CONSUME_PASSIVELY","PROP_NAMESERVER_ADDR":"127.0.0.1:23001","PROP_THREADPOOL_CORE_SIZE":"2"},"subscriptionSet":[{"subString":"*","subVersion":"1796121803638","topic":"CppX"}]}"#;
+    let info: ConsumerRunningInfo = from_json_slice(cpp.as_bytes()).unwrap();
+    let pq = info.mq_table[&mq("CppX", "broker-a", 0)];
+    assert_eq!(pq.commit_offset, 5);
+    assert_eq!(pq.cached_msg_max_offset, 4);
+    assert_eq!(pq.last_pull_timestamp, 1_796_121_823_742);
+    assert!(!pq.droped);
+    assert_eq!(info.subscription_set[0].sub_version, 1_796_121_803_638);
+    assert_eq!(info.properties["PROP_CONSUME_TYPE"], "CONSUME_PASSIVELY");
+    // Strings that are not numbers are still an error naming the value.
+    let bad = cpp.replace(r#""commitOffset" : "5""#, r#""commitOffset" : "five""#);
+    let err = from_json_slice::<ConsumerRunningInfo>(bad.as_bytes()).unwrap_err();
+    assert!(err.to_string().contains("five"), "{err}");
+}
