@@ -76,11 +76,7 @@ impl BrokerStats {
                 return 0.0;
             };
             let since = last.0.saturating_sub(window_ms);
-            let first = self
-                .samples
-                .iter()
-                .find(|s| s.0 >= since)
-                .unwrap_or(last);
+            let first = self.samples.iter().find(|s| s.0 >= since).unwrap_or(last);
             let dt = last.0.saturating_sub(first.0);
             if dt == 0 {
                 return 0.0;
@@ -130,7 +126,11 @@ mod tests {
         let day = 1_000 * DAY_MS;
         s.sample(day + DAY_MS - 2000, 0, 5, 1);
         s.sample(day + DAY_MS - 1000, 1000, 7, 2);
-        assert_eq!(s.snapshot().put_today_morning, 0, "started today: nothing before it");
+        assert_eq!(
+            s.snapshot().put_today_morning,
+            0,
+            "started today: nothing before it"
+        );
         s.sample(day + DAY_MS + 10, 2000, 9, 3);
         let snap = s.snapshot();
         assert_eq!((snap.put_today_morning, snap.got_today_morning), (7, 2));
@@ -142,7 +142,10 @@ mod tests {
         // A gap of several days: both mornings are the last value seen.
         s.sample(day + 5 * DAY_MS, 4000, 30, 5);
         let snap = s.snapshot();
-        assert_eq!((snap.put_today_morning, snap.put_yesterday_morning), (20, 20));
+        assert_eq!(
+            (snap.put_today_morning, snap.put_yesterday_morning),
+            (20, 20)
+        );
     }
 
     #[test]
