@@ -205,6 +205,8 @@ pub struct BrokerInner {
     pub counters: Counters,
     /// Metrics (the registry served at `/metrics`).
     pub metrics: BrokerMetrics,
+    /// Transactional messages: remembered decisions and counters.
+    pub transactions: crate::transaction::TransactionState,
     /// Daily totals and throughput windows (sampled every second), for runtime info.
     pub stats: Mutex<crate::stats::BrokerStats>,
     /// Client used for name servers.
@@ -733,6 +735,7 @@ impl Broker {
         tasks.push(tokio::spawn(register_loop(inner.clone())));
         tasks.push(tokio::spawn(housekeeping_loop(inner.clone())));
         tasks.extend(crate::schedule::start(inner.clone()));
+        tasks.push(crate::transaction::service::start(inner.clone()));
         let registered = inner.register_all().await;
         if registered == 0 && !inner.config.namesrv_addrs.is_empty() {
             warn!(
@@ -849,6 +852,9 @@ impl Broker {
             counters: Counters::new(&metrics),
             metrics,
             stats: Mutex::new(crate::stats::BrokerStats::default()),
+            transactions: crate::transaction::TransactionState::new(
+                config.transaction_max_remembered_decisions,
+            ),
             namesrv_client: RemotingClient::new(
                 NetConfig::default(),
                 Arc::new(NotSupportedProcessor),

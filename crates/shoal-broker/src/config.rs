@@ -95,6 +95,21 @@ pub struct BrokerConfig {
     /// A record whose CRC fails: `skip` (left out of pull answers, logged and counted) or
     /// `error` (the pull that reaches it is answered SYSTEM_ERROR).
     pub corrupt_record_policy: CorruptRecordPolicy,
+    /// Refuse transactional (half) messages with NO_PERMISSION (`rejectTransactionMessage`).
+    pub reject_transaction_message: bool,
+    /// A half message without a decision is checked once it is this old, ms
+    /// (`transactionTimeOut`, 6 s).
+    pub transaction_timeout_ms: u64,
+    /// Checks of a half message before it is discarded (`transactionCheckMax`, 15).
+    pub transaction_check_max: i32,
+    /// Time between two check rounds, ms (`transactionCheckInterval`, 30 s).
+    pub transaction_check_interval_ms: u64,
+    /// Where half messages checked `transaction_check_max` times go
+    /// (`TRANS_CHECK_MAX_TIME_TOPIC`, as RocketMQ); empty: dropped (logged and counted).
+    pub transaction_discard_topic: String,
+    /// Transaction decisions remembered to make commits idempotent (100000); the oldest are
+    /// forgotten first.
+    pub transaction_max_remembered_decisions: usize,
     /// The group coordinator of coordinated mode (`[coordinator]` table: session, heartbeat
     /// and rebalance timeouts, limits, default assignor).
     pub coordinator: shoal_group::coordinator::CoordinatorConfig,
@@ -149,6 +164,12 @@ impl Default for BrokerConfig {
             max_subscription_groups: 10_000,
             check_crc_on_read: true,
             corrupt_record_policy: CorruptRecordPolicy::Skip,
+            reject_transaction_message: false,
+            transaction_timeout_ms: 6_000,
+            transaction_check_max: 15,
+            transaction_check_interval_ms: 30_000,
+            transaction_discard_topic: crate::transaction::CHECK_MAX_TIME_TOPIC.into(),
+            transaction_max_remembered_decisions: 100_000,
             coordinator: shoal_group::coordinator::CoordinatorConfig::default(),
         }
     }
@@ -194,6 +215,15 @@ impl BrokerConfig {
                 "default_topic_queue_nums {} is outside 1..=1024",
                 self.default_topic_queue_nums
             )));
+        }
+        if self.transaction_check_max < 1 {
+            return Err(ConfigError(
+                "transaction_check_max must be at least 1".into(),
+            ));
+        }
+        if !self.transaction_discard_topic.is_empty() {
+            crate::topic::validate_topic_name(&self.transaction_discard_topic)
+                .map_err(|e| ConfigError(format!("transaction_discard_topic: {e}")))?;
         }
         // A pull answer (data + headers) must fit in a 16 MiB frame.
         const FRAME_ROOM: usize = 15 * 1024 * 1024;

@@ -24,6 +24,7 @@ pub mod schedule;
 pub mod send;
 pub mod stats;
 pub mod topic;
+pub mod transaction;
 
 pub use broker::{Broker, BrokerError, BrokerInner};
 

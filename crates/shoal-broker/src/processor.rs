@@ -52,6 +52,7 @@ impl BrokerProcessor {
             rc::PULL_MESSAGE | rc::LITE_PULL_MESSAGE => {
                 crate::pull::pull_message(b, ctx, req).await
             }
+            rc::END_TRANSACTION => crate::transaction::end::end_transaction(b, ctx, req).await,
             rc::HEART_BEAT => crate::client::heartbeat(b, ctx, req).await,
             rc::UNREGISTER_CLIENT => crate::client::unregister_client(b, ctx, req),
             rc::GET_CONSUMER_LIST_BY_GROUP => crate::client::consumer_list(b, req),

@@ -271,7 +271,25 @@ pub async fn send_message(
         out
     } else {
         props.insert(property::CLUSTER.into(), b.config.cluster_name.clone());
-        apply_delay(b, &mut inner, &mut props);
+        if crate::transaction::half::is_prepared(&props, reconsume_times) {
+            if b.config.reject_transaction_message {
+                return Err(Reject::new(
+                    resp::NO_PERMISSION,
+                    format!(
+                        "the broker[{}] sending transaction message is forbidden",
+                        b.config.announce_addr()
+                    ),
+                ));
+            }
+            crate::transaction::half::ensure_topic(b, crate::transaction::HALF_TOPIC)?;
+            crate::transaction::half::to_half(&mut inner, &mut props);
+            b.transactions
+                .counters
+                .half_stored
+                .fetch_add(1, Ordering::Relaxed);
+        } else {
+            apply_delay(b, &mut inner, &mut props);
+        }
         inner.properties = encode_properties(&props)
             .map_err(|e| Reject::new(resp::MESSAGE_ILLEGAL, e.to_string()))?;
         vec![inner]

@@ -71,9 +71,14 @@ pub const COORDINATED_GROUPS_EXT: &str = "shoalCoordinatedGroups";
 #[derive(Default)]
 struct Registry {
     consumers: Mutex<HashMap<String, Weak<dyn ConsumerHandle>>>,
+    /// Transaction check listeners by producer group.
+    checkers: Mutex<HashMap<String, crate::transaction::CheckListener>>,
 }
 
 impl Registry {
+    fn checker(&self, group: &str) -> Option<crate::transaction::CheckListener> {
+        self.checkers.lock().get(group).cloned()
+    }
     fn get(&self, group: &str) -> Option<Arc<dyn ConsumerHandle>> {
         self.consumers.lock().get(group).and_then(Weak::upgrade)
     }
@@ -169,6 +174,26 @@ impl Processor for ClientProcessor {
                     Ok(Some(
                         RemotingCommand::response(resp::SUCCESS, None).with_json_body(&result)?,
                     ))
+                }
+                rc::CHECK_TRANSACTION_STATE => {
+                    // Answered with END_TRANSACTION on the same connection, off this task (the
+                    // listener may take its time).
+                    let registry = Arc::clone(&self.registry);
+                    let conn = _ctx.connection().clone();
+                    tokio::spawn(async move {
+                        match crate::transaction::answer_check(&request, |g| registry.checker(g))
+                            .await
+                        {
+                            Ok(Some(end)) => {
+                                if let Err(e) = conn.oneway(end).await {
+                                    warn!(error = %e, "could not answer a transaction check");
+                                }
+                            }
+                            Ok(None) => {}
+                            Err(e) => warn!(error = %e, "bad CHECK_TRANSACTION_STATE"),
+                        }
+                    });
+                    Ok(None)
                 }
                 _ => Ok(Some(request_code_not_supported(&request))),
             }
@@ -381,6 +406,24 @@ impl ClientInstance {
 
     pub(crate) fn unregister_consumer_local(&self, group: &str) {
         self.inner.registry.consumers.lock().remove(group);
+    }
+
+    /// Makes this instance answer the broker's transaction checks for `group`.
+    pub fn register_transaction_checker(
+        &self,
+        group: &str,
+        listener: crate::transaction::CheckListener,
+    ) {
+        self.inner
+            .registry
+            .checkers
+            .lock()
+            .insert(group.to_string(), listener);
+    }
+
+    /// Stops answering transaction checks for `group`.
+    pub fn unregister_transaction_checker(&self, group: &str) {
+        self.inner.registry.checkers.lock().remove(group);
     }
 
     pub(crate) fn register_producer(&self, group: &str) {

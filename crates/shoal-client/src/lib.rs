@@ -11,6 +11,8 @@
 //!   pause/resume.
 //! - [`AdminClient`]: topics, cluster, consumer progress with owners, connections, offset
 //!   resets, messages by id, DLQ re-send.
+//! - [`TransactionProducer`]: transactional messages (half message, local transaction,
+//!   commit or rollback, answers to the broker's checks).
 //! - [`ClientInstance`]: the shared machinery (client id, routes, heartbeats, typed requests).
 //!
 //! Sans-IO parts: [`fault`], [`process_queue`], [`offset_store`].
@@ -27,6 +29,7 @@ pub mod metrics;
 pub mod offset_store;
 pub mod process_queue;
 pub mod producer;
+pub mod transaction;
 
 pub use config::ClientConfig;
 pub use consumer::{
@@ -43,6 +46,7 @@ pub use producer::{Producer, ProducerBuilder, ProducerConfig, SendResult, SendSt
 pub use shoal_proto::body::{ConsumeFromWhere, MessageModel};
 pub use shoal_proto::message::{Message, MessageExt};
 pub use shoal_proto::MessageQueue;
+pub use transaction::{LocalTransactionState, TransactionProducer, TransactionSendResult};
 
 /// Milliseconds since the Unix epoch.
 pub(crate) fn now_ms_u64() -> u64 {

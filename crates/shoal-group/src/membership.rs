@@ -215,6 +215,19 @@ impl<M: Clone + PartialEq, S: Subscription> ClientRegistry<M, S> {
             .insert(channel.conn_id, (channel, now_ms));
     }
 
+    /// The connections of a producer group, in connection order (the broker asks one of them
+    /// to check a transaction's state).
+    pub fn producer_channels(&self, group: &str) -> Vec<ClientChannel> {
+        self.producers
+            .get(group)
+            .map(|p| {
+                let mut v: Vec<ClientChannel> = p.values().map(|(c, _)| c.clone()).collect();
+                v.sort_by_key(|c| c.conn_id);
+                v
+            })
+            .unwrap_or_default()
+    }
+
     /// UNREGISTER_CLIENT for a consumer group.
     pub fn unregister_consumer(
         &mut self,
@@ -591,6 +604,8 @@ mod tests {
         let mut r = Reg::new();
         r.producer_heartbeat("P", ch(1, "a"), 0);
         assert_eq!(r.producer_group_names(), vec!["P"]);
+        assert_eq!(r.producer_channels("P").len(), 1);
+        assert!(r.producer_channels("Q").is_empty());
         r.expire(120_001, 120_000);
         assert!(r.producer_group_names().is_empty());
     }

@@ -1,0 +1,96 @@
+package shoal.compat;
+
+import static org.junit.jupiter.api.Assertions.*;
+import static shoal.compat.Clients.*;
+
+import java.util.List;
+import java.util.Map;
+import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.CopyOnWriteArrayList;
+import java.util.concurrent.atomic.AtomicInteger;
+import org.apache.rocketmq.client.consumer.DefaultMQPushConsumer;
+import org.apache.rocketmq.client.consumer.listener.ConsumeConcurrentlyStatus;
+import org.apache.rocketmq.client.consumer.listener.MessageListenerConcurrently;
+import org.apache.rocketmq.client.producer.LocalTransactionState;
+import org.apache.rocketmq.client.producer.SendStatus;
+import org.apache.rocketmq.client.producer.TransactionListener;
+import org.apache.rocketmq.client.producer.TransactionMQProducer;
+import org.apache.rocketmq.client.producer.TransactionSendResult;
+import org.apache.rocketmq.common.consumer.ConsumeFromWhere;
+import org.apache.rocketmq.common.message.Message;
+import org.apache.rocketmq.common.message.MessageExt;
+import org.junit.jupiter.api.Test;
+
+/**
+ * TransactionMQProducer against a Shoal broker: commit and rollback after the local
+ * transaction, and an UNKNOW outcome checked back by the broker (CHECK_TRANSACTION_STATE,
+ * answered by checkLocalTransaction: unknown twice, then commit).
+ */
+class TransactionTest {
+    @Test
+    void transactionMQProducer() throws Exception {
+        String config = "transaction_check_interval_ms = 500\ntransaction_timeout_ms = 1000\n";
+        try (ShoalServer s = ShoalServer.start(true, config)) {
+            String topic = unique("TxTopic");
+            Map<String, AtomicInteger> checked = new ConcurrentHashMap<>();
+            List<String> checkedTopics = new CopyOnWriteArrayList<>();
+            TransactionMQProducer p = new TransactionMQProducer(unique("TXPG"));
+            p.setNamesrvAddr(s.namesrvAddr);
+            p.setInstanceName(unique("tx"));
+            p.setHeartbeatBrokerInterval(1000);
+            p.setTransactionListener(new TransactionListener() {
+                @Override
+                public LocalTransactionState executeLocalTransaction(Message msg, Object arg) {
+                    switch (msg.getTags()) {
+                        case "commit":
+                            return LocalTransactionState.COMMIT_MESSAGE;
+                        case "rollback":
+                            return LocalTransactionState.ROLLBACK_MESSAGE;
+                        default:
+                            return LocalTransactionState.UNKNOW;
+                    }
+                }
+
+                @Override
+                public LocalTransactionState checkLocalTransaction(MessageExt msg) {
+                    int n = checked.computeIfAbsent(str(msg.getBody()), k -> new AtomicInteger()).incrementAndGet();
+                    checkedTopics.add(msg.getTopic());
+                    // Unknown at the first two checks, committed at the third.
+                    return n >= 3 ? LocalTransactionState.COMMIT_MESSAGE : LocalTransactionState.UNKNOW;
+                }
+            });
+            p.start();
+
+            List<String> got = new CopyOnWriteArrayList<>();
+            DefaultMQPushConsumer c = push(s, unique("TXCG"));
+            c.setConsumeFromWhere(ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET);
+            c.subscribe(topic, "*");
+            c.registerMessageListener((MessageListenerConcurrently) (msgs, ctx) -> {
+                for (MessageExt m : msgs) got.add(str(m.getBody()));
+                return ConsumeConcurrentlyStatus.CONSUME_SUCCESS;
+            });
+            try {
+                for (String kind : List.of("commit", "rollback", "unknown")) {
+                    TransactionSendResult r = p.sendMessageInTransaction(new Message(topic, kind, utf8("tx-" + kind)), null);
+                    assertEquals(SendStatus.SEND_OK, r.getSendStatus(), kind);
+                    assertNotNull(r.getTransactionId());
+                }
+                c.start();
+                await("the committed message", 60, () -> got.contains("tx-commit"));
+                await("a check answered UNKNOW", 60, () -> checked.containsKey("tx-unknown"));
+                assertFalse(got.contains("tx-unknown"), "an undecided half message is invisible");
+                await("the unknown one, committed by the broker's check", 60, () -> got.contains("tx-unknown"));
+                Thread.sleep(2000);
+                assertEquals(1, got.stream().filter("tx-commit"::equals).count(), "committed once: " + got);
+                assertEquals(1, got.stream().filter("tx-unknown"::equals).count(), "committed once: " + got);
+                assertFalse(got.contains("tx-rollback"), "rolled back: never delivered");
+                assertEquals(3, checked.get("tx-unknown").get(), "checked until committed: " + checked);
+                assertFalse(checked.containsKey("tx-commit"), "a decided transaction is not checked: " + checked);
+                assertTrue(checkedTopics.stream().allMatch(topic::equals), "the check shows the real topic: " + checkedTopics);
+            } finally {
+                c.shutdown();
+                p.shutdown();
+            }
+        }
+    }
+}
