@@ -11,13 +11,13 @@ use std::sync::Mutex;
 static MAVEN: Mutex<()> = Mutex::new(());
 
 #[test]
-fn java_client_4_9_against_shoal() {
+fn compat_java_client_4_9_against_shoal() {
     let _one = MAVEN.lock().unwrap_or_else(|e| e.into_inner());
     support::external::run_script("tests/compat/run-java-client.sh", &["client4"]);
 }
 
 #[test]
-fn java_client_5_against_shoal() {
+fn compat_java_client_5_against_shoal() {
     let _one = MAVEN.lock().unwrap_or_else(|e| e.into_inner());
     support::external::run_script("tests/compat/run-java-client.sh", &["client5"]);
 }
