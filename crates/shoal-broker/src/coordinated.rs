@@ -216,8 +216,9 @@ pub fn check_stamp(
     let (member, epoch) =
         stamp.map_err(|e| Reject::new(shoal_proto::code::response_code::INVALID_PARAMETER, e))?;
     let g = b.group_state.lock();
-    if !g.coordinator.knows_group(group) {
-        // Another broker coordinates this group: its queues here are not fenced by epoch.
+    if !g.coordinator.has_members(group) {
+        // Another broker coordinates this group (or did not yet, or no longer does): its
+        // queues here are not fenced by epoch.
         return Ok(());
     }
     for q in queues {

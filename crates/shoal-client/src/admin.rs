@@ -427,12 +427,28 @@ impl AdminClient {
     /// brokers in order and returns the first answer that knows the group (mode not `empty`),
     /// with the broker address.
     pub async fn group_describe(&self, group: &str) -> AdminResult<(String, serde_json::Value)> {
-        self.coordinator_query(
-            group,
-            shoal_proto::coordinated::request_code::GROUP_DESCRIBE,
-            |v| v["mode"] != "empty",
-        )
-        .await
+        // The coordinator is the broker whose answer has members; a broker that coordinated
+        // the group before (routes changed) knows it without members.
+        match self
+            .coordinator_query(
+                group,
+                shoal_proto::coordinated::request_code::GROUP_DESCRIBE,
+                |v| v["members"].as_array().is_some_and(|m| !m.is_empty()),
+            )
+            .await
+        {
+            Ok((addr, v)) if v["members"].as_array().is_some_and(|m| !m.is_empty()) => {
+                Ok((addr, v))
+            }
+            _ => {
+                self.coordinator_query(
+                    group,
+                    shoal_proto::coordinated::request_code::GROUP_DESCRIBE,
+                    |v| v["mode"] != "empty",
+                )
+                .await
+            }
+        }
     }
 
     /// Coordinated mode: the group's last rebalances (GROUP_HISTORY), oldest first, from the

@@ -77,6 +77,12 @@ struct State {
     assignment: BTreeSet<MessageQueue>,
     last_ok: Option<Instant>,
     interval: Duration,
+    /// The coordinator the membership is with.
+    coordinator: Option<String>,
+    /// The group's coordinator changed (routes changed): leave the old one, drop every queue,
+    /// join the new one only once nothing is held, so no queue is consumed twice across
+    /// coordinators.
+    moving_to: Option<String>,
 }
 
 /// What a heartbeat changed, for the consumer.
@@ -125,6 +131,8 @@ impl Membership {
                 assignment: BTreeSet::new(),
                 last_ok: None,
                 interval: Duration::from_secs(5),
+                coordinator: None,
+                moving_to: None,
             }),
             wake: Notify::new(),
         }
@@ -220,6 +228,35 @@ impl Membership {
         subscriptions: Vec<String>,
         owned: Vec<MessageQueue>,
     ) -> Outcome {
+        let old = {
+            let mut s = self.state.lock();
+            match s.coordinator.clone() {
+                Some(c) if c != addr && s.mode == MemberMode::Coordinated => {
+                    info!(group = %self.group, from = %c, to = %addr, "the group's coordinator moved: dropping every queue, then joining the new one");
+                    s.moving_to = Some(addr.to_string());
+                    s.coordinator = None;
+                    s.assignment.clear();
+                    s.epoch = 0;
+                    instance.set_member_stamp(&self.group, None);
+                    Some(c)
+                }
+                _ => None,
+            }
+        };
+        if let Some(c) = old {
+            self.leave_at(instance, &c, true).await;
+            return Outcome {
+                changed: true,
+                again: false,
+            };
+        }
+        if self.state.lock().moving_to.is_some() {
+            if !owned.is_empty() {
+                // Still releasing; the release wakes us again.
+                return Outcome::default();
+            }
+            self.state.lock().moving_to = None;
+        }
         let epoch = self.epoch();
         let body = GroupHeartbeatRequest {
             assignor: Some(self.assignor.clone()),
@@ -257,6 +294,7 @@ impl Membership {
                         info!(group = %self.group, member = %self.member_id, epoch = a.member_epoch, "coordinated mode");
                     }
                     s.mode = MemberMode::Coordinated;
+                    s.coordinator = Some(addr.to_string());
                     s.epoch = a.member_epoch;
                     s.assignment = a.assignment.into_iter().collect();
                     s.last_ok = Some(Instant::now());
@@ -331,10 +369,20 @@ impl Membership {
         if self.mode() != MemberMode::Coordinated {
             return;
         }
+        let addr = self
+            .state
+            .lock()
+            .coordinator
+            .clone()
+            .unwrap_or_else(|| addr.to_string());
+        self.leave_at(instance, &addr, false).await;
+    }
+
+    async fn leave_at(&self, instance: &ClientInstance, addr: &str, permanent: bool) {
         let body = GroupLeaveRequest {
             group: self.group.clone(),
             member_id: self.member_id.clone(),
-            permanent: false,
+            permanent,
         };
         let Ok(req) = RemotingCommand::request(crc::GROUP_LEAVE).with_json_body(&body) else {
             return;

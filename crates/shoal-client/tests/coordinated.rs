@@ -219,3 +219,101 @@ async fn one_coordinator_assigns_every_broker_s_queues() {
     admin.shutdown();
     cluster.stop().await;
 }
+
+/// Creates `topic` with `queues` queues on one broker only.
+async fn create_on(addr: std::net::SocketAddr, topic: &str, queues: i32) {
+    use shoal_proto::code::request_code as rc;
+    use shoal_proto::header::CreateTopicRequestHeader;
+    let net = shoal_net::RemotingClient::new(
+        shoal_net::NetConfig::default(),
+        Arc::new(shoal_net::NotSupportedProcessor),
+    );
+    let req = shoal_proto::RemotingCommand::request_with_header(
+        rc::UPDATE_AND_CREATE_TOPIC,
+        &CreateTopicRequestHeader {
+            topic: topic.into(),
+            default_topic: "TBW102".into(),
+            read_queue_nums: queues,
+            write_queue_nums: queues,
+            perm: 6,
+            topic_filter_type: "SINGLE_TAG".into(),
+            ..Default::default()
+        },
+    );
+    let r = net
+        .invoke(&addr.to_string(), req, Duration::from_secs(3))
+        .await
+        .unwrap();
+    assert_eq!(r.code, 0, "{:?}", r.remark);
+    net.shutdown();
+}
+
+/// The topic grows onto a second broker whose turn it is to coordinate the group: the members
+/// leave the old coordinator, drop their queues, join the new one, and every broker's queues
+/// are owned once again; nothing is lost.
+#[tokio::test]
+async fn the_coordinator_moves_when_the_routes_change() {
+    let cluster = Cluster::start_with(2, |_| {}).await;
+    // A group whose coordinator is broker-b once both brokers serve the topic.
+    let group = (0..)
+        .map(|i| format!("CG-MOVE{i}"))
+        .find(|g| shoal_proto::hash::java_string_hash(g).unsigned_abs() % 2 == 1)
+        .unwrap();
+    create_on(cluster.brokers[0].local_addr(), "MOVE", 4).await;
+    let admin = cluster.admin();
+    for _ in 0..100 {
+        if admin.topic_route("MOVE").await.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let seen: Seen = Arc::default();
+    let mut consumers = Vec::new();
+    for _ in 0..2 {
+        consumers.push(start_on(&cluster, &seen, None, &group, "MOVE").await);
+    }
+    converge_on(&admin, &consumers, &group, "MOVE", 4).await;
+    let (first, _) = admin.group_describe(&group).await.unwrap();
+    create_on(cluster.brokers[1].local_addr(), "MOVE", 4).await;
+    let t = Instant::now();
+    let mut moved = None;
+    for _ in 0..300 {
+        if settled(&admin, &consumers, &group, "MOVE", 8).await {
+            let (now, _) = admin.group_describe(&group).await.unwrap();
+            if now != first {
+                moved = Some(now);
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let now = moved.expect("the coordinator did not move to the second broker");
+    println!(
+        "coordinator moved {first} -> {now}, 8 queues owned after {:?}",
+        t.elapsed()
+    );
+    assert_eq!(now, cluster.brokers[1].local_addr().to_string());
+    let producer = Producer::builder("PG-MOVE")
+        .client_config(cluster.client_config())
+        .start()
+        .await
+        .unwrap();
+    for i in 0..40u64 {
+        producer
+            .send(Message::new("MOVE", i.to_string()))
+            .await
+            .unwrap();
+    }
+    let all = wait_until(Duration::from_secs(20), || {
+        let s = seen.lock();
+        (0..40u64).all(|q| s.contains_key(&q))
+    })
+    .await;
+    assert!(all, "messages lost after the move");
+    producer.shutdown().await;
+    for c in consumers {
+        c.shutdown().await;
+    }
+    admin.shutdown();
+    cluster.stop().await;
+}
