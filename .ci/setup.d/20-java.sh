@@ -24,7 +24,10 @@ fi
 mkdir -p "$repo"
 mvn=(mvn -B -q -ntp -Dmaven.repo.local="$repo" -f "$pom")
 for profile in client4 client5; do
-  # test-compile fetches the clients; a test run selecting nothing fetches surefire's provider.
+  # test-compile fetches the clients and the JUnit launcher; loading Surefire (a test run that
+  # selects nothing) fetches its JUnit Platform provider, a plugin dependency in the pom. Both
+  # are named in the pom because Surefire would otherwise resolve them only when a test runs,
+  # and the tests run offline (mvn -o).
   "${mvn[@]}" -P "$profile" test -Dtest=NONE -Dsurefire.failIfNoSpecifiedTests=false
 done
 "${mvn[@]}" -P broker5 dependency:build-classpath \
