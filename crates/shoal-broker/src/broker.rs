@@ -425,7 +425,7 @@ impl BrokerInner {
         if !change.left_client_ids.is_empty() {
             let mut locks = self.locks.lock();
             for id in &change.left_client_ids {
-                let n = locks.release_client(&change.group, id);
+                let n = locks.release_client(&change.group, id).len();
                 if n > 0 {
                     info!(group = %change.group, client = %id, locks = n, "released the queue locks of a client that left");
                 }

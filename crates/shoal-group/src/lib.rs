@@ -6,7 +6,12 @@
 //!   `shoal rebalance simulate`.
 //! - [`membership`]: who is in a consumer group (members by connection, their subscriptions,
 //!   expiry, and the health checks for duplicate client ids and inconsistent subscriptions).
-//! - [`lock`]: queue locks for orderly consumption, with a TTL.
+//! - [`lock`]: queue locks (orderly and, for Shoal members, concurrent consumption), with a TTL
+//!   or for the holder's session, and the members waiting for them.
+//! - [`rebalance`]: the client-side [`rebalance::Rebalancer`], a sans-IO state machine shared by
+//!   the push and lite pull consumers (hand-over by locks, leases, fencing).
+//! - [`sim`]: a deterministic simulator of rebalancers against a simulated broker, with seeded
+//!   schedules of joins, leaves, kills, pauses, lost notices and route changes.
 //! - [`coordinator`]: the group coordinator of coordinated mode (member and group epochs,
 //!   target assignment, revoke-then-assign reconciliation, fencing, static membership).
 
@@ -15,6 +20,8 @@ pub mod coordinator;
 pub mod error;
 pub mod lock;
 pub mod membership;
+pub mod rebalance;
+pub mod sim;
 
 pub use allocate::{
     strategy_by_name, AllocateStrategy, AllocationContext, AllocationInput, Assignment,

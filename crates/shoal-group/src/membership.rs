@@ -68,6 +68,22 @@ struct Member<S> {
     channel: ClientChannel,
     last_heartbeat_ms: u64,
     subscriptions: BTreeMap<String, S>,
+    /// Broker-wide unique id of this membership (a new one each time the member joins).
+    session_id: u64,
+    /// Shoal members: expiry without heartbeat (their session locks last as long); `None`
+    /// for official clients, which expire after the registry's default.
+    session_timeout_ms: Option<u64>,
+}
+
+/// A member's broker session, as [`ClientRegistry::session`] answers it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemberSession {
+    /// The session id (changes when the member leaves and joins again).
+    pub id: u64,
+    /// The member's client id.
+    pub client_id: String,
+    /// The session timeout of a Shoal member (`None`: an official client).
+    pub timeout_ms: Option<u64>,
 }
 
 /// A consumer group as the broker sees it.
@@ -128,6 +144,8 @@ pub struct ClientRegistry<M, S> {
     producers: BTreeMap<String, HashMap<u64, (ClientChannel, u64)>>,
     /// Last health reported per group, so problems are logged once per change.
     reported_health: HashMap<String, GroupHealth>,
+    /// Next session id.
+    next_session: u64,
 }
 
 impl<M: Clone + PartialEq, S: Subscription> Default for ClientRegistry<M, S> {
@@ -139,10 +157,17 @@ impl<M: Clone + PartialEq, S: Subscription> Default for ClientRegistry<M, S> {
 impl<M: Clone + PartialEq, S: Subscription> ClientRegistry<M, S> {
     /// An empty registry.
     pub fn new() -> Self {
+        Self::with_session_base(1)
+    }
+
+    /// An empty registry whose session ids start at `base` (a broker seeds it from the wall
+    /// clock so that ids never repeat across restarts).
+    pub fn with_session_base(base: u64) -> Self {
         Self {
             consumers: BTreeMap::new(),
             producers: BTreeMap::new(),
             reported_health: HashMap::new(),
+            next_session: base.max(1),
         }
     }
 
@@ -185,12 +210,16 @@ impl<M: Clone + PartialEq, S: Subscription> ClientRegistry<M, S> {
             }
             None => {
                 change.membership_changed = true;
+                let session_id = self.next_session;
+                self.next_session += 1;
                 g.members.insert(
                     channel.conn_id,
                     Member {
                         channel,
                         last_heartbeat_ms: now_ms,
                         subscriptions: subscriptions.clone(),
+                        session_id,
+                        session_timeout_ms: None,
                     },
                 );
             }
@@ -282,23 +311,73 @@ impl<M: Clone + PartialEq, S: Subscription> ClientRegistry<M, S> {
         self.remove_members(|c, _| c == conn_id, now_ms)
     }
 
-    /// Drops members whose last heartbeat is older than `expiry_ms`.
+    /// Drops members whose last heartbeat is older than their session timeout (Shoal
+    /// members) or `expiry_ms` (everyone else).
     pub fn expire(&mut self, now_ms: u64, expiry_ms: u64) -> Vec<GroupChange> {
         self.producers.retain(|_, p| {
             p.retain(|_, (_, last)| now_ms.saturating_sub(*last) <= expiry_ms);
             !p.is_empty()
         });
-        self.remove_members(|_, last| now_ms.saturating_sub(last) > expiry_ms, now_ms)
+        self.remove_members(
+            |_, m| {
+                now_ms.saturating_sub(m.last_heartbeat_ms)
+                    > m.session_timeout_ms.unwrap_or(expiry_ms)
+            },
+            now_ms,
+        )
     }
 
-    fn remove_members(&mut self, dead: impl Fn(u64, u64) -> bool, now_ms: u64) -> Vec<GroupChange> {
+    /// Makes a member a Shoal session member with this timeout (or an ordinary one with
+    /// `None`); returns its session, or `None` if the connection is not a member of `group`.
+    pub fn set_session_timeout(
+        &mut self,
+        group: &str,
+        conn_id: u64,
+        timeout_ms: Option<u64>,
+    ) -> Option<MemberSession> {
+        let m = self.consumers.get_mut(group)?.members.get_mut(&conn_id)?;
+        m.session_timeout_ms = timeout_ms;
+        Some(MemberSession {
+            id: m.session_id,
+            client_id: m.channel.client_id.clone(),
+            timeout_ms,
+        })
+    }
+
+    /// The session of the member on `conn_id` in `group`.
+    pub fn session(&self, group: &str, conn_id: u64) -> Option<MemberSession> {
+        let m = self.consumers.get(group)?.members.get(&conn_id)?;
+        Some(MemberSession {
+            id: m.session_id,
+            client_id: m.channel.client_id.clone(),
+            timeout_ms: m.session_timeout_ms,
+        })
+    }
+
+    /// Counts as a heartbeat of the member on `conn_id` (a Shoal member's lock request keeps
+    /// its session alive: the lease it is granted is measured from it); returns its session.
+    pub fn touch(&mut self, group: &str, conn_id: u64, now_ms: u64) -> Option<MemberSession> {
+        let m = self.consumers.get_mut(group)?.members.get_mut(&conn_id)?;
+        m.last_heartbeat_ms = m.last_heartbeat_ms.max(now_ms);
+        Some(MemberSession {
+            id: m.session_id,
+            client_id: m.channel.client_id.clone(),
+            timeout_ms: m.session_timeout_ms,
+        })
+    }
+
+    fn remove_members(
+        &mut self,
+        dead: impl Fn(u64, &Member<S>) -> bool,
+        now_ms: u64,
+    ) -> Vec<GroupChange> {
         let mut changes = Vec::new();
         let mut emptied = Vec::new();
         for (name, g) in self.consumers.iter_mut() {
             let gone: Vec<u64> = g
                 .members
                 .iter()
-                .filter(|(c, m)| dead(**c, m.last_heartbeat_ms))
+                .filter(|(c, m)| dead(**c, m))
                 .map(|(c, _)| *c)
                 .collect();
             if gone.is_empty() {
@@ -597,6 +676,26 @@ mod tests {
         assert_eq!(cs[0].left_client_ids, vec!["c"]);
         assert!(r.group("G").is_none());
         assert!(r.group_names().is_empty());
+    }
+
+    #[test]
+    fn sessions_have_their_own_timeout_and_a_new_id_after_a_rejoin() {
+        let mut r = Reg::with_session_base(100);
+        r.consumer_heartbeat("G", ch(1, "a"), "m", subs(&[("T", "*")]), 0);
+        r.consumer_heartbeat("G", ch(2, "b"), "m", subs(&[("T", "*")]), 0);
+        let s = r.set_session_timeout("G", 1, Some(10_000)).unwrap();
+        assert_eq!((s.id, s.client_id.as_str()), (100, "a"));
+        assert_eq!(r.session("G", 2).unwrap().timeout_ms, None);
+        assert!(r.set_session_timeout("G", 9, Some(1)).is_none());
+        // A lock request keeps the session alive like a heartbeat.
+        assert_eq!(r.touch("G", 1, 5_000).unwrap().id, 100);
+        assert!(r.expire(15_000, 120_000).is_empty());
+        let cs = r.expire(15_001, 120_000);
+        assert_eq!(cs[0].left_client_ids, vec!["a"]);
+        // b (an official client) lasts 120 s.
+        assert!(r.session("G", 2).is_some());
+        r.consumer_heartbeat("G", ch(1, "a"), "m", subs(&[("T", "*")]), 16_000);
+        assert_eq!(r.session("G", 1).unwrap().id, 102);
     }
 
     #[test]

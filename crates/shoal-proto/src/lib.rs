@@ -17,6 +17,7 @@ pub mod command;
 pub mod constants;
 pub mod coordinated;
 pub mod error;
+pub mod ext;
 pub mod hash;
 pub mod header;
 pub mod message;

@@ -58,6 +58,11 @@ impl fmt::Display for MessageQueue {
 /// Plane versus characters in U+E000..U+FFFF, but clients that sort consumer ids for
 /// allocation must agree with Java exactly.
 pub fn java_str_cmp(a: &str, b: &str) -> std::cmp::Ordering {
+    // UTF-8 byte order is code point order, which UTF-16 order equals unless a character at
+    // U+E000 or above (lead bytes 0xEE..) is involved: then only the slow path is exact.
+    if !a.bytes().chain(b.bytes()).any(|c| c >= 0xEE) {
+        return a.as_bytes().cmp(b.as_bytes());
+    }
     a.encode_utf16().cmp(b.encode_utf16())
 }
 
@@ -95,5 +100,28 @@ mod tests {
             std::cmp::Ordering::Greater
         );
         assert_eq!("\u{FF61}".cmp("\u{1F600}"), std::cmp::Ordering::Less);
+        // The byte-order fast path agrees with UTF-16 order everywhere else.
+        let words = [
+            "",
+            "a",
+            "ab",
+            "b",
+            "\u{e9}",
+            "\u{7ff}",
+            "\u{d7ff}",
+            "\u{e000}",
+            "\u{ffff}",
+            "\u{10000}",
+            "z\u{1F600}",
+        ];
+        for a in words {
+            for b in words {
+                assert_eq!(
+                    java_str_cmp(a, b),
+                    a.encode_utf16().cmp(b.encode_utf16()),
+                    "{a:?} {b:?}"
+                );
+            }
+        }
     }
 }

@@ -1,0 +1,931 @@
+//! The client-side rebalancer: one sans-IO state machine that decides which message queues a
+//! consumer takes, hands over and fences, in the style of quinn-proto's `Connection`.
+//!
+//! The driver (one task per consumer in `shoal-client`, or the simulator in [`crate::sim`])
+//! feeds it events with the time they happened (`handle_*(now, ..)`), executes the actions it
+//! polls ([`Rebalancer::poll_action`]) and calls [`Rebalancer::handle_timeout`] at the deadline
+//! [`Rebalancer::poll_timeout`] gives. Nothing here sleeps, reads a clock or does I/O, so every
+//! race can be replayed on virtual time.
+//!
+//! **Target.** What the consumer should own is an input the rebalancer reconciles towards:
+//! - *classic mode* (RocketMQ's model): per topic the driver fetches the route's queues and the
+//!   group's member ids ([`Action::FetchView`] → [`Rebalancer::handle_view`]) and the
+//!   rebalancer runs the allocation strategy for itself;
+//! - *coordinated mode*: a group coordinator computes the assignment and the driver passes it
+//!   on with [`Rebalancer::handle_target`] (with the coordinator's member epoch). The first
+//!   such call switches the rebalancer to coordinated mode; views are no longer fetched.
+//!
+//! **Per-queue states.** Gaining: `Pending → Acquiring → Starting → Owned`. Losing:
+//! `Owned → Draining → Committing → Unlocking → (released)`. A queue in the target is locked on
+//! the broker first (LOCK_BATCH_MQ), its start offset is read only once the lock is held, and
+//! it is started with the lease the lock gave. A queue that leaves the target is stopped
+//! ([`Action::Stop`]: no new deliveries, in-flight ones finish), its offset is committed and
+//! acknowledged, and only then is its lock released, which is the evidence the next owner waits
+//! for ([`Handover::Locks`]).
+//!
+//! **Leases and fencing.** Every held lock has a [`Lease`]: the time until which the member may
+//! hand messages of the queue to its listener, by its own clock, computed by the driver from
+//! when the evidence was *sent* (a lock request, or a heartbeat on a Shoal broker whose locks
+//! last the member's session). A queue whose lease runs out is fenced ([`Action::Fence`]:
+//! deliveries stop at once, cached messages are dropped, nothing is committed) and acquired
+//! again from the committed offset. A lease is extended only by evidence of the same broker
+//! session ([`Lease::session`]); a heartbeat answer naming another session means the broker
+//! dropped our locks.
+
+mod queue;
+#[cfg(test)]
+mod tests;
+
+use crate::allocate::{AllocateStrategy, AllocationInput};
+use queue::{After, QState, Queue};
+use shoal_proto::MessageQueue;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+pub use queue::QueuePhase;
+
+/// Attempts at releasing a lock before the rebalancer forgets it.
+pub const MAX_UNLOCK_ATTEMPTS: u32 = 10;
+
+/// How a queue changes hands between members.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Handover {
+    /// By evidence: the gainer locks the queue and reads the start offset only once it holds
+    /// the lock; the loser unlocks right after its final commit was acknowledged (Shoal's
+    /// clustering consumers).
+    Locks,
+    /// By time (what Shoal did before the rebalance engine, kept so the simulator can show the
+    /// race it had): the gainer waits this long after the target changed and then reads the
+    /// start offset; nothing is locked. Not exclusive.
+    Delay(Duration),
+    /// No exclusivity at all: every member owns every queue it is given at once (broadcasting).
+    Unguarded,
+}
+
+/// Settings of a [`Rebalancer`].
+#[derive(Debug, Clone)]
+pub struct RebalancerConfig {
+    /// Consumer group.
+    pub group: String,
+    /// This member's client id (what the group's member list contains).
+    pub client_id: String,
+    /// How queues change hands.
+    pub handover: Handover,
+    /// Safety-net period: every topic's view is fetched again this long after the last one
+    /// (RocketMQ's rebalance interval, 20 s); notices trigger fetches at once.
+    pub refresh_interval: Duration,
+    /// Wait before fetching a view again after a failed fetch.
+    pub refresh_retry: Duration,
+    /// First wait before asking again for a lock that was refused; it doubles up to
+    /// `lock_retry_max` (for brokers that do not tell when a lock frees).
+    pub lock_retry_min: Duration,
+    /// Longest wait between two requests for a refused lock.
+    pub lock_retry_max: Duration,
+    /// Wait before asking again for a refused lock when the broker promised to tell us the
+    /// moment it frees (a safety net for a lost notice).
+    pub lock_retry_notified: Duration,
+    /// Wait before a failed start-offset query is made again.
+    pub start_retry: Duration,
+    /// How many views in a row may be discarded because a notice arrived while they were
+    /// fetched (they are stale); the next one is applied anyway.
+    pub max_stale_views: u32,
+}
+
+impl RebalancerConfig {
+    /// Defaults for `group` and `client_id`: hand-over by locks, 20 s safety net.
+    pub fn new(group: impl Into<String>, client_id: impl Into<String>) -> Self {
+        Self {
+            group: group.into(),
+            client_id: client_id.into(),
+            handover: Handover::Locks,
+            refresh_interval: Duration::from_secs(20),
+            refresh_retry: Duration::from_millis(500),
+            lock_retry_min: Duration::from_millis(20),
+            lock_retry_max: Duration::from_secs(1),
+            lock_retry_notified: Duration::from_secs(1),
+            start_retry: Duration::from_millis(500),
+            max_stale_views: 3,
+        }
+    }
+}
+
+/// How long a member may consume a queue on the strength of one piece of evidence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lease {
+    /// Deliveries are allowed strictly before this time.
+    pub until: Instant,
+    /// When the lease should be renewed (a LOCK_BATCH_MQ for these queues is emitted then).
+    pub renew_at: Instant,
+    /// The broker session the evidence belongs to (Shoal brokers); `None` for brokers whose
+    /// locks simply expire (Apache RocketMQ).
+    pub session: Option<u64>,
+}
+
+/// What the driver must do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Fetch the topic's queues (route) and the group's member ids, then call
+    /// [`Rebalancer::handle_view`] (or [`Rebalancer::handle_view_failed`]).
+    FetchView {
+        /// Topic.
+        topic: String,
+    },
+    /// Lock (or renew) these queues on `broker`, then call [`Rebalancer::handle_lock_result`].
+    Lock {
+        /// Broker name.
+        broker: String,
+        /// Queues, sorted.
+        queues: Vec<MessageQueue>,
+    },
+    /// Find where the queue starts (committed offset, else consume-from-where), then call
+    /// [`Rebalancer::handle_start_offset`].
+    QueryStartOffset {
+        /// Queue.
+        mq: MessageQueue,
+    },
+    /// Start pulling and delivering the queue from `offset`.
+    Start {
+        /// Queue.
+        mq: MessageQueue,
+        /// First offset to deliver.
+        offset: i64,
+        /// Deliveries allowed strictly before this time (`None`: no limit).
+        lease_until: Option<Instant>,
+    },
+    /// The lease of an owned queue moved.
+    Lease {
+        /// Queue.
+        mq: MessageQueue,
+        /// Deliveries allowed strictly before this time.
+        until: Instant,
+    },
+    /// Stop the queue gracefully: no new deliveries, let in-flight ones finish, then call
+    /// [`Rebalancer::handle_drained`] with the offset to commit.
+    Stop {
+        /// Queue.
+        mq: MessageQueue,
+    },
+    /// The lease ran out or the lock was lost: stop delivering at once, drop the cached
+    /// messages, commit nothing; call [`Rebalancer::handle_drained`] once in-flight
+    /// deliveries ended.
+    Fence {
+        /// Queue.
+        mq: MessageQueue,
+    },
+    /// Commit the offset synchronously, then call [`Rebalancer::handle_committed`].
+    Commit {
+        /// Queue.
+        mq: MessageQueue,
+        /// Next offset to consume.
+        offset: i64,
+        /// The offset may be below the stored one on purpose (an offset reset).
+        rewind: bool,
+    },
+    /// Release the locks, then call [`Rebalancer::handle_unlocked`] for each queue.
+    Unlock {
+        /// Broker name.
+        broker: String,
+        /// Queues, sorted.
+        queues: Vec<MessageQueue>,
+    },
+}
+
+/// Counters of one rebalancer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RebalanceStats {
+    /// Times the target changed.
+    pub rounds: u64,
+    /// Queues started.
+    pub started: u64,
+    /// Queues released after a graceful hand-over.
+    pub released: u64,
+    /// Queues fenced (lease ran out, lock lost).
+    pub fenced: u64,
+    /// Lock requests answered with the queue refused.
+    pub lock_refused: u64,
+    /// Views discarded because a notice arrived while they were fetched.
+    pub stale_views: u64,
+}
+
+#[derive(Debug, Default)]
+struct TopicView {
+    queues: Option<Vec<MessageQueue>>,
+    members: Option<Vec<String>>,
+    in_flight: bool,
+    again: bool,
+    stale_in_a_row: u32,
+    next_at: Option<Instant>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Source {
+    Classic,
+    Coordinated { epoch: i64 },
+}
+
+/// The rebalancer of one consumer. See the [module documentation](self).
+#[derive(Debug)]
+pub struct Rebalancer {
+    config: RebalancerConfig,
+    strategy: Arc<dyn AllocateStrategy>,
+    source: Source,
+    topics: BTreeMap<String, TopicView>,
+    /// Classic mode: each topic's share; coordinated mode: one entry under "".
+    shares: BTreeMap<String, BTreeSet<MessageQueue>>,
+    target: BTreeSet<MessageQueue>,
+    target_changed_at: Option<Instant>,
+    queues: BTreeMap<MessageQueue, Queue>,
+    actions: VecDeque<Action>,
+    next_refresh: Option<Instant>,
+    shutting_down: bool,
+    stats: RebalanceStats,
+}
+
+impl Rebalancer {
+    /// A rebalancer with no topics yet.
+    pub fn new(config: RebalancerConfig, strategy: Arc<dyn AllocateStrategy>) -> Self {
+        Self {
+            config,
+            strategy,
+            source: Source::Classic,
+            topics: BTreeMap::new(),
+            shares: BTreeMap::new(),
+            target: BTreeSet::new(),
+            target_changed_at: None,
+            queues: BTreeMap::new(),
+            actions: VecDeque::new(),
+            next_refresh: None,
+            shutting_down: false,
+            stats: RebalanceStats::default(),
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &RebalancerConfig {
+        &self.config
+    }
+
+    // ---- inputs --------------------------------------------------------------------------
+
+    /// Adds a topic to the subscription (classic mode fetches its view at once).
+    pub fn handle_subscribe(&mut self, now: Instant, topic: &str) {
+        if !self.topics.contains_key(topic) {
+            self.topics.insert(
+                topic.to_owned(),
+                TopicView {
+                    next_at: Some(now),
+                    ..TopicView::default()
+                },
+            );
+        }
+        self.step(now);
+    }
+
+    /// Removes a topic: its queues are released.
+    pub fn handle_unsubscribe(&mut self, now: Instant, topic: &str) {
+        self.topics.remove(topic);
+        self.shares.remove(topic);
+        self.recompute_target(now);
+        self.step(now);
+    }
+
+    /// Something may have changed (a membership notice, a route change, the safety-net
+    /// timer): fetch every topic's view again.
+    pub fn handle_notice(&mut self, now: Instant) {
+        if self.source == Source::Classic {
+            for v in self.topics.values_mut() {
+                if v.in_flight {
+                    v.again = true;
+                } else {
+                    v.next_at = Some(now);
+                }
+            }
+        }
+        self.step(now);
+    }
+
+    /// A topic's view as fetched: its queues (the route's readable queues) and the group's
+    /// member ids.
+    pub fn handle_view(
+        &mut self,
+        now: Instant,
+        topic: &str,
+        queues: Vec<MessageQueue>,
+        members: Vec<String>,
+    ) {
+        let max_stale = self.config.max_stale_views;
+        let Some(v) = self.topics.get_mut(topic) else {
+            return;
+        };
+        v.in_flight = false;
+        if self.shutting_down || self.source != Source::Classic {
+            return;
+        }
+        if v.again && v.stale_in_a_row < max_stale {
+            // A notice arrived while this was being fetched: it may predate the change.
+            v.again = false;
+            v.stale_in_a_row += 1;
+            v.next_at = Some(now);
+            self.stats.stale_views += 1;
+            self.step(now);
+            return;
+        }
+        if v.again {
+            v.again = false;
+            v.next_at = Some(now);
+        }
+        v.stale_in_a_row = 0;
+        v.queues = Some(queues);
+        v.members = Some(members);
+        self.next_refresh = Some(now + self.config.refresh_interval);
+        self.allocate_topic(topic);
+        self.recompute_target(now);
+        self.step(now);
+    }
+
+    /// Fetching a topic's view failed: keep the current share and try again soon.
+    pub fn handle_view_failed(&mut self, now: Instant, topic: &str) {
+        let retry = self.config.refresh_retry;
+        if let Some(v) = self.topics.get_mut(topic) {
+            v.in_flight = false;
+            v.again = false;
+            v.next_at = Some(now + retry);
+        }
+        self.step(now);
+    }
+
+    /// Coordinated mode: the queues this member should own, as the group coordinator
+    /// assigned them at member epoch `epoch`. Views are no longer fetched after the first call;
+    /// an assignment older than the last one applied is ignored.
+    pub fn handle_target(&mut self, now: Instant, epoch: i64, queues: BTreeSet<MessageQueue>) {
+        if let Source::Coordinated { epoch: e } = self.source {
+            if epoch < e {
+                return;
+            }
+        }
+        self.source = Source::Coordinated { epoch };
+        self.shares.clear();
+        self.shares.insert(String::new(), queues);
+        self.next_refresh = None;
+        for v in self.topics.values_mut() {
+            v.next_at = None;
+        }
+        self.recompute_target(now);
+        self.step(now);
+    }
+
+    /// The answer to an [`Action::Lock`]: `granted` are the queues the broker says we hold
+    /// now, under `lease`. `lease` is `None` when the request failed (nothing is known: held
+    /// queues keep their lease, queues being acquired are tried again later).
+    /// `notice_expected` says the broker will tell us when a refused lock frees.
+    pub fn handle_lock_result(
+        &mut self,
+        now: Instant,
+        requested: &[MessageQueue],
+        granted: &BTreeSet<MessageQueue>,
+        lease: Option<Lease>,
+        notice_expected: bool,
+    ) {
+        for mq in requested {
+            let in_target = self.target.contains(mq);
+            let Some(q) = self.queues.get_mut(mq) else {
+                if lease.is_some() && granted.contains(mq) {
+                    // Granted after we forgot it (e.g. the target changed twice): give it back.
+                    self.actions.push_back(unlock(mq));
+                }
+                continue;
+            };
+            let renewal = q.renewing;
+            q.renewing = false;
+            match (&q.state, lease) {
+                (QState::Acquiring, None) => {
+                    q.maybe_locked = true;
+                    q.retry_later(now, &self.config, false);
+                }
+                (QState::Acquiring, Some(lease)) => {
+                    q.maybe_locked = false;
+                    if granted.contains(mq) {
+                        q.lease = Some(lease);
+                        q.backoff = Duration::ZERO;
+                        if in_target && !self.shutting_down {
+                            q.state = QState::Starting { retry_at: None };
+                            self.actions
+                                .push_back(Action::QueryStartOffset { mq: mq.clone() });
+                        } else {
+                            q.state = QState::Unlocking { retry_at: None };
+                            self.actions.push_back(unlock(mq));
+                        }
+                    } else {
+                        self.stats.lock_refused += 1;
+                        q.retry_later(now, &self.config, notice_expected);
+                    }
+                }
+                (_, None) if renewal => {
+                    // No answer is no evidence: keep the lease, ask again a little later.
+                    if let Some(l) = &mut q.lease {
+                        l.renew_at = (now + self.config.refresh_retry).min(l.until);
+                    }
+                }
+                (_, None) => {}
+                (_, Some(lease)) if renewal => {
+                    if granted.contains(mq) {
+                        q.extend(lease, mq, &mut self.actions);
+                    } else {
+                        // Someone else holds it: our lease is gone.
+                        self.stats.lock_refused += 1;
+                        q.lose_lease(now);
+                    }
+                }
+                _ => {}
+            }
+        }
+        self.step(now);
+    }
+
+    /// A Shoal broker acknowledged a heartbeat sent at the time the lease was computed from:
+    /// every lock held on `broker` under the same session lasts at least until `lease.until`.
+    /// A different session means the broker ended ours and dropped our locks there.
+    pub fn handle_lease(&mut self, now: Instant, broker: &str, lease: Lease) {
+        for (mq, q) in self.queues.iter_mut() {
+            if mq.broker_name != broker {
+                continue;
+            }
+            let Some(cur) = q.lease else { continue };
+            match (cur.session, lease.session) {
+                (Some(a), Some(b)) if a == b => q.extend(lease, mq, &mut self.actions),
+                (Some(_), _) => q.lose_lease(now),
+                (None, _) => {}
+            }
+        }
+        self.step(now);
+    }
+
+    /// A Shoal broker told us these locks are free (lock-freed notice): ask for them now.
+    pub fn handle_lock_freed(&mut self, now: Instant, queues: &[MessageQueue]) {
+        for mq in queues {
+            if let Some(q) = self.queues.get_mut(mq) {
+                if let QState::Pending { retry_at } = &mut q.state {
+                    *retry_at = Some(now);
+                }
+            }
+        }
+        self.step(now);
+    }
+
+    /// The answer to an [`Action::QueryStartOffset`] (`None`: the query failed).
+    pub fn handle_start_offset(&mut self, now: Instant, mq: &MessageQueue, offset: Option<i64>) {
+        let in_target = self.target.contains(mq) && !self.shutting_down;
+        let locks = self.config.handover == Handover::Locks;
+        let retry = self.config.start_retry;
+        let Some(q) = self.queues.get_mut(mq) else {
+            return;
+        };
+        if !matches!(q.state, QState::Starting { retry_at: None }) {
+            return;
+        }
+        if !in_target {
+            if locks {
+                q.state = QState::Unlocking { retry_at: None };
+                self.actions.push_back(unlock(mq));
+            } else {
+                self.queues.remove(mq);
+            }
+        } else if let Some(offset) = offset {
+            if q.lease_valid(now) {
+                q.state = QState::Owned;
+                self.stats.started += 1;
+                self.actions.push_back(Action::Start {
+                    mq: mq.clone(),
+                    offset,
+                    lease_until: q.lease.map(|l| l.until),
+                });
+            } else {
+                q.state = QState::Pending {
+                    retry_at: Some(now),
+                };
+                q.lease = None;
+            }
+        } else {
+            q.state = QState::Starting {
+                retry_at: Some(now + retry),
+            };
+        }
+        self.step(now);
+    }
+
+    /// The driver stopped a queue after [`Action::Stop`] or [`Action::Fence`]; `offset` is
+    /// the offset to commit (the smallest still in flight, or one past the last delivered),
+    /// `None` when nothing is known.
+    pub fn handle_drained(&mut self, now: Instant, mq: &MessageQueue, offset: Option<i64>) {
+        let locks = self.config.handover == Handover::Locks;
+        let in_target = self.target.contains(mq) && !self.shutting_down;
+        let Some(q) = self.queues.get_mut(mq) else {
+            return;
+        };
+        let QState::Draining { after } = q.state else {
+            return;
+        };
+        match after {
+            After::Release => match offset {
+                Some(offset) if !locks || q.lease_valid(now) => {
+                    q.state = QState::Committing { after };
+                    self.actions.push_back(Action::Commit {
+                        mq: mq.clone(),
+                        offset,
+                        rewind: false,
+                    });
+                }
+                _ => self.finish_release(now, mq),
+            },
+            After::Restart(reset) => {
+                if q.lease_valid(now) || !locks {
+                    q.state = QState::Committing { after };
+                    self.actions.push_back(Action::Commit {
+                        mq: mq.clone(),
+                        offset: reset,
+                        rewind: true,
+                    });
+                } else {
+                    self.finish_fence(now, mq, in_target);
+                }
+            }
+            After::Fenced => self.finish_fence(now, mq, in_target),
+        }
+        self.step(now);
+    }
+
+    /// The answer to an [`Action::Commit`].
+    pub fn handle_committed(&mut self, now: Instant, mq: &MessageQueue, ok: bool) {
+        let _ = ok; // A failed final commit costs duplicates, not safety: hand over anyway.
+        let Some(q) = self.queues.get_mut(mq) else {
+            return;
+        };
+        let QState::Committing { after } = q.state else {
+            return;
+        };
+        match after {
+            After::Restart(_) => {
+                q.state = QState::Starting { retry_at: None };
+                self.actions
+                    .push_back(Action::QueryStartOffset { mq: mq.clone() });
+            }
+            _ => self.finish_release(now, mq),
+        }
+        self.step(now);
+    }
+
+    /// The answer to an [`Action::Unlock`] for one queue: `ok` when the broker answered
+    /// (whatever it said: a lock we do not hold is not ours to worry about); a failed unlock
+    /// is sent again (up to [`MAX_UNLOCK_ATTEMPTS`] times; the broker frees the lock when the
+    /// session ends anyway).
+    pub fn handle_unlocked(&mut self, now: Instant, mq: &MessageQueue, ok: bool) {
+        let retry = self.config.refresh_retry;
+        if let Some(q) = self.queues.get_mut(mq) {
+            if q.state == (QState::Unlocking { retry_at: None }) {
+                q.unlock_failures += u32::from(!ok);
+                if ok || q.unlock_failures >= MAX_UNLOCK_ATTEMPTS {
+                    self.queues.remove(mq);
+                    self.stats.released += 1;
+                } else {
+                    q.state = QState::Unlocking {
+                        retry_at: Some(now + retry),
+                    };
+                }
+            }
+        }
+        self.step(now);
+    }
+
+    /// An administrator reset the offset of an owned queue: it is stopped without committing
+    /// its position, `offset` is committed, and it starts again from there.
+    pub fn handle_reset(&mut self, now: Instant, mq: &MessageQueue, offset: i64) {
+        if let Some(q) = self.queues.get_mut(mq) {
+            if q.state == QState::Owned {
+                q.state = QState::Draining {
+                    after: After::Restart(offset),
+                };
+                self.actions.push_back(Action::Fence { mq: mq.clone() });
+            }
+        }
+        self.step(now);
+    }
+
+    /// Graceful shutdown: every queue is released; [`Rebalancer::is_idle`] says when done.
+    pub fn handle_shutdown(&mut self, now: Instant) {
+        self.shutting_down = true;
+        self.next_refresh = None;
+        for v in self.topics.values_mut() {
+            v.next_at = None;
+            v.again = false;
+        }
+        self.target.clear();
+        self.step(now);
+    }
+
+    /// Timers: safety-net refresh, lock retries, lease renewals and expiries.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        if self.next_refresh.is_some_and(|t| t <= now) {
+            self.next_refresh = None;
+            self.handle_notice(now);
+            return;
+        }
+        self.step(now);
+    }
+
+    // ---- outputs -------------------------------------------------------------------------
+
+    /// The next action for the driver.
+    pub fn poll_action(&mut self) -> Option<Action> {
+        self.actions.pop_front()
+    }
+
+    /// When [`Rebalancer::handle_timeout`] should be called next.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let mut t = self.next_refresh;
+        let mut take = |x: Option<Instant>| {
+            if let Some(x) = x {
+                t = Some(t.map_or(x, |t| t.min(x)));
+            }
+        };
+        if self.source == Source::Classic && !self.shutting_down {
+            for v in self.topics.values() {
+                if !v.in_flight {
+                    take(v.next_at);
+                }
+            }
+        }
+        for q in self.queues.values() {
+            take(q.deadline());
+        }
+        t
+    }
+
+    // ---- introspection -------------------------------------------------------------------
+
+    /// True when the member may hand messages of `mq` to its listener at `now`: it owns the
+    /// queue and its lease is valid.
+    pub fn may_dispatch(&self, mq: &MessageQueue, now: Instant) -> bool {
+        self.queues
+            .get(mq)
+            .is_some_and(|q| q.state == QState::Owned && q.lease_valid(now))
+    }
+
+    /// The queues owned now (started, not being released), sorted.
+    pub fn owned(&self) -> Vec<MessageQueue> {
+        self.queues
+            .iter()
+            .filter(|(_, q)| q.state == QState::Owned)
+            .map(|(mq, _)| mq.clone())
+            .collect()
+    }
+
+    /// The phase of a queue this rebalancer knows about.
+    pub fn phase(&self, mq: &MessageQueue) -> Option<QueuePhase> {
+        self.queues.get(mq).map(|q| q.phase())
+    }
+
+    /// Every queue known with its phase, sorted.
+    pub fn phases(&self) -> Vec<(MessageQueue, QueuePhase)> {
+        self.queues
+            .iter()
+            .map(|(mq, q)| (mq.clone(), q.phase()))
+            .collect()
+    }
+
+    /// The queues this member should own (the strategy's share, or the coordinator's
+    /// assignment), sorted.
+    pub fn target(&self) -> &BTreeSet<MessageQueue> {
+        &self.target
+    }
+
+    /// The coordinator's member epoch of the applied assignment (coordinated mode).
+    pub fn target_epoch(&self) -> Option<i64> {
+        match self.source {
+            Source::Coordinated { epoch } => Some(epoch),
+            Source::Classic => None,
+        }
+    }
+
+    /// How many times the target changed (the round number).
+    pub fn round(&self) -> u64 {
+        self.stats.rounds
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> RebalanceStats {
+        self.stats
+    }
+
+    /// True when every target queue is owned and nothing else is held.
+    pub fn is_settled(&self) -> bool {
+        self.queues.len() == self.target.len()
+            && self.target.iter().all(|mq| {
+                self.queues
+                    .get(mq)
+                    .is_some_and(|q| q.state == QState::Owned)
+            })
+    }
+
+    /// True when nothing is held or in progress (after [`Rebalancer::handle_shutdown`]: done).
+    pub fn is_idle(&self) -> bool {
+        self.queues.is_empty()
+    }
+
+    /// True once [`Rebalancer::handle_shutdown`] was called.
+    pub fn is_shutting_down(&self) -> bool {
+        self.shutting_down
+    }
+
+    // ---- internals -----------------------------------------------------------------------
+
+    fn allocate_topic(&mut self, topic: &str) {
+        let Some(v) = self.topics.get(topic) else {
+            return;
+        };
+        let (Some(queues), Some(members)) = (&v.queues, &v.members) else {
+            return;
+        };
+        let share: BTreeSet<MessageQueue> = if self.config.handover == Handover::Unguarded {
+            queues.iter().cloned().collect()
+        } else if queues.is_empty() || members.is_empty() {
+            BTreeSet::new()
+        } else {
+            let input =
+                AllocationInput::new(&self.config.group, queues.iter().cloned(), members.clone());
+            match self.strategy.allocate(&input, &self.config.client_id) {
+                Ok(mine) => mine.into_iter().collect(),
+                // Keep the previous share: a strategy that cannot decide must not drop queues.
+                Err(_) => return,
+            }
+        };
+        self.shares.insert(topic.to_owned(), share);
+    }
+
+    fn recompute_target(&mut self, now: Instant) {
+        if self.shutting_down {
+            return;
+        }
+        let target: BTreeSet<MessageQueue> = self.shares.values().flatten().cloned().collect();
+        if target != self.target {
+            self.target = target;
+            self.target_changed_at = Some(now);
+            self.stats.rounds += 1;
+        }
+    }
+
+    fn finish_release(&mut self, _now: Instant, mq: &MessageQueue) {
+        if self.config.handover == Handover::Locks {
+            if let Some(q) = self.queues.get_mut(mq) {
+                q.state = QState::Unlocking { retry_at: None };
+                self.actions.push_back(unlock(mq));
+            }
+        } else {
+            self.queues.remove(mq);
+            self.stats.released += 1;
+        }
+    }
+
+    fn finish_fence(&mut self, now: Instant, mq: &MessageQueue, in_target: bool) {
+        if in_target {
+            if let Some(q) = self.queues.get_mut(mq) {
+                q.state = QState::Pending {
+                    retry_at: Some(now),
+                };
+                q.lease = None;
+            }
+        } else {
+            self.finish_release(now, mq);
+        }
+    }
+
+    /// Moves every queue as far as it can go now and batches the lock requests.
+    fn step(&mut self, now: Instant) {
+        // View fetches.
+        if self.source == Source::Classic && !self.shutting_down {
+            for (topic, v) in self.topics.iter_mut() {
+                if !v.in_flight && v.next_at.is_some_and(|t| t <= now) {
+                    v.in_flight = true;
+                    v.next_at = None;
+                    self.actions.push_back(Action::FetchView {
+                        topic: topic.clone(),
+                    });
+                }
+            }
+        }
+        // New queues of the target.
+        let gain_at = match self.config.handover {
+            Handover::Delay(d) => self.target_changed_at.map(|t| t + d),
+            _ => None,
+        };
+        let locks = self.config.handover == Handover::Locks;
+        for mq in &self.target {
+            if !self.queues.contains_key(mq) {
+                self.queues.insert(
+                    mq.clone(),
+                    Queue::new(
+                        QState::Pending {
+                            retry_at: Some(gain_at.unwrap_or(now)),
+                        },
+                        locks,
+                    ),
+                );
+            }
+        }
+        let mut lock_requests: BTreeMap<String, Vec<MessageQueue>> = BTreeMap::new();
+        let mut remove = Vec::new();
+        for (mq, q) in self.queues.iter_mut() {
+            let in_target = self.target.contains(mq);
+            // Leases.
+            if locks && q.lease.is_some() && !q.lease_valid(now) {
+                q.lose_lease(now);
+            }
+            match q.state {
+                QState::Pending { retry_at } => {
+                    if !in_target && q.maybe_locked && locks {
+                        q.maybe_locked = false;
+                        q.state = QState::Unlocking { retry_at: None };
+                        self.actions.push_back(unlock(mq));
+                    } else if !in_target {
+                        remove.push(mq.clone());
+                    } else if retry_at.is_some_and(|t| t <= now) {
+                        if locks {
+                            q.state = QState::Acquiring;
+                            lock_requests
+                                .entry(mq.broker_name.clone())
+                                .or_default()
+                                .push(mq.clone());
+                        } else {
+                            q.state = QState::Starting { retry_at: None };
+                            self.actions
+                                .push_back(Action::QueryStartOffset { mq: mq.clone() });
+                        }
+                    }
+                }
+                QState::Starting {
+                    retry_at: Some(t), ..
+                } if t <= now => {
+                    if in_target {
+                        q.state = QState::Starting { retry_at: None };
+                        self.actions
+                            .push_back(Action::QueryStartOffset { mq: mq.clone() });
+                    } else if locks {
+                        q.state = QState::Unlocking { retry_at: None };
+                        self.actions.push_back(unlock(mq));
+                    } else {
+                        remove.push(mq.clone());
+                    }
+                }
+                QState::Unlocking {
+                    retry_at: Some(t), ..
+                } if t <= now => {
+                    q.state = QState::Unlocking { retry_at: None };
+                    self.actions.push_back(unlock(mq));
+                }
+                QState::Owned if q.fence_now => {
+                    q.fence_now = false;
+                    q.state = QState::Draining {
+                        after: After::Fenced,
+                    };
+                    self.stats.fenced += 1;
+                    self.actions.push_back(Action::Fence { mq: mq.clone() });
+                }
+                QState::Owned if !in_target => {
+                    q.state = QState::Draining {
+                        after: After::Release,
+                    };
+                    self.actions.push_back(Action::Stop { mq: mq.clone() });
+                }
+                _ => {}
+            }
+            q.fence_now = false;
+            // Renewals of held locks.
+            if locks && !q.renewing && q.state.holds_lock() {
+                if let Some(l) = q.lease {
+                    if l.renew_at <= now && l.until > now {
+                        q.renewing = true;
+                        lock_requests
+                            .entry(mq.broker_name.clone())
+                            .or_default()
+                            .push(mq.clone());
+                    }
+                }
+            }
+        }
+        for mq in remove {
+            self.queues.remove(&mq);
+        }
+        for (broker, mut queues) in lock_requests {
+            queues.sort();
+            queues.dedup();
+            self.actions.push_back(Action::Lock { broker, queues });
+        }
+    }
+}
+
+fn unlock(mq: &MessageQueue) -> Action {
+    Action::Unlock {
+        broker: mq.broker_name.clone(),
+        queues: vec![mq.clone()],
+    }
+}

@@ -1,0 +1,534 @@
+//! Races replayed on virtual time: every input is given with its instant, nothing sleeps.
+
+use super::*;
+use crate::strategy_by_name;
+
+fn q(i: i32) -> MessageQueue {
+    MessageQueue::new("T", "b", i)
+}
+
+fn qs(ids: &[i32]) -> Vec<MessageQueue> {
+    ids.iter().map(|i| q(*i)).collect()
+}
+
+fn rb(id: &str) -> Rebalancer {
+    let strategy: Arc<dyn AllocateStrategy> = Arc::from(strategy_by_name("AVG").unwrap());
+    Rebalancer::new(RebalancerConfig::new("G", id), strategy)
+}
+
+fn ms(t0: Instant, n: u64) -> Instant {
+    t0 + Duration::from_millis(n)
+}
+
+fn lease(at: Instant, session: Option<u64>) -> Lease {
+    Lease {
+        until: at + Duration::from_secs(10),
+        renew_at: at + Duration::from_secs(7),
+        session,
+    }
+}
+
+fn drain(r: &mut Rebalancer) -> Vec<Action> {
+    std::iter::from_fn(|| r.poll_action()).collect()
+}
+
+/// A broker lock table as small as a test needs: queue → holder.
+#[derive(Default)]
+struct Locks(BTreeMap<MessageQueue, String>);
+
+impl Locks {
+    fn lock(&mut self, who: &str, queues: &[MessageQueue]) -> BTreeSet<MessageQueue> {
+        queues
+            .iter()
+            .filter(|mq| {
+                let h = self.0.entry((*mq).clone()).or_insert_with(|| who.into());
+                h == who
+            })
+            .cloned()
+            .collect()
+    }
+    fn unlock(&mut self, who: &str, mq: &MessageQueue) {
+        if self.0.get(mq).is_some_and(|h| h == who) {
+            self.0.remove(mq);
+        }
+    }
+}
+
+/// Brings a lone member to owning queues 0..n, answering every action at once.
+fn own_all(r: &mut Rebalancer, t: Instant, n: i32, locks: &mut Locks, members: &[&str]) {
+    r.handle_subscribe(t, "T");
+    let ids: Vec<i32> = (0..n).collect();
+    let me = r.config().client_id.clone();
+    loop {
+        let acts = drain(r);
+        if acts.is_empty() {
+            break;
+        }
+        for a in acts {
+            match a {
+                Action::FetchView { topic } => r.handle_view(
+                    t,
+                    &topic,
+                    qs(&ids),
+                    members.iter().map(|m| m.to_string()).collect(),
+                ),
+                Action::Lock { queues, .. } => {
+                    let g = locks.lock(&me, &queues);
+                    r.handle_lock_result(t, &queues, &g, Some(lease(t, Some(1))), true)
+                }
+                Action::QueryStartOffset { mq } => r.handle_start_offset(t, &mq, Some(0)),
+                Action::Start { .. } => {}
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+    }
+}
+
+#[test]
+fn a_gain_waits_for_the_former_owner_to_commit_and_unlock() {
+    let t0 = Instant::now();
+    let mut locks = Locks::default();
+    let mut a = rb("a");
+    own_all(&mut a, t0, 4, &mut locks, &["a"]);
+    assert_eq!(a.owned(), qs(&[0, 1, 2, 3]));
+    assert!(a.is_settled());
+
+    // b joins; b learns of it first (a's notice is late).
+    let mut b = rb("b");
+    b.handle_subscribe(ms(t0, 100), "T");
+    assert_eq!(drain(&mut b), vec![Action::FetchView { topic: "T".into() }]);
+    b.handle_view(
+        ms(t0, 101),
+        "T",
+        qs(&[0, 1, 2, 3]),
+        vec!["a".into(), "b".into()],
+    );
+    let acts = drain(&mut b);
+    assert_eq!(
+        acts,
+        vec![Action::Lock {
+            broker: "b".into(),
+            queues: qs(&[2, 3])
+        }]
+    );
+    // Refused: a still holds them. Nothing is read, nothing started.
+    let g = locks.lock("b", &qs(&[2, 3]));
+    assert!(g.is_empty());
+    b.handle_lock_result(
+        ms(t0, 102),
+        &qs(&[2, 3]),
+        &g,
+        Some(lease(t0, Some(2))),
+        true,
+    );
+    assert!(drain(&mut b).is_empty());
+    assert_eq!(b.phase(&q(2)), Some(QueuePhase::Pending));
+    // The retry (a safety net) comes 1 s later: still refused.
+    assert_eq!(b.poll_timeout(), Some(ms(t0, 1102)));
+
+    // a hears of the join 300 ms later: stops 2 and 3, commits, unlocks.
+    a.handle_notice(ms(t0, 400));
+    assert_eq!(drain(&mut a), vec![Action::FetchView { topic: "T".into() }]);
+    a.handle_view(
+        ms(t0, 401),
+        "T",
+        qs(&[0, 1, 2, 3]),
+        vec!["a".into(), "b".into()],
+    );
+    assert_eq!(
+        drain(&mut a),
+        vec![Action::Stop { mq: q(2) }, Action::Stop { mq: q(3) }]
+    );
+    assert!(!a.may_dispatch(&q(2), ms(t0, 401)));
+    assert!(a.may_dispatch(&q(0), ms(t0, 401)));
+    a.handle_drained(ms(t0, 420), &q(2), Some(397));
+    assert_eq!(
+        drain(&mut a),
+        vec![Action::Commit {
+            mq: q(2),
+            offset: 397,
+            rewind: false
+        }]
+    );
+    // No unlock before the commit is acknowledged.
+    a.handle_committed(ms(t0, 425), &q(2), true);
+    assert_eq!(
+        drain(&mut a),
+        vec![Action::Unlock {
+            broker: "b".into(),
+            queues: vec![q(2)]
+        }]
+    );
+    locks.unlock("a", &q(2));
+    a.handle_unlocked(ms(t0, 426), &q(2), true);
+    assert_eq!(a.phase(&q(2)), None);
+
+    // The broker tells b at once; b locks, then (only then) reads the offset.
+    b.handle_lock_freed(ms(t0, 427), &[q(2)]);
+    assert_eq!(
+        drain(&mut b),
+        vec![Action::Lock {
+            broker: "b".into(),
+            queues: vec![q(2)]
+        }]
+    );
+    let g = locks.lock("b", &[q(2)]);
+    b.handle_lock_result(
+        ms(t0, 428),
+        &[q(2)],
+        &g,
+        Some(lease(ms(t0, 427), Some(2))),
+        true,
+    );
+    assert_eq!(drain(&mut b), vec![Action::QueryStartOffset { mq: q(2) }]);
+    b.handle_start_offset(ms(t0, 429), &q(2), Some(397));
+    assert_eq!(
+        drain(&mut b),
+        vec![Action::Start {
+            mq: q(2),
+            offset: 397,
+            lease_until: Some(ms(t0, 10_427))
+        }]
+    );
+    assert!(b.may_dispatch(&q(2), ms(t0, 429)));
+    assert!(!b.may_dispatch(&q(3), ms(t0, 429)));
+}
+
+#[test]
+fn a_lease_that_runs_out_fences_the_queue_and_it_is_acquired_again() {
+    let t0 = Instant::now();
+    let mut locks = Locks::default();
+    let mut a = rb("a");
+    own_all(&mut a, t0, 2, &mut locks, &["a"]);
+    // Renewal is due at 7 s; the member is frozen and wakes at 12 s.
+    assert_eq!(a.poll_timeout(), Some(ms(t0, 7000)));
+    let late = ms(t0, 12_000);
+    assert!(!a.may_dispatch(&q(0), late));
+    a.handle_timeout(late);
+    assert_eq!(
+        drain(&mut a),
+        vec![Action::Fence { mq: q(0) }, Action::Fence { mq: q(1) }]
+    );
+    assert_eq!(a.stats().fenced, 2);
+    // Fenced queues commit nothing and are acquired again (they are still ours to take).
+    a.handle_drained(late, &q(0), Some(55));
+    a.handle_drained(late, &q(1), Some(66));
+    let lock = |i| Action::Lock {
+        broker: "b".into(),
+        queues: vec![q(i)],
+    };
+    assert_eq!(drain(&mut a), vec![lock(0), lock(1)]);
+    // Someone else took q1 meanwhile.
+    let granted: BTreeSet<MessageQueue> = [q(0)].into();
+    a.handle_lock_result(late, &[q(0)], &granted, Some(lease(late, Some(3))), true);
+    a.handle_lock_result(late, &[q(1)], &granted, Some(lease(late, Some(3))), true);
+    assert_eq!(drain(&mut a), vec![Action::QueryStartOffset { mq: q(0) }]);
+    assert_eq!(a.phase(&q(1)), Some(QueuePhase::Pending));
+}
+
+#[test]
+fn a_heartbeat_of_another_session_means_the_locks_are_gone() {
+    let t0 = Instant::now();
+    let mut locks = Locks::default();
+    let mut a = rb("a");
+    own_all(&mut a, t0, 1, &mut locks, &["a"]);
+    // Same session: the lease moves on.
+    let t = ms(t0, 3000);
+    a.handle_lease(t, "b", lease(t, Some(1)));
+    assert_eq!(
+        drain(&mut a),
+        vec![Action::Lease {
+            mq: q(0),
+            until: ms(t0, 13_000)
+        }]
+    );
+    // Another broker's heartbeat changes nothing.
+    a.handle_lease(t, "other", lease(t, Some(9)));
+    assert!(drain(&mut a).is_empty());
+    // A new session: the broker dropped us (and our locks) in between.
+    let t = ms(t0, 6000);
+    a.handle_lease(t, "b", lease(t, Some(2)));
+    assert_eq!(drain(&mut a), vec![Action::Fence { mq: q(0) }]);
+    assert!(!a.may_dispatch(&q(0), t));
+}
+
+#[test]
+fn a_refused_renewal_fences_at_once() {
+    let t0 = Instant::now();
+    let mut locks = Locks::default();
+    let mut a = rb("a");
+    own_all(&mut a, t0, 1, &mut locks, &["a"]);
+    let t = ms(t0, 7000);
+    a.handle_timeout(t);
+    assert_eq!(
+        drain(&mut a),
+        vec![Action::Lock {
+            broker: "b".into(),
+            queues: vec![q(0)]
+        }]
+    );
+    a.handle_lock_result(t, &[q(0)], &BTreeSet::new(), Some(lease(t, Some(1))), true);
+    assert_eq!(drain(&mut a), vec![Action::Fence { mq: q(0) }]);
+    // A failed renewal (no answer) is no evidence either way: the lease stands.
+    let mut b = rb("b");
+    own_all(&mut b, t0, 1, &mut Locks::default(), &["b"]);
+    b.handle_timeout(t);
+    assert_eq!(drain(&mut b).len(), 1);
+    b.handle_lock_result(t, &[q(0)], &BTreeSet::new(), None, true);
+    assert!(drain(&mut b).is_empty());
+    assert!(b.may_dispatch(&q(0), ms(t0, 9999)));
+    assert!(!b.may_dispatch(&q(0), ms(t0, 10_000)));
+}
+
+#[test]
+fn a_view_fetched_across_a_notice_is_discarded() {
+    let t0 = Instant::now();
+    let mut a = rb("a");
+    a.handle_subscribe(t0, "T");
+    assert_eq!(drain(&mut a).len(), 1);
+    a.handle_notice(ms(t0, 1));
+    assert!(drain(&mut a).is_empty(), "one fetch at a time");
+    a.handle_view(ms(t0, 2), "T", qs(&[0, 1]), vec!["a".into(), "x".into()]);
+    assert_eq!(a.stats().stale_views, 1);
+    assert!(a.target().is_empty());
+    assert_eq!(drain(&mut a), vec![Action::FetchView { topic: "T".into() }]);
+    a.handle_view(ms(t0, 3), "T", qs(&[0, 1]), vec!["a".into()]);
+    assert_eq!(a.target().len(), 2);
+    assert_eq!(a.round(), 1);
+    // The safety net comes 20 s after the last view.
+    assert_eq!(a.poll_timeout(), Some(ms(t0, 20_003)));
+    drain(&mut a);
+}
+
+#[test]
+fn lock_refusals_back_off_without_notices() {
+    let t0 = Instant::now();
+    let mut a = rb("a");
+    a.handle_subscribe(t0, "T");
+    drain(&mut a);
+    a.handle_view(t0, "T", qs(&[0]), vec!["a".into()]);
+    let mut waits = Vec::new();
+    let mut t = t0;
+    for _ in 0..8 {
+        let acts = drain(&mut a);
+        assert!(matches!(acts.as_slice(), [Action::Lock { .. }]), "{acts:?}");
+        a.handle_lock_result(t, &[q(0)], &BTreeSet::new(), Some(lease(t, None)), false);
+        let next = a.poll_timeout().unwrap();
+        waits.push(next.duration_since(t).as_millis());
+        t = next;
+        a.handle_timeout(t);
+    }
+    assert_eq!(waits, vec![20, 40, 80, 160, 320, 640, 1000, 1000]);
+}
+
+#[test]
+fn shutdown_releases_everything_in_order() {
+    let t0 = Instant::now();
+    let mut locks = Locks::default();
+    let mut a = rb("a");
+    own_all(&mut a, t0, 2, &mut locks, &["a"]);
+    a.handle_shutdown(t0);
+    assert!(a.is_shutting_down());
+    assert_eq!(
+        drain(&mut a),
+        vec![Action::Stop { mq: q(0) }, Action::Stop { mq: q(1) }]
+    );
+    a.handle_drained(t0, &q(0), Some(10));
+    a.handle_drained(t0, &q(1), None);
+    assert_eq!(
+        drain(&mut a),
+        vec![
+            Action::Commit {
+                mq: q(0),
+                offset: 10,
+                rewind: false
+            },
+            Action::Unlock {
+                broker: "b".into(),
+                queues: vec![q(1)]
+            }
+        ]
+    );
+    a.handle_committed(t0, &q(0), false);
+    a.handle_unlocked(t0, &q(1), true);
+    assert_eq!(
+        drain(&mut a),
+        vec![Action::Unlock {
+            broker: "b".into(),
+            queues: vec![q(0)]
+        }]
+    );
+    a.handle_unlocked(t0, &q(0), true);
+    assert!(a.is_idle());
+    // Late views change nothing.
+    a.handle_view(t0, "T", qs(&[0, 1]), vec!["a".into()]);
+    assert!(drain(&mut a).is_empty());
+    assert!(a.poll_timeout().is_none());
+}
+
+#[test]
+fn a_lease_lost_while_draining_commits_nothing() {
+    let t0 = Instant::now();
+    let mut locks = Locks::default();
+    let mut a = rb("a");
+    own_all(&mut a, t0, 1, &mut locks, &["a"]);
+    a.handle_shutdown(t0);
+    assert_eq!(drain(&mut a), vec![Action::Stop { mq: q(0) }]);
+    // A slow listener: the drain ends after the lease (renewal failed meanwhile).
+    a.handle_timeout(ms(t0, 7000));
+    let renew = drain(&mut a);
+    assert_eq!(renew.len(), 1);
+    a.handle_lock_result(ms(t0, 7000), &[q(0)], &BTreeSet::new(), None, true);
+    a.handle_drained(ms(t0, 11_000), &q(0), Some(99));
+    assert_eq!(
+        drain(&mut a),
+        vec![Action::Unlock {
+            broker: "b".into(),
+            queues: vec![q(0)]
+        }]
+    );
+}
+
+#[test]
+fn an_offset_reset_restarts_the_queue_from_the_new_offset() {
+    let t0 = Instant::now();
+    let mut locks = Locks::default();
+    let mut a = rb("a");
+    own_all(&mut a, t0, 1, &mut locks, &["a"]);
+    a.handle_reset(t0, &q(0), 5);
+    assert_eq!(drain(&mut a), vec![Action::Fence { mq: q(0) }]);
+    a.handle_drained(t0, &q(0), Some(40));
+    assert_eq!(
+        drain(&mut a),
+        vec![Action::Commit {
+            mq: q(0),
+            offset: 5,
+            rewind: true
+        }]
+    );
+    a.handle_committed(t0, &q(0), true);
+    assert_eq!(drain(&mut a), vec![Action::QueryStartOffset { mq: q(0) }]);
+    a.handle_start_offset(t0, &q(0), Some(5));
+    assert!(matches!(
+        drain(&mut a).as_slice(),
+        [Action::Start { offset: 5, .. }]
+    ));
+}
+
+#[test]
+fn a_delay_hand_over_starts_without_locks_after_the_delay() {
+    let t0 = Instant::now();
+    let strategy: Arc<dyn AllocateStrategy> = Arc::from(strategy_by_name("AVG").unwrap());
+    let mut c = RebalancerConfig::new("G", "a");
+    c.handover = Handover::Delay(Duration::from_millis(200));
+    let mut a = Rebalancer::new(c, strategy);
+    a.handle_subscribe(t0, "T");
+    drain(&mut a);
+    a.handle_view(t0, "T", qs(&[0]), vec!["a".into()]);
+    assert!(drain(&mut a).is_empty());
+    assert_eq!(a.poll_timeout(), Some(ms(t0, 200)));
+    a.handle_timeout(ms(t0, 200));
+    assert_eq!(drain(&mut a), vec![Action::QueryStartOffset { mq: q(0) }]);
+    a.handle_start_offset(ms(t0, 201), &q(0), Some(7));
+    assert_eq!(
+        drain(&mut a),
+        vec![Action::Start {
+            mq: q(0),
+            offset: 7,
+            lease_until: None
+        }]
+    );
+    assert!(a.may_dispatch(&q(0), ms(t0, 1_000_000)));
+}
+
+#[test]
+fn a_coordinator_target_replaces_the_views() {
+    let t0 = Instant::now();
+    let mut a = rb("a");
+    a.handle_subscribe(t0, "T");
+    drain(&mut a);
+    a.handle_target(t0, 3, qs(&[1]).into_iter().collect());
+    assert_eq!(a.target_epoch(), Some(3));
+    assert_eq!(
+        drain(&mut a),
+        vec![Action::Lock {
+            broker: "b".into(),
+            queues: vec![q(1)]
+        }]
+    );
+    // The in-flight view is ignored; an older epoch too.
+    a.handle_view(t0, "T", qs(&[0, 1]), vec!["a".into()]);
+    a.handle_target(t0, 2, BTreeSet::new());
+    assert_eq!(a.target().len(), 1);
+    a.handle_notice(t0);
+    assert!(drain(&mut a).is_empty());
+}
+
+#[test]
+fn a_lock_granted_after_the_queue_left_the_target_is_given_back() {
+    let t0 = Instant::now();
+    let mut a = rb("a");
+    a.handle_subscribe(t0, "T");
+    drain(&mut a);
+    a.handle_view(t0, "T", qs(&[0]), vec!["a".into()]);
+    assert_eq!(drain(&mut a).len(), 1);
+    a.handle_notice(t0);
+    drain(&mut a);
+    a.handle_view(t0, "T", qs(&[0]), vec!["a".into(), "0".into()]);
+    assert!(a.target().is_empty());
+    let granted: BTreeSet<MessageQueue> = [q(0)].into();
+    a.handle_lock_result(t0, &[q(0)], &granted, Some(lease(t0, Some(1))), true);
+    assert_eq!(
+        drain(&mut a),
+        vec![Action::Unlock {
+            broker: "b".into(),
+            queues: vec![q(0)]
+        }]
+    );
+    a.handle_unlocked(t0, &q(0), true);
+    assert!(a.is_idle());
+}
+
+#[test]
+fn a_failed_unlock_is_sent_again_and_an_unknown_lock_is_given_back() {
+    let t0 = Instant::now();
+    let mut locks = Locks::default();
+    let mut a = rb("a");
+    own_all(&mut a, t0, 1, &mut locks, &["a"]);
+    a.handle_shutdown(t0);
+    drain(&mut a);
+    a.handle_drained(t0, &q(0), None);
+    assert_eq!(drain(&mut a).len(), 1);
+    a.handle_unlocked(t0, &q(0), false);
+    assert!(drain(&mut a).is_empty());
+    assert_eq!(a.poll_timeout(), Some(ms(t0, 500)));
+    a.handle_timeout(ms(t0, 500));
+    assert_eq!(
+        drain(&mut a),
+        vec![Action::Unlock {
+            broker: "b".into(),
+            queues: vec![q(0)]
+        }]
+    );
+    a.handle_unlocked(ms(t0, 501), &q(0), true);
+    assert!(a.is_idle());
+
+    // A lock request without an answer may have been granted: if the queue then leaves the
+    // target, it is unlocked before being forgotten.
+    let mut b = rb("b");
+    b.handle_subscribe(t0, "T");
+    drain(&mut b);
+    b.handle_view(t0, "T", qs(&[0]), vec!["b".into()]);
+    assert_eq!(drain(&mut b).len(), 1);
+    b.handle_lock_result(t0, &[q(0)], &BTreeSet::new(), None, true);
+    b.handle_notice(t0);
+    drain(&mut b);
+    b.handle_view(t0, "T", qs(&[0]), vec!["b".into(), "a".into()]);
+    assert_eq!(
+        drain(&mut b),
+        vec![Action::Unlock {
+            broker: "b".into(),
+            queues: vec![q(0)]
+        }]
+    );
+}

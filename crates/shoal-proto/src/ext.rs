@@ -1,0 +1,129 @@
+//! Shoal's extensions to the remoting protocol (`docs/protocol-extensions.md`): request and
+//! response codes in ranges Apache RocketMQ does not use, the extra header fields Shoal
+//! clients and brokers exchange, and the JSON bodies. An Apache RocketMQ broker answers the
+//! requests with REQUEST_CODE_NOT_SUPPORTED and ignores the extra header fields, which is how a
+//! Shoal client tells the two apart and stays compatible.
+
+use crate::MessageQueue;
+use serde::{Deserialize, Serialize};
+
+/// Extension request codes of the rebalance engine (9000–9019).
+pub mod request_code {
+    /// Client → broker: which Shoal features the broker has ([`BrokerFeatures`] answer).
+    pub const GET_BROKER_FEATURES: i32 = 9000;
+    /// Broker → client, oneway: queue locks the member asked for are free now
+    /// ([`LockFreedBody`]).
+    pub const NOTIFY_LOCK_FREED: i32 = 9001;
+}
+
+/// Extension response codes of the rebalance engine (9000–9009).
+pub mod response_code {
+    /// An offset commit refused: the committing member does not hold the queue's lock (or the
+    /// commit would move a Shoal member's offset backwards).
+    pub const QUEUE_NOT_LOCKED: i32 = 9000;
+}
+
+/// Header fields (`extFields`) Shoal adds to RocketMQ requests and answers.
+pub mod field {
+    /// HEART_BEAT request: the Shoal member's session timeout, ms (its session locks last
+    /// that long after its last heartbeat).
+    pub const SESSION_TIMEOUT_MS: &str = "shoalSessionTimeoutMs";
+    /// HEART_BEAT answer: `group=sessionId;group=sessionId` for the consumer groups of the
+    /// heartbeat that have a session.
+    pub const SESSIONS: &str = "shoalSessions";
+    /// LOCK_BATCH_MQ request: `true` asks for session locks (a Shoal member).
+    pub const LEASE: &str = "shoalLease";
+    /// LOCK_BATCH_MQ request: `true` when the member consumes orderly.
+    pub const ORDERLY: &str = "shoalOrderly";
+    /// LOCK_BATCH_MQ answer: the session the granted locks last for.
+    pub const SESSION: &str = "shoalSession";
+    /// UPDATE_CONSUMER_OFFSET request: `true` when a lower offset is meant (a seek back).
+    pub const REWIND: &str = "shoalRewind";
+}
+
+/// The feature names a Shoal broker lists.
+pub mod feature {
+    /// Session locks for Shoal members (leases that last the session).
+    pub const SESSION_LOCKS: &str = "sessionLocks";
+    /// NOTIFY_LOCK_FREED to members refused a lock.
+    pub const LOCK_FREED_NOTICE: &str = "lockFreedNotice";
+    /// Offset commits fenced by queue locks.
+    pub const COMMIT_FENCE: &str = "commitFence";
+}
+
+/// The answer to GET_BROKER_FEATURES. Clients ignore names they do not know, so the list
+/// grows without a version bump.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct BrokerFeatures {
+    /// Feature names ([`feature`]; other issues add theirs, e.g. `coordinator`).
+    pub features: Vec<String>,
+    /// Shortest session timeout the broker accepts, ms.
+    pub min_session_timeout_ms: u64,
+    /// Longest session timeout the broker accepts, ms.
+    pub max_session_timeout_ms: u64,
+}
+
+impl BrokerFeatures {
+    /// True when `name` is listed.
+    pub fn has(&self, name: &str) -> bool {
+        self.features.iter().any(|f| f == name)
+    }
+}
+
+/// The body of NOTIFY_LOCK_FREED.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct LockFreedBody {
+    /// Consumer group.
+    pub consumer_group: String,
+    /// The queues whose locks are free.
+    #[serde(rename = "mqSet")]
+    pub mq_set: Vec<MessageQueue>,
+}
+
+/// Encodes the [`field::SESSIONS`] value.
+pub fn encode_sessions<'a>(sessions: impl IntoIterator<Item = (&'a str, u64)>) -> String {
+    sessions
+        .into_iter()
+        .map(|(g, s)| format!("{g}={s}"))
+        .collect::<Vec<_>>()
+        .join(";")
+}
+
+/// Decodes the [`field::SESSIONS`] value (malformed entries are skipped).
+pub fn decode_sessions(text: &str) -> Vec<(String, u64)> {
+    text.split(';')
+        .filter_map(|e| {
+            let (g, s) = e.rsplit_once('=')?;
+            Some((g.to_string(), s.parse().ok()?))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sessions_round_trip_and_features_are_open_ended() {
+        let text = encode_sessions([("G1", 7), ("%RETRY%x", 9)]);
+        assert_eq!(text, "G1=7;%RETRY%x=9");
+        assert_eq!(
+            decode_sessions(&text),
+            vec![("G1".to_string(), 7), ("%RETRY%x".to_string(), 9)]
+        );
+        assert!(decode_sessions("bad;G=x;H=3").len() == 1);
+        let f: BrokerFeatures =
+            serde_json::from_str(r#"{"features":["sessionLocks","coordinator"],"later":1}"#)
+                .unwrap();
+        assert!(f.has(feature::SESSION_LOCKS) && f.has("coordinator"));
+        assert!(!f.has(feature::COMMIT_FENCE));
+        let b = LockFreedBody {
+            consumer_group: "G".into(),
+            mq_set: vec![MessageQueue::new("T", "b", 1)],
+        };
+        let json = serde_json::to_string(&b).unwrap();
+        assert!(json.contains("\"mqSet\"") && json.contains("\"consumerGroup\""));
+    }
+}
