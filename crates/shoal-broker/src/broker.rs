@@ -209,6 +209,10 @@ pub struct BrokerInner {
     pub transactions: crate::transaction::TransactionState,
     /// Daily totals and throughput windows (sampled every second), for runtime info.
     pub stats: Mutex<crate::stats::BrokerStats>,
+    /// Observed rebalances of classic groups (membership changes, queue hand-overs).
+    pub timeline: Mutex<crate::timeline::Timeline>,
+    /// Queues whose puller changed, not yet given to the timeline (bounded).
+    pub owner_changes: Mutex<std::collections::VecDeque<(String, String, i32, PullMark)>>,
     /// Client used for name servers.
     pub namesrv_client: RemotingClient,
     /// Serializes writes of the config tables.
@@ -422,6 +426,23 @@ impl BrokerInner {
     /// of members that left.
     pub fn apply_group_change(&self, change: &GroupChange) {
         self.with_group_state(|g, now| g.after_registry_change(change, now));
+        if change.needs_notify() {
+            // Pulls seen before the change belong to the previous rebalance.
+            self.feed_timeline();
+            let members: Vec<(u64, String)> = self
+                .clients
+                .lock()
+                .members(&change.group)
+                .into_iter()
+                .map(|(c, _)| (c.conn_id, c.client_id.clone()))
+                .collect();
+            self.timeline.lock().membership(
+                &change.group,
+                members,
+                change.subscription_changed,
+                wall_ms(),
+            );
+        }
         if !change.left_client_ids.is_empty() {
             let mut locks = self.locks.lock();
             for id in &change.left_client_ids {
@@ -734,6 +755,7 @@ impl Broker {
         let mut tasks = Vec::new();
         tasks.push(tokio::spawn(register_loop(inner.clone())));
         tasks.push(tokio::spawn(housekeeping_loop(inner.clone())));
+        tasks.push(tokio::spawn(timeline_loop(inner.clone())));
         tasks.extend(crate::schedule::start(inner.clone()));
         tasks.push(crate::transaction::service::start(inner.clone()));
         let registered = inner.register_all().await;
@@ -855,6 +877,8 @@ impl Broker {
             transactions: crate::transaction::TransactionState::new(
                 config.transaction_max_remembered_decisions,
             ),
+            timeline: Mutex::new(crate::timeline::Timeline::new()),
+            owner_changes: Mutex::new(std::collections::VecDeque::new()),
             namesrv_client: RemotingClient::new(
                 NetConfig::default(),
                 Arc::new(NotSupportedProcessor),
@@ -936,6 +960,59 @@ async fn register_loop(inner: Arc<BrokerInner>) {
             _ = inner.register_now.notified() => {}
         }
         inner.register_all().await;
+    }
+}
+
+/// Feeds the rebalance timeline with who pulled each queue, and counts finished rebalances.
+async fn timeline_loop(inner: Arc<BrokerInner>) {
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        inner.observe_pullers();
+    }
+}
+
+impl BrokerInner {
+    /// Records that (group, topic, queue) was pulled on a new connection (from the pull path).
+    pub fn note_owner_change(&self, group: &str, topic: &str, queue_id: i32, mark: PullMark) {
+        let mut q = self.owner_changes.lock();
+        if q.len() >= 10_000 {
+            q.pop_front();
+        }
+        q.push_back((group.to_string(), topic.to_string(), queue_id, mark));
+    }
+
+    /// Gives the recorded puller changes to the timeline.
+    fn feed_timeline(&self) {
+        let changes: Vec<_> = self.owner_changes.lock().drain(..).collect();
+        if changes.is_empty() {
+            return;
+        }
+        let mut t = self.timeline.lock();
+        for (group, topic, q, mark) in changes {
+            t.puller_conn(&group, &topic, q, mark.conn_id, mark.at_ms);
+        }
+    }
+
+    /// One timeline step: new pullers, then convergence checks.
+    pub fn observe_pullers(&self) {
+        self.feed_timeline();
+        let done = self.timeline.lock().tick(wall_ms());
+        for (group, r) in done {
+            self.metrics
+                .rebalances
+                .get_or_create(&[("group", group.clone()), ("cause", r.cause.clone())])
+                .inc();
+            if let Some(ms) = r.convergence_ms() {
+                self.metrics
+                    .rebalance_convergence
+                    .get_or_create(&[("group", group.clone())])
+                    .observe(Duration::from_millis(ms as u64));
+            }
+            info!(group = %group, cause = %r.cause, moves = r.moves.len(), outcome = ?r.outcome,
+                convergence_ms = ?r.convergence_ms(), "rebalance observed");
+        }
     }
 }
 

@@ -23,6 +23,7 @@ pub mod retry;
 pub mod schedule;
 pub mod send;
 pub mod stats;
+pub mod timeline;
 pub mod topic;
 pub mod transaction;
 

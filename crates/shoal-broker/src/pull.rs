@@ -37,14 +37,23 @@ pub async fn pull_message(
         b.store
             .commit_offset(&h.consumer_group, &h.topic, h.queue_id, h.commit_offset);
     }
-    b.pull_marks.lock().insert(
-        (h.consumer_group.clone(), h.topic.clone(), h.queue_id),
-        PullMark {
-            offset: h.queue_offset,
-            at_ms: wall_ms(),
-            conn_id: ctx.connection().id(),
-        },
-    );
+    let mark = PullMark {
+        offset: h.queue_offset,
+        at_ms: wall_ms(),
+        conn_id: ctx.connection().id(),
+    };
+    let owner_changed = b
+        .pull_marks
+        .lock()
+        .insert(
+            (h.consumer_group.clone(), h.topic.clone(), h.queue_id),
+            mark,
+        )
+        .is_none_or(|prev| prev.conn_id != mark.conn_id);
+    if owner_changed {
+        // Rare (a queue changing hands): recorded for the rebalance timeline.
+        b.note_owner_change(&h.consumer_group, &h.topic, h.queue_id, mark);
+    }
     let result = read(b, &plan).await?;
     let may_suspend = h.sys_flag & pull_sys_flag::SUSPEND != 0;
     let nothing_new = result.status == GetMessageStatus::OffsetOverflowOne

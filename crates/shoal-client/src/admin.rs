@@ -743,6 +743,47 @@ impl AdminClient {
         Err(AdminError::MessageNotFound(id.into()))
     }
 
+    /// Messages of `topic` whose KEYS include `key` (RocketMQ's index query), on every broker
+    /// of the topic, at most `max` in all, oldest first.
+    pub async fn query_by_key(
+        &self,
+        topic: &str,
+        key: &str,
+        max: usize,
+    ) -> AdminResult<Vec<MessageExt>> {
+        let route = self.topic_route(topic).await?;
+        let mut found = Vec::new();
+        for b in &route.broker_datas {
+            let Some(addr) = b.master_addr() else {
+                continue;
+            };
+            let req = RemotingCommand::request_with_header(
+                rc::QUERY_MESSAGE,
+                &QueryMessageRequestHeader {
+                    topic: topic.into(),
+                    key: key.into(),
+                    max_num: max.min(i32::MAX as usize) as i32,
+                    begin_timestamp: 0,
+                    end_timestamp: i64::MAX,
+                    ..Default::default()
+                },
+            );
+            let r = self.call(addr, req).await?;
+            if r.code == resp::SUCCESS {
+                let body = r.body.clone().unwrap_or_default();
+                found.extend(
+                    decode_records(&body, &DecodeOptions::client())
+                        .messages
+                        .into_iter()
+                        .filter(|m| m.keys().is_some_and(|k| k.split(' ').any(|k| k == key))),
+                );
+            }
+        }
+        found.sort_by_key(|m| (m.store_timestamp, m.queue_offset));
+        found.truncate(max);
+        Ok(found)
+    }
+
     fn first_message(addr: &str, r: &RemotingCommand, id: &str) -> AdminResult<MessageExt> {
         let body = r.body.clone().unwrap_or_default();
         decode_records(&body, &DecodeOptions::client())

@@ -90,6 +90,15 @@ pub struct ConsumeArgs {
     /// keeps the same queues).
     #[arg(long)]
     pub instance_id: Option<String>,
+    /// Fail (reconsume later) every message whose body contains TEXT (`*`: every message), for
+    /// demos and tests of retries and dead-letter queues. Failed messages are printed with
+    /// `FAILED` (`"failed": true` with --json).
+    #[arg(long, value_name = "TEXT")]
+    pub fail: Option<String>,
+    /// Attempts before a failed message goes to the dead-letter queue (default 16; 0: at the
+    /// first failure).
+    #[arg(long)]
+    pub max_reconsume_times: Option<i32>,
 }
 
 fn progress(total: u64) -> ProgressBar {
@@ -218,9 +227,10 @@ pub async fn send(common: &Common, a: SendArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn print_message(json_out: bool, m: &MessageExt, ctx: &ConsumeContext) {
+fn print_message(json_out: bool, m: &MessageExt, ctx: &ConsumeContext, failed: bool) {
     let line = if json_out {
         json!({
+            "failed": failed,
             "msgId": m.msg_id(), "topic": m.topic, "broker": ctx.message_queue.broker_name,
             "queue": ctx.message_queue.queue_id, "queueOffset": m.queue_offset, "tags": m.tags(),
             "keys": m.keys(), "reconsumeTimes": m.reconsume_times, "storeTimestamp": m.store_timestamp,
@@ -229,7 +239,8 @@ fn print_message(json_out: bool, m: &MessageExt, ctx: &ConsumeContext) {
         .to_string()
     } else {
         format!(
-            "{} {}#{} offset {} tags={} keys={} body={}",
+            "{}{} {}#{} offset {} tags={} keys={} body={}",
+            if failed { "FAILED " } else { "" },
             m.msg_id(),
             ctx.message_queue.broker_name,
             ctx.message_queue.queue_id,
@@ -274,18 +285,35 @@ pub async fn consume(common: &Common, a: ConsumeArgs) -> anyhow::Result<()> {
             let _ = done_tx.send(true);
         }
     };
+    let fail = a.fail.clone();
+    let fails = move |m: &MessageExt| {
+        fail.as_deref()
+            .is_some_and(|f| f == "*" || String::from_utf8_lossy(&m.body).contains(f))
+    };
     let listener = if a.orderly {
         MessageListener::orderly(move |msgs, ctx| {
+            if msgs.iter().any(&fails) {
+                for m in msgs {
+                    print_message(json_out, m, ctx, true);
+                }
+                return ConsumeOrderlyStatus::SuspendCurrentQueueAMoment;
+            }
             for m in msgs {
-                print_message(json_out, m, ctx);
+                print_message(json_out, m, ctx, false);
                 tick();
             }
             ConsumeOrderlyStatus::Success
         })
     } else {
         MessageListener::concurrently(move |msgs, ctx| {
+            if msgs.iter().any(&fails) {
+                for m in msgs {
+                    print_message(json_out, m, ctx, true);
+                }
+                return ConsumeConcurrentlyStatus::ReconsumeLater;
+            }
             for m in msgs {
-                print_message(json_out, m, ctx);
+                print_message(json_out, m, ctx, false);
                 tick();
             }
             ConsumeConcurrentlyStatus::ConsumeSuccess
@@ -308,6 +336,12 @@ pub async fn consume(common: &Common, a: ConsumeArgs) -> anyhow::Result<()> {
     }
     if let Some(ts) = ts {
         builder = builder.consume_timestamp_ms(ts);
+    }
+    if let Some(n) = a.max_reconsume_times {
+        if n < 0 {
+            bail!("--max-reconsume-times must be 0 or more");
+        }
+        builder = builder.max_reconsume_times(n);
     }
     if let Some(name) = &a.instance {
         builder = builder.instance_name(name.clone());

@@ -21,6 +21,31 @@ pub struct HttpState {
     pub namesrv: Option<Arc<NamesrvProcessor>>,
     /// Name servers the dashboard asks for cluster-wide views.
     pub namesrv_addrs: Vec<String>,
+    /// Admin client over those name servers.
+    pub admin: Option<Arc<shoal_client::AdminClient>>,
+}
+
+impl HttpState {
+    /// What a process with this broker and/or name server serves; the dashboard's cluster
+    /// views ask `namesrv_addrs`.
+    pub fn new(
+        broker: Option<Arc<BrokerInner>>,
+        namesrv: Option<Arc<NamesrvProcessor>>,
+        namesrv_addrs: Vec<String>,
+    ) -> Self {
+        let admin = (!namesrv_addrs.is_empty()).then(|| {
+            Arc::new(
+                shoal_client::AdminClient::new(namesrv_addrs.clone())
+                    .with_timeout(std::time::Duration::from_secs(5)),
+            )
+        });
+        Self {
+            broker,
+            namesrv,
+            namesrv_addrs,
+            admin,
+        }
+    }
 }
 
 impl std::fmt::Debug for HttpState {
@@ -39,6 +64,7 @@ pub struct HttpServer {
     addr: SocketAddr,
     stop: Shutdown,
     task: Option<JoinHandle<()>>,
+    admin: Option<Arc<shoal_client::AdminClient>>,
 }
 
 impl HttpServer {
@@ -48,6 +74,7 @@ impl HttpServer {
             .await
             .map_err(|e| anyhow::anyhow!("HTTP port {addr}: {e}"))?;
         let bound = listener.local_addr()?;
+        let admin = state.admin.clone();
         let app = router(state);
         let stop = Shutdown::default();
         let wait = stop.clone();
@@ -64,6 +91,7 @@ impl HttpServer {
             addr: bound,
             stop,
             task: Some(task),
+            admin,
         })
     }
 
@@ -75,6 +103,9 @@ impl HttpServer {
     /// Stops serving (open requests finish) and waits.
     pub async fn shutdown(mut self) {
         self.stop.trigger();
+        if let Some(a) = &self.admin {
+            a.shutdown();
+        }
         if let Some(t) = self.task.take() {
             let _ = tokio::time::timeout(std::time::Duration::from_secs(5), t).await;
         }
@@ -88,14 +119,17 @@ impl Drop for HttpServer {
 }
 
 fn router(state: HttpState) -> Router {
-    Router::new()
-        .route("/metrics", get(metrics))
-        .route("/", get(index))
-        .with_state(state)
+    let r = Router::new().route("/metrics", get(metrics));
+    let r = if state.broker.is_some() {
+        crate::dashboard::routes(r)
+    } else {
+        r.route("/", get(no_dashboard))
+    };
+    r.with_state(state)
 }
 
-async fn index() -> &'static str {
-    "Shoal: Prometheus metrics at /metrics\n"
+async fn no_dashboard() -> &'static str {
+    "Shoal name server: Prometheus metrics at /metrics (brokers and shoal dev serve the dashboard)\n"
 }
 
 /// `/metrics`: every registry of the process, in the Prometheus text format, or OpenMetrics

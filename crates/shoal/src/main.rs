@@ -6,6 +6,7 @@ mod admin_cmd;
 mod bench;
 mod client_cmd;
 mod group_view;
+mod dashboard;
 mod http;
 mod rebalance;
 mod server;

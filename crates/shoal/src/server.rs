@@ -184,10 +184,7 @@ pub async fn run_namesrv(args: NamesrvArgs) -> anyhow::Result<()> {
     println!("shoal name server listening on {}", ns.local_addr());
     let http = match &args.http_listen {
         Some(addr) => {
-            let state = HttpState {
-                namesrv: Some(ns.processor().clone()),
-                ..HttpState::default()
-            };
+            let state = HttpState::new(None, Some(ns.processor().clone()), Vec::new());
             let h = HttpServer::start(addr, state).await?;
             println!("metrics at http://{}/metrics", h.local_addr());
             Some(h)
@@ -216,11 +213,11 @@ pub async fn run_broker(args: BrokerArgs) -> anyhow::Result<()> {
     );
     let http = match &cfg.http_listen_addr {
         Some(addr) => {
-            let state = HttpState {
-                broker: Some(broker.inner().clone()),
-                namesrv_addrs: cfg.namesrv_addrs.clone(),
-                ..HttpState::default()
-            };
+            let state = HttpState::new(
+                Some(broker.inner().clone()),
+                None,
+                cfg.namesrv_addrs.clone(),
+            );
             match HttpServer::start(addr, state).await {
                 Ok(h) => {
                     println!("metrics and dashboard at http://{}/", h.local_addr());
@@ -289,11 +286,11 @@ pub async fn run_dev(args: DevArgs) -> anyhow::Result<()> {
     let http = if args.no_http {
         None
     } else {
-        let state = HttpState {
-            broker: Some(broker.inner().clone()),
-            namesrv: Some(ns.processor().clone()),
-            namesrv_addrs: vec![namesrv.clone()],
-        };
+        let state = HttpState::new(
+            Some(broker.inner().clone()),
+            Some(ns.processor().clone()),
+            vec![namesrv.clone()],
+        );
         match HttpServer::start(&format!("127.0.0.1:{}", args.http_port), state).await {
             Ok(h) => {
                 println!(
