@@ -34,6 +34,20 @@ fn dashboard_shows_owners_lag_and_rebalances_in_a_browser() {
     g.leave("m2");
     g.converge(&dev, 4, Duration::from_secs(30));
 
+    // A classic-mode group (as official RocketMQ clients make): the broker's own timeline.
+    assert!(dev.cmd(&["topic", "create", "Legacy", "--queues", "2"]).status.success());
+    let classic = |name: &str| support::Proc {
+        child: dev.spawn(&[
+            "consume", "Legacy", "--group", "legacy", "--protocol", "classic", "--instance", name,
+        ]),
+    };
+    let _l1 = classic("l1");
+    std::thread::sleep(Duration::from_secs(2));
+    let mut l2 = classic("l2");
+    std::thread::sleep(Duration::from_secs(3));
+    l2.sigterm();
+    assert!(l2.wait_exit(Duration::from_secs(20)));
+
     // A consumer that fails everything: its messages land in the dead-letter queue.
     let out = dev.cmd(&[
         "send", "Fails", "--body", "bad-{i}", "--key", "k-dlq", "--count", "2",
@@ -116,6 +130,7 @@ fn dashboard_shows_owners_lag_and_rebalances_in_a_browser() {
         "group": "shop", "topic": "Shop", "owners": owners, "lag": lag,
         "left": "127.0.0.1@m2", "dlqGroup": "dlqg", "dlqTopic": "Fails",
         "key": "k-dlq", "keyCount": 2, "slowGroup": "slow", "slowLag": 4,
+        "mode": "coordinated", "classicGroup": "legacy", "classicLeft": "127.0.0.1@l2",
     });
     let shots = root.join("target/screenshots");
     let status = Command::new("node")
@@ -130,7 +145,7 @@ fn dashboard_shows_owners_lag_and_rebalances_in_a_browser() {
         .expect("node runs");
     g.leave("m1");
     assert!(status.success(), "the browser checks failed (see above)");
-    for page in ["cluster", "topics", "groups", "group", "messages", "dlq"] {
+    for page in ["cluster", "topics", "groups", "group", "group-classic", "messages", "dlq"] {
         assert!(
             shots.join(format!("{page}.png")).exists(),
             "no screenshot of {page}"
