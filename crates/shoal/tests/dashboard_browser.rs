@@ -35,10 +35,20 @@ fn dashboard_shows_owners_lag_and_rebalances_in_a_browser() {
     g.converge(&dev, 4, Duration::from_secs(30));
 
     // A classic-mode group (as official RocketMQ clients make): the broker's own timeline.
-    assert!(dev.cmd(&["topic", "create", "Legacy", "--queues", "2"]).status.success());
+    assert!(dev
+        .cmd(&["topic", "create", "Legacy", "--queues", "2"])
+        .status
+        .success());
     let classic = |name: &str| support::Proc {
         child: dev.spawn(&[
-            "consume", "Legacy", "--group", "legacy", "--protocol", "classic", "--instance", name,
+            "consume",
+            "Legacy",
+            "--group",
+            "legacy",
+            "--protocol",
+            "classic",
+            "--instance",
+            name,
         ]),
     };
     let _l1 = classic("l1");
@@ -145,7 +155,15 @@ fn dashboard_shows_owners_lag_and_rebalances_in_a_browser() {
         .expect("node runs");
     g.leave("m1");
     assert!(status.success(), "the browser checks failed (see above)");
-    for page in ["cluster", "topics", "groups", "group", "group-classic", "messages", "dlq"] {
+    for page in [
+        "cluster",
+        "topics",
+        "groups",
+        "group",
+        "group-classic",
+        "messages",
+        "dlq",
+    ] {
         assert!(
             shots.join(format!("{page}.png")).exists(),
             "no screenshot of {page}"
