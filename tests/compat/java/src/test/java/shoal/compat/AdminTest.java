@@ -193,6 +193,10 @@ class AdminTest {
             java.nio.file.Path home = java.nio.file.Files.createTempDirectory("mqadmin-home");
             java.nio.file.Files.createDirectories(home.resolve("conf"));
             java.nio.file.Files.writeString(home.resolve("conf/logback_tools.xml"), "<configuration/>\n");
+            // Removed when the test JVM exits (deleteOnExit runs in reverse order: file first).
+            home.toFile().deleteOnExit();
+            home.resolve("conf").toFile().deleteOnExit();
+            home.resolve("conf/logback_tools.xml").toFile().deleteOnExit();
             System.setProperty("rocketmq.home.dir", home.toString());
         } catch (java.io.IOException e) {
             throw new RuntimeException(e);
