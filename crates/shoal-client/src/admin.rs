@@ -109,9 +109,13 @@ pub struct QueueProgress {
     pub mq: MessageQueue,
     /// Next offset to be written (max offset).
     pub broker_offset: i64,
-    /// The group's committed offset.
+    /// The group's committed offset (members commit every 5 s and when they leave).
     pub consumer_offset: i64,
-    /// Messages not yet consumed.
+    /// The owner's consumed position (its in-memory offset, ahead of the committed one until
+    /// the next commit), when the owner reported its running info.
+    pub consumed_offset: Option<i64>,
+    /// Messages not yet consumed: broker offset minus the consumed position where the owner
+    /// reported it, else minus the committed offset.
     pub lag: i64,
     /// Client id of the member that holds the queue now, if one says so (several ids joined
     /// by `,` when more than one member claims it).
@@ -308,6 +312,50 @@ impl AdminClient {
         }
         groups.remove(shoal_proto::constants::TOOLS_CONSUMER_GROUP);
         Ok(groups)
+    }
+
+    /// Deletes a consumer group (its subscription config and, with `clean_offsets`, its
+    /// committed offsets) on every master broker; refused while the group has members online.
+    /// Returns the brokers that deleted it.
+    pub async fn delete_group(&self, group: &str, clean_offsets: bool) -> AdminResult<Vec<String>> {
+        if let Ok((conns, _)) = self.consumer_connections(group).await {
+            if !conns.connection_set.is_empty() {
+                return Err(AdminError::Invalid(format!(
+                    "consumer group {group} has {} member(s) online; stop them first",
+                    conns.connection_set.len()
+                )));
+            }
+        }
+        let known = self.group_list().await?;
+        if !known.contains(group) {
+            return Err(AdminError::GroupNotFound(group.into()));
+        }
+        let mut done = Vec::new();
+        for addr in self.master_addrs(None).await? {
+            let req = RemotingCommand::request_with_header(
+                rc::DELETE_SUBSCRIPTIONGROUP,
+                &DeleteSubscriptionGroupRequestHeader {
+                    group_name: group.into(),
+                    clean_offset: clean_offsets,
+                    ..Default::default()
+                },
+            );
+            self.call_ok("group delete", &addr, req).await?;
+            done.push(addr);
+        }
+        Ok(done)
+    }
+
+    /// A broker's runtime counters (GET_BROKER_RUNTIME_INFO), as `mqadmin brokerStatus` shows.
+    pub async fn broker_runtime_info(&self, addr: &str) -> AdminResult<BTreeMap<String, String>> {
+        let r = self
+            .call_ok(
+                "broker status",
+                addr,
+                RemotingCommand::request(rc::GET_BROKER_RUNTIME_INFO),
+            )
+            .await?;
+        Ok(Self::json::<shoal_proto::body::KVTable>(addr, &r)?.table)
     }
 
     /// Master addresses of the brokers of a cluster (every cluster when `None`).
@@ -569,6 +617,7 @@ impl AdminClient {
         }
         // Owners: ask each member (through a broker) which queues it holds.
         let mut owners: BTreeMap<MessageQueue, String> = BTreeMap::new();
+        let mut consumed: BTreeMap<MessageQueue, i64> = BTreeMap::new();
         if let Ok((conns, _)) = self.consumer_connections(group).await {
             let via = brokers.first().cloned().unwrap_or_default();
             let ids: BTreeSet<String> = conns
@@ -581,6 +630,12 @@ impl AdminClient {
                     Ok(info) => {
                         for (mq, pq) in info.mq_table {
                             if !pq.droped {
+                                if pq.commit_offset >= 0 {
+                                    consumed
+                                        .entry(mq.clone())
+                                        .and_modify(|o| *o = (*o).max(pq.commit_offset))
+                                        .or_insert(pq.commit_offset);
+                                }
                                 owners
                                     .entry(mq)
                                     .and_modify(|o| {
@@ -600,13 +655,20 @@ impl AdminClient {
         }
         progress.queues = stats
             .into_iter()
-            .map(|(mq, w)| QueueProgress {
-                owner: owners.get(&mq).cloned(),
-                lag: (w.broker_offset - w.consumer_offset).max(0),
-                broker_offset: w.broker_offset,
-                consumer_offset: w.consumer_offset,
-                last_consume_timestamp: w.last_timestamp,
-                mq,
+            .map(|(mq, w)| {
+                // A member's position is never behind what the group committed.
+                let consumed_offset = consumed
+                    .get(&mq)
+                    .map(|&c| c.max(w.consumer_offset).min(w.broker_offset));
+                QueueProgress {
+                    owner: owners.get(&mq).cloned(),
+                    lag: (w.broker_offset - consumed_offset.unwrap_or(w.consumer_offset)).max(0),
+                    broker_offset: w.broker_offset,
+                    consumer_offset: w.consumer_offset,
+                    consumed_offset,
+                    last_consume_timestamp: w.last_timestamp,
+                    mq,
+                }
             })
             .collect();
         Ok(progress)
@@ -957,6 +1019,7 @@ mod tests {
             mq: MessageQueue::new("T", "b", i),
             broker_offset: 10,
             consumer_offset: 4,
+            consumed_offset: None,
             lag: 6,
             owner: owner.map(str::to_string),
             last_consume_timestamp: 0,

@@ -25,7 +25,8 @@ pub struct Common {
 }
 
 impl Common {
-    fn admin(&self) -> AdminClient {
+    /// An admin client for these name servers.
+    pub(crate) fn admin(&self) -> AdminClient {
         AdminClient::new(
             self.namesrv
                 .split([';', ','])
@@ -50,8 +51,12 @@ pub enum TopicCmd {
         /// Topic.
         topic: String,
     },
-    /// List topics.
-    List,
+    /// List topics (system topics: retry, dead-letter, scheduling, ... only with --system).
+    List {
+        /// Also list system topics (`%RETRY%...`, `%DLQ%...`, `SCHEDULE_TOPIC_XXXX`, ...).
+        #[arg(long)]
+        system: bool,
+    },
     /// Show where a topic's queues are.
     Route {
         /// Topic.
@@ -81,17 +86,39 @@ pub struct TopicCreate {
     /// Mark the topic ordered.
     #[arg(long)]
     pub order: bool,
+    /// `topic create` only: change the topic if it exists already (as `topic update` does)
+    /// instead of refusing.
+    #[arg(long)]
+    pub update: bool,
 }
 
 /// `shoal group ...`
 #[derive(Debug, Subcommand)]
 pub enum GroupCmd {
-    /// List consumer groups known to the brokers.
+    /// Every consumer group known to the brokers with its members, mode, total lag and state
+    /// (STABLE, REBALANCING, EMPTY), like `kafka-consumer-groups --describe --all-groups`.
     List,
-    /// Per queue: broker offset, consumer offset, lag, owning client, last consume time.
+    /// Delete a consumer group (subscription config and committed offsets) from every
+    /// broker; refused while members are online.
+    Delete {
+        /// Consumer group.
+        group: String,
+        /// Keep the group's committed offsets (a group of that name created again resumes
+        /// from them).
+        #[arg(long)]
+        keep_offsets: bool,
+    },
+    /// Per queue: broker offset, committed offset, the owner's consumed position, lag, owner
+    /// and the store time of the last committed message.
     Progress {
         /// Consumer group.
         group: String,
+        /// Only the queues of this topic.
+        #[arg(long)]
+        topic: Option<String>,
+        /// Print again every this many seconds until Ctrl-C.
+        #[arg(long, value_name = "SECONDS")]
+        watch: Option<u64>,
     },
     /// The group's live connections and subscriptions.
     Connections {
@@ -129,6 +156,18 @@ pub enum GroupCmd {
 /// `shoal message ...`
 #[derive(Debug, Subcommand)]
 pub enum MessageCmd {
+    /// Messages of a topic with a key (the KEYS property), from the brokers' index.
+    Query {
+        /// Topic.
+        #[arg(long)]
+        topic: String,
+        /// Message key.
+        #[arg(long)]
+        key: String,
+        /// At most this many.
+        #[arg(long, default_value_t = 64)]
+        max: usize,
+    },
     /// Show one message by its offset message id (or by message id with --topic).
     Get {
         /// Offset message id (32/56 hex chars) or, with --topic, the message id (UNIQ_KEY).
@@ -271,10 +310,42 @@ fn message_json(m: &MessageExt) -> serde_json::Value {
 /// `shoal topic`.
 pub async fn topic(common: &Common, cmd: TopicCmd) -> anyhow::Result<()> {
     let admin = common.admin();
+    // `topic update` is `topic create --update`.
+    let cmd = match cmd {
+        TopicCmd::Update(c) => TopicCmd::Update(TopicCreate { update: true, ..c }),
+        other => other,
+    };
     match cmd {
         TopicCmd::Create(c) | TopicCmd::Update(c) => {
             if c.queues <= 0 {
                 bail!("--queues must be at least 1");
+            }
+            match admin.topic_route(&c.topic).await {
+                Ok(route) => {
+                    let now: Vec<String> = route
+                        .queue_datas
+                        .iter()
+                        .map(|q| format!("{} queues on {}", q.write_queue_nums, q.broker_name))
+                        .collect();
+                    if !c.update {
+                        bail!(
+                            "topic {} exists already ({}); use `shoal topic update` (or --update) to change it",
+                            c.topic,
+                            now.join(", ")
+                        );
+                    }
+                    for q in &route.queue_datas {
+                        let had = q.write_queue_nums.max(q.read_queue_nums);
+                        if c.queues < had {
+                            eprintln!(
+                                "warning: topic {} shrinks from {had} to {} queues on {}: messages in queues {}..{} are no longer served to consumers (they come back if the count grows again)",
+                                c.topic, c.queues, q.broker_name, c.queues, had - 1
+                            );
+                        }
+                    }
+                }
+                Err(shoal_client::admin::AdminError::TopicNotFound(_)) => {}
+                Err(e) => return Err(e.into()),
             }
             let spec = TopicSpec {
                 perm: c.perm,
@@ -304,8 +375,13 @@ pub async fn topic(common: &Common, cmd: TopicCmd) -> anyhow::Result<()> {
                 println!("topic {topic} deleted");
             }
         }
-        TopicCmd::List => {
-            let topics = admin.topic_list().await?;
+        TopicCmd::List { system } => {
+            let topics: Vec<String> = admin
+                .topic_list()
+                .await?
+                .into_iter()
+                .filter(|t| system || !crate::dashboard::is_system_topic(t))
+                .collect();
             if common.json {
                 println!("{}", json!(topics));
             } else {
@@ -381,81 +457,70 @@ pub async fn group(common: &Common, cmd: GroupCmd) -> anyhow::Result<()> {
     let admin = common.admin();
     match cmd {
         GroupCmd::List => {
-            let groups = admin.group_list().await?;
-            if common.json {
-                println!("{}", json!(groups));
-            } else {
-                for g in groups {
-                    println!("{g}");
-                }
+            let mut rows = Vec::new();
+            for g in admin.group_list().await? {
+                rows.push(group_summary(&admin, &g).await);
             }
-        }
-        GroupCmd::Progress { group } => {
-            let p = admin.group_progress(&group).await?;
             if common.json {
-                let rows: Vec<_> = p
-                    .queues
-                    .iter()
-                    .map(|q| json!({
-                        "topic": q.mq.topic, "broker": q.mq.broker_name, "queue": q.mq.queue_id,
-                        "brokerOffset": q.broker_offset, "consumerOffset": q.consumer_offset,
-                        "lag": q.lag, "owner": q.owner, "lastConsumeTime": q.last_consume_timestamp,
-                    }))
-                    .collect();
-                println!(
-                    "{}",
-                    json!({
-                        "group": group, "queues": rows, "totalLag": p.total_lag(),
-                        "duplicateClientIds": p.duplicate_client_ids,
-                        "inconsistentSubscriptionTopics": p.inconsistent_topics,
-                        "unreachableMembers": p.unreachable_members,
-                    })
-                );
+                println!("{}", json!(rows));
             } else {
-                let mut t = Table::new(&[
-                    "TOPIC",
-                    "BROKER",
-                    "QUEUE",
-                    "BROKER OFFSET",
-                    "CONSUMER OFFSET",
-                    "LAG",
-                    "OWNER",
-                    "LAST CONSUMED",
-                ]);
-                for q in &p.queues {
+                let mut t = Table::new(&["GROUP", "MEMBERS", "MODE", "LAG", "STATE"]);
+                for r in &rows {
                     t.row(vec![
-                        q.mq.topic.clone(),
-                        q.mq.broker_name.clone(),
-                        q.mq.queue_id.to_string(),
-                        q.broker_offset.to_string(),
-                        q.consumer_offset.to_string(),
-                        q.lag.to_string(),
-                        q.owner.clone().unwrap_or_else(|| "-".into()),
-                        fmt_time(q.last_consume_timestamp),
+                        r["group"].as_str().unwrap_or("-").to_string(),
+                        r["members"].to_string(),
+                        r["mode"].as_str().unwrap_or("-").to_string(),
+                        r["lag"].as_i64().map_or("-".into(), |l| l.to_string()),
+                        r["state"].as_str().unwrap_or("-").to_string(),
                     ]);
                 }
                 t.print();
-                println!("total lag {}", p.total_lag());
-                if !p.duplicate_client_ids.is_empty() {
-                    println!(
-                        "WARNING: client ids used by more than one connection: {:?}",
-                        p.duplicate_client_ids
-                    );
-                }
-                if !p.inconsistent_topics.is_empty() {
-                    println!(
-                        "WARNING: members subscribe differently to: {:?}",
-                        p.inconsistent_topics
-                    );
-                }
-                if !p.unreachable_members.is_empty() {
-                    println!(
-                        "note: members that did not report their queues: {:?}",
-                        p.unreachable_members
-                    );
-                }
             }
         }
+        GroupCmd::Delete {
+            group,
+            keep_offsets,
+        } => {
+            let brokers = admin.delete_group(&group, !keep_offsets).await?;
+            if common.json {
+                println!(
+                    "{}",
+                    json!({"deleted": group, "brokers": brokers, "offsetsDeleted": !keep_offsets})
+                );
+            } else {
+                println!(
+                    "group {group} deleted on {}{}",
+                    brokers.join(", "),
+                    if keep_offsets {
+                        " (offsets kept)"
+                    } else {
+                        ", with its offsets"
+                    }
+                );
+            }
+        }
+        GroupCmd::Progress {
+            group,
+            topic,
+            watch,
+        } => loop {
+            let mut p = admin.group_progress(&group).await?;
+            if let Some(t) = &topic {
+                p.queues.retain(|q| &q.mq.topic == t);
+                if p.queues.is_empty() {
+                    bail!("consumer group {group} has no queue of topic {t}");
+                }
+            }
+            print_progress(common.json, &group, &p);
+            let Some(secs) = watch else { break };
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_secs(secs.max(1))) => {}
+                _ = tokio::signal::ctrl_c() => break,
+            }
+            if !common.json {
+                println!();
+            }
+        },
         GroupCmd::Describe { group } => {
             let (broker, v) = admin.group_describe(&group).await?;
             if common.json {
@@ -494,6 +559,38 @@ pub async fn group(common: &Common, cmd: GroupCmd) -> anyhow::Result<()> {
                 );
                 for (topic, s) in &conns.subscription_table {
                     println!("subscription {topic}: {}", s.sub_string);
+                }
+                let mut dups: Vec<&str> = Vec::new();
+                for (i, c) in conns.connection_set.iter().enumerate() {
+                    if conns.connection_set[..i]
+                        .iter()
+                        .any(|o| o.client_id == c.client_id)
+                        && !dups.contains(&c.client_id.as_str())
+                    {
+                        dups.push(&c.client_id);
+                    }
+                }
+                let health = admin.group_progress(&group).await.ok();
+                for id in health.iter().flat_map(|p| p.duplicate_client_ids.iter()) {
+                    if !dups.contains(&id.as_str()) {
+                        dups.push(id);
+                    }
+                }
+                if !dups.is_empty() {
+                    println!(
+                        "WARNING: client ids used by more than one connection: {} (give each process its own instance name)",
+                        dups.join(", ")
+                    );
+                }
+                let inconsistent: Vec<&str> = health
+                    .iter()
+                    .flat_map(|p| p.inconsistent_topics.iter().map(String::as_str))
+                    .collect();
+                if !inconsistent.is_empty() {
+                    println!(
+                        "WARNING: members subscribe differently to: {} (every member of a group needs the same subscriptions)",
+                        inconsistent.join(", ")
+                    );
                 }
             }
         }
@@ -537,6 +634,149 @@ pub async fn group(common: &Common, cmd: GroupCmd) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Prints `group progress` (a table, or one JSON object).
+fn print_progress(json_out: bool, group: &str, p: &shoal_client::GroupProgress) {
+    if json_out {
+        let rows: Vec<_> = p
+            .queues
+            .iter()
+            .map(|q| {
+                json!({
+                    "topic": q.mq.topic, "broker": q.mq.broker_name, "queue": q.mq.queue_id,
+                    "brokerOffset": q.broker_offset, "consumerOffset": q.consumer_offset,
+                    "consumedOffset": q.consumed_offset, "lag": q.lag, "owner": q.owner,
+                    "lastConsumeTime": q.last_consume_timestamp,
+                })
+            })
+            .collect();
+        println!(
+            "{}",
+            json!({
+                "group": group, "queues": rows, "totalLag": p.total_lag(),
+                "duplicateClientIds": p.duplicate_client_ids,
+                "inconsistentSubscriptionTopics": p.inconsistent_topics,
+                "unreachableMembers": p.unreachable_members,
+            })
+        );
+        return;
+    }
+    let mut t = Table::new(&[
+        "TOPIC",
+        "BROKER",
+        "QUEUE",
+        "BROKER OFFSET",
+        "COMMITTED",
+        "CONSUMED",
+        "LAG",
+        "OWNER",
+        "LAST COMMITTED MESSAGE STORED AT",
+    ]);
+    for q in &p.queues {
+        t.row(vec![
+            q.mq.topic.clone(),
+            q.mq.broker_name.clone(),
+            q.mq.queue_id.to_string(),
+            q.broker_offset.to_string(),
+            q.consumer_offset.to_string(),
+            q.consumed_offset.map_or("-".into(), |c| c.to_string()),
+            q.lag.to_string(),
+            q.owner.clone().unwrap_or_else(|| "-".into()),
+            fmt_time(q.last_consume_timestamp),
+        ]);
+    }
+    t.print();
+    println!(
+        "total lag {} (COMMITTED: offsets the group committed, every 5 s; CONSUMED: the owner's position now)",
+        p.total_lag()
+    );
+    if !p.duplicate_client_ids.is_empty() {
+        println!(
+            "WARNING: client ids used by more than one connection: {:?}",
+            p.duplicate_client_ids
+        );
+    }
+    if !p.inconsistent_topics.is_empty() {
+        println!(
+            "WARNING: members subscribe differently to: {:?}",
+            p.inconsistent_topics
+        );
+    }
+    if !p.unreachable_members.is_empty() {
+        println!(
+            "note: members that did not report their queues: {:?}",
+            p.unreachable_members
+        );
+    }
+}
+
+/// One row of `group list`: members, mode, total lag and state of a group.
+async fn group_summary(admin: &AdminClient, group: &str) -> serde_json::Value {
+    let members = admin
+        .consumer_connections(group)
+        .await
+        .map(|(c, _)| c.connection_set.len())
+        .unwrap_or(0);
+    let progress = admin.group_progress(group).await.ok();
+    let mode = if members == 0 {
+        "-".to_string()
+    } else {
+        match admin.group_describe(group).await {
+            Ok((_, v)) => v["mode"].as_str().unwrap_or("-").to_string(),
+            Err(_) => "classic".to_string(),
+        }
+    };
+    let state = match &progress {
+        _ if members == 0 => "EMPTY",
+        Some(p) => {
+            let (shared, unowned) = p.ownership_problems();
+            let unowned_real = unowned
+                .iter()
+                .any(|mq| !shoal_proto::constants::is_retry_topic(&mq.topic));
+            if !shared.is_empty() || unowned_real {
+                "REBALANCING"
+            } else {
+                "STABLE"
+            }
+        }
+        None => "UNKNOWN",
+    };
+    json!({
+        "group": group,
+        "members": members,
+        "mode": mode,
+        "lag": progress.as_ref().map(|p| p.total_lag()),
+        "state": state,
+    })
+}
+
+/// `shoal broker status`.
+pub async fn broker_status(common: &Common, broker: Option<String>) -> anyhow::Result<()> {
+    let admin = common.admin();
+    let addrs = match broker {
+        Some(b) => vec![b],
+        None => admin.master_addrs(None).await?,
+    };
+    let mut all = serde_json::Map::new();
+    for addr in &addrs {
+        let table = admin.broker_runtime_info(addr).await?;
+        if common.json {
+            all.insert(addr.clone(), json!(table));
+        } else {
+            println!("broker {addr}");
+            let mut t = Table::new(&["KEY", "VALUE"]);
+            for (k, v) in &table {
+                t.row(vec![k.clone(), v.clone()]);
+            }
+            t.print();
+        }
+    }
+    if common.json {
+        println!("{}", serde_json::Value::Object(all));
+    }
+    admin.shutdown();
+    Ok(())
+}
+
 /// `shoal cluster list`.
 pub async fn cluster_list(common: &Common) -> anyhow::Result<()> {
     let admin = common.admin();
@@ -568,7 +808,34 @@ pub async fn cluster_list(common: &Common) -> anyhow::Result<()> {
 /// `shoal message get`.
 pub async fn message(common: &Common, cmd: MessageCmd) -> anyhow::Result<()> {
     let admin = common.admin();
-    let MessageCmd::Get { id, topic } = cmd;
+    let (id, topic) = match cmd {
+        MessageCmd::Get { id, topic } => (id, topic),
+        MessageCmd::Query { topic, key, max } => {
+            let found = admin.query_by_key(&topic, &key, max).await?;
+            if common.json {
+                for m in &found {
+                    println!("{}", message_json(m));
+                }
+            } else {
+                let mut t = Table::new(&["MSG ID", "QUEUE", "OFFSET", "STORED", "TAGS", "BODY"]);
+                for m in &found {
+                    let body: String = String::from_utf8_lossy(&m.body).chars().take(40).collect();
+                    t.row(vec![
+                        m.msg_id().into_owned(),
+                        m.queue_id.to_string(),
+                        m.queue_offset.to_string(),
+                        fmt_time(m.store_timestamp),
+                        m.tags().unwrap_or("-").to_string(),
+                        body,
+                    ]);
+                }
+                t.print();
+                println!("{} messages of {topic} with key {key}", found.len());
+            }
+            admin.shutdown();
+            return Ok(());
+        }
+    };
     let m = admin.view_message(&id, topic.as_deref()).await?;
     if common.json {
         println!("{}", message_json(&m));

@@ -83,9 +83,9 @@ pub struct LoadArgs {
     /// Messages per send (1: SEND_MESSAGE; more: SEND_BATCH_MESSAGE).
     #[arg(long, default_value_t = 1)]
     pub batch: usize,
-    /// Target rate in messages per second over all producers (open loop). 0: as fast as
-    /// possible (closed loop, `--inflight` sends outstanding per producer).
-    #[arg(long, default_value_t = 0.0)]
+    /// Target rate in messages per second over all producers (open loop). `max` (or 0): as
+    /// fast as possible (closed loop, `--inflight` sends outstanding per producer).
+    #[arg(long, default_value = "max", value_parser = parse_rate)]
     pub rate: f64,
     /// Sends outstanding per producer (default: 1 at max rate, i.e. synchronous sends; 256
     /// with --rate).
@@ -213,6 +213,16 @@ pub struct RebalanceArgs {
     /// After the last interval, wait at most this long for every acknowledged message.
     #[arg(long, value_parser = parse_duration, default_value = "15s")]
     drain: Duration,
+}
+
+/// `max` (as fast as possible, 0) or messages per second.
+fn parse_rate(s: &str) -> Result<f64, String> {
+    match s.trim() {
+        "max" => Ok(0.0),
+        t => t
+            .parse::<f64>()
+            .map_err(|_| format!("{s:?}: give messages per second or `max`")),
+    }
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {

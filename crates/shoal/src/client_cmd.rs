@@ -21,7 +21,7 @@ pub struct SendArgs {
     /// Topic.
     pub topic: String,
     /// Message body (`{i}` is replaced by the message number). Without it (and without
-    /// --size), lines of standard input are sent, one message each.
+    /// --size), lines of standard input are sent as they arrive, one message each.
     #[arg(long)]
     pub body: Option<String>,
     /// Tag.
@@ -30,12 +30,13 @@ pub struct SendArgs {
     /// Key (`{i}` is replaced by the message number).
     #[arg(long)]
     pub key: Option<String>,
-    /// Delay level (1 = 1s, 2 = 5s, 3 = 10s, ... 18 = 2h).
-    #[arg(long)]
+    /// Delay level, 1 to 18: 1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h.
+    #[arg(long, value_parser = clap::value_parser!(i32).range(1..=18))]
     pub delay_level: Option<i32>,
-    /// Number of messages (with --body or --size).
-    #[arg(long, default_value_t = 1)]
-    pub count: u64,
+    /// Number of messages (with --body or --size; default 1). With standard input: stop
+    /// after this many lines.
+    #[arg(long)]
+    pub count: Option<u64>,
     /// Body of this many bytes (generated) instead of --body.
     #[arg(long)]
     pub size: Option<usize>,
@@ -70,7 +71,8 @@ pub struct ConsumeArgs {
     /// Where a new group starts: `first`, `last`, or a time (epoch ms, RFC 3339, `10m` ago).
     #[arg(long, default_value = "last")]
     pub from: String,
-    /// Exit after this many messages.
+    /// Exit after this many messages: exactly this many are printed and acknowledged; messages
+    /// fetched beyond them are left for the group (not committed).
     #[arg(long)]
     pub count: Option<u64>,
     /// Allocation strategy (AVG, AVG_BY_CIRCLE, CONSISTENT_HASH, BALANCED_STICKY, ...).
@@ -116,50 +118,80 @@ fn progress(total: u64) -> ProgressBar {
     pb
 }
 
+/// Whether the name servers know `topic`; an unreachable name server is an error, said once
+/// (the clients would retry and log it again and again).
+async fn topic_exists(common: &Common, topic: &str) -> anyhow::Result<bool> {
+    let admin = common.admin();
+    let r = admin.topic_route(topic).await;
+    admin.shutdown();
+    match r {
+        Ok(_) => Ok(true),
+        Err(shoal_client::admin::AdminError::TopicNotFound(_)) => Ok(false),
+        Err(e) => {
+            bail!("{e} (is the name server running? give it with --namesrv or SHOAL_NAMESRV)")
+        }
+    }
+}
+
 /// `shoal send`.
 pub async fn send(common: &Common, a: SendArgs) -> anyhow::Result<()> {
     if a.body.is_some() && a.size.is_some() {
         bail!("give either --body or --size, not both");
     }
+    topic_exists(common, &a.topic).await?;
     let producer = Producer::builder(&a.group)
         .namesrv(&common.namesrv)
         .start()
         .await
         .context("starting the producer")?;
     let from_stdin = a.body.is_none() && a.size.is_none();
-    let bodies: Box<dyn Iterator<Item = anyhow::Result<Vec<u8>>>> = if from_stdin {
+    let count = a.count.unwrap_or(if from_stdin { u64::MAX } else { 1 });
+    // Bodies arrive through a small channel: standard input is read line by line by a thread
+    // and each line is sent as soon as it is read (`tail -f log | shoal send T` works).
+    let (tx, mut bodies) = tokio::sync::mpsc::channel::<std::io::Result<Vec<u8>>>(64);
+    if from_stdin {
         if std::io::stdin().is_terminal() {
             eprintln!("reading message bodies from standard input, one per line (Ctrl-D ends)");
         }
-        Box::new(
-            std::io::stdin()
-                .lock()
-                .lines()
-                .map(|l| l.map(String::into_bytes).map_err(anyhow::Error::from))
-                .collect::<Vec<_>>()
-                .into_iter(),
-        )
+        std::thread::spawn(move || {
+            for line in std::io::stdin().lock().lines().take(count as usize) {
+                let end = line.is_err();
+                if tx.blocking_send(line.map(String::into_bytes)).is_err() || end {
+                    break;
+                }
+            }
+        });
     } else {
         let body = match (&a.body, a.size) {
             (Some(b), _) => b.clone().into_bytes(),
             (None, Some(n)) => (0..n).map(|i| b'a' + (i % 26) as u8).collect(),
             (None, None) => Vec::new(),
         };
-        Box::new((0..a.count).map(move |_| Ok(body.clone())))
-    };
-    let pb = progress(if from_stdin { 0 } else { a.count });
+        tokio::spawn(async move {
+            for _ in 0..count {
+                if tx.send(Ok(body.clone())).await.is_err() {
+                    break;
+                }
+            }
+        });
+    }
+    let pb = progress(if from_stdin { 0 } else { count });
     let stdout = std::io::stdout();
     let mut stdout_open = true;
     let mut sent = 0u64;
-    for (i, body) in bodies.enumerate() {
-        let body = body?;
+    let mut failed = 0u64;
+    let mut i = 0u64;
+    while let Some(body) = bodies.recv().await {
+        let body = body.context("reading standard input")?;
         if a.interval_ms > 0 && i > 0 {
             tokio::time::sleep(Duration::from_millis(a.interval_ms)).await;
         }
+        let n = i;
+        i += 1;
         let body = if a.size.is_none() && a.body.is_some() {
             // `{i}` in --body is replaced by the message number (unique bodies for tests).
             String::from_utf8_lossy(&body)
-                .replace("{i}", &i.to_string())
+                .replace("{i}", &n.to_string())
                 .into_bytes()
         } else {
             body
@@ -169,7 +201,7 @@ pub async fn send(common: &Common, a: SendArgs) -> anyhow::Result<()> {
             msg.set_tags(t.clone())?;
         }
         if let Some(k) = &a.key {
-            msg.set_keys([k.replace("{i}", &i.to_string())])?;
+            msg.set_keys([k.replace("{i}", &n.to_string())])?;
         }
         if let Some(d) = a.delay_level {
             msg.set_delay_level(d)?;
@@ -177,8 +209,17 @@ pub async fn send(common: &Common, a: SendArgs) -> anyhow::Result<()> {
         let r = match &a.sharding_key {
             Some(k) => producer.send_ordered(msg, k).await,
             None => producer.send(msg).await,
-        }
-        .with_context(|| format!("sending message {i} to {}", a.topic))?;
+        };
+        let r = match r {
+            Ok(r) => r,
+            Err(e) => {
+                // One line per failed message; the others are still sent.
+                failed += 1;
+                pb.suspend(|| eprintln!("error: message {n} to {} not sent: {e}", a.topic));
+                pb.inc(1);
+                continue;
+            }
+        };
         sent += 1;
         pb.inc(1);
         let line = if common.json {
@@ -202,7 +243,7 @@ pub async fn send(common: &Common, a: SendArgs) -> anyhow::Result<()> {
         // One line per message with --json, for reading standard input, or for up to 1000
         // messages; larger runs show the progress bar and the total only. A closed standard
         // output (e.g. `| head`) stops the printing, not the sending.
-        if stdout_open && (common.json || from_stdin || a.count <= 1000) {
+        if stdout_open && (common.json || from_stdin || count <= 1000) {
             let write = |line: &str| {
                 let mut out = stdout.lock();
                 writeln!(out, "{line}").and_then(|()| out.flush())
@@ -221,6 +262,13 @@ pub async fn send(common: &Common, a: SendArgs) -> anyhow::Result<()> {
     }
     pb.finish_and_clear();
     producer.shutdown().await;
+    if failed > 0 {
+        bail!(
+            "{failed} of {} messages not sent to {} ({sent} sent)",
+            sent + failed,
+            a.topic
+        );
+    }
     if !common.json {
         eprintln!("{sent} messages sent to {}", a.topic);
     }
@@ -259,13 +307,15 @@ fn print_message(json_out: bool, m: &MessageExt, ctx: &ConsumeContext, failed: b
 /// `shoal consume`: prints messages until Ctrl-C / SIGTERM (or --count), then leaves the group
 /// gracefully (offsets committed, queues handed over at once).
 pub async fn consume(common: &Common, a: ConsumeArgs) -> anyhow::Result<()> {
-    let (from, ts) = match a.from.as_str() {
+    let (mut from, ts) = match a.from.as_str() {
         "first" | "earliest" => (ConsumeFromWhere::ConsumeFromFirstOffset, None),
         "last" | "latest" => (ConsumeFromWhere::ConsumeFromLastOffset, None),
-        other => (
-            ConsumeFromWhere::ConsumeFromTimestamp,
-            Some(parse_time(other)?),
-        ),
+        other => match parse_time(other) {
+            Ok(t) => (ConsumeFromWhere::ConsumeFromTimestamp, Some(t)),
+            Err(_) => bail!(
+                "cannot read --from {other:?}: use first, last, epoch milliseconds, an RFC 3339 time or a duration ago such as 10m"
+            ),
+        },
     };
     if shoal_group::strategy_by_name(&a.strategy).is_err() {
         bail!(
@@ -274,7 +324,34 @@ pub async fn consume(common: &Common, a: ConsumeArgs) -> anyhow::Result<()> {
             shoal_group::STRATEGY_NAMES.join(", ")
         );
     }
+    // Before joining: is the name server there, and does the topic exist? A consumer of a
+    // topic that does not exist yet waits here for it (polling the name server each second)
+    // and then reads it from its first message: every message of a topic created after the
+    // consumer started is new to it, and the consumer learns the route at once instead of at
+    // its next 30 s route refresh.
+    let mut waited = false;
+    while !topic_exists(common, &a.topic).await? {
+        if !waited && !common.json {
+            eprintln!(
+                "topic {} does not exist yet: waiting for it (Ctrl-C to stop)",
+                a.topic
+            );
+        }
+        waited = true;
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            _ = tokio::signal::ctrl_c() => return Ok(()),
+        }
+    }
+    if waited && matches!(from, ConsumeFromWhere::ConsumeFromLastOffset) {
+        from = ConsumeFromWhere::ConsumeFromFirstOffset;
+    }
     let seen = Arc::new(AtomicU64::new(0));
+    // With --count, a listener call beyond the limit neither prints nor acknowledges: it
+    // waits (on its blocking thread) until the consumer has shut down, so the offsets
+    // committed at shutdown stay below it. Orderly listeners suspend the queue instead.
+    let claimed = Arc::new(AtomicU64::new(0));
+    let exited = Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
     let (done_tx, mut done_rx) = tokio::sync::watch::channel(false);
     let limit = a.count;
     let json_out = common.json;
@@ -285,6 +362,29 @@ pub async fn consume(common: &Common, a: ConsumeArgs) -> anyhow::Result<()> {
             let _ = done_tx.send(true);
         }
     };
+    // Claims room for a batch under --count: false when the limit is reached already (the
+    // batch is not consumed).
+    let claim = {
+        let claimed = claimed.clone();
+        move |n: usize| match limit {
+            None => true,
+            Some(l) => claimed
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| {
+                    (c + n as u64 <= l).then_some(c + n as u64)
+                })
+                .is_ok(),
+        }
+    };
+    let wait_exit = {
+        let exited = exited.clone();
+        move || {
+            let (lock, cv) = &*exited;
+            let mut done = lock.lock().unwrap_or_else(|e| e.into_inner());
+            while !*done {
+                done = cv.wait(done).unwrap_or_else(|e| e.into_inner());
+            }
+        }
+    };
     let fail = a.fail.clone();
     let fails = move |m: &MessageExt| {
         fail.as_deref()
@@ -292,6 +392,9 @@ pub async fn consume(common: &Common, a: ConsumeArgs) -> anyhow::Result<()> {
     };
     let listener = if a.orderly {
         MessageListener::orderly(move |msgs, ctx| {
+            if !msgs.iter().any(&fails) && !claim(msgs.len()) {
+                return ConsumeOrderlyStatus::SuspendCurrentQueueAMoment;
+            }
             if msgs.iter().any(&fails) {
                 for m in msgs {
                     print_message(json_out, m, ctx, true);
@@ -306,6 +409,11 @@ pub async fn consume(common: &Common, a: ConsumeArgs) -> anyhow::Result<()> {
         })
     } else {
         MessageListener::concurrently(move |msgs, ctx| {
+            if !msgs.iter().any(&fails) && !claim(msgs.len()) {
+                wait_exit();
+                // The queue was dropped at shutdown: this answer commits nothing.
+                return ConsumeConcurrentlyStatus::ConsumeSuccess;
+            }
             if msgs.iter().any(&fails) {
                 for m in msgs {
                     print_message(json_out, m, ctx, true);
@@ -346,6 +454,12 @@ pub async fn consume(common: &Common, a: ConsumeArgs) -> anyhow::Result<()> {
     if let Some(name) = &a.instance {
         builder = builder.instance_name(name.clone());
     }
+    if limit.is_some() {
+        // Listener calls held back by --count are not waited for at shutdown.
+        builder = builder
+            .consume_batch_size(1)
+            .configure(|c| c.drop_wait = Duration::from_millis(100));
+    }
     let consumer = builder
         .start(listener)
         .await
@@ -378,6 +492,11 @@ pub async fn consume(common: &Common, a: ConsumeArgs) -> anyhow::Result<()> {
         _ = async { while done_rx.changed().await.is_ok() { if *done_rx.borrow() { break; } } } => {}
     }
     consumer.shutdown().await;
+    {
+        let (lock, cv) = &*exited;
+        *lock.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        cv.notify_all();
+    }
     if !json_out {
         eprintln!(
             "{} messages consumed; offsets committed, queues handed over",

@@ -33,7 +33,7 @@ enum Command {
     Dev(server::DevArgs),
     /// Run a name server.
     Namesrv(server::NamesrvArgs),
-    /// Run a broker.
+    /// Run a broker (`shoal broker status`: a running broker's counters).
     Broker(server::BrokerArgs),
     /// Send messages (from --body/--size, or one per line of standard input).
     Send(client_cmd::SendArgs),
@@ -65,7 +65,21 @@ enum Command {
 }
 
 fn main() {
-    if let Err(e) = run(Cli::parse()) {
+    // `--namesrv` (the name servers to talk to) and `--json` are global for the client
+    // commands; the server commands do not take them (`shoal broker` has its own --namesrv).
+    let mut cmd = <Cli as clap::CommandFactory>::command();
+    cmd.build();
+    for server in ["namesrv", "dev"] {
+        cmd = cmd.mut_subcommand(server, |s| {
+            s.mut_arg("namesrv", |a| a.hide(true))
+                .mut_arg("json", |a| a.hide(true))
+        });
+    }
+    let cli = match <Cli as clap::FromArgMatches>::from_arg_matches(&cmd.get_matches()) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
+    if let Err(e) = run(cli) {
         eprintln!("error: {e:#}");
         std::process::exit(1);
     }
@@ -75,8 +89,18 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     let common = cli.common;
     match cli.command {
         Command::Send(a) => return client(client_cmd::send(&common, a)),
-        Command::Consume(a) => return client_mt(client_cmd::consume(&common, a)),
-        Command::Bench(c) => return client_mt(bench::run(&common, c)),
+        Command::Consume(a) => {
+            // With --count, the consumer's shutdown does not wait for the listener calls held
+            // back beyond the count; its "still running after drop_wait" warning is expected
+            // there and not shown.
+            let filter = if a.count.is_some() {
+                "warn,shoal_client::consumer=error"
+            } else {
+                "warn"
+            };
+            return client_mt(filter, client_cmd::consume(&common, a));
+        }
+        Command::Bench(c) => return client_mt("warn", bench::run(&common, c)),
         Command::Topic(c) => return admin(admin_cmd::topic(&common, c)),
         Command::Group(c) => return admin(admin_cmd::group(&common, c)),
         Command::Cluster(ClusterCmd::List) => return admin(admin_cmd::cluster_list(&common)),
@@ -84,14 +108,31 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Dlq(c) => return admin(admin_cmd::dlq(&common, c)),
         Command::Dev(a) => return serve(server::run_dev(a)),
         Command::Namesrv(a) => return serve(server::run_namesrv(a)),
+        Command::Broker(server::BrokerArgs {
+            action: Some(server::BrokerAction::Status { broker, namesrv }),
+            ..
+        }) => {
+            let common = admin_cmd::Common { namesrv, ..common };
+            return admin(admin_cmd::broker_status(&common, broker));
+        }
         Command::Broker(a) => return serve(server::run_broker(a)),
         Command::Rebalance(c) => rebalance::run(c)?,
         Command::Version => {
-            println!(
-                "shoal {} (RocketMQ remoting version {})",
-                env!("CARGO_PKG_VERSION"),
-                shoal_proto::command::CURRENT_VERSION
-            );
+            if common.json {
+                println!(
+                    "{}",
+                    serde_json::json!({
+                        "version": env!("CARGO_PKG_VERSION"),
+                        "remotingVersion": shoal_proto::command::CURRENT_VERSION,
+                    })
+                );
+            } else {
+                println!(
+                    "shoal {} (RocketMQ remoting version {})",
+                    env!("CARGO_PKG_VERSION"),
+                    shoal_proto::command::CURRENT_VERSION
+                );
+            }
         }
     }
     Ok(())
@@ -120,10 +161,14 @@ fn client(fut: impl std::future::Future<Output = anyhow::Result<()>>) -> anyhow:
         .block_on(fut)
 }
 
-/// Runs a long-lived client command (a consumer) on a multi-threaded runtime, warnings only.
-fn client_mt(fut: impl std::future::Future<Output = anyhow::Result<()>>) -> anyhow::Result<()> {
+/// Runs a long-lived client command (a consumer) on a multi-threaded runtime, logging what
+/// `filter` lets through (warnings; RUST_LOG overrides).
+fn client_mt(
+    filter: &str,
+    fut: impl std::future::Future<Output = anyhow::Result<()>>,
+) -> anyhow::Result<()> {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(filter));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

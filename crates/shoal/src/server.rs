@@ -2,7 +2,7 @@
 
 use crate::http::{HttpServer, HttpState};
 use anyhow::{bail, Context};
-use clap::{Args, ValueEnum};
+use clap::{Args, Subcommand, ValueEnum};
 use shoal_broker::{Broker, BrokerConfig, FlushMode};
 use shoal_namesrv::{NameServer, NamesrvConfig};
 use std::path::PathBuf;
@@ -27,9 +27,28 @@ pub enum FlushArg {
     Sync,
 }
 
+/// Commands about running brokers (`shoal broker status`).
+#[derive(Debug, Subcommand)]
+pub enum BrokerAction {
+    /// A broker's runtime counters as GET_BROKER_RUNTIME_INFO reports them (messages in and
+    /// out, held pulls, commit log offsets, ...), like `mqadmin brokerStatus`.
+    Status {
+        /// Only this broker (`host:port`); every master broker when absent.
+        #[arg(long)]
+        broker: Option<String>,
+        /// Name server addresses, separated by `;` or `,`.
+        #[arg(long, env = "SHOAL_NAMESRV", default_value = "127.0.0.1:9876")]
+        namesrv: String,
+    },
+}
+
 /// Options of `shoal broker`. Flags override the config file; the file overrides defaults.
 #[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct BrokerArgs {
+    /// `shoal broker status`: ask running brokers instead of running one.
+    #[command(subcommand)]
+    pub action: Option<BrokerAction>,
     /// TOML config file (keys as in docs/configuration.md).
     #[arg(long, short = 'c')]
     pub config: Option<PathBuf>,
@@ -88,6 +107,9 @@ pub struct DevArgs {
     #[arg(long)]
     pub no_http: bool,
 }
+
+/// The name server address clients use when given none.
+const DEFAULT_NAMESRV: &str = "127.0.0.1:9876";
 
 /// Default HTTP port of `shoal dev`.
 pub const DEV_HTTP_PORT: u16 = 8090;
@@ -306,9 +328,17 @@ pub async fn run_dev(args: DevArgs) -> anyhow::Result<()> {
         }
     };
     println!("  topics are created on first send");
+    // The hints work as printed: with a body (no waiting on standard input), from the first
+    // message (a new group starts at the end otherwise), and with --namesrv when the name
+    // server is not on the default port.
+    let ns_flag = if namesrv == DEFAULT_NAMESRV {
+        String::new()
+    } else {
+        format!(" --namesrv {namesrv}")
+    };
     println!("Try it:");
-    println!("  shoal send TopicTest --count 3");
-    println!("  shoal consume TopicTest --group demo");
+    println!("  shoal send TopicTest --body 'hello {{i}}' --count 3{ns_flag}");
+    println!("  shoal consume TopicTest --group demo --from first --count 3{ns_flag}");
     shutdown_signal().await;
     println!("stopping: flushing offsets and topics, unregistering from the name server");
     if let Some(h) = http {

@@ -186,7 +186,7 @@ fn topic_cluster_message_and_group_commands() {
 
     // group list / progress / connections / reset-offset
     let v = dev.json(&["group", "list", "--json"]);
-    assert!(v.as_array().unwrap().iter().any(|g| g == "cli-g"));
+    assert!(v.as_array().unwrap().iter().any(|g| g["group"] == "cli-g"));
     let p = dev.json(&["group", "progress", "cli-g", "--json"]);
     assert!(p["queues"]
         .as_array()

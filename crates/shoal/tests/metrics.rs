@@ -143,5 +143,47 @@ fn lag_and_owner_while_a_member_is_live() {
         support::http_request_accept(&dev.http, "/metrics", "application/openmetrics-text");
     assert_eq!(status, 200);
     assert!(om.trim_end().ends_with("# EOF"), "{om}");
+
+    // Every family the broker and the name server export is in docs/operations.md, and every
+    // metric the Grafana dashboard queries is one of the documented ones.
+    let root = support::external::repo_root();
+    let docs = std::fs::read_to_string(root.join("docs/operations.md")).unwrap();
+    let (_, m) = dev.http_get("/metrics");
+    let mut families = 0;
+    for line in m.lines() {
+        let Some(rest) = line.strip_prefix("# TYPE ") else {
+            continue;
+        };
+        let mut it = rest.split_whitespace();
+        let (Some(name), Some(kind)) = (it.next(), it.next()) else {
+            continue;
+        };
+        let documented = if kind == "counter" {
+            format!("`{name}_total`")
+        } else {
+            format!("`{name}`")
+        };
+        assert!(
+            docs.contains(&documented),
+            "{documented} ({kind}) is not documented in docs/operations.md"
+        );
+        families += 1;
+    }
+    assert!(families >= 30, "{m}");
+    let grafana = std::fs::read_to_string(root.join("docs/grafana/shoal.json")).unwrap();
+    let _: serde_json::Value = serde_json::from_str(&grafana).expect("the dashboard is JSON");
+    for token in grafana.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+        if !token.starts_with("shoal_") {
+            continue;
+        }
+        let base = ["_bucket", "_count", "_sum"]
+            .iter()
+            .find_map(|s| token.strip_suffix(s))
+            .unwrap_or(token);
+        assert!(
+            docs.contains(&format!("`{base}`")),
+            "the Grafana dashboard queries {token}, which docs/operations.md does not list"
+        );
+    }
     g.leave("m1");
 }
