@@ -65,20 +65,23 @@ enum Command {
 }
 
 fn main() {
-    // `--namesrv` (the name servers to talk to) and `--json` are global for the client
-    // commands; the server commands do not take them (`shoal broker` has its own --namesrv).
-    let mut cmd = <Cli as clap::CommandFactory>::command();
-    cmd.build();
-    for server in ["namesrv", "dev"] {
-        cmd = cmd.mut_subcommand(server, |s| {
-            s.mut_arg("namesrv", |a| a.hide(true))
-                .mut_arg("json", |a| a.hide(true))
-        });
-    }
-    let cli = match <Cli as clap::FromArgMatches>::from_arg_matches(&cmd.get_matches()) {
+    let matches = <Cli as clap::CommandFactory>::command().get_matches();
+    let mut cli = match <Cli as clap::FromArgMatches>::from_arg_matches(&matches) {
         Ok(cli) => cli,
         Err(e) => e.exit(),
     };
+    // `shoal broker` shares the id `namesrv` with the client commands' global option, whose
+    // default would override `namesrv_addrs` of the broker's config file: only a value the
+    // user gave (flag or SHOAL_NAMESRV) counts.
+    if let Command::Broker(b) = &mut cli.command {
+        let given = matches
+            .subcommand_matches("broker")
+            .and_then(|m| m.value_source("namesrv"))
+            .is_some_and(|s| s != clap::parser::ValueSource::DefaultValue);
+        if !given {
+            b.namesrv = None;
+        }
+    }
     if let Err(e) = run(cli) {
         eprintln!("error: {e:#}");
         std::process::exit(1);

@@ -545,16 +545,6 @@ fn small_things_a_newcomer_tripped_on() {
     let v: Value = serde_json::from_slice(&o.stdout).expect("JSON");
     assert_eq!(v["version"], env!("CARGO_PKG_VERSION"));
     assert!(v["remotingVersion"].is_number());
-    // Server commands do not list the client options.
-    for server in ["namesrv", "dev"] {
-        let o = run(&[server, "--help"]);
-        assert!(o.status.success());
-        assert!(
-            !stdout(&o).contains("--namesrv <"),
-            "{server}: {}",
-            stdout(&o)
-        );
-    }
     // A send to an unreachable name server: one error, said once.
     let o = run(&["send", "T", "--body", "x", "--namesrv", &unreachable]);
     assert_eq!(o.status.code(), Some(1));
