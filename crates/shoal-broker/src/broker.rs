@@ -217,6 +217,10 @@ pub struct BrokerInner {
     pub namesrv_client: RemotingClient,
     /// Serializes writes of the config tables.
     pub persist_lock: Mutex<()>,
+    /// The ACL, when `acl_enabled`.
+    pub acl: Option<shoal_proto::acl::AccessControl>,
+    /// Credentials for name server requests.
+    pub namesrv_credentials: Option<shoal_proto::acl::SessionCredentials>,
     started: Instant,
     started_wall_ms: i64,
 }
@@ -661,6 +665,10 @@ impl BrokerInner {
     /// Registers with every name server in parallel; returns how many accepted.
     pub async fn register_all(&self) -> usize {
         let req = self.register_request();
+        let mut req = req;
+        if let Some(c) = &self.namesrv_credentials {
+            shoal_proto::acl::sign_request(&mut req, c);
+        }
         let futs = self.config.namesrv_addrs.iter().map(|addr| {
             let req = req.clone();
             async move {
@@ -696,7 +704,10 @@ impl BrokerInner {
             broker_id: self.config.broker_id,
             ..Default::default()
         };
-        let req = RemotingCommand::request_with_header(rc::UNREGISTER_BROKER, &header);
+        let mut req = RemotingCommand::request_with_header(rc::UNREGISTER_BROKER, &header);
+        if let Some(c) = &self.namesrv_credentials {
+            shoal_proto::acl::sign_request(&mut req, c);
+        }
         let futs = self.config.namesrv_addrs.iter().map(|addr| {
             let req = req.clone();
             async move {
@@ -783,6 +794,21 @@ impl Broker {
         if config.announce_addr.is_none() {
             config.announce_addr = Some(bound.to_string());
         }
+        let acl = match (&config.acl_enabled, &config.acl_file) {
+            (true, Some(path)) => {
+                let acl = crate::config::load_acl(path)?;
+                info!(accounts = acl.account_count(), file = %path.display(), "ACL enabled");
+                Some(acl)
+            }
+            _ => None,
+        };
+        let namesrv_credentials = match (&config.namesrv_access_key, &config.namesrv_secret_key) {
+            (Some(ak), Some(sk)) => Some(shoal_proto::acl::SessionCredentials::new(
+                ak.clone(),
+                sk.clone(),
+            )),
+            _ => None,
+        };
         let store_host: SocketAddr = config
             .announce_addr()
             .parse()
@@ -884,6 +910,8 @@ impl Broker {
                 Arc::new(NotSupportedProcessor),
             ),
             persist_lock: Mutex::new(()),
+            acl,
+            namesrv_credentials,
             started: Instant::now(),
             started_wall_ms: now,
             config,

@@ -110,6 +110,19 @@ pub struct BrokerConfig {
     /// Transaction decisions remembered to make commits idempotent (100000); the oldest are
     /// forgotten first.
     pub transaction_max_remembered_decisions: usize,
+    /// ACL on (RocketMQ `aclEnable`): every request must be signed by an account of `acl_file`
+    /// (or come from a globally allowed address); refusals are NO_PERMISSION (16).
+    pub acl_enabled: bool,
+    /// The ACL file: TOML with the keys of RocketMQ's `plain_acl.yml`
+    /// (`globalWhiteRemoteAddresses`, `[[accounts]]` with `accessKey`, `secretKey`,
+    /// `whiteRemoteAddress`, `admin`, `defaultTopicPerm`, `defaultGroupPerm`, `topicPerms`,
+    /// `groupPerms`). See docs/security.md.
+    pub acl_file: Option<PathBuf>,
+    /// Access key the broker signs its name server requests with (registration), when the name
+    /// servers run with ACL.
+    pub namesrv_access_key: Option<String>,
+    /// Secret key for `namesrv_access_key`.
+    pub namesrv_secret_key: Option<String>,
     /// The group coordinator of coordinated mode (`[coordinator]` table: session, heartbeat
     /// and rebalance timeouts, limits, default assignor).
     pub coordinator: shoal_group::coordinator::CoordinatorConfig,
@@ -170,6 +183,10 @@ impl Default for BrokerConfig {
             transaction_check_interval_ms: 30_000,
             transaction_discard_topic: crate::transaction::CHECK_MAX_TIME_TOPIC.into(),
             transaction_max_remembered_decisions: 100_000,
+            acl_enabled: false,
+            acl_file: None,
+            namesrv_access_key: None,
+            namesrv_secret_key: None,
             coordinator: shoal_group::coordinator::CoordinatorConfig::default(),
         }
     }
@@ -257,6 +274,16 @@ impl BrokerConfig {
                 return Err(ConfigError(format!("{name} must be positive")));
             }
         }
+        if self.acl_enabled && self.acl_file.is_none() {
+            return Err(ConfigError(
+                "acl_enabled needs acl_file (the accounts and their permissions)".into(),
+            ));
+        }
+        if self.namesrv_access_key.is_some() != self.namesrv_secret_key.is_some() {
+            return Err(ConfigError(
+                "namesrv_access_key and namesrv_secret_key go together".into(),
+            ));
+        }
         parse_delay_levels(&self.delay_levels)?;
         Ok(())
     }
@@ -276,6 +303,33 @@ pub fn parse_delay_levels(text: &str) -> Result<Vec<u64>, ConfigError> {
         return Err(ConfigError("delay_levels is empty".into()));
     }
     Ok(levels)
+}
+
+/// Reads an ACL file (TOML with the keys of RocketMQ's `plain_acl.yml`) and compiles it.
+pub fn load_acl(path: &std::path::Path) -> Result<shoal_proto::acl::AccessControl, ConfigError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| ConfigError(format!("cannot read ACL file {}: {e}", path.display())))?;
+    parse_acl(&text).map_err(|e| ConfigError(format!("ACL file {}: {e}", path.display())))
+}
+
+/// Reads an ACL file without compiling it (the name server takes the parsed form); checks it
+/// compiles.
+pub fn read_acl_config(
+    path: &std::path::Path,
+) -> Result<shoal_proto::acl::PlainAclConfig, ConfigError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| ConfigError(format!("cannot read ACL file {}: {e}", path.display())))?;
+    let cfg: shoal_proto::acl::PlainAclConfig = toml::from_str(&text)
+        .map_err(|e| ConfigError(format!("ACL file {}: {e}", path.display())))?;
+    shoal_proto::acl::AccessControl::new(&cfg)
+        .map_err(|e| ConfigError(format!("ACL file {}: {e}", path.display())))?;
+    Ok(cfg)
+}
+
+/// Parses and compiles ACL TOML text.
+pub fn parse_acl(text: &str) -> Result<shoal_proto::acl::AccessControl, String> {
+    let cfg: shoal_proto::acl::PlainAclConfig = toml::from_str(text).map_err(|e| e.to_string())?;
+    shoal_proto::acl::AccessControl::new(&cfg)
 }
 
 #[cfg(test)]

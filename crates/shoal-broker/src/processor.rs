@@ -31,6 +31,32 @@ pub async fn persist_tables(b: &Arc<BrokerInner>) -> Result<(), Reject> {
     .await
 }
 
+/// The ACL's answer to a request it refuses (NO_PERMISSION, as RocketMQ 5's broker), if ACL is
+/// on and refuses it.
+fn acl_refusal(
+    b: &BrokerInner,
+    ctx: &RequestContext,
+    req: &RemotingCommand,
+) -> Option<RemotingCommand> {
+    let acl = b.acl.as_ref()?;
+    let access = shoal_proto::acl::AccessRequest::parse(req, ctx.peer_addr().ip());
+    let denied = acl
+        .check(&access, shoal_proto::acl::ADMIN_REQUEST_CODES)
+        .err()?;
+    let n = b
+        .counters
+        .acl_refused
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        + 1;
+    if crate::broker::worth_logging(n) {
+        tracing::warn!(peer = %ctx.peer_addr(), code = req.code, reason = %denied, refused = n, "request refused by the ACL");
+    }
+    Some(RemotingCommand::response(
+        resp::NO_PERMISSION,
+        Some(denied.0),
+    ))
+}
+
 /// The broker's request processor.
 #[derive(Debug)]
 pub struct BrokerProcessor {
@@ -100,6 +126,9 @@ impl Processor for BrokerProcessor {
         request: RemotingCommand,
     ) -> BoxFuture<'a, ProcessResult> {
         Box::pin(async move {
+            if let Some(refusal) = acl_refusal(&self.inner, &ctx, &request) {
+                return Ok(Some(refusal));
+            }
             let start = std::time::Instant::now();
             let response = match self.dispatch(&ctx, &request).await {
                 None => Some(request_code_not_supported(&request)),

@@ -178,6 +178,7 @@ pub struct AdminClient {
     namesrv: Vec<String>,
     net: RemotingClient,
     timeout: Duration,
+    credentials: Option<shoal_proto::acl::SessionCredentials>,
 }
 
 fn refused(what: &'static str, addr: &str, r: &RemotingCommand) -> AdminError {
@@ -196,7 +197,21 @@ impl AdminClient {
             namesrv,
             net: RemotingClient::new(NetConfig::default(), Arc::new(NotSupportedProcessor)),
             timeout: Duration::from_secs(5),
+            credentials: None,
         }
+    }
+
+    /// Signs every request with ACL credentials (an admin account for admin requests).
+    pub fn with_credentials(mut self, credentials: shoal_proto::acl::SessionCredentials) -> Self {
+        self.credentials = Some(credentials);
+        self
+    }
+
+    fn signed(&self, mut req: RemotingCommand) -> RemotingCommand {
+        if let Some(c) = &self.credentials {
+            shoal_proto::acl::sign_request(&mut req, c);
+        }
+        req
     }
 
     /// Sets the per-request timeout (5 s by default).
@@ -212,7 +227,7 @@ impl AdminClient {
 
     async fn call(&self, addr: &str, req: RemotingCommand) -> AdminResult<RemotingCommand> {
         self.net
-            .invoke(addr, req, self.timeout)
+            .invoke(addr, self.signed(req), self.timeout)
             .await
             .map_err(|source| AdminError::Net {
                 addr: addr.to_string(),
@@ -237,7 +252,11 @@ impl AdminClient {
     async fn namesrv_call(&self, req: RemotingCommand) -> AdminResult<(String, RemotingCommand)> {
         let mut last = String::from("no name server configured");
         for addr in &self.namesrv {
-            match self.net.invoke(addr, req.clone(), self.timeout).await {
+            match self
+                .net
+                .invoke(addr, self.signed(req.clone()), self.timeout)
+                .await
+            {
                 Ok(r) => return Ok((addr.clone(), r)),
                 Err(e) => last = e.to_string(),
             }

@@ -21,6 +21,8 @@ pub struct ClientConfig {
     pub persist_offset_interval: Duration,
     /// Timeout of control requests: routes, heartbeats, offsets (`mqClientApiTimeout`, 3 s).
     pub rpc_timeout: Duration,
+    /// ACL credentials: every request is signed with them (RocketMQ `AclClientRPCHook`).
+    pub credentials: Option<shoal_proto::acl::SessionCredentials>,
 }
 
 impl Default for ClientConfig {
@@ -36,6 +38,7 @@ impl Default for ClientConfig {
             heartbeat_interval: Duration::from_secs(30),
             persist_offset_interval: Duration::from_secs(5),
             rpc_timeout: Duration::from_secs(3),
+            credentials: None,
         }
     }
 }

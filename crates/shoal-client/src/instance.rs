@@ -447,7 +447,11 @@ impl ClientInstance {
             match self
                 .inner
                 .net
-                .invoke(addr, request.clone(), self.inner.config.rpc_timeout)
+                .invoke(
+                    addr,
+                    self.signed(request.clone()),
+                    self.inner.config.rpc_timeout,
+                )
                 .await
             {
                 Ok(r) => {
@@ -647,7 +651,7 @@ impl ClientInstance {
                 match self
                     .inner
                     .net
-                    .invoke(&addr, req, self.inner.config.rpc_timeout)
+                    .invoke(&addr, self.signed(req), self.inner.config.rpc_timeout)
                     .await
                 {
                     Ok(r) if r.code == resp::SUCCESS => true,
@@ -690,7 +694,7 @@ impl ClientInstance {
                 if let Err(e) = self
                     .inner
                     .net
-                    .invoke(&addr, req, self.inner.config.rpc_timeout)
+                    .invoke(&addr, self.signed(req), self.inner.config.rpc_timeout)
                     .await
                 {
                     debug!(broker = %addr, error = %e, "unregister failed");
@@ -712,7 +716,11 @@ impl ClientInstance {
         request: RemotingCommand,
         timeout: Duration,
     ) -> Result<RemotingCommand> {
-        Ok(self.inner.net.invoke(addr, request, timeout).await?)
+        Ok(self
+            .inner
+            .net
+            .invoke(addr, self.signed(request), timeout)
+            .await?)
     }
 
     /// Sends a oneway request to a broker address.
@@ -720,7 +728,19 @@ impl ClientInstance {
     /// # Errors
     /// Transport errors.
     pub async fn invoke_oneway(&self, addr: &str, request: RemotingCommand) -> Result<()> {
-        Ok(self.inner.net.invoke_oneway(addr, request).await?)
+        Ok(self
+            .inner
+            .net
+            .invoke_oneway(addr, self.signed(request))
+            .await?)
+    }
+
+    /// Signs a request with the configured ACL credentials (unchanged without them).
+    pub fn signed(&self, mut request: RemotingCommand) -> RemotingCommand {
+        if let Some(c) = &self.inner.config.credentials {
+            shoal_proto::acl::sign_request(&mut request, c);
+        }
+        request
     }
 
     async fn call_broker(

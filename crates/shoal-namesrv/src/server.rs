@@ -40,7 +40,26 @@ pub struct NamesrvConfig {
     pub scan_interval: Duration,
     /// Broker expiry when a broker does not say (RocketMQ: 120 s).
     pub default_broker_timeout: Duration,
+    /// ACL: when set, requests that change routes or settings (REGISTER_BROKER,
+    /// UNREGISTER_BROKER, topic deletion, KV config, broker write permission) must be signed by
+    /// an admin account (or come from a globally allowed address), so a fake broker cannot
+    /// register routes. Route queries stay open.
+    pub acl: Option<shoal_proto::acl::PlainAclConfig>,
 }
+
+/// Name server requests that need an admin account when ACL is on.
+pub const NAMESRV_WRITE_CODES: &[i32] = &[
+    rc::REGISTER_BROKER,
+    rc::UNREGISTER_BROKER,
+    rc::BROKER_HEARTBEAT,
+    rc::DELETE_TOPIC_IN_NAMESRV,
+    rc::REGISTER_TOPIC_IN_NAMESRV,
+    rc::PUT_KV_CONFIG,
+    rc::DELETE_KV_CONFIG,
+    rc::UPDATE_NAMESRV_CONFIG,
+    rc::WIPE_WRITE_PERM_OF_BROKER,
+    rc::ADD_WRITE_PERM_OF_BROKER,
+];
 
 impl Default for NamesrvConfig {
     fn default() -> Self {
@@ -48,6 +67,7 @@ impl Default for NamesrvConfig {
             listen_addr: "127.0.0.1:9876".into(),
             scan_interval: Duration::from_secs(5),
             default_broker_timeout: Duration::from_secs(120),
+            acl: None,
         }
     }
 }
@@ -63,6 +83,9 @@ pub enum NamesrvError {
         /// Cause.
         source: shoal_net::NetError,
     },
+    /// The ACL configuration is invalid.
+    #[error("name server ACL: {0}")]
+    Acl(String),
 }
 
 struct State {
@@ -76,6 +99,8 @@ pub struct NamesrvProcessor {
     metrics: Arc<NamesrvMetrics>,
     started: Instant,
     default_timeout_ms: u64,
+    acl: Option<shoal_proto::acl::AccessControl>,
+    acl_refused: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for NamesrvProcessor {
@@ -92,8 +117,14 @@ fn bad_request(e: impl std::fmt::Display) -> (i32, String) {
 
 impl NamesrvProcessor {
     /// A processor with an empty route table.
-    pub fn new(config: &NamesrvConfig) -> Self {
-        Self {
+    pub fn new(config: &NamesrvConfig) -> Result<Self, NamesrvError> {
+        let acl = match &config.acl {
+            Some(c) => Some(shoal_proto::acl::AccessControl::new(c).map_err(NamesrvError::Acl)?),
+            None => None,
+        };
+        Ok(Self {
+            acl,
+            acl_refused: std::sync::atomic::AtomicU64::new(0),
             state: Mutex::new(State {
                 routes: RouteTable::new(),
                 kv: BTreeMap::new(),
@@ -101,7 +132,33 @@ impl NamesrvProcessor {
             metrics: Arc::new(NamesrvMetrics::new()),
             started: Instant::now(),
             default_timeout_ms: config.default_broker_timeout.as_millis() as u64,
+        })
+    }
+
+    /// Requests refused by the ACL so far.
+    pub fn acl_refused(&self) -> u64 {
+        self.acl_refused.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The ACL's answer for a request, when it is refused.
+    fn refused(&self, ctx: &RequestContext, req: &RemotingCommand) -> Option<RemotingCommand> {
+        let acl = self.acl.as_ref()?;
+        if !NAMESRV_WRITE_CODES.contains(&req.code) {
+            return None;
         }
+        let access = shoal_proto::acl::AccessRequest::parse(req, ctx.peer_addr().ip());
+        let denied = acl.check(&access, NAMESRV_WRITE_CODES).err()?;
+        let n = self
+            .acl_refused
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            + 1;
+        if n.is_power_of_two() {
+            warn!(peer = %ctx.peer_addr(), code = req.code, reason = %denied, refused = n, "name server request refused by the ACL");
+        }
+        Some(RemotingCommand::response(
+            shoal_proto::code::response_code::NO_PERMISSION,
+            Some(denied.0),
+        ))
     }
 
     /// The name server's metrics (registry served at `/metrics` by the `shoal` binary).
@@ -443,6 +500,9 @@ impl Processor for NamesrvProcessor {
         request: RemotingCommand,
     ) -> BoxFuture<'a, ProcessResult> {
         Box::pin(async move {
+            if let Some(refusal) = self.refused(&ctx, &request) {
+                return Ok(Some(refusal));
+            }
             let start = Instant::now();
             let response = match self.handle(ctx.connection(), &request) {
                 None => request_code_not_supported(&request),
@@ -480,7 +540,7 @@ pub struct NameServer {
 impl NameServer {
     /// Binds and starts serving.
     pub async fn start(config: NamesrvConfig) -> Result<NameServer, NamesrvError> {
-        let processor = Arc::new(NamesrvProcessor::new(&config));
+        let processor = Arc::new(NamesrvProcessor::new(&config)?);
         let server = Server::bind_with_config(
             config.listen_addr.as_str(),
             processor.clone(),

@@ -11,6 +11,7 @@
 //!
 //! The byte layouts follow `shared/protocol/rocketmq-remoting.md` (the "spec" below).
 
+pub mod acl;
 pub mod body;
 pub mod code;
 pub mod command;

@@ -22,12 +22,79 @@ pub struct Common {
     /// Print JSON instead of a table.
     #[arg(long, global = true)]
     pub json: bool,
+    /// ACL access key: every request is signed (with --secret-key).
+    #[arg(long, env = "SHOAL_ACCESS_KEY", global = true)]
+    pub access_key: Option<String>,
+    /// ACL secret key.
+    #[arg(long, env = "SHOAL_SECRET_KEY", global = true, hide_env_values = true)]
+    pub secret_key: Option<String>,
+    /// ACL security token (optional, sent and signed as SecurityToken).
+    #[arg(
+        long,
+        env = "SHOAL_SECURITY_TOKEN",
+        global = true,
+        hide_env_values = true
+    )]
+    pub security_token: Option<String>,
+    /// File with ACL credentials in RocketMQ's key-file format (`AccessKey=...`,
+    /// `SecretKey=...`, optional `SecurityToken=...`, one per line); flags and environment win.
+    #[arg(long, env = "SHOAL_CREDENTIALS_FILE", global = true)]
+    pub credentials_file: Option<std::path::PathBuf>,
 }
 
 impl Common {
-    /// An admin client for these name servers.
-    pub(crate) fn admin(&self) -> AdminClient {
-        AdminClient::new(
+    /// The ACL credentials from the flags, the environment or the credentials file.
+    pub fn credentials(&self) -> anyhow::Result<Option<shoal_proto::acl::SessionCredentials>> {
+        let mut ak = self.access_key.clone();
+        let mut sk = self.secret_key.clone();
+        let mut token = self.security_token.clone();
+        if let Some(path) = &self.credentials_file {
+            let text = std::fs::read_to_string(path).map_err(|e| {
+                anyhow::anyhow!("cannot read credentials file {}: {e}", path.display())
+            })?;
+            for line in text.lines() {
+                let line = line.trim();
+                if line.starts_with('#') {
+                    continue;
+                }
+                let Some((k, v)) = line.split_once('=') else {
+                    continue;
+                };
+                let v = v.trim().to_string();
+                match k.trim() {
+                    "AccessKey" => ak = ak.or(Some(v)),
+                    "SecretKey" => sk = sk.or(Some(v)),
+                    "SecurityToken" => token = token.or(Some(v)),
+                    _ => {}
+                }
+            }
+        }
+        match (ak, sk) {
+            (None, None) => Ok(None),
+            (Some(access_key), Some(secret_key)) => {
+                Ok(Some(shoal_proto::acl::SessionCredentials {
+                    access_key,
+                    secret_key,
+                    security_token: token,
+                }))
+            }
+            _ => anyhow::bail!(
+                "give both an access key and a secret key (--access-key, --secret-key)"
+            ),
+        }
+    }
+
+    /// Client settings: name servers and credentials.
+    pub fn client_config(&self) -> anyhow::Result<shoal_client::ClientConfig> {
+        Ok(shoal_client::ClientConfig {
+            credentials: self.credentials()?,
+            ..shoal_client::ClientConfig::new(&self.namesrv)
+        })
+    }
+
+    /// An admin client for these name servers, signing with the credentials if any.
+    pub(crate) fn admin(&self) -> anyhow::Result<AdminClient> {
+        let admin = AdminClient::new(
             self.namesrv
                 .split([';', ','])
                 .map(str::trim)
@@ -35,7 +102,11 @@ impl Common {
                 .map(str::to_string)
                 .collect(),
         )
-        .with_timeout(Duration::from_secs(5))
+        .with_timeout(Duration::from_secs(5));
+        Ok(match self.credentials()? {
+            Some(c) => admin.with_credentials(c),
+            None => admin,
+        })
     }
 }
 
@@ -309,7 +380,7 @@ fn message_json(m: &MessageExt) -> serde_json::Value {
 
 /// `shoal topic`.
 pub async fn topic(common: &Common, cmd: TopicCmd) -> anyhow::Result<()> {
-    let admin = common.admin();
+    let admin = common.admin()?;
     // `topic update` is `topic create --update`.
     let cmd = match cmd {
         TopicCmd::Update(c) => TopicCmd::Update(TopicCreate { update: true, ..c }),
@@ -454,7 +525,7 @@ pub async fn topic(common: &Common, cmd: TopicCmd) -> anyhow::Result<()> {
 
 /// `shoal group`.
 pub async fn group(common: &Common, cmd: GroupCmd) -> anyhow::Result<()> {
-    let admin = common.admin();
+    let admin = common.admin()?;
     match cmd {
         GroupCmd::List => {
             let mut rows = Vec::new();
@@ -751,7 +822,7 @@ async fn group_summary(admin: &AdminClient, group: &str) -> serde_json::Value {
 
 /// `shoal broker status`.
 pub async fn broker_status(common: &Common, broker: Option<String>) -> anyhow::Result<()> {
-    let admin = common.admin();
+    let admin = common.admin()?;
     let addrs = match broker {
         Some(b) => vec![b],
         None => admin.master_addrs(None).await?,
@@ -779,7 +850,7 @@ pub async fn broker_status(common: &Common, broker: Option<String>) -> anyhow::R
 
 /// `shoal cluster list`.
 pub async fn cluster_list(common: &Common) -> anyhow::Result<()> {
-    let admin = common.admin();
+    let admin = common.admin()?;
     let info = admin.cluster_info().await?;
     if common.json {
         println!("{}", serde_json::to_string(&info)?);
@@ -807,7 +878,7 @@ pub async fn cluster_list(common: &Common) -> anyhow::Result<()> {
 
 /// `shoal message get`.
 pub async fn message(common: &Common, cmd: MessageCmd) -> anyhow::Result<()> {
-    let admin = common.admin();
+    let admin = common.admin()?;
     let (id, topic) = match cmd {
         MessageCmd::Get { id, topic } => (id, topic),
         MessageCmd::Query { topic, key, max } => {
@@ -874,7 +945,7 @@ pub async fn message(common: &Common, cmd: MessageCmd) -> anyhow::Result<()> {
 
 /// `shoal dlq`.
 pub async fn dlq(common: &Common, cmd: DlqCmd) -> anyhow::Result<()> {
-    let admin = common.admin();
+    let admin = common.admin()?;
     match cmd {
         DlqCmd::List { group, max } => {
             let msgs = admin.dlq_messages(&group, max).await?;

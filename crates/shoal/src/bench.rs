@@ -637,6 +637,8 @@ impl LoadPlan {
 fn client_config(common: &Common, instance: String) -> ClientConfig {
     ClientConfig {
         instance_name: Some(instance),
+        // Checked when the command starts (`run`).
+        credentials: common.credentials().ok().flatten(),
         ..ClientConfig::new(&common.namesrv)
     }
 }
@@ -1062,7 +1064,7 @@ fn random_run() -> u32 {
 }
 
 fn admin(common: &Common) -> AdminClient {
-    AdminClient::new(
+    let admin = AdminClient::new(
         common
             .namesrv
             .split([';', ','])
@@ -1071,7 +1073,11 @@ fn admin(common: &Common) -> AdminClient {
             .map(str::to_string)
             .collect(),
     )
-    .with_timeout(Duration::from_secs(5))
+    .with_timeout(Duration::from_secs(5));
+    match common.credentials() {
+        Ok(Some(c)) => admin.with_credentials(c),
+        _ => admin,
+    }
 }
 
 /// Creates the topic (unless told not to) and returns its subscribe queues once routed.
@@ -1179,6 +1185,8 @@ fn fresh_group(run: u32) -> String {
 
 /// Runs a `shoal bench` command and prints its report (a table, or JSON with `--json`).
 pub async fn run(common: &Common, cmd: BenchCmd) -> anyhow::Result<()> {
+    // A bad credentials file is reported here, once.
+    common.credentials()?;
     let report = match cmd {
         BenchCmd::Produce(a) => produce(common, a).await?,
         BenchCmd::Consume(a) => consume(common, a).await?,

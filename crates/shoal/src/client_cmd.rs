@@ -121,7 +121,7 @@ fn progress(total: u64) -> ProgressBar {
 /// Whether the name servers know `topic`; an unreachable name server is an error, said once
 /// (the clients would retry and log it again and again).
 async fn topic_exists(common: &Common, topic: &str) -> anyhow::Result<bool> {
-    let admin = common.admin();
+    let admin = common.admin()?;
     let r = admin.topic_route(topic).await;
     admin.shutdown();
     match r {
@@ -140,7 +140,7 @@ pub async fn send(common: &Common, a: SendArgs) -> anyhow::Result<()> {
     }
     topic_exists(common, &a.topic).await?;
     let producer = Producer::builder(&a.group)
-        .namesrv(&common.namesrv)
+        .client_config(common.client_config()?)
         .start()
         .await
         .context("starting the producer")?;
@@ -428,7 +428,7 @@ pub async fn consume(common: &Common, a: ConsumeArgs) -> anyhow::Result<()> {
         })
     };
     let mut builder = PushConsumer::builder(&a.group)
-        .namesrv(&common.namesrv)
+        .client_config(common.client_config()?)
         .subscribe(a.topic.clone(), a.tag_expr.clone())
         .message_model(if a.broadcast {
             MessageModel::Broadcasting

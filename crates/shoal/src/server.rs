@@ -16,6 +16,10 @@ pub struct NamesrvArgs {
     /// HTTP address for Prometheus metrics (`/metrics`); off when absent.
     #[arg(long)]
     pub http_listen: Option<String>,
+    /// ACL file (TOML, plain_acl keys; see docs/security.md): route and setting changes
+    /// (broker registration included) must then be signed by an admin account.
+    #[arg(long)]
+    pub acl_file: Option<PathBuf>,
 }
 
 /// Flush mode on the command line.
@@ -83,6 +87,9 @@ pub struct BrokerArgs {
     /// key `http_listen_addr`; off by default).
     #[arg(long)]
     pub http_listen: Option<String>,
+    /// Turn ACL on with this file (TOML, plain_acl keys; see docs/security.md).
+    #[arg(long)]
+    pub acl_file: Option<PathBuf>,
 }
 
 /// Options of `shoal dev`.
@@ -169,6 +176,10 @@ pub fn broker_config(args: &BrokerArgs) -> anyhow::Result<BrokerConfig> {
     if let Some(v) = &args.http_listen {
         cfg.http_listen_addr = Some(v.clone());
     }
+    if let Some(p) = &args.acl_file {
+        cfg.acl_enabled = true;
+        cfg.acl_file = Some(p.clone());
+    }
     cfg.validate()?;
     Ok(cfg)
 }
@@ -198,8 +209,13 @@ async fn shutdown_signal() {
 
 /// `shoal namesrv`.
 pub async fn run_namesrv(args: NamesrvArgs) -> anyhow::Result<()> {
+    let acl = match &args.acl_file {
+        Some(p) => Some(shoal_broker::config::read_acl_config(p)?),
+        None => None,
+    };
     let ns = NameServer::start(NamesrvConfig {
         listen_addr: args.listen.clone(),
+        acl,
         ..NamesrvConfig::default()
     })
     .await?;
