@@ -9,7 +9,6 @@ use shoal_proto::constants::{perm, pull_sys_flag};
 use shoal_proto::header::{PullMessageRequestHeader, PullMessageResponseHeader};
 use shoal_proto::RemotingCommand;
 use shoal_store::{GetMessageResult, GetMessageStatus};
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -214,7 +213,7 @@ async fn read(b: &Arc<BrokerInner>, plan: &PullPlan) -> Result<GetMessageResult,
         .map_or(usize::MAX, |m| m as usize);
     let explicit_bytes = h.max_msg_bytes.is_some_and(|m| m > 0);
     if asked_count > cap_count || (explicit_bytes && asked_bytes > cap_bytes) {
-        let n = b.counters.pulls_capped.fetch_add(1, Ordering::Relaxed) + 1;
+        let n = b.counters.pulls_capped.inc() + 1;
         if crate::broker::worth_logging(n) {
             tracing::info!(
                 asked_count,

@@ -13,7 +13,6 @@ use shoal_proto::code::{request_code as rc, response_code as resp};
 use shoal_proto::constants::pull_sys_flag;
 use shoal_proto::header::{GetRouteInfoRequestHeader, RegisterBrokerRequestHeader};
 use shoal_proto::RemotingCommand;
-use std::sync::atomic::Ordering;
 
 const ACL: &str = r#"
 globalWhiteRemoteAddresses = []
@@ -149,7 +148,7 @@ async fn broker_refuses_unsigned_and_enforces_permissions() {
             .code,
         resp::NO_PERMISSION
     );
-    assert!(b.counters.acl_refused.load(Ordering::Relaxed) >= 10);
+    assert!(b.counters.acl_refused.get() >= 10);
     client.shutdown();
     c.stop().await;
 }

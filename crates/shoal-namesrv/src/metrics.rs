@@ -88,7 +88,7 @@ mod tests {
 
     #[test]
     fn route_table_sizes_are_exported() {
-        let p = Arc::new(NamesrvProcessor::new(&NamesrvConfig::default()));
+        let p = Arc::new(NamesrvProcessor::new(&NamesrvConfig::default()).unwrap());
         p.metrics().registry.collector(NamesrvCollector::new(&p));
         let text = p.metrics().registry.encode_text();
         assert!(text.contains("shoal_namesrv_brokers 0\n"), "{text}");

@@ -184,31 +184,39 @@ pub fn broker_config(args: &BrokerArgs) -> anyhow::Result<BrokerConfig> {
     Ok(cfg)
 }
 
-/// Waits for Ctrl-C or SIGTERM.
-async fn shutdown_signal() {
+/// Listens for Ctrl-C or SIGTERM from now on (so a signal during start-up is not lost or
+/// fatal); the returned future ends when one arrives.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {}
-                    _ = term.recv() => {}
+        let term = signal(SignalKind::terminate());
+        let int = signal(SignalKind::interrupt());
+        async move {
+            match (term, int) {
+                (Ok(mut term), Ok(mut int)) => {
+                    tokio::select! {
+                        _ = int.recv() => {}
+                        _ = term.recv() => {}
+                    }
                 }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
+                _ => {
+                    let _ = tokio::signal::ctrl_c().await;
+                }
             }
         }
     }
     #[cfg(not(unix))]
     {
-        let _ = tokio::signal::ctrl_c().await;
+        async {
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }
 
 /// `shoal namesrv`.
 pub async fn run_namesrv(args: NamesrvArgs) -> anyhow::Result<()> {
+    let stop = shutdown_signal();
     let acl = match &args.acl_file {
         Some(p) => Some(shoal_broker::config::read_acl_config(p)?),
         None => None,
@@ -229,7 +237,7 @@ pub async fn run_namesrv(args: NamesrvArgs) -> anyhow::Result<()> {
         }
         None => None,
     };
-    shutdown_signal().await;
+    stop.await;
     if let Some(h) = http {
         h.shutdown().await;
     }
@@ -240,6 +248,7 @@ pub async fn run_namesrv(args: NamesrvArgs) -> anyhow::Result<()> {
 
 /// `shoal broker`.
 pub async fn run_broker(args: BrokerArgs) -> anyhow::Result<()> {
+    let stop = shutdown_signal();
     let cfg = broker_config(&args)?;
     let broker = Broker::start(cfg.clone()).await?;
     println!(
@@ -269,7 +278,7 @@ pub async fn run_broker(args: BrokerArgs) -> anyhow::Result<()> {
         }
         None => None,
     };
-    shutdown_signal().await;
+    stop.await;
     if let Some(h) = http {
         h.shutdown().await;
     }
@@ -280,6 +289,7 @@ pub async fn run_broker(args: BrokerArgs) -> anyhow::Result<()> {
 
 /// `shoal dev`: a name server and a broker in one process, auto-create on.
 pub async fn run_dev(args: DevArgs) -> anyhow::Result<()> {
+    let stop = shutdown_signal();
     let ns = NameServer::start(NamesrvConfig {
         listen_addr: format!("127.0.0.1:{}", args.namesrv_port),
         ..NamesrvConfig::default()
@@ -355,7 +365,7 @@ pub async fn run_dev(args: DevArgs) -> anyhow::Result<()> {
     println!("Try it:");
     println!("  shoal send TopicTest --body 'hello {{i}}' --count 3{ns_flag}");
     println!("  shoal consume TopicTest --group demo --from first --count 3{ns_flag}");
-    shutdown_signal().await;
+    stop.await;
     println!("stopping: flushing offsets and topics, unregistering from the name server");
     if let Some(h) = http {
         h.shutdown().await;
