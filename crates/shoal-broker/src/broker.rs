@@ -27,7 +27,7 @@ use shoal_proto::RemotingCommand;
 use shoal_store::{MessageStore, RecoveryReport, StoreConfig};
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::Notify;
@@ -107,17 +107,17 @@ pub struct Counters {
     /// Puts waiting for the store now (exported as `shoal_broker_sends_waiting_for_store`).
     pub inflight_puts: std::sync::atomic::AtomicUsize,
     /// Pull answers cut by `max_pull_batch_bytes` / `max_pull_batch_messages`.
-    pub pulls_capped: Counter,
+    pub pulls_capped: AtomicU64,
     /// Heartbeats refused (too large, too many groups or subscriptions).
-    pub heartbeats_refused: Counter,
+    pub heartbeats_refused: AtomicU64,
     /// Groups not auto-created because `max_subscription_groups` was reached.
-    pub groups_refused: Counter,
+    pub groups_refused: AtomicU64,
     /// Client sends to system topics refused.
-    pub system_topic_sends_refused: Counter,
+    pub system_topic_sends_refused: AtomicU64,
     /// Requests refused for bad queue ids or offsets.
-    pub invalid_queue_requests: Counter,
+    pub invalid_queue_requests: AtomicU64,
     /// Requests refused by the ACL (authentication or permission).
-    pub acl_refused: Counter,
+    pub acl_refused: AtomicU64,
 }
 
 /// Whether a counter just reached a value worth a log line (1, 2, 4, 8, ...), so a flood of
@@ -152,24 +152,12 @@ impl Counters {
                 "Pulls, offset commits and lock requests refused for a stale member epoch or a queue not assigned.",
             ),
             inflight_puts: std::sync::atomic::AtomicUsize::new(0),
-            pulls_capped: m.limit("max_pull_batch_bytes"),
-            heartbeats_refused: r.counter(
-                "shoal_broker_heartbeats_refused",
-                "Heartbeats refused by max_heartbeat_bytes, max_groups_per_client or max_subscriptions_per_group.",
-            ),
-            groups_refused: m.limit("max_subscription_groups"),
-            system_topic_sends_refused: r.counter(
-                "shoal_broker_system_topic_sends_refused",
-                "Client sends to system topics (SCHEDULE_TOPIC_XXXX, RMQ_SYS_TRANS_HALF_TOPIC, ...) refused.",
-            ),
-            invalid_queue_requests: r.counter(
-                "shoal_broker_invalid_queue_requests",
-                "Offset commits and queries refused for a queue id out of range.",
-            ),
-            acl_refused: r.counter(
-                "shoal_broker_acl_refused",
-                "Requests refused by the ACL (no or unknown access key, bad signature, no permission).",
-            ),
+            pulls_capped: AtomicU64::new(0),
+            heartbeats_refused: AtomicU64::new(0),
+            groups_refused: AtomicU64::new(0),
+            system_topic_sends_refused: AtomicU64::new(0),
+            invalid_queue_requests: AtomicU64::new(0),
+            acl_refused: AtomicU64::new(0),
         }
     }
 }
@@ -587,7 +575,11 @@ impl BrokerInner {
         crate::group_config::validate_group_name(group)?;
         if groups.len() >= self.config.max_subscription_groups {
             drop(groups);
-            let n = self.counters.groups_refused.inc() + 1;
+            let n = self
+                .counters
+                .groups_refused
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                + 1;
             if worth_logging(n) {
                 warn!(%group, limit = self.config.max_subscription_groups, refused = n,
                     "subscription group not auto-created: max_subscription_groups reached");

@@ -167,7 +167,11 @@ pub async fn heartbeat(
 
 /// Counts and logs a refused heartbeat; the refusal to answer.
 fn refuse_heartbeat(b: &BrokerInner, ctx: &RequestContext, why: String) -> Reject {
-    let n = b.counters.heartbeats_refused.inc() + 1;
+    let n = b
+        .counters
+        .heartbeats_refused
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        + 1;
     if crate::broker::worth_logging(n) {
         warn!(peer = %ctx.peer_addr(), reason = %why, refused = n, "heartbeat refused");
     }

@@ -34,7 +34,11 @@ pub fn check_queue_id(b: &BrokerInner, topic: &str, queue_id: i32) -> Result<(),
     if !bad {
         return Ok(());
     }
-    let n = b.counters.invalid_queue_requests.inc() + 1;
+    let n = b
+        .counters
+        .invalid_queue_requests
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        + 1;
     if crate::broker::worth_logging(n) {
         tracing::warn!(%topic, queue_id, refused = n, "request for a queue id out of range refused");
     }

@@ -43,7 +43,11 @@ fn acl_refusal(
     let denied = acl
         .check(&access, shoal_proto::acl::ADMIN_REQUEST_CODES)
         .err()?;
-    let n = b.counters.acl_refused.inc() + 1;
+    let n = b
+        .counters
+        .acl_refused
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        + 1;
     if crate::broker::worth_logging(n) {
         tracing::warn!(peer = %ctx.peer_addr(), code = req.code, reason = %denied, refused = n, "request refused by the ACL");
     }

@@ -213,7 +213,11 @@ async fn read(b: &Arc<BrokerInner>, plan: &PullPlan) -> Result<GetMessageResult,
         .map_or(usize::MAX, |m| m as usize);
     let explicit_bytes = h.max_msg_bytes.is_some_and(|m| m > 0);
     if asked_count > cap_count || (explicit_bytes && asked_bytes > cap_bytes) {
-        let n = b.counters.pulls_capped.inc() + 1;
+        let n = b
+            .counters
+            .pulls_capped
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            + 1;
         if crate::broker::worth_logging(n) {
             tracing::info!(
                 asked_count,

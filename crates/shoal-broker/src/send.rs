@@ -39,7 +39,11 @@ pub fn refuse_system_topic(b: &BrokerInner, topic: &str) -> Result<(), Reject> {
     if !NOT_ALLOWED_SEND_TOPICS.contains(&topic) {
         return Ok(());
     }
-    let n = b.counters.system_topic_sends_refused.inc() + 1;
+    let n = b
+        .counters
+        .system_topic_sends_refused
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        + 1;
     if crate::broker::worth_logging(n) {
         tracing::warn!(%topic, refused = n, "client send to a system topic refused");
     }

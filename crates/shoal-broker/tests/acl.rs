@@ -148,7 +148,12 @@ async fn broker_refuses_unsigned_and_enforces_permissions() {
             .code,
         resp::NO_PERMISSION
     );
-    assert!(b.counters.acl_refused.get() >= 10);
+    assert!(
+        b.counters
+            .acl_refused
+            .load(std::sync::atomic::Ordering::Relaxed)
+            >= 10
+    );
     client.shutdown();
     c.stop().await;
 }
