@@ -458,6 +458,26 @@ pub fn runtime_info(b: &BrokerInner) -> Handled {
         "sendsWaitingForStore",
         c.inflight_puts.load(Ordering::Relaxed).to_string(),
     );
+    // Transport limits (shoal-net): how often each was hit, and what is held now.
+    let n = b.net_stats.snapshot();
+    for (k, v) in [
+        (
+            "netConnectionsOpen",
+            n.connections_opened.saturating_sub(n.connections_closed),
+        ),
+        ("netConnectionsRefusedPerIp", n.refused_per_ip),
+        ("netClosedIdle", n.closed_idle),
+        ("netClosedPartialFrameBudget", n.closed_partial_budget),
+        ("netClosedBadFrame", n.closed_bad_frame),
+        ("netPausedInflight", n.paused_inflight),
+        ("netPausedWriteQueue", n.paused_write_queue),
+        ("netPartialFrameBytes", n.partial_frame_bytes),
+        ("netRequestsReceived", n.requests_received),
+        ("netReadCalls", n.read_calls),
+        ("netWriteCalls", n.write_calls),
+    ] {
+        put(k, v.to_string());
+    }
     put(
         "commitLogMaxOffset",
         b.store.commit_log_max_offset().to_string(),

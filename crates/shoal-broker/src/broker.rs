@@ -213,6 +213,8 @@ pub struct BrokerInner {
     pub timeline: Mutex<crate::timeline::Timeline>,
     /// Queues whose puller changed, not yet given to the timeline (bounded).
     pub owner_changes: Mutex<std::collections::VecDeque<(String, String, i32, PullMark)>>,
+    /// Counters of the listener's connections (transport limits hit, reads, writes).
+    pub net_stats: Arc<shoal_net::NetStats>,
     /// Client used for name servers.
     pub namesrv_client: RemotingClient,
     /// Serializes writes of the config tables.
@@ -749,7 +751,7 @@ impl Broker {
         let server = Server::bind_with_config(
             config.listen_addr.as_str(),
             late.clone(),
-            NetConfig::default(),
+            config.net.net_config(),
         )
         .await
         .map_err(|source| BrokerError::Bind {
@@ -757,13 +759,14 @@ impl Broker {
             source,
         })?;
         let bound = server.local_addr();
-        let (inner, recovery) = match Self::assemble(config, bound, delay_levels_ms).await {
-            Ok(parts) => parts,
-            Err(e) => {
-                server.shutdown().await;
-                return Err(e);
-            }
-        };
+        let (inner, recovery) =
+            match Self::assemble(config, bound, delay_levels_ms, server.stats()).await {
+                Ok(parts) => parts,
+                Err(e) => {
+                    server.shutdown().await;
+                    return Err(e);
+                }
+            };
         late.set(Arc::new(BrokerProcessor::new(inner.clone())));
         info!(addr = %server.local_addr(), broker = %inner.config.broker_name, "broker listening");
 
@@ -793,6 +796,7 @@ impl Broker {
         config: BrokerConfig,
         bound: SocketAddr,
         delay_levels_ms: Vec<u64>,
+        net_stats: Arc<shoal_net::NetStats>,
     ) -> Result<(Arc<BrokerInner>, RecoveryReport), BrokerError> {
         let mut config = config;
         if config.announce_addr.is_none() {
@@ -909,6 +913,7 @@ impl Broker {
             ),
             timeline: Mutex::new(crate::timeline::Timeline::new()),
             owner_changes: Mutex::new(std::collections::VecDeque::new()),
+            net_stats,
             namesrv_client: RemotingClient::new(
                 NetConfig::default(),
                 Arc::new(NotSupportedProcessor),
@@ -948,6 +953,12 @@ impl Broker {
     /// The address the broker listens on.
     pub fn local_addr(&self) -> SocketAddr {
         self.server.local_addr()
+    }
+
+    /// Counters of the listener's connections: transport limits hit (backpressure pauses,
+    /// idle and partial-frame closes, refused connections), reads and writes.
+    pub fn net_stats(&self) -> Arc<shoal_net::NetStats> {
+        self.server.stats()
     }
 
     /// Shared state (for tests and `shoal dev`).

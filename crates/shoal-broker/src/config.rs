@@ -126,6 +126,8 @@ pub struct BrokerConfig {
     /// The group coordinator of coordinated mode (`[coordinator]` table: session, heartbeat
     /// and rebalance timeouts, limits, default assignor).
     pub coordinator: shoal_group::coordinator::CoordinatorConfig,
+    /// Transport limits of the broker's listener (`[net]` table).
+    pub net: NetLimits,
 }
 
 /// What pulls do with a record whose body CRC fails.
@@ -137,6 +139,81 @@ pub enum CorruptRecordPolicy {
     Skip,
     /// The pull that reaches it is refused; the consumer stays there.
     Error,
+}
+
+/// Limits of the remoting listener, per connection unless said otherwise (`[net]` in the
+/// broker's TOML file). Each bounds what a client can make the broker hold; when one is hit
+/// the broker logs it and counts it (see `docs/configuration.md`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NetLimits {
+    /// Largest frame read or written, bytes including the length field (16 MiB, as Java's
+    /// `frameMaxLength`).
+    pub max_frame_bytes: usize,
+    /// Requests of one connection being processed or held (long polling) at once; at the
+    /// limit the broker stops reading that socket until one completes (4096).
+    pub max_inflight_requests: usize,
+    /// Answers of one connection waiting to be written; over it the broker stops reading that
+    /// socket (a client that does not read its answers is slowed down, not buffered) (4 MiB).
+    pub max_pending_write_bytes: usize,
+    /// Connections idle this long (nothing read or written, nothing in flight) are closed;
+    /// 0 = never (120, RocketMQ's `serverChannelMaxIdleTimeSeconds`).
+    pub idle_timeout_secs: u64,
+    /// Bytes of incomplete frames held by all connections together; a connection that would
+    /// take the total over it is closed (256 MiB).
+    pub max_partial_frame_bytes: usize,
+    /// Connections accepted at once from one IP address (1024).
+    pub max_connections_per_ip: usize,
+}
+
+impl Default for NetLimits {
+    fn default() -> Self {
+        let d = shoal_net::NetConfig::default();
+        Self {
+            max_frame_bytes: d.max_frame_len,
+            max_inflight_requests: d.max_inflight_requests,
+            max_pending_write_bytes: d.max_pending_write_bytes,
+            idle_timeout_secs: d.idle_timeout.map_or(0, |t| t.as_secs()),
+            max_partial_frame_bytes: d.max_partial_frame_bytes,
+            max_connections_per_ip: d.max_connections_per_ip,
+        }
+    }
+}
+
+impl NetLimits {
+    /// The transport settings these limits give.
+    pub fn net_config(&self) -> shoal_net::NetConfig {
+        shoal_net::NetConfig {
+            max_frame_len: self.max_frame_bytes,
+            max_inflight_requests: self.max_inflight_requests,
+            max_pending_write_bytes: self.max_pending_write_bytes,
+            idle_timeout: (self.idle_timeout_secs > 0)
+                .then(|| std::time::Duration::from_secs(self.idle_timeout_secs)),
+            max_partial_frame_bytes: self.max_partial_frame_bytes,
+            max_connections_per_ip: self.max_connections_per_ip,
+            ..shoal_net::NetConfig::default()
+        }
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        if self.max_frame_bytes < 64 * 1024 {
+            return Err(ConfigError(format!(
+                "net.max_frame_bytes {} is below 64 KiB",
+                self.max_frame_bytes
+            )));
+        }
+        for (key, v) in [
+            ("net.max_inflight_requests", self.max_inflight_requests),
+            ("net.max_pending_write_bytes", self.max_pending_write_bytes),
+            ("net.max_partial_frame_bytes", self.max_partial_frame_bytes),
+            ("net.max_connections_per_ip", self.max_connections_per_ip),
+        ] {
+            if v == 0 {
+                return Err(ConfigError(format!("{key} must be positive")));
+            }
+        }
+        Ok(())
+    }
 }
 
 impl Default for BrokerConfig {
@@ -188,6 +265,7 @@ impl Default for BrokerConfig {
             namesrv_access_key: None,
             namesrv_secret_key: None,
             coordinator: shoal_group::coordinator::CoordinatorConfig::default(),
+            net: NetLimits::default(),
         }
     }
 }
@@ -285,6 +363,7 @@ impl BrokerConfig {
             ));
         }
         parse_delay_levels(&self.delay_levels)?;
+        self.net.validate()?;
         Ok(())
     }
 
@@ -359,5 +438,21 @@ mod tests {
         let e = BrokerConfig::from_toml("brokr_name = \"b1\"").unwrap_err();
         assert!(e.0.contains("brokr_name"), "{e}");
         assert!(BrokerConfig::from_toml("max_message_bytes = 0").is_err());
+    }
+
+    #[test]
+    fn net_limits_from_toml() {
+        let c =
+            BrokerConfig::from_toml("[net]\nidle_timeout_secs = 0\nmax_inflight_requests = 8\n")
+                .unwrap();
+        let n = c.net.net_config();
+        assert_eq!(n.idle_timeout, None);
+        assert_eq!(n.max_inflight_requests, 8);
+        assert_eq!(
+            BrokerConfig::default().net.net_config(),
+            shoal_net::NetConfig::default()
+        );
+        assert!(BrokerConfig::from_toml("[net]\nmax_inflight_requests = 0\n").is_err());
+        assert!(BrokerConfig::from_toml("[net]\nidle_timeout = 3\n").is_err());
     }
 }

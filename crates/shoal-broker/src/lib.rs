@@ -29,4 +29,4 @@ pub mod transaction;
 
 pub use broker::{Broker, BrokerError, BrokerInner};
 
-pub use config::{BrokerConfig, CorruptRecordPolicy, FlushMode};
+pub use config::{BrokerConfig, CorruptRecordPolicy, FlushMode, NetLimits};

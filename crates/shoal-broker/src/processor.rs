@@ -148,6 +148,11 @@ impl Processor for BrokerProcessor {
         })
     }
 
+    fn end_of_batch(&self) {
+        // Sends of this batch (and of other connections) waiting for the appender: one write.
+        self.inner.store.drain_appends();
+    }
+
     fn on_connection_open(&self, _conn: &Connection) {
         self.inner.metrics.connections.inc();
         self.inner.metrics.connections_opened.inc();
@@ -195,6 +200,12 @@ impl Processor for LateProcessor {
                     Some("[REJECTREQUEST]broker is starting, try again later".into()),
                 )))
             }),
+        }
+    }
+
+    fn end_of_batch(&self) {
+        if let Some(p) = self.target.get() {
+            p.end_of_batch();
         }
     }
 

@@ -1,6 +1,8 @@
 //! [`RemotingClient`]: a pool of connections keyed by `"ip:port"`, with request helpers.
 
-use crate::connection::{Connection, NetConfig, NotSupportedProcessor, Processor};
+use crate::connection::{Connection, NetConfig};
+use crate::processor::{NotSupportedProcessor, Processor};
+use crate::stats::NetStats;
 use crate::{NetError, Result};
 use parking_lot::Mutex;
 use shoal_proto::RemotingCommand;
@@ -23,6 +25,7 @@ struct ClientInner {
     processor: Arc<dyn Processor>,
     slots: Mutex<HashMap<String, Slot>>,
     shutdown: CancellationToken,
+    stats: Arc<NetStats>,
 }
 
 impl Drop for ClientInner {
@@ -73,8 +76,14 @@ impl RemotingClient {
                 processor,
                 slots: Mutex::new(HashMap::new()),
                 shutdown: CancellationToken::new(),
+                stats: Arc::default(),
             }),
         }
+    }
+
+    /// The counters of this client's connections.
+    pub fn stats(&self) -> Arc<NetStats> {
+        Arc::clone(&self.inner.stats)
     }
 
     /// The settings this client was made with.
@@ -145,11 +154,12 @@ impl RemotingClient {
             }
             Ok(Ok(stream)) => stream,
         };
-        let (conn, driver) = Connection::start(
+        let (conn, driver) = Connection::start_tcp(
             stream,
             Arc::clone(&self.inner.processor),
             &self.inner.config,
             Some(&self.inner.shutdown),
+            Arc::clone(&self.inner.stats),
         )?;
         tokio::spawn(driver);
         debug!(addr, id = conn.id(), "connected");

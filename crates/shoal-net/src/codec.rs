@@ -1,8 +1,8 @@
 //! [`RemotingCodec`]: a `tokio_util::codec` Decoder/Encoder for whole remoting frames.
 
 use crate::NetError;
-use bytes::{Bytes, BytesMut};
-use shoal_proto::command::{split_frame, MAX_FRAME_LEN};
+use bytes::{Buf, Bytes, BytesMut};
+use shoal_proto::command::MAX_FRAME_LEN;
 use shoal_proto::{ProtoError, RemotingCommand};
 use tokio_util::codec::{Decoder, Encoder};
 
@@ -73,11 +73,43 @@ impl Decoder for RemotingCodec {
     type Error = NetError;
 
     fn decode(&mut self, src: &mut BytesMut) -> Result<Option<RemotingCommand>, NetError> {
-        match split_frame(src, self.max_frame_len)? {
-            None => Ok(None),
-            Some(frame) => Ok(Some(RemotingCommand::decode(frame)?)),
+        let Some(len) = src.get(..4) else {
+            return Ok(None);
+        };
+        let declared = i32::from_be_bytes([len[0], len[1], len[2], len[3]]);
+        let body_len = check_frame_length(declared, self.max_frame_len)?;
+        // No room is reserved for the declared length: the buffer grows as bytes arrive.
+        if src.len() < 4 + body_len {
+            return Ok(None);
         }
+        src.advance(4);
+        let frame = src.split_to(body_len).freeze();
+        Ok(Some(RemotingCommand::decode(frame)?))
     }
+}
+
+/// Validates the frame length field `declared` (which excludes its own 4 bytes) against the
+/// limit (which includes them), before any buffer is set aside for the frame; returns the
+/// bytes that follow the length field.
+pub(crate) fn check_frame_length(declared: i32, max_frame_len: usize) -> Result<usize, ProtoError> {
+    if declared < 0 {
+        return Err(ProtoError::BadLength(format!(
+            "negative frame length {declared}"
+        )));
+    }
+    let len = declared as usize;
+    if len < 4 {
+        return Err(ProtoError::BadLength(format!(
+            "frame length {len} is shorter than the 4-byte header-length field"
+        )));
+    }
+    if len + 4 > max_frame_len {
+        return Err(ProtoError::FrameTooLarge {
+            len: len + 4,
+            max: max_frame_len,
+        });
+    }
+    Ok(len)
 }
 
 impl Encoder<&RemotingCommand> for RemotingCodec {
@@ -121,6 +153,16 @@ mod tests {
         }
         assert_eq!(out, vec![a, b]);
         assert!(buf.is_empty());
+    }
+
+    #[test]
+    fn a_declared_length_reserves_nothing() {
+        let mut codec = RemotingCodec::default();
+        let mut buf = BytesMut::with_capacity(64);
+        buf.extend_from_slice(&(15i32 << 20).to_be_bytes());
+        buf.extend_from_slice(&[0u8; 10]);
+        assert!(codec.decode(&mut buf).unwrap().is_none());
+        assert!(buf.capacity() < 1024, "capacity {}", buf.capacity());
     }
 
     #[test]

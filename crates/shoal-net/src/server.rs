@@ -1,17 +1,21 @@
 //! [`Server`]: accepts connections and dispatches their requests to a [`Processor`].
 
-use crate::connection::{Connection, NetConfig, Processor};
+use crate::connection::{Connection, NetConfig};
+use crate::processor::Processor;
+use crate::stats::{bump, NetStats};
 use crate::Result;
-use std::net::SocketAddr;
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::net::{TcpListener, ToSocketAddrs};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn, Instrument};
 
 /// A listening remoting server: one task per connection, each incoming request dispatched to
-/// the [`Processor`], connection open/close events reported to it.
+/// the [`Processor`], connection open/close events reported to it. At most
+/// [`NetConfig::max_connections_per_ip`] connections per IP address are served at once.
 ///
 /// Dropping the `Server` stops it as [`Server::shutdown`] does, without waiting.
 #[derive(Debug)]
@@ -19,6 +23,7 @@ pub struct Server {
     local_addr: SocketAddr,
     shutdown: CancellationToken,
     accept_task: Option<JoinHandle<()>>,
+    stats: Arc<NetStats>,
 }
 
 impl Server {
@@ -43,16 +48,30 @@ impl Server {
         let listener = TcpListener::bind(addr).await?;
         let local_addr = listener.local_addr()?;
         let shutdown = CancellationToken::new();
+        let stats = Arc::new(NetStats::default());
         let span = tracing::info_span!("server", addr = %local_addr);
         let accept_task = tokio::spawn(
-            accept_loop(listener, processor, config, shutdown.clone()).instrument(span),
+            accept_loop(
+                listener,
+                processor,
+                config,
+                shutdown.clone(),
+                Arc::clone(&stats),
+            )
+            .instrument(span),
         );
         info!(addr = %local_addr, "remoting server listening");
         Ok(Server {
             local_addr,
             shutdown,
             accept_task: Some(accept_task),
+            stats,
         })
+    }
+
+    /// The counters of this server's connections (limits hit, reads, writes).
+    pub fn stats(&self) -> Arc<NetStats> {
+        Arc::clone(&self.stats)
     }
 
     /// The address actually bound (with the real port when 0 was asked for).
@@ -84,19 +103,53 @@ async fn accept_loop(
     processor: Arc<dyn Processor>,
     config: NetConfig,
     shutdown: CancellationToken,
+    stats: Arc<NetStats>,
 ) {
     let mut connections = JoinSet::new();
+    let mut per_ip: HashMap<IpAddr, usize> = HashMap::new();
+    let mut last_refusal_log: Option<Instant> = None;
     loop {
         tokio::select! {
             biased;
             _ = shutdown.cancelled() => break,
-            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+            Some(ended) = connections.join_next(), if !connections.is_empty() => {
+                if let Ok(ip) = ended {
+                    release_ip(&mut per_ip, ip);
+                }
+            }
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
-                    match Connection::start(stream, Arc::clone(&processor), &config, Some(&shutdown)) {
+                    let ip = peer.ip();
+                    let count = per_ip.entry(ip).or_insert(0);
+                    if *count >= config.max_connections_per_ip {
+                        bump(&stats.refused_per_ip);
+                        // One line a second at most: a connection flood must not flood the log.
+                        if last_refusal_log.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
+                            last_refusal_log = Some(Instant::now());
+                            warn!(
+                                %peer,
+                                limit = config.max_connections_per_ip,
+                                refused = stats.snapshot().refused_per_ip,
+                                "too many connections from this address; refusing"
+                            );
+                        }
+                        drop(stream);
+                        continue;
+                    }
+                    match Connection::start_tcp(
+                        stream,
+                        Arc::clone(&processor),
+                        &config,
+                        Some(&shutdown),
+                        Arc::clone(&stats),
+                    ) {
                         Ok((conn, driver)) => {
+                            *count += 1;
                             debug!(%peer, id = conn.id(), "accepted connection");
-                            connections.spawn(driver);
+                            connections.spawn(async move {
+                                driver.await;
+                                ip
+                            });
                         }
                         Err(e) => debug!(%peer, error = %e, "connection died at accept"),
                     }
@@ -112,4 +165,13 @@ async fn accept_loop(
     drop(listener);
     while connections.join_next().await.is_some() {}
     info!("remoting server stopped");
+}
+
+fn release_ip(per_ip: &mut HashMap<IpAddr, usize>, ip: IpAddr) {
+    if let Some(n) = per_ip.get_mut(&ip) {
+        *n -= 1;
+        if *n == 0 {
+            per_ip.remove(&ip);
+        }
+    }
 }

@@ -684,14 +684,16 @@ async fn closing_a_connection_from_either_side() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn requests_over_the_concurrency_limit_get_system_busy() {
+async fn requests_over_the_inflight_limit_wait_unread_until_one_completes() {
     bounded(async {
         let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        let seen = Arc::new(AtomicUsize::new(0));
         let processor = shoal_net::processor_fn({
-            let gate = gate.clone();
+            let (gate, seen) = (gate.clone(), seen.clone());
             move |_ctx, request: RemotingCommand| {
-                let gate = gate.clone();
+                let (gate, seen) = (gate.clone(), seen.clone());
                 async move {
+                    seen.fetch_add(1, Ordering::SeqCst);
                     if request.code == NEVER {
                         // Held until the test opens the gate.
                         gate.acquire().await?.forget();
@@ -701,7 +703,7 @@ async fn requests_over_the_concurrency_limit_get_system_busy() {
             }
         });
         let config = NetConfig {
-            max_concurrent_requests: 2,
+            max_inflight_requests: 2,
             ..NetConfig::default()
         };
         let server = Server::bind_with_config("127.0.0.1:0", Arc::new(processor), config)
@@ -719,23 +721,35 @@ async fn requests_over_the_concurrency_limit_get_system_busy() {
                 })
             })
             .collect();
-        wait_until("both requests are pending", || conn.pending_requests() == 2).await;
+        wait_until("both requests are being processed", || {
+            seen.load(Ordering::SeqCst) == 2
+        })
+        .await;
+        // The third request is sent but not read: the server stopped reading (backpressure)
+        // instead of queueing or refusing it.
+        let third = tokio::spawn({
+            let conn = conn.clone();
+            async move {
+                conn.request(RemotingCommand::request(ECHO), Duration::from_secs(10))
+                    .await
+            }
+        });
+        wait_until("the server paused reading", || {
+            server.stats().snapshot().paused_inflight >= 1
+        })
+        .await;
         tokio::time::sleep(Duration::from_millis(100)).await;
-        let busy = conn
-            .request(RemotingCommand::request(ECHO), Duration::from_secs(5))
-            .await
-            .unwrap();
-        assert_eq!(busy.code, shoal_proto::code::response_code::SYSTEM_BUSY);
-        assert!(busy.remark.unwrap().starts_with("[OVERLOAD]"));
+        assert_eq!(
+            seen.load(Ordering::SeqCst),
+            2,
+            "nothing read past the limit"
+        );
         gate.add_permits(2);
         for h in held {
             assert_eq!(h.await.unwrap().unwrap().code, SUCCESS);
         }
-        let ok = conn
-            .request(RemotingCommand::request(ECHO), Duration::from_secs(5))
-            .await
-            .unwrap();
-        assert_eq!(ok.code, SUCCESS);
+        assert_eq!(third.await.unwrap().unwrap().code, SUCCESS);
+        assert_eq!(seen.load(Ordering::SeqCst), 3);
         server.shutdown().await;
     })
     .await;
@@ -766,11 +780,20 @@ async fn shutdown_does_not_hang_on_a_peer_that_stops_reading() {
         let sock = TcpStream::connect(&addr).await.unwrap();
         let mut framed = Framed::new(sock, RemotingCodec::default());
         let body = "y".repeat(256 * 1024);
-        for i in 0..64 {
-            framed.send(&echo(0, &body).with_opaque(i)).await.unwrap();
-        }
-        // Never read the answers: the server's writer fills the socket buffers and blocks.
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        // Never read the answers: the server's writes fill the socket buffers, then the server
+        // stops reading too (backpressure), so this sender blocks as well.
+        let sender = tokio::spawn(async move {
+            for i in 0..64 {
+                if framed.send(&echo(0, &body).with_opaque(i)).await.is_err() {
+                    break;
+                }
+            }
+            framed
+        });
+        wait_until("the server stopped reading", || {
+            server.stats().snapshot().paused_write_queue >= 1
+        })
+        .await;
         let started = tokio::time::Instant::now();
         server.shutdown().await;
         assert!(
@@ -779,7 +802,7 @@ async fn shutdown_does_not_hang_on_a_peer_that_stops_reading() {
             started.elapsed()
         );
         assert_eq!(p.closed.lock().len(), 1);
-        drop(framed);
+        sender.abort();
     })
     .await;
 }

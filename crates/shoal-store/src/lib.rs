@@ -20,6 +20,7 @@
 
 #![warn(missing_docs)]
 
+mod appender;
 pub mod backend;
 mod commitlog;
 mod config;
@@ -29,6 +30,7 @@ mod index;
 mod offsets;
 mod store;
 
+pub use appender::PutFuture;
 pub use commitlog::{BLANK_MAGIC_CODE, END_OF_SEGMENT_MIN_BLANK};
 pub use config::{CorruptRecordPolicy, FlushMode, StoreConfig};
 pub use consume_queue::{CqEntry, CQ_ENTRY_SIZE};

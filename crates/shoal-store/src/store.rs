@@ -12,13 +12,12 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use bytes::{Bytes, BytesMut};
 use parking_lot::{Condvar, Mutex, RwLock};
 use serde::{Deserialize, Serialize};
-use shoal_proto::message::msg_id::offset_msg_id;
-use shoal_proto::message::property::{find_property, KEYS, TAGS, UNIQ_KEY, WAIT};
+use shoal_proto::message::property::{find_property, KEYS, UNIQ_KEY};
 use shoal_proto::message::record::{
-    encode_record, patch_record, store_timestamp_pos, MessageVersion, RecordFields, RecordView,
-    BLANK_MAGIC_CODE, MIN_RECORD_LEN,
+    store_timestamp_pos, MessageVersion, RecordView, BLANK_MAGIC_CODE, MIN_RECORD_LEN,
 };
 
+use crate::appender::{AppendQueue, Job};
 use crate::backend::{Backend, DirLock, StoreFile};
 use crate::commitlog::CommitLog;
 use crate::config::{CorruptRecordPolicy, FlushMode, StoreConfig};
@@ -228,28 +227,30 @@ pub const LOCK_FILE: &str = "lock";
 /// Consume-queue entries scanned at most per pull (RocketMQ scans 16000 bytes of entries).
 const MAX_SCAN_ENTRIES: usize = 800;
 
-struct WriterState {
-    last_store_timestamp: i64,
-    failed: Option<String>,
+pub(crate) struct WriterState {
+    pub(crate) last_store_timestamp: i64,
+    pub(crate) failed: Option<String>,
 }
 
 type QueueMap = HashMap<String, HashMap<i32, Arc<ConsumeQueue>>>;
 
-struct Inner {
-    config: StoreConfig,
+pub(crate) struct Inner {
+    pub(crate) config: StoreConfig,
     backend: Arc<dyn Backend>,
-    commit_log: CommitLog,
+    pub(crate) commit_log: CommitLog,
     queues: RwLock<QueueMap>,
-    index: Index,
+    pub(crate) index: Index,
     offsets: OffsetStore,
-    writer: Mutex<WriterState>,
+    pub(crate) writer: Mutex<WriterState>,
+    /// Puts waiting for the appender, and appends waiting for their fsync.
+    pub(crate) appends: AppendQueue,
     /// Records below this commit log offset have their consume-queue and index entries written.
-    dispatched: AtomicU64,
+    pub(crate) dispatched: AtomicU64,
     group_commit: Mutex<bool>,
     group_commit_cv: Condvar,
-    listeners: RwLock<Vec<ArrivalListener>>,
-    closed: AtomicBool,
-    stop: Mutex<bool>,
+    pub(crate) listeners: RwLock<Vec<ArrivalListener>>,
+    pub(crate) closed: AtomicBool,
+    pub(crate) stop: Mutex<bool>,
     stop_cv: Condvar,
     /// Serializes checkpoint writes (flusher thread vs. explicit flush).
     logics_lock: Mutex<()>,
@@ -263,7 +264,7 @@ struct Inner {
 
 /// The message store. `Send + Sync`; share it with an `Arc`.
 pub struct MessageStore {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
     threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
@@ -276,7 +277,7 @@ impl std::fmt::Debug for MessageStore {
     }
 }
 
-fn now_ms() -> i64 {
+pub(crate) fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64)
@@ -284,7 +285,7 @@ fn now_ms() -> i64 {
 
 /// Topic names become directory names: RocketMQ's character set (`[%|a-zA-Z0-9_-]`), at most
 /// 255 bytes.
-fn validate_topic(topic: &str) -> Result<()> {
+pub(crate) fn validate_topic(topic: &str) -> Result<()> {
     if topic.is_empty() || topic.len() > 255 {
         return Err(StoreError::InvalidArgument(format!(
             "topic length {} is outside 1..=255",
@@ -394,7 +395,7 @@ impl ScannedRecord {
     }
 }
 
-fn index_keys(properties: &str) -> Vec<String> {
+pub(crate) fn index_keys(properties: &str) -> Vec<String> {
     let mut keys: Vec<String> = find_property(properties, KEYS)
         .map(|k| {
             k.split(' ')
@@ -552,6 +553,7 @@ impl MessageStore {
                 last_store_timestamp,
                 failed: None,
             }),
+            appends: AppendQueue::default(),
             dispatched: AtomicU64::new(end),
             group_commit: Mutex::new(false),
             group_commit_cv: Condvar::new(),
@@ -646,6 +648,22 @@ impl MessageStore {
             Ok(h) => self.threads.lock().push(h),
             Err(e) => tracing::error!(error = %e, "cannot start the store flusher thread"),
         }
+        if self.inner.config.flush_mode == FlushMode::Sync {
+            let inner = self.inner.clone();
+            let handle = std::thread::Builder::new()
+                .name("shoal-store-commit".into())
+                .spawn(move || inner.group_commit_loop());
+            match handle {
+                Ok(h) => {
+                    self.inner
+                        .appends
+                        .sync_thread
+                        .store(true, Ordering::Release);
+                    self.threads.lock().push(h);
+                }
+                Err(e) => tracing::error!(error = %e, "cannot start the group commit thread"),
+            }
+        }
     }
 
     /// Appends one message. See [`Self::put_messages`].
@@ -669,156 +687,10 @@ impl MessageStore {
                 flush: FlushStatus::NotFlushed,
             });
         }
-        // Encode outside the lock; offsets and store timestamp are patched in under it.
-        let store_host = inner.config.store_host;
-        let mut encoded: Vec<u8> = Vec::new();
-        let mut layouts = Vec::with_capacity(msgs.len());
-        for m in msgs {
-            validate_topic(&m.topic)?;
-            if m.queue_id < 0 {
-                return Err(StoreError::InvalidArgument(format!(
-                    "negative queue id {}",
-                    m.queue_id
-                )));
-            }
-            let fields = RecordFields {
-                topic: &m.topic,
-                queue_id: m.queue_id,
-                flag: m.flag,
-                queue_offset: 0,
-                physical_offset: 0,
-                sys_flag: m.sys_flag,
-                born_timestamp: m.born_timestamp,
-                born_host: m.born_host,
-                store_timestamp: 0,
-                store_host,
-                reconsume_times: m.reconsume_times,
-                prepared_transaction_offset: m.prepared_transaction_offset,
-                body: &m.body,
-                properties: &m.properties,
-            };
-            let len = fields.encoded_len()?;
-            if len > inner.config.max_message_size {
-                return Err(StoreError::MessageTooLarge {
-                    size: len,
-                    max: inner.config.max_message_size,
-                });
-            }
-            layouts.push(encode_record(&fields, &mut encoded)?);
-        }
-        let sizes: Vec<usize> = layouts.iter().map(|l| l.len).collect();
-        let tag_codes: Vec<i64> = msgs
-            .iter()
-            .map(|m| shoal_proto::hash::tags_code(find_property(&m.properties, TAGS)))
-            .collect();
-
-        let mut arrivals = Vec::with_capacity(msgs.len());
-        let (appended, end) = {
-            let mut w = inner.writer.lock();
-            if let Some(reason) = &w.failed {
-                return Err(StoreError::WriteFailed(reason.clone()));
-            }
-            if inner.closed.load(Ordering::Acquire) {
-                return Err(StoreError::Closed);
-            }
-            let ts = now_ms().max(w.last_store_timestamp);
-            // Queue offsets per (topic, queue) in order.
-            let mut next: HashMap<(&str, i32), (Arc<ConsumeQueue>, u64)> = HashMap::new();
-            let mut queue_offsets = Vec::with_capacity(msgs.len());
-            for m in msgs {
-                let key = (m.topic.as_str(), m.queue_id);
-                let slot = match next.entry(key) {
-                    std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
-                    std::collections::hash_map::Entry::Vacant(v) => {
-                        let cq = inner.queue(&m.topic, m.queue_id, true)?.ok_or_else(|| {
-                            StoreError::InvalidArgument("queue not created".into())
-                        })?;
-                        let start = cq.max_offset();
-                        v.insert((cq, start))
-                    }
-                };
-                queue_offsets.push(slot.1);
-                slot.1 += 1;
-            }
-            let phys = inner.commit_log.append(&sizes, |i, phys, buf| {
-                let start = buf.len();
-                let range = layouts.get(i).map(|l| l.range()).unwrap_or(0..0);
-                buf.extend_from_slice(encoded.get(range).unwrap_or(&[]));
-                let q = queue_offsets.get(i).copied().unwrap_or(0);
-                patch_record(&mut buf[start..], q as i64, phys as i64, ts)?;
-                Ok(())
-            })?;
-            w.last_store_timestamp = ts;
-            // Dispatch: consume-queue entries grouped per queue, then index entries.
-            let mut per_queue: HashMap<(&str, i32), Vec<CqEntry>> = HashMap::new();
-            let mut dispatch = || -> Result<()> {
-                for (i, m) in msgs.iter().enumerate() {
-                    per_queue
-                        .entry((m.topic.as_str(), m.queue_id))
-                        .or_default()
-                        .push(CqEntry {
-                            phys_offset: phys[i],
-                            size: sizes[i] as u32,
-                            tag_code: tag_codes[i],
-                        });
-                }
-                for (key, entries) in &per_queue {
-                    if let Some((cq, _)) = next.get(key) {
-                        cq.append(entries)?;
-                    }
-                }
-                for (i, m) in msgs.iter().enumerate() {
-                    for key in index_keys(&m.properties) {
-                        inner.index.put(&m.topic, &key, phys[i], ts)?;
-                    }
-                }
-                Ok(())
-            };
-            if let Err(e) = dispatch() {
-                w.failed = Some(format!("dispatch after a commit log append failed: {e}"));
-                return Err(e);
-            }
-            let end = inner.commit_log.write_pos();
-            inner.dispatched.store(end, Ordering::Release);
-            let mut appended = Vec::with_capacity(msgs.len());
-            for (i, m) in msgs.iter().enumerate() {
-                appended.push(AppendedMessage {
-                    physical_offset: phys[i],
-                    queue_offset: queue_offsets[i],
-                    store_timestamp: ts,
-                    size: sizes[i] as u32,
-                    offset_msg_id: offset_msg_id(store_host, phys[i] as i64),
-                });
-                arrivals.push(MessageArrival {
-                    topic: m.topic.clone(),
-                    queue_id: m.queue_id,
-                    queue_offset: queue_offsets[i],
-                    tag_code: tag_codes[i],
-                    store_timestamp: ts,
-                });
-            }
-            (appended, end)
-        };
-        {
-            let listeners = inner.listeners.read();
-            for a in &arrivals {
-                for l in listeners.iter() {
-                    l(a);
-                }
-            }
-        }
-        // RocketMQ's `WAIT=false` property: the producer does not wait for the flush.
-        let wait = msgs
-            .iter()
-            .any(|m| find_property(&m.properties, WAIT) != Some("false"));
-        let flush = match inner.config.flush_mode {
-            FlushMode::Sync if wait => inner.wait_durable(end),
-            _ => FlushStatus::NotFlushed,
-        };
-        Ok(PutMessageResult {
-            messages: appended,
-            flush,
-        })
+        // Encoded outside the lock; offsets and store timestamp are patched in under it,
+        // together with every put queued by others (see `appender`).
+        let job = Job::encode(inner, std::borrow::Cow::Borrowed(msgs))?;
+        inner.put_blocking(job)
     }
 
     /// Reads up to `max_count` messages (and about `max_bytes`, at least one message) from
@@ -1271,10 +1143,14 @@ impl MessageStore {
         {
             *inner.stop.lock() = true;
             inner.stop_cv.notify_all();
+            inner.appends.sync_cv.notify_all();
         }
         for h in self.threads.lock().drain(..) {
             let _ = h.join();
         }
+        inner.appends.sync_thread.store(false, Ordering::Release);
+        // Puts still queued fail; appended ones waiting for an fsync get the flush below.
+        inner.fail_waiting();
         let w = inner.writer.lock();
         inner.offsets.persist()?;
         if let Some(reason) = &w.failed {
@@ -1532,7 +1408,12 @@ fn scan_commit_log(
 
 impl Inner {
     /// The consume queue of (topic, queue id), created if asked. `Ok(None)` if absent.
-    fn queue(&self, topic: &str, queue_id: i32, create: bool) -> Result<Option<Arc<ConsumeQueue>>> {
+    pub(crate) fn queue(
+        &self,
+        topic: &str,
+        queue_id: i32,
+        create: bool,
+    ) -> Result<Option<Arc<ConsumeQueue>>> {
         if let Some(cq) = self.queues.read().get(topic).and_then(|m| m.get(&queue_id)) {
             return Ok(Some(cq.clone()));
         }
@@ -1791,7 +1672,7 @@ impl Inner {
 
     /// Sync flush with group commit: the first waiter fsyncs everything written so far (the
     /// lock is not held during the fsync); others wait for it.
-    fn wait_durable(&self, end: u64) -> FlushStatus {
+    pub(crate) fn wait_durable(&self, end: u64) -> FlushStatus {
         let deadline = Instant::now() + self.config.sync_flush_timeout;
         let mut flushing = self.group_commit.lock();
         loop {

@@ -1,0 +1,520 @@
+//! The task that runs one connection: reads, decodes, runs request futures, writes.
+//!
+//! One loop, all on the connection's task: read what the socket has (unless a limit says stop),
+//! decode every complete frame (responses complete their waiters; requests become futures run
+//! here), poll the request futures, tell the processor the batch is done (so it can do work
+//! collected from several requests at once), poll again, and write every frame queued by then
+//! with one vectored write. Answers are therefore written by the task that produced them,
+//! coalesced, without a hop through a writer task.
+//!
+//! Limits (see [`NetConfig`](crate::NetConfig)): reading stops while `max_inflight_requests`
+//! requests are unanswered or `max_pending_write_bytes` wait to be written; incomplete frames
+//! hold only the bytes received, counted against `max_partial_frame_bytes` over all
+//! connections; a connection idle for `idle_timeout` is closed.
+
+use crate::codec::check_frame_length;
+use crate::connection::Connection;
+use crate::outbuf::Writing;
+use crate::processor::{Processor, RequestContext, Ticket};
+use crate::stats::bump;
+use bytes::{Buf, BytesMut};
+use futures::future::BoxFuture;
+use futures::stream::FuturesUnordered;
+use futures::{FutureExt, StreamExt};
+use shoal_proto::code::response_code::SYSTEM_ERROR;
+use shoal_proto::RemotingCommand;
+use std::future::{poll_fn, Future};
+use std::io::IoSlice;
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::time::{Instant, Sleep};
+use tokio_util::sync::WaitForCancellationFutureOwned;
+use tracing::{debug, error, info, warn};
+
+/// How long a closing connection may spend flushing frames already queued for writing.
+const CLOSE_FLUSH_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Read buffer size; also the least free space before a read.
+const READ_CHUNK: usize = 64 * 1024;
+const MIN_READ_SPACE: usize = 4 * 1024;
+
+/// Most frames decoded before the requests they carry are run (the rest wait a turn).
+const MAX_FRAMES_PER_TURN: usize = 256;
+
+/// One request run to its end: what to send back, and the in-flight ticket to release after.
+struct Done {
+    opaque: i32,
+    oneway: bool,
+    response: Option<RemotingCommand>,
+    _ticket: Arc<Ticket>,
+}
+
+/// Why a connection ends.
+enum Close {
+    Requested,
+    PeerClosed,
+    Io(std::io::Error),
+    BadFrame(String),
+    Idle,
+    PartialBudget(usize),
+}
+
+/// Why reading is paused.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Pause {
+    Inflight,
+    WriteQueue,
+}
+
+pub(crate) struct Driver<S> {
+    conn: Connection,
+    io: S,
+    processor: Arc<dyn Processor>,
+    rbuf: BytesMut,
+    eof: bool,
+    requests: FuturesUnordered<BoxFuture<'static, Done>>,
+    writing: Writing,
+    /// Bytes of this connection counted in the shared partial-frame total.
+    partial_held: usize,
+    last_activity: Instant,
+    idle: Option<Pin<Box<Sleep>>>,
+    paused: Option<Pause>,
+    cancelled: Pin<Box<WaitForCancellationFutureOwned>>,
+}
+
+impl<S> Driver<S>
+where
+    S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+{
+    pub(crate) fn new(conn: Connection, io: S, processor: Arc<dyn Processor>) -> Self {
+        let cancelled = Box::pin(conn.inner.closed.clone().cancelled_owned());
+        Driver {
+            conn,
+            io,
+            processor,
+            rbuf: BytesMut::new(),
+            eof: false,
+            requests: FuturesUnordered::new(),
+            writing: Writing::default(),
+            partial_held: 0,
+            last_activity: Instant::now(),
+            idle: None,
+            paused: None,
+            cancelled,
+        }
+    }
+
+    /// Runs the connection until it must close; returns why.
+    fn poll_run(&mut self, cx: &mut Context<'_>) -> Poll<Close> {
+        self.conn.inner.driver_waker.register(cx.waker());
+        loop {
+            if self.cancelled.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Close::Requested);
+            }
+            let mut progress = match self.poll_read(cx) {
+                Ok(p) => p,
+                Err(c) => return Poll::Ready(c),
+            };
+            match self.decode_and_dispatch() {
+                Ok(n) => progress |= n > 0,
+                Err(c) => return Poll::Ready(c),
+            }
+            progress |= self.poll_requests(cx);
+            match self.poll_write(cx) {
+                Ok(p) => progress |= p,
+                Err(e) => return Poll::Ready(Close::Io(e)),
+            }
+            if self.eof && self.requests.is_empty() {
+                return Poll::Ready(Close::PeerClosed);
+            }
+            if !progress {
+                break;
+            }
+        }
+        match self.poll_idle(cx) {
+            Some(c) => Poll::Ready(c),
+            None => Poll::Pending,
+        }
+    }
+
+    /// Whether a limit says not to read now (and counts / logs when one starts to).
+    fn read_paused(&mut self) -> bool {
+        let inner = &self.conn.inner;
+        let cfg = &inner.config;
+        let pause = if inner.inflight.load(Ordering::Acquire) >= cfg.max_inflight_requests {
+            Some(Pause::Inflight)
+        } else if self.writing.len() + inner.out.lock().len() >= cfg.max_pending_write_bytes {
+            Some(Pause::WriteQueue)
+        } else {
+            None
+        };
+        if pause != self.paused {
+            inner.read_paused.store(pause.is_some(), Ordering::Release);
+            match pause {
+                Some(Pause::Inflight) => {
+                    bump(&inner.stats.paused_inflight);
+                    debug!(
+                        limit = cfg.max_inflight_requests,
+                        "requests in flight at the limit; not reading until one completes"
+                    );
+                }
+                Some(Pause::WriteQueue) => {
+                    bump(&inner.stats.paused_write_queue);
+                    debug!(
+                        limit = cfg.max_pending_write_bytes,
+                        "answers waiting to be written at the limit (the peer does not read); not reading"
+                    );
+                }
+                None => debug!("reading again"),
+            }
+            self.paused = pause;
+        }
+        pause.is_some()
+    }
+
+    /// Reads what the socket has into the read buffer. `Ok(true)` when bytes (or the end of
+    /// the stream) arrived.
+    fn poll_read(&mut self, cx: &mut Context<'_>) -> Result<bool, Close> {
+        if self.eof || self.read_paused() {
+            return Ok(false);
+        }
+        if self.rbuf.capacity() - self.rbuf.len() < MIN_READ_SPACE {
+            // Grows with the bytes that arrive, never to a length a frame only declares.
+            self.rbuf.reserve(READ_CHUNK);
+        }
+        match tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut self.rbuf) {
+            Poll::Ready(Ok(0)) => {
+                self.eof = true;
+                Ok(true)
+            }
+            Poll::Ready(Ok(_)) => {
+                bump(&self.conn.inner.stats.read_calls);
+                self.last_activity = Instant::now();
+                Ok(true)
+            }
+            Poll::Ready(Err(e)) => Err(Close::Io(e)),
+            Poll::Pending => Ok(false),
+        }
+    }
+
+    /// Decodes the complete frames in the read buffer: responses complete their waiters,
+    /// requests start. Returns how many frames were taken.
+    fn decode_and_dispatch(&mut self) -> Result<usize, Close> {
+        let max_frame_len = self.conn.inner.config.max_frame_len;
+        let max_inflight = self.conn.inner.config.max_inflight_requests;
+        let mut n = 0;
+        while n < MAX_FRAMES_PER_TURN {
+            if self.conn.inner.inflight.load(Ordering::Acquire) >= max_inflight {
+                break;
+            }
+            let Some(len) = self.rbuf.get(..4) else {
+                break;
+            };
+            let declared = i32::from_be_bytes([len[0], len[1], len[2], len[3]]);
+            let body_len = check_frame_length(declared, max_frame_len)
+                .map_err(|e| Close::BadFrame(e.to_string()))?;
+            if self.rbuf.len() < 4 + body_len {
+                break;
+            }
+            self.rbuf.advance(4);
+            let frame = self.rbuf.split_to(body_len).freeze();
+            let cmd = RemotingCommand::decode(frame).map_err(|e| Close::BadFrame(e.to_string()))?;
+            n += 1;
+            if cmd.is_response() {
+                self.conn.complete(cmd);
+            } else {
+                self.dispatch(cmd);
+            }
+        }
+        if self.rbuf.is_empty() && self.rbuf.capacity() > 4 * READ_CHUNK {
+            // A large frame has passed: give its memory back.
+            self.rbuf = BytesMut::new();
+        }
+        self.account_partial()?;
+        Ok(n)
+    }
+
+    /// Counts the bytes waiting in the read buffer (an incomplete frame) against the shared
+    /// budget; a connection that would exceed it is closed.
+    fn account_partial(&mut self) -> Result<(), Close> {
+        let now = self.rbuf.len();
+        let total = &self.conn.inner.stats.partial_frame_bytes;
+        if now > self.partial_held {
+            let add = now - self.partial_held;
+            let after = total.fetch_add(add, Ordering::AcqRel) + add;
+            self.partial_held = now;
+            if after > self.conn.inner.config.max_partial_frame_bytes {
+                return Err(Close::PartialBudget(after));
+            }
+        } else if now < self.partial_held {
+            total.fetch_sub(self.partial_held - now, Ordering::AcqRel);
+            self.partial_held = now;
+        }
+        Ok(())
+    }
+
+    fn release_partial(&mut self) {
+        if self.partial_held > 0 {
+            self.conn
+                .inner
+                .stats
+                .partial_frame_bytes
+                .fetch_sub(self.partial_held, Ordering::AcqRel);
+            self.partial_held = 0;
+        }
+        self.rbuf = BytesMut::new();
+    }
+
+    /// Starts one incoming request: its future runs on this task.
+    fn dispatch(&mut self, request: RemotingCommand) {
+        bump(&self.conn.inner.stats.requests_received);
+        let ticket = Ticket::new(Arc::clone(&self.conn.inner));
+        let opaque = request.opaque;
+        let oneway = request.is_oneway();
+        let ctx = RequestContext {
+            connection: self.conn.clone(),
+            opaque,
+            oneway,
+            ticket: Arc::clone(&ticket),
+        };
+        let processor = Arc::clone(&self.processor);
+        let peer = self.conn.peer_addr();
+        self.requests.push(Box::pin(async move {
+            let outcome = AssertUnwindSafe(processor.process(ctx, request))
+                .catch_unwind()
+                .await;
+            let response = match outcome {
+                Ok(Ok(response)) => response,
+                Ok(Err(e)) => {
+                    warn!(%peer, error = %e, "processor failed");
+                    Some(RemotingCommand::response(SYSTEM_ERROR, Some(e.to_string())))
+                }
+                Err(panic) => {
+                    let text = panic_text(panic.as_ref());
+                    error!(%peer, panic = %text, "processor panicked");
+                    Some(RemotingCommand::response(
+                        SYSTEM_ERROR,
+                        Some(format!("processor panicked: {text}")),
+                    ))
+                }
+            };
+            Done {
+                opaque,
+                oneway,
+                response,
+                _ticket: ticket,
+            }
+        }));
+    }
+
+    /// Polls the request futures, lets the processor finish the batch, polls again; queues
+    /// every answer produced. `true` when a request completed.
+    fn poll_requests(&mut self, cx: &mut Context<'_>) -> bool {
+        if self.requests.is_empty() {
+            return false;
+        }
+        let mut progress = self.drain_requests(cx);
+        self.processor.end_of_batch();
+        progress |= self.drain_requests(cx);
+        progress
+    }
+
+    fn drain_requests(&mut self, cx: &mut Context<'_>) -> bool {
+        let mut progress = false;
+        while let Poll::Ready(Some(done)) = self.requests.poll_next_unpin(cx) {
+            progress = true;
+            if done.oneway {
+                continue;
+            }
+            if let Some(mut response) = done.response {
+                response.opaque = done.opaque;
+                response.flag |= shoal_proto::command::FLAG_RESPONSE;
+                if let Err(e) = self.conn.push_response(&response) {
+                    debug!(error = %e, "could not queue an answer");
+                }
+            }
+        }
+        progress
+    }
+
+    /// Writes what is queued: everything ready goes out in vectored writes. `Ok(true)` when
+    /// bytes were written.
+    fn poll_write(&mut self, cx: &mut Context<'_>) -> std::io::Result<bool> {
+        let inner = &self.conn.inner;
+        let mut wrote = false;
+        loop {
+            if self.writing.is_empty() {
+                let mut out = inner.out.lock();
+                if out.is_empty() {
+                    break;
+                }
+                let was_full = out.len() >= inner.config.max_pending_write_bytes;
+                out.take_into(&mut self.writing);
+                drop(out);
+                if was_full {
+                    inner.out_space.notify_waiters();
+                }
+            }
+            let mut slices = [IoSlice::new(&[]); crate::outbuf::MAX_IOV];
+            let n = self.writing.fill(&mut slices);
+            match Pin::new(&mut self.io).poll_write_vectored(cx, &slices[..n]) {
+                Poll::Ready(Ok(0)) => {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::WriteZero,
+                        "the connection accepts no more bytes",
+                    ))
+                }
+                Poll::Ready(Ok(k)) => {
+                    bump(&inner.stats.write_calls);
+                    self.writing.advance(k);
+                    wrote = true;
+                }
+                Poll::Ready(Err(e)) => return Err(e),
+                Poll::Pending => break,
+            }
+        }
+        if wrote {
+            self.last_activity = Instant::now();
+            if let Poll::Ready(Err(e)) = Pin::new(&mut self.io).poll_flush(cx) {
+                return Err(e);
+            }
+        }
+        Ok(wrote)
+    }
+
+    /// Closes a connection that stayed idle past the idle timeout (nothing read or written,
+    /// nothing in flight either way).
+    fn poll_idle(&mut self, cx: &mut Context<'_>) -> Option<Close> {
+        let idle = self.conn.inner.config.idle_timeout?;
+        let inner = &self.conn.inner;
+        let busy = !self.requests.is_empty()
+            || inner.inflight.load(Ordering::Acquire) > 0
+            || !self.writing.is_empty()
+            || !inner.pending.lock().waiting.is_empty();
+        let now = Instant::now();
+        if busy {
+            self.last_activity = now;
+        }
+        let deadline = self.last_activity + idle;
+        let sleep = self
+            .idle
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+        loop {
+            if sleep.as_mut().poll(cx).is_pending() {
+                return None;
+            }
+            if Instant::now() >= deadline {
+                return Some(Close::Idle);
+            }
+            // Activity since the timer was set: wait until the new deadline.
+            sleep.as_mut().reset(deadline);
+        }
+    }
+
+    /// Writes what is still queued (used while closing).
+    fn poll_flush_all(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        loop {
+            match self.poll_write(cx) {
+                Err(_) => return Poll::Ready(()),
+                Ok(_) if self.writing.is_empty() && self.conn.inner.out.lock().is_empty() => {
+                    return Poll::Ready(())
+                }
+                Ok(true) => continue,
+                Ok(false) => return Poll::Pending,
+            }
+        }
+    }
+}
+
+/// Runs a connection: calls `on_connection_open`, serves it until it ends, then fails pending
+/// requests, flushes what is queued (bounded in time), and calls `on_connection_close`.
+pub(crate) async fn run<S>(mut d: Driver<S>)
+where
+    S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+{
+    let conn = d.conn.clone();
+    let stats = Arc::clone(&conn.inner.stats);
+    bump(&stats.connections_opened);
+    let processor = Arc::clone(&d.processor);
+    notify(&conn, "on_connection_open", || {
+        processor.on_connection_open(&conn)
+    });
+    let why = poll_fn(|cx| d.poll_run(cx)).await;
+    match &why {
+        Close::Requested => debug!("connection closed by this side"),
+        Close::PeerClosed => debug!("peer closed the connection"),
+        Close::Io(e) => debug!(error = %e, "connection failed"),
+        Close::BadFrame(reason) => {
+            bump(&stats.closed_bad_frame);
+            warn!(peer = %conn.peer_addr(), %reason, "closing connection");
+        }
+        Close::Idle => {
+            bump(&stats.closed_idle);
+            info!(
+                peer = %conn.peer_addr(),
+                idle_timeout = ?conn.inner.config.idle_timeout,
+                "closing idle connection"
+            );
+        }
+        Close::PartialBudget(total) => {
+            bump(&stats.closed_partial_budget);
+            warn!(
+                peer = %conn.peer_addr(),
+                held = d.partial_held,
+                total,
+                limit = conn.inner.config.max_partial_frame_bytes,
+                "incomplete frames over the memory budget; closing connection"
+            );
+        }
+    }
+    conn.inner.closed.cancel();
+    conn.fail_pending();
+    // Requests still running are dropped with the connection; their answers could not be sent.
+    d.requests.clear();
+    d.release_partial();
+    let flushed = tokio::time::timeout(CLOSE_FLUSH_TIMEOUT, async {
+        poll_fn(|cx| d.poll_flush_all(cx)).await;
+        poll_fn(|cx| Pin::new(&mut d.io).poll_shutdown(cx)).await
+    })
+    .await;
+    if flushed.is_err() {
+        debug!("gave up flushing a closing connection");
+    }
+    inner_wake_senders(&conn);
+    bump(&stats.connections_closed);
+    notify(&conn, "on_connection_close", || {
+        processor.on_connection_close(&conn)
+    });
+    debug!("connection closed");
+}
+
+/// Senders waiting for room in the write queue learn the connection is gone.
+fn inner_wake_senders(conn: &Connection) {
+    conn.inner.out_space.notify_waiters();
+}
+
+/// Runs a connection event callback, containing a panic.
+fn notify(conn: &Connection, what: &'static str, f: impl FnOnce()) {
+    if let Err(panic) = std::panic::catch_unwind(AssertUnwindSafe(f)) {
+        error!(
+            peer = %conn.peer_addr(),
+            panic = panic_text(panic.as_ref()),
+            "processor {what} panicked"
+        );
+    }
+}
+
+fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "unknown panic payload".to_owned()
+    }
+}

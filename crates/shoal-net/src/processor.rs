@@ -1,0 +1,243 @@
+//! [`Processor`]: what handles the requests arriving on connections, with what it gets for
+//! each request ([`RequestContext`]) and how it answers late ([`Responder`]).
+
+use crate::connection::{Connection, Inner};
+use crate::Result;
+use futures::future::BoxFuture;
+use shoal_proto::code::response_code::REQUEST_CODE_NOT_SUPPORTED;
+use shoal_proto::RemotingCommand;
+use std::fmt;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// The error a [`Processor`] may return; it is answered with SYSTEM_ERROR (1) and the error's
+/// text as remark.
+pub type ProcessError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// What a [`Processor`] returns for one request: `Ok(Some(response))` to answer now,
+/// `Ok(None)` to send nothing now (oneway requests, or an answer given later through a
+/// [`Responder`]), `Err(e)` to answer SYSTEM_ERROR with `e`'s text as remark.
+pub type ProcessResult = std::result::Result<Option<RemotingCommand>, ProcessError>;
+
+/// Handles requests that arrive on connections, and hears about connections opening and
+/// closing. Used by both sides: a [`Server`](crate::Server) for client requests, a
+/// [`RemotingClient`](crate::RemotingClient) for server-initiated requests.
+///
+/// The futures `process` returns run on the connection's own task, many at once (a slow
+/// request does not hold up the others, but a future must not block its thread for long:
+/// blocking work belongs on a thread of its own). Requests that arrive together are handed
+/// over together: the connection decodes every complete frame it has read, calls `process` for
+/// each, polls the futures, then calls [`Processor::end_of_batch`] once, polls again, and writes
+/// every answer ready by then with one write.
+///
+/// The response's `opaque` and response flag are set by the connection; a response to a oneway
+/// request is never sent. A processor that returns an error or panics gets SYSTEM_ERROR (1)
+/// sent back with the error text; the connection and server carry on.
+///
+/// Implement `process` with `Box::pin(async move { ... })`.
+pub trait Processor: Send + Sync + 'static {
+    /// Processes one request (never a response). `ctx` holds the connection (to remember the
+    /// peer's channel and send it requests later) and a [`Responder`] (to answer later).
+    fn process<'a>(
+        &'a self,
+        ctx: RequestContext,
+        request: RemotingCommand,
+    ) -> BoxFuture<'a, ProcessResult>;
+
+    /// Called on a connection's task after it has polled the requests that arrived together
+    /// (and again whenever it polled requests that made progress). A processor that collects
+    /// work from several requests (appends to a log) does it here, once for all of them. Must
+    /// not block for long.
+    fn end_of_batch(&self) {}
+
+    /// Called once when a connection opens, before its first request is processed.
+    /// Must not block; it runs on the connection's task.
+    fn on_connection_open(&self, _conn: &Connection) {}
+
+    /// Called once when a connection has closed (peer gone, error, `close()`, shutdown), after
+    /// its pending requests have been failed. Must not block.
+    fn on_connection_close(&self, _conn: &Connection) {}
+}
+
+/// A [`Processor`] made of an async closure (see [`processor_fn`]); connection events are
+/// ignored.
+pub struct FnProcessor<F> {
+    f: F,
+}
+
+impl<F> fmt::Debug for FnProcessor<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("FnProcessor")
+    }
+}
+
+/// Wraps an async closure `|ctx, request| async move { ... }` as a [`Processor`]: handy for
+/// small handlers and tests.
+pub fn processor_fn<F, Fut>(f: F) -> FnProcessor<F>
+where
+    F: Fn(RequestContext, RemotingCommand) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = ProcessResult> + Send + 'static,
+{
+    FnProcessor { f }
+}
+
+impl<F, Fut> Processor for FnProcessor<F>
+where
+    F: Fn(RequestContext, RemotingCommand) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = ProcessResult> + Send + 'static,
+{
+    fn process<'a>(
+        &'a self,
+        ctx: RequestContext,
+        request: RemotingCommand,
+    ) -> BoxFuture<'a, ProcessResult> {
+        Box::pin((self.f)(ctx, request))
+    }
+}
+
+/// A [`Processor`] that answers every request REQUEST_CODE_NOT_SUPPORTED (3), as RocketMQ does
+/// for codes it has no processor for. The default handler of a [`RemotingClient`](crate::RemotingClient).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NotSupportedProcessor;
+
+impl Processor for NotSupportedProcessor {
+    fn process<'a>(
+        &'a self,
+        _ctx: RequestContext,
+        request: RemotingCommand,
+    ) -> BoxFuture<'a, ProcessResult> {
+        Box::pin(async move { Ok(Some(request_code_not_supported(&request))) })
+    }
+}
+
+/// RocketMQ's answer to a request code nobody handles: REQUEST_CODE_NOT_SUPPORTED (3) with
+/// remark `" request type <code> not supported"` (leading space included, as Java).
+pub fn request_code_not_supported(request: &RemotingCommand) -> RemotingCommand {
+    RemotingCommand::response_to(
+        request,
+        REQUEST_CODE_NOT_SUPPORTED,
+        Some(format!(" request type {} not supported", request.code)),
+    )
+}
+
+/// One incoming request counted against the connection's `max_inflight_requests` until every
+/// holder (the request's future, its [`Responder`]s) is gone.
+pub(crate) struct Ticket {
+    inner: Arc<Inner>,
+}
+
+impl Ticket {
+    pub(crate) fn new(inner: Arc<Inner>) -> Arc<Ticket> {
+        inner.inflight.fetch_add(1, Ordering::AcqRel);
+        Arc::new(Ticket { inner })
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        self.inner.inflight.fetch_sub(1, Ordering::AcqRel);
+        if self.inner.read_paused.load(Ordering::Acquire) {
+            self.inner.driver_waker.wake();
+        }
+    }
+}
+
+/// What a [`Processor`] gets with each request.
+pub struct RequestContext {
+    pub(crate) connection: Connection,
+    pub(crate) opaque: i32,
+    pub(crate) oneway: bool,
+    pub(crate) ticket: Arc<Ticket>,
+}
+
+impl fmt::Debug for RequestContext {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RequestContext")
+            .field("connection", &self.connection)
+            .field("opaque", &self.opaque)
+            .field("oneway", &self.oneway)
+            .finish()
+    }
+}
+
+impl RequestContext {
+    /// The connection the request arrived on. Clone it to keep the peer's channel (e.g. a
+    /// client's, to send it NOTIFY_CONSUMER_IDS_CHANGED later).
+    pub fn connection(&self) -> &Connection {
+        &self.connection
+    }
+
+    /// The peer's address.
+    pub fn peer_addr(&self) -> SocketAddr {
+        self.connection.peer_addr()
+    }
+
+    /// The request's opaque.
+    pub fn opaque(&self) -> i32 {
+        self.opaque
+    }
+
+    /// True when the request is oneway (nothing will ever be sent back for it).
+    pub fn is_oneway(&self) -> bool {
+        self.oneway
+    }
+
+    /// A handle to answer this request later (long polling): keep it, return `Ok(None)` from
+    /// [`Processor::process`], and call [`Responder::send`] when the answer is ready. The
+    /// request counts against the connection's in-flight limit until the responder is dropped.
+    pub fn responder(&self) -> Responder {
+        Responder {
+            connection: self.connection.clone(),
+            opaque: self.opaque,
+            oneway: self.oneway,
+            _ticket: Arc::clone(&self.ticket),
+        }
+    }
+}
+
+/// Sends the (possibly late) response to one request with the request's opaque.
+pub struct Responder {
+    connection: Connection,
+    opaque: i32,
+    oneway: bool,
+    _ticket: Arc<Ticket>,
+}
+
+impl fmt::Debug for Responder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Responder")
+            .field("connection", &self.connection)
+            .field("opaque", &self.opaque)
+            .field("oneway", &self.oneway)
+            .finish()
+    }
+}
+
+impl Responder {
+    /// The connection the request arrived on.
+    pub fn connection(&self) -> &Connection {
+        &self.connection
+    }
+
+    /// The opaque of the request being answered.
+    pub fn opaque(&self) -> i32 {
+        self.opaque
+    }
+
+    /// Sends `response` with the request's opaque and the response flag set. For a oneway
+    /// request nothing is sent (and `Ok` is returned). The answer is queued at once (answers
+    /// are bounded by the in-flight limit, not by the write queue).
+    ///
+    /// # Errors
+    /// [`NetError::ConnectionClosed`](crate::NetError::ConnectionClosed) when the connection
+    /// has gone, [`NetError::Protocol`](crate::NetError::Protocol) when the response cannot be
+    /// encoded or is over the frame limit.
+    pub async fn send(&self, response: RemotingCommand) -> Result<()> {
+        if self.oneway {
+            return Ok(());
+        }
+        self.connection.queue_response(self.opaque, response)
+    }
+}

@@ -1,0 +1,580 @@
+//! The appender: every put goes through one place that owns the commit log's writer.
+//!
+//! A put is first **encoded** by its caller (records built with zero offsets, outside any
+//! lock), then **queued** as a [`Job`]. Whoever finds the writer free (the caller of a blocking
+//! [`MessageStore::put_messages`], or the task polling a [`PutFuture`], or a connection ending
+//! its batch with [`MessageStore::drain_appends`]) becomes the appender for that moment: it
+//! takes **every job waiting**, assigns queue offsets, writes all their records with one
+//! `pwrite` per segment, adds the consume-queue and index entries, and completes the jobs
+//! together. Jobs that arrive meanwhile are taken by the same appender before it lets go (it
+//! looks again after unlocking), so nobody waits on a lock and no thread is woken per put.
+//!
+//! Under sync flush a completed append is not yet acknowledged: its job goes to the group
+//! commit thread, which fsyncs everything written so far and then completes every job the fsync
+//! covers (one fsync for all of them). Asynchronous puts ([`MessageStore::submit`]) never
+//! block their thread on an fsync.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+use std::time::Instant;
+
+use parking_lot::{Mutex, MutexGuard};
+use shoal_proto::message::msg_id::offset_msg_id;
+use shoal_proto::message::property::{find_property, TAGS, WAIT};
+use shoal_proto::message::record::{encode_record, patch_record, RecordFields, RecordLayout};
+
+use crate::config::FlushMode;
+use crate::consume_queue::{ConsumeQueue, CqEntry};
+use crate::error::Result;
+use crate::store::{
+    index_keys, now_ms, validate_topic, AppendedMessage, FlushStatus, Inner, MessageArrival,
+    MessageExtBrokerInner, MessageStore, PutMessageResult, WriterState,
+};
+use crate::StoreError;
+
+/// One put, encoded and waiting for the appender.
+pub(crate) struct Job<'a> {
+    msgs: Cow<'a, [MessageExtBrokerInner]>,
+    /// The records back to back, offsets and store timestamp still zero.
+    encoded: Vec<u8>,
+    layouts: Vec<RecordLayout>,
+    tag_codes: Vec<i64>,
+    /// Under sync flush: whether the producer waits for the fsync (RocketMQ's `WAIT`).
+    wait: bool,
+    /// Where the result goes (queued jobs; the blocking caller's own job has none).
+    slot: Option<Arc<Slot>>,
+}
+
+impl<'a> Job<'a> {
+    /// Validates and encodes `msgs` (no lock held).
+    pub(crate) fn encode(inner: &Inner, msgs: Cow<'a, [MessageExtBrokerInner]>) -> Result<Job<'a>> {
+        let store_host = inner.config.store_host;
+        let total: usize = msgs.iter().map(|m| m.body.len() + 256).sum();
+        let mut encoded: Vec<u8> = Vec::with_capacity(total);
+        let mut layouts = Vec::with_capacity(msgs.len());
+        let mut tag_codes = Vec::with_capacity(msgs.len());
+        for m in msgs.iter() {
+            validate_topic(&m.topic)?;
+            if m.queue_id < 0 {
+                return Err(StoreError::InvalidArgument(format!(
+                    "negative queue id {}",
+                    m.queue_id
+                )));
+            }
+            let fields = RecordFields {
+                topic: &m.topic,
+                queue_id: m.queue_id,
+                flag: m.flag,
+                queue_offset: 0,
+                physical_offset: 0,
+                sys_flag: m.sys_flag,
+                born_timestamp: m.born_timestamp,
+                born_host: m.born_host,
+                store_timestamp: 0,
+                store_host,
+                reconsume_times: m.reconsume_times,
+                prepared_transaction_offset: m.prepared_transaction_offset,
+                body: &m.body,
+                properties: &m.properties,
+            };
+            let len = fields.encoded_len()?;
+            if len > inner.config.max_message_size {
+                return Err(StoreError::MessageTooLarge {
+                    size: len,
+                    max: inner.config.max_message_size,
+                });
+            }
+            layouts.push(encode_record(&fields, &mut encoded)?);
+            tag_codes.push(shoal_proto::hash::tags_code(find_property(
+                &m.properties,
+                TAGS,
+            )));
+        }
+        // RocketMQ's `WAIT=false` property: the producer does not wait for the flush.
+        let wait = msgs
+            .iter()
+            .any(|m| find_property(&m.properties, WAIT) != Some("false"));
+        Ok(Job {
+            msgs,
+            encoded,
+            layouts,
+            tag_codes,
+            wait,
+            slot: None,
+        })
+    }
+}
+
+/// What one append did for one job.
+pub(crate) struct Appended {
+    messages: Vec<AppendedMessage>,
+    /// Commit log offset after the job's last record.
+    end: u64,
+}
+
+/// The completion of a queued job: the result, and the waker of whoever waits for it.
+#[derive(Default)]
+pub(crate) struct Slot {
+    state: Mutex<SlotState>,
+}
+
+#[derive(Default)]
+struct SlotState {
+    result: Option<Result<PutMessageResult>>,
+    waker: Option<Waker>,
+}
+
+impl Slot {
+    fn complete(&self, result: Result<PutMessageResult>) {
+        let waker = {
+            let mut s = self.state.lock();
+            s.result = Some(result);
+            s.waker.take()
+        };
+        if let Some(w) = waker {
+            w.wake();
+        }
+    }
+}
+
+/// A job appended under sync flush, waiting for the fsync that covers it.
+pub(crate) struct SyncWaiter {
+    end: u64,
+    deadline: Instant,
+    slot: Arc<Slot>,
+    messages: Vec<AppendedMessage>,
+}
+
+/// The queue of jobs waiting for the appender, and those waiting for their fsync.
+#[derive(Default)]
+pub(crate) struct AppendQueue {
+    pub(crate) jobs: Mutex<Vec<Job<'static>>>,
+    /// Number of queued jobs (read without the lock).
+    pub(crate) queued: std::sync::atomic::AtomicUsize,
+    pub(crate) sync_waiters: Mutex<Vec<SyncWaiter>>,
+    pub(crate) sync_cv: parking_lot::Condvar,
+    /// Whether a group commit thread serves `sync_waiters` (else the appender fsyncs).
+    pub(crate) sync_thread: std::sync::atomic::AtomicBool,
+}
+
+/// The result of [`MessageStore::submit`]: completes when the messages are appended (and,
+/// under sync flush, fsynced). Needs no runtime; any executor can poll it.
+pub struct PutFuture {
+    inner: Arc<Inner>,
+    state: PutState,
+}
+
+enum PutState {
+    /// Encoded, not yet queued (queued on the first poll).
+    Ready(Box<Job<'static>>),
+    Queued(Arc<Slot>),
+    Failed(Option<StoreError>),
+    Done,
+}
+
+impl std::fmt::Debug for PutFuture {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = match self.state {
+            PutState::Ready(_) => "ready",
+            PutState::Queued(_) => "queued",
+            PutState::Failed(_) => "failed",
+            PutState::Done => "done",
+        };
+        f.debug_struct("PutFuture").field("state", &state).finish()
+    }
+}
+
+impl Future for PutFuture {
+    type Output = Result<PutMessageResult>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        match std::mem::replace(&mut this.state, PutState::Done) {
+            PutState::Done => Poll::Ready(Err(StoreError::InvalidArgument(
+                "put future polled after completion".into(),
+            ))),
+            PutState::Failed(e) => Poll::Ready(Err(e.unwrap_or(StoreError::Closed))),
+            PutState::Ready(mut job) => {
+                let slot = Arc::new(Slot::default());
+                slot.state.lock().waker = Some(cx.waker().clone());
+                job.slot = Some(Arc::clone(&slot));
+                this.inner.enqueue(*job);
+                this.state = PutState::Queued(slot);
+                // Let the other tasks (or the other requests of this connection) queue their
+                // puts first; the next poll appends them all at once.
+                cx.waker().wake_by_ref();
+                Poll::Pending
+            }
+            PutState::Queued(slot) => {
+                if let Some(r) = take_result(&slot, cx) {
+                    return Poll::Ready(r);
+                }
+                this.inner.drain();
+                if let Some(r) = take_result(&slot, cx) {
+                    return Poll::Ready(r);
+                }
+                this.state = PutState::Queued(slot);
+                Poll::Pending
+            }
+        }
+    }
+}
+
+/// The result if there is one; else registers the waker.
+fn take_result(slot: &Slot, cx: &Context<'_>) -> Option<Result<PutMessageResult>> {
+    let mut s = slot.state.lock();
+    match s.result.take() {
+        Some(r) => Some(r),
+        None => {
+            if !s.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                s.waker = Some(cx.waker().clone());
+            }
+            None
+        }
+    }
+}
+
+impl MessageStore {
+    /// Queues messages for the appender without blocking: they are validated and encoded now,
+    /// appended together with every other put waiting when the returned future is polled again
+    /// (or when someone calls [`MessageStore::drain_appends`]), and the future completes when
+    /// they are written (under sync flush: fsynced). Semantics as
+    /// [`MessageStore::put_messages`]: all messages of one call are appended or none.
+    pub fn submit(&self, msgs: Vec<MessageExtBrokerInner>) -> PutFuture {
+        let inner = Arc::clone(&self.inner);
+        let state = if inner.closed.load(Ordering::Acquire) {
+            PutState::Failed(Some(StoreError::Closed))
+        } else if msgs.is_empty() {
+            PutState::Failed(Some(StoreError::InvalidArgument(
+                "a put needs at least one message".into(),
+            )))
+        } else {
+            match Job::encode(&inner, Cow::Owned(msgs)) {
+                Ok(job) => PutState::Ready(Box::new(job)),
+                Err(e) => PutState::Failed(Some(e)),
+            }
+        };
+        PutFuture { inner, state }
+    }
+
+    /// Appends every queued put now, unless another thread is appending (which then takes
+    /// them before it lets go). Cheap when nothing is queued.
+    pub fn drain_appends(&self) {
+        self.inner.drain();
+    }
+}
+
+impl Inner {
+    fn enqueue(&self, job: Job<'static>) {
+        let mut q = self.appends.jobs.lock();
+        q.push(job);
+        self.appends.queued.store(q.len(), Ordering::Release);
+    }
+
+    fn take_queued(&self) -> Vec<Job<'static>> {
+        if self.appends.queued.load(Ordering::Acquire) == 0 {
+            return Vec::new();
+        }
+        let mut q = self.appends.jobs.lock();
+        self.appends.queued.store(0, Ordering::Release);
+        std::mem::take(&mut *q)
+    }
+
+    /// Appends queued jobs while the writer is free.
+    pub(crate) fn drain(&self) {
+        loop {
+            if self.appends.queued.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            let Some(mut w) = self.writer.try_lock() else {
+                // The holder looks at the queue again after unlocking.
+                return;
+            };
+            let jobs = self.take_queued();
+            let refs: Vec<&Job<'_>> = jobs.iter().collect();
+            let outcome = self.append_locked(&mut w, &refs);
+            drop(w);
+            self.finish(jobs, outcome);
+        }
+    }
+
+    /// The blocking put: appends `own` together with whatever is queued, then waits for the
+    /// fsync if needed.
+    pub(crate) fn put_blocking(&self, own: Job<'_>) -> Result<PutMessageResult> {
+        let mut w = self.writer.lock();
+        let others = self.take_queued();
+        let mut refs: Vec<&Job<'_>> = Vec::with_capacity(others.len() + 1);
+        refs.push(&own);
+        refs.extend(others.iter());
+        let outcome = self.append_locked(&mut w, &refs);
+        drop(w);
+        drop(refs);
+        let (mine, rest) = match outcome {
+            Ok((mut per_job, arrivals)) => {
+                let rest = per_job.split_off(1);
+                self.notify_arrivals(&arrivals);
+                (per_job.pop(), Ok((rest, Vec::new())))
+            }
+            Err(e) => {
+                let shared = e.to_string();
+                self.finish(others, Err(StoreError::WriteFailed(shared)));
+                return Err(e);
+            }
+        };
+        self.finish(others, rest);
+        // Jobs queued while this thread held the writer.
+        self.drain();
+        let mine = mine.ok_or_else(|| StoreError::InvalidArgument("nothing appended".into()))?;
+        let flush = match self.config.flush_mode {
+            FlushMode::Sync if own.wait => self.wait_durable(mine.end),
+            _ => FlushStatus::NotFlushed,
+        };
+        Ok(PutMessageResult {
+            messages: mine.messages,
+            flush,
+        })
+    }
+
+    /// Completes appended jobs (or fails them all).
+    fn finish(
+        &self,
+        jobs: Vec<Job<'static>>,
+        outcome: Result<(Vec<Appended>, Vec<MessageArrival>)>,
+    ) {
+        let (per_job, arrivals) = match outcome {
+            Ok(x) => x,
+            Err(e) => {
+                let text = e.to_string();
+                for job in jobs {
+                    if let Some(slot) = job.slot {
+                        slot.complete(Err(StoreError::WriteFailed(text.clone())));
+                    }
+                }
+                return;
+            }
+        };
+        self.notify_arrivals(&arrivals);
+        let sync = self.config.flush_mode == FlushMode::Sync;
+        let mut waiters = Vec::new();
+        for (job, done) in jobs.into_iter().zip(per_job) {
+            let Some(slot) = job.slot else { continue };
+            if sync && job.wait {
+                waiters.push(SyncWaiter {
+                    end: done.end,
+                    deadline: Instant::now() + self.config.sync_flush_timeout,
+                    slot,
+                    messages: done.messages,
+                });
+            } else {
+                slot.complete(Ok(PutMessageResult {
+                    messages: done.messages,
+                    flush: FlushStatus::NotFlushed,
+                }));
+            }
+        }
+        if waiters.is_empty() {
+            return;
+        }
+        if self.appends.sync_thread.load(Ordering::Acquire) {
+            self.appends.sync_waiters.lock().extend(waiters);
+            self.appends.sync_cv.notify_one();
+        } else {
+            // No group commit thread (tests without background threads): fsync here.
+            let end = waiters.iter().map(|w| w.end).max().unwrap_or(0);
+            let status = self.wait_durable(end);
+            for w in waiters {
+                w.slot.complete(Ok(PutMessageResult {
+                    messages: w.messages,
+                    flush: status,
+                }));
+            }
+        }
+    }
+
+    fn notify_arrivals(&self, arrivals: &[MessageArrival]) {
+        if arrivals.is_empty() {
+            return;
+        }
+        let listeners = self.listeners.read();
+        for a in arrivals {
+            for l in listeners.iter() {
+                l(a);
+            }
+        }
+    }
+
+    /// The group commit thread: fsyncs what is written whenever appends wait for it, then
+    /// completes every job the fsync covers.
+    pub(crate) fn group_commit_loop(&self) {
+        loop {
+            let batch = {
+                let mut waiters = self.appends.sync_waiters.lock();
+                while waiters.is_empty() {
+                    if *self.stop.lock() {
+                        return;
+                    }
+                    self.appends
+                        .sync_cv
+                        .wait_for(&mut waiters, std::time::Duration::from_millis(200));
+                }
+                std::mem::take(&mut *waiters)
+            };
+            let end = batch.iter().map(|w| w.end).max().unwrap_or(0);
+            let status = self.wait_durable(end);
+            let now = Instant::now();
+            for w in batch {
+                let flush = match status {
+                    FlushStatus::Flushed if now > w.deadline => FlushStatus::FlushTimeout,
+                    s => s,
+                };
+                w.slot.complete(Ok(PutMessageResult {
+                    messages: w.messages,
+                    flush,
+                }));
+            }
+        }
+    }
+
+    /// Fails every job still waiting (shutdown).
+    pub(crate) fn fail_waiting(&self) {
+        for job in self.take_queued() {
+            if let Some(slot) = job.slot {
+                slot.complete(Err(StoreError::Closed));
+            }
+        }
+        let waiters = std::mem::take(&mut *self.appends.sync_waiters.lock());
+        for w in waiters {
+            let status = if self.commit_log.flushed() >= w.end {
+                FlushStatus::Flushed
+            } else {
+                FlushStatus::FlushTimeout
+            };
+            w.slot.complete(Ok(PutMessageResult {
+                messages: w.messages,
+                flush: status,
+            }));
+        }
+    }
+
+    /// Appends the jobs' records in one commit-log write (per segment), assigning queue offsets
+    /// per (topic, queue) in order, then writes their consume-queue and index entries. All or
+    /// nothing: on error no record becomes visible.
+    fn append_locked(
+        &self,
+        w: &mut MutexGuard<'_, WriterState>,
+        jobs: &[&Job<'_>],
+    ) -> Result<(Vec<Appended>, Vec<MessageArrival>)> {
+        if let Some(reason) = &w.failed {
+            return Err(StoreError::WriteFailed(reason.clone()));
+        }
+        if self.closed.load(Ordering::Acquire) {
+            return Err(StoreError::Closed);
+        }
+        let ts = now_ms().max(w.last_store_timestamp);
+        let count: usize = jobs.iter().map(|j| j.layouts.len()).sum();
+        let mut sizes = Vec::with_capacity(count);
+        let mut refs = Vec::with_capacity(count);
+        for (j, job) in jobs.iter().enumerate() {
+            for (k, l) in job.layouts.iter().enumerate() {
+                sizes.push(l.len);
+                refs.push((j, k));
+            }
+        }
+        // Queue offsets per (topic, queue) in order.
+        let mut next: HashMap<(&str, i32), (Arc<ConsumeQueue>, u64)> = HashMap::new();
+        let mut queue_offsets = Vec::with_capacity(count);
+        for &(j, k) in &refs {
+            let m = &jobs[j].msgs[k];
+            let key = (m.topic.as_str(), m.queue_id);
+            let slot = match next.entry(key) {
+                std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
+                std::collections::hash_map::Entry::Vacant(v) => {
+                    let cq = self
+                        .queue(&m.topic, m.queue_id, true)?
+                        .ok_or_else(|| StoreError::InvalidArgument("queue not created".into()))?;
+                    let start = cq.max_offset();
+                    v.insert((cq, start))
+                }
+            };
+            queue_offsets.push(slot.1);
+            slot.1 += 1;
+        }
+        let phys = self.commit_log.append(&sizes, |i, phys, buf| {
+            let (j, k) = refs[i];
+            let job = jobs[j];
+            let start = buf.len();
+            let range = job.layouts[k].range();
+            buf.extend_from_slice(job.encoded.get(range).unwrap_or(&[]));
+            patch_record(&mut buf[start..], queue_offsets[i] as i64, phys as i64, ts)?;
+            Ok(())
+        })?;
+        w.last_store_timestamp = ts;
+        // Dispatch: consume-queue entries grouped per queue, then index entries.
+        let mut per_queue: HashMap<(&str, i32), Vec<CqEntry>> = HashMap::new();
+        let mut dispatch = || -> Result<()> {
+            for (i, &(j, k)) in refs.iter().enumerate() {
+                let m = &jobs[j].msgs[k];
+                per_queue
+                    .entry((m.topic.as_str(), m.queue_id))
+                    .or_default()
+                    .push(CqEntry {
+                        phys_offset: phys[i],
+                        size: sizes[i] as u32,
+                        tag_code: jobs[j].tag_codes[k],
+                    });
+            }
+            for (key, entries) in &per_queue {
+                if let Some((cq, _)) = next.get(key) {
+                    cq.append(entries)?;
+                }
+            }
+            for (i, &(j, k)) in refs.iter().enumerate() {
+                let m = &jobs[j].msgs[k];
+                for key in index_keys(&m.properties) {
+                    self.index.put(&m.topic, &key, phys[i], ts)?;
+                }
+            }
+            Ok(())
+        };
+        if let Err(e) = dispatch() {
+            w.failed = Some(format!("dispatch after a commit log append failed: {e}"));
+            return Err(e);
+        }
+        let end = self.commit_log.write_pos();
+        self.dispatched.store(end, Ordering::Release);
+        let store_host = self.config.store_host;
+        let mut per_job: Vec<Appended> = jobs
+            .iter()
+            .map(|j| Appended {
+                messages: Vec::with_capacity(j.layouts.len()),
+                end: 0,
+            })
+            .collect();
+        let mut arrivals = Vec::with_capacity(count);
+        for (i, &(j, k)) in refs.iter().enumerate() {
+            let m = &jobs[j].msgs[k];
+            let done = &mut per_job[j];
+            done.messages.push(AppendedMessage {
+                physical_offset: phys[i],
+                queue_offset: queue_offsets[i],
+                store_timestamp: ts,
+                size: sizes[i] as u32,
+                offset_msg_id: offset_msg_id(store_host, phys[i] as i64),
+            });
+            done.end = phys[i] + sizes[i] as u64;
+            arrivals.push(MessageArrival {
+                topic: m.topic.clone(),
+                queue_id: m.queue_id,
+                queue_offset: queue_offsets[i],
+                tag_code: jobs[j].tag_codes[k],
+                store_timestamp: ts,
+            });
+        }
+        Ok((per_job, arrivals))
+    }
+}
