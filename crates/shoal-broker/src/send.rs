@@ -183,7 +183,15 @@ pub async fn send_message(
         queue_id = (rand::random::<u32>() % topic_config.write_queue_nums.max(1) as u32) as i32;
     }
 
-    let mut props = decode_properties(h.properties.as_deref().unwrap_or(""));
+    let raw_props = h.properties.as_deref().unwrap_or("");
+    // Decoded into a map only when something has to change in them (retry, delay, batch).
+    let mut props =
+        if is_batch || is_retry_topic(&topic) || plain_properties_ok(raw_props).is_none() {
+            decode_properties(raw_props)
+        } else {
+            Properties::new()
+        };
+    let mut diverted = false;
     let reconsume_times = h.reconsume_times.unwrap_or(0);
     // Retry topic: too many attempts (or a group consuming orderly) divert to the DLQ.
     if is_retry_topic(&topic) {
@@ -213,6 +221,7 @@ pub async fn send_message(
                 .map_err(Reject::system)?;
             b.register_now.notify_one();
             props.insert(property::DELAY.into(), "-1".into());
+            diverted = true;
             topic = dlq;
             queue_id = 0;
         }
@@ -262,6 +271,12 @@ pub async fn send_message(
             out.push(m);
         }
         out
+    } else if let Some(stored) =
+        plain_properties(raw_props, &b.config.cluster_name).filter(|_| !diverted)
+    {
+        // The common case: the client's properties are stored as they came, plus CLUSTER.
+        inner.properties = stored;
+        vec![inner]
     } else {
         props.insert(property::CLUSTER.into(), b.config.cluster_name.clone());
         if crate::transaction::half::is_prepared(&props, reconsume_times) {
@@ -287,7 +302,11 @@ pub async fn send_message(
             .map_err(|e| Reject::new(resp::MESSAGE_ILLEGAL, e.to_string()))?;
         vec![inner]
     };
-    let uniq = props.get(property::UNIQ_KEY).cloned();
+    let uniq = if props.is_empty() {
+        property::find_property(raw_props, property::UNIQ_KEY).map(str::to_owned)
+    } else {
+        props.get(property::UNIQ_KEY).cloned()
+    };
     crate::processor::persist_tables(b).await?;
     let put_result = put(b, msgs).await?;
     let code = flush_code(put_result.flush)?;
@@ -314,6 +333,42 @@ pub async fn send_message(
     Ok(Some(
         RemotingCommand::response(code, remark).with_header(&header),
     ))
+}
+
+/// `Some(())` when `raw` is exactly what decoding and re-encoding it would give (every pair
+/// well formed, no key twice) and holds neither DELAY nor CLUSTER: then the stored properties
+/// are `raw` plus CLUSTER, with no map built.
+fn plain_properties_ok(raw: &str) -> Option<()> {
+    let mut seen: [&str; 24] = [""; 24];
+    let mut n = 0;
+    let mut len = 0;
+    for (k, v) in shoal_proto::message::property::iter_properties(raw) {
+        if k.is_empty() || k == property::DELAY || k == property::CLUSTER || n == seen.len() {
+            return None;
+        }
+        if seen[..n].contains(&k) || shoal_proto::message::property::check_property(k, v).is_err() {
+            return None;
+        }
+        seen[n] = k;
+        n += 1;
+        len += k.len() + v.len() + 2;
+    }
+    (len == raw.len()).then_some(())
+}
+
+/// The stored properties of a plain send (see [`plain_properties_ok`]).
+fn plain_properties(raw: &str, cluster: &str) -> Option<String> {
+    plain_properties_ok(raw)?;
+    if cluster.contains(['\u{1}', '\u{2}']) {
+        return None;
+    }
+    let mut out = String::with_capacity(raw.len() + property::CLUSTER.len() + cluster.len() + 2);
+    out.push_str(raw);
+    out.push_str(property::CLUSTER);
+    out.push('\u{1}');
+    out.push_str(cluster);
+    out.push('\u{2}');
+    Some(out)
 }
 
 /// Finds the topic of a send, creating it from its template when allowed (spec 7.6).
@@ -373,4 +428,37 @@ fn ensure_topic_for_send(
         ));
     }
     Ok(config)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_properties_match_decode_and_encode() {
+        for raw in [
+            "",
+            "TAGS\u{1}a\u{2}UNIQ_KEY\u{1}U1\u{2}WAIT\u{1}true\u{2}",
+            "KEYS\u{1}k1 k2\u{2}",
+        ] {
+            let mut props = decode_properties(raw);
+            props.insert(property::CLUSTER.into(), "C".into());
+            assert_eq!(
+                plain_properties(raw, "C").as_deref(),
+                Some(encode_properties(&props).unwrap().as_str()),
+                "{raw:?}"
+            );
+        }
+        // Anything that decoding would change takes the slow path.
+        for raw in [
+            "TAGS\u{1}a\u{2}TAGS\u{1}b\u{2}",
+            "DELAY\u{1}3\u{2}",
+            "CLUSTER\u{1}x\u{2}",
+            "TAGS\u{1}a",
+            "junk\u{2}TAGS\u{1}a\u{2}",
+            "TAGS\u{1}a\u{1}b\u{2}",
+        ] {
+            assert_eq!(plain_properties(raw, "C"), None, "{raw:?}");
+        }
+    }
 }

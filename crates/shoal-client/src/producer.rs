@@ -316,13 +316,21 @@ impl Producer {
     /// # Errors
     /// [`ClientError::NoRoute`] if neither the topic nor `TBW102` has a route.
     pub async fn publish_queues(&self, topic: &str) -> Result<Vec<MessageQueue>> {
+        Ok(self.shared_publish_queues(topic).await?.as_ref().clone())
+    }
+
+    /// The publish queues, shared with every other send while the route stays the same.
+    async fn shared_publish_queues(&self, topic: &str) -> Result<Arc<Vec<MessageQueue>>> {
         let inst = &self.inner.instance;
+        if let Some(q) = inst.cached_publish_queues(topic).filter(|q| !q.is_empty()) {
+            return Ok(q);
+        }
         let route = match inst.cached_route(topic) {
             Some(r) => r,
             None => match inst.update_route(topic).await {
                 Ok(r) => r,
                 Err(ClientError::NoRoute(_)) => {
-                    return self.auto_create_queues(topic).await;
+                    return self.auto_create_queues(topic).await.map(Arc::new);
                 }
                 Err(e) => return Err(e),
             },
@@ -331,7 +339,7 @@ impl Producer {
         if queues.is_empty() {
             return Err(ClientError::NoRoute(topic.to_owned()));
         }
-        Ok(queues)
+        Ok(Arc::new(queues))
     }
 
     async fn auto_create_queues(&self, topic: &str) -> Result<Vec<MessageQueue>> {
@@ -390,15 +398,19 @@ impl Producer {
             body = Bytes::from(compressed);
             sys_flag |= bits;
         }
-        let mut props = msg.properties.clone();
         let (mut reconsume, mut max_reconsume) = (None, None);
+        // Copied only when something is taken out of them (retry topics).
+        let mut retry_props;
+        let mut props = &msg.properties;
         if is_retry_topic(&msg.topic) {
-            reconsume = props
+            retry_props = msg.properties.clone();
+            reconsume = retry_props
                 .shift_remove(property::RECONSUME_TIME)
                 .and_then(|v| v.parse().ok());
-            max_reconsume = props
+            max_reconsume = retry_props
                 .shift_remove(property::MAX_RECONSUME_TIMES)
                 .and_then(|v| v.parse().ok());
+            props = &retry_props;
         }
         if props.get(property::TRAN_MSG).is_some_and(|v| v == "true") {
             sys_flag |= shoal_proto::message::sys_flag::TRANSACTION_PREPARED_TYPE;
@@ -412,7 +424,7 @@ impl Producer {
             f: sys_flag,
             g: now_ms(),
             h: msg.flag,
-            i: Some(encode_properties(&props)?),
+            i: Some(encode_properties(props)?),
             j: reconsume,
             k: Some(false),
             l: max_reconsume,
@@ -459,7 +471,7 @@ impl Producer {
     /// [`ClientError::SendFailed`] with the last attempt's error.
     pub async fn send(&self, mut msg: Message) -> Result<SendResult> {
         self.prepare(&mut msg)?;
-        let queues = self.publish_queues(&msg.topic).await?;
+        let queues = self.shared_publish_queues(&msg.topic).await?;
         let msg_id = msg.uniq_key().unwrap_or_default().to_owned();
         let started = Instant::now();
         let timeout = self.inner.config.send_timeout;

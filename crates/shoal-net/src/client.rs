@@ -108,13 +108,23 @@ impl RemotingClient {
             if self.inner.shutdown.is_cancelled() {
                 return Err(NetError::Shutdown);
             }
-            let slot = Arc::clone(
-                self.inner
-                    .slots
-                    .lock()
-                    .entry(addr.to_owned())
-                    .or_insert_with(|| Arc::new(OnceCell::new())),
-            );
+            let slot = {
+                let mut slots = self.inner.slots.lock();
+                match slots.get(addr) {
+                    Some(s) => Arc::clone(s),
+                    None => Arc::clone(
+                        slots
+                            .entry(addr.to_owned())
+                            .or_insert_with(|| Arc::new(OnceCell::new())),
+                    ),
+                }
+            };
+            // Fast path: an established connection is used as it is.
+            if attempts == 1 {
+                if let Some(conn) = slot.get().filter(|c| !c.is_closed()) {
+                    return Ok(conn.clone());
+                }
+            }
             // Callers arriving during someone else's attempt share it, within their own timeout.
             let conn = tokio::time::timeout(
                 connect_timeout,

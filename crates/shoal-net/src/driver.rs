@@ -180,7 +180,9 @@ where
     /// Reads what the socket has into the read buffer. `Ok(true)` when bytes (or the end of
     /// the stream) arrived.
     fn poll_read(&mut self, cx: &mut Context<'_>) -> Result<bool, Close> {
-        if self.eof || self.read_paused() {
+        if self.eof || self.read_paused() || self.holds_complete_frame() {
+            // Frames already read are decoded first: the buffer only ever holds what is being
+            // worked on plus one incomplete frame.
             return Ok(false);
         }
         if self.rbuf.capacity() - self.rbuf.len() < MIN_READ_SPACE {
@@ -199,6 +201,18 @@ where
             }
             Poll::Ready(Err(e)) => Err(Close::Io(e)),
             Poll::Pending => Ok(false),
+        }
+    }
+
+    /// Whether the read buffer starts with a whole frame (still to be decoded).
+    fn holds_complete_frame(&self) -> bool {
+        match self.rbuf.get(..4) {
+            Some(len) => {
+                let declared = i32::from_be_bytes([len[0], len[1], len[2], len[3]]);
+                // A bad length is a whole "frame" too: decoding reports it.
+                usize::try_from(declared).map_or(true, |d| self.rbuf.len() >= 4 + d)
+            }
+            None => false,
         }
     }
 
