@@ -340,9 +340,8 @@ pub async fn send_message(
 /// are `raw` plus CLUSTER, with no map built.
 fn plain_properties_ok(raw: &str) -> Option<()> {
     let mut seen: [&str; 24] = [""; 24];
-    let mut n = 0;
     let mut len = 0;
-    for (k, v) in shoal_proto::message::property::iter_properties(raw) {
+    for (n, (k, v)) in shoal_proto::message::property::iter_properties(raw).enumerate() {
         if k.is_empty() || k == property::DELAY || k == property::CLUSTER || n == seen.len() {
             return None;
         }
@@ -350,7 +349,6 @@ fn plain_properties_ok(raw: &str) -> Option<()> {
             return None;
         }
         seen[n] = k;
-        n += 1;
         len += k.len() + v.len() + 2;
     }
     (len == raw.len()).then_some(())
