@@ -336,13 +336,19 @@ pub async fn send_message(
 }
 
 /// `Some(())` when `raw` is exactly what decoding and re-encoding it would give (every pair
-/// well formed, no key twice) and holds neither DELAY nor CLUSTER: then the stored properties
+/// well formed, no key twice) and holds none of DELAY, CLUSTER and TRAN_MSG (the keys the
+/// broker acts on: delay levels, its own cluster, half messages): then the stored properties
 /// are `raw` plus CLUSTER, with no map built.
 fn plain_properties_ok(raw: &str) -> Option<()> {
     let mut seen: [&str; 24] = [""; 24];
     let mut len = 0;
     for (n, (k, v)) in shoal_proto::message::property::iter_properties(raw).enumerate() {
-        if k.is_empty() || k == property::DELAY || k == property::CLUSTER || n == seen.len() {
+        if k.is_empty()
+            || k == property::DELAY
+            || k == property::CLUSTER
+            || k == property::TRAN_MSG
+            || n == seen.len()
+        {
             return None;
         }
         if seen[..n].contains(&k) || shoal_proto::message::property::check_property(k, v).is_err() {
@@ -452,6 +458,7 @@ mod tests {
             "TAGS\u{1}a\u{2}TAGS\u{1}b\u{2}",
             "DELAY\u{1}3\u{2}",
             "CLUSTER\u{1}x\u{2}",
+            "TRAN_MSG\u{1}true\u{2}PGROUP\u{1}g\u{2}",
             "TAGS\u{1}a",
             "junk\u{2}TAGS\u{1}a\u{2}",
             "TAGS\u{1}a\u{1}b\u{2}",

@@ -262,8 +262,6 @@ struct Inner {
     net: RemotingClient,
     registry: Arc<Registry>,
     routes: Mutex<HashMap<String, TopicRouteData>>,
-    /// The publish queues of each route (computed once per route, shared by every send).
-    publish_queues: Mutex<HashMap<String, Arc<Vec<MessageQueue>>>>,
     /// Broker name -> broker id -> address.
     brokers: Mutex<HashMap<String, BTreeMap<i64, String>>>,
     producer_groups: Mutex<BTreeSet<String>>,
@@ -334,7 +332,6 @@ impl ClientInstance {
             net,
             registry,
             routes: Mutex::new(HashMap::new()),
-            publish_queues: Mutex::new(HashMap::new()),
             brokers: Mutex::new(HashMap::new()),
             producer_groups: Mutex::new(BTreeSet::new()),
             namesrv_index: AtomicUsize::new(start_index),
@@ -518,7 +515,6 @@ impl ClientInstance {
         let changed = {
             let mut routes = self.inner.routes.lock();
             let old = routes.insert(topic.to_owned(), route.clone());
-            self.inner.publish_queues.lock().remove(topic);
             old.as_ref().is_none_or(|o| {
                 o.queue_datas != route.queue_datas || o.broker_datas != route.broker_datas
             })
@@ -542,22 +538,6 @@ impl ClientInstance {
             return Ok(r.clone());
         }
         self.update_route(topic).await
-    }
-
-    /// The writable queues of a topic's cached route (as [`TopicRouteData::publish_queues`]),
-    /// computed once per route and shared; `None` when no route is cached.
-    pub fn cached_publish_queues(&self, topic: &str) -> Option<Arc<Vec<MessageQueue>>> {
-        if let Some(q) = self.inner.publish_queues.lock().get(topic) {
-            return Some(Arc::clone(q));
-        }
-        let routes = self.inner.routes.lock();
-        let queues = Arc::new(routes.get(topic)?.publish_queues(topic));
-        // Under the routes lock: a route stored meanwhile cannot be overwritten by this.
-        self.inner
-            .publish_queues
-            .lock()
-            .insert(topic.to_owned(), Arc::clone(&queues));
-        Some(queues)
     }
 
     /// The cached route of a topic, if any.

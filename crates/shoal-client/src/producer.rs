@@ -316,21 +316,13 @@ impl Producer {
     /// # Errors
     /// [`ClientError::NoRoute`] if neither the topic nor `TBW102` has a route.
     pub async fn publish_queues(&self, topic: &str) -> Result<Vec<MessageQueue>> {
-        Ok(self.shared_publish_queues(topic).await?.as_ref().clone())
-    }
-
-    /// The publish queues, shared with every other send while the route stays the same.
-    async fn shared_publish_queues(&self, topic: &str) -> Result<Arc<Vec<MessageQueue>>> {
         let inst = &self.inner.instance;
-        if let Some(q) = inst.cached_publish_queues(topic).filter(|q| !q.is_empty()) {
-            return Ok(q);
-        }
         let route = match inst.cached_route(topic) {
             Some(r) => r,
             None => match inst.update_route(topic).await {
                 Ok(r) => r,
                 Err(ClientError::NoRoute(_)) => {
-                    return self.auto_create_queues(topic).await.map(Arc::new);
+                    return self.auto_create_queues(topic).await;
                 }
                 Err(e) => return Err(e),
             },
@@ -339,7 +331,7 @@ impl Producer {
         if queues.is_empty() {
             return Err(ClientError::NoRoute(topic.to_owned()));
         }
-        Ok(Arc::new(queues))
+        Ok(queues)
     }
 
     async fn auto_create_queues(&self, topic: &str) -> Result<Vec<MessageQueue>> {
@@ -471,7 +463,7 @@ impl Producer {
     /// [`ClientError::SendFailed`] with the last attempt's error.
     pub async fn send(&self, mut msg: Message) -> Result<SendResult> {
         self.prepare(&mut msg)?;
-        let queues = self.shared_publish_queues(&msg.topic).await?;
+        let queues = self.publish_queues(&msg.topic).await?;
         let msg_id = msg.uniq_key().unwrap_or_default().to_owned();
         let started = Instant::now();
         let timeout = self.inner.config.send_timeout;
