@@ -14,8 +14,11 @@
 //!   schedules of joins, leaves, kills, pauses, lost notices and route changes.
 //! - [`coordinator`]: the group coordinator of coordinated mode (member and group epochs,
 //!   target assignment, revoke-then-assign reconciliation, fencing, static membership).
+//! - [`classic_group`]: Kafka's classic JoinGroup/SyncGroup group protocol as a sans-IO state
+//!   machine (generations, leader-computed assignments, static membership).
 
 pub mod allocate;
+pub mod classic_group;
 pub mod coordinator;
 pub mod error;
 pub mod lock;

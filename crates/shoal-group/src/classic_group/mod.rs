@@ -1,0 +1,367 @@
+//! Kafka's classic consumer-group protocol (JoinGroup / SyncGroup / Heartbeat / LeaveGroup)
+//! as a sans-IO state machine: events with a time in, [`Output`]s out, no I/O and no clock of
+//! its own. The Kafka listener (`shoal-kafka`) owns a [`ClassicGroups`] behind one short
+//! lock, hands each waiting request an id, delivers the outputs to the requests they name,
+//! and calls [`ClassicGroups::tick`] for the timers (session expiry, rebalance and sync
+//! deadlines, the initial rebalance delay).
+//!
+//! The rules are Kafka's: generations, a leader that computes the assignment with a
+//! client-side assignor (eager or cooperative alike: the coordinator only carries the opaque
+//! metadata and assignments), `MEMBER_ID_REQUIRED` on a first join, session and rebalance
+//! timeouts, and static membership (`group.instance.id`): a static member that restarts
+//! within its session timeout with the same subscription gets its assignment back without
+//! a rebalance, and its old incarnation is fenced.
+
+mod group;
+#[cfg(test)]
+mod tests;
+
+pub use group::{ClassicGroup, GroupState, MemberView};
+
+use std::collections::BTreeMap;
+
+/// Identifies a request waiting for a JoinGroup or SyncGroup answer (chosen by the driver).
+pub type RequestId = u64;
+
+/// Why a classic-group request failed (mapped to Kafka error codes by the listener).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClassicError {
+    /// The member id is not a member of the group.
+    UnknownMemberId,
+    /// The generation is not the group's current one.
+    IllegalGeneration,
+    /// A rebalance is in progress: rejoin.
+    RebalanceInProgress,
+    /// Protocol type or protocols do not match the group's.
+    InconsistentGroupProtocol,
+    /// First join of a dynamic member: retry with the member id given.
+    MemberIdRequired,
+    /// The session timeout is outside the allowed range.
+    InvalidSessionTimeout,
+    /// The group has the maximum number of members.
+    GroupMaxSizeReached,
+    /// Another incarnation of this static member (`group.instance.id`) replaced this one.
+    FencedInstanceId,
+    /// The group is being deleted.
+    CoordinatorNotAvailable,
+    /// The group still has members (delete refused).
+    NonEmptyGroup,
+    /// The group does not exist.
+    GroupIdNotFound,
+    /// Too many groups are held.
+    TooManyGroups,
+}
+
+/// A JoinGroup request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JoinRequest {
+    /// Member id; empty for a first join.
+    pub member_id: String,
+    /// `group.instance.id` of a static member.
+    pub instance_id: Option<String>,
+    /// Client id (for DescribeGroups).
+    pub client_id: String,
+    /// Client host (for DescribeGroups).
+    pub client_host: String,
+    /// Session timeout, ms.
+    pub session_timeout_ms: u64,
+    /// Rebalance timeout, ms.
+    pub rebalance_timeout_ms: u64,
+    /// Protocol type (`consumer` for consumers).
+    pub protocol_type: String,
+    /// Supported protocols (assignor names) in order of preference, with their metadata.
+    pub protocols: Vec<(String, Vec<u8>)>,
+    /// JoinGroup v4+: a dynamic member without an id is answered MEMBER_ID_REQUIRED.
+    pub require_known_member_id: bool,
+    /// The id to give the member if it needs a new one (the driver makes it unique).
+    pub new_member_id: String,
+    /// JoinGroup v9+: the leader may be told to skip the assignment (static leader rejoin).
+    pub supports_skip_assignment: bool,
+}
+
+/// A JoinGroup answer.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct JoinResponse {
+    /// Error, if any.
+    pub error: Option<ClassicError>,
+    /// The generation joined.
+    pub generation: i32,
+    /// The group's protocol type.
+    pub protocol_type: Option<String>,
+    /// The chosen protocol (assignor).
+    pub protocol_name: Option<String>,
+    /// The leader's member id.
+    pub leader: String,
+    /// This member's id.
+    pub member_id: String,
+    /// Members with their metadata for the chosen protocol (leader only):
+    /// (member id, instance id, metadata).
+    pub members: Vec<(String, Option<String>, Vec<u8>)>,
+    /// The leader keeps the current assignment (static leader rejoin).
+    pub skip_assignment: bool,
+}
+
+/// A SyncGroup request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SyncRequest {
+    /// Member id.
+    pub member_id: String,
+    /// Static member id.
+    pub instance_id: Option<String>,
+    /// Generation.
+    pub generation: i32,
+    /// Protocol type (v5+), checked when given.
+    pub protocol_type: Option<String>,
+    /// Protocol name (v5+), checked when given.
+    pub protocol_name: Option<String>,
+    /// The leader's assignment: member id -> assignment bytes.
+    pub assignments: BTreeMap<String, Vec<u8>>,
+}
+
+/// A SyncGroup answer.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SyncResponse {
+    /// Error, if any.
+    pub error: Option<ClassicError>,
+    /// Protocol type.
+    pub protocol_type: Option<String>,
+    /// Protocol name.
+    pub protocol_name: Option<String>,
+    /// This member's assignment.
+    pub assignment: Vec<u8>,
+}
+
+/// One member of a LeaveGroup request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeavingMember {
+    /// Member id (may be empty for a static member leaving by instance id).
+    pub member_id: String,
+    /// Static member id.
+    pub instance_id: Option<String>,
+}
+
+/// What the state machine decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Output {
+    /// Answer a waiting JoinGroup.
+    Join(RequestId, JoinResponse),
+    /// Answer a waiting SyncGroup.
+    Sync(RequestId, SyncResponse),
+    /// A new generation started with these members.
+    Rebalanced {
+        /// Group.
+        group: String,
+        /// Generation.
+        generation: i32,
+        /// Members.
+        members: usize,
+    },
+    /// A member was removed.
+    MemberRemoved {
+        /// Group.
+        group: String,
+        /// Member id.
+        member_id: String,
+        /// Why.
+        reason: &'static str,
+    },
+}
+
+/// Limits and timing rules of the groups.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClassicConfig {
+    /// `group.initial.rebalance.delay.ms`.
+    pub initial_rebalance_delay_ms: u64,
+    /// `group.min.session.timeout.ms`.
+    pub min_session_timeout_ms: u64,
+    /// `group.max.session.timeout.ms`.
+    pub max_session_timeout_ms: u64,
+    /// `group.max.size`.
+    pub max_size: usize,
+    /// Most groups held.
+    pub max_groups: usize,
+}
+
+impl Default for ClassicConfig {
+    fn default() -> Self {
+        ClassicConfig {
+            initial_rebalance_delay_ms: 3_000,
+            min_session_timeout_ms: 6_000,
+            max_session_timeout_ms: 1_800_000,
+            max_size: 1_000,
+            max_groups: 10_000,
+        }
+    }
+}
+
+/// All classic groups of one coordinator.
+#[derive(Debug, Default)]
+pub struct ClassicGroups {
+    config: ClassicConfig,
+    groups: BTreeMap<String, ClassicGroup>,
+}
+
+impl ClassicGroups {
+    /// No groups yet.
+    pub fn new(config: ClassicConfig) -> ClassicGroups {
+        ClassicGroups {
+            config,
+            groups: BTreeMap::new(),
+        }
+    }
+
+    /// A group, if held.
+    pub fn get(&self, group: &str) -> Option<&ClassicGroup> {
+        self.groups.get(group)
+    }
+
+    /// Every group held.
+    pub fn iter(&self) -> impl Iterator<Item = &ClassicGroup> {
+        self.groups.values()
+    }
+
+    fn group_mut(&mut self, group: &str) -> Result<&mut ClassicGroup, ClassicError> {
+        if !self.groups.contains_key(group) {
+            if self.groups.len() >= self.config.max_groups {
+                // Make room by forgetting an empty group (its offsets stay in the store).
+                let empty = self
+                    .groups
+                    .iter()
+                    .find(|(_, g)| g.is_empty())
+                    .map(|(k, _)| k.clone());
+                match empty {
+                    Some(k) => {
+                        self.groups.remove(&k);
+                    }
+                    None => return Err(ClassicError::TooManyGroups),
+                }
+            }
+            self.groups
+                .insert(group.to_string(), ClassicGroup::new(group, self.config));
+        }
+        self.groups
+            .get_mut(group)
+            .ok_or(ClassicError::GroupIdNotFound)
+    }
+
+    /// JoinGroup. The answer comes as an [`Output::Join`] for `req` (maybe later).
+    pub fn join(
+        &mut self,
+        group: &str,
+        req: RequestId,
+        join: JoinRequest,
+        now: u64,
+    ) -> Vec<Output> {
+        match self.group_mut(group) {
+            Ok(g) => g.join(req, join, now),
+            Err(e) => vec![Output::Join(
+                req,
+                JoinResponse {
+                    error: Some(e),
+                    member_id: join.member_id,
+                    generation: -1,
+                    ..JoinResponse::default()
+                },
+            )],
+        }
+    }
+
+    /// SyncGroup. The answer comes as an [`Output::Sync`] for `req` (maybe later).
+    pub fn sync(
+        &mut self,
+        group: &str,
+        req: RequestId,
+        sync: SyncRequest,
+        now: u64,
+    ) -> Vec<Output> {
+        match self.groups.get_mut(group) {
+            Some(g) => g.sync(req, sync, now),
+            None => vec![Output::Sync(
+                req,
+                SyncResponse {
+                    error: Some(ClassicError::UnknownMemberId),
+                    ..SyncResponse::default()
+                },
+            )],
+        }
+    }
+
+    /// Heartbeat.
+    pub fn heartbeat(
+        &mut self,
+        group: &str,
+        member_id: &str,
+        instance_id: Option<&str>,
+        generation: i32,
+        now: u64,
+    ) -> Result<(), ClassicError> {
+        match self.groups.get_mut(group) {
+            Some(g) => g.heartbeat(member_id, instance_id, generation, now),
+            None => Err(ClassicError::UnknownMemberId),
+        }
+    }
+
+    /// LeaveGroup: one result per member, plus outputs for requests it completes.
+    pub fn leave(
+        &mut self,
+        group: &str,
+        members: &[LeavingMember],
+        now: u64,
+    ) -> (Vec<Result<(), ClassicError>>, Vec<Output>) {
+        match self.groups.get_mut(group) {
+            Some(g) => g.leave(members, now),
+            None => (
+                members
+                    .iter()
+                    .map(|_| Err(ClassicError::UnknownMemberId))
+                    .collect(),
+                Vec::new(),
+            ),
+        }
+    }
+
+    /// Checks an offset commit against the group (and counts it as a heartbeat).
+    pub fn validate_commit(
+        &mut self,
+        group: &str,
+        member_id: &str,
+        instance_id: Option<&str>,
+        generation: i32,
+        now: u64,
+    ) -> Result<(), ClassicError> {
+        match self.groups.get_mut(group) {
+            Some(g) => g.validate_commit(member_id, instance_id, generation, now),
+            None if generation < 0 => Ok(()),
+            None => Err(ClassicError::IllegalGeneration),
+        }
+    }
+
+    /// Deletes an empty group.
+    pub fn delete(&mut self, group: &str) -> Result<(), ClassicError> {
+        match self.groups.get(group) {
+            Some(g) if !g.is_empty() => Err(ClassicError::NonEmptyGroup),
+            Some(_) => {
+                self.groups.remove(group);
+                Ok(())
+            }
+            None => Err(ClassicError::GroupIdNotFound),
+        }
+    }
+
+    /// Runs the timers of every group.
+    pub fn tick(&mut self, now: u64) -> Vec<Output> {
+        let mut out = Vec::new();
+        for g in self.groups.values_mut() {
+            out.extend(g.tick(now));
+        }
+        out
+    }
+
+    /// The earliest time a [`ClassicGroups::tick`] has something to do, if any.
+    pub fn next_deadline(&self) -> Option<u64> {
+        self.groups
+            .values()
+            .filter_map(ClassicGroup::next_deadline)
+            .min()
+    }
+}

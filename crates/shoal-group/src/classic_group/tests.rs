@@ -1,0 +1,421 @@
+//! The classic group state machine on virtual time.
+
+use super::*;
+use proptest::prelude::*;
+
+const SESSION: u64 = 10_000;
+const REBALANCE: u64 = 30_000;
+
+fn cfg(delay: u64) -> ClassicConfig {
+    ClassicConfig {
+        initial_rebalance_delay_ms: delay,
+        ..ClassicConfig::default()
+    }
+}
+
+fn join_req(member: &str, new_id: &str, instance: Option<&str>, meta: &[u8]) -> JoinRequest {
+    JoinRequest {
+        member_id: member.into(),
+        instance_id: instance.map(str::to_string),
+        client_id: "c".into(),
+        client_host: "/127.0.0.1".into(),
+        session_timeout_ms: SESSION,
+        rebalance_timeout_ms: REBALANCE,
+        protocol_type: "consumer".into(),
+        protocols: vec![("range".into(), meta.to_vec())],
+        require_known_member_id: true,
+        new_member_id: new_id.into(),
+        supports_skip_assignment: true,
+    }
+}
+
+fn joins(out: &[Output]) -> Vec<(RequestId, JoinResponse)> {
+    out.iter()
+        .filter_map(|o| match o {
+            Output::Join(r, j) => Some((*r, j.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+fn syncs(out: &[Output]) -> Vec<(RequestId, SyncResponse)> {
+    out.iter()
+        .filter_map(|o| match o {
+            Output::Sync(r, s) => Some((*r, s.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Joins a new dynamic member (MEMBER_ID_REQUIRED round trip); returns its id.
+fn first_join(g: &mut ClassicGroups, id: &str, req: RequestId, now: u64) -> Vec<Output> {
+    let out = g.join("G", req, join_req("", id, None, b"m"), now);
+    let j = joins(&out);
+    assert_eq!(j[0].1.error, Some(ClassicError::MemberIdRequired));
+    assert_eq!(j[0].1.member_id, id);
+    g.join("G", req + 1000, join_req(id, "unused", None, b"m"), now)
+}
+
+#[test]
+fn one_member_becomes_leader_and_gets_its_assignment() {
+    let mut g = ClassicGroups::new(cfg(0));
+    let out = first_join(&mut g, "a", 1, 0);
+    let j = joins(&out);
+    assert_eq!(j.len(), 1);
+    assert_eq!(j[0].1.generation, 1);
+    assert_eq!(j[0].1.leader, "a");
+    assert_eq!(j[0].1.members.len(), 1);
+    assert_eq!(j[0].1.protocol_name.as_deref(), Some("range"));
+    let out = g.sync(
+        "G",
+        2,
+        SyncRequest {
+            member_id: "a".into(),
+            instance_id: None,
+            generation: 1,
+            protocol_type: Some("consumer".into()),
+            protocol_name: Some("range".into()),
+            assignments: [("a".to_string(), b"all".to_vec())].into(),
+        },
+        1,
+    );
+    let s = syncs(&out);
+    assert_eq!(s[0].1.assignment, b"all");
+    assert_eq!(g.get("G").unwrap().state(), GroupState::Stable);
+    assert_eq!(g.heartbeat("G", "a", None, 1, 2), Ok(()));
+    assert_eq!(
+        g.heartbeat("G", "a", None, 0, 2),
+        Err(ClassicError::IllegalGeneration)
+    );
+    assert_eq!(
+        g.heartbeat("G", "x", None, 1, 2),
+        Err(ClassicError::UnknownMemberId)
+    );
+}
+
+fn sync_all(
+    g: &mut ClassicGroups,
+    gen: i32,
+    leader: &str,
+    members: &[&str],
+    now: u64,
+) -> Vec<Output> {
+    let mut out = Vec::new();
+    for (i, m) in members.iter().enumerate() {
+        let assignments = if *m == leader {
+            members
+                .iter()
+                .map(|x| (x.to_string(), format!("for-{x}").into_bytes()))
+                .collect()
+        } else {
+            BTreeMap::new()
+        };
+        out.extend(g.sync(
+            "G",
+            500 + i as u64,
+            SyncRequest {
+                member_id: m.to_string(),
+                instance_id: None,
+                generation: gen,
+                protocol_type: None,
+                protocol_name: None,
+                assignments,
+            },
+            now,
+        ));
+    }
+    out
+}
+
+#[test]
+fn a_second_member_triggers_a_rebalance_that_waits_for_the_first() {
+    let mut g = ClassicGroups::new(cfg(0));
+    first_join(&mut g, "a", 1, 0);
+    sync_all(&mut g, 1, "a", &["a"], 0);
+    // b joins: the group prepares a rebalance; b waits until a rejoins.
+    let out = first_join(&mut g, "b", 10, 100);
+    assert!(joins(&out).is_empty());
+    assert_eq!(
+        g.heartbeat("G", "a", None, 1, 200),
+        Err(ClassicError::RebalanceInProgress)
+    );
+    let out = g.join("G", 20, join_req("a", "", None, b"m"), 300);
+    let j = joins(&out);
+    assert_eq!(j.len(), 2);
+    assert!(j.iter().all(|(_, r)| r.generation == 2 && r.leader == "a"));
+    let leader = j.iter().find(|(_, r)| r.member_id == "a").unwrap();
+    assert_eq!(leader.1.members.len(), 2);
+    let follower = j.iter().find(|(_, r)| r.member_id == "b").unwrap();
+    assert!(follower.1.members.is_empty());
+    // The follower's sync waits for the leader's.
+    let out = sync_all(&mut g, 2, "a", &["b", "a"], 400);
+    let s = syncs(&out);
+    assert_eq!(s.len(), 2);
+    assert!(s.iter().any(|(_, r)| r.assignment == b"for-b"));
+}
+
+/// a and b in a Stable group; returns (generation, leader).
+fn stable_pair(g: &mut ClassicGroups) -> (i32, String) {
+    first_join(g, "a", 1, 0);
+    sync_all(g, 1, "a", &["a"], 0);
+    first_join(g, "b", 3, 0);
+    let out = g.join("G", 7, join_req("a", "", None, b"m"), 0);
+    let j = joins(&out);
+    assert_eq!(j.len(), 2);
+    let (gen, leader) = (j[0].1.generation, j[0].1.leader.clone());
+    sync_all(g, gen, &leader, &["a", "b"], 0);
+    assert_eq!(g.get("G").unwrap().state(), GroupState::Stable);
+    (gen, leader)
+}
+
+#[test]
+fn a_member_that_does_not_rejoin_is_dropped_at_the_rebalance_timeout() {
+    let mut g = ClassicGroups::new(cfg(0));
+    stable_pair(&mut g);
+    // c joins; a rejoins, b keeps heartbeating but never rejoins.
+    first_join(&mut g, "c", 10, 1000);
+    g.join("G", 20, join_req("a", "", None, b"m"), 1000);
+    for t in (2000..1000 + REBALANCE).step_by(2000) {
+        assert_eq!(
+            g.heartbeat("G", "b", None, 2, t),
+            Err(ClassicError::RebalanceInProgress)
+        );
+        assert!(joins(&g.tick(t)).is_empty());
+    }
+    let out = g.tick(1000 + REBALANCE);
+    let j = joins(&out);
+    assert_eq!(j.len(), 2, "a and c get the new generation");
+    assert!(out
+        .iter()
+        .any(|o| matches!(o, Output::MemberRemoved { member_id, .. } if member_id == "b")));
+    assert_eq!(
+        g.get("G").unwrap().member_ids(),
+        vec!["a".to_string(), "c".to_string()]
+    );
+}
+
+#[test]
+fn sessions_expire_without_heartbeats() {
+    let mut g = ClassicGroups::new(cfg(0));
+    let (gen, _) = stable_pair(&mut g);
+    for t in (1000..SESSION + 2000).step_by(1000) {
+        g.heartbeat("G", "a", None, gen, t).ok();
+        g.tick(t);
+    }
+    assert_eq!(g.get("G").unwrap().member_ids(), vec!["a".to_string()]);
+    assert_eq!(g.get("G").unwrap().state(), GroupState::PreparingRebalance);
+}
+
+#[test]
+fn leaving_rebalances_and_the_last_leave_empties_the_group() {
+    let mut g = ClassicGroups::new(cfg(0));
+    stable_pair(&mut g);
+    let (r, _) = g.leave(
+        "G",
+        &[LeavingMember {
+            member_id: "b".into(),
+            instance_id: None,
+        }],
+        10,
+    );
+    assert_eq!(r, vec![Ok(())]);
+    assert_eq!(g.get("G").unwrap().state(), GroupState::PreparingRebalance);
+    let out = g.join("G", 30, join_req("a", "", None, b"m"), 20);
+    assert_eq!(joins(&out)[0].1.generation, 3);
+    let (r, _) = g.leave(
+        "G",
+        &[LeavingMember {
+            member_id: "a".into(),
+            instance_id: None,
+        }],
+        30,
+    );
+    assert_eq!(r, vec![Ok(())]);
+    assert_eq!(g.get("G").unwrap().state(), GroupState::Empty);
+    assert!(g.validate_commit("G", "", None, -1, 40).is_ok());
+    assert_eq!(g.delete("G"), Ok(()));
+}
+
+#[test]
+fn a_static_member_restarting_moves_nothing_and_fences_its_old_self() {
+    let mut g = ClassicGroups::new(cfg(0));
+    let s = |member: &str, new_id: &str, inst: &str| join_req(member, new_id, Some(inst), b"m");
+    g.join("G", 1, s("", "a1", "ia"), 0);
+    sync_all(&mut g, 1, "a1", &["a1"], 0);
+    g.join("G", 2, s("", "b1", "ib"), 0);
+    // b1's join starts a rebalance; a1 rejoins and the phase completes.
+    let out = g.join("G", 4, s("a1", "", "ia"), 0);
+    let j = joins(&out);
+    let gen = j[0].1.generation;
+    let leader = j[0].1.leader.clone();
+    assert_eq!(g.get("G").unwrap().state(), GroupState::CompletingRebalance);
+    sync_all(&mut g, gen, &leader, &["a1", "b1"], 0);
+    assert_eq!(g.get("G").unwrap().state(), GroupState::Stable);
+    // b restarts: a new incarnation with the same instance id and subscription.
+    let out = g.join("G", 3, s("", "b2", "ib"), 5000);
+    let j = joins(&out);
+    assert_eq!(j.len(), 1);
+    assert_eq!(j[0].1.error, None);
+    assert_eq!(j[0].1.generation, gen, "no new generation");
+    assert_eq!(g.get("G").unwrap().state(), GroupState::Stable);
+    assert_eq!(
+        g.get("G").unwrap().assignment_of("b2"),
+        Some(&b"for-b1"[..])
+    );
+    // The old incarnation is fenced.
+    assert_eq!(
+        g.heartbeat("G", "b1", Some("ib"), gen, 5001),
+        Err(ClassicError::FencedInstanceId)
+    );
+    assert_eq!(g.heartbeat("G", "b2", Some("ib"), gen, 5001), Ok(()));
+}
+
+#[test]
+fn the_initial_delay_collects_members_before_the_first_generation() {
+    let mut g = ClassicGroups::new(cfg(3000));
+    first_join(&mut g, "a", 1, 0);
+    first_join(&mut g, "b", 3, 1000);
+    assert!(joins(&g.tick(2000)).is_empty());
+    let out = g.tick(3000);
+    let j = joins(&out);
+    assert_eq!(j.len(), 2);
+    assert!(j.iter().all(|(_, r)| r.generation == 1));
+}
+
+#[test]
+fn inconsistent_protocols_and_bad_timeouts_are_refused() {
+    let mut g = ClassicGroups::new(cfg(0));
+    first_join(&mut g, "a", 1, 0);
+    let mut other = join_req("", "x", None, b"m");
+    other.protocols = vec![("roundrobin".into(), vec![])];
+    let out = g.join("G", 5, other, 1);
+    assert_eq!(
+        joins(&out)[0].1.error,
+        Some(ClassicError::InconsistentGroupProtocol)
+    );
+    let mut short = join_req("", "y", None, b"m");
+    short.session_timeout_ms = 10;
+    let out = g.join("G", 6, short, 1);
+    assert_eq!(
+        joins(&out)[0].1.error,
+        Some(ClassicError::InvalidSessionTimeout)
+    );
+}
+
+#[test]
+fn the_group_size_is_bounded() {
+    let mut g = ClassicGroups::new(ClassicConfig {
+        max_size: 2,
+        initial_rebalance_delay_ms: 0,
+        ..ClassicConfig::default()
+    });
+    first_join(&mut g, "a", 1, 0);
+    first_join(&mut g, "b", 3, 0);
+    let out = g.join("G", 9, join_req("", "c", None, b"m"), 0);
+    assert_eq!(
+        joins(&out)[0].1.error,
+        Some(ClassicError::GroupMaxSizeReached)
+    );
+}
+
+/// Random schedules of joins, syncs, heartbeats, leaves and time jumps: every answered
+/// request is answered once, members of a Stable group share one generation and all got an
+/// assignment from that generation's leader, and a group always gets out of
+/// PreparingRebalance by the rebalance timeout.
+#[derive(Debug, Clone)]
+enum Step {
+    Join(usize),
+    Sync(usize),
+    Heartbeat(usize),
+    Leave(usize),
+    Advance(u64),
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        (0usize..4).prop_map(Step::Join),
+        (0usize..4).prop_map(Step::Sync),
+        (0usize..4).prop_map(Step::Heartbeat),
+        (0usize..4).prop_map(Step::Leave),
+        (1u64..15_000).prop_map(Step::Advance),
+    ]
+}
+
+proptest! {
+    #[test]
+    fn random_schedules_keep_the_invariants(steps in proptest::collection::vec(step(), 1..80)) {
+        let mut g = ClassicGroups::new(cfg(0));
+        let mut now = 0u64;
+        let mut next_req: RequestId = 1;
+        // Per client: its member id and generation as it believes them.
+        let mut ids: Vec<Option<(String, i32)>> = vec![None; 4];
+        let mut answered = std::collections::HashSet::new();
+        let mut waiting: std::collections::HashMap<RequestId, usize> = Default::default();
+        let mut prep_since: Option<u64> = None;
+        for s in steps {
+            let out = match s {
+                Step::Join(c) => {
+                    let req = next_req; next_req += 1;
+                    waiting.insert(req, c);
+                    let member = ids[c].as_ref().map(|x| x.0.clone()).unwrap_or_default();
+                    g.join("G", req, join_req(&member, &format!("m{c}-{req}"), None, b"m"), now)
+                }
+                Step::Sync(c) => match ids[c].clone() {
+                    Some((m, gen)) => {
+                        let req = next_req; next_req += 1;
+                        waiting.insert(req, c);
+                        let members = g.get("G").map(|x| x.member_ids()).unwrap_or_default();
+                        let assignments = members.iter().map(|x| (x.clone(), x.clone().into_bytes())).collect();
+                        g.sync("G", req, SyncRequest { member_id: m, instance_id: None, generation: gen, protocol_type: None, protocol_name: None, assignments }, now)
+                    }
+                    None => Vec::new(),
+                },
+                Step::Heartbeat(c) => {
+                    if let Some((m, gen)) = ids[c].clone() {
+                        if g.heartbeat("G", &m, None, gen, now) == Err(ClassicError::UnknownMemberId) {
+                            ids[c] = None;
+                        }
+                    }
+                    Vec::new()
+                }
+                Step::Leave(c) => match ids[c].take() {
+                    Some((m, _)) => g.leave("G", &[LeavingMember { member_id: m, instance_id: None }], now).1,
+                    None => Vec::new(),
+                },
+                Step::Advance(d) => { now += d; g.tick(now) }
+            };
+            for o in &out {
+                let (req, member, gen, err) = match o {
+                    Output::Join(r, j) => (*r, Some(j.member_id.clone()), j.generation, j.error),
+                    Output::Sync(r, s) => (*r, None, -2, s.error),
+                    _ => continue,
+                };
+                prop_assert!(answered.insert(req), "request {} answered twice", req);
+                let c = waiting.remove(&req);
+                if let (Some(c), Some(m)) = (c, member) {
+                    match err {
+                        None => ids[c] = Some((m, gen)),
+                        Some(ClassicError::MemberIdRequired) => ids[c] = Some((m, -1)),
+                        Some(ClassicError::UnknownMemberId) => ids[c] = None,
+                        _ => {}
+                    }
+                }
+            }
+            if let Some(grp) = g.get("G") {
+                if grp.state() == GroupState::PreparingRebalance {
+                    let since = *prep_since.get_or_insert(now);
+                    prop_assert!(now <= since + REBALANCE + SESSION, "stuck in PreparingRebalance");
+                } else {
+                    prep_since = None;
+                }
+                if grp.state() == GroupState::Stable {
+                    let gen = grp.generation();
+                    for m in grp.members() {
+                        prop_assert_eq!(m.assignment.clone(), m.member_id.clone().into_bytes(), "stable member without its assignment");
+                    }
+                    prop_assert!(gen >= 1);
+                }
+            }
+        }
+    }
+}
