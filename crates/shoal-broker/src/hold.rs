@@ -40,6 +40,12 @@ pub struct HoldTicket {
     rx: oneshot::Receiver<()>,
 }
 
+/// A registered wait on several queues: await [`PullHoldTable::wait_any`].
+#[derive(Debug)]
+pub struct MultiHoldTicket {
+    tickets: Vec<HoldTicket>,
+}
+
 impl PullHoldTable {
     /// Holds a pull of (topic, queue) at `offset`, woken by a message that passes `filter`.
     pub fn hold(
@@ -116,6 +122,50 @@ impl PullHoldTable {
         }
     }
 
+    /// Holds a wait on several queues at once (a Kafka fetch spans partitions): woken by the
+    /// first message stored at or after any of the positions (topic, queue id, offset).
+    pub fn hold_any(&self, positions: &[(String, i32, u64)]) -> MultiHoldTicket {
+        let tickets = positions
+            .iter()
+            .map(|(topic, queue_id, offset)| self.hold(topic, *queue_id, *offset, None))
+            .collect();
+        MultiHoldTicket { tickets }
+    }
+
+    /// Waits until any hold of the ticket is woken or `timeout` passes; every hold of the
+    /// ticket is removed either way (also when the returned future is dropped early).
+    /// Returns true when woken by a message.
+    pub async fn wait_any(&self, ticket: MultiHoldTicket, timeout: std::time::Duration) -> bool {
+        struct Cancel<'a> {
+            table: &'a PullHoldTable,
+            holds: Vec<(u64, (String, i32))>,
+        }
+        impl Drop for Cancel<'_> {
+            fn drop(&mut self) {
+                for (id, key) in &self.holds {
+                    self.table.cancel(*id, key);
+                }
+            }
+        }
+        let mut receivers = Vec::with_capacity(ticket.tickets.len());
+        let mut cancel = Cancel {
+            table: self,
+            holds: Vec::with_capacity(ticket.tickets.len()),
+        };
+        for t in ticket.tickets {
+            cancel.holds.push((t.id, t.key));
+            receivers.push(t.rx);
+        }
+        if receivers.is_empty() {
+            tokio::time::sleep(timeout).await;
+            return false;
+        }
+        matches!(
+            tokio::time::timeout(timeout, futures::future::select_all(receivers)).await,
+            Ok((Ok(()), _, _))
+        )
+    }
+
     /// Number of held pulls.
     pub fn len(&self) -> usize {
         self.held.lock().values().map(Vec::len).sum()
@@ -171,6 +221,25 @@ mod tests {
         let t = PullHoldTable::default();
         let ticket = t.hold("T", 0, 0, None);
         assert!(!t.wait(ticket, Duration::from_millis(20)).await);
+        assert!(t.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_multi_queue_hold_wakes_on_any_queue_and_cleans_up() {
+        let t = std::sync::Arc::new(PullHoldTable::default());
+        let ticket = t.hold_any(&[("T".into(), 0, 5), ("T".into(), 1, 2)]);
+        assert_eq!(t.len(), 2);
+        let t2 = t.clone();
+        let waiter = tokio::spawn(async move { t2.wait_any(ticket, Duration::from_secs(5)).await });
+        tokio::task::yield_now().await;
+        t.notify(&MessageArrival {
+            queue_id: 1,
+            ..arrival(2, 0)
+        });
+        assert!(waiter.await.unwrap());
+        assert!(t.is_empty(), "the other queue's hold is released too");
+        let ticket = t.hold_any(&[("T".into(), 0, 5)]);
+        assert!(!t.wait_any(ticket, Duration::from_millis(20)).await);
         assert!(t.is_empty());
     }
 
