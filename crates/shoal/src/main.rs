@@ -8,6 +8,7 @@ mod client_cmd;
 mod dashboard;
 mod group_view;
 mod http;
+mod kafka_bridge;
 mod rebalance;
 mod server;
 

@@ -1,11 +1,14 @@
 //! `shoal namesrv`, `shoal broker` and `shoal dev`: the server processes.
 
 use crate::http::{HttpServer, HttpState};
+use crate::kafka_bridge::BrokerBridge;
 use anyhow::{bail, Context};
 use clap::{Args, Subcommand, ValueEnum};
 use shoal_broker::{Broker, BrokerConfig, FlushMode};
+use shoal_kafka::{KafkaConfig, KafkaServer};
 use shoal_namesrv::{NameServer, NamesrvConfig};
 use std::path::PathBuf;
+use std::sync::Arc;
 
 /// Options of `shoal namesrv`.
 #[derive(Debug, Args)]
@@ -90,6 +93,12 @@ pub struct BrokerArgs {
     /// Turn ACL on with this file (TOML, plain_acl keys; see docs/security.md).
     #[arg(long)]
     pub acl_file: Option<PathBuf>,
+    /// Also serve Kafka clients on this address (e.g. 0.0.0.0:9092); off by default.
+    #[arg(long)]
+    pub kafka_listen: Option<String>,
+    /// `host:port` Kafka clients are told to connect to (default: the Kafka listen address).
+    #[arg(long)]
+    pub kafka_advertised: Option<String>,
 }
 
 /// Options of `shoal dev`.
@@ -113,6 +122,16 @@ pub struct DevArgs {
     /// Do not serve HTTP (no metrics endpoint, no dashboard).
     #[arg(long)]
     pub no_http: bool,
+    /// Kafka listener port (Kafka clients use bootstrap.servers=127.0.0.1:PORT); default
+    /// 9092, and when 9092 is taken dev runs without Kafka (a port given here must bind).
+    #[arg(long)]
+    pub kafka_port: Option<u16>,
+    /// Do not start the Kafka listener.
+    #[arg(long)]
+    pub no_kafka: bool,
+    /// `host:port` Kafka clients are told to connect to (default 127.0.0.1:<kafka port>).
+    #[arg(long)]
+    pub kafka_advertised: Option<String>,
 }
 
 /// The name server address clients use when given none.
@@ -184,6 +203,37 @@ pub fn broker_config(args: &BrokerArgs) -> anyhow::Result<BrokerConfig> {
     Ok(cfg)
 }
 
+/// Kafka's default port, where `shoal dev` listens unless told otherwise.
+const DEFAULT_KAFKA_PORT: u16 = 9092;
+
+/// Kafka listener settings from `--kafka-listen` / `--kafka-advertised`.
+pub fn kafka_config(listen: &str, advertised: Option<&str>) -> anyhow::Result<KafkaConfig> {
+    let mut cfg = KafkaConfig {
+        listen_addr: listen.to_string(),
+        ..KafkaConfig::default()
+    };
+    if let Some(a) = advertised {
+        let (host, port) = a
+            .rsplit_once(':')
+            .with_context(|| format!("--kafka-advertised {a:?} is not host:port"))?;
+        let port: u16 = port
+            .parse()
+            .with_context(|| format!("--kafka-advertised {a:?}: bad port"))?;
+        cfg.advertised_host = Some(host.to_string());
+        cfg.advertised_port = Some(port);
+    }
+    cfg.validate()?;
+    Ok(cfg)
+}
+
+/// Starts the Kafka listener on a running broker.
+async fn start_kafka(broker: &Broker, cfg: KafkaConfig) -> anyhow::Result<KafkaServer> {
+    let bridge = Arc::new(BrokerBridge::new(broker.inner().clone()));
+    KafkaServer::start(cfg, bridge)
+        .await
+        .map_err(anyhow::Error::new)
+}
+
 /// Listens for Ctrl-C or SIGTERM from now on (so a signal during start-up is not lost or
 /// fatal); the returned future ends when one arrives.
 fn shutdown_signal() -> impl std::future::Future<Output = ()> {
@@ -250,6 +300,10 @@ pub async fn run_namesrv(args: NamesrvArgs) -> anyhow::Result<()> {
 pub async fn run_broker(args: BrokerArgs) -> anyhow::Result<()> {
     let stop = shutdown_signal();
     let cfg = broker_config(&args)?;
+    let kafka_cfg = match &args.kafka_listen {
+        Some(l) => Some(kafka_config(l, args.kafka_advertised.as_deref())?),
+        None => None,
+    };
     let broker = Broker::start(cfg.clone()).await?;
     println!(
         "shoal broker {} listening on {} (data in {}, name servers {})",
@@ -278,7 +332,26 @@ pub async fn run_broker(args: BrokerArgs) -> anyhow::Result<()> {
         }
         None => None,
     };
+    let kafka = match kafka_cfg {
+        Some(k) => match start_kafka(&broker, k).await {
+            Ok(s) => {
+                println!("kafka listener on {}", s.local_addr());
+                Some(s)
+            }
+            Err(e) => {
+                if let Some(h) = http {
+                    h.shutdown().await;
+                }
+                broker.shutdown().await;
+                return Err(e.context("starting the Kafka listener (try another --kafka-listen)"));
+            }
+        },
+        None => None,
+    };
     stop.await;
+    if let Some(k) = kafka {
+        k.shutdown().await;
+    }
     if let Some(h) = http {
         h.shutdown().await;
     }
@@ -323,6 +396,39 @@ pub async fn run_dev(args: DevArgs) -> anyhow::Result<()> {
             return Err(anyhow::Error::new(e).context(hint));
         }
     };
+    let kafka = if args.no_kafka {
+        None
+    } else {
+        let k = kafka_config(
+            &format!("127.0.0.1:{}", args.kafka_port.unwrap_or(DEFAULT_KAFKA_PORT)),
+            args.kafka_advertised.as_deref(),
+        )
+        .map(|mut k| {
+            // Local development: a group's first rebalance does not wait for more members.
+            k.group_initial_rebalance_delay_ms = 0;
+            k.consumer_heartbeat_interval_ms = 1_000;
+            k
+        });
+        match k {
+            Ok(k) => match start_kafka(&broker, k).await {
+                Ok(s) => Some(s),
+                Err(e) if args.kafka_port.is_none() => {
+                    eprintln!("warning: Kafka listener not started ({e:#}); pass --kafka-port to choose a free port, or --no-kafka");
+                    None
+                }
+                Err(e) => {
+                    broker.shutdown().await;
+                    ns.shutdown().await;
+                    return Err(e.context("starting the Kafka listener (try --kafka-port or --no-kafka)"));
+                }
+            },
+            Err(e) => {
+                broker.shutdown().await;
+                ns.shutdown().await;
+                return Err(e);
+            }
+        }
+    };
     println!("Shoal dev is running (Ctrl-C to stop)");
     println!("  name server  {namesrv}");
     println!(
@@ -353,6 +459,9 @@ pub async fn run_dev(args: DevArgs) -> anyhow::Result<()> {
             }
         }
     };
+    if let Some(k) = &kafka {
+        println!("  kafka        {} (bootstrap.servers)", k.local_addr());
+    }
     println!("  topics are created on first send");
     // The hints work as printed: with a body (no waiting on standard input), from the first
     // message (a new group starts at the end otherwise), and with --namesrv when the name
@@ -367,6 +476,9 @@ pub async fn run_dev(args: DevArgs) -> anyhow::Result<()> {
     println!("  shoal consume TopicTest --group demo --from first --count 3{ns_flag}");
     stop.await;
     println!("stopping: flushing offsets and topics, unregistering from the name server");
+    if let Some(k) = kafka {
+        k.shutdown().await;
+    }
     if let Some(h) = http {
         h.shutdown().await;
     }

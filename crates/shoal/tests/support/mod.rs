@@ -88,6 +88,7 @@ impl Dev {
                 &http.to_string(),
                 "--data-dir",
                 dir.path().join("data").to_str().unwrap(),
+                "--no-kafka",
             ])
             .stdout(Stdio::null())
             .stderr(Stdio::null())

@@ -1,0 +1,193 @@
+"""Kafka-protocol throughput and rebalance on Shoal (see benches/kafka/run.sh).
+
+kafka_bench.py BOOTSTRAP SHOAL_PID produce|fetch|rebalance [options as env]
+Prints one JSON line per run: throughput, and the Shoal process's CPU per message
+(utime+stime from /proc/PID/stat over the run).
+"""
+import json
+import os
+import sys
+import threading
+import time
+import uuid
+
+from confluent_kafka import Consumer, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+BS, PID, WHAT = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+SIZE = int(os.environ.get("SIZE", "128"))
+COUNT = int(os.environ.get("COUNT", "200000"))
+PARTS = int(os.environ.get("PARTITIONS", "8"))
+COMP = os.environ.get("COMPRESSION", "none")
+TOPIC = os.environ.get("TOPIC", "KBench")
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_s():
+    with open(f"/proc/{PID}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def create(topic, parts):
+    a = AdminClient({"bootstrap.servers": BS})
+    for _, f in a.create_topics([NewTopic(topic, num_partitions=parts, replication_factor=1)]).items():
+        try:
+            f.result(15)
+        except Exception as e:  # exists from an earlier run
+            if "already exists" not in str(e):
+                raise
+
+
+def report(name, n, secs, cpu, extra=None):
+    out = {"bench": name, "messages": n, "size": SIZE, "compression": COMP, "partitions": PARTS,
+           "seconds": round(secs, 3), "msgs_per_s": round(n / secs), "mib_per_s": round(n * SIZE / secs / 2**20, 2),
+           "shoal_cpu_us_per_msg": round(cpu / n * 1e6, 2)}
+    out.update(extra or {})
+    print(json.dumps(out), flush=True)
+
+
+def produce():
+    create(TOPIC, PARTS)
+    p = Producer({"bootstrap.servers": BS, "compression.type": COMP, "linger.ms": 5, "acks": "all",
+                  "enable.idempotence": True, "batch.size": 262144, "queue.buffering.max.messages": 500000})
+    body = os.urandom(SIZE // 2).hex().encode()[:SIZE]
+    c0, t0 = cpu_s(), time.time()
+    for i in range(COUNT):
+        while True:
+            try:
+                p.produce(TOPIC, value=body, key=b"k%d" % (i % 1000))
+                break
+            except BufferError:
+                p.poll(0.01)
+        if i % 1000 == 0:
+            p.poll(0)
+    p.flush(120)
+    report("kafka-produce", COUNT, time.time() - t0, cpu_s() - c0)
+
+
+def fetch():
+    c = Consumer({"bootstrap.servers": BS, "group.id": "bench-" + uuid.uuid4().hex[:8], "auto.offset.reset": "earliest",
+                  "enable.auto.commit": False, "fetch.max.bytes": 52428800, "max.partition.fetch.bytes": 4194304})
+    c.subscribe([TOPIC])
+    n, c0, t0, started = 0, None, None, None
+    deadline = time.time() + 300
+    while n < COUNT and time.time() < deadline:
+        msgs = c.consume(10000, 1.0)
+        for m in msgs:
+            if m.error():
+                continue
+            if started is None:
+                started, c0, t0 = True, cpu_s(), time.time()
+            n += 1
+    secs, cpu = time.time() - t0, cpu_s() - c0
+    c.close()
+    report("kafka-fetch", n, secs, cpu)
+
+
+def rebalance():
+    """Members join and leave a group while a producer writes; convergence = the time from a
+    change until every partition has exactly one owner again; duplicates = records delivered
+    more than once (at-least-once across hand-overs)."""
+    strategy = os.environ.get("STRATEGY", "cooperative-sticky")
+    topic = f"KRebal-{uuid.uuid4().hex[:6]}"
+    create(topic, PARTS)
+    gid = "rebal-" + uuid.uuid4().hex[:6]
+    stop = threading.Event()
+    produced = [0]
+
+    def producer():
+        p = Producer({"bootstrap.servers": BS, "linger.ms": 2})
+        i = 0
+        while not stop.is_set():
+            p.produce(topic, value=b"%d" % i, partition=i % PARTS)
+            i += 1
+            if i % 100 == 0:
+                p.poll(0)
+                time.sleep(0.01)
+        p.flush(30)
+        produced[0] = i
+
+    class M:
+        def __init__(self):
+            self.owned, self.seen, self.stop = set(), [], False
+            self.c = Consumer({"bootstrap.servers": BS, "group.id": gid, "auto.offset.reset": "earliest",
+                               "partition.assignment.strategy": strategy, "session.timeout.ms": 10000,
+                               "heartbeat.interval.ms": 500, "auto.commit.interval.ms": 500})
+            coop = strategy == "cooperative-sticky"
+
+            def on_assign(c, ps):
+                s = {p.partition for p in ps}
+                if coop:
+                    c.incremental_assign(ps)
+                    self.owned |= s
+                else:
+                    c.assign(ps)
+                    self.owned = s
+
+            def on_revoke(c, ps):
+                s = {p.partition for p in ps}
+                if coop:
+                    c.incremental_unassign(ps)
+                    self.owned -= s
+                else:
+                    self.owned = set()
+            self.c.subscribe([topic], on_assign=on_assign, on_revoke=on_revoke)
+            self.t = threading.Thread(target=self.run, daemon=True)
+            self.t.start()
+
+        def run(self):
+            while not self.stop:
+                m = self.c.poll(0.1)
+                if m is not None and not m.error():
+                    self.seen.append((m.partition(), m.offset()))
+
+        def close(self):
+            self.stop = True
+            self.t.join()
+            self.c.close()
+
+    def converge(ms):
+        t0 = time.time()
+        while time.time() - t0 < 60:
+            owned = [m.owned for m in ms]
+            if sum(len(o) for o in owned) == PARTS and set().union(*owned) == set(range(PARTS)):
+                return time.time() - t0
+            time.sleep(0.02)
+        return None
+
+    pt = threading.Thread(target=producer, daemon=True)
+    pt.start()
+    c0 = cpu_s()
+    members, phases = [M()], []
+    phases.append(("1 member starts", converge(members)))
+    for k in range(int(os.environ.get("JOINS", "3"))):
+        members.append(M())
+        phases.append((f"join -> {len(members)}", converge(members)))
+        time.sleep(1)
+    gone = []
+    while len(members) > 1:
+        m = members.pop()
+        m.close()
+        gone.append(m)
+        phases.append((f"leave -> {len(members)}", converge(members)))
+        time.sleep(1)
+    stop.set()
+    pt.join()
+    t0 = time.time()
+    while time.time() - t0 < 20:
+        seen = set(x for m in members + gone for x in m.seen)
+        if len(seen) >= produced[0]:
+            break
+        time.sleep(0.2)
+    total = sum(len(m.seen) for m in members + gone)
+    for m in members:
+        m.close()
+    print(json.dumps({"bench": "kafka-rebalance", "strategy": strategy, "partitions": PARTS,
+                      "produced": produced[0], "consumed_unique": len(seen), "duplicates": total - len(seen),
+                      "lost": produced[0] - len(seen),
+                      "convergence_s": {k: (round(v, 3) if v is not None else None) for k, v in phases},
+                      "shoal_cpu_s": round(cpu_s() - c0, 2)}), flush=True)
+
+
+{"produce": produce, "fetch": fetch, "rebalance": rebalance}[WHAT]()

@@ -1,0 +1,153 @@
+//! The cost of one storage format: Kafka records -> stored RocketMQ messages (produce) and
+//! stored messages -> a record batch (fetch), per record, beside the Kafka codec alone.
+//! `cargo bench -p shoal-kafka --bench convert`
+
+use bytes::{Bytes, BytesMut};
+use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
+use indexmap::IndexMap;
+use kafka_protocol::protocol::StrBytes;
+use kafka_protocol::records::{
+    Compression, Record, RecordBatchDecoder, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
+};
+use shoal_kafka::convert::{message_to_record, record_to_message, stored_to_batch};
+use shoal_proto::message::record::{decode_records, encode_record, DecodeOptions, RecordFields};
+
+const N: usize = 100;
+
+fn records(size: usize) -> Vec<Record> {
+    (0..N as i64)
+        .map(|i| {
+            let mut headers = IndexMap::new();
+            headers.insert(
+                StrBytes::from_static_str("trace"),
+                Some(Bytes::from_static(b"abc123")),
+            );
+            Record {
+                transactional: false,
+                control: false,
+                delete_horizon: false,
+                partition_leader_epoch: 0,
+                producer_id: -1,
+                producer_epoch: -1,
+                timestamp_type: TimestampType::Creation,
+                offset: i,
+                sequence: -1,
+                timestamp: 1_700_000_000_000 + i,
+                key: Some(Bytes::from(format!("key-{i}"))),
+                value: Some(Bytes::from(vec![b'x'; size])),
+                headers,
+            }
+        })
+        .collect()
+}
+
+fn batch(recs: &[Record]) -> Bytes {
+    let mut buf = BytesMut::new();
+    RecordBatchEncoder::encode(
+        &mut buf,
+        recs.iter(),
+        &RecordEncodeOptions {
+            version: 2,
+            compression: Compression::None,
+        },
+    )
+    .unwrap();
+    buf.freeze()
+}
+
+/// Stored records as the store would hold them (queue offsets 0..N).
+fn stored(recs: &[Record]) -> Bytes {
+    let host = "127.0.0.1:9".parse().unwrap();
+    let mut out: Vec<u8> = Vec::new();
+    for (i, r) in recs.iter().enumerate() {
+        let m = record_to_message(r, "T", 0, host, "c").unwrap();
+        encode_record(
+            &RecordFields {
+                topic: &m.topic,
+                queue_id: 0,
+                flag: 0,
+                queue_offset: i as i64,
+                physical_offset: 0,
+                sys_flag: 0,
+                born_timestamp: m.born_timestamp,
+                born_host: host,
+                store_timestamp: m.born_timestamp,
+                store_host: host,
+                reconsume_times: 0,
+                prepared_transaction_offset: 0,
+                body: &m.body,
+                properties: &m.properties,
+            },
+            &mut out,
+        )
+        .unwrap();
+    }
+    Bytes::from(out)
+}
+
+fn bench(c: &mut Criterion) {
+    let host = "127.0.0.1:9".parse().unwrap();
+    for size in [128usize, 1024] {
+        let recs = records(size);
+        let kbatch = batch(&recs);
+        let st = stored(&recs);
+        let mut g = c.benchmark_group(format!("convert_{size}B"));
+        g.throughput(Throughput::Elements(N as u64));
+        g.bench_function("kafka_decode_only", |b| {
+            b.iter_batched(
+                || kbatch.clone(),
+                |mut x| RecordBatchDecoder::decode_all(&mut x).unwrap(),
+                BatchSize::SmallInput,
+            )
+        });
+        g.bench_function("produce_decode_convert_encode", |b| {
+            b.iter_batched(
+                || kbatch.clone(),
+                |mut x| {
+                    let sets = RecordBatchDecoder::decode_all(&mut x).unwrap();
+                    let mut out: Vec<u8> = Vec::with_capacity(N * (size + 200));
+                    for r in &sets[0].records {
+                        let m = record_to_message(r, "T", 0, host, "c").unwrap();
+                        encode_record(
+                            &RecordFields {
+                                topic: &m.topic,
+                                queue_id: 0,
+                                flag: 0,
+                                queue_offset: 0,
+                                physical_offset: 0,
+                                sys_flag: 0,
+                                born_timestamp: m.born_timestamp,
+                                born_host: host,
+                                store_timestamp: 0,
+                                store_host: host,
+                                reconsume_times: 0,
+                                prepared_transaction_offset: 0,
+                                body: &m.body,
+                                properties: &m.properties,
+                            },
+                            &mut out,
+                        )
+                        .unwrap();
+                    }
+                    out
+                },
+                BatchSize::SmallInput,
+            )
+        });
+        g.bench_function("kafka_encode_only", |b| b.iter(|| batch(&recs)));
+        g.bench_function("fetch_stored_to_batch", |b| {
+            b.iter(|| stored_to_batch(&st, 1 << 24).unwrap())
+        });
+        g.bench_function("fetch_decode_stored_only", |b| {
+            b.iter(|| decode_records(&st, &DecodeOptions::default()))
+        });
+        g.bench_function("fetch_message_to_record_only", |b| {
+            let msgs = decode_records(&st, &DecodeOptions::default()).messages;
+            b.iter(|| msgs.iter().map(message_to_record).count())
+        });
+        g.finish();
+    }
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

@@ -1,0 +1,265 @@
+//! Request routing: the supported API versions, header decoding, response framing.
+
+use crate::server::ConnInfo;
+use crate::state::State;
+use bytes::{BufMut, Bytes, BytesMut};
+use kafka_protocol::messages::api_versions_response::ApiVersion;
+use kafka_protocol::messages::*;
+use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
+use kafka_protocol::ResponseError;
+use std::sync::Arc;
+
+/// What a handler hands back to the connection.
+#[derive(Debug)]
+pub(crate) enum Reply {
+    /// A response frame, size prefix included.
+    Frame(Bytes),
+    /// No response (Produce with acks=0).
+    Nothing,
+    /// Close the connection; the reason is logged.
+    Close(String),
+}
+
+/// The APIs and versions this listener implements (what ApiVersions reports).
+pub(crate) const SUPPORTED: &[(ApiKey, i16, i16)] = &[
+    (ApiKey::Produce, 3, 11),
+    (ApiKey::Fetch, 4, 16),
+    (ApiKey::ListOffsets, 1, 8),
+    (ApiKey::Metadata, 0, 12),
+    (ApiKey::OffsetCommit, 2, 9),
+    (ApiKey::OffsetFetch, 1, 9),
+    (ApiKey::FindCoordinator, 0, 5),
+    (ApiKey::JoinGroup, 0, 9),
+    (ApiKey::Heartbeat, 0, 4),
+    (ApiKey::LeaveGroup, 0, 5),
+    (ApiKey::SyncGroup, 0, 5),
+    (ApiKey::DescribeGroups, 0, 5),
+    (ApiKey::ListGroups, 0, 4),
+    (ApiKey::SaslHandshake, 0, 1),
+    (ApiKey::ApiVersions, 0, 4),
+    (ApiKey::CreateTopics, 2, 7),
+    (ApiKey::DeleteTopics, 1, 6),
+    (ApiKey::InitProducerId, 0, 4),
+    (ApiKey::OffsetForLeaderEpoch, 2, 4),
+    (ApiKey::DescribeConfigs, 1, 4),
+    (ApiKey::CreatePartitions, 0, 3),
+    (ApiKey::DeleteGroups, 0, 2),
+    (ApiKey::ConsumerGroupHeartbeat, 0, 1),
+    (ApiKey::ConsumerGroupDescribe, 0, 1),
+];
+
+fn supported(key: ApiKey) -> Option<(i16, i16)> {
+    SUPPORTED
+        .iter()
+        .find(|(k, _, _)| *k == key)
+        .map(|(_, lo, hi)| (*lo, *hi))
+}
+
+/// Encodes a response frame: size, header (version by API), body.
+pub(crate) fn frame<R: Encodable>(
+    key: ApiKey,
+    version: i16,
+    correlation_id: i32,
+    body: &R,
+) -> Reply {
+    let header_version = key.response_header_version(version);
+    let mut buf = BytesMut::with_capacity(256);
+    buf.put_i32(0);
+    let header = ResponseHeader::default().with_correlation_id(correlation_id);
+    if let Err(e) = header.encode(&mut buf, header_version) {
+        return Reply::Close(format!(
+            "{key:?} v{version}: response header encoding failed: {e}"
+        ));
+    }
+    if let Err(e) = body.encode(&mut buf, version) {
+        tracing::error!(api = ?key, version, error = %e, "kafka response encoding failed");
+        return Reply::Close(format!("{key:?} v{version}: response encoding failed: {e}"));
+    }
+    let len = (buf.len() - 4) as i32;
+    buf[0..4].copy_from_slice(&len.to_be_bytes());
+    Reply::Frame(buf.freeze())
+}
+
+fn api_versions_body(error: i16) -> ApiVersionsResponse {
+    let mut r = ApiVersionsResponse::default();
+    r.error_code = error;
+    r.api_keys = SUPPORTED
+        .iter()
+        .map(|(k, lo, hi)| {
+            let mut v = ApiVersion::default();
+            v.api_key = *k as i16;
+            v.min_version = *lo;
+            v.max_version = *hi;
+            v
+        })
+        .collect();
+    r
+}
+
+fn decode<R: Decodable>(key: ApiKey, version: i16, buf: &mut Bytes) -> Result<R, Reply> {
+    R::decode(buf, version)
+        .map_err(|e| Reply::Close(format!("malformed {key:?} v{version} request: {e}")))
+}
+
+/// Reads one request frame and answers it.
+pub(crate) async fn dispatch(state: &Arc<State>, mut buf: Bytes, conn: &ConnInfo) -> Reply {
+    let api_key = i16::from_be_bytes([buf[0], buf[1]]);
+    let version = i16::from_be_bytes([buf[2], buf[3]]);
+    let correlation_id = i32::from_be_bytes([buf[4], buf[5], buf[6], buf[7]]);
+    let Ok(key) = ApiKey::try_from(api_key) else {
+        return Reply::Close(format!("unknown API key {api_key}"));
+    };
+    let Some((lo, hi)) = supported(key) else {
+        return Reply::Close(format!(
+            "{key:?} (API key {api_key}) is not supported by Shoal's Kafka listener (see ApiVersions)"
+        ));
+    };
+    if version < lo || version > hi {
+        if key == ApiKey::ApiVersions {
+            // KIP-511: answer a version we do not know with v0 and the versions we have.
+            let body = api_versions_body(ResponseError::UnsupportedVersion.code());
+            return frame(key, 0, correlation_id, &body);
+        }
+        return Reply::Close(format!(
+            "{key:?} v{version} is not supported (versions {lo}..={hi})"
+        ));
+    }
+    let header = match RequestHeader::decode(&mut buf, key.request_header_version(version)) {
+        Ok(h) => h,
+        Err(e) => return Reply::Close(format!("malformed {key:?} request header: {e}")),
+    };
+    let client_id = header
+        .client_id
+        .clone()
+        .unwrap_or_else(|| StrBytes::from_static_str(""));
+    let ctx = RequestCtx {
+        key,
+        version,
+        correlation_id,
+        client_id,
+        peer: conn.peer,
+    };
+    match route(state, &ctx, buf).await {
+        Ok(r) | Err(r) => r,
+    }
+}
+
+/// Per-request facts handlers need.
+#[derive(Debug, Clone)]
+pub(crate) struct RequestCtx {
+    pub key: ApiKey,
+    pub version: i16,
+    pub correlation_id: i32,
+    pub client_id: StrBytes,
+    pub peer: std::net::SocketAddr,
+}
+
+impl RequestCtx {
+    pub fn reply<R: Encodable>(&self, body: &R) -> Reply {
+        frame(self.key, self.version, self.correlation_id, body)
+    }
+}
+
+async fn route(state: &Arc<State>, ctx: &RequestCtx, mut buf: Bytes) -> Result<Reply, Reply> {
+    let (key, v) = (ctx.key, ctx.version);
+    let b = &mut buf;
+    Ok(match key {
+        ApiKey::ApiVersions => {
+            let _req: ApiVersionsRequest = decode(key, v, b)?;
+            ctx.reply(&api_versions_body(0))
+        }
+        ApiKey::SaslHandshake => {
+            let _req: SaslHandshakeRequest = decode(key, v, b)?;
+            let mut r = SaslHandshakeResponse::default();
+            r.error_code = ResponseError::UnsupportedSaslMechanism.code();
+            ctx.reply(&r)
+        }
+        ApiKey::Metadata => ctx.reply(&crate::metadata::metadata(state, ctx, decode(key, v, b)?)),
+        ApiKey::CreateTopics => ctx.reply(&crate::metadata::create_topics(
+            state,
+            ctx,
+            decode(key, v, b)?,
+        )),
+        ApiKey::DeleteTopics => ctx.reply(&crate::metadata::delete_topics(
+            state,
+            ctx,
+            decode(key, v, b)?,
+        )),
+        ApiKey::CreatePartitions => ctx.reply(&crate::metadata::create_partitions(
+            state,
+            decode(key, v, b)?,
+        )),
+        ApiKey::DescribeConfigs => ctx.reply(&crate::metadata::describe_configs(
+            state,
+            ctx,
+            decode(key, v, b)?,
+        )),
+        ApiKey::Produce => match crate::produce::produce(state, ctx, decode(key, v, b)?).await {
+            Some(r) => ctx.reply(&r),
+            None => Reply::Nothing,
+        },
+        ApiKey::InitProducerId => ctx.reply(&crate::producer::init_producer_id(
+            state,
+            decode(key, v, b)?,
+        )),
+        ApiKey::Fetch => ctx.reply(&crate::fetch::fetch(state, ctx, decode(key, v, b)?).await),
+        ApiKey::ListOffsets => {
+            ctx.reply(&crate::offsets::list_offsets(state, ctx, decode(key, v, b)?).await)
+        }
+        ApiKey::OffsetForLeaderEpoch => ctx.reply(&crate::offsets::offset_for_leader_epoch(
+            state,
+            decode(key, v, b)?,
+        )),
+        ApiKey::OffsetCommit => ctx.reply(&crate::offsets::offset_commit(
+            state,
+            ctx,
+            decode(key, v, b)?,
+        )),
+        ApiKey::OffsetFetch => ctx.reply(&crate::offsets::offset_fetch(
+            state,
+            ctx,
+            decode(key, v, b)?,
+        )),
+        ApiKey::FindCoordinator => ctx.reply(&crate::groups::find_coordinator(
+            state,
+            ctx,
+            decode(key, v, b)?,
+        )),
+        ApiKey::JoinGroup => {
+            ctx.reply(&crate::groups::join_group(state, ctx, decode(key, v, b)?).await)
+        }
+        ApiKey::SyncGroup => {
+            ctx.reply(&crate::groups::sync_group(state, ctx, decode(key, v, b)?).await)
+        }
+        ApiKey::Heartbeat => ctx.reply(&crate::groups::heartbeat(state, decode(key, v, b)?)),
+        ApiKey::LeaveGroup => {
+            ctx.reply(&crate::groups::leave_group(state, ctx, decode(key, v, b)?))
+        }
+        ApiKey::DescribeGroups => ctx.reply(&crate::groups::describe_groups(
+            state,
+            ctx,
+            decode(key, v, b)?,
+        )),
+        ApiKey::ListGroups => ctx.reply(&crate::groups::list_groups(state, decode(key, v, b)?)),
+        ApiKey::DeleteGroups => ctx.reply(&crate::groups::delete_groups(state, decode(key, v, b)?)),
+        ApiKey::ConsumerGroupHeartbeat => ctx.reply(&crate::consumer_group::heartbeat(
+            state,
+            ctx,
+            decode(key, v, b)?,
+        )),
+        ApiKey::ConsumerGroupDescribe => {
+            ctx.reply(&crate::consumer_group::describe(state, decode(key, v, b)?))
+        }
+        other => Reply::Close(format!("{other:?} has no handler")),
+    })
+}
+
+/// `Some(StrBytes)` from a `&str`.
+pub(crate) fn sb(s: &str) -> StrBytes {
+    StrBytes::from_string(s.to_string())
+}
+
+/// The error code of a [`ResponseError`].
+pub(crate) fn code(e: ResponseError) -> i16 {
+    e.code()
+}

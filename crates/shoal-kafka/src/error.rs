@@ -1,0 +1,59 @@
+//! The crate's error type.
+
+use kafka_protocol::ResponseError;
+
+/// Errors of the Kafka listener and of the broker operations it asks for.
+#[derive(Debug, thiserror::Error)]
+pub enum KafkaError {
+    /// The listen address could not be bound.
+    #[error("kafka listener cannot listen on {addr}: {source}")]
+    Bind {
+        /// Address.
+        addr: String,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// The configuration is unusable.
+    #[error("kafka listener configuration: {0}")]
+    Config(String),
+    /// A topic name is not acceptable to the broker.
+    #[error("invalid topic: {0}")]
+    InvalidTopic(String),
+    /// The topic exists already.
+    #[error("topic {0} already exists")]
+    TopicExists(String),
+    /// The topic does not exist.
+    #[error("topic {0} does not exist")]
+    UnknownTopic(String),
+    /// A partition count or other request value is refused.
+    #[error("invalid request: {0}")]
+    InvalidRequest(String),
+    /// The group name is not acceptable to the broker.
+    #[error("invalid group id: {0}")]
+    InvalidGroup(String),
+    /// The store refused an operation.
+    #[error("message store: {0}")]
+    Store(#[from] shoal_store::StoreError),
+    /// Something else went wrong in the broker.
+    #[error("{0}")]
+    Broker(String),
+}
+
+impl KafkaError {
+    /// The Kafka error code that reports this error to a client.
+    pub fn code(&self) -> i16 {
+        let e = match self {
+            KafkaError::InvalidTopic(_) => ResponseError::InvalidTopicException,
+            KafkaError::TopicExists(_) => ResponseError::TopicAlreadyExists,
+            KafkaError::UnknownTopic(_) => ResponseError::UnknownTopicOrPartition,
+            KafkaError::InvalidRequest(_) => ResponseError::InvalidRequest,
+            KafkaError::InvalidGroup(_) => ResponseError::InvalidGroupId,
+            KafkaError::Store(shoal_store::StoreError::MessageTooLarge { .. }) => {
+                ResponseError::MessageTooLarge
+            }
+            KafkaError::Store(_) | KafkaError::Broker(_) => ResponseError::KafkaStorageError,
+            KafkaError::Bind { .. } | KafkaError::Config(_) => ResponseError::UnknownServerError,
+        };
+        e.code()
+    }
+}

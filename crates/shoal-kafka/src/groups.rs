@@ -1,0 +1,589 @@
+//! The classic group protocol over the wire: FindCoordinator, JoinGroup, SyncGroup,
+//! Heartbeat, LeaveGroup, DescribeGroups, ListGroups and DeleteGroups, driving the sans-IO
+//! `shoal_group::classic_group` state machine. One owner: the groups live behind one short
+//! lock; a JoinGroup or SyncGroup that has to wait registers a one-shot channel under a
+//! request id and awaits it outside the lock; a timer task runs the group timers.
+
+use crate::api::{code, sb, RequestCtx};
+use crate::config::KafkaConfig;
+use crate::state::State;
+use bytes::Bytes;
+use kafka_protocol::messages::delete_groups_response::DeletableGroupResult;
+use kafka_protocol::messages::describe_groups_response::{DescribedGroup, DescribedGroupMember};
+use kafka_protocol::messages::find_coordinator_response::Coordinator;
+use kafka_protocol::messages::join_group_response::JoinGroupResponseMember;
+use kafka_protocol::messages::leave_group_response::MemberResponse;
+use kafka_protocol::messages::list_groups_response::ListedGroup;
+use kafka_protocol::messages::*;
+use kafka_protocol::protocol::StrBytes;
+use kafka_protocol::ResponseError;
+use parking_lot::Mutex;
+use shoal_group::classic_group::{
+    ClassicConfig, ClassicError, ClassicGroups, JoinRequest, JoinResponse, LeavingMember, Output,
+    RequestId, SyncRequest, SyncResponse,
+};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{oneshot, watch, Notify};
+
+enum Waiter {
+    Join(oneshot::Sender<JoinResponse>),
+    Sync(oneshot::Sender<SyncResponse>),
+}
+
+#[derive(Default)]
+struct Inner {
+    groups: ClassicGroups,
+    waiters: HashMap<RequestId, Waiter>,
+}
+
+/// The classic groups of this listener and the requests waiting on them.
+pub(crate) struct GroupCoordinator {
+    inner: Mutex<Inner>,
+    next_req: AtomicU64,
+    wake: Notify,
+}
+
+impl std::fmt::Debug for GroupCoordinator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GroupCoordinator")
+            .field("groups", &self.inner.lock().groups.iter().count())
+            .finish()
+    }
+}
+
+fn error_of(e: ClassicError) -> ResponseError {
+    match e {
+        ClassicError::UnknownMemberId => ResponseError::UnknownMemberId,
+        ClassicError::IllegalGeneration => ResponseError::IllegalGeneration,
+        ClassicError::RebalanceInProgress => ResponseError::RebalanceInProgress,
+        ClassicError::InconsistentGroupProtocol => ResponseError::InconsistentGroupProtocol,
+        ClassicError::MemberIdRequired => ResponseError::MemberIdRequired,
+        ClassicError::InvalidSessionTimeout => ResponseError::InvalidSessionTimeout,
+        ClassicError::GroupMaxSizeReached => ResponseError::GroupMaxSizeReached,
+        ClassicError::FencedInstanceId => ResponseError::FencedInstanceId,
+        ClassicError::CoordinatorNotAvailable | ClassicError::TooManyGroups => {
+            ResponseError::CoordinatorNotAvailable
+        }
+        ClassicError::NonEmptyGroup => ResponseError::NonEmptyGroup,
+        ClassicError::GroupIdNotFound => ResponseError::GroupIdNotFound,
+    }
+}
+
+fn err_code(e: Option<ClassicError>) -> i16 {
+    e.map_or(0, |e| error_of(e).code())
+}
+
+impl GroupCoordinator {
+    pub fn new(config: &KafkaConfig) -> GroupCoordinator {
+        GroupCoordinator {
+            inner: Mutex::new(Inner {
+                groups: ClassicGroups::new(ClassicConfig {
+                    initial_rebalance_delay_ms: config.group_initial_rebalance_delay_ms,
+                    min_session_timeout_ms: config.group_min_session_timeout_ms,
+                    max_session_timeout_ms: config.group_max_session_timeout_ms,
+                    max_size: config.group_max_size,
+                    max_groups: config.max_groups,
+                }),
+                waiters: HashMap::new(),
+            }),
+            next_req: AtomicU64::new(1),
+            wake: Notify::new(),
+        }
+    }
+
+    fn deliver(inner: &mut Inner, outs: Vec<Output>, state: &State) {
+        for o in outs {
+            match o {
+                Output::Join(r, j) => {
+                    if let Some(Waiter::Join(tx)) = inner.waiters.remove(&r) {
+                        let _ = tx.send(j);
+                    }
+                }
+                Output::Sync(r, s) => {
+                    if let Some(Waiter::Sync(tx)) = inner.waiters.remove(&r) {
+                        let _ = tx.send(s);
+                    }
+                }
+                Output::Rebalanced {
+                    group,
+                    generation,
+                    members,
+                } => {
+                    state.counters.rebalances.fetch_add(1, Ordering::Relaxed);
+                    tracing::info!(group = %group, generation, members, "kafka group rebalanced");
+                }
+                Output::MemberRemoved {
+                    group,
+                    member_id,
+                    reason,
+                } => {
+                    tracing::info!(group = %group, member = %member_id, reason, "kafka group member removed");
+                }
+            }
+        }
+    }
+
+    /// Whether a classic group has members (then it is not a consumer group).
+    pub fn has_members(&self, group: &str) -> bool {
+        self.inner
+            .lock()
+            .groups
+            .get(group)
+            .is_some_and(|g| !g.is_empty())
+    }
+
+    /// Offset commit fencing.
+    pub fn validate_commit(
+        &self,
+        state: &State,
+        group: &str,
+        member_id: &str,
+        instance_id: Option<&str>,
+        generation: i32,
+    ) -> Result<(), ResponseError> {
+        let now = state.now_ms();
+        self.inner
+            .lock()
+            .groups
+            .validate_commit(group, member_id, instance_id, generation, now)
+            .map_err(error_of)
+    }
+}
+
+/// Runs the group timers (session expiry, join and sync deadlines).
+pub(crate) async fn timer_loop(state: Arc<State>, mut stop: watch::Receiver<bool>) {
+    loop {
+        let now = state.now_ms();
+        let next = {
+            let mut inner = state.groups.inner.lock();
+            let outs = inner.groups.tick(now);
+            GroupCoordinator::deliver(&mut inner, outs, &state);
+            inner.groups.next_deadline()
+        };
+        let next = match (next, state.consumer_groups.tick(now)) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        // Liveness only: wake at the next deadline, at most every 200 ms, or on a change.
+        let wait = next
+            .map(|t| t.saturating_sub(now).clamp(5, 200))
+            .unwrap_or(200);
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(wait)) => {}
+            _ = state.groups.wake.notified() => {}
+            _ = stop.changed() => return,
+        }
+    }
+}
+
+/// FindCoordinator: this broker coordinates every group; transactions have no coordinator.
+pub(crate) fn find_coordinator(
+    state: &Arc<State>,
+    ctx: &RequestCtx,
+    req: FindCoordinatorRequest,
+) -> FindCoordinatorResponse {
+    let mut resp = FindCoordinatorResponse::default();
+    let answer = |key_type: i8| -> (i16, Option<StrBytes>) {
+        match key_type {
+            0 => (0, None),
+            1 => (
+                code(ResponseError::CoordinatorNotAvailable),
+                Some(sb(
+                    "transactions are not supported by Shoal's Kafka listener",
+                )),
+            ),
+            t => (
+                code(ResponseError::InvalidRequest),
+                Some(sb(&format!("coordinator key type {t} is not supported"))),
+            ),
+        }
+    };
+    if ctx.version >= 4 {
+        for key in req.coordinator_keys {
+            let (err, m) = answer(req.key_type);
+            let mut c = Coordinator::default();
+            c.key = key;
+            c.error_code = err;
+            c.error_message = m;
+            if err == 0 {
+                c.node_id = BrokerId(state.config.node_id);
+                c.host = sb(&state.advertised_host);
+                c.port = state.advertised_port;
+            } else {
+                c.node_id = BrokerId(-1);
+                c.port = -1;
+            }
+            resp.coordinators.push(c);
+        }
+        return resp;
+    }
+    let (err, m) = answer(if ctx.version >= 1 { req.key_type } else { 0 });
+    resp.error_code = err;
+    if ctx.version >= 1 {
+        resp.error_message = m;
+    }
+    if err == 0 {
+        resp.node_id = BrokerId(state.config.node_id);
+        resp.host = sb(&state.advertised_host);
+        resp.port = state.advertised_port;
+    } else {
+        resp.node_id = BrokerId(-1);
+        resp.port = -1;
+    }
+    resp
+}
+
+fn new_member_id(client_id: &str) -> String {
+    let bytes: [u8; 16] = rand::random();
+    format!("{client_id}-{}", uuid::Uuid::from_bytes(bytes).hyphenated())
+}
+
+/// JoinGroup.
+pub(crate) async fn join_group(
+    state: &Arc<State>,
+    ctx: &RequestCtx,
+    req: JoinGroupRequest,
+) -> JoinGroupResponse {
+    let v = ctx.version;
+    let group = req.group_id.0.to_string();
+    let mut resp = JoinGroupResponse::default();
+    if v < 7 {
+        resp.protocol_name = Some(StrBytes::default());
+    }
+    if group.is_empty() {
+        resp.error_code = code(ResponseError::InvalidGroupId);
+        resp.generation_id = -1;
+        return resp;
+    }
+    let session = req.session_timeout_ms.max(0) as u64;
+    let rebalance = if v == 0 || req.rebalance_timeout_ms < 0 {
+        session
+    } else {
+        req.rebalance_timeout_ms as u64
+    };
+    let join = JoinRequest {
+        member_id: req.member_id.to_string(),
+        instance_id: req.group_instance_id.as_ref().map(|s| s.to_string()),
+        client_id: ctx.client_id.to_string(),
+        client_host: format!("/{}", ctx.peer.ip()),
+        session_timeout_ms: session,
+        rebalance_timeout_ms: rebalance,
+        protocol_type: req.protocol_type.to_string(),
+        protocols: req
+            .protocols
+            .iter()
+            .map(|p| (p.name.to_string(), p.metadata.to_vec()))
+            .collect(),
+        require_known_member_id: v >= 4,
+        new_member_id: new_member_id(ctx.client_id.as_str()),
+        supports_skip_assignment: v >= 9,
+    };
+    if state.consumer_groups.has_group(&group) && !state.groups.has_members(&group) {
+        let now = state.now_ms();
+        if state
+            .consumer_groups
+            .list(now)
+            .iter()
+            .any(|(g, st)| g == &group && *st != "Empty")
+        {
+            resp.error_code = code(ResponseError::InconsistentGroupProtocol);
+            resp.generation_id = -1;
+            return resp;
+        }
+    }
+    let id = state.groups.next_req.fetch_add(1, Ordering::Relaxed);
+    let (tx, rx) = oneshot::channel();
+    {
+        let mut inner = state.groups.inner.lock();
+        inner.waiters.insert(id, Waiter::Join(tx));
+        let outs = inner.groups.join(&group, id, join, state.now_ms());
+        GroupCoordinator::deliver(&mut inner, outs, state);
+    }
+    state.groups.wake.notify_one();
+    let j = match rx.await {
+        Ok(j) => j,
+        Err(_) => {
+            resp.error_code = code(ResponseError::CoordinatorNotAvailable);
+            resp.generation_id = -1;
+            return resp;
+        }
+    };
+    if j.error.is_none() {
+        if let Err(e) = state.host.ensure_group(&group) {
+            tracing::debug!(group = %group, error = %e, "Kafka group not registered as a subscription group");
+        }
+    }
+    resp.error_code = err_code(j.error);
+    resp.generation_id = j.generation;
+    resp.member_id = sb(&j.member_id);
+    resp.leader = sb(&j.leader);
+    if v >= 7 {
+        resp.protocol_type = j.protocol_type.as_deref().map(sb);
+        resp.protocol_name = j.protocol_name.as_deref().map(sb);
+    } else {
+        resp.protocol_name = Some(sb(j.protocol_name.as_deref().unwrap_or("")));
+    }
+    if v >= 9 {
+        resp.skip_assignment = j.skip_assignment;
+    }
+    resp.members = j
+        .members
+        .into_iter()
+        .map(|(m, inst, meta)| {
+            let mut x = JoinGroupResponseMember::default();
+            x.member_id = sb(&m);
+            if v >= 5 {
+                x.group_instance_id = inst.as_deref().map(sb);
+            }
+            x.metadata = Bytes::from(meta);
+            x
+        })
+        .collect();
+    resp
+}
+
+/// SyncGroup.
+pub(crate) async fn sync_group(
+    state: &Arc<State>,
+    ctx: &RequestCtx,
+    req: SyncGroupRequest,
+) -> SyncGroupResponse {
+    let group = req.group_id.0.to_string();
+    let sync = SyncRequest {
+        member_id: req.member_id.to_string(),
+        instance_id: req.group_instance_id.as_ref().map(|s| s.to_string()),
+        generation: req.generation_id,
+        protocol_type: req.protocol_type.as_ref().map(|s| s.to_string()),
+        protocol_name: req.protocol_name.as_ref().map(|s| s.to_string()),
+        assignments: req
+            .assignments
+            .iter()
+            .map(|a| (a.member_id.to_string(), a.assignment.to_vec()))
+            .collect(),
+    };
+    let id = state.groups.next_req.fetch_add(1, Ordering::Relaxed);
+    let (tx, rx) = oneshot::channel();
+    {
+        let mut inner = state.groups.inner.lock();
+        inner.waiters.insert(id, Waiter::Sync(tx));
+        let outs = inner.groups.sync(&group, id, sync, state.now_ms());
+        GroupCoordinator::deliver(&mut inner, outs, state);
+    }
+    state.groups.wake.notify_one();
+    let mut resp = SyncGroupResponse::default();
+    match rx.await {
+        Ok(s) => {
+            resp.error_code = err_code(s.error);
+            resp.assignment = Bytes::from(s.assignment);
+            if ctx.version >= 5 {
+                resp.protocol_type = s.protocol_type.as_deref().map(sb);
+                resp.protocol_name = s.protocol_name.as_deref().map(sb);
+            }
+        }
+        Err(_) => resp.error_code = code(ResponseError::CoordinatorNotAvailable),
+    }
+    resp
+}
+
+/// Heartbeat.
+pub(crate) fn heartbeat(state: &Arc<State>, req: HeartbeatRequest) -> HeartbeatResponse {
+    let now = state.now_ms();
+    let r = state.groups.inner.lock().groups.heartbeat(
+        req.group_id.0.as_str(),
+        req.member_id.as_str(),
+        req.group_instance_id.as_ref().map(|s| s.as_str()),
+        req.generation_id,
+        now,
+    );
+    let mut resp = HeartbeatResponse::default();
+    if let Err(e) = r {
+        resp.error_code = code(error_of(e));
+    }
+    resp
+}
+
+/// LeaveGroup (one member before v3, a batch from v3).
+pub(crate) fn leave_group(
+    state: &Arc<State>,
+    ctx: &RequestCtx,
+    req: LeaveGroupRequest,
+) -> LeaveGroupResponse {
+    let group = req.group_id.0.to_string();
+    let leaving: Vec<LeavingMember> = if ctx.version >= 3 {
+        req.members
+            .iter()
+            .map(|m| LeavingMember {
+                member_id: m.member_id.to_string(),
+                instance_id: m.group_instance_id.as_ref().map(|s| s.to_string()),
+            })
+            .collect()
+    } else {
+        vec![LeavingMember {
+            member_id: req.member_id.to_string(),
+            instance_id: None,
+        }]
+    };
+    let results = {
+        let mut inner = state.groups.inner.lock();
+        let (results, outs) = inner.groups.leave(&group, &leaving, state.now_ms());
+        GroupCoordinator::deliver(&mut inner, outs, state);
+        results
+    };
+    state.groups.wake.notify_one();
+    let mut resp = LeaveGroupResponse::default();
+    if ctx.version >= 3 {
+        resp.members = leaving
+            .iter()
+            .zip(&results)
+            .map(|(l, r)| {
+                let mut m = MemberResponse::default();
+                m.member_id = sb(&l.member_id);
+                m.group_instance_id = l.instance_id.as_deref().map(sb);
+                m.error_code = r.err().map_or(0, |e| code(error_of(e)));
+                m
+            })
+            .collect();
+    } else if let Some(Err(e)) = results.first() {
+        resp.error_code = code(error_of(*e));
+    }
+    resp
+}
+
+/// DescribeGroups: classic groups with members; a group known only by its committed offsets
+/// (a RocketMQ group, or Kafka consumers that assign partitions themselves) is `Empty`.
+pub(crate) fn describe_groups(
+    state: &Arc<State>,
+    ctx: &RequestCtx,
+    req: DescribeGroupsRequest,
+) -> DescribeGroupsResponse {
+    let mut resp = DescribeGroupsResponse::default();
+    let inner = state.groups.inner.lock();
+    for gid in req.groups {
+        let name = gid.0.to_string();
+        let mut d = DescribedGroup::default();
+        d.group_id = gid.clone();
+        match inner.groups.get(&name).filter(|g| !g.is_empty()) {
+            Some(g) => {
+                d.group_state = sb(g.state().name());
+                d.protocol_type = sb(g.protocol_type().unwrap_or(""));
+                let stable = g.state() == shoal_group::classic_group::GroupState::Stable;
+                d.protocol_data = sb(if stable {
+                    g.protocol().unwrap_or("")
+                } else {
+                    ""
+                });
+                d.members = g
+                    .members()
+                    .into_iter()
+                    .map(|m| {
+                        let mut x = DescribedGroupMember::default();
+                        x.member_id = sb(&m.member_id);
+                        if ctx.version >= 4 {
+                            x.group_instance_id = m.instance_id.as_deref().map(sb);
+                        }
+                        x.client_id = sb(&m.client_id);
+                        x.client_host = sb(&m.client_host);
+                        if stable {
+                            x.member_metadata = Bytes::from(m.metadata);
+                            x.member_assignment = Bytes::from(m.assignment);
+                        }
+                        x
+                    })
+                    .collect();
+            }
+            None => {
+                let known = !state.store.offsets_of_group(&name).is_empty()
+                    || inner.groups.get(&name).is_some();
+                d.group_state = sb(if known { "Empty" } else { "Dead" });
+                d.protocol_type = sb(if known { "consumer" } else { "" });
+            }
+        }
+        resp.groups.push(d);
+    }
+    resp
+}
+
+/// ListGroups: the classic groups held (state filter from v4).
+pub(crate) fn list_groups(state: &Arc<State>, req: ListGroupsRequest) -> ListGroupsResponse {
+    let mut resp = ListGroupsResponse::default();
+    let inner = state.groups.inner.lock();
+    for g in inner.groups.iter() {
+        let st = if g.is_empty() {
+            "Empty"
+        } else {
+            g.state().name()
+        };
+        if !req.states_filter.is_empty()
+            && !req
+                .states_filter
+                .iter()
+                .any(|s| s.as_str().eq_ignore_ascii_case(st))
+        {
+            continue;
+        }
+        let mut l = ListedGroup::default();
+        l.group_id = GroupId(sb(g.id()));
+        l.protocol_type = sb(g.protocol_type().unwrap_or("consumer"));
+        l.group_state = sb(st);
+        resp.groups.push(l);
+    }
+    drop(inner);
+    for (g, st) in state.consumer_groups.list(state.now_ms()) {
+        if !req.states_filter.is_empty()
+            && !req
+                .states_filter
+                .iter()
+                .any(|s| s.as_str().eq_ignore_ascii_case(st))
+        {
+            continue;
+        }
+        let mut l = ListedGroup::default();
+        l.group_id = GroupId(sb(&g));
+        l.protocol_type = sb("consumer");
+        l.group_state = sb(st);
+        resp.groups.push(l);
+    }
+    resp
+}
+
+/// DeleteGroups: empty groups only; their committed offsets and subscription group go too.
+pub(crate) fn delete_groups(state: &Arc<State>, req: DeleteGroupsRequest) -> DeleteGroupsResponse {
+    let mut resp = DeleteGroupsResponse::default();
+    for gid in req.groups_names {
+        let name = gid.0.to_string();
+        let mut r = DeletableGroupResult::default();
+        r.group_id = gid.clone();
+        let classic = state.groups.inner.lock().groups.delete(&name);
+        let consumer = state.consumer_groups.delete(&name, state.now_ms());
+        let has_offsets = !state.store.offsets_of_group(&name).is_empty();
+        let outcome = match (classic, consumer) {
+            (Err(ClassicError::NonEmptyGroup), _) | (_, Err(_)) => {
+                Err(ResponseError::NonEmptyGroup)
+            }
+            (_, Ok(true)) => state.host.delete_group(&name).map_err(|e| {
+                tracing::warn!(group = %name, error = %e, "DeleteGroups: the broker refused");
+                ResponseError::UnknownServerError
+            }),
+            (classic, Ok(false)) => match classic {
+                Err(ClassicError::NonEmptyGroup) => Err(ResponseError::NonEmptyGroup),
+                Err(_) if !has_offsets => Err(ResponseError::GroupIdNotFound),
+                _ => state.host.delete_group(&name).map_err(|e| {
+                    tracing::warn!(group = %name, error = %e, "DeleteGroups: the broker refused");
+                    ResponseError::try_from_code(e.code())
+                        .unwrap_or(ResponseError::UnknownServerError)
+                }),
+            },
+        };
+        match outcome {
+            Ok(()) => {
+                tracing::info!(group = %name, "group deleted by a Kafka DeleteGroups request")
+            }
+            Err(e) => r.error_code = code(e),
+        }
+        resp.results.push(r);
+    }
+    resp
+}

@@ -1,0 +1,79 @@
+//! What the broker hands the Kafka listener: its store, its topic table, its subscription
+//! groups and its long-polling hold service. `shoal-kafka` does not depend on `shoal-broker`;
+//! the `shoal` binary implements [`BrokerHandle`] over a running broker.
+
+use crate::KafkaError;
+use futures::future::BoxFuture;
+use shoal_store::MessageStore;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A topic as the listener sees it: a Kafka topic whose partitions are the broker's queues.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopicInfo {
+    /// Name.
+    pub name: String,
+    /// Number of partitions (the topic's queue count).
+    pub partitions: i32,
+    /// Reads allowed (RocketMQ perm bit).
+    pub readable: bool,
+    /// Writes allowed (RocketMQ perm bit).
+    pub writable: bool,
+    /// A broker-internal topic (retry, dead-letter, schedule and system topics).
+    pub internal: bool,
+}
+
+/// A queue position a fetch waits beyond: woken when a message at or after `offset` is
+/// stored in (`topic`, `partition`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WaitPosition {
+    /// Topic.
+    pub topic: String,
+    /// Partition (queue id).
+    pub partition: i32,
+    /// Offset the fetch asked for.
+    pub offset: u64,
+}
+
+/// The broker services the Kafka listener uses. Implementations must be cheap to call from
+/// async code: every method except [`BrokerHandle::wait_for_messages`] takes at most a short
+/// lock.
+pub trait BrokerHandle: Send + Sync + 'static {
+    /// The message store shared with the RocketMQ side.
+    fn store(&self) -> Arc<MessageStore>;
+    /// Every topic of this broker.
+    fn topics(&self) -> Vec<TopicInfo>;
+    /// One topic.
+    fn topic(&self, name: &str) -> Option<TopicInfo>;
+    /// Whether unknown topics may be created on a client's Metadata request.
+    fn auto_create_topics(&self) -> bool;
+    /// The broker's default number of queues for a new topic.
+    fn default_partitions(&self) -> i32;
+    /// Creates a topic with `partitions` queues (read and write), registers it with the name
+    /// servers. [`KafkaError::TopicExists`] when it exists.
+    fn create_topic(&self, name: &str, partitions: i32) -> Result<TopicInfo, KafkaError>;
+    /// Deletes a topic and its messages.
+    fn delete_topic(&self, name: &str) -> Result<(), KafkaError>;
+    /// Raises a topic's queue count to `count` (never lowers it).
+    fn set_partitions(&self, name: &str, count: i32) -> Result<(), KafkaError>;
+    /// Makes sure the subscription group exists, so that Kafka groups are listed with the
+    /// RocketMQ ones (`shoal group list`).
+    fn ensure_group(&self, group: &str) -> Result<(), KafkaError>;
+    /// Deletes a subscription group and its committed offsets.
+    fn delete_group(&self, group: &str) -> Result<(), KafkaError>;
+    /// The broker's name (the coordinator's queues are named by broker).
+    fn broker_name(&self) -> String;
+    /// The broker's cluster name (written into stored messages as RocketMQ does).
+    fn cluster_name(&self) -> String;
+    /// Largest message body the broker accepts, bytes.
+    fn max_message_bytes(&self) -> usize;
+    /// Message retention, hours (for DescribeConfigs `retention.ms`).
+    fn retention_hours(&self) -> u64;
+    /// Waits until a message arrives at or after one of `positions`, or `timeout` passes;
+    /// the same hold service that long-polls RocketMQ pulls. Holds are released either way.
+    fn wait_for_messages(
+        &self,
+        positions: Vec<WaitPosition>,
+        timeout: Duration,
+    ) -> BoxFuture<'static, ()>;
+}

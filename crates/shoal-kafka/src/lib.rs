@@ -1,0 +1,42 @@
+//! `shoal-kafka`: a Kafka wire-protocol listener on Shoal's broker, so that Kafka clients
+//! produce, fetch and form consumer groups on the same store, topics and offsets as RocketMQ
+//! clients (`docs/kafka.md` in the repository has the mapping and the supported APIs).
+//!
+//! - [`KafkaServer::start`] binds the listener; the broker's services come through
+//!   [`BrokerHandle`] (this crate does not depend on `shoal-broker`; the `shoal` binary
+//!   implements the trait over a running broker).
+//! - Codecs are the `kafka-protocol` crate's; records are converted to and from RocketMQ's
+//!   stored message format ([`convert`]).
+//! - Classic consumer groups run on `shoal_group::classic_group` (sans-IO), driven here.
+
+#![warn(missing_docs)]
+
+mod api;
+mod config;
+mod consumer_group;
+pub mod convert;
+mod error;
+mod fetch;
+mod groups;
+mod host;
+mod metadata;
+mod offsets;
+mod produce;
+mod producer;
+mod server;
+mod state;
+
+pub use config::KafkaConfig;
+pub use error::KafkaError;
+pub use host::{BrokerHandle, TopicInfo, WaitPosition};
+pub use server::KafkaServer;
+pub use state::{topic_id, Counters};
+
+/// The APIs and version ranges the listener implements, as ApiVersions reports them:
+/// (API key, min version, max version).
+pub fn supported_apis() -> Vec<(i16, i16, i16)> {
+    api::SUPPORTED
+        .iter()
+        .map(|(k, lo, hi)| (*k as i16, *lo, *hi))
+        .collect()
+}

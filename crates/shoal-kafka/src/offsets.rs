@@ -1,0 +1,324 @@
+//! ListOffsets, OffsetForLeaderEpoch, OffsetCommit and OffsetFetch. Kafka offsets are queue
+//! offsets; committed offsets live in the store's offset table beside RocketMQ groups' (a
+//! Kafka commit of offset N means "next to read is N", as RocketMQ's commit does).
+
+use crate::api::{code, RequestCtx};
+use crate::state::State;
+use kafka_protocol::messages::list_offsets_response::{
+    ListOffsetsPartitionResponse, ListOffsetsTopicResponse,
+};
+use kafka_protocol::messages::offset_commit_response::{
+    OffsetCommitResponsePartition, OffsetCommitResponseTopic,
+};
+use kafka_protocol::messages::offset_fetch_response::{
+    OffsetFetchResponseGroup, OffsetFetchResponsePartition, OffsetFetchResponsePartitions,
+    OffsetFetchResponseTopic, OffsetFetchResponseTopics,
+};
+use kafka_protocol::messages::offset_for_leader_epoch_response::{
+    EpochEndOffset, OffsetForLeaderTopicResult,
+};
+use kafka_protocol::messages::*;
+use kafka_protocol::ResponseError;
+use shoal_store::BoundaryType;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// Latest offset (the high watermark).
+const LATEST: i64 = -1;
+/// Earliest offset.
+const EARLIEST: i64 = -2;
+/// The offset of the message with the largest timestamp.
+const MAX_TIMESTAMP: i64 = -3;
+/// Earliest local offset (no tiered storage here: the earliest).
+const EARLIEST_LOCAL: i64 = -4;
+
+fn partition_ok(state: &State, topic: &str, partition: i32) -> Result<(), ResponseError> {
+    match state.host.topic(topic) {
+        Some(t) if partition >= 0 && partition < t.partitions => Ok(()),
+        _ => Err(ResponseError::UnknownTopicOrPartition),
+    }
+}
+
+/// ListOffsets: earliest, latest, max timestamp, and by timestamp (store time; the first
+/// message stored at or after it).
+pub(crate) async fn list_offsets(
+    state: &Arc<State>,
+    ctx: &RequestCtx,
+    req: ListOffsetsRequest,
+) -> ListOffsetsResponse {
+    let st = state.clone();
+    let v = ctx.version;
+    tokio::task::spawn_blocking(move || {
+        let mut resp = ListOffsetsResponse::default();
+        for t in req.topics {
+            let name = t.name.0.to_string();
+            let mut tr = ListOffsetsTopicResponse::default();
+            tr.name = t.name.clone();
+            for p in t.partitions {
+                let mut pr = ListOffsetsPartitionResponse::default();
+                pr.partition_index = p.partition_index;
+                match lookup(&st, &name, p.partition_index, p.timestamp) {
+                    Ok((offset, ts)) => {
+                        pr.offset = offset;
+                        pr.timestamp = ts;
+                        if v >= 4 {
+                            pr.leader_epoch = 0;
+                        }
+                    }
+                    Err(e) => pr.error_code = code(e),
+                }
+                tr.partitions.push(pr);
+            }
+            resp.topics.push(tr);
+        }
+        resp
+    })
+    .await
+    .unwrap_or_default()
+}
+
+fn lookup(
+    state: &State,
+    topic: &str,
+    partition: i32,
+    ts: i64,
+) -> Result<(i64, i64), ResponseError> {
+    partition_ok(state, topic, partition)?;
+    let s = &state.store;
+    let (min, max) = (
+        s.min_offset(topic, partition),
+        s.max_offset(topic, partition),
+    );
+    let io = |e: shoal_store::StoreError| {
+        tracing::warn!(error = %e, "ListOffsets: store lookup failed");
+        ResponseError::KafkaStorageError
+    };
+    Ok(match ts {
+        LATEST => (max as i64, -1),
+        EARLIEST | EARLIEST_LOCAL => (min as i64, -1),
+        MAX_TIMESTAMP => {
+            if max == min {
+                (-1, -1)
+            } else {
+                // Store times are monotonic in the log, so the newest message has the max.
+                let at = max - 1;
+                let t = s
+                    .store_time_of(topic, partition, at)
+                    .map_err(io)?
+                    .unwrap_or(-1);
+                (at as i64, t)
+            }
+        }
+        t if t >= 0 => {
+            let at = s
+                .offset_by_timestamp(topic, partition, t, BoundaryType::Lower)
+                .map_err(io)?;
+            if at >= max {
+                (-1, -1)
+            } else {
+                let found = s
+                    .store_time_of(topic, partition, at)
+                    .map_err(io)?
+                    .unwrap_or(-1);
+                (at as i64, found)
+            }
+        }
+        _ => return Err(ResponseError::InvalidRequest),
+    })
+}
+
+/// OffsetForLeaderEpoch: every partition has had one leader epoch (0), ending at the high
+/// watermark.
+pub(crate) fn offset_for_leader_epoch(
+    state: &Arc<State>,
+    req: OffsetForLeaderEpochRequest,
+) -> OffsetForLeaderEpochResponse {
+    let mut resp = OffsetForLeaderEpochResponse::default();
+    for t in req.topics {
+        let name = t.topic.0.to_string();
+        let mut tr = OffsetForLeaderTopicResult::default();
+        tr.topic = t.topic.clone();
+        for p in t.partitions {
+            let mut e = EpochEndOffset::default();
+            e.partition = p.partition;
+            if let Err(err) = partition_ok(state, &name, p.partition) {
+                e.error_code = code(err);
+            } else if p.current_leader_epoch > 0 {
+                e.error_code = code(ResponseError::UnknownLeaderEpoch);
+            } else if p.leader_epoch < 0 {
+                e.leader_epoch = -1;
+                e.end_offset = -1;
+            } else {
+                e.leader_epoch = 0;
+                e.end_offset = state.store.max_offset(&name, p.partition) as i64;
+            }
+            tr.partitions.push(e);
+        }
+        resp.topics.push(tr);
+    }
+    resp
+}
+
+/// OffsetCommit: fenced by the classic group's generation and member id; a commit with
+/// generation -1 and no member (a consumer that assigns itself partitions) is accepted while
+/// the group has no members.
+pub(crate) fn offset_commit(
+    state: &Arc<State>,
+    ctx: &RequestCtx,
+    req: OffsetCommitRequest,
+) -> OffsetCommitResponse {
+    let group = req.group_id.0.to_string();
+    let consumer = !req.member_id.is_empty() && state.consumer_groups.has_group(&group);
+    let check = if consumer {
+        Ok(())
+    } else {
+        state.groups.validate_commit(
+            state,
+            &group,
+            req.member_id.as_str(),
+            req.group_instance_id.as_ref().map(|s| s.as_str()),
+            req.generation_id_or_member_epoch,
+        )
+    };
+    if check.is_ok() {
+        if let Err(e) = state.host.ensure_group(&group) {
+            tracing::debug!(group = %group, error = %e, "Kafka group not registered as a subscription group (it still commits)");
+        }
+    }
+    let mut resp = OffsetCommitResponse::default();
+    for t in req.topics {
+        let name = t.name.0.to_string();
+        let mut tr = OffsetCommitResponseTopic::default();
+        tr.name = t.name.clone();
+        if ctx.version >= 10 {
+            tr.topic_id = t.topic_id;
+        }
+        for p in t.partitions {
+            let mut pr = OffsetCommitResponsePartition::default();
+            pr.partition_index = p.partition_index;
+            let r = check
+                .and_then(|()| partition_ok(state, &name, p.partition_index))
+                .and_then(|()| {
+                    if consumer {
+                        state.consumer_groups.validate_commit(
+                            &group,
+                            req.member_id.as_str(),
+                            req.generation_id_or_member_epoch,
+                            &name,
+                            p.partition_index,
+                        )
+                    } else {
+                        Ok(())
+                    }
+                })
+                .and_then(|()| {
+                    (p.committed_offset >= 0)
+                        .then_some(())
+                        .ok_or(ResponseError::InvalidCommitOffsetSize)
+                });
+            match r {
+                Ok(()) => {
+                    state
+                        .store
+                        .commit_offset(&group, &name, p.partition_index, p.committed_offset)
+                }
+                Err(e) => pr.error_code = code(e),
+            }
+            tr.partitions.push(pr);
+        }
+        resp.topics.push(tr);
+    }
+    resp
+}
+
+/// The committed offsets of a group: `topics` = None means every partition it committed.
+fn committed(
+    state: &State,
+    group: &str,
+    topics: Option<Vec<(String, Vec<i32>)>>,
+) -> Vec<(String, Vec<(i32, i64)>)> {
+    match topics {
+        Some(list) => list
+            .into_iter()
+            .map(|(name, parts)| {
+                let offs = parts
+                    .into_iter()
+                    .map(|p| (p, state.store.query_offset(group, &name, p).unwrap_or(-1)))
+                    .collect();
+                (name, offs)
+            })
+            .collect(),
+        None => {
+            let mut by_topic: BTreeMap<String, Vec<(i32, i64)>> = BTreeMap::new();
+            for (topic, q, off) in state.store.offsets_of_group(group) {
+                by_topic.entry(topic).or_default().push((q, off));
+            }
+            by_topic
+                .into_iter()
+                .map(|(t, mut v)| {
+                    v.sort_unstable();
+                    (t, v)
+                })
+                .collect()
+        }
+    }
+}
+
+/// OffsetFetch (one group before v8, several from v8). Metadata strings are not kept: they
+/// come back empty.
+pub(crate) fn offset_fetch(
+    state: &Arc<State>,
+    ctx: &RequestCtx,
+    req: OffsetFetchRequest,
+) -> OffsetFetchResponse {
+    let mut resp = OffsetFetchResponse::default();
+    if ctx.version < 8 {
+        let group = req.group_id.0.to_string();
+        let topics = req.topics.map(|ts| {
+            ts.into_iter()
+                .map(|t| (t.name.0.to_string(), t.partition_indexes))
+                .collect()
+        });
+        for (name, offs) in committed(state, &group, topics) {
+            let mut tr = OffsetFetchResponseTopic::default();
+            tr.name = TopicName(crate::api::sb(&name));
+            tr.partitions = offs
+                .into_iter()
+                .map(|(p, o)| {
+                    let mut pr = OffsetFetchResponsePartition::default();
+                    pr.partition_index = p;
+                    pr.committed_offset = o;
+                    pr
+                })
+                .collect();
+            resp.topics.push(tr);
+        }
+        return resp;
+    }
+    for g in req.groups {
+        let group = g.group_id.0.to_string();
+        let mut gr = OffsetFetchResponseGroup::default();
+        gr.group_id = g.group_id.clone();
+        let topics = g.topics.map(|ts| {
+            ts.into_iter()
+                .map(|t| (t.name.0.to_string(), t.partition_indexes))
+                .collect()
+        });
+        for (name, offs) in committed(state, &group, topics) {
+            let mut tr = OffsetFetchResponseTopics::default();
+            tr.name = TopicName(crate::api::sb(&name));
+            tr.partitions = offs
+                .into_iter()
+                .map(|(p, o)| {
+                    let mut pr = OffsetFetchResponsePartitions::default();
+                    pr.partition_index = p;
+                    pr.committed_offset = o;
+                    pr
+                })
+                .collect();
+            gr.topics.push(tr);
+        }
+        resp.groups.push(gr);
+    }
+    resp
+}

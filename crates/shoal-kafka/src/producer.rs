@@ -1,0 +1,331 @@
+//! Idempotent producers: InitProducerId hands out producer ids and epochs; Produce checks
+//! every batch's sequence numbers per (producer, partition) as Kafka brokers do: the next
+//! batch must start right after the last one; a repeat of one of the last five batches is
+//! answered with its original offset and not stored again; a stale epoch is fenced.
+//!
+//! The state is held in memory (bounded by `max_producer_states`, least recently used
+//! forgotten first); after a restart producers are unknown and re-initialise
+//! (UNKNOWN_PRODUCER_ID), so a retry that straddles a restart can be stored twice.
+
+use crate::state::{wall_ms, State};
+use kafka_protocol::messages::{InitProducerIdRequest, InitProducerIdResponse, ProducerId};
+use kafka_protocol::ResponseError;
+use parking_lot::Mutex;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Batches remembered per (producer, partition) for duplicate detection (Kafka keeps 5).
+const RECENT_BATCHES: usize = 5;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct BatchMeta {
+    first_seq: i32,
+    last_seq: i32,
+    base_offset: i64,
+}
+
+#[derive(Debug, Default)]
+struct PartitionSeq {
+    recent: VecDeque<BatchMeta>,
+}
+
+/// One producer's state. Locked for the whole check-append-record of a partition's batches,
+/// which only that producer's own (serialised) requests wait for.
+#[derive(Debug)]
+pub(crate) struct ProducerEntry {
+    pub epoch: i16,
+    partitions: HashMap<(String, i32), PartitionSeq>,
+}
+
+/// The outcome of checking one batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SeqCheck {
+    /// New and in order: store it.
+    Append,
+    /// Already stored at this base offset: answer success without storing.
+    Duplicate(i64),
+    /// Refused with this error.
+    Refuse(ResponseError),
+}
+
+impl ProducerEntry {
+    /// Checks a batch (first..=last sequence, epoch) against what was stored before.
+    pub fn check(
+        &self,
+        topic: &str,
+        partition: i32,
+        epoch: i16,
+        first: i32,
+        last: i32,
+    ) -> SeqCheck {
+        if epoch < self.epoch {
+            return SeqCheck::Refuse(ResponseError::InvalidProducerEpoch);
+        }
+        // A higher epoch starts over (the producer bumped it): sequences restart at 0.
+        let seq = if epoch > self.epoch {
+            None
+        } else {
+            self.partitions.get(&(topic.to_string(), partition))
+        };
+        let Some(last_batch) = seq.and_then(|s| s.recent.back()) else {
+            // Nothing stored yet for this partition in this epoch: Kafka expects 0.
+            return if first == 0 {
+                SeqCheck::Append
+            } else {
+                SeqCheck::Refuse(ResponseError::OutOfOrderSequenceNumber)
+            };
+        };
+        if let Some(dup) = seq
+            .into_iter()
+            .flat_map(|s| s.recent.iter())
+            .find(|b| b.first_seq == first && b.last_seq == last)
+        {
+            return SeqCheck::Duplicate(dup.base_offset);
+        }
+        let expected = if last_batch.last_seq == i32::MAX {
+            0
+        } else {
+            last_batch.last_seq + 1
+        };
+        if first == expected {
+            SeqCheck::Append
+        } else {
+            SeqCheck::Refuse(ResponseError::OutOfOrderSequenceNumber)
+        }
+    }
+
+    /// Records a stored batch.
+    pub fn record(
+        &mut self,
+        topic: &str,
+        partition: i32,
+        epoch: i16,
+        first: i32,
+        last: i32,
+        base_offset: i64,
+    ) {
+        if epoch > self.epoch {
+            self.epoch = epoch;
+            self.partitions.clear();
+        }
+        let seq = self
+            .partitions
+            .entry((topic.to_string(), partition))
+            .or_default();
+        seq.recent.push_back(BatchMeta {
+            first_seq: first,
+            last_seq: last,
+            base_offset,
+        });
+        while seq.recent.len() > RECENT_BATCHES {
+            seq.recent.pop_front();
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Slot {
+    entry: Arc<Mutex<ProducerEntry>>,
+    last_used: u64,
+}
+
+/// Producer ids and their sequence state.
+#[derive(Debug)]
+pub(crate) struct ProducerTable {
+    slots: Mutex<HashMap<i64, Slot>>,
+    next_id: AtomicI64,
+    clock: AtomicU64,
+    max: usize,
+}
+
+impl ProducerTable {
+    pub fn new(max: usize) -> ProducerTable {
+        // Ids start from the wall clock so that producers from before a restart do not get
+        // their id handed to someone else.
+        let base = (wall_ms().max(1) << 20) & i64::MAX;
+        ProducerTable {
+            slots: Mutex::new(HashMap::new()),
+            next_id: AtomicI64::new(base),
+            clock: AtomicU64::new(0),
+            max: max.max(1),
+        }
+    }
+
+    /// The state of a producer, if known.
+    pub fn get(&self, id: i64) -> Option<Arc<Mutex<ProducerEntry>>> {
+        let tick = self.clock.fetch_add(1, Ordering::Relaxed);
+        let mut slots = self.slots.lock();
+        let slot = slots.get_mut(&id)?;
+        slot.last_used = tick;
+        Some(slot.entry.clone())
+    }
+
+    /// Registers a new producer (or a new epoch of a known one); returns (id, epoch) and how
+    /// many states were evicted to make room.
+    fn init(&self, existing: Option<(i64, i16)>) -> Result<((i64, i16), usize), ResponseError> {
+        let tick = self.clock.fetch_add(1, Ordering::Relaxed);
+        let mut slots = self.slots.lock();
+        if let Some((id, epoch)) = existing {
+            if let Some(slot) = slots.get_mut(&id) {
+                let mut e = slot.entry.lock();
+                if epoch != e.epoch {
+                    return Err(ResponseError::ProducerFenced);
+                }
+                if e.epoch < i16::MAX - 1 {
+                    e.epoch += 1;
+                    e.partitions.clear();
+                    slot.last_used = tick;
+                    return Ok(((id, e.epoch), 0));
+                }
+                // Epoch exhausted: a new id follows.
+            }
+        }
+        let mut evicted = 0;
+        if slots.len() >= self.max {
+            let mut by_age: Vec<(u64, i64)> =
+                slots.iter().map(|(id, s)| (s.last_used, *id)).collect();
+            by_age.sort_unstable();
+            let drop_n = (self.max / 10).max(1).min(by_age.len());
+            for (_, id) in &by_age[..drop_n] {
+                slots.remove(id);
+            }
+            evicted = drop_n;
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        slots.insert(
+            id,
+            Slot {
+                entry: Arc::new(Mutex::new(ProducerEntry {
+                    epoch: 0,
+                    partitions: HashMap::new(),
+                })),
+                last_used: tick,
+            },
+        );
+        Ok(((id, 0), evicted))
+    }
+
+    /// Known producers.
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.slots.lock().len()
+    }
+}
+
+/// InitProducerId for idempotent (non-transactional) producers.
+pub(crate) fn init_producer_id(
+    state: &Arc<State>,
+    req: InitProducerIdRequest,
+) -> InitProducerIdResponse {
+    let mut resp = InitProducerIdResponse::default();
+    if req.transactional_id.is_some() {
+        // Transactions are not implemented; TRANSACTIONAL_ID_AUTHORIZATION_FAILED would mislead.
+        resp.error_code = ResponseError::UnsupportedVersion.code();
+        resp.producer_id = ProducerId(-1);
+        resp.producer_epoch = -1;
+        tracing::info!("InitProducerId with a transactional id refused: transactions are not supported over Kafka");
+        return resp;
+    }
+    let existing = (req.producer_id.0 >= 0).then_some((req.producer_id.0, req.producer_epoch));
+    match state.producers.init(existing) {
+        Ok(((id, epoch), evicted)) => {
+            if evicted > 0 {
+                state
+                    .counters
+                    .producer_states_evicted
+                    .fetch_add(evicted as u64, Ordering::Relaxed);
+                tracing::warn!(
+                    evicted,
+                    limit = state.config.max_producer_states,
+                    "idempotent producer states forgotten: max_producer_states reached"
+                );
+            }
+            resp.producer_id = ProducerId(id);
+            resp.producer_epoch = epoch;
+        }
+        Err(e) => {
+            resp.error_code = e.code();
+            resp.producer_id = ProducerId(-1);
+            resp.producer_epoch = -1;
+        }
+    }
+    resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry() -> ProducerEntry {
+        ProducerEntry {
+            epoch: 0,
+            partitions: HashMap::new(),
+        }
+    }
+
+    #[test]
+    fn sequences_must_follow_on() {
+        let mut e = entry();
+        assert_eq!(
+            e.check("T", 0, 0, 1, 3),
+            SeqCheck::Refuse(ResponseError::OutOfOrderSequenceNumber)
+        );
+        assert_eq!(e.check("T", 0, 0, 0, 4), SeqCheck::Append);
+        e.record("T", 0, 0, 0, 4, 100);
+        assert_eq!(e.check("T", 0, 0, 5, 9), SeqCheck::Append);
+        assert_eq!(
+            e.check("T", 0, 0, 6, 9),
+            SeqCheck::Refuse(ResponseError::OutOfOrderSequenceNumber)
+        );
+        assert_eq!(e.check("T", 0, 0, 0, 4), SeqCheck::Duplicate(100));
+        // Partitions are independent.
+        assert_eq!(e.check("T", 1, 0, 0, 0), SeqCheck::Append);
+    }
+
+    #[test]
+    fn only_the_last_five_batches_are_duplicates() {
+        let mut e = entry();
+        for i in 0..7 {
+            e.record("T", 0, 0, i, i, 10 + i as i64);
+        }
+        assert_eq!(e.check("T", 0, 0, 6, 6), SeqCheck::Duplicate(16));
+        assert_eq!(e.check("T", 0, 0, 2, 2), SeqCheck::Duplicate(12));
+        assert_eq!(
+            e.check("T", 0, 0, 1, 1),
+            SeqCheck::Refuse(ResponseError::OutOfOrderSequenceNumber)
+        );
+        assert_eq!(e.check("T", 0, 0, 7, 7), SeqCheck::Append);
+    }
+
+    #[test]
+    fn stale_epochs_are_fenced_and_bumps_reset() {
+        let t = ProducerTable::new(10);
+        let ((id, ep), _) = t.init(None).unwrap();
+        assert_eq!(ep, 0);
+        let e = t.get(id).unwrap();
+        e.lock().record("T", 0, 0, 0, 0, 0);
+        let ((id2, ep2), _) = t.init(Some((id, 0))).unwrap();
+        assert_eq!((id2, ep2), (id, 1));
+        assert_eq!(
+            e.lock().check("T", 0, 0, 1, 1),
+            SeqCheck::Refuse(ResponseError::InvalidProducerEpoch)
+        );
+        assert_eq!(e.lock().check("T", 0, 1, 0, 0), SeqCheck::Append);
+        assert_eq!(
+            t.init(Some((id, 0))).unwrap_err(),
+            ResponseError::ProducerFenced
+        );
+    }
+
+    #[test]
+    fn the_table_is_bounded() {
+        let t = ProducerTable::new(10);
+        let mut evicted = 0;
+        for _ in 0..25 {
+            evicted += t.init(None).unwrap().1;
+        }
+        assert!(t.len() <= 10);
+        assert_eq!(evicted, 15);
+    }
+}

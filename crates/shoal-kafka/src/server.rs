@@ -1,0 +1,212 @@
+//! The listener: accepts Kafka connections, reads size-prefixed request frames, answers them
+//! in order (one request at a time per connection, as Kafka brokers do), and stops cleanly.
+
+use crate::api::{self, Reply};
+use crate::config::KafkaConfig;
+use crate::host::BrokerHandle;
+use crate::state::State;
+use crate::KafkaError;
+use bytes::BytesMut;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tracing::{debug, info, warn, Instrument};
+
+/// What a connection handler knows about its peer.
+#[derive(Debug, Clone)]
+pub(crate) struct ConnInfo {
+    /// Peer address.
+    pub peer: SocketAddr,
+}
+
+/// A running Kafka listener.
+#[derive(Debug)]
+pub struct KafkaServer {
+    local_addr: SocketAddr,
+    state: Arc<State>,
+    stop: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl KafkaServer {
+    /// Binds `config.listen_addr` and serves Kafka clients on the broker's store.
+    pub async fn start(
+        config: KafkaConfig,
+        host: Arc<dyn BrokerHandle>,
+    ) -> Result<KafkaServer, KafkaError> {
+        config.validate()?;
+        let listener = TcpListener::bind(&config.listen_addr)
+            .await
+            .map_err(|source| KafkaError::Bind {
+                addr: config.listen_addr.clone(),
+                source,
+            })?;
+        let local_addr = listener.local_addr().map_err(|source| KafkaError::Bind {
+            addr: config.listen_addr.clone(),
+            source,
+        })?;
+        let state = Arc::new(State::new(config, host, local_addr));
+        let (stop, stop_rx) = watch::channel(false);
+        let tasks = vec![
+            tokio::spawn(accept_loop(listener, state.clone(), stop_rx.clone())),
+            tokio::spawn(crate::groups::timer_loop(state.clone(), stop_rx)),
+        ];
+        info!(addr = %local_addr, advertised = %format!("{}:{}", state.advertised_host, state.advertised_port), "kafka listener started");
+        Ok(KafkaServer {
+            local_addr,
+            state,
+            stop,
+            tasks,
+        })
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Counters of the listener.
+    pub fn counters(&self) -> &crate::Counters {
+        &self.state.counters
+    }
+
+    /// Stops accepting, closes every connection and the group timers.
+    pub async fn shutdown(self) {
+        let _ = self.stop.send(true);
+        for t in self.tasks {
+            let _ = t.await;
+        }
+        // Connection tasks see the stop signal and end on their own.
+        for _ in 0..50 {
+            if self.state.counters.connections_open.load(Ordering::Relaxed) == 0 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        info!("kafka listener stopped");
+    }
+}
+
+async fn accept_loop(listener: TcpListener, state: Arc<State>, mut stop: watch::Receiver<bool>) {
+    let mut next_id: u64 = 0;
+    loop {
+        let accepted = tokio::select! {
+            r = listener.accept() => r,
+            _ = stop.changed() => return,
+        };
+        let (stream, peer) = match accepted {
+            Ok(x) => x,
+            Err(e) => {
+                warn!(error = %e, "kafka accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let open = state
+            .counters
+            .connections_open
+            .fetch_add(1, Ordering::AcqRel);
+        if open >= state.config.max_connections {
+            state
+                .counters
+                .connections_open
+                .fetch_sub(1, Ordering::AcqRel);
+            state
+                .counters
+                .connections_refused
+                .fetch_add(1, Ordering::Relaxed);
+            warn!(peer = %peer, limit = state.config.max_connections, "kafka connection refused: max_connections reached");
+            drop(stream);
+            continue;
+        }
+        state
+            .counters
+            .connections_accepted
+            .fetch_add(1, Ordering::Relaxed);
+        next_id += 1;
+        let span = tracing::debug_span!("kafka_conn", id = next_id, peer = %peer);
+        let st = state.clone();
+        let stop = stop.clone();
+        tokio::spawn(
+            async move {
+                serve(st.clone(), stream, peer, stop).await;
+                st.counters.connections_open.fetch_sub(1, Ordering::AcqRel);
+            }
+            .instrument(span),
+        );
+    }
+}
+
+async fn serve(
+    state: Arc<State>,
+    stream: TcpStream,
+    peer: SocketAddr,
+    mut stop: watch::Receiver<bool>,
+) {
+    let _ = stream.set_nodelay(true);
+    let conn = ConnInfo { peer };
+    let (rd, mut wr) = stream.into_split();
+    let mut rd = BufReader::with_capacity(64 * 1024, rd);
+    loop {
+        let len = tokio::select! {
+            r = rd.read_i32() => r,
+            _ = stop.changed() => return,
+        };
+        let len = match len {
+            Ok(l) => l,
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return,
+            Err(e) => {
+                debug!(error = %e, "kafka connection read failed");
+                return;
+            }
+        };
+        if len < 8 || len as usize > state.config.max_request_bytes {
+            state
+                .counters
+                .requests_refused
+                .fetch_add(1, Ordering::Relaxed);
+            warn!(
+                size = len,
+                limit = state.config.max_request_bytes,
+                "closing kafka connection: request size outside 8..=max_request_bytes"
+            );
+            return;
+        }
+        let mut buf = BytesMut::zeroed(len as usize);
+        let read = tokio::select! {
+            r = rd.read_exact(&mut buf) => r,
+            _ = stop.changed() => return,
+        };
+        if let Err(e) = read {
+            debug!(error = %e, "kafka connection closed mid-request");
+            return;
+        }
+        state.counters.requests.fetch_add(1, Ordering::Relaxed);
+        let reply = tokio::select! {
+            r = api::dispatch(&state, buf.freeze(), &conn) => r,
+            _ = stop.changed() => return,
+        };
+        match reply {
+            Reply::Frame(bytes) => {
+                if let Err(e) = wr.write_all(&bytes).await {
+                    debug!(error = %e, "kafka response could not be written (client gone)");
+                    return;
+                }
+            }
+            Reply::Nothing => {}
+            Reply::Close(reason) => {
+                state
+                    .counters
+                    .requests_refused
+                    .fetch_add(1, Ordering::Relaxed);
+                warn!(reason = %reason, "closing kafka connection");
+                let _ = wr.shutdown().await;
+                return;
+            }
+        }
+    }
+}

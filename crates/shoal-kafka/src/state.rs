@@ -1,0 +1,123 @@
+//! State shared by the connections of one listener.
+
+use crate::config::KafkaConfig;
+use crate::consumer_group::ConsumerGroups;
+use crate::groups::GroupCoordinator;
+use crate::host::{BrokerHandle, TopicInfo};
+use crate::producer::ProducerTable;
+use md5::{Digest, Md5};
+use shoal_store::MessageStore;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, AtomicUsize};
+use std::sync::Arc;
+use uuid::Uuid;
+
+/// Counters of the Kafka listener (plain atomics until the metrics module exports them).
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// Connections open now.
+    pub connections_open: AtomicUsize,
+    /// Connections accepted since start.
+    pub connections_accepted: AtomicU64,
+    /// Connections closed at accept because `max_connections` was reached.
+    pub connections_refused: AtomicU64,
+    /// Requests read.
+    pub requests: AtomicU64,
+    /// Requests that closed their connection (too large, malformed, unsupported API).
+    pub requests_refused: AtomicU64,
+    /// Records stored by Produce.
+    pub records_produced: AtomicU64,
+    /// Records returned by Fetch.
+    pub records_fetched: AtomicU64,
+    /// Fetches that waited for data (long polling).
+    pub fetches_held: AtomicU64,
+    /// Batches answered as duplicates of an earlier idempotent batch (not stored again).
+    pub duplicate_batches: AtomicU64,
+    /// Batches refused for a sequence gap or a stale producer epoch.
+    pub sequence_errors: AtomicU64,
+    /// Idempotent producer states forgotten because `max_producer_states` was reached.
+    pub producer_states_evicted: AtomicU64,
+    /// Classic group rebalances completed (generations started).
+    pub rebalances: AtomicU64,
+}
+
+/// Everything the request handlers share.
+#[derive(Debug)]
+pub(crate) struct State {
+    pub config: KafkaConfig,
+    pub host: Arc<dyn BrokerHandle>,
+    pub store: Arc<MessageStore>,
+    pub advertised_host: String,
+    pub advertised_port: i32,
+    pub counters: Counters,
+    pub producers: ProducerTable,
+    pub groups: GroupCoordinator,
+    pub consumer_groups: ConsumerGroups,
+    started: std::time::Instant,
+}
+
+impl std::fmt::Debug for dyn BrokerHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("BrokerHandle")
+    }
+}
+
+impl State {
+    pub fn new(config: KafkaConfig, host: Arc<dyn BrokerHandle>, bound: SocketAddr) -> State {
+        let advertised_host = config.advertised_host.clone().unwrap_or_else(|| {
+            if bound.ip().is_unspecified() {
+                "127.0.0.1".to_string()
+            } else {
+                bound.ip().to_string()
+            }
+        });
+        let advertised_port = i32::from(config.advertised_port.unwrap_or(bound.port()));
+        let producers = ProducerTable::new(config.max_producer_states);
+        let groups = GroupCoordinator::new(&config);
+        let consumer_groups = ConsumerGroups::new(&config, host.broker_name());
+        State {
+            store: host.store(),
+            host,
+            advertised_host,
+            advertised_port,
+            counters: Counters::default(),
+            producers,
+            groups,
+            consumer_groups,
+            config,
+            started: std::time::Instant::now(),
+        }
+    }
+
+    /// Monotonic milliseconds since the listener started (the group state machines' clock).
+    pub fn now_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    /// Looks a topic up by its id (Fetch v13+, Metadata by id).
+    pub fn topic_by_id(&self, id: Uuid) -> Option<TopicInfo> {
+        self.host
+            .topics()
+            .into_iter()
+            .find(|t| topic_id(&t.name) == id)
+    }
+}
+
+/// The topic id a topic is reported with: derived from its name (an MD5 digest shaped as a
+/// version-3 UUID), so it is stable across restarts without being stored.
+pub fn topic_id(name: &str) -> Uuid {
+    let digest = Md5::digest(name.as_bytes());
+    let mut bytes = [0u8; 16];
+    bytes.copy_from_slice(&digest);
+    bytes[6] = (bytes[6] & 0x0f) | 0x30;
+    bytes[8] = (bytes[8] & 0x3f) | 0x80;
+    Uuid::from_bytes(bytes)
+}
+
+/// Wall-clock milliseconds since the Unix epoch.
+pub fn wall_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}

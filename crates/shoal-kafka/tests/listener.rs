@@ -1,0 +1,673 @@
+//! The Kafka listener over TCP on 127.0.0.1 (a free port), driven with the `kafka-protocol`
+//! crate's client-side codecs, on a real `MessageStore` in a temporary directory. The broker
+//! side is a small in-test `BrokerHandle` (topics in a map, arrivals from the store's
+//! listener).
+
+use bytes::{BufMut, Bytes, BytesMut};
+use futures::future::BoxFuture;
+use indexmap::IndexMap;
+use kafka_protocol::messages::*;
+use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, StrBytes};
+use kafka_protocol::records::{
+    Compression, Record, RecordBatchDecoder, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
+};
+use parking_lot::Mutex;
+use shoal_kafka::{BrokerHandle, KafkaConfig, KafkaError, KafkaServer, TopicInfo, WaitPosition};
+use shoal_store::{MessageStore, StoreConfig};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::Notify;
+
+struct TestBroker {
+    store: Arc<MessageStore>,
+    topics: Mutex<BTreeMap<String, i32>>,
+    arrived: Arc<Notify>,
+    groups: Mutex<Vec<String>>,
+}
+
+impl BrokerHandle for TestBroker {
+    fn store(&self) -> Arc<MessageStore> {
+        self.store.clone()
+    }
+    fn topics(&self) -> Vec<TopicInfo> {
+        self.topics
+            .lock()
+            .iter()
+            .map(|(n, p)| info(n, *p))
+            .collect()
+    }
+    fn topic(&self, name: &str) -> Option<TopicInfo> {
+        self.topics.lock().get(name).map(|p| info(name, *p))
+    }
+    fn auto_create_topics(&self) -> bool {
+        true
+    }
+    fn default_partitions(&self) -> i32 {
+        2
+    }
+    fn create_topic(&self, name: &str, partitions: i32) -> Result<TopicInfo, KafkaError> {
+        let mut t = self.topics.lock();
+        if t.contains_key(name) {
+            return Err(KafkaError::TopicExists(name.into()));
+        }
+        t.insert(name.into(), partitions);
+        Ok(info(name, partitions))
+    }
+    fn delete_topic(&self, name: &str) -> Result<(), KafkaError> {
+        self.topics.lock().remove(name);
+        Ok(self.store.delete_topic(name)?)
+    }
+    fn set_partitions(&self, name: &str, count: i32) -> Result<(), KafkaError> {
+        self.topics.lock().insert(name.into(), count);
+        Ok(())
+    }
+    fn ensure_group(&self, group: &str) -> Result<(), KafkaError> {
+        let mut g = self.groups.lock();
+        if !g.iter().any(|x| x == group) {
+            g.push(group.into());
+        }
+        Ok(())
+    }
+    fn delete_group(&self, group: &str) -> Result<(), KafkaError> {
+        self.groups.lock().retain(|g| g != group);
+        self.store.remove_group_offsets(group);
+        Ok(())
+    }
+    fn broker_name(&self) -> String {
+        "broker-test".into()
+    }
+    fn cluster_name(&self) -> String {
+        "TestCluster".into()
+    }
+    fn max_message_bytes(&self) -> usize {
+        1 << 20
+    }
+    fn retention_hours(&self) -> u64 {
+        72
+    }
+    fn wait_for_messages(
+        &self,
+        positions: Vec<WaitPosition>,
+        timeout: Duration,
+    ) -> BoxFuture<'static, ()> {
+        let store = self.store.clone();
+        let arrived = self.arrived.clone();
+        Box::pin(async move {
+            let deadline = tokio::time::Instant::now() + timeout;
+            loop {
+                let notified = arrived.notified();
+                if positions
+                    .iter()
+                    .any(|p| store.max_offset(&p.topic, p.partition) > p.offset)
+                {
+                    return;
+                }
+                if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                    return;
+                }
+            }
+        })
+    }
+}
+
+fn info(name: &str, partitions: i32) -> TopicInfo {
+    TopicInfo {
+        name: name.into(),
+        partitions,
+        readable: true,
+        writable: true,
+        internal: false,
+    }
+}
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    server: Option<KafkaServer>,
+    broker: Arc<TestBroker>,
+}
+
+impl Fixture {
+    async fn start(config: KafkaConfig) -> Fixture {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, _) = MessageStore::open(StoreConfig::new(dir.path().join("store"))).unwrap();
+        let store = Arc::new(store);
+        let arrived = Arc::new(Notify::new());
+        let a = arrived.clone();
+        store.add_arrival_listener(Arc::new(move |_| a.notify_waiters()));
+        let broker = Arc::new(TestBroker {
+            store,
+            topics: Mutex::new(BTreeMap::new()),
+            arrived,
+            groups: Mutex::new(Vec::new()),
+        });
+        let server = KafkaServer::start(
+            KafkaConfig {
+                listen_addr: "127.0.0.1:0".into(),
+                group_initial_rebalance_delay_ms: 0,
+                ..config
+            },
+            broker.clone(),
+        )
+        .await
+        .unwrap();
+        Fixture {
+            _dir: dir,
+            server: Some(server),
+            broker,
+        }
+    }
+
+    async fn client(&self) -> Client {
+        let addr = self.server.as_ref().unwrap().local_addr();
+        Client {
+            stream: TcpStream::connect(addr).await.unwrap(),
+            next: 1,
+        }
+    }
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        drop(self.server.take());
+    }
+}
+
+struct Client {
+    stream: TcpStream,
+    next: i32,
+}
+
+impl Client {
+    async fn send<R: Encodable + HeaderVersion>(
+        &mut self,
+        key: ApiKey,
+        version: i16,
+        req: &R,
+    ) -> i32 {
+        let id = self.next;
+        self.next += 1;
+        let mut buf = BytesMut::new();
+        buf.put_i32(0);
+        let header = RequestHeader::default()
+            .with_request_api_key(key as i16)
+            .with_request_api_version(version)
+            .with_correlation_id(id)
+            .with_client_id(Some(StrBytes::from_static_str("test")));
+        header
+            .encode(&mut buf, key.request_header_version(version))
+            .unwrap();
+        req.encode(&mut buf, version).unwrap();
+        let len = (buf.len() - 4) as i32;
+        buf[0..4].copy_from_slice(&len.to_be_bytes());
+        self.stream.write_all(&buf).await.unwrap();
+        id
+    }
+
+    async fn recv<R: Decodable>(&mut self, key: ApiKey, version: i16, id: i32) -> R {
+        let len = self.stream.read_i32().await.unwrap();
+        let mut buf = vec![0u8; len as usize];
+        self.stream.read_exact(&mut buf).await.unwrap();
+        let mut b = Bytes::from(buf);
+        let h = ResponseHeader::decode(&mut b, key.response_header_version(version)).unwrap();
+        assert_eq!(h.correlation_id, id, "responses come in request order");
+        R::decode(&mut b, version).unwrap()
+    }
+
+    async fn call<Q: Encodable + HeaderVersion, R: Decodable>(
+        &mut self,
+        key: ApiKey,
+        version: i16,
+        req: &Q,
+    ) -> R {
+        let id = self.send(key, version, req).await;
+        self.recv(key, version, id).await
+    }
+}
+
+fn record(i: i64, key: &str, value: &str) -> Record {
+    let mut headers = IndexMap::new();
+    headers.insert(
+        StrBytes::from_static_str("h"),
+        Some(Bytes::from(format!("hv{i}"))),
+    );
+    Record {
+        transactional: false,
+        control: false,
+        delete_horizon: false,
+        partition_leader_epoch: 0,
+        producer_id: -1,
+        producer_epoch: -1,
+        timestamp_type: TimestampType::Creation,
+        offset: i,
+        sequence: -1,
+        timestamp: 1_700_000_000_000 + i,
+        key: Some(Bytes::from(key.to_string())),
+        value: Some(Bytes::from(value.to_string())),
+        headers,
+    }
+}
+
+fn batch(records: &[Record], compression: Compression) -> Bytes {
+    let mut buf = BytesMut::new();
+    RecordBatchEncoder::encode(
+        &mut buf,
+        records.iter(),
+        &RecordEncodeOptions {
+            version: 2,
+            compression,
+        },
+    )
+    .unwrap();
+    buf.freeze()
+}
+
+fn produce_req(topic: &str, partition: i32, acks: i16, records: Bytes) -> ProduceRequest {
+    let mut p = produce_request::PartitionProduceData::default();
+    p.index = partition;
+    p.records = Some(records);
+    let mut t = produce_request::TopicProduceData::default();
+    t.name = TopicName(StrBytes::from_string(topic.into()));
+    t.partition_data = vec![p];
+    let mut r = ProduceRequest::default();
+    r.acks = acks;
+    r.timeout_ms = 5000;
+    r.topic_data = vec![t];
+    r
+}
+
+fn fetch_req(
+    topic: &str,
+    partition: i32,
+    offset: i64,
+    wait_ms: i32,
+    min_bytes: i32,
+) -> FetchRequest {
+    let mut p = fetch_request::FetchPartition::default();
+    p.partition = partition;
+    p.fetch_offset = offset;
+    p.partition_max_bytes = 1 << 20;
+    let mut t = fetch_request::FetchTopic::default();
+    t.topic = TopicName(StrBytes::from_string(topic.into()));
+    t.partitions = vec![p];
+    let mut r = FetchRequest::default();
+    r.replica_id = BrokerId(-1);
+    r.max_wait_ms = wait_ms;
+    r.min_bytes = min_bytes;
+    r.max_bytes = 50 << 20;
+    r.session_epoch = -1;
+    r.topics = vec![t];
+    r
+}
+
+fn create_req(topic: &str, partitions: i32) -> CreateTopicsRequest {
+    let mut t = create_topics_request::CreatableTopic::default();
+    t.name = TopicName(StrBytes::from_string(topic.into()));
+    t.num_partitions = partitions;
+    t.replication_factor = 1;
+    let mut r = CreateTopicsRequest::default();
+    r.topics = vec![t];
+    r.timeout_ms = 5000;
+    r
+}
+
+#[tokio::test]
+async fn api_versions_lists_what_is_implemented_and_answers_unknown_versions_with_v0() {
+    let f = Fixture::start(KafkaConfig::default()).await;
+    let mut c = f.client().await;
+    let r: ApiVersionsResponse = c
+        .call(ApiKey::ApiVersions, 3, &ApiVersionsRequest::default())
+        .await;
+    assert_eq!(r.error_code, 0);
+    let produce = r
+        .api_keys
+        .iter()
+        .find(|k| k.api_key == ApiKey::Produce as i16)
+        .unwrap();
+    assert_eq!((produce.min_version, produce.max_version), (3, 11));
+    assert!(r
+        .api_keys
+        .iter()
+        .any(|k| k.api_key == ApiKey::JoinGroup as i16));
+    assert_eq!(r.api_keys.len(), shoal_kafka::supported_apis().len());
+    // A version from the future: v0 answer with UNSUPPORTED_VERSION and the list (KIP-511).
+    let mut buf = BytesMut::new();
+    buf.put_i32(0);
+    buf.put_i16(ApiKey::ApiVersions as i16);
+    buf.put_i16(99);
+    buf.put_i32(7);
+    buf.put_i16(-1);
+    let len = (buf.len() - 4) as i32;
+    buf[0..4].copy_from_slice(&len.to_be_bytes());
+    c.stream.write_all(&buf).await.unwrap();
+    let r: ApiVersionsResponse = c.recv(ApiKey::ApiVersions, 0, 7).await;
+    assert_eq!(r.error_code, 35);
+    assert!(!r.api_keys.is_empty());
+}
+
+#[tokio::test]
+async fn produce_then_fetch_round_trips_compressed_records() {
+    let f = Fixture::start(KafkaConfig::default()).await;
+    let mut c = f.client().await;
+    let r: CreateTopicsResponse = c.call(ApiKey::CreateTopics, 7, &create_req("T1", 3)).await;
+    assert_eq!(r.topics[0].error_code, 0);
+    let recs: Vec<Record> = (0..3)
+        .map(|i| record(i, &format!("k{i}"), &format!("v{i}")))
+        .collect();
+    for (n, comp) in [
+        Compression::Gzip,
+        Compression::Snappy,
+        Compression::Lz4,
+        Compression::Zstd,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let r: ProduceResponse = c
+            .call(
+                ApiKey::Produce,
+                9,
+                &produce_req("T1", 1, 1, batch(&recs, comp)),
+            )
+            .await;
+        let p = &r.responses[0].partition_responses[0];
+        assert_eq!(p.error_code, 0, "{comp:?}");
+        assert_eq!(p.base_offset, 3 * n as i64);
+    }
+    let r: FetchResponse = c
+        .call(ApiKey::Fetch, 12, &fetch_req("T1", 1, 0, 0, 1))
+        .await;
+    let p = &r.responses[0].partitions[0];
+    assert_eq!(p.error_code, 0);
+    assert_eq!(p.high_watermark, 12);
+    let mut bytes = p.records.clone().unwrap();
+    let sets = RecordBatchDecoder::decode_all(&mut bytes).unwrap();
+    let got: Vec<&Record> = sets.iter().flat_map(|s| s.records.iter()).collect();
+    assert_eq!(got.len(), 12);
+    for (i, r) in got.iter().enumerate() {
+        assert_eq!(r.offset, i as i64);
+        let j = i % 3;
+        assert_eq!(r.key.as_deref(), Some(format!("k{j}").as_bytes()));
+        assert_eq!(r.value.as_deref(), Some(format!("v{j}").as_bytes()));
+        assert_eq!(r.timestamp, 1_700_000_000_000 + j as i64);
+        assert_eq!(
+            r.headers
+                .get(&StrBytes::from_static_str("h"))
+                .cloned()
+                .flatten(),
+            Some(Bytes::from(format!("hv{j}")))
+        );
+    }
+    // The messages are RocketMQ messages of queue 1: keys are indexed.
+    assert_eq!(f.broker.store.max_offset("T1", 1), 12);
+    assert_eq!(
+        f.broker
+            .store
+            .query_by_key("T1", "k1", 10, 0, i64::MAX)
+            .unwrap()
+            .len(),
+        4
+    );
+    // ListOffsets: earliest and latest.
+    let mut lp = list_offsets_request::ListOffsetsPartition::default();
+    lp.partition_index = 1;
+    lp.timestamp = -1;
+    let mut lt = list_offsets_request::ListOffsetsTopic::default();
+    lt.name = TopicName(StrBytes::from_static_str("T1"));
+    lt.partitions = vec![lp.clone(), {
+        let mut e = lp.clone();
+        e.timestamp = -2;
+        e
+    }];
+    let mut lr = ListOffsetsRequest::default();
+    lr.replica_id = BrokerId(-1);
+    lr.topics = vec![lt];
+    let r: ListOffsetsResponse = c.call(ApiKey::ListOffsets, 7, &lr).await;
+    let offs: Vec<i64> = r.topics[0].partitions.iter().map(|p| p.offset).collect();
+    assert_eq!(offs, vec![12, 0]);
+    // Out of range and unknown topics get their error codes.
+    let r: FetchResponse = c
+        .call(ApiKey::Fetch, 12, &fetch_req("T1", 1, 99, 0, 1))
+        .await;
+    assert_eq!(
+        r.responses[0].partitions[0].error_code, 1,
+        "OFFSET_OUT_OF_RANGE"
+    );
+    let r: ProduceResponse = c
+        .call(
+            ApiKey::Produce,
+            9,
+            &produce_req("Nope", 0, 1, batch(&recs, Compression::None)),
+        )
+        .await;
+    assert_eq!(
+        r.responses[0].partition_responses[0].error_code, 3,
+        "UNKNOWN_TOPIC_OR_PARTITION"
+    );
+}
+
+#[tokio::test]
+async fn a_fetch_waits_for_data_and_acks_zero_gets_no_answer() {
+    let f = Fixture::start(KafkaConfig::default()).await;
+    let mut c = f.client().await;
+    let _: CreateTopicsResponse = c.call(ApiKey::CreateTopics, 7, &create_req("T2", 1)).await;
+    let mut waiter = f.client().await;
+    let id = waiter
+        .send(ApiKey::Fetch, 12, &fetch_req("T2", 0, 0, 20_000, 1))
+        .await;
+    let fetch = tokio::spawn(async move {
+        let r: FetchResponse = waiter.recv(ApiKey::Fetch, 12, id).await;
+        r
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        !fetch.is_finished(),
+        "the fetch is held while the partition is empty"
+    );
+    // acks=0: no response; the next request on the connection is answered in order.
+    c.send(
+        ApiKey::Produce,
+        9,
+        &produce_req("T2", 0, 0, batch(&[record(0, "k", "v")], Compression::None)),
+    )
+    .await;
+    let r: ApiVersionsResponse = c
+        .call(ApiKey::ApiVersions, 3, &ApiVersionsRequest::default())
+        .await;
+    assert_eq!(r.error_code, 0);
+    let r = tokio::time::timeout(Duration::from_secs(10), fetch)
+        .await
+        .expect("woken by the produce")
+        .unwrap();
+    let mut bytes = r.responses[0].partitions[0].records.clone().unwrap();
+    assert_eq!(
+        RecordBatchDecoder::decode_all(&mut bytes).unwrap()[0]
+            .records
+            .len(),
+        1
+    );
+}
+
+#[tokio::test]
+async fn idempotent_batches_are_stored_once_and_gaps_refused() {
+    let f = Fixture::start(KafkaConfig::default()).await;
+    let mut c = f.client().await;
+    let _: CreateTopicsResponse = c.call(ApiKey::CreateTopics, 7, &create_req("T3", 1)).await;
+    let init: InitProducerIdResponse = c
+        .call(
+            ApiKey::InitProducerId,
+            4,
+            &InitProducerIdRequest::default()
+                .with_transactional_id(None)
+                .with_producer_id(ProducerId(-1))
+                .with_producer_epoch(-1)
+                .with_transaction_timeout_ms(60000),
+        )
+        .await;
+    assert_eq!(init.error_code, 0);
+    let idem = |first: i32, n: i64| -> Bytes {
+        let recs: Vec<Record> = (0..n)
+            .map(|i| Record {
+                producer_id: init.producer_id.0,
+                producer_epoch: init.producer_epoch,
+                sequence: first + i as i32,
+                ..record(i, "k", "v")
+            })
+            .collect();
+        batch(&recs, Compression::None)
+    };
+    let r: ProduceResponse = c
+        .call(ApiKey::Produce, 9, &produce_req("T3", 0, -1, idem(0, 3)))
+        .await;
+    assert_eq!(r.responses[0].partition_responses[0].base_offset, 0);
+    let r: ProduceResponse = c
+        .call(ApiKey::Produce, 9, &produce_req("T3", 0, -1, idem(3, 2)))
+        .await;
+    assert_eq!(r.responses[0].partition_responses[0].base_offset, 3);
+    // A retry of the first batch: same offset, not stored again.
+    let r: ProduceResponse = c
+        .call(ApiKey::Produce, 9, &produce_req("T3", 0, -1, idem(0, 3)))
+        .await;
+    assert_eq!(r.responses[0].partition_responses[0].error_code, 0);
+    assert_eq!(r.responses[0].partition_responses[0].base_offset, 0);
+    assert_eq!(f.broker.store.max_offset("T3", 0), 5);
+    // A gap.
+    let r: ProduceResponse = c
+        .call(ApiKey::Produce, 9, &produce_req("T3", 0, -1, idem(9, 1)))
+        .await;
+    assert_eq!(
+        r.responses[0].partition_responses[0].error_code, 45,
+        "OUT_OF_ORDER_SEQUENCE_NUMBER"
+    );
+    assert_eq!(
+        f.server
+            .as_ref()
+            .unwrap()
+            .counters()
+            .duplicate_batches
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+}
+
+#[tokio::test]
+async fn an_oversized_request_closes_the_connection() {
+    let f = Fixture::start(KafkaConfig {
+        max_request_bytes: 4096,
+        ..KafkaConfig::default()
+    })
+    .await;
+    let mut c = f.client().await;
+    c.stream
+        .write_all(&1_000_000i32.to_be_bytes())
+        .await
+        .unwrap();
+    let mut b = [0u8; 4];
+    let n = tokio::time::timeout(Duration::from_secs(10), c.stream.read(&mut b))
+        .await
+        .unwrap()
+        .unwrap_or(0);
+    assert_eq!(n, 0, "closed");
+    assert_eq!(
+        f.server
+            .as_ref()
+            .unwrap()
+            .counters()
+            .requests_refused
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+}
+
+#[tokio::test]
+async fn a_classic_group_forms_and_commits_offsets() {
+    let f = Fixture::start(KafkaConfig::default()).await;
+    let mut c = f.client().await;
+    let _: CreateTopicsResponse = c.call(ApiKey::CreateTopics, 7, &create_req("T4", 2)).await;
+    let mut fc = FindCoordinatorRequest::default();
+    fc.key = StrBytes::from_static_str("G");
+    let r: FindCoordinatorResponse = c.call(ApiKey::FindCoordinator, 3, &fc).await;
+    assert_eq!(r.error_code, 0);
+    assert_eq!(
+        r.port as u16,
+        f.server.as_ref().unwrap().local_addr().port()
+    );
+    let mut jr = JoinGroupRequest::default();
+    jr.group_id = GroupId(StrBytes::from_static_str("G"));
+    jr.session_timeout_ms = 10_000;
+    jr.rebalance_timeout_ms = 10_000;
+    jr.protocol_type = StrBytes::from_static_str("consumer");
+    let mut proto = join_group_request::JoinGroupRequestProtocol::default();
+    proto.name = StrBytes::from_static_str("range");
+    proto.metadata = Bytes::from_static(b"meta");
+    jr.protocols = vec![proto];
+    let r: JoinGroupResponse = c.call(ApiKey::JoinGroup, 7, &jr).await;
+    assert_eq!(r.error_code, 79, "MEMBER_ID_REQUIRED");
+    jr.member_id = r.member_id.clone();
+    let r: JoinGroupResponse = c.call(ApiKey::JoinGroup, 7, &jr).await;
+    assert_eq!(r.error_code, 0);
+    assert_eq!(r.generation_id, 1);
+    assert_eq!(r.leader, jr.member_id);
+    assert_eq!(r.members.len(), 1);
+    let mut sr = SyncGroupRequest::default();
+    sr.group_id = jr.group_id.clone();
+    sr.generation_id = 1;
+    sr.member_id = jr.member_id.clone();
+    let mut a = sync_group_request::SyncGroupRequestAssignment::default();
+    a.member_id = jr.member_id.clone();
+    a.assignment = Bytes::from_static(b"both partitions");
+    sr.assignments = vec![a];
+    let r: SyncGroupResponse = c.call(ApiKey::SyncGroup, 4, &sr).await;
+    assert_eq!(
+        (r.error_code, r.assignment.as_ref()),
+        (0, &b"both partitions"[..])
+    );
+    let mut hb = HeartbeatRequest::default();
+    hb.group_id = jr.group_id.clone();
+    hb.generation_id = 1;
+    hb.member_id = jr.member_id.clone();
+    let r: HeartbeatResponse = c.call(ApiKey::Heartbeat, 4, &hb).await;
+    assert_eq!(r.error_code, 0);
+    // Commit fenced by generation.
+    let mut oc = OffsetCommitRequest::default();
+    oc.group_id = jr.group_id.clone();
+    oc.generation_id_or_member_epoch = 1;
+    oc.member_id = jr.member_id.clone();
+    let mut op = offset_commit_request::OffsetCommitRequestPartition::default();
+    op.partition_index = 1;
+    op.committed_offset = 42;
+    let mut ot = offset_commit_request::OffsetCommitRequestTopic::default();
+    ot.name = TopicName(StrBytes::from_static_str("T4"));
+    ot.partitions = vec![op];
+    oc.topics = vec![ot];
+    let r: OffsetCommitResponse = c.call(ApiKey::OffsetCommit, 8, &oc).await;
+    assert_eq!(r.topics[0].partitions[0].error_code, 0);
+    oc.generation_id_or_member_epoch = 7;
+    let r: OffsetCommitResponse = c.call(ApiKey::OffsetCommit, 8, &oc).await;
+    assert_eq!(
+        r.topics[0].partitions[0].error_code, 22,
+        "ILLEGAL_GENERATION"
+    );
+    assert_eq!(f.broker.store.query_offset("G", "T4", 1), Some(42));
+    assert_eq!(f.broker.groups.lock().as_slice(), ["G".to_string()]);
+    let mut of = OffsetFetchRequest::default();
+    of.group_id = jr.group_id.clone();
+    of.topics = None;
+    let r: OffsetFetchResponse = c.call(ApiKey::OffsetFetch, 7, &of).await;
+    assert_eq!(r.topics[0].partitions[0].committed_offset, 42);
+    // Leave: the group is empty and can be deleted.
+    let mut lg = LeaveGroupRequest::default();
+    lg.group_id = jr.group_id.clone();
+    let mut m = leave_group_request::MemberIdentity::default();
+    m.member_id = jr.member_id.clone();
+    lg.members = vec![m];
+    let r: LeaveGroupResponse = c.call(ApiKey::LeaveGroup, 4, &lg).await;
+    assert_eq!(r.members[0].error_code, 0);
+    let mut dg = DeleteGroupsRequest::default();
+    dg.groups_names = vec![jr.group_id.clone()];
+    let r: DeleteGroupsResponse = c.call(ApiKey::DeleteGroups, 2, &dg).await;
+    assert_eq!(r.results[0].error_code, 0);
+    assert_eq!(f.broker.store.query_offset("G", "T4", 1), None);
+}
