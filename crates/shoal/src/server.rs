@@ -400,7 +400,10 @@ pub async fn run_dev(args: DevArgs) -> anyhow::Result<()> {
         None
     } else {
         let k = kafka_config(
-            &format!("127.0.0.1:{}", args.kafka_port.unwrap_or(DEFAULT_KAFKA_PORT)),
+            &format!(
+                "127.0.0.1:{}",
+                args.kafka_port.unwrap_or(DEFAULT_KAFKA_PORT)
+            ),
             args.kafka_advertised.as_deref(),
         )
         .map(|mut k| {
@@ -419,7 +422,9 @@ pub async fn run_dev(args: DevArgs) -> anyhow::Result<()> {
                 Err(e) => {
                     broker.shutdown().await;
                     ns.shutdown().await;
-                    return Err(e.context("starting the Kafka listener (try --kafka-port or --no-kafka)"));
+                    return Err(
+                        e.context("starting the Kafka listener (try --kafka-port or --no-kafka)")
+                    );
                 }
             },
             Err(e) => {
