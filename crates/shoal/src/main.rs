@@ -65,8 +65,50 @@ enum Command {
     Version,
 }
 
+/// The client options (`--namesrv`, `--json`, credentials) are global, but the server processes
+/// `shoal namesrv` and `shoal dev` do not take them: there they are hidden from `--help` and
+/// refused with a remark instead of being accepted and ignored.
+fn without_client_options(cmd: clap::Command) -> clap::Command {
+    use clap::{Arg, ArgAction};
+    fn refuse(remark: &'static str) -> impl Fn(&str) -> Result<String, String> + Clone {
+        move |_: &str| Err(remark.to_string())
+    }
+    let remark = match cmd.get_name() {
+        "namesrv" => "the name server takes no client options (it listens with --listen)",
+        _ => "shoal dev takes no client options (it runs its own name server: --namesrv-port)",
+    };
+    let mut cmd = cmd.arg(
+        Arg::new("json")
+            .long("json")
+            .hide(true)
+            .action(ArgAction::Set)
+            .num_args(0)
+            .default_missing_value("true")
+            .value_parser(refuse(remark)),
+    );
+    for (id, long) in [
+        ("namesrv", "namesrv"),
+        ("access_key", "access-key"),
+        ("secret_key", "secret-key"),
+        ("security_token", "security-token"),
+        ("credentials_file", "credentials-file"),
+    ] {
+        cmd = cmd.arg(
+            Arg::new(id)
+                .long(long)
+                .hide(true)
+                .num_args(1)
+                .value_parser(refuse(remark)),
+        );
+    }
+    cmd
+}
+
 fn main() {
-    let matches = <Cli as clap::CommandFactory>::command().get_matches();
+    let matches = <Cli as clap::CommandFactory>::command()
+        .mut_subcommand("namesrv", without_client_options)
+        .mut_subcommand("dev", without_client_options)
+        .get_matches();
     let mut cli = match <Cli as clap::FromArgMatches>::from_arg_matches(&matches) {
         Ok(cli) => cli,
         Err(e) => e.exit(),

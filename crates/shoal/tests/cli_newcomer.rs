@@ -540,6 +540,24 @@ fn small_things_a_newcomer_tripped_on() {
         stderr(&o),
         "error: cannot read --from \"yesterday\": use first, last, epoch milliseconds, an RFC 3339 time or a duration ago such as 10m"
     );
+    // The server commands neither list nor accept the client options.
+    for sub in ["namesrv", "dev"] {
+        let o = run(&[sub, "--help"]);
+        assert_eq!(o.status.code(), Some(0));
+        let help = stdout(&o);
+        for flag in ["--namesrv ", "--json", "--access-key", "--credentials-file"] {
+            assert!(!help.contains(flag), "{sub} --help lists {flag}: {help}");
+        }
+        let o = run(&[sub, "--namesrv", "127.0.0.1:1"]);
+        assert_eq!(o.status.code(), Some(2));
+        assert!(
+            stderr(&o).contains("takes no client options"),
+            "{}",
+            stderr(&o)
+        );
+        let o = run(&[sub, "--json"]);
+        assert_eq!(o.status.code(), Some(2));
+    }
     // --json version.
     let o = run(&["--json", "version"]);
     let v: Value = serde_json::from_slice(&o.stdout).expect("JSON");
