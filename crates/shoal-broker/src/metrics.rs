@@ -331,6 +331,7 @@ impl Collector for BrokerCollector {
                 )],
             )?;
         }
+        encode_net(&mut e, &b.net_stats.snapshot())?;
         encode_gauges(
             &mut e,
             "shoal_broker_pull_holds",
@@ -443,6 +444,57 @@ impl Collector for BrokerCollector {
     }
 }
 
+/// The listener's transport counters (`shoal_net::NetStats`): each transport limit hit, by its
+/// config key and what the broker did, and the connection's reads, writes and requests.
+fn encode_net(
+    e: &mut DescriptorEncoder<'_>,
+    n: &shoal_net::NetStatsSnapshot,
+) -> Result<(), std::fmt::Error> {
+    let hit = |limit: &'static str, action: &'static str, v: u64| {
+        ([("limit", limit), ("action", action)], v)
+    };
+    encode_counters(
+        e,
+        "shoal_broker_net_limit_hits",
+        "Transport limits of the listener hit, by limit (the [net] config key) and action: refused (connection closed at accept), closed (connection closed), paused (the broker stopped reading that socket for a while), answer_replaced (an answer over the frame limit sent as SYSTEM_ERROR).",
+        [
+            hit("net.max_connections_per_ip", "refused", n.refused_per_ip),
+            hit("net.idle_timeout_secs", "closed", n.closed_idle),
+            hit("net.max_partial_frame_bytes", "closed", n.closed_partial_budget),
+            hit("net.max_frame_bytes", "closed", n.closed_bad_frame),
+            hit("net.max_frame_bytes", "answer_replaced", n.responses_too_large),
+            hit("net.max_inflight_requests", "paused", n.paused_inflight),
+            hit("net.max_pending_write_bytes", "paused", n.paused_write_queue),
+        ],
+    )?;
+    encode_gauges(
+        e,
+        "shoal_broker_net_partial_frame_bytes",
+        "Bytes held now by incomplete incoming frames over all connections (bounded by net.max_partial_frame_bytes).",
+        [([("listener", "remoting")], n.partial_frame_bytes as i64)],
+    )?;
+    for (name, help, v) in [
+        (
+            "shoal_broker_net_requests",
+            "Requests received by the listener (oneway included).",
+            n.requests_received,
+        ),
+        (
+            "shoal_broker_net_socket_reads",
+            "Read calls on client sockets (one read takes every frame available).",
+            n.read_calls,
+        ),
+        (
+            "shoal_broker_net_socket_writes",
+            "Write calls on client sockets (one write carries every answer ready).",
+            n.write_calls,
+        ),
+    ] {
+        encode_counters(e, name, help, [([("listener", "remoting")], v)])?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -461,5 +513,36 @@ mod tests {
         );
         assert_eq!(m.topic("T").bytes_in.load(Ordering::Relaxed), 10);
         assert_eq!(m.topics.len(), 1);
+    }
+
+    #[test]
+    fn net_limit_hits_are_exported_by_config_key() {
+        struct Net(shoal_net::NetStatsSnapshot);
+        impl std::fmt::Debug for Net {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("Net")
+            }
+        }
+        impl Collector for Net {
+            fn encode(&self, mut e: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+                encode_net(&mut e, &self.0)
+            }
+        }
+        let m = Metrics::new();
+        m.collector(Net(shoal_net::NetStatsSnapshot {
+            refused_per_ip: 3,
+            paused_write_queue: 2,
+            partial_frame_bytes: 7,
+            ..Default::default()
+        }));
+        let text = m.encode_text();
+        for line in [
+            "shoal_broker_net_limit_hits_total{limit=\"net.max_connections_per_ip\",action=\"refused\"} 3\n",
+            "shoal_broker_net_limit_hits_total{limit=\"net.max_pending_write_bytes\",action=\"paused\"} 2\n",
+            "shoal_broker_net_limit_hits_total{limit=\"net.idle_timeout_secs\",action=\"closed\"} 0\n",
+            "shoal_broker_net_partial_frame_bytes{listener=\"remoting\"} 7\n",
+        ] {
+            assert!(text.contains(line), "{line} not in {text}");
+        }
     }
 }

@@ -40,6 +40,8 @@ impl Drop for Proc {
 struct Broker {
     proc: Proc,
     addr: String,
+    /// Where the broker serves `/metrics`.
+    http: String,
     client: RemotingClient,
     _dir: tempfile::TempDir,
 }
@@ -50,10 +52,11 @@ async fn start_broker(net: &str) -> Broker {
     let cfg = dir.path().join("broker.toml");
     // No name server listens there: registration failures are only logged.
     let namesrv = format!("127.0.0.1:{}", free_port());
+    let http = format!("127.0.0.1:{}", free_port());
     std::fs::write(
         &cfg,
         format!(
-            "listen_addr = \"{addr}\"\ndata_dir = \"{}\"\nregister_interval_ms = 600000\n[net]\n{net}\n",
+            "listen_addr = \"{addr}\"\nhttp_listen_addr = \"{http}\"\ndata_dir = \"{}\"\nregister_interval_ms = 600000\n[net]\n{net}\n",
             dir.path().join("data").display()
         ),
     )
@@ -76,6 +79,7 @@ async fn start_broker(net: &str) -> Broker {
     let b = Broker {
         proc,
         addr,
+        http,
         client,
         _dir: dir,
     };
@@ -141,6 +145,27 @@ impl Broker {
             assert!(Instant::now() < deadline, "{key} stayed at {v}");
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+
+    /// The value of one series of the broker's `/metrics` (Prometheus text), e.g.
+    /// `shoal_broker_net_limit_hits_total{limit="net.max_connections_per_ip",action="refused"}`.
+    fn metric(&self, series: &str) -> u64 {
+        let mut s = TcpStream::connect(&self.http).expect("metrics listener");
+        s.set_read_timeout(Some(T)).unwrap();
+        write!(
+            s,
+            "GET /metrics HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+            self.http
+        )
+        .unwrap();
+        let mut text = String::new();
+        s.read_to_string(&mut text).expect("metrics answer");
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+            .unwrap_or_else(|| panic!("no {series} in /metrics:\n{text}"))
+            .trim()
+            .parse()
+            .expect("a number")
     }
 
     /// Resident memory of the broker process, bytes.
@@ -228,6 +253,11 @@ async fn a_client_that_never_reads_is_slowed_down_not_buffered() {
         "{written} bytes accepted from a client that reads nothing"
     );
     assert!(b.counter("netPausedWriteQueue").await >= 1);
+    assert!(
+        b.metric(
+            "shoal_broker_net_limit_hits_total{limit=\"net.max_pending_write_bytes\",action=\"paused\"}"
+        ) >= 1
+    );
     // The broker still serves others, and its memory stayed within a fixed budget.
     let grown = b.rss().saturating_sub(rss_before);
     assert!(grown < 128 << 20, "RSS grew by {grown} bytes");
@@ -257,6 +287,11 @@ async fn idle_and_half_frame_connections_are_closed_and_freed() {
     .unwrap();
     assert_eq!(idle_closed, (true, true), "(idle, half frame) closed");
     assert!(b.counter("netClosedIdle").await >= 2);
+    assert!(
+        b.metric(
+            "shoal_broker_net_limit_hits_total{limit=\"net.idle_timeout_secs\",action=\"closed\"}"
+        ) >= 2
+    );
     // The half frame's buffer was given back.
     assert_eq!(b.counter("netPartialFrameBytes").await, 0);
 }
@@ -288,6 +323,11 @@ async fn incomplete_frames_share_a_memory_budget() {
         .wait_counter("netClosedPartialFrameBudget", |n| n >= 50)
         .await;
     assert!(closed <= 60);
+    assert!(
+        b.metric(
+            "shoal_broker_net_limit_hits_total{limit=\"net.max_partial_frame_bytes\",action=\"closed\"}"
+        ) >= 50
+    );
     assert!(b.counter("netPartialFrameBytes").await <= 8 << 20);
     let grown = b.rss().saturating_sub(rss_before);
     assert!(grown < 96 << 20, "RSS grew by {grown} bytes");
@@ -314,6 +354,11 @@ async fn connections_per_address_are_limited() {
             .unwrap();
     assert!(refused, "a fifth connection from 127.0.0.1 was served");
     assert!(b.counter("netConnectionsRefusedPerIp").await >= 1);
+    assert!(
+        b.metric(
+            "shoal_broker_net_limit_hits_total{limit=\"net.max_connections_per_ip\",action=\"refused\"}"
+        ) >= 1
+    );
     drop(socks.pop());
     b.wait_counter("netConnectionsOpen", |n| n <= 3).await;
     let mut again = TcpStream::connect(&b.addr).unwrap();
