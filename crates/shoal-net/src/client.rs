@@ -3,7 +3,9 @@
 use crate::connection::{Connection, NetConfig};
 use crate::processor::{NotSupportedProcessor, Processor};
 use crate::stats::NetStats;
+use crate::tls::ClientTls;
 use crate::{NetError, Result};
+use futures::FutureExt;
 use parking_lot::Mutex;
 use shoal_proto::RemotingCommand;
 use std::collections::HashMap;
@@ -22,6 +24,7 @@ type Slot = Arc<OnceCell<Connection>>;
 
 struct ClientInner {
     config: NetConfig,
+    tls: Option<ClientTls>,
     processor: Arc<dyn Processor>,
     slots: Mutex<HashMap<String, Slot>>,
     shutdown: CancellationToken,
@@ -52,6 +55,7 @@ impl fmt::Debug for RemotingClient {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RemotingClient")
             .field("config", &self.inner.config)
+            .field("tls", &self.inner.tls)
             .field("addresses", &self.inner.slots.lock().len())
             .field("shut_down", &self.inner.shutdown.is_cancelled())
             .finish()
@@ -70,9 +74,20 @@ impl RemotingClient {
     /// [`request_code_not_supported`](crate::request_code_not_supported) for unknown codes in
     /// your own).
     pub fn new(config: NetConfig, processor: Arc<dyn Processor>) -> Self {
+        Self::with_tls(config, processor, None)
+    }
+
+    /// A client like [`RemotingClient::new`] that, when `tls` is given, speaks TLS to every
+    /// address (the handshake runs within the connect timeout).
+    pub fn with_tls(
+        config: NetConfig,
+        processor: Arc<dyn Processor>,
+        tls: Option<ClientTls>,
+    ) -> Self {
         Self {
             inner: Arc::new(ClientInner {
                 config,
+                tls,
                 processor,
                 slots: Mutex::new(HashMap::new()),
                 shutdown: CancellationToken::new(),
@@ -84,6 +99,11 @@ impl RemotingClient {
     /// The counters of this client's connections.
     pub fn stats(&self) -> Arc<NetStats> {
         Arc::clone(&self.inner.stats)
+    }
+
+    /// The TLS settings of this client's connections (`None`: plaintext).
+    pub fn tls(&self) -> Option<&ClientTls> {
+        self.inner.tls.as_ref()
     }
 
     /// The settings this client was made with.
@@ -164,13 +184,37 @@ impl RemotingClient {
             }
             Ok(Ok(stream)) => stream,
         };
-        let (conn, driver) = Connection::start_tcp(
-            stream,
-            Arc::clone(&self.inner.processor),
-            &self.inner.config,
-            Some(&self.inner.shutdown),
-            Arc::clone(&self.inner.stats),
-        )?;
+        let (conn, driver) = match &self.inner.tls {
+            None => {
+                let (conn, driver) = Connection::start_tcp(
+                    stream,
+                    Arc::clone(&self.inner.processor),
+                    &self.inner.config,
+                    Some(&self.inner.shutdown),
+                    Arc::clone(&self.inner.stats),
+                )?;
+                (conn, driver.boxed())
+            }
+            Some(tls) => {
+                let peer = stream.peer_addr()?;
+                let local = stream.local_addr()?;
+                if let Err(e) = stream.set_nodelay(true) {
+                    debug!(%peer, error = %e, "cannot set TCP_NODELAY");
+                }
+                // The caller bounds the whole attempt (TCP and handshake) by the timeout.
+                let stream = tls.connect(addr, stream).await?;
+                let (conn, driver) = Connection::start_io(
+                    stream,
+                    peer,
+                    local,
+                    Arc::clone(&self.inner.processor),
+                    &self.inner.config,
+                    Some(&self.inner.shutdown),
+                    Arc::clone(&self.inner.stats),
+                );
+                (conn, driver.boxed())
+            }
+        };
         tokio::spawn(driver);
         debug!(addr, id = conn.id(), "connected");
         Ok(conn)

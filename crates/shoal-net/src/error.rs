@@ -49,6 +49,19 @@ pub enum NetError {
     /// command that does not fit a binary header, ...).
     #[error("protocol error: {0}")]
     Protocol(#[from] ProtoError),
+    /// TLS settings that cannot be used: a certificate, key or CA file that cannot be read, a
+    /// key that does not fit its certificate, a bad server name.
+    #[error("TLS: {0}")]
+    Tls(String),
+    /// The TLS handshake with a server failed (untrusted or wrong certificate, the server
+    /// does not speak TLS, ...).
+    #[error("TLS handshake with {addr} failed: {reason}")]
+    TlsHandshake {
+        /// The address as given (`"ip:port"`).
+        addr: String,
+        /// What went wrong, in words.
+        reason: String,
+    },
     /// The client or server has been shut down.
     #[error("shut down")]
     Shutdown,

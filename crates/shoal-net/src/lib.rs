@@ -11,6 +11,9 @@
 //!   idle time, connections per IP address; [`NetStats`] counts when each is hit.
 //! - [`Server`]: accepts connections and dispatches their requests to a [`Processor`].
 //! - [`RemotingClient`]: a connection pool keyed by `"ip:port"` with `invoke` / `invoke_oneway`.
+//! - TLS ([`tls`]): servers in RocketMQ's modes disabled / permissive / enforcing
+//!   ([`ServerTls`], [`Server::bind_with_tls`]), clients speaking TLS to every address
+//!   ([`ClientTls`], [`RemotingClient::with_tls`]); rustls with the ring provider.
 //!
 //! A frame over the limit or a frame that does not decode closes that connection only, with a
 //! `warn` log line naming the peer and the reason.
@@ -24,6 +27,7 @@ mod outbuf;
 pub mod processor;
 pub mod server;
 pub mod stats;
+pub mod tls;
 
 pub use client::RemotingClient;
 pub use codec::RemotingCodec;
@@ -36,3 +40,4 @@ pub use processor::{
 pub use server::Server;
 pub use shoal_proto::RemotingCommand;
 pub use stats::{NetStats, NetStatsSnapshot};
+pub use tls::{ClientTls, ServerTls, TlsMode, TrustRoots};

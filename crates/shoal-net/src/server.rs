@@ -3,6 +3,7 @@
 use crate::connection::{Connection, NetConfig};
 use crate::processor::Processor;
 use crate::stats::{bump, NetStats};
+use crate::tls::{self, Accepted, ServerTls, TlsMode};
 use crate::Result;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -36,7 +37,8 @@ impl Server {
         Self::bind_with_config(addr, processor, NetConfig::default()).await
     }
 
-    /// Binds `addr` with the given settings (frame limit, write queue) and starts accepting.
+    /// Binds `addr` with the given settings (frame limit, write queue) and starts accepting
+    /// plaintext connections.
     ///
     /// # Errors
     /// [`NetError::Io`](crate::NetError::Io) when the address cannot be bound.
@@ -44,6 +46,22 @@ impl Server {
         addr: impl ToSocketAddrs,
         processor: Arc<dyn Processor>,
         config: NetConfig,
+    ) -> Result<Server> {
+        Self::bind_with_tls(addr, processor, config, ServerTls::disabled()).await
+    }
+
+    /// Binds `addr` with the given settings and TLS mode and starts accepting. In permissive
+    /// and enforcing mode each connection's task first waits for the first byte and runs the
+    /// handshake (bounded by [`ServerTls::handshake_timeout`]), so slow handshakes never hold
+    /// up accepting; they count against the per-address connection limit meanwhile.
+    ///
+    /// # Errors
+    /// [`NetError::Io`](crate::NetError::Io) when the address cannot be bound.
+    pub async fn bind_with_tls(
+        addr: impl ToSocketAddrs,
+        processor: Arc<dyn Processor>,
+        config: NetConfig,
+        tls: ServerTls,
     ) -> Result<Server> {
         let listener = TcpListener::bind(addr).await?;
         let local_addr = listener.local_addr()?;
@@ -55,12 +73,13 @@ impl Server {
                 listener,
                 processor,
                 config,
+                tls.clone(),
                 shutdown.clone(),
                 Arc::clone(&stats),
             )
             .instrument(span),
         );
-        info!(addr = %local_addr, "remoting server listening");
+        info!(addr = %local_addr, tls = %tls.mode(), "remoting server listening");
         Ok(Server {
             local_addr,
             shutdown,
@@ -102,6 +121,7 @@ async fn accept_loop(
     listener: TcpListener,
     processor: Arc<dyn Processor>,
     config: NetConfig,
+    tls: ServerTls,
     shutdown: CancellationToken,
     stats: Arc<NetStats>,
 ) {
@@ -136,6 +156,22 @@ async fn accept_loop(
                         drop(stream);
                         continue;
                     }
+                    if tls.mode() != TlsMode::Disabled {
+                        *count += 1;
+                        let (processor, config, tls, shutdown, stats) = (
+                            Arc::clone(&processor),
+                            config.clone(),
+                            tls.clone(),
+                            shutdown.clone(),
+                            Arc::clone(&stats),
+                        );
+                        connections.spawn(async move {
+                            serve_tls_aware(stream, peer, processor, &config, &tls, &shutdown, stats)
+                                .await;
+                            ip
+                        });
+                        continue;
+                    }
                     match Connection::start_tcp(
                         stream,
                         Arc::clone(&processor),
@@ -165,6 +201,44 @@ async fn accept_loop(
     drop(listener);
     while connections.join_next().await.is_some() {}
     info!("remoting server stopped");
+}
+
+/// One connection of a server in permissive or enforcing mode, on its own task: the first
+/// byte and the handshake (see [`tls::accept`]), then the connection itself.
+async fn serve_tls_aware(
+    stream: tokio::net::TcpStream,
+    peer: SocketAddr,
+    processor: Arc<dyn Processor>,
+    config: &NetConfig,
+    tls: &ServerTls,
+    shutdown: &CancellationToken,
+    stats: Arc<NetStats>,
+) {
+    let local = match stream.local_addr() {
+        Ok(a) => a,
+        Err(e) => {
+            debug!(%peer, error = %e, "connection died at accept");
+            return;
+        }
+    };
+    if let Err(e) = stream.set_nodelay(true) {
+        debug!(%peer, error = %e, "cannot set TCP_NODELAY");
+    }
+    match tls::accept(stream, peer, tls, shutdown, &stats).await {
+        None => {}
+        Some(Accepted::Plain(s)) => {
+            let (conn, driver) =
+                Connection::start_io(s, peer, local, processor, config, Some(shutdown), stats);
+            debug!(%peer, id = conn.id(), "accepted plaintext connection");
+            driver.await;
+        }
+        Some(Accepted::Tls(s)) => {
+            let (conn, driver) =
+                Connection::start_io(s, peer, local, processor, config, Some(shutdown), stats);
+            debug!(%peer, id = conn.id(), "accepted TLS connection");
+            driver.await;
+        }
+    }
 }
 
 fn release_ip(per_ip: &mut HashMap<IpAddr, usize>, ip: IpAddr) {

@@ -19,6 +19,11 @@ pub struct NetStats {
     pub(crate) responses_too_large: AtomicU64,
     pub(crate) read_calls: AtomicU64,
     pub(crate) write_calls: AtomicU64,
+    pub(crate) tls_handshakes: AtomicU64,
+    pub(crate) tls_handshake_failures: AtomicU64,
+    pub(crate) tls_handshake_timeouts: AtomicU64,
+    pub(crate) plaintext_accepted: AtomicU64,
+    pub(crate) plaintext_refused: AtomicU64,
     /// Bytes held right now by incomplete incoming frames, over all connections (the budget
     /// `max_partial_frame_bytes` is checked against this).
     pub(crate) partial_frame_bytes: AtomicUsize,
@@ -56,6 +61,18 @@ pub struct NetStatsSnapshot {
     pub write_calls: u64,
     /// Bytes of incomplete incoming frames held now.
     pub partial_frame_bytes: u64,
+    /// TLS handshakes completed (server side: connections served over TLS).
+    pub tls_handshakes: u64,
+    /// TLS handshakes that failed (bad client hello, no common cipher, client refused our
+    /// certificate, ...); the connection was closed.
+    pub tls_handshake_failures: u64,
+    /// TLS handshakes (or the wait for a connection's first byte) that took longer than the
+    /// handshake timeout; the connection was closed.
+    pub tls_handshake_timeouts: u64,
+    /// Plaintext connections served by a server in permissive mode.
+    pub plaintext_accepted: u64,
+    /// Plaintext connections closed by a server in enforcing mode.
+    pub plaintext_refused: u64,
 }
 
 impl NetStats {
@@ -76,6 +93,11 @@ impl NetStats {
             read_calls: g(&self.read_calls),
             write_calls: g(&self.write_calls),
             partial_frame_bytes: self.partial_frame_bytes.load(Ordering::Relaxed) as u64,
+            tls_handshakes: g(&self.tls_handshakes),
+            tls_handshake_failures: g(&self.tls_handshake_failures),
+            tls_handshake_timeouts: g(&self.tls_handshake_timeouts),
+            plaintext_accepted: g(&self.plaintext_accepted),
+            plaintext_refused: g(&self.plaintext_refused),
         }
     }
 
