@@ -475,6 +475,11 @@ pub fn runtime_info(b: &BrokerInner) -> Handled {
         ("netRequestsReceived", n.requests_received),
         ("netReadCalls", n.read_calls),
         ("netWriteCalls", n.write_calls),
+        ("netTlsHandshakes", n.tls_handshakes),
+        ("netTlsHandshakeFailures", n.tls_handshake_failures),
+        ("netTlsHandshakeTimeouts", n.tls_handshake_timeouts),
+        ("netPlaintextAccepted", n.plaintext_accepted),
+        ("netPlaintextRefused", n.plaintext_refused),
     ] {
         put(k, v.to_string());
     }

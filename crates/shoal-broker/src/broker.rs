@@ -71,6 +71,10 @@ pub enum BrokerError {
     /// The announce address is not `ip:port`.
     #[error("announce address {0:?} is not ip:port")]
     BadAnnounceAddr(String),
+    /// The TLS settings (`[tls]`) cannot be used: a certificate, key or CA file that cannot
+    /// be read, a key that does not fit.
+    #[error("broker {0}")]
+    Tls(shoal_net::NetError),
 }
 
 /// Per (group, topic, queue): the last pull (offset and time) for consume stats.
@@ -747,11 +751,14 @@ impl Broker {
         let delay_levels_ms = crate::config::parse_delay_levels(&config.delay_levels)?;
         // Bind first (the announced address may depend on the port), then attach the processor
         // once the state it needs exists; requests before that are answered SYSTEM_BUSY.
+        let server_tls = config.tls.server_tls().map_err(BrokerError::Tls)?;
+        let namesrv_tls = config.tls.namesrv_client_tls().map_err(BrokerError::Tls)?;
         let late = Arc::new(crate::processor::LateProcessor::default());
-        let server = Server::bind_with_config(
+        let server = Server::bind_with_tls(
             config.listen_addr.as_str(),
             late.clone(),
             config.net.net_config(),
+            server_tls,
         )
         .await
         .map_err(|source| BrokerError::Bind {
@@ -760,7 +767,8 @@ impl Broker {
         })?;
         let bound = server.local_addr();
         let (inner, recovery) =
-            match Self::assemble(config, bound, delay_levels_ms, server.stats()).await {
+            match Self::assemble(config, bound, delay_levels_ms, server.stats(), namesrv_tls).await
+            {
                 Ok(parts) => parts,
                 Err(e) => {
                     server.shutdown().await;
@@ -797,6 +805,7 @@ impl Broker {
         bound: SocketAddr,
         delay_levels_ms: Vec<u64>,
         net_stats: Arc<shoal_net::NetStats>,
+        namesrv_tls: Option<shoal_net::ClientTls>,
     ) -> Result<(Arc<BrokerInner>, RecoveryReport), BrokerError> {
         let mut config = config;
         if config.announce_addr.is_none() {
@@ -914,9 +923,10 @@ impl Broker {
             timeline: Mutex::new(crate::timeline::Timeline::new()),
             owner_changes: Mutex::new(std::collections::VecDeque::new()),
             net_stats,
-            namesrv_client: RemotingClient::new(
+            namesrv_client: RemotingClient::with_tls(
                 NetConfig::default(),
                 Arc::new(NotSupportedProcessor),
+                namesrv_tls,
             ),
             persist_lock: Mutex::new(()),
             acl,

@@ -128,6 +128,118 @@ pub struct BrokerConfig {
     pub coordinator: shoal_group::coordinator::CoordinatorConfig,
     /// Transport limits of the broker's listener (`[net]` table).
     pub net: NetLimits,
+    /// TLS of the broker's listener and of its connections to the name servers (`[tls]`
+    /// table).
+    pub tls: TlsSettings,
+}
+
+/// TLS of the broker (`[tls]` in the broker's TOML file; RocketMQ's `tls.*` settings in
+/// brackets). See docs/security.md.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TlsSettings {
+    /// The listener's mode (`tls.server.mode`): `disabled` (default), `permissive` (TLS and
+    /// plaintext clients) or `enforcing` (TLS only).
+    pub mode: shoal_net::TlsMode,
+    /// PEM certificate chain of the listener, leaf first (`tls.server.certPath`); needed
+    /// unless `mode` is `disabled`.
+    pub cert_path: Option<PathBuf>,
+    /// PEM private key of the listener: PKCS#8, PKCS#1 or SEC1 (`tls.server.keyPath`).
+    pub key_path: Option<PathBuf>,
+    /// Longest time a client may take for its handshake (and its first byte), ms (10000).
+    pub handshake_timeout_ms: u64,
+    /// Speak TLS to the name servers (their listeners run in permissive or enforcing mode).
+    pub namesrv_tls: bool,
+    /// PEM CA certificates the name servers' certificates must chain to
+    /// (`tls.client.trustCertPath`); with `namesrv_tls`, this or `insecure` is needed.
+    pub trust_cert_path: Option<PathBuf>,
+    /// Do not verify the name servers' certificates (`tls.test.mode.enable`): encrypted but
+    /// not authenticated; for tests and trusted networks.
+    pub insecure: bool,
+    /// Name the name servers' certificates must carry (default: the host of each address).
+    pub server_name: Option<String>,
+}
+
+impl Default for TlsSettings {
+    fn default() -> Self {
+        Self {
+            mode: shoal_net::TlsMode::Disabled,
+            cert_path: None,
+            key_path: None,
+            handshake_timeout_ms: shoal_net::tls::DEFAULT_HANDSHAKE_TIMEOUT.as_millis() as u64,
+            namesrv_tls: false,
+            trust_cert_path: None,
+            insecure: false,
+            server_name: None,
+        }
+    }
+}
+
+impl TlsSettings {
+    fn validate(&self) -> Result<(), ConfigError> {
+        if self.mode != shoal_net::TlsMode::Disabled
+            && (self.cert_path.is_none() || self.key_path.is_none())
+        {
+            return Err(ConfigError(format!(
+                "tls.mode = \"{}\" needs tls.cert_path and tls.key_path (PEM files)",
+                self.mode
+            )));
+        }
+        if self.handshake_timeout_ms == 0 {
+            return Err(ConfigError(
+                "tls.handshake_timeout_ms must be positive".into(),
+            ));
+        }
+        if self.namesrv_tls && self.trust_cert_path.is_none() && !self.insecure {
+            return Err(ConfigError(
+                "tls.namesrv_tls needs tls.trust_cert_path (the CA of the name servers' \
+                 certificates) or tls.insecure = true"
+                    .into(),
+            ));
+        }
+        if !self.namesrv_tls
+            && (self.trust_cert_path.is_some() || self.insecure || self.server_name.is_some())
+        {
+            return Err(ConfigError(
+                "tls.trust_cert_path, tls.insecure and tls.server_name are for the connections \
+                 to the name servers: set tls.namesrv_tls = true"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The listener's TLS settings, certificate and key read from their files.
+    ///
+    /// # Errors
+    /// [`shoal_net::NetError::Tls`] when a file cannot be read or the key does not fit.
+    pub fn server_tls(&self) -> Result<shoal_net::ServerTls, shoal_net::NetError> {
+        let tls = match (&self.cert_path, &self.key_path) {
+            (Some(cert), Some(key)) => shoal_net::ServerTls::from_pem_files(self.mode, cert, key)?,
+            _ => shoal_net::ServerTls::disabled(),
+        };
+        Ok(tls.with_handshake_timeout(std::time::Duration::from_millis(self.handshake_timeout_ms)))
+    }
+
+    /// The TLS settings of the connections to the name servers (`None`: plaintext).
+    ///
+    /// # Errors
+    /// [`shoal_net::NetError::Tls`] when the CA file cannot be read or the name is bad.
+    pub fn namesrv_client_tls(&self) -> Result<Option<shoal_net::ClientTls>, shoal_net::NetError> {
+        if !self.namesrv_tls {
+            return Ok(None);
+        }
+        let roots = match (&self.trust_cert_path, self.insecure) {
+            (_, true) => shoal_net::TrustRoots::Insecure,
+            (Some(p), false) => shoal_net::TrustRoots::PemFile(p.clone()),
+            (None, false) => {
+                return Err(shoal_net::NetError::Tls(
+                    "tls.namesrv_tls needs tls.trust_cert_path or tls.insecure".into(),
+                ))
+            }
+        };
+        shoal_net::ClientTls::new(roots, self.server_name.as_deref()).map(Some)
+    }
 }
 
 /// What pulls do with a record whose body CRC fails.
@@ -266,6 +378,7 @@ impl Default for BrokerConfig {
             namesrv_secret_key: None,
             coordinator: shoal_group::coordinator::CoordinatorConfig::default(),
             net: NetLimits::default(),
+            tls: TlsSettings::default(),
         }
     }
 }
@@ -364,6 +477,7 @@ impl BrokerConfig {
         }
         parse_delay_levels(&self.delay_levels)?;
         self.net.validate()?;
+        self.tls.validate()?;
         Ok(())
     }
 
@@ -454,5 +568,39 @@ mod tests {
         );
         assert!(BrokerConfig::from_toml("[net]\nmax_inflight_requests = 0\n").is_err());
         assert!(BrokerConfig::from_toml("[net]\nidle_timeout = 3\n").is_err());
+    }
+
+    #[test]
+    fn tls_table_from_toml() {
+        let c = BrokerConfig::from_toml(
+            "[tls]\nmode = \"enforcing\"\ncert_path = \"/etc/shoal/broker.pem\"\n\
+             key_path = \"/etc/shoal/broker.key\"\nnamesrv_tls = true\n\
+             trust_cert_path = \"/etc/shoal/ca.pem\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.tls.mode, shoal_net::TlsMode::Enforcing);
+        assert_eq!(c.tls.handshake_timeout_ms, 10_000);
+        assert!(c.tls.namesrv_tls);
+        // Missing files are reported when the settings are loaded, naming the file.
+        let e = c.tls.server_tls().unwrap_err().to_string();
+        assert!(e.contains("/etc/shoal/broker.pem"), "{e}");
+        let e = c.tls.namesrv_client_tls().unwrap_err().to_string();
+        assert!(e.contains("/etc/shoal/ca.pem"), "{e}");
+        // Default: plaintext both ways.
+        let d = TlsSettings::default();
+        assert_eq!(d.server_tls().unwrap().mode(), shoal_net::TlsMode::Disabled);
+        assert_eq!(d.namesrv_client_tls().unwrap(), None);
+
+        for (bad, says) in [
+            ("[tls]\nmode = \"permissive\"\n", "needs tls.cert_path"),
+            ("[tls]\nmode = \"strict\"\n", "strict"),
+            ("[tls]\nnamesrv_tls = true\n", "tls.trust_cert_path"),
+            ("[tls]\ninsecure = true\n", "set tls.namesrv_tls = true"),
+            ("[tls]\nhandshake_timeout_ms = 0\n", "positive"),
+            ("[tls]\ncert = \"x\"\n", "cert"),
+        ] {
+            let e = BrokerConfig::from_toml(bad).unwrap_err();
+            assert!(e.0.contains(says), "{bad}: {e}");
+        }
     }
 }

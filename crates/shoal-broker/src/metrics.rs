@@ -492,6 +492,28 @@ fn encode_net(
     ] {
         encode_counters(e, name, help, [([("listener", "remoting")], v)])?;
     }
+    let by_result = |rows: [(&'static str, u64); 3]| {
+        rows.map(|(result, v)| ([("listener", "remoting"), ("result", result)], v))
+    };
+    encode_counters(
+        e,
+        "shoal_broker_tls_handshakes",
+        "TLS handshakes on the listener, by result: ok, failed (connection closed), timeout (closed after tls.handshake_timeout_ms).",
+        by_result([
+            ("ok", n.tls_handshakes),
+            ("failed", n.tls_handshake_failures),
+            ("timeout", n.tls_handshake_timeouts),
+        ]),
+    )?;
+    encode_counters(
+        e,
+        "shoal_broker_plaintext_connections",
+        "Plaintext connections to a TLS listener: accepted (permissive mode) or refused (enforcing mode, connection closed).",
+        [
+            ([("listener", "remoting"), ("result", "accepted")], n.plaintext_accepted),
+            ([("listener", "remoting"), ("result", "refused")], n.plaintext_refused),
+        ],
+    )?;
     Ok(())
 }
 

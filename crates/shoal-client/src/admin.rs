@@ -214,6 +214,17 @@ impl AdminClient {
         req
     }
 
+    /// Speaks TLS to the name servers and brokers (replaces the connections made so far).
+    pub fn with_tls(mut self, tls: shoal_net::ClientTls) -> Self {
+        self.net.shutdown();
+        self.net = RemotingClient::with_tls(
+            NetConfig::default(),
+            Arc::new(NotSupportedProcessor),
+            Some(tls),
+        );
+        self
+    }
+
     /// Sets the per-request timeout (5 s by default).
     pub fn with_timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;

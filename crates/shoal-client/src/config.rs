@@ -23,6 +23,8 @@ pub struct ClientConfig {
     pub rpc_timeout: Duration,
     /// ACL credentials: every request is signed with them (RocketMQ `AclClientRPCHook`).
     pub credentials: Option<shoal_proto::acl::SessionCredentials>,
+    /// TLS to the name servers and brokers (RocketMQ `tls.enable`); `None`: plaintext.
+    pub tls: Option<shoal_net::ClientTls>,
 }
 
 impl Default for ClientConfig {
@@ -39,6 +41,7 @@ impl Default for ClientConfig {
             persist_offset_interval: Duration::from_secs(5),
             rpc_timeout: Duration::from_secs(3),
             credentials: None,
+            tls: None,
         }
     }
 }

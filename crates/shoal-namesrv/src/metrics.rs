@@ -4,7 +4,7 @@ use crate::server::NamesrvProcessor;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::metrics::gauge::Gauge;
-use shoal_metrics::{encode_gauges, prometheus_client, Metrics, RequestMetrics};
+use shoal_metrics::{encode_counters, encode_gauges, prometheus_client, Metrics, RequestMetrics};
 use std::sync::{Arc, Weak};
 
 /// The name server's registry and the metrics updated per request.
@@ -48,6 +48,7 @@ impl NamesrvMetrics {
 #[derive(Debug)]
 pub struct NamesrvCollector {
     processor: Weak<NamesrvProcessor>,
+    net: Option<Arc<shoal_net::NetStats>>,
 }
 
 impl NamesrvCollector {
@@ -55,7 +56,15 @@ impl NamesrvCollector {
     pub fn new(p: &Arc<NamesrvProcessor>) -> Self {
         Self {
             processor: Arc::downgrade(p),
+            net: None,
         }
+    }
+
+    /// Also exports the listener's TLS counters.
+    #[must_use]
+    pub fn with_net(mut self, stats: Arc<shoal_net::NetStats>) -> Self {
+        self.net = Some(stats);
+        self
     }
 }
 
@@ -77,7 +86,34 @@ impl Collector for NamesrvCollector {
             "shoal_namesrv_topics",
             "Topics in the route table now.",
             [(none, topics as i64)],
-        )
+        )?;
+        if let Some(n) = self.net.as_ref().map(|n| n.snapshot()) {
+            let by_result = |rows: &[(&'static str, u64)]| {
+                rows.iter()
+                    .map(|&(result, v)| ([("result", result)], v))
+                    .collect::<Vec<_>>()
+            };
+            encode_counters(
+                &mut e,
+                "shoal_namesrv_tls_handshakes",
+                "TLS handshakes on the listener, by result: ok, failed (closed), timeout (closed).",
+                by_result(&[
+                    ("ok", n.tls_handshakes),
+                    ("failed", n.tls_handshake_failures),
+                    ("timeout", n.tls_handshake_timeouts),
+                ]),
+            )?;
+            encode_counters(
+                &mut e,
+                "shoal_namesrv_plaintext_connections",
+                "Plaintext connections to a TLS listener: accepted (permissive mode) or refused (enforcing mode, closed).",
+                by_result(&[
+                    ("accepted", n.plaintext_accepted),
+                    ("refused", n.plaintext_refused),
+                ]),
+            )?;
+        }
+        Ok(())
     }
 }
 

@@ -45,6 +45,8 @@ pub struct NamesrvConfig {
     /// an admin account (or come from a globally allowed address), so a fake broker cannot
     /// register routes. Route queries stay open.
     pub acl: Option<shoal_proto::acl::PlainAclConfig>,
+    /// TLS of the listener (RocketMQ `tls.server.mode`: disabled, permissive, enforcing).
+    pub tls: shoal_net::ServerTls,
 }
 
 /// Name server requests that need an admin account when ACL is on.
@@ -68,6 +70,7 @@ impl Default for NamesrvConfig {
             scan_interval: Duration::from_secs(5),
             default_broker_timeout: Duration::from_secs(120),
             acl: None,
+            tls: shoal_net::ServerTls::disabled(),
         }
     }
 }
@@ -541,10 +544,11 @@ impl NameServer {
     /// Binds and starts serving.
     pub async fn start(config: NamesrvConfig) -> Result<NameServer, NamesrvError> {
         let processor = Arc::new(NamesrvProcessor::new(&config)?);
-        let server = Server::bind_with_config(
+        let server = Server::bind_with_tls(
             config.listen_addr.as_str(),
             processor.clone(),
             NetConfig::default(),
+            config.tls.clone(),
         )
         .await
         .map_err(|source| NamesrvError::Bind {
@@ -554,7 +558,7 @@ impl NameServer {
         processor
             .metrics
             .registry
-            .collector(crate::metrics::NamesrvCollector::new(&processor));
+            .collector(crate::metrics::NamesrvCollector::new(&processor).with_net(server.stats()));
         let p = processor.clone();
         let interval = config.scan_interval;
         let scanner = tokio::spawn(async move {

@@ -40,6 +40,25 @@ pub struct Common {
     /// `SecretKey=...`, optional `SecurityToken=...`, one per line); flags and environment win.
     #[arg(long, env = "SHOAL_CREDENTIALS_FILE", global = true)]
     pub credentials_file: Option<std::path::PathBuf>,
+    /// Speak TLS to the name servers and brokers (with --tls-ca or --tls-insecure).
+    #[arg(long, global = true)]
+    pub tls: bool,
+    /// PEM file with the CA certificates the servers' certificates must chain to (implies
+    /// --tls).
+    #[arg(long, env = "SHOAL_TLS_CA", global = true, value_name = "FILE")]
+    pub tls_ca: Option<std::path::PathBuf>,
+    /// TLS without verifying the servers' certificates: encrypted, not authenticated (implies
+    /// --tls; for tests and trusted networks).
+    #[arg(long, global = true)]
+    pub tls_insecure: bool,
+    /// Name the servers' certificates must carry (default: the host of each address).
+    #[arg(
+        long,
+        env = "SHOAL_TLS_SERVER_NAME",
+        global = true,
+        value_name = "NAME"
+    )]
+    pub tls_server_name: Option<String>,
 }
 
 impl Common {
@@ -84,10 +103,36 @@ impl Common {
         }
     }
 
-    /// Client settings: name servers and credentials.
+    /// TLS from `--tls`, `--tls-ca`, `--tls-insecure`, `--tls-server-name` (`None`:
+    /// plaintext).
+    pub fn client_tls(&self) -> anyhow::Result<Option<shoal_net::ClientTls>> {
+        let on = self.tls || self.tls_ca.is_some() || self.tls_insecure;
+        if !on {
+            if self.tls_server_name.is_some() {
+                anyhow::bail!("--tls-server-name needs --tls (with --tls-ca or --tls-insecure)");
+            }
+            return Ok(None);
+        }
+        let roots = match (&self.tls_ca, self.tls_insecure) {
+            (Some(_), true) => anyhow::bail!("give either --tls-ca or --tls-insecure, not both"),
+            (Some(ca), false) => shoal_net::TrustRoots::PemFile(ca.clone()),
+            (None, true) => shoal_net::TrustRoots::Insecure,
+            (None, false) => anyhow::bail!(
+                "--tls needs --tls-ca FILE (the CA that signed the servers' certificates) or \
+                 --tls-insecure"
+            ),
+        };
+        Ok(Some(shoal_net::ClientTls::new(
+            roots,
+            self.tls_server_name.as_deref(),
+        )?))
+    }
+
+    /// Client settings: name servers, credentials and TLS.
     pub fn client_config(&self) -> anyhow::Result<shoal_client::ClientConfig> {
         Ok(shoal_client::ClientConfig {
             credentials: self.credentials()?,
+            tls: self.client_tls()?,
             ..shoal_client::ClientConfig::new(&self.namesrv)
         })
     }
@@ -103,6 +148,10 @@ impl Common {
                 .collect(),
         )
         .with_timeout(Duration::from_secs(5));
+        let admin = match self.client_tls()? {
+            Some(tls) => admin.with_tls(tls),
+            None => admin,
+        };
         Ok(match self.credentials()? {
             Some(c) => admin.with_credentials(c),
             None => admin,

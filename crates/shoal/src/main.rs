@@ -86,12 +86,25 @@ fn without_client_options(cmd: clap::Command) -> clap::Command {
             .default_missing_value("true")
             .value_parser(refuse(remark)),
     );
+    for (id, long) in [("tls", "tls"), ("tls_insecure", "tls-insecure")] {
+        cmd = cmd.arg(
+            Arg::new(id)
+                .long(long)
+                .hide(true)
+                .action(ArgAction::Set)
+                .num_args(0)
+                .default_missing_value("true")
+                .value_parser(refuse(remark)),
+        );
+    }
     for (id, long) in [
         ("namesrv", "namesrv"),
         ("access_key", "access-key"),
         ("secret_key", "secret-key"),
         ("security_token", "security-token"),
         ("credentials_file", "credentials-file"),
+        ("tls_ca", "tls-ca"),
+        ("tls_server_name", "tls-server-name"),
     ] {
         cmd = cmd.arg(
             Arg::new(id)
@@ -161,7 +174,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let common = admin_cmd::Common { namesrv, ..common };
             return admin(admin_cmd::broker_status(&common, broker));
         }
-        Command::Broker(a) => return serve(server::run_broker(a)),
+        Command::Broker(a) => return serve(server::run_broker(a, common)),
         Command::Rebalance(c) => rebalance::run(c)?,
         Command::Version => {
             if common.json {

@@ -10,6 +10,44 @@ use shoal_namesrv::{NameServer, NamesrvConfig};
 use std::path::PathBuf;
 use std::sync::Arc;
 
+/// TLS options of a server's remoting listener.
+#[derive(Debug, Args, Clone, Default)]
+pub struct TlsServerArgs {
+    /// TLS on the remoting listener: disabled, permissive (TLS and plaintext clients) or
+    /// enforcing (TLS only), as RocketMQ's `tls.server.mode`; needs --tls-cert and --tls-key.
+    #[arg(long, value_name = "MODE")]
+    pub tls_mode: Option<shoal_net::TlsMode>,
+    /// PEM certificate chain of the listener (leaf first).
+    #[arg(long, value_name = "FILE")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of the listener (PKCS#8, PKCS#1 or SEC1).
+    #[arg(long, value_name = "FILE")]
+    pub tls_key: Option<PathBuf>,
+}
+
+impl TlsServerArgs {
+    /// The mode with its files, checked: a mode other than disabled needs both files, and
+    /// files need such a mode. `None`: plaintext.
+    fn settings(&self) -> anyhow::Result<Option<(shoal_net::TlsMode, PathBuf, PathBuf)>> {
+        match (self.tls_mode, &self.tls_cert, &self.tls_key) {
+            (None | Some(shoal_net::TlsMode::Disabled), None, None) => Ok(None),
+            (None | Some(shoal_net::TlsMode::Disabled), _, _) => {
+                bail!("--tls-cert and --tls-key need --tls-mode permissive or enforcing")
+            }
+            (Some(mode), Some(cert), Some(key)) => Ok(Some((mode, cert.clone(), key.clone()))),
+            (Some(mode), _, _) => bail!("--tls-mode {mode} needs --tls-cert and --tls-key"),
+        }
+    }
+
+    /// The listener's TLS settings (disabled when no mode was given).
+    fn server_tls(&self) -> anyhow::Result<shoal_net::ServerTls> {
+        Ok(match self.settings()? {
+            None => shoal_net::ServerTls::disabled(),
+            Some((mode, cert, key)) => shoal_net::ServerTls::from_pem_files(mode, &cert, &key)?,
+        })
+    }
+}
+
 /// Options of `shoal namesrv`.
 #[derive(Debug, Args)]
 pub struct NamesrvArgs {
@@ -23,6 +61,9 @@ pub struct NamesrvArgs {
     /// (broker registration included) must then be signed by an admin account.
     #[arg(long)]
     pub acl_file: Option<PathBuf>,
+    /// TLS of the listener.
+    #[command(flatten)]
+    pub tls: TlsServerArgs,
 }
 
 /// Flush mode on the command line.
@@ -99,6 +140,11 @@ pub struct BrokerArgs {
     /// `host:port` Kafka clients are told to connect to (default: the Kafka listen address).
     #[arg(long)]
     pub kafka_advertised: Option<String>,
+    /// TLS of the listener (overrides `[tls]` mode, cert_path, key_path of the file). The
+    /// client options --tls, --tls-ca, --tls-insecure, --tls-server-name set TLS to the name
+    /// servers.
+    #[command(flatten)]
+    pub tls: TlsServerArgs,
 }
 
 /// Options of `shoal dev`.
@@ -132,6 +178,10 @@ pub struct DevArgs {
     /// `host:port` Kafka clients are told to connect to (default 127.0.0.1:<kafka port>).
     #[arg(long)]
     pub kafka_advertised: Option<String>,
+    /// TLS of the name server's and the broker's listeners (the broker reaches its name
+    /// server over TLS in enforcing mode, without verification: same process, loopback).
+    #[command(flatten)]
+    pub tls: TlsServerArgs,
 }
 
 /// The name server address clients use when given none.
@@ -148,8 +198,12 @@ fn split_addrs(s: &str) -> Vec<String> {
         .collect()
 }
 
-/// Builds the broker configuration from defaults, the file and the flags.
-pub fn broker_config(args: &BrokerArgs) -> anyhow::Result<BrokerConfig> {
+/// Builds the broker configuration from defaults, the file and the flags (`common`: the
+/// client options, whose TLS settings apply to the connections to the name servers).
+pub fn broker_config(
+    args: &BrokerArgs,
+    common: &crate::admin_cmd::Common,
+) -> anyhow::Result<BrokerConfig> {
     let mut cfg = match &args.config {
         Some(path) => {
             let text = std::fs::read_to_string(path)
@@ -198,6 +252,20 @@ pub fn broker_config(args: &BrokerArgs) -> anyhow::Result<BrokerConfig> {
     if let Some(p) = &args.acl_file {
         cfg.acl_enabled = true;
         cfg.acl_file = Some(p.clone());
+    }
+    if let Some((mode, cert, key)) = args.tls.settings()? {
+        cfg.tls.mode = mode;
+        cfg.tls.cert_path = Some(cert);
+        cfg.tls.key_path = Some(key);
+    } else if args.tls.tls_mode == Some(shoal_net::TlsMode::Disabled) {
+        cfg.tls.mode = shoal_net::TlsMode::Disabled;
+    }
+    // Checked (both CA and insecure, a name without TLS) like any client's options.
+    if common.client_tls()?.is_some() {
+        cfg.tls.namesrv_tls = true;
+        cfg.tls.trust_cert_path = common.tls_ca.clone();
+        cfg.tls.insecure = common.tls_insecure;
+        cfg.tls.server_name = common.tls_server_name.clone();
     }
     cfg.validate()?;
     Ok(cfg)
@@ -271,13 +339,19 @@ pub async fn run_namesrv(args: NamesrvArgs) -> anyhow::Result<()> {
         Some(p) => Some(shoal_broker::config::read_acl_config(p)?),
         None => None,
     };
+    let tls = args.tls.server_tls()?;
+    let mode = tls.mode();
     let ns = NameServer::start(NamesrvConfig {
         listen_addr: args.listen.clone(),
         acl,
+        tls,
         ..NamesrvConfig::default()
     })
     .await?;
-    println!("shoal name server listening on {}", ns.local_addr());
+    println!(
+        "shoal name server listening on {} (TLS {mode})",
+        ns.local_addr()
+    );
     let http = match &args.http_listen {
         Some(addr) => {
             let state = HttpState::new(None, Some(ns.processor().clone()), Vec::new());
@@ -297,20 +371,22 @@ pub async fn run_namesrv(args: NamesrvArgs) -> anyhow::Result<()> {
 }
 
 /// `shoal broker`.
-pub async fn run_broker(args: BrokerArgs) -> anyhow::Result<()> {
+pub async fn run_broker(args: BrokerArgs, common: crate::admin_cmd::Common) -> anyhow::Result<()> {
     let stop = shutdown_signal();
-    let cfg = broker_config(&args)?;
+    let cfg = broker_config(&args, &common)?;
     let kafka_cfg = match &args.kafka_listen {
         Some(l) => Some(kafka_config(l, args.kafka_advertised.as_deref())?),
         None => None,
     };
     let broker = Broker::start(cfg.clone()).await?;
     println!(
-        "shoal broker {} listening on {} (data in {}, name servers {})",
+        "shoal broker {} listening on {} (TLS {}; data in {}, name servers {}{})",
         cfg.broker_name,
         broker.local_addr(),
+        cfg.tls.mode,
         cfg.data_dir.display(),
-        cfg.namesrv_addrs.join(";")
+        cfg.namesrv_addrs.join(";"),
+        if cfg.tls.namesrv_tls { " over TLS" } else { "" }
     );
     let http = match &cfg.http_listen_addr {
         Some(addr) => {
@@ -363,8 +439,10 @@ pub async fn run_broker(args: BrokerArgs) -> anyhow::Result<()> {
 /// `shoal dev`: a name server and a broker in one process, auto-create on.
 pub async fn run_dev(args: DevArgs) -> anyhow::Result<()> {
     let stop = shutdown_signal();
+    let tls = args.tls.settings()?;
     let ns = NameServer::start(NamesrvConfig {
         listen_addr: format!("127.0.0.1:{}", args.namesrv_port),
+        tls: args.tls.server_tls()?,
         ..NamesrvConfig::default()
     })
     .await
@@ -380,6 +458,21 @@ pub async fn run_dev(args: DevArgs) -> anyhow::Result<()> {
         flush_mode: match args.flush {
             FlushArg::Async => FlushMode::Async,
             FlushArg::Sync => FlushMode::Sync,
+        },
+        tls: match &tls {
+            None => shoal_broker::config::TlsSettings::default(),
+            Some((mode, cert, key)) => {
+                let enforcing = *mode == shoal_net::TlsMode::Enforcing;
+                shoal_broker::config::TlsSettings {
+                    mode: *mode,
+                    cert_path: Some(cert.clone()),
+                    key_path: Some(key.clone()),
+                    // The name server is in this process, on loopback.
+                    namesrv_tls: enforcing,
+                    insecure: enforcing,
+                    ..shoal_broker::config::TlsSettings::default()
+                }
+            }
         },
         ..BrokerConfig::default()
     };
@@ -467,15 +560,25 @@ pub async fn run_dev(args: DevArgs) -> anyhow::Result<()> {
     if let Some(k) = &kafka {
         println!("  kafka        {} (bootstrap.servers)", k.local_addr());
     }
+    if let Some((mode, cert, _)) = &tls {
+        println!(
+            "  TLS          {mode} (certificate {}); clients: --tls-ca <the CA that signed it>, \
+             or --tls-insecure to try it locally",
+            cert.display()
+        );
+    }
     println!("  topics are created on first send");
     // The hints work as printed: with a body (no waiting on standard input), from the first
     // message (a new group starts at the end otherwise), and with --namesrv when the name
     // server is not on the default port.
-    let ns_flag = if namesrv == DEFAULT_NAMESRV {
+    let mut ns_flag = if namesrv == DEFAULT_NAMESRV {
         String::new()
     } else {
         format!(" --namesrv {namesrv}")
     };
+    if matches!(tls, Some((shoal_net::TlsMode::Enforcing, _, _))) {
+        ns_flag.push_str(" --tls-insecure");
+    }
     println!("Try it:");
     println!("  shoal send TopicTest --body 'hello {{i}}' --count 3{ns_flag}");
     println!("  shoal consume TopicTest --group demo --from first --count 3{ns_flag}");
