@@ -639,6 +639,7 @@ fn client_config(common: &Common, instance: String) -> ClientConfig {
         instance_name: Some(instance),
         // Checked when the command starts (`run`).
         credentials: common.credentials().ok().flatten(),
+        tls: common.client_tls().ok().flatten(),
         ..ClientConfig::new(&common.namesrv)
     }
 }
@@ -1074,6 +1075,10 @@ fn admin(common: &Common) -> AdminClient {
             .collect(),
     )
     .with_timeout(Duration::from_secs(5));
+    let admin = match common.client_tls() {
+        Ok(Some(tls)) => admin.with_tls(tls),
+        _ => admin,
+    };
     match common.credentials() {
         Ok(Some(c)) => admin.with_credentials(c),
         _ => admin,
@@ -1185,8 +1190,9 @@ fn fresh_group(run: u32) -> String {
 
 /// Runs a `shoal bench` command and prints its report (a table, or JSON with `--json`).
 pub async fn run(common: &Common, cmd: BenchCmd) -> anyhow::Result<()> {
-    // A bad credentials file is reported here, once.
+    // A bad credentials file or bad TLS options are reported here, once.
     common.credentials()?;
+    common.client_tls()?;
     let report = match cmd {
         BenchCmd::Produce(a) => produce(common, a).await?,
         BenchCmd::Consume(a) => consume(common, a).await?,

@@ -46,6 +46,20 @@ impl HttpState {
             admin,
         }
     }
+
+    /// The dashboard's cluster views reach the name servers over TLS.
+    pub fn with_namesrv_tls(mut self, tls: Option<shoal_net::ClientTls>) -> Self {
+        if let Some(tls) = tls {
+            if !self.namesrv_addrs.is_empty() {
+                self.admin = Some(Arc::new(
+                    shoal_client::AdminClient::new(self.namesrv_addrs.clone())
+                        .with_timeout(std::time::Duration::from_secs(5))
+                        .with_tls(tls),
+                ));
+            }
+        }
+        self
+    }
 }
 
 impl std::fmt::Debug for HttpState {

@@ -394,7 +394,8 @@ pub async fn run_broker(args: BrokerArgs, common: crate::admin_cmd::Common) -> a
                 Some(broker.inner().clone()),
                 None,
                 cfg.namesrv_addrs.clone(),
-            );
+            )
+            .with_namesrv_tls(cfg.tls.namesrv_client_tls()?);
             match HttpServer::start(addr, state).await {
                 Ok(h) => {
                     println!("metrics and dashboard at http://{}/", h.local_addr());
@@ -542,7 +543,8 @@ pub async fn run_dev(args: DevArgs) -> anyhow::Result<()> {
             Some(broker.inner().clone()),
             Some(ns.processor().clone()),
             vec![namesrv.clone()],
-        );
+        )
+        .with_namesrv_tls(cfg.tls.namesrv_client_tls()?);
         match HttpServer::start(&format!("127.0.0.1:{}", args.http_port), state).await {
             Ok(h) => {
                 println!(
