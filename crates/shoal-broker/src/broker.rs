@@ -416,15 +416,21 @@ impl BrokerInner {
         None
     }
 
-    /// Tells the coordinator a topic's queues (after a change of this broker's topic table).
-    pub fn refresh_coordinator_topic(&self, topic: &str) {
+    /// A topic's queues as the coordinator allocates them without asking the name servers:
+    /// this broker's own plus the other brokers' last known route.
+    pub fn known_topic_queues(&self, topic: &str) -> Option<Vec<shoal_proto::MessageQueue>> {
         let others = self
             .route_cache
             .lock()
             .get(topic)
             .map(|(q, _)| q.clone())
             .unwrap_or_default();
-        let queues = merge_queues(self.topic_queues(topic), others);
+        merge_queues(self.topic_queues(topic), others)
+    }
+
+    /// Tells the coordinator a topic's queues (after a change of this broker's topic table).
+    pub fn refresh_coordinator_topic(&self, topic: &str) {
+        let queues = self.known_topic_queues(topic);
         self.with_group_state(|g, now| match queues {
             Some(q) => g.coordinator.set_topic_queues(topic, q, now),
             None => g.coordinator.remove_topic(topic, now),

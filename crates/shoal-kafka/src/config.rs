@@ -41,13 +41,15 @@ pub struct KafkaConfig {
     pub group_max_session_timeout_ms: u64,
     /// Most members of one classic group (`group.max.size`).
     pub group_max_size: usize,
-    /// Most classic groups held in memory (and consumer groups).
+    /// Most classic groups held in memory. (`group.protocol=consumer` groups live in the
+    /// broker's coordinator, bounded by its `[coordinator]` limits.)
     pub max_groups: usize,
-    /// Heartbeat interval given to `group.protocol=consumer` members
-    /// (`group.consumer.heartbeat.interval.ms`).
+    /// Longest heartbeat interval given to `group.protocol=consumer` members
+    /// (`group.consumer.heartbeat.interval.ms`): the coordinator's interval when shorter.
+    /// Kafka members learn assignment changes by heartbeating (Shoal members are also told
+    /// at once), so a shorter interval here speeds up their rebalances. The session timeout
+    /// is the coordinator's.
     pub consumer_heartbeat_interval_ms: u64,
-    /// Session timeout of `group.protocol=consumer` members (`group.consumer.session.timeout.ms`).
-    pub consumer_session_timeout_ms: u64,
 }
 
 impl Default for KafkaConfig {
@@ -70,7 +72,6 @@ impl Default for KafkaConfig {
             group_max_size: 1_000,
             max_groups: 10_000,
             consumer_heartbeat_interval_ms: 5_000,
-            consumer_session_timeout_ms: 45_000,
         }
     }
 }
@@ -94,10 +95,8 @@ impl KafkaConfig {
         if self.default_partitions.is_some_and(|p| p < 1) {
             return bad("default_partitions must be at least 1");
         }
-        if self.consumer_heartbeat_interval_ms == 0
-            || self.consumer_heartbeat_interval_ms >= self.consumer_session_timeout_ms
-        {
-            return bad("consumer_heartbeat_interval_ms must be above 0 and below consumer_session_timeout_ms");
+        if self.consumer_heartbeat_interval_ms == 0 {
+            return bad("consumer_heartbeat_interval_ms must be above 0");
         }
         if self.group_max_size == 0 || self.max_groups == 0 {
             return bad("group_max_size and max_groups must be at least 1");

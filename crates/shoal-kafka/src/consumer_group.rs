@@ -1,22 +1,29 @@
 //! KIP-848 consumer groups (`group.protocol=consumer`): ConsumerGroupHeartbeat and
-//! ConsumerGroupDescribe on `shoal_group::coordinator`, the coordinator of Shoal's
-//! coordinated mode (server-side assignors, member and group epochs, revoke-then-assign
+//! ConsumerGroupDescribe on the broker's own `shoal_group::coordinator` (reached through
+//! [`BrokerHandle::with_coordinator`]), the coordinator of Shoal's coordinated mode: one
+//! coordinator serves Kafka consumer groups and Shoal's coordinated groups, so both show in
+//! `shoal group describe`, and a Kafka member and a Shoal member of the same group share its
+//! queues (server-side assignors, member and group epochs, revoke-then-assign
 //! reconciliation, static members). A Kafka partition is the coordinator's `MessageQueue`
 //! (topic, this broker, queue id).
 //!
 //! Kafka heartbeats leave out what did not change (subscriptions, owned partitions); the
-//! coordinator wants them every time, so the last ones per member are kept here.
+//! coordinator wants them every time, so the last ones per member are kept here (entries of
+//! members the coordinator no longer has are pruned by the listener's timer). The cache lock
+//! and the broker's group-state lock are never held together.
 
 use crate::api::{code, sb, RequestCtx};
 use crate::config::KafkaConfig;
+use crate::host::BrokerHandle;
 use crate::state::{topic_id, State};
+use crate::KafkaError;
 use kafka_protocol::messages::consumer_group_describe_response as cgd;
 use kafka_protocol::messages::consumer_group_heartbeat_response as cgh;
 use kafka_protocol::messages::*;
 use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::ResponseError;
 use parking_lot::Mutex;
-use shoal_group::coordinator::{Coordinator, CoordinatorConfig, Effect, HeartbeatRequest};
+use shoal_group::coordinator::{Coordinator, GroupDescription, HeartbeatRequest};
 use shoal_group::GroupError;
 use shoal_proto::mq::MessageQueue;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -25,6 +32,11 @@ use std::sync::Arc;
 /// Kafka's leave epochs.
 const LEAVE_EPOCH: i32 = -1;
 const STATIC_LEAVE_EPOCH: i32 = -2;
+
+/// The connection id Kafka members are registered with in the coordinator: Shoal's remoting
+/// connection ids start at 1, so no remoting connection close removes a Kafka member, and the
+/// coordinator's push notices to it go nowhere (Kafka members learn changes by heartbeating).
+const KAFKA_CONN_ID: u64 = 0;
 
 #[derive(Debug, Default, Clone)]
 struct MemberCache {
@@ -36,17 +48,12 @@ struct MemberCache {
     client_host: String,
 }
 
-#[derive(Debug)]
-struct Inner {
-    coord: Coordinator,
-    members: HashMap<(String, String), MemberCache>,
-}
-
-/// The consumer groups of this listener.
+/// The Kafka side of the consumer groups of this listener: what Kafka heartbeats leave out.
 #[derive(Debug)]
 pub(crate) struct ConsumerGroups {
-    inner: Mutex<Inner>,
+    members: Mutex<HashMap<(String, String), MemberCache>>,
     broker_name: String,
+    heartbeat_interval_ms: u64,
 }
 
 fn error_of(e: &GroupError) -> ResponseError {
@@ -70,21 +77,40 @@ fn assignor_name(kafka: &str) -> String {
     }
 }
 
+/// Runs `f` once on the broker's coordinator (see [`BrokerHandle::with_coordinator`]).
+fn on_coordinator<R>(
+    host: &dyn BrokerHandle,
+    group: Option<&str>,
+    topics: &[String],
+    f: impl FnOnce(&mut Coordinator, u64) -> R,
+) -> Result<R, KafkaError> {
+    let mut f = Some(f);
+    let mut out = None;
+    host.with_coordinator(group, topics, &mut |c, now| {
+        if let Some(f) = f.take() {
+            out = Some(f(c, now));
+        }
+    })?;
+    out.ok_or_else(|| KafkaError::Broker("the broker did not run the coordinator request".into()))
+}
+
+/// Kafka's state name of a consumer group.
+fn state_name(d: &GroupDescription) -> &'static str {
+    if d.members.is_empty() {
+        "Empty"
+    } else if d.reconciled {
+        "Stable"
+    } else {
+        "Reconciling"
+    }
+}
+
 impl ConsumerGroups {
     pub fn new(config: &KafkaConfig, broker_name: String) -> ConsumerGroups {
-        let cc = CoordinatorConfig {
-            heartbeat_interval_ms: config.consumer_heartbeat_interval_ms,
-            session_timeout_ms: config.consumer_session_timeout_ms,
-            max_members_per_group: config.group_max_size,
-            max_groups: config.max_groups,
-            ..CoordinatorConfig::default()
-        };
         ConsumerGroups {
-            inner: Mutex::new(Inner {
-                coord: Coordinator::new(cc),
-                members: HashMap::new(),
-            }),
+            members: Mutex::new(HashMap::new()),
             broker_name,
+            heartbeat_interval_ms: config.consumer_heartbeat_interval_ms,
         }
     }
 
@@ -96,39 +122,43 @@ impl ConsumerGroups {
         }
     }
 
-    fn apply_effects(inner: &mut Inner) {
-        for e in inner.coord.drain_effects() {
-            if let Effect::MemberRemoved {
-                group, member_id, ..
-            } = e
-            {
-                tracing::info!(group = %group, member = %member_id, "kafka consumer-group member removed");
-                inner.members.remove(&(group, member_id));
+    /// Forgets the cached heartbeat fields of members the coordinator no longer has (left,
+    /// expired, fenced, or cleared when the group went classic).
+    pub fn prune(&self, host: &dyn BrokerHandle) {
+        let keys: Vec<(String, String)> = self.members.lock().keys().cloned().collect();
+        if keys.is_empty() {
+            return;
+        }
+        let gone = on_coordinator(host, None, &[], |c, _| {
+            keys.into_iter()
+                .filter(|(g, m)| !c.has_member(g, m))
+                .collect::<Vec<_>>()
+        });
+        match gone {
+            Ok(gone) => {
+                let mut members = self.members.lock();
+                for k in gone {
+                    members.remove(&k);
+                }
             }
+            Err(e) => tracing::debug!(error = %e, "kafka consumer-group cache not pruned"),
         }
     }
 
-    /// Runs the coordinator's timers; returns its next deadline.
-    pub fn tick(&self, now: u64) -> Option<u64> {
-        let mut inner = self.inner.lock();
-        inner.coord.tick(now);
-        Self::apply_effects(&mut inner);
-        inner.coord.next_deadline()
+    /// Whether the coordinator knows this group (it then fences the group's commits).
+    pub fn has_group(&self, host: &dyn BrokerHandle, group: &str) -> bool {
+        on_coordinator(host, None, &[], |c, _| c.knows_group(group)).unwrap_or(false)
     }
 
-    /// Whether the coordinator knows this group (it then fences the group's commits).
-    pub fn has_group(&self, group: &str) -> bool {
-        self.inner
-            .lock()
-            .coord
-            .group_names()
-            .iter()
-            .any(|g| g == group)
+    /// Whether the coordinator's group has members (Kafka's or Shoal's).
+    pub fn has_members(&self, host: &dyn BrokerHandle, group: &str) -> bool {
+        on_coordinator(host, None, &[], |c, _| c.has_members(group)).unwrap_or(false)
     }
 
     /// Offset-commit fencing for a consumer-group member at `epoch`.
     pub fn validate_commit(
         &self,
+        host: &dyn BrokerHandle,
         group: &str,
         member_id: &str,
         epoch: i32,
@@ -136,48 +166,45 @@ impl ConsumerGroups {
         partition: i32,
     ) -> Result<(), ResponseError> {
         let q = self.queue(topic, partition);
-        match self
-            .inner
-            .lock()
-            .coord
-            .validate(group, member_id, epoch, &q)
-        {
-            Ok(()) => Ok(()),
-            Err(GroupError::FencedMemberEpoch { .. }) => Err(ResponseError::StaleMemberEpoch),
-            Err(e) => Err(error_of(&e)),
+        match on_coordinator(host, None, &[], |c, _| {
+            c.validate(group, member_id, epoch, &q)
+        }) {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(GroupError::FencedMemberEpoch { .. })) => Err(ResponseError::StaleMemberEpoch),
+            Ok(Err(e)) => Err(error_of(&e)),
+            Err(_) => Err(ResponseError::CoordinatorNotAvailable),
         }
     }
 
-    /// Group names with their state (for ListGroups).
-    pub fn list(&self, now: u64) -> Vec<(String, &'static str)> {
-        let inner = self.inner.lock();
-        inner
-            .coord
-            .group_names()
-            .into_iter()
-            .map(|g| {
-                let st = match inner.coord.describe(&g, now) {
-                    Some(d) if d.members.is_empty() => "Empty",
-                    Some(d) if d.reconciled => "Stable",
-                    Some(_) => "Reconciling",
-                    None => "Dead",
-                };
-                (g, st)
-            })
-            .collect()
+    /// Group names with their state (for ListGroups): every group of the coordinator, Kafka's
+    /// and Shoal's coordinated ones.
+    pub fn list(&self, host: &dyn BrokerHandle) -> Vec<(String, &'static str)> {
+        on_coordinator(host, None, &[], |c, now| {
+            c.group_names()
+                .into_iter()
+                .map(|g| {
+                    let st = c.describe(&g, now).as_ref().map_or("Dead", state_name);
+                    (g, st)
+                })
+                .collect()
+        })
+        .unwrap_or_default()
     }
 
-    /// Forgets an empty group (DeleteGroups).
-    pub fn delete(&self, group: &str, now: u64) -> Result<bool, ResponseError> {
-        let mut inner = self.inner.lock();
-        if !inner.coord.group_names().iter().any(|g| g == group) {
-            return Ok(false);
-        }
-        if inner.coord.has_members(group) {
-            return Err(ResponseError::NonEmptyGroup);
-        }
-        inner.coord.clear_group(group, now);
-        Ok(true)
+    /// Forgets the members-less group's coordinator state (DeleteGroups); `Ok(false)` when
+    /// the coordinator does not know it.
+    pub fn delete(&self, host: &dyn BrokerHandle, group: &str) -> Result<bool, ResponseError> {
+        on_coordinator(host, None, &[], |c, now| {
+            if !c.knows_group(group) {
+                return Ok(false);
+            }
+            if c.has_members(group) {
+                return Err(ResponseError::NonEmptyGroup);
+            }
+            c.clear_group(group, now);
+            Ok(true)
+        })
+        .unwrap_or(Err(ResponseError::CoordinatorNotAvailable))
     }
 }
 
@@ -188,8 +215,8 @@ pub(crate) fn heartbeat(
     req: ConsumerGroupHeartbeatRequest,
 ) -> ConsumerGroupHeartbeatResponse {
     let cg = &state.consumer_groups;
+    let host = state.host.as_ref();
     let group = req.group_id.0.to_string();
-    let now = state.now_ms();
     let mut resp = ConsumerGroupHeartbeatResponse::default();
     let fail = |mut resp: ConsumerGroupHeartbeatResponse, e: ResponseError, m: String| {
         if e == ResponseError::InvalidRequest || e == ResponseError::UnsupportedAssignor {
@@ -236,24 +263,25 @@ pub(crate) fn heartbeat(
         member_id = uuid::Uuid::from_bytes(rand::random()).simple().to_string();
     }
     let key = (group.clone(), member_id.clone());
-    let mut inner = cg.inner.lock();
     if req.member_epoch == LEAVE_EPOCH || req.member_epoch == STATIC_LEAVE_EPOCH {
         let permanent = req.member_epoch == LEAVE_EPOCH || req.instance_id.is_none();
-        if let Err(e) = inner.coord.leave(&group, &member_id, permanent, now) {
-            let e = error_of(&e);
-            drop(inner);
-            return fail(resp, e, "leave failed".into());
-        }
-        inner.members.remove(&key);
-        ConsumerGroups::apply_effects(&mut inner);
-        resp.member_id = Some(sb(&member_id));
-        resp.member_epoch = req.member_epoch;
-        return resp;
+        let left = on_coordinator(host, None, &[], |c, now| {
+            c.leave(&group, &member_id, permanent, now)
+        });
+        cg.members.lock().remove(&key);
+        return match left {
+            Ok(Ok(())) => {
+                resp.member_id = Some(sb(&member_id));
+                resp.member_epoch = req.member_epoch;
+                resp
+            }
+            Ok(Err(e)) => fail(resp, error_of(&e), "leave failed".into()),
+            Err(e) => fail(resp, ResponseError::CoordinatorNotAvailable, e.to_string()),
+        };
     }
-    let mut cache = inner.members.get(&key).cloned().unwrap_or_default();
+    let mut cache = cg.members.lock().get(&key).cloned().unwrap_or_default();
     if req.member_epoch == 0 {
         let Some(subs) = &req.subscribed_topic_names else {
-            drop(inner);
             return fail(
                 resp,
                 ResponseError::InvalidRequest,
@@ -268,7 +296,7 @@ pub(crate) fn heartbeat(
         cache.subscriptions = subs.iter().map(|t| t.0.to_string()).collect();
     }
     if let Some(owned) = &req.topic_partitions {
-        let topics = state.host.topics();
+        let topics = host.topics();
         let mut set = BTreeSet::new();
         for tp in owned {
             if let Some(t) = topics.iter().find(|t| topic_id(&t.name) == tp.topic_id) {
@@ -286,38 +314,48 @@ pub(crate) fn heartbeat(
         cache.rebalance_timeout_ms = Some(req.rebalance_timeout_ms as u64);
     }
     cache.client_host = format!("/{}", ctx.peer.ip());
-    // The coordinator learns the subscribed topics' partitions from here.
-    for t in &cache.subscriptions {
-        if let Some(info) = state.host.topic(t) {
-            let known = inner.coord.topic_queues(t).map_or(0, |q| q.len());
-            if known != info.partitions.max(0) as usize {
-                let queues = (0..info.partitions).map(|p| cg.queue(t, p)).collect();
-                inner.coord.set_topic_queues(t, queues, now);
-            }
-        }
-    }
     let hb = HeartbeatRequest {
         group: group.clone(),
         member_id: member_id.clone(),
         member_epoch: req.member_epoch,
         instance_id: req.instance_id.as_ref().map(|s| s.to_string()),
         client_id: ctx.client_id.to_string(),
-        conn_id: 0,
+        conn_id: KAFKA_CONN_ID,
         subscriptions: cache.subscriptions.clone(),
         owned: cache.owned.clone(),
         adoptable: BTreeSet::new(),
         rebalance_timeout_ms: cache.rebalance_timeout_ms,
         assignor: cache.assignor.clone(),
     };
-    match inner.coord.heartbeat(hb, now) {
+    // The coordinator learns the subscribed topics' queues from the broker, in the same lock.
+    let topics: Vec<String> = cache.subscriptions.iter().cloned().collect();
+    let result = match on_coordinator(host, Some(&group), &topics, |c, now| c.heartbeat(hb, now)) {
+        Ok(r) => r,
+        Err(e) => {
+            cg.members.lock().remove(&key);
+            let code_e = ResponseError::try_from_code(e.code())
+                .unwrap_or(ResponseError::CoordinatorNotAvailable);
+            return fail(resp, code_e, e.to_string());
+        }
+    };
+    match result {
         Ok(r) => {
             resp.member_id = Some(sb(&r.member_id));
             resp.member_epoch = r.member_epoch;
-            resp.heartbeat_interval_ms = r.heartbeat_interval_ms.min(i32::MAX as u64) as i32;
-            let changed = cache.last_sent.as_ref() != Some(&r.assignment) || req.member_epoch == 0;
+            let interval = r.heartbeat_interval_ms.min(cg.heartbeat_interval_ms);
+            resp.heartbeat_interval_ms = interval.min(i32::MAX as u64) as i32;
+            // Kafka partitions are this broker's queues; in a cluster the coordinator also
+            // allocates other brokers' queues of the topic, which this listener does not serve.
+            let own: Vec<MessageQueue> = r
+                .assignment
+                .iter()
+                .filter(|q| q.broker_name == cg.broker_name)
+                .cloned()
+                .collect();
+            let changed = cache.last_sent.as_ref() != Some(&own) || req.member_epoch == 0;
             if changed {
                 let mut by_topic: BTreeMap<String, Vec<i32>> = BTreeMap::new();
-                for q in &r.assignment {
+                for q in &own {
                     by_topic
                         .entry(q.topic.clone())
                         .or_default()
@@ -335,14 +373,12 @@ pub(crate) fn heartbeat(
                     })
                     .collect();
                 resp.assignment = Some(a);
-                cache.last_sent = Some(r.assignment.clone());
+                cache.last_sent = Some(own);
             }
-            inner
-                .members
+            cg.members
+                .lock()
                 .insert((group.clone(), r.member_id.clone()), cache);
-            ConsumerGroups::apply_effects(&mut inner);
-            drop(inner);
-            if let Err(e) = state.host.ensure_group(&group) {
+            if let Err(e) = host.ensure_group(&group) {
                 tracing::debug!(group = %group, error = %e, "Kafka group not registered as a subscription group");
             }
             resp
@@ -352,10 +388,8 @@ pub(crate) fn heartbeat(
             if code_e == ResponseError::UnknownMemberId
                 || code_e == ResponseError::FencedMemberEpoch
             {
-                inner.members.remove(&key);
+                cg.members.lock().remove(&key);
             }
-            ConsumerGroups::apply_effects(&mut inner);
-            drop(inner);
             fail(resp, code_e, e.to_string())
         }
     }
@@ -390,26 +424,48 @@ pub(crate) fn describe(
     req: ConsumerGroupDescribeRequest,
 ) -> ConsumerGroupDescribeResponse {
     let mut resp = ConsumerGroupDescribeResponse::default();
-    let now = state.now_ms();
-    let inner = state.consumer_groups.inner.lock();
-    for gid in req.group_ids {
+    let names: Vec<String> = req.group_ids.iter().map(|g| g.0.to_string()).collect();
+    let found = on_coordinator(state.host.as_ref(), None, &[], |c, now| {
+        names.iter().map(|n| c.describe(n, now)).collect::<Vec<_>>()
+    });
+    let found = match found {
+        Ok(f) => f,
+        Err(e) => {
+            for gid in req.group_ids {
+                let mut d = cgd::DescribedGroup::default();
+                d.group_id = gid;
+                d.error_code = code(ResponseError::CoordinatorNotAvailable);
+                d.error_message = Some(sb(&e.to_string()));
+                resp.groups.push(d);
+            }
+            return resp;
+        }
+    };
+    let hosts: HashMap<(String, String), String> = {
+        let members = state.consumer_groups.members.lock();
+        found
+            .iter()
+            .flatten()
+            .flat_map(|g| {
+                g.members.iter().filter_map(|m| {
+                    let k = (g.group.clone(), m.member_id.clone());
+                    members.get(&k).map(|c| (k, c.client_host.clone()))
+                })
+            })
+            .collect()
+    };
+    for (gid, desc) in req.group_ids.into_iter().zip(found) {
         let name = gid.0.to_string();
         let mut d = cgd::DescribedGroup::default();
         d.group_id = gid.clone();
-        match inner.coord.describe(&name, now) {
+        match desc {
             None => {
                 d.error_code = code(ResponseError::GroupIdNotFound);
                 d.error_message = Some(sb(&format!("group {name} is not a consumer group")));
                 d.group_state = sb("Dead");
             }
             Some(g) => {
-                d.group_state = sb(if g.members.is_empty() {
-                    "Empty"
-                } else if g.reconciled {
-                    "Stable"
-                } else {
-                    "Reconciling"
-                });
+                d.group_state = sb(state_name(&g));
                 d.group_epoch = g.group_epoch;
                 d.assignment_epoch = g.target_epoch;
                 d.assignor_name = sb(&g.assignor.to_ascii_lowercase());
@@ -422,10 +478,9 @@ pub(crate) fn describe(
                         x.instance_id = m.instance_id.as_deref().map(sb);
                         x.member_epoch = m.member_epoch;
                         x.client_id = sb(&m.client_id);
-                        x.client_host = sb(inner
-                            .members
+                        x.client_host = sb(hosts
                             .get(&(name.clone(), m.member_id.clone()))
-                            .map_or("", |c| c.client_host.as_str()));
+                            .map_or("", String::as_str));
                         x.subscribed_topic_names =
                             m.subscriptions.iter().map(|t| TopicName(sb(t))).collect();
                         x.assignment = assignment(&m.owned);

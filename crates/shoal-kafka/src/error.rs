@@ -31,6 +31,10 @@ pub enum KafkaError {
     /// The group name is not acceptable to the broker.
     #[error("invalid group id: {0}")]
     InvalidGroup(String),
+    /// The group has RocketMQ members on the classic protocol (client-side allocation), so
+    /// the coordinator does not serve it.
+    #[error("group {0} has RocketMQ members that allocate client-side (classic protocol)")]
+    ClassicGroup(String),
     /// The store refused an operation.
     #[error("message store: {0}")]
     Store(#[from] shoal_store::StoreError),
@@ -48,6 +52,7 @@ impl KafkaError {
             KafkaError::UnknownTopic(_) => ResponseError::UnknownTopicOrPartition,
             KafkaError::InvalidRequest(_) => ResponseError::InvalidRequest,
             KafkaError::InvalidGroup(_) => ResponseError::InvalidGroupId,
+            KafkaError::ClassicGroup(_) => ResponseError::GroupIdNotFound,
             KafkaError::Store(shoal_store::StoreError::MessageTooLarge { .. }) => {
                 ResponseError::MessageTooLarge
             }

@@ -155,6 +155,9 @@ impl GroupCoordinator {
 
 /// Runs the group timers (session expiry, join and sync deadlines).
 pub(crate) async fn timer_loop(state: Arc<State>, mut stop: watch::Receiver<bool>) {
+    // The broker runs the coordinator's timers; here only the Kafka-side cache of consumer
+    // group members is pruned now and then.
+    let mut next_prune = 0;
     loop {
         let now = state.now_ms();
         let next = {
@@ -163,10 +166,10 @@ pub(crate) async fn timer_loop(state: Arc<State>, mut stop: watch::Receiver<bool
             GroupCoordinator::deliver(&mut inner, outs, &state);
             inner.groups.next_deadline()
         };
-        let next = match (next, state.consumer_groups.tick(now)) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
+        if now >= next_prune {
+            state.consumer_groups.prune(state.host.as_ref());
+            next_prune = now + 5_000;
+        }
         // Liveness only: wake at the next deadline, at most every 200 ms, or on a change.
         let wait = next
             .map(|t| t.saturating_sub(now).clamp(5, 200))
@@ -281,18 +284,15 @@ pub(crate) async fn join_group(
         new_member_id: new_member_id(ctx.client_id.as_str()),
         supports_skip_assignment: v >= 9,
     };
-    if state.consumer_groups.has_group(&group) && !state.groups.has_members(&group) {
-        let now = state.now_ms();
-        if state
+    if !state.groups.has_members(&group)
+        && state
             .consumer_groups
-            .list(now)
-            .iter()
-            .any(|(g, st)| g == &group && *st != "Empty")
-        {
-            resp.error_code = code(ResponseError::InconsistentGroupProtocol);
-            resp.generation_id = -1;
-            return resp;
-        }
+            .has_members(state.host.as_ref(), &group)
+    {
+        // Members of the coordinator's group (Kafka consumer-protocol or Shoal coordinated).
+        resp.error_code = code(ResponseError::InconsistentGroupProtocol);
+        resp.generation_id = -1;
+        return resp;
     }
     let id = state.groups.next_req.fetch_add(1, Ordering::Relaxed);
     let (tx, rx) = oneshot::channel();
@@ -531,7 +531,7 @@ pub(crate) fn list_groups(state: &Arc<State>, req: ListGroupsRequest) -> ListGro
         resp.groups.push(l);
     }
     drop(inner);
-    for (g, st) in state.consumer_groups.list(state.now_ms()) {
+    for (g, st) in state.consumer_groups.list(state.host.as_ref()) {
         if !req.states_filter.is_empty()
             && !req
                 .states_filter
@@ -557,7 +557,7 @@ pub(crate) fn delete_groups(state: &Arc<State>, req: DeleteGroupsRequest) -> Del
         let mut r = DeletableGroupResult::default();
         r.group_id = gid.clone();
         let classic = state.groups.inner.lock().groups.delete(&name);
-        let consumer = state.consumer_groups.delete(&name, state.now_ms());
+        let consumer = state.consumer_groups.delete(state.host.as_ref(), &name);
         let has_offsets = !state.store.offsets_of_group(&name).is_empty();
         let outcome = match (classic, consumer) {
             (Err(ClassicError::NonEmptyGroup), _) | (_, Err(_)) => {

@@ -4,6 +4,7 @@
 
 use crate::KafkaError;
 use futures::future::BoxFuture;
+use shoal_group::coordinator::Coordinator;
 use shoal_store::MessageStore;
 use std::sync::Arc;
 use std::time::Duration;
@@ -69,6 +70,21 @@ pub trait BrokerHandle: Send + Sync + 'static {
     fn max_message_bytes(&self) -> usize;
     /// Message retention, hours (for DescribeConfigs `retention.ms`).
     fn retention_hours(&self) -> u64;
+    /// Runs `f` exactly once on the broker's group coordinator, the one that also serves
+    /// Shoal's coordinated groups (so KIP-848 Kafka groups and Shoal groups live in one
+    /// coordinator), under the broker's group-state lock, with the coordinator's clock in ms.
+    /// Before `f`, the coordinator learns the queues of `topics` as the broker knows them
+    /// (without waiting for a name server). The broker executes the coordinator's effects
+    /// after the lock is released; `f` must neither block nor await.
+    ///
+    /// With `group`: [`KafkaError::ClassicGroup`] (and `f` is not run) when RocketMQ members of
+    /// that group allocate client-side (the classic protocol).
+    fn with_coordinator(
+        &self,
+        group: Option<&str>,
+        topics: &[String],
+        f: &mut dyn FnMut(&mut Coordinator, u64),
+    ) -> Result<(), KafkaError>;
     /// Waits until a message arrives at or after one of `positions`, or `timeout` passes;
     /// the same hold service that long-polls RocketMQ pulls. Holds are released either way.
     fn wait_for_messages(

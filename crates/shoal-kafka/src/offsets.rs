@@ -168,7 +168,8 @@ pub(crate) fn offset_commit(
     req: OffsetCommitRequest,
 ) -> OffsetCommitResponse {
     let group = req.group_id.0.to_string();
-    let consumer = !req.member_id.is_empty() && state.consumer_groups.has_group(&group);
+    let consumer =
+        !req.member_id.is_empty() && state.consumer_groups.has_group(state.host.as_ref(), &group);
     let check = if consumer {
         Ok(())
     } else {
@@ -201,6 +202,7 @@ pub(crate) fn offset_commit(
                 .and_then(|()| {
                     if consumer {
                         state.consumer_groups.validate_commit(
+                            state.host.as_ref(),
                             &group,
                             req.member_id.as_str(),
                             req.generation_id_or_member_epoch,

@@ -1,7 +1,7 @@
 //! The Kafka listener over TCP on 127.0.0.1 (a free port), driven with the `kafka-protocol`
 //! crate's client-side codecs, on a real `MessageStore` in a temporary directory. The broker
 //! side is a small in-test `BrokerHandle` (topics in a map, arrivals from the store's
-//! listener).
+//! listener, a group coordinator of its own as the broker's `GroupState` owns one).
 
 use bytes::{BufMut, Bytes, BytesMut};
 use futures::future::BoxFuture;
@@ -12,6 +12,7 @@ use kafka_protocol::records::{
     Compression, Record, RecordBatchDecoder, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
 };
 use parking_lot::Mutex;
+use shoal_group::coordinator::{Coordinator, CoordinatorConfig};
 use shoal_kafka::{BrokerHandle, KafkaConfig, KafkaError, KafkaServer, TopicInfo, WaitPosition};
 use shoal_store::{MessageStore, StoreConfig};
 use std::collections::BTreeMap;
@@ -26,6 +27,8 @@ struct TestBroker {
     topics: Mutex<BTreeMap<String, i32>>,
     arrived: Arc<Notify>,
     groups: Mutex<Vec<String>>,
+    coordinator: Mutex<Coordinator>,
+    started: std::time::Instant,
 }
 
 impl BrokerHandle for TestBroker {
@@ -88,6 +91,30 @@ impl BrokerHandle for TestBroker {
     fn retention_hours(&self) -> u64 {
         72
     }
+    fn with_coordinator(
+        &self,
+        _group: Option<&str>,
+        topics: &[String],
+        f: &mut dyn FnMut(&mut Coordinator, u64),
+    ) -> Result<(), KafkaError> {
+        let queues: Vec<(String, i32)> = {
+            let t = self.topics.lock();
+            topics
+                .iter()
+                .filter_map(|n| t.get(n).map(|p| (n.clone(), *p)))
+                .collect()
+        };
+        let now = self.started.elapsed().as_millis() as u64;
+        let mut c = self.coordinator.lock();
+        for (t, p) in queues {
+            let q = (0..p)
+                .map(|i| shoal_proto::MessageQueue::new(&t, "broker-test", i))
+                .collect();
+            c.set_topic_queues(&t, q, now);
+        }
+        f(&mut c, now);
+        Ok(())
+    }
     fn wait_for_messages(
         &self,
         positions: Vec<WaitPosition>,
@@ -142,6 +169,8 @@ impl Fixture {
             topics: Mutex::new(BTreeMap::new()),
             arrived,
             groups: Mutex::new(Vec::new()),
+            coordinator: Mutex::new(Coordinator::new(CoordinatorConfig::default())),
+            started: std::time::Instant::now(),
         });
         let server = KafkaServer::start(
             KafkaConfig {
@@ -670,4 +699,122 @@ async fn a_classic_group_forms_and_commits_offsets() {
     let r: DeleteGroupsResponse = c.call(ApiKey::DeleteGroups, 2, &dg).await;
     assert_eq!(r.results[0].error_code, 0);
     assert_eq!(f.broker.store.query_offset("G", "T4", 1), None);
+}
+
+fn cg_heartbeat(
+    member: &str,
+    epoch: i32,
+    subscribe: Option<&str>,
+    owned: Option<Vec<i32>>,
+) -> ConsumerGroupHeartbeatRequest {
+    let mut r = ConsumerGroupHeartbeatRequest::default();
+    r.group_id = GroupId(StrBytes::from_static_str("KG"));
+    r.member_id = StrBytes::from_string(member.into());
+    r.member_epoch = epoch;
+    r.rebalance_timeout_ms = 30_000;
+    r.subscribed_topic_names = subscribe.map(|t| vec![TopicName(StrBytes::from_string(t.into()))]);
+    r.topic_partitions = owned.map(|ps| {
+        let mut tp = consumer_group_heartbeat_request::TopicPartitions::default();
+        tp.topic_id = shoal_kafka::topic_id("T5");
+        tp.partitions = ps;
+        vec![tp]
+    });
+    r
+}
+
+fn partitions(r: &ConsumerGroupHeartbeatResponse) -> Option<Vec<i32>> {
+    r.assignment.as_ref().map(|a| {
+        let mut ps: Vec<i32> = a
+            .topic_partitions
+            .iter()
+            .flat_map(|t| t.partitions.clone())
+            .collect();
+        ps.sort_unstable();
+        ps
+    })
+}
+
+#[tokio::test]
+async fn consumer_protocol_members_live_in_the_brokers_coordinator() {
+    let f = Fixture::start(KafkaConfig::default()).await;
+    let mut c = f.client().await;
+    let _: CreateTopicsResponse = c.call(ApiKey::CreateTopics, 7, &create_req("T5", 4)).await;
+    // A joins and gets every partition.
+    let r: ConsumerGroupHeartbeatResponse = c
+        .call(
+            ApiKey::ConsumerGroupHeartbeat,
+            1,
+            &cg_heartbeat("member-a", 0, Some("T5"), Some(vec![])),
+        )
+        .await;
+    assert_eq!(r.error_code, 0, "{:?}", r.error_message);
+    let epoch_a = r.member_epoch;
+    assert_eq!(partitions(&r), Some(vec![0, 1, 2, 3]));
+    // The member is in the broker's coordinator, not in one of the listener's own.
+    {
+        let coord = f.broker.coordinator.lock();
+        assert!(coord.has_member("KG", "member-a"));
+        let d = coord.describe("KG", 0).unwrap();
+        assert_eq!(d.members.len(), 1);
+        assert_eq!(d.members[0].client_id, "test");
+    }
+    // B joins: nothing for it until A gives up what moves to B.
+    let r: ConsumerGroupHeartbeatResponse = c
+        .call(
+            ApiKey::ConsumerGroupHeartbeat,
+            1,
+            &cg_heartbeat("member-b", 0, Some("T5"), Some(vec![])),
+        )
+        .await;
+    assert_eq!(r.error_code, 0, "{:?}", r.error_message);
+    assert_eq!(partitions(&r), Some(vec![]));
+    let epoch_b = r.member_epoch;
+    // A heartbeats (what it owns left out: unchanged) and is told to keep two.
+    let r: ConsumerGroupHeartbeatResponse = c
+        .call(
+            ApiKey::ConsumerGroupHeartbeat,
+            1,
+            &cg_heartbeat("member-a", epoch_a, None, None),
+        )
+        .await;
+    assert_eq!(r.error_code, 0, "{:?}", r.error_message);
+    let kept = partitions(&r).expect("a new assignment for A");
+    assert_eq!(kept.len(), 2);
+    // A reports it released the others; then B gets them.
+    let r: ConsumerGroupHeartbeatResponse = c
+        .call(
+            ApiKey::ConsumerGroupHeartbeat,
+            1,
+            &cg_heartbeat("member-a", r.member_epoch, None, Some(kept.clone())),
+        )
+        .await;
+    assert_eq!(r.error_code, 0, "{:?}", r.error_message);
+    let r: ConsumerGroupHeartbeatResponse = c
+        .call(
+            ApiKey::ConsumerGroupHeartbeat,
+            1,
+            &cg_heartbeat("member-b", epoch_b, None, None),
+        )
+        .await;
+    assert_eq!(r.error_code, 0, "{:?}", r.error_message);
+    let got = partitions(&r).expect("an assignment for B");
+    assert_eq!(got.len(), 2);
+    assert!(got.iter().all(|p| !kept.contains(p)));
+    f.broker.coordinator.lock().check_invariants().unwrap();
+    // ConsumerGroupDescribe answers from the same coordinator.
+    let mut d = ConsumerGroupDescribeRequest::default();
+    d.group_ids = vec![GroupId(StrBytes::from_static_str("KG"))];
+    let r: ConsumerGroupDescribeResponse = c.call(ApiKey::ConsumerGroupDescribe, 0, &d).await;
+    assert_eq!(r.groups[0].error_code, 0);
+    assert_eq!(r.groups[0].members.len(), 2);
+    // A leaves; the coordinator forgets it.
+    let r: ConsumerGroupHeartbeatResponse = c
+        .call(
+            ApiKey::ConsumerGroupHeartbeat,
+            1,
+            &cg_heartbeat("member-a", -1, None, None),
+        )
+        .await;
+    assert_eq!(r.error_code, 0);
+    assert!(!f.broker.coordinator.lock().has_member("KG", "member-a"));
 }

@@ -1,10 +1,13 @@
 //! The Kafka listener's view of a running broker: `shoal_kafka::BrokerHandle` over
-//! `shoal_broker::BrokerInner` (its store, topic table, subscription groups and the
-//! long-polling hold service that RocketMQ pulls use).
+//! `shoal_broker::BrokerInner` (its store, topic table, subscription groups, the
+//! long-polling hold service that RocketMQ pulls use, and the group coordinator of its
+//! `GroupState`, so Kafka consumer-protocol groups and Shoal coordinated groups share one).
 
 use futures::future::BoxFuture;
 use shoal_broker::broker::wall_ms;
+use shoal_broker::group_state::GroupMode;
 use shoal_broker::BrokerInner;
+use shoal_group::coordinator::Coordinator;
 use shoal_kafka::{BrokerHandle, KafkaError, TopicInfo, WaitPosition};
 use shoal_proto::body::TopicConfig;
 use shoal_proto::constants::{
@@ -179,6 +182,33 @@ impl BrokerHandle for BrokerBridge {
 
     fn retention_hours(&self) -> u64 {
         self.broker.config.retention_hours
+    }
+
+    fn with_coordinator(
+        &self,
+        group: Option<&str>,
+        topics: &[String],
+        f: &mut dyn FnMut(&mut Coordinator, u64),
+    ) -> Result<(), KafkaError> {
+        let b = &self.broker;
+        // Computed before the group-state lock (they take the topic table's and the route
+        // cache's), so no lock is taken inside another.
+        let queues: Vec<(&String, Vec<shoal_proto::MessageQueue>)> = topics
+            .iter()
+            .filter_map(|t| b.known_topic_queues(t).map(|q| (t, q)))
+            .collect();
+        b.with_group_state(|g, now| {
+            if let Some(group) = group {
+                if g.mode(group) == GroupMode::Classic {
+                    return Err(KafkaError::ClassicGroup(group.to_string()));
+                }
+            }
+            for (t, q) in queues {
+                g.coordinator.set_topic_queues(t, q, now);
+            }
+            f(&mut g.coordinator, now);
+            Ok(())
+        })
     }
 
     fn wait_for_messages(

@@ -206,6 +206,20 @@ def group(strategy):
     members.append(Member(gid, topic, strategy))
     members.append(Member(gid, topic, strategy))
     wait_converged(members, partitions, f"{strategy}: two members joined")
+    if strategy == "consumer":
+        # KIP-848 groups live in the broker's coordinator, the one of Shoal's coordinated mode:
+        # `shoal group describe` shows them (owned queues as the members last reported them).
+        t0, d, owned = time.time(), {}, []
+        while time.time() - t0 < 20:
+            d = json.loads(shoal("group", "describe", gid, "--json"))
+            owned = sorted(q["queueId"] for m in d.get("members", []) for q in m.get("owned", []))
+            if d.get("mode") == "coordinated" and len(d.get("members", [])) == 3 \
+                    and owned == list(range(partitions)):
+                break
+            time.sleep(0.5)
+        check(d.get("mode") == "coordinated" and len(d.get("members", [])) == 3,
+              f"consumer: shoal group describe shows the coordinated group of 3 ({d})")
+        check(owned == list(range(partitions)), f"consumer: describe shows every queue owned once ({owned})")
     before = [set(m.owned) for m in members[:2]]
     revokes_before = [len(m.revoked_events) for m in members[:2]]
     leaving = members.pop()

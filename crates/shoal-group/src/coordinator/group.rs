@@ -143,6 +143,10 @@ impl Group {
         self.members.len()
     }
 
+    pub(crate) fn has_member(&self, id: &str) -> bool {
+        self.members.contains_key(id)
+    }
+
     pub(crate) fn last_change_ms(&self) -> u64 {
         self.last_change_ms
     }

@@ -490,6 +490,13 @@ impl Coordinator {
         self.groups.contains_key(group)
     }
 
+    /// True when `group` has a member `member_id` (live or away).
+    pub fn has_member(&self, group: &str, member_id: &str) -> bool {
+        self.groups
+            .get(group)
+            .is_some_and(|g| g.has_member(member_id))
+    }
+
     /// True when `group` has members.
     pub fn has_members(&self, group: &str) -> bool {
         self.groups.get(group).is_some_and(|g| g.member_count() > 0)
