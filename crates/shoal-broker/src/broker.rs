@@ -122,6 +122,10 @@ pub struct Counters {
     pub invalid_queue_requests: AtomicU64,
     /// Requests refused by the ACL (authentication or permission).
     pub acl_refused: AtomicU64,
+    /// NOTIFY_LOCK_FREED sent (rebalance engine).
+    pub lock_freed_sent: Counter,
+    /// Offset commits refused by the commit fence (rebalance engine).
+    pub commits_fenced: Counter,
 }
 
 /// Whether a counter just reached a value worth a log line (1, 2, 4, 8, ...), so a flood of
@@ -162,6 +166,14 @@ impl Counters {
             system_topic_sends_refused: AtomicU64::new(0),
             invalid_queue_requests: AtomicU64::new(0),
             acl_refused: AtomicU64::new(0),
+            lock_freed_sent: r.counter(
+                "shoal_broker_lock_freed_notices_sent",
+                "NOTIFY_LOCK_FREED sent to members waiting for a queue lock.",
+            ),
+            commits_fenced: r.counter(
+                "shoal_broker_offset_commits_fenced",
+                "Offset commits refused (or pull-carried offsets ignored) because the member does not hold the queue's lock.",
+            ),
         }
     }
 }
@@ -301,6 +313,11 @@ impl BrokerInner {
                 GroupEffect::Persist => {
                     self.coordinator_dirty.store(true, Ordering::Relaxed);
                 }
+                GroupEffect::LockFreed {
+                    group,
+                    conn_id,
+                    queues,
+                } => crate::lease::send_lock_freed(self, group, conn_id, queues),
                 GroupEffect::ModeChanged {
                     group,
                     mode,
@@ -460,13 +477,14 @@ impl BrokerInner {
             );
         }
         if !change.left_client_ids.is_empty() {
-            let mut locks = self.locks.lock();
-            for id in &change.left_client_ids {
-                let n = locks.release_client(&change.group, id).len();
-                if n > 0 {
-                    info!(group = %change.group, client = %id, locks = n, "released the queue locks of a client that left");
+            self.with_group_state(|g, _| {
+                for id in &change.left_client_ids {
+                    let n = g.release_client_locks(&change.group, id);
+                    if n > 0 {
+                        info!(group = %change.group, client = %id, locks = n, "released the queue locks of a client that left");
+                    }
                 }
-            }
+            });
         }
         if let Some(h) = self.clients.lock().health_if_changed(&change.group) {
             if h.is_healthy() {
@@ -899,7 +917,9 @@ impl Broker {
             None => Coordinator::new(config.coordinator.clone()),
         };
         let group_state = Arc::new(Mutex::new(GroupState::with_coordinator(
-            ClientRegistry::new(),
+            // Session ids never repeat across restarts: a client must not take a new session
+            // for the one its locks belonged to.
+            ClientRegistry::with_session_base((now.max(0) as u64).saturating_mul(1000)),
             QueueLockTable::new(config.lock_ttl_ms),
             coordinator,
         )));

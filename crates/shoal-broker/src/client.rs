@@ -1,13 +1,10 @@
-//! HEART_BEAT, UNREGISTER_CLIENT, GET_CONSUMER_LIST_BY_GROUP, LOCK_BATCH_MQ, UNLOCK_BATCH_MQ.
+//! HEART_BEAT, UNREGISTER_CLIENT, GET_CONSUMER_LIST_BY_GROUP (locks: [`crate::lease`]).
 
 use crate::broker::{wall_ms, BrokerInner, ConsumerMeta};
 use crate::reply::{ok, ok_json, Handled, Reject};
 use shoal_group::membership::ClientChannel;
 use shoal_net::RequestContext;
-use shoal_proto::body::{
-    GetConsumerListByGroupResponseBody, HeartbeatData, LockBatchRequestBody, LockBatchResponseBody,
-    UnlockBatchRequestBody,
-};
+use shoal_proto::body::{GetConsumerListByGroupResponseBody, HeartbeatData};
 use shoal_proto::code::response_code as resp;
 use shoal_proto::constants::{perm, retry_topic};
 use shoal_proto::header::{GetConsumerListByGroupRequestHeader, UnregisterClientRequestHeader};
@@ -90,6 +87,8 @@ pub async fn heartbeat(
         version: req.version,
     };
     let now = b.mono_ms();
+    let session_timeout = crate::lease::requested_session_timeout(b, req);
+    let mut sessions: Vec<(String, u64)> = Vec::new();
     let mut any_sub_change = false;
     for consumer in &data.consumer_data_set {
         let group = consumer.group_name.clone();
@@ -139,10 +138,15 @@ pub async fn heartbeat(
         if speaks_coordinated(req, &group) {
             b.with_group_state(|g, t| g.mark_coordinated(&group, &data.client_id, conn_id, t));
         }
-        let change = b
-            .clients
-            .lock()
-            .consumer_heartbeat(&group, channel.clone(), meta, subs, now);
+        let (change, session) = {
+            let mut clients = b.clients.lock();
+            let change = clients.consumer_heartbeat(&group, channel.clone(), meta, subs, now);
+            let session = clients.set_session_timeout(&group, conn_id, session_timeout);
+            (change, session)
+        };
+        if let Some(s) = session.filter(|s| s.timeout_ms.is_some()) {
+            sessions.push((group.clone(), s.id));
+        }
         if change.membership_changed {
             info!(group = %group, client = %data.client_id, "consumer joined or changed connection");
         }
@@ -161,6 +165,12 @@ pub async fn heartbeat(
     let mut ext = shoal_proto::command::ExtFields::new();
     ext.insert("IS_SUPPORT_HEART_BEAT_V2".into(), "false".into());
     ext.insert("IS_SUB_CHANGE".into(), any_sub_change.to_string());
+    if !sessions.is_empty() {
+        ext.insert(
+            shoal_proto::ext::field::SESSIONS.into(),
+            shoal_proto::ext::encode_sessions(sessions.iter().map(|(g, s)| (g.as_str(), *s))),
+        );
+    }
     r.ext_fields = Some(ext);
     Ok(Some(r))
 }
@@ -222,30 +232,4 @@ pub fn consumer_list(b: &BrokerInner, req: &RemotingCommand) -> Handled {
     ok_json(&GetConsumerListByGroupResponseBody {
         consumer_id_list: ids,
     })
-}
-
-/// LOCK_BATCH_MQ: takes or renews the queue locks a client asks for; answers those it holds.
-pub fn lock_batch(b: &BrokerInner, req: &RemotingCommand) -> Handled {
-    let body: LockBatchRequestBody = req.decode_json_body()?;
-    crate::coordinated::check_stamp(b, &body.consumer_group, &body.mq_set, req)?;
-    let now = b.mono_ms();
-    let locked =
-        b.locks
-            .lock()
-            .lock_batch(&body.consumer_group, &body.mq_set, &body.client_id, now);
-    ok_json(&LockBatchResponseBody {
-        lock_ok_mq_set: locked.into_iter().collect(),
-    })
-}
-
-/// UNLOCK_BATCH_MQ: releases queue locks the client holds.
-pub fn unlock_batch(b: &BrokerInner, req: &RemotingCommand) -> Handled {
-    let body: UnlockBatchRequestBody = req.decode_json_body()?;
-    b.with_group_state(|g, now| {
-        g.locks
-            .unlock_batch(&body.consumer_group, &body.mq_set, &body.client_id);
-        // Evidence for the coordinator: revoked queues are free for their next owners.
-        g.unlocked(&body.consumer_group, &body.client_id, &body.mq_set, now);
-    });
-    ok()
 }

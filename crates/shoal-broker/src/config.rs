@@ -57,8 +57,12 @@ pub struct BrokerConfig {
     pub register_interval_ms: u64,
     /// Expiry of a client without heartbeat (120 s).
     pub client_expiry_ms: u64,
-    /// Queue lock lifetime after last renewal (60 s).
+    /// Queue lock lifetime after last renewal (60 s), for clients without a session.
     pub lock_ttl_ms: u64,
+    /// Shortest session timeout a Shoal client may ask for (1 s).
+    pub min_session_timeout_ms: u64,
+    /// Longest session timeout a Shoal client may ask for (120 s, the channel expiry).
+    pub max_session_timeout_ms: u64,
     /// Long polling on (held pulls answered on arrival).
     pub long_polling: bool,
     /// Hold time of a pull when long polling is off (1 s).
@@ -351,6 +355,8 @@ impl Default for BrokerConfig {
             register_interval_ms: 30_000,
             client_expiry_ms: 120_000,
             lock_ttl_ms: 60_000,
+            min_session_timeout_ms: 1_000,
+            max_session_timeout_ms: 120_000,
             long_polling: true,
             short_polling_ms: 1_000,
             delay_levels: "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h".into(),

@@ -71,6 +71,15 @@ pub enum GroupEffect {
     },
     /// The coordinator state changed: persist it.
     Persist,
+    /// Queue locks a member waited for are free: tell it (NOTIFY_LOCK_FREED, rebalance engine).
+    LockFreed {
+        /// The group.
+        group: String,
+        /// The waiting member's connection.
+        conn_id: u64,
+        /// The freed queues it had asked for.
+        queues: Vec<MessageQueue>,
+    },
     /// A group changed mode.
     ModeChanged {
         /// The group.
@@ -136,7 +145,8 @@ impl GroupState {
                     conn_id,
                 }),
                 Effect::ReleaseLocks { group, client_id } => {
-                    self.locks.release_client(&group, &client_id);
+                    let freed = self.locks.release_client(&group, &client_id);
+                    self.locks_freed(&group, &freed);
                 }
                 Effect::MemberRemoved {
                     group,
@@ -270,6 +280,31 @@ impl GroupState {
         if self.clients.group(&change.group).is_none() {
             self.classic.remove(&change.group);
         }
+    }
+
+    /// Queue locks were freed (unlock, a member that left, the coordinator's release): the
+    /// members refused one of them are told ([`GroupEffect::LockFreed`]).
+    pub fn locks_freed(&mut self, group: &str, freed: &[MessageQueue]) {
+        if freed.is_empty() {
+            return;
+        }
+        for (client_id, queues) in self.locks.take_waiters(group, freed) {
+            if let Some(conn_id) = self.clients.conn_of(group, &client_id) {
+                self.effects.push(GroupEffect::LockFreed {
+                    group: group.to_string(),
+                    conn_id,
+                    queues,
+                });
+            }
+        }
+    }
+
+    /// A client left the group: its queue locks are freed (and their waiters told); returns
+    /// how many it held.
+    pub fn release_client_locks(&mut self, group: &str, client_id: &str) -> usize {
+        let freed = self.locks.release_client(group, client_id);
+        self.locks_freed(group, &freed);
+        freed.len()
     }
 
     /// Queues released by a client's UNLOCK_BATCH_MQ: evidence for the coordinator.

@@ -13,6 +13,7 @@ pub mod coordinated;
 pub mod group_config;
 pub mod group_state;
 pub mod hold;
+pub mod lease;
 pub mod metrics;
 pub mod offsets;
 pub mod persist;

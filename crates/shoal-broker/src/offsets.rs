@@ -72,7 +72,11 @@ pub fn query_consumer_offset(b: &BrokerInner, req: &RemotingCommand) -> Handled 
 }
 
 /// UPDATE_CONSUMER_OFFSET: stores the group's next offset for a queue.
-pub fn update_consumer_offset(b: &BrokerInner, req: &RemotingCommand) -> Handled {
+pub fn update_consumer_offset(
+    b: &BrokerInner,
+    ctx: &shoal_net::RequestContext,
+    req: &RemotingCommand,
+) -> Handled {
     let h: UpdateConsumerOffsetRequestHeader = req.decode_command_header()?;
     let mq = shoal_proto::MessageQueue::new(&h.topic, &b.config.broker_name, h.queue_id);
     crate::coordinated::check_stamp(b, &h.consumer_group, &[mq], req)?;
@@ -89,6 +93,15 @@ pub fn update_consumer_offset(b: &BrokerInner, req: &RemotingCommand) -> Handled
             format!("commitOffset {} is negative", h.commit_offset),
         ));
     }
+    crate::lease::check_commit(
+        b,
+        ctx.connection().id(),
+        &h.consumer_group,
+        &h.topic,
+        h.queue_id,
+        h.commit_offset,
+        req.ext(shoal_proto::ext::field::REWIND) == Some("true"),
+    )?;
     b.store
         .commit_offset(&h.consumer_group, &h.topic, h.queue_id, h.commit_offset);
     ok()

@@ -33,8 +33,21 @@ pub async fn pull_message(
     let mq = shoal_proto::MessageQueue::new(&h.topic, &b.config.broker_name, h.queue_id);
     crate::coordinated::check_stamp(b, &h.consumer_group, &[mq], req)?;
     if h.sys_flag & pull_sys_flag::COMMIT_OFFSET != 0 && h.commit_offset >= 0 {
-        b.store
-            .commit_offset(&h.consumer_group, &h.topic, h.queue_id, h.commit_offset);
+        match crate::lease::check_commit(
+            b,
+            ctx.connection().id(),
+            &h.consumer_group,
+            &h.topic,
+            h.queue_id,
+            h.commit_offset,
+            false,
+        ) {
+            Ok(()) => {
+                b.store
+                    .commit_offset(&h.consumer_group, &h.topic, h.queue_id, h.commit_offset)
+            }
+            Err(r) => crate::lease::piggyback_refused(&r),
+        }
     }
     let mark = PullMark {
         offset: h.queue_offset,

@@ -1,0 +1,197 @@
+//! The broker's part of the rebalance engine (`docs/rebalance.md`): Shoal member sessions,
+//! session locks, lock-freed notices, the offset commit fence, and GET_BROKER_FEATURES.
+//!
+//! - A Shoal client announces its session timeout in HEART_BEAT ([`field::SESSION_TIMEOUT_MS`],
+//!   clamped to `[min_session_timeout_ms, max_session_timeout_ms]`); it then expires after that
+//!   long without a heartbeat (official clients keep the 120 s channel expiry) and the answer
+//!   names its session ([`field::SESSIONS`]).
+//! - Its LOCK_BATCH_MQ ([`field::LEASE`]) takes session locks: they last until it unlocks or
+//!   its session ends; the request counts as a heartbeat; a refused member is told the moment
+//!   the lock frees (NOTIFY_LOCK_FREED). Official clients' locks keep RocketMQ's TTL.
+//! - Offset commits (UPDATE_CONSUMER_OFFSET and a pull's piggy-backed commit) are fenced: a
+//!   Shoal member commits only queues whose lock it holds, and never below the stored offset
+//!   unless it says it rewinds ([`field::REWIND`]); anyone else is refused only where another
+//!   member holds the queue's lock.
+
+use crate::broker::BrokerInner;
+use crate::processor::{ok_json, Handled, Reject};
+use shoal_net::RequestContext;
+use shoal_proto::body::{LockBatchRequestBody, LockBatchResponseBody, UnlockBatchRequestBody};
+use shoal_proto::ext::{self, feature, field, BrokerFeatures, LockFreedBody};
+use shoal_proto::{MessageQueue, RemotingCommand};
+use tracing::debug;
+
+/// GET_BROKER_FEATURES.
+pub fn features(b: &BrokerInner) -> Handled {
+    ok_json(&BrokerFeatures {
+        features: vec![
+            feature::SESSION_LOCKS.into(),
+            feature::LOCK_FREED_NOTICE.into(),
+            feature::COMMIT_FENCE.into(),
+        ],
+        min_session_timeout_ms: b.config.min_session_timeout_ms,
+        max_session_timeout_ms: b.config.max_session_timeout_ms,
+    })
+}
+
+/// The session timeout a heartbeat asks for, clamped to the broker's bounds.
+pub fn requested_session_timeout(b: &BrokerInner, req: &RemotingCommand) -> Option<u64> {
+    let ms: u64 = req.ext(field::SESSION_TIMEOUT_MS)?.parse().ok()?;
+    Some(
+        ms.clamp(
+            b.config.min_session_timeout_ms,
+            b.config
+                .max_session_timeout_ms
+                .max(b.config.min_session_timeout_ms),
+        ),
+    )
+}
+
+/// LOCK_BATCH_MQ: session locks for Shoal members, RocketMQ's TTL locks for everyone else.
+pub fn lock_batch(b: &BrokerInner, ctx: &RequestContext, req: &RemotingCommand) -> Handled {
+    let body: LockBatchRequestBody = req.decode_json_body()?;
+    crate::coordinated::check_stamp(b, &body.consumer_group, &body.mq_set, req)?;
+    let now = b.mono_ms();
+    if req.ext(field::LEASE) != Some("true") {
+        let locked =
+            b.locks
+                .lock()
+                .lock_batch(&body.consumer_group, &body.mq_set, &body.client_id, now);
+        return ok_json(&LockBatchResponseBody {
+            lock_ok_mq_set: locked.into_iter().collect(),
+        });
+    }
+    let orderly = req.ext(field::ORDERLY) == Some("true");
+    let conn_id = ctx.connection().id();
+    // One critical section: the session is checked (and touched) and the locks taken together.
+    let granted = b.with_group_state(|g, _| {
+        let session = g
+            .clients
+            .touch(&body.consumer_group, conn_id, now)
+            .filter(|s| s.client_id == body.client_id)?;
+        let locked = g.locks.lock_batch_session(
+            &body.consumer_group,
+            &body.mq_set,
+            &body.client_id,
+            session.id,
+            orderly,
+            now,
+        );
+        Some((session.id, locked))
+    });
+    let Some((session, locked)) = granted else {
+        let mut r = RemotingCommand::response(
+            shoal_proto::code::response_code::SUCCESS,
+            Some("no session in this group on this connection: heartbeat first".into()),
+        )
+        .with_json_body(&LockBatchResponseBody::default())?;
+        r.ext_fields = Some(Default::default());
+        return Ok(Some(r));
+    };
+    let mut r = RemotingCommand::response(shoal_proto::code::response_code::SUCCESS, None)
+        .with_json_body(&LockBatchResponseBody {
+            lock_ok_mq_set: locked.into_iter().collect(),
+        })?;
+    let mut ext_fields = shoal_proto::command::ExtFields::new();
+    ext_fields.insert(field::SESSION.into(), session.to_string());
+    r.ext_fields = Some(ext_fields);
+    Ok(Some(r))
+}
+
+/// UNLOCK_BATCH_MQ: releases the client's locks and tells the members waiting for them.
+pub fn unlock_batch(b: &BrokerInner, req: &RemotingCommand) -> Handled {
+    let body: UnlockBatchRequestBody = req.decode_json_body()?;
+    b.with_group_state(|g, now| {
+        let freed = g
+            .locks
+            .unlock_batch(&body.consumer_group, &body.mq_set, &body.client_id);
+        // Evidence for the coordinator: revoked queues are free for their next owners.
+        g.unlocked(&body.consumer_group, &body.client_id, &body.mq_set, now);
+        // The waiters are told after the lock is released ([`GroupEffect::LockFreed`]).
+        g.locks_freed(&body.consumer_group, &freed);
+    });
+    crate::processor::ok()
+}
+
+/// Sends NOTIFY_LOCK_FREED (oneway) to a member that was refused one of `queues`
+/// (executes [`crate::group_state::GroupEffect::LockFreed`]).
+pub fn send_lock_freed(b: &BrokerInner, group: String, conn_id: u64, queues: Vec<MessageQueue>) {
+    let Some(conn) = b.connections.lock().get(&conn_id).cloned() else {
+        return;
+    };
+    let body = LockFreedBody {
+        consumer_group: group,
+        mq_set: queues,
+    };
+    let Ok(mut req) = RemotingCommand::request(ext::request_code::NOTIFY_LOCK_FREED)
+        .with_ext_fields(Default::default())
+        .with_json_body(&body)
+    else {
+        return;
+    };
+    req.set_oneway();
+    b.counters.lock_freed_sent.inc();
+    tokio::spawn(async move {
+        if let Err(e) = conn.oneway(req).await {
+            debug!(peer = %conn.peer_addr(), error = %e, "could not send a lock-freed notice");
+        }
+    });
+}
+
+/// The commit fence: may the connection `conn_id` store `offset` for the queue?
+pub fn check_commit(
+    b: &BrokerInner,
+    conn_id: u64,
+    group: &str,
+    topic: &str,
+    queue_id: i32,
+    offset: i64,
+    rewind: bool,
+) -> Result<(), Reject> {
+    let mq = MessageQueue::new(topic, b.config.broker_name.clone(), queue_id);
+    let now = b.mono_ms();
+    // The member's session and the queue's lock holder, read in one critical section.
+    let (session, holder) = b.with_group_state(|g, _| {
+        (
+            g.clients.session(group, conn_id),
+            g.locks
+                .holder(group, &mq, now)
+                .map(|h| h.client_id.to_string()),
+        )
+    });
+    let refuse = |why: String| {
+        b.counters.commits_fenced.inc();
+        Err(Reject::new(ext::response_code::QUEUE_NOT_LOCKED, why))
+    };
+    match session {
+        Some(s) if s.timeout_ms.is_some() => {
+            if holder.as_deref() != Some(s.client_id.as_str()) {
+                return refuse(format!(
+                    "{} does not hold the lock of {mq}; the offset is not moved",
+                    s.client_id
+                ));
+            }
+            if !rewind {
+                if let Some(stored) = b.store.query_offset(group, topic, queue_id) {
+                    if offset < stored {
+                        return refuse(format!(
+                            "commit {offset} of {mq} is below the stored {stored}; the offset is not moved back"
+                        ));
+                    }
+                }
+            }
+            Ok(())
+        }
+        s => match holder {
+            Some(h) if s.as_ref().is_none_or(|s| s.client_id != h) => {
+                refuse(format!("{mq} is locked by {h}; the offset is not moved"))
+            }
+            _ => Ok(()),
+        },
+    }
+}
+
+/// Logs a commit that a fence refused on a pull (pulls are still answered).
+pub fn piggyback_refused(r: &Reject) {
+    debug!(remark = %r.remark, "offset carried by a pull not stored");
+}
