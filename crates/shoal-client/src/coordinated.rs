@@ -83,6 +83,39 @@ struct State {
     /// join the new one only once nothing is held, so no queue is consumed twice across
     /// coordinators.
     moving_to: Option<String>,
+    /// Fences so far (the coordinator fenced us, or the session ran out): each one drops
+    /// every queue at once.
+    fences: u64,
+    /// Coordinator moves so far: each one releases every queue gracefully.
+    rejoins: u64,
+}
+
+/// What the membership tells the consumer's rebalancer (`shoal_group::rebalance`): its
+/// target source, and how many fences and rejoins happened so far (each is applied once).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Directive {
+    /// Fences so far ([`shoal_group::rebalance::Rebalancer::handle_fenced`]).
+    pub fences: u64,
+    /// Rejoins so far ([`shoal_group::rebalance::Rebalancer::handle_rejoin`]).
+    pub rejoins: u64,
+    /// Where the target comes from now.
+    pub source: TargetSource,
+}
+
+/// Where a consumer's target comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TargetSource {
+    /// No coordinator answered yet: hold nothing (the group may be coordinated).
+    Waiting,
+    /// The coordinator's assignment at this member epoch.
+    Coordinator {
+        /// Member epoch.
+        epoch: i32,
+        /// Assigned queues (every topic).
+        queues: BTreeSet<MessageQueue>,
+    },
+    /// Client-side allocation (classic group, or a broker without coordinated mode).
+    Classic,
 }
 
 /// What a heartbeat changed, for the consumer.
@@ -133,9 +166,16 @@ impl Membership {
                 interval: Duration::from_secs(5),
                 coordinator: None,
                 moving_to: None,
+                fences: 0,
+                rejoins: 0,
             }),
             wake: Notify::new(),
         }
+    }
+
+    /// The group.
+    pub fn group(&self) -> &str {
+        &self.group
     }
 
     /// The member id.
@@ -161,6 +201,25 @@ impl Membership {
     /// True when the coordinator decides the queues (no classic allocation).
     pub fn decides(&self) -> bool {
         matches!(self.mode(), MemberMode::Coordinated | MemberMode::Probing)
+    }
+
+    /// What the rebalancer should do now (see [`Directive`]).
+    pub fn directive(&self) -> Directive {
+        let s = self.state.lock();
+        let source = match s.mode {
+            MemberMode::Probing => TargetSource::Waiting,
+            MemberMode::Coordinated if s.moving_to.is_some() => TargetSource::Waiting,
+            MemberMode::Coordinated => TargetSource::Coordinator {
+                epoch: s.epoch,
+                queues: s.assignment.clone(),
+            },
+            MemberMode::Classic | MemberMode::Unsupported => TargetSource::Classic,
+        };
+        Directive {
+            fences: s.fences,
+            rejoins: s.rejoins,
+            source,
+        }
     }
 
     /// The assigned queues of one topic.
@@ -237,6 +296,7 @@ impl Membership {
                     s.coordinator = None;
                     s.assignment.clear();
                     s.epoch = 0;
+                    s.rejoins += 1;
                     instance.set_member_stamp(&self.group, None);
                     Some(c)
                 }
@@ -307,6 +367,7 @@ impl Membership {
                 info!(group = %self.group, member = %self.member_id, code = r.code, remark = ?r.remark, "fenced by the coordinator: dropping every queue and rejoining");
                 s.epoch = 0;
                 s.assignment.clear();
+                s.fences += 1;
                 instance.set_member_stamp(&self.group, Some((self.member_id.clone(), 0)));
                 again = epoch != 0;
             }
@@ -355,6 +416,7 @@ impl Membership {
             warn!(group = %self.group, member = %self.member_id, "no heartbeat answer within the session timeout: dropping every queue");
             s.assignment.clear();
             s.epoch = 0;
+            s.fences += 1;
             instance.set_member_stamp(&self.group, Some((self.member_id.clone(), 0)));
             return Outcome {
                 changed: true,

@@ -45,6 +45,10 @@ pub(crate) trait ConsumerHandle: Send + Sync + 'static {
     fn group_changed(&self) {
         self.rebalance_now();
     }
+    /// NOTIFY_LOCK_FREED (Shoal brokers): locks this consumer asked for are free.
+    fn lock_freed(&self, queues: Vec<MessageQueue>) {
+        let _ = queues;
+    }
     /// GET_CONSUMER_RUNNING_INFO.
     fn running_info(&self) -> ConsumerRunningInfo;
     /// True when the consumer speaks coordinated mode (its classic heartbeat says so, so the
@@ -120,6 +124,13 @@ impl Processor for ClientProcessor {
                     debug!(group = %h.consumer_group, "consumer ids changed");
                     if let Some(c) = self.registry.get(&h.consumer_group) {
                         c.group_changed();
+                    }
+                    Ok(None)
+                }
+                shoal_proto::ext::request_code::NOTIFY_LOCK_FREED => {
+                    let body: shoal_proto::ext::LockFreedBody = request.decode_json_body()?;
+                    if let Some(c) = self.registry.get(&body.consumer_group) {
+                        c.lock_freed(body.mq_set);
                     }
                     Ok(None)
                 }
@@ -256,8 +267,37 @@ pub struct PullArgs<'a> {
     pub timeout: Duration,
 }
 
+/// What kind of broker an address is (GET_BROKER_FEATURES).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BrokerKind {
+    /// A Shoal broker and the features it lists.
+    Shoal(shoal_proto::ext::BrokerFeatures),
+    /// A broker that does not know Shoal's extensions (Apache RocketMQ).
+    RocketMq,
+}
+
+impl BrokerKind {
+    /// True for a Shoal broker with session locks.
+    pub fn has_session_locks(&self) -> bool {
+        matches!(self, BrokerKind::Shoal(f) if f.has(shoal_proto::ext::feature::SESSION_LOCKS))
+    }
+}
+
+/// What a LOCK_BATCH_MQ answered.
+#[derive(Debug, Clone, Default)]
+pub struct LockGrant {
+    /// The queues held now.
+    pub locked: Vec<MessageQueue>,
+    /// The session they last for (session locks on a Shoal broker).
+    pub session: Option<u64>,
+}
+
 struct Inner {
     config: ClientConfig,
+    /// Broker address -> kind, once known.
+    kinds: Mutex<HashMap<String, BrokerKind>>,
+    /// Session timeout announced in heartbeats (Shoal members), ms.
+    session_timeout_ms: Mutex<Option<u64>>,
     client_id: String,
     net: RemotingClient,
     registry: Arc<Registry>,
@@ -329,6 +369,8 @@ impl ClientInstance {
         let inner = Arc::new(Inner {
             client_id: format!("{ip}@{instance_name}"),
             config,
+            kinds: Mutex::new(HashMap::new()),
+            session_timeout_ms: Mutex::new(None),
             net,
             registry,
             routes: Mutex::new(HashMap::new()),
@@ -619,11 +661,17 @@ impl ClientInstance {
         }
     }
 
-    /// Sends HEART_BEAT to every known master; returns how many answered SUCCESS.
-    pub async fn heartbeat_all(&self) -> usize {
+    /// Makes the instance's heartbeats announce a Shoal session of this timeout (a Shoal
+    /// broker then expires the client after that long without heartbeat, and its session
+    /// locks last as long).
+    pub fn set_session_timeout(&self, timeout: Option<Duration>) {
+        *self.inner.session_timeout_ms.lock() = timeout.map(|d| d.as_millis() as u64);
+    }
+
+    fn heartbeat_request(&self) -> Option<RemotingCommand> {
         let data = self.heartbeat_data();
         if data.consumer_data_set.is_empty() && data.producer_data_set.is_empty() {
-            return 0;
+            return None;
         }
         let coordinated: Vec<String> = self
             .inner
@@ -639,10 +687,86 @@ impl ClientInstance {
             // ignores extFields it does not know).
             ext.insert(COORDINATED_GROUPS_EXT.into(), coordinated.join(","));
         }
-        let Ok(req) = RemotingCommand::request(rc::HEART_BEAT)
+        if let Some(ms) = *self.inner.session_timeout_ms.lock() {
+            ext.insert(
+                shoal_proto::ext::field::SESSION_TIMEOUT_MS.into(),
+                ms.to_string(),
+            );
+        }
+        RemotingCommand::request(rc::HEART_BEAT)
             .with_ext_fields(ext)
             .with_json_body(&data)
-        else {
+            .ok()
+    }
+
+    /// One HEART_BEAT to one broker; returns the Shoal sessions its answer names (group →
+    /// session id; empty from an Apache RocketMQ broker).
+    ///
+    /// # Errors
+    /// Transport errors and a refused heartbeat.
+    pub async fn heartbeat_to(&self, addr: &str) -> Result<HashMap<String, u64>> {
+        let Some(req) = self.heartbeat_request() else {
+            return Ok(HashMap::new());
+        };
+        let r = ok_or(
+            "HEART_BEAT",
+            self.inner
+                .net
+                .invoke(addr, req, self.inner.config.rpc_timeout)
+                .await?,
+        )?;
+        Ok(r.ext(shoal_proto::ext::field::SESSIONS)
+            .map(shoal_proto::ext::decode_sessions)
+            .unwrap_or_default()
+            .into_iter()
+            .collect())
+    }
+
+    /// What kind of broker `addr` is (asked once with GET_BROKER_FEATURES, then cached).
+    ///
+    /// # Errors
+    /// Transport errors (nothing is cached then).
+    pub async fn broker_kind(&self, addr: &str) -> Result<BrokerKind> {
+        if let Some(k) = self.inner.kinds.lock().get(addr) {
+            return Ok(k.clone());
+        }
+        let req = RemotingCommand::request(shoal_proto::ext::request_code::GET_BROKER_FEATURES)
+            .with_ext_fields(Default::default());
+        let r = self
+            .inner
+            .net
+            .invoke(addr, req, self.inner.config.rpc_timeout)
+            .await?;
+        let kind = match r.code {
+            resp::SUCCESS => BrokerKind::Shoal(r.decode_json_body()?),
+            _ => BrokerKind::RocketMq,
+        };
+        self.inner
+            .kinds
+            .lock()
+            .insert(addr.to_owned(), kind.clone());
+        Ok(kind)
+    }
+
+    /// Every known broker master as (broker name, address), sorted.
+    pub fn masters(&self) -> Vec<(String, String)> {
+        let mut v: Vec<(String, String)> = self
+            .inner
+            .brokers
+            .lock()
+            .iter()
+            .filter_map(|(name, ids)| {
+                ids.get(&shoal_proto::constants::MASTER_ID)
+                    .map(|a| (name.clone(), a.clone()))
+            })
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// Sends HEART_BEAT to every known master; returns how many answered SUCCESS.
+    pub async fn heartbeat_all(&self) -> usize {
+        let Some(req) = self.heartbeat_request() else {
             return 0;
         };
         let calls = self.master_addrs().into_iter().map(|addr| {
@@ -1039,6 +1163,69 @@ impl ClientInstance {
         )?;
         let body: LockBatchResponseBody = r.decode_json_body()?;
         Ok(body.lock_ok_mq_set)
+    }
+
+    /// LOCK_BATCH_MQ asking for Shoal session locks (the broker must be a Shoal broker with
+    /// session locks; an Apache RocketMQ broker ignores the extra fields and answers as
+    /// [`ClientInstance::lock_batch`]).
+    ///
+    /// # Errors
+    /// Transport errors and a non-SUCCESS answer.
+    pub async fn lock_batch_session(
+        &self,
+        group: &str,
+        broker_name: &str,
+        topic: &str,
+        mqs: Vec<MessageQueue>,
+        orderly: bool,
+    ) -> Result<LockGrant> {
+        let addr = self.find_master_addr(broker_name, topic).await?;
+        let body = LockBatchRequestBody {
+            client_id: self.inner.client_id.clone(),
+            consumer_group: group.to_owned(),
+            mq_set: mqs,
+            only_this_broker: false,
+        };
+        let mut ext = shoal_proto::command::ExtFields::new();
+        ext.insert(shoal_proto::ext::field::LEASE.into(), "true".into());
+        ext.insert(shoal_proto::ext::field::ORDERLY.into(), orderly.to_string());
+        let mut req = RemotingCommand::request(rc::LOCK_BATCH_MQ)
+            .with_ext_fields(ext)
+            .with_json_body(&body)?;
+        self.stamp(group, &mut req);
+        let r = ok_or(
+            "LOCK_BATCH_MQ",
+            self.invoke(&addr, req, self.inner.config.rpc_timeout)
+                .await?,
+        )?;
+        let session = r
+            .ext(shoal_proto::ext::field::SESSION)
+            .and_then(|s| s.parse().ok());
+        let body: LockBatchResponseBody = r.decode_json_body()?;
+        Ok(LockGrant {
+            locked: body.lock_ok_mq_set,
+            session,
+        })
+    }
+
+    /// UPDATE_CONSUMER_OFFSET of an offset that may be below the stored one on purpose (a seek
+    /// back or an offset reset by a Shoal member), waiting for the answer.
+    ///
+    /// # Errors
+    /// Transport errors and a non-SUCCESS answer.
+    pub async fn rewind_consumer_offset(
+        &self,
+        group: &str,
+        mq: &MessageQueue,
+        offset: i64,
+    ) -> Result<()> {
+        let mut req = self.update_offset_req(group, mq, offset);
+        req.ext_fields
+            .get_or_insert_with(Default::default)
+            .insert(shoal_proto::ext::field::REWIND.into(), "true".into());
+        self.call_broker("UPDATE_CONSUMER_OFFSET", mq, req)
+            .await
+            .map(|_| ())
     }
 
     /// UNLOCK_BATCH_MQ on one broker, waiting for the answer.

@@ -29,6 +29,7 @@ pub mod metrics;
 pub mod offset_store;
 pub mod process_queue;
 pub mod producer;
+mod rebalance;
 pub mod transaction;
 
 pub use config::ClientConfig;

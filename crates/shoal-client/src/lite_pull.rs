@@ -7,13 +7,19 @@
 //! One pull task per assigned queue fetches ahead (LITE_PULL_MESSAGE, sysFlag
 //! SUSPEND|SUBSCRIPTION|LITE_PULL) into a bounded buffer; `poll` takes from it. A seek or a
 //! pause bumps the queue's epoch so that batches fetched before it are discarded.
+//!
+//! With `subscribe`, queues come from the same rebalance driver as the push consumer's
+//! ([`crate::rebalance`]): locked before they start, handed over after their final commit,
+//! and `poll` returns a queue's messages only while its lease is valid.
 
 use crate::config::ClientConfig;
+use crate::coordinated::{new_member_id, GroupProtocol, MemberMode, Membership};
 use crate::error::{ClientError, Result};
 use crate::instance::{ClientInstance, ConsumerHandle, PullArgs, PullStatus, PULL_RPC_TIMEOUT};
+use crate::rebalance::{DriverConfig, DriverHandle, QueueRuntime};
 use futures::future::BoxFuture;
 use parking_lot::Mutex;
-use shoal_group::{strategy_by_name, AllocateStrategy, AllocationInput};
+use shoal_group::{strategy_by_name, AllocateStrategy};
 use shoal_proto::body::{
     ConsumeFromWhere, ConsumeMessageDirectlyResult, ConsumeResult, ConsumeType, ConsumerData,
     ConsumerRunningInfo, MessageModel, ProcessQueueInfo, SubscriptionData,
@@ -23,7 +29,7 @@ use shoal_proto::constants::pull_sys_flag;
 use shoal_proto::message::MessageExt;
 use shoal_proto::MessageQueue;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, Notify};
 use tokio_util::sync::CancellationToken;
@@ -56,6 +62,18 @@ pub struct LitePullConfig {
     pub pull_delay_on_error: Duration,
     /// Safety-net rebalance period (20 s).
     pub rebalance_interval: Duration,
+    /// Subscribe mode: session timeout announced to Shoal brokers (10 s; the lease of the
+    /// queue locks).
+    pub session_timeout: Duration,
+    /// Subscribe mode: heartbeats to Shoal brokers renewing the leases (3 s).
+    pub session_heartbeat_interval: Duration,
+    /// Subscribe mode: lock renewal against Apache RocketMQ brokers (20 s).
+    pub lock_interval: Duration,
+    /// Subscribe mode: group protocol (`Auto`: coordinated where the broker coordinates the
+    /// group, classic otherwise; see [`GroupProtocol`]).
+    pub protocol: GroupProtocol,
+    /// Subscribe mode, coordinated: a stable instance id (static membership).
+    pub instance_id: Option<String>,
 }
 
 impl LitePullConfig {
@@ -74,6 +92,11 @@ impl LitePullConfig {
             pull_suspend_ms: 20_000,
             pull_delay_on_error: Duration::from_secs(1),
             rebalance_interval: Duration::from_secs(20),
+            session_timeout: Duration::from_secs(10),
+            session_heartbeat_interval: Duration::from_secs(3),
+            lock_interval: Duration::from_secs(20),
+            protocol: GroupProtocol::Auto,
+            instance_id: None,
         }
     }
 }
@@ -91,6 +114,14 @@ struct QueueSlot {
     paused: bool,
     cancel: CancellationToken,
     last_pull_ms: u64,
+    /// Subscribe mode: `poll` returns messages only before this time.
+    lease_until: Option<Instant>,
+}
+
+impl QueueSlot {
+    fn lease_valid(&self) -> bool {
+        self.lease_until.is_none_or(|u| Instant::now() < u)
+    }
 }
 
 struct Batch {
@@ -102,7 +133,11 @@ struct Batch {
 struct Inner {
     config: LitePullConfig,
     instance: ClientInstance,
-    strategy: Box<dyn AllocateStrategy>,
+    strategy: Arc<dyn AllocateStrategy>,
+    driver_cfg: DriverConfig,
+    /// Subscribe mode: the rebalance driver (started by the first `subscribe`).
+    driver: OnceLock<DriverHandle>,
+    me: Weak<Inner>,
     /// Subscriptions (subscribe mode); empty in assign mode.
     subs: Mutex<BTreeMap<String, SubscriptionData>>,
     assigned_mode: Mutex<bool>,
@@ -110,7 +145,6 @@ struct Inner {
     tx: mpsc::Sender<Batch>,
     rx: tokio::sync::Mutex<mpsc::Receiver<Batch>>,
     wake_pullers: Notify,
-    rebalance_wake: Notify,
     token: CancellationToken,
     last_auto_commit: Mutex<Instant>,
 }
@@ -147,20 +181,44 @@ impl LitePullConsumer {
                 "pull_batch_size and buffered_batches must be positive".into(),
             ));
         }
-        let strategy = strategy_by_name(&config.allocate_strategy)?;
+        let strategy: Arc<dyn AllocateStrategy> =
+            Arc::from(strategy_by_name(&config.allocate_strategy)?);
         let instance = ClientInstance::start(config.client.clone())?;
         let (tx, rx) = mpsc::channel(config.buffered_batches);
-        let inner = Arc::new(Inner {
+        let driver_cfg = DriverConfig {
+            group: config.group.clone(),
+            clustering: true,
+            orderly: false,
+            from_where: config.consume_from_where,
+            from_timestamp_ms: config.consume_timestamp_ms,
+            refresh_interval: config.rebalance_interval,
+            session_timeout: config.session_timeout,
+            session_heartbeat: config.session_heartbeat_interval,
+            rocketmq_lock_lease: Duration::from_millis(crate::consumer::LOCK_EXPIRE_MS),
+            rocketmq_lock_renew: config.lock_interval,
+            membership: (config.protocol != GroupProtocol::Classic).then(|| {
+                Arc::new(Membership::new(
+                    &config.group,
+                    new_member_id(instance.client_id()),
+                    config.instance_id.clone(),
+                    config.protocol,
+                    &config.allocate_strategy,
+                ))
+            }),
+        };
+        let inner = Arc::new_cyclic(|me| Inner {
             token: instance.shutdown_token().child_token(),
             instance,
             strategy,
+            driver_cfg,
+            driver: OnceLock::new(),
+            me: me.clone(),
             subs: Mutex::new(BTreeMap::new()),
             assigned_mode: Mutex::new(false),
             slots: Mutex::new(HashMap::new()),
             tx,
             rx: tokio::sync::Mutex::new(rx),
             wake_pullers: Notify::new(),
-            rebalance_wake: Notify::new(),
             last_auto_commit: Mutex::new(Instant::now()),
             config,
         });
@@ -168,24 +226,7 @@ impl LitePullConsumer {
         inner
             .instance
             .register_consumer(&inner.config.group, Arc::downgrade(&handle));
-        // Rebalance service (subscribe mode) and the offset persister.
-        let weak = Arc::downgrade(&inner);
-        let token = inner.token.clone();
-        let interval = inner.config.rebalance_interval;
-        tokio::spawn(async move {
-            loop {
-                {
-                    let Some(inner) = weak.upgrade() else { return };
-                    tokio::select! {
-                        _ = token.cancelled() => return,
-                        _ = inner.rebalance_wake.notified() => {}
-                        _ = tokio::time::sleep(interval) => {}
-                    }
-                }
-                let Some(inner) = weak.upgrade() else { return };
-                inner.rebalance().await;
-            }
-        });
+        // The offset persister.
         let weak = Arc::downgrade(&inner);
         let token = inner.token.clone();
         let period = inner.config.client.persist_offset_interval;
@@ -225,8 +266,36 @@ impl LitePullConsumer {
             SubscriptionData::from_tag_expression(topic, expression, crate::now_ms_u64() as i64),
         );
         self.inner.instance.update_route(topic).await?;
-        self.inner.instance.heartbeat_all().await;
-        self.inner.rebalance().await;
+        let inner = &self.inner;
+        let mut first = false;
+        let driver = inner.driver.get_or_init(|| {
+            first = true;
+            crate::rebalance::spawn(
+                inner.driver_cfg.clone(),
+                inner.strategy.clone(),
+                inner.instance.clone(),
+                Arc::new(Runtime(inner.me.clone())),
+                inner.token.clone(),
+            )
+        });
+        if let Some(m) = driver.membership() {
+            // Coordinated first (with the new subscription), so the classic heartbeat below
+            // finds the member known.
+            let topics: Vec<String> = inner.subs.lock().keys().cloned().collect();
+            driver.member_heartbeat(&topics).await;
+            if m.protocol() == GroupProtocol::Coordinated && m.mode() == MemberMode::Unsupported {
+                inner.subs.lock().remove(topic);
+                return Err(ClientError::InvalidArgument(
+                    "protocol = coordinated, but the broker does not coordinate groups (an Apache RocketMQ broker?)".into(),
+                ));
+            }
+            if first {
+                driver.spawn_membership(inner.token.clone());
+            }
+        }
+        // The broker must know us (with our session) before our first view.
+        inner.instance.heartbeat_all().await;
+        driver.subscribe(topic);
         Ok(())
     }
 
@@ -282,7 +351,8 @@ impl LitePullConsumer {
             let Some(slot) = slots.get_mut(&batch.mq) else {
                 continue;
             };
-            if slot.epoch != batch.epoch || slot.paused {
+            if slot.epoch != batch.epoch || slot.paused || !slot.lease_valid() {
+                // Fenced: a queue past its lease hands nothing to the application.
                 continue;
             }
             let msgs: Vec<MessageExt> = batch
@@ -308,9 +378,10 @@ impl LitePullConsumer {
     /// The first failed commit.
     pub async fn commit(&self, offsets: &BTreeMap<MessageQueue, i64>) -> Result<()> {
         for (mq, off) in offsets {
+            // An explicit commit may move an offset back on purpose.
             self.inner
                 .instance
-                .update_consumer_offset(&self.inner.config.group, mq, *off)
+                .rewind_consumer_offset(&self.inner.config.group, mq, *off)
                 .await?;
             if let Some(s) = self.inner.slots.lock().get_mut(mq) {
                 s.committed = Some(*off);
@@ -417,11 +488,15 @@ impl LitePullConsumer {
         self.inner.wake_pullers.notify_waiters();
     }
 
-    /// Commits (with auto commit), releases the queues, unregisters, stops the instance.
+    /// Commits (with auto commit), releases the queues (and their locks, in subscribe mode),
+    /// unregisters, stops the instance.
     pub async fn shutdown(&self) {
         let inner = &self.inner;
+        match inner.driver.get() {
+            Some(d) => d.shutdown(Duration::from_secs(10)).await,
+            None => inner.apply(BTreeSet::new()).await,
+        }
         inner.token.cancel();
-        inner.apply(BTreeSet::new()).await;
         inner
             .instance
             .unregister_client(None, Some(&inner.config.group))
@@ -434,53 +509,8 @@ impl LitePullConsumer {
 }
 
 impl Inner {
-    async fn rebalance(self: &Arc<Self>) {
-        if *self.assigned_mode.lock() || self.token.is_cancelled() {
-            return;
-        }
-        let subs: Vec<String> = self.subs.lock().keys().cloned().collect();
-        let mut want = BTreeSet::new();
-        for topic in subs {
-            let route = match self.instance.route(&topic).await {
-                Ok(r) => r,
-                Err(e) => {
-                    debug!(topic, error = %e, "no route");
-                    // Keep what we have for this topic.
-                    want.extend(
-                        self.slots
-                            .lock()
-                            .keys()
-                            .filter(|q| q.topic == topic)
-                            .cloned(),
-                    );
-                    continue;
-                }
-            };
-            let all = route.subscribe_queues(&topic);
-            let cids = match self.instance.consumer_ids(&self.config.group, &topic).await {
-                Ok(c) => c,
-                Err(e) => {
-                    debug!(topic, error = %e, "no consumer list");
-                    want.extend(
-                        self.slots
-                            .lock()
-                            .keys()
-                            .filter(|q| q.topic == topic)
-                            .cloned(),
-                    );
-                    continue;
-                }
-            };
-            let input = AllocationInput::new(&self.config.group, all, cids);
-            match self.strategy.allocate(&input, self.instance.client_id()) {
-                Ok(mine) => want.extend(mine),
-                Err(e) => warn!(topic, error = %e, "allocation failed"),
-            }
-        }
-        self.apply(want).await;
-    }
-
-    /// Makes the assigned set `want`: releases the others (committing), starts the new ones.
+    /// Assign mode: makes the assigned set `want`: releases the others (committing), starts the
+    /// new ones (no locks: the application chose the queues).
     async fn apply(self: &Arc<Self>, want: BTreeSet<MessageQueue>) {
         let lost: Vec<(MessageQueue, QueueSlot)> = {
             let mut slots = self.slots.lock();
@@ -507,47 +537,36 @@ impl Inner {
         }
         let have: BTreeSet<MessageQueue> = self.slots.lock().keys().cloned().collect();
         for mq in want.difference(&have) {
-            let start = match self.start_offset(mq).await {
-                Ok(o) => o,
-                Err(e) => {
-                    warn!(queue = %mq, error = %e, "no start offset; retry at next rebalance");
-                    continue;
-                }
-            };
-            let cancel = self.token.child_token();
-            self.slots.lock().insert(
-                mq.clone(),
-                QueueSlot {
-                    epoch: 0,
-                    pull_offset: start,
-                    consumed: start,
-                    committed: None,
-                    paused: false,
-                    cancel: cancel.clone(),
-                    last_pull_ms: 0,
-                },
-            );
-            self.spawn_puller(mq.clone(), cancel);
+            let start =
+                match crate::rebalance::start_offset(&self.instance, &self.driver_cfg, mq, None)
+                    .await
+                {
+                    Ok(o) => o,
+                    Err(e) => {
+                        warn!(queue = %mq, error = %e, "no start offset; retry at next rebalance");
+                        continue;
+                    }
+                };
+            self.start_slot(mq.clone(), start, None);
         }
     }
 
-    async fn start_offset(&self, mq: &MessageQueue) -> Result<i64> {
-        if let Some(o) = self
-            .instance
-            .query_consumer_offset(&self.config.group, mq)
-            .await?
-        {
-            return Ok(o);
-        }
-        match self.config.consume_from_where {
-            ConsumeFromWhere::ConsumeFromFirstOffset => self.instance.min_offset(mq).await,
-            ConsumeFromWhere::ConsumeFromTimestamp => {
-                self.instance
-                    .search_offset(mq, self.config.consume_timestamp_ms)
-                    .await
-            }
-            _ => self.instance.max_offset(mq).await,
-        }
+    fn start_slot(self: &Arc<Self>, mq: MessageQueue, start: i64, lease_until: Option<Instant>) {
+        let cancel = self.token.child_token();
+        self.slots.lock().insert(
+            mq.clone(),
+            QueueSlot {
+                epoch: 0,
+                pull_offset: start,
+                consumed: start,
+                committed: None,
+                paused: false,
+                cancel: cancel.clone(),
+                last_pull_ms: 0,
+                lease_until,
+            },
+        );
+        self.spawn_puller(mq, cancel);
     }
 
     fn spawn_puller(self: &Arc<Self>, mq: MessageQueue, cancel: CancellationToken) {
@@ -657,7 +676,7 @@ impl Inner {
             .slots
             .lock()
             .iter()
-            .filter(|(_, s)| s.committed != Some(s.consumed))
+            .filter(|(_, s)| s.committed != Some(s.consumed) && s.lease_valid())
             .map(|(q, s)| (q.clone(), s.consumed))
             .collect();
         for (mq, off) in todo {
@@ -682,6 +701,60 @@ impl Inner {
     }
 }
 
+/// The driver's view of the lite pull consumer (weak: the consumer owns the driver).
+struct Runtime(Weak<Inner>);
+
+impl QueueRuntime for Runtime {
+    fn start(&self, mq: MessageQueue, offset: i64, lease_until: Option<Instant>) {
+        if let Some(inner) = self.0.upgrade() {
+            inner.start_slot(mq, offset, lease_until);
+        }
+    }
+
+    fn set_lease(&self, mq: &MessageQueue, until: Instant) {
+        if let Some(inner) = self.0.upgrade() {
+            if let Some(s) = inner.slots.lock().get_mut(mq) {
+                s.lease_until = Some(until);
+            }
+        }
+    }
+
+    fn stop(&self, mq: MessageQueue, fence: bool) -> BoxFuture<'static, Option<i64>> {
+        let weak = self.0.clone();
+        Box::pin(async move {
+            let inner = weak.upgrade()?;
+            let slot = inner.slots.lock().remove(&mq)?;
+            slot.cancel.cancel();
+            // What `poll` handed out is consumed: with auto commit it is committed at the
+            // hand-over; with manual commits only what the application committed stands.
+            (!fence && inner.config.auto_commit).then_some(slot.consumed)
+        })
+    }
+
+    fn commit(&self, mq: MessageQueue, offset: i64, rewind: bool) -> BoxFuture<'static, bool> {
+        let weak = self.0.clone();
+        Box::pin(async move {
+            let Some(inner) = weak.upgrade() else {
+                return false;
+            };
+            let g = &inner.config.group;
+            let r = if rewind {
+                inner.instance.rewind_consumer_offset(g, &mq, offset).await
+            } else {
+                inner.instance.update_consumer_offset(g, &mq, offset).await
+            };
+            if let Err(e) = &r {
+                warn!(queue = %mq, error = %e, "final commit failed");
+            }
+            r.is_ok()
+        })
+    }
+
+    fn local_offset(&self, _mq: &MessageQueue) -> Option<i64> {
+        None
+    }
+}
+
 impl ConsumerHandle for Inner {
     fn consumer_data(&self) -> ConsumerData {
         ConsumerData {
@@ -699,7 +772,35 @@ impl ConsumerHandle for Inner {
     }
 
     fn rebalance_now(&self) {
-        self.rebalance_wake.notify_one();
+        if let Some(d) = self.driver.get() {
+            d.notice();
+        }
+    }
+
+    fn lock_freed(&self, queues: Vec<MessageQueue>) {
+        if let Some(d) = self.driver.get() {
+            d.lock_freed(queues);
+        }
+    }
+
+    fn speaks_coordinated(&self) -> bool {
+        self.driver_cfg.membership.is_some()
+    }
+
+    fn assignment_changed(&self) {
+        match self.driver.get() {
+            Some(d) if d.membership().is_some() => d.member_wake(),
+            Some(d) => d.notice(),
+            None => {}
+        }
+    }
+
+    fn group_changed(&self) {
+        if let Some(d) = self.driver.get() {
+            // A member may have left or joined a group that runs classic: ask again.
+            d.member_wake();
+            d.notice();
+        }
     }
 
     fn running_info(&self) -> ConsumerRunningInfo {

@@ -141,7 +141,8 @@ async fn subscribe_splits_queues_and_auto_commits() {
     cfg.auto_commit_interval = Duration::from_millis(100);
     let c1 = LitePullConsumer::start(cfg.clone()).await.unwrap();
     c1.subscribe("LPS", "*").await.unwrap();
-    assert_eq!(c1.assignment().len(), 4);
+    // Queues are locked and started by the rebalance driver soon after the subscription.
+    assert!(wait_until(Duration::from_secs(10), || c1.assignment().len() == 4).await);
     let c2 = LitePullConsumer::start(cfg).await.unwrap();
     c2.subscribe("LPS", "*").await.unwrap();
     assert!(

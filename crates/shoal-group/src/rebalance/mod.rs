@@ -221,7 +221,11 @@ struct TopicView {
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Source {
     Classic,
-    Coordinated { epoch: i64 },
+    /// `epoch`: of the last applied assignment; `None` after a fence or a rejoin (the next
+    /// assignment is accepted whatever its epoch: a new epoch lineage).
+    Coordinated {
+        epoch: Option<i64>,
+    },
 }
 
 /// The rebalancer of one consumer. See the [module documentation](self).
@@ -357,22 +361,98 @@ impl Rebalancer {
 
     /// Coordinated mode: the queues this member should own, as the group coordinator
     /// assigned them at member epoch `epoch`. Views are no longer fetched after the first call;
-    /// an assignment older than the last one applied is ignored.
+    /// an assignment older than the last one applied is ignored (until
+    /// [`Rebalancer::handle_fenced`] or [`Rebalancer::handle_rejoin`] start a new lineage).
     pub fn handle_target(&mut self, now: Instant, epoch: i64, queues: BTreeSet<MessageQueue>) {
-        if let Source::Coordinated { epoch: e } = self.source {
+        if let Source::Coordinated { epoch: Some(e) } = self.source {
             if epoch < e {
                 return;
             }
         }
+        self.enter_coordinated(Some(epoch));
+        self.shares.insert(String::new(), queues);
+        self.recompute_target(now);
+        self.step(now);
+    }
+
+    /// Coordinated mode: the coordinator fenced this member (stale or unknown member epoch),
+    /// or no heartbeat was answered for a session timeout. The coordinator may have given the
+    /// queues away already, so every queue is dropped at once: deliveries stop, cached
+    /// messages are dropped, nothing is committed ([`Action::Fence`]); the locks are released.
+    /// The next [`Rebalancer::handle_target`] is accepted whatever its epoch (the member
+    /// rejoins).
+    pub fn handle_fenced(&mut self, now: Instant) {
+        self.enter_coordinated(None);
+        self.recompute_target(now);
+        for (mq, q) in self.queues.iter_mut() {
+            match q.state {
+                QState::Owned => {
+                    q.state = QState::Draining {
+                        after: After::Fenced,
+                    };
+                    self.stats.fenced += 1;
+                    self.actions.push_back(Action::Fence { mq: mq.clone() });
+                }
+                // Already stopping: commit nothing when the drain ends.
+                QState::Draining { .. } => {
+                    q.state = QState::Draining {
+                        after: After::Fenced,
+                    };
+                }
+                _ => {}
+            }
+            q.fence_now = false;
+        }
+        self.step(now);
+    }
+
+    /// Coordinated mode: the member leaves its coordinator and joins another (the group's
+    /// coordinator moved with the routes) or has not heard from one yet. Every queue is
+    /// released gracefully (stop, commit, unlock) and the next [`Rebalancer::handle_target`]
+    /// is accepted whatever its epoch.
+    pub fn handle_rejoin(&mut self, now: Instant) {
+        self.enter_coordinated(None);
+        self.recompute_target(now);
+        self.step(now);
+    }
+
+    /// Back to classic allocation (the group got a classic-only member, or the broker does
+    /// not coordinate it): every topic's view is fetched at once and the strategy decides
+    /// again. Queues held meanwhile stay held until the new share says otherwise; hand-over
+    /// stays by locks, so the change is exclusive throughout.
+    pub fn handle_classic(&mut self, now: Instant) {
+        if self.source != Source::Classic {
+            self.source = Source::Classic;
+            // Keep the coordinator's queues as each topic's share until its view arrives.
+            let held = self.shares.remove("").unwrap_or_default();
+            self.shares.clear();
+            for (topic, v) in self.topics.iter_mut() {
+                let share: BTreeSet<MessageQueue> =
+                    held.iter().filter(|q| &q.topic == topic).cloned().collect();
+                self.shares.insert(topic.clone(), share);
+                // A view fetched before coordinated mode is stale: fetch again.
+                v.again = v.in_flight;
+                v.stale_in_a_row = 0;
+                v.next_at = Some(now);
+            }
+            self.recompute_target(now);
+        }
+        self.step(now);
+    }
+
+    fn enter_coordinated(&mut self, epoch: Option<i64>) {
         self.source = Source::Coordinated { epoch };
         self.shares.clear();
-        self.shares.insert(String::new(), queues);
         self.next_refresh = None;
         for v in self.topics.values_mut() {
             v.next_at = None;
+            v.again = false;
         }
-        self.recompute_target(now);
-        self.step(now);
+    }
+
+    /// True while a group coordinator decides the target (coordinated mode).
+    pub fn is_coordinated(&self) -> bool {
+        matches!(self.source, Source::Coordinated { .. })
     }
 
     /// The answer to an [`Action::Lock`]: `granted` are the queues the broker says we hold
@@ -702,7 +782,7 @@ impl Rebalancer {
     /// The coordinator's member epoch of the applied assignment (coordinated mode).
     pub fn target_epoch(&self) -> Option<i64> {
         match self.source {
-            Source::Coordinated { epoch } => Some(epoch),
+            Source::Coordinated { epoch } => epoch,
             Source::Classic => None,
         }
     }

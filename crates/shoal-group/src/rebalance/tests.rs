@@ -532,3 +532,138 @@ fn a_failed_unlock_is_sent_again_and_an_unknown_lock_is_given_back() {
         }]
     );
 }
+
+/// Owns `ids` by a coordinator's target at `epoch`, answering every action at once.
+fn own_by_target(r: &mut Rebalancer, t: Instant, epoch: i64, ids: &[i32], locks: &mut Locks) {
+    r.handle_target(t, epoch, qs(ids).into_iter().collect());
+    let me = r.config().client_id.clone();
+    loop {
+        let acts = drain(r);
+        if acts.is_empty() {
+            break;
+        }
+        for a in acts {
+            match a {
+                Action::Lock { queues, .. } => {
+                    let g = locks.lock(&me, &queues);
+                    r.handle_lock_result(t, &queues, &g, Some(lease(t, Some(1))), true)
+                }
+                Action::QueryStartOffset { mq } => r.handle_start_offset(t, &mq, Some(0)),
+                Action::Start { .. } | Action::FetchView { .. } => {}
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+    }
+    assert!(r.is_settled());
+}
+
+#[test]
+fn a_fence_drops_every_queue_without_committing_and_accepts_a_lower_epoch() {
+    let t0 = Instant::now();
+    let mut locks = Locks::default();
+    let mut a = rb("a");
+    a.handle_subscribe(t0, "T");
+    own_by_target(&mut a, t0, 7, &[0, 1], &mut locks);
+    a.handle_fenced(t0);
+    assert_eq!(a.target_epoch(), None);
+    assert!(a.target().is_empty());
+    assert!(!a.may_dispatch(&q(0), t0));
+    assert_eq!(
+        drain(&mut a),
+        vec![Action::Fence { mq: q(0) }, Action::Fence { mq: q(1) }]
+    );
+    // Fenced queues commit nothing: straight to the unlock.
+    for i in 0..2 {
+        a.handle_drained(t0, &q(i), Some(5));
+        assert_eq!(
+            drain(&mut a),
+            vec![Action::Unlock {
+                broker: "b".into(),
+                queues: vec![q(i)]
+            }]
+        );
+        locks.unlock("a", &q(i));
+        a.handle_unlocked(t0, &q(i), true);
+    }
+    assert!(a.is_idle());
+    assert_eq!(a.stats().fenced, 2);
+    // The rejoin's epoch may be lower than the fenced one.
+    own_by_target(&mut a, t0, 1, &[1], &mut locks);
+    assert_eq!(a.target_epoch(), Some(1));
+    assert_eq!(a.owned(), vec![q(1)]);
+    // A graceful stop already under way commits nothing either once fenced.
+    a.handle_target(t0, 2, BTreeSet::new());
+    assert_eq!(drain(&mut a), vec![Action::Stop { mq: q(1) }]);
+    a.handle_fenced(t0);
+    assert!(drain(&mut a).is_empty());
+    a.handle_drained(t0, &q(1), Some(9));
+    assert_eq!(
+        drain(&mut a),
+        vec![Action::Unlock {
+            broker: "b".into(),
+            queues: vec![q(1)]
+        }]
+    );
+}
+
+#[test]
+fn a_rejoin_releases_gracefully_and_accepts_any_epoch() {
+    let t0 = Instant::now();
+    let mut locks = Locks::default();
+    let mut a = rb("a");
+    a.handle_subscribe(t0, "T");
+    own_by_target(&mut a, t0, 1005, &[3], &mut locks);
+    a.handle_rejoin(t0);
+    assert_eq!(drain(&mut a), vec![Action::Stop { mq: q(3) }]);
+    a.handle_drained(t0, &q(3), Some(42));
+    assert_eq!(
+        drain(&mut a),
+        vec![Action::Commit {
+            mq: q(3),
+            offset: 42,
+            rewind: false
+        }]
+    );
+    a.handle_committed(t0, &q(3), true);
+    assert_eq!(drain(&mut a).len(), 1);
+    locks.unlock("a", &q(3));
+    a.handle_unlocked(t0, &q(3), true);
+    assert!(a.is_idle());
+    own_by_target(&mut a, t0, 2, &[4], &mut locks);
+    assert_eq!(a.owned(), vec![q(4)]);
+}
+
+#[test]
+fn back_to_classic_keeps_held_queues_until_the_views_decide() {
+    let t0 = Instant::now();
+    let mut locks = Locks::default();
+    let mut a = rb("a");
+    a.handle_subscribe(t0, "T");
+    assert_eq!(drain(&mut a), vec![Action::FetchView { topic: "T".into() }]);
+    own_by_target(&mut a, t0, 4, &[0, 1], &mut locks);
+    assert!(a.is_coordinated());
+    // The view fetched before coordinated mode comes back: ignored.
+    a.handle_view(t0, "T", qs(&[0, 1, 2, 3]), vec!["a".into()]);
+    assert_eq!(a.target().len(), 2);
+    a.handle_classic(t0);
+    assert!(!a.is_coordinated());
+    assert_eq!(a.target_epoch(), None);
+    // Nothing is dropped while the view is fetched.
+    assert_eq!(drain(&mut a), vec![Action::FetchView { topic: "T".into() }]);
+    assert_eq!(a.owned(), qs(&[0, 1]));
+    // AVG over two members: a keeps 0 and 1, loses nothing, gains nothing.
+    a.handle_view(t0, "T", qs(&[0, 1, 2, 3]), vec!["a".into(), "b".into()]);
+    assert!(drain(&mut a).is_empty());
+    assert!(a.is_settled());
+    // Alone: gains 2 and 3 by locks.
+    a.handle_notice(t0);
+    drain(&mut a);
+    a.handle_view(t0, "T", qs(&[0, 1, 2, 3]), vec!["a".into()]);
+    assert_eq!(
+        drain(&mut a),
+        vec![Action::Lock {
+            broker: "b".into(),
+            queues: qs(&[2, 3])
+        }]
+    );
+}

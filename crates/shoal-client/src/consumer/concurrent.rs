@@ -1,0 +1,113 @@
+//! Concurrent consumption: batches run in parallel (bounded by `consume_thread_max`), each
+//! handed to the listener only while the queue's lease is valid.
+
+use super::{
+    ConcurrentlyFn, ConsumeConcurrentlyStatus, ConsumeContext, Inner, MessageListener, QueueState,
+};
+use shoal_proto::message::MessageExt;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tracing::{debug, warn};
+
+impl Inner {
+    pub(super) fn spawn_concurrent(
+        self: &Arc<Self>,
+        state: Arc<QueueState>,
+        f: Arc<ConcurrentlyFn>,
+        msgs: Vec<MessageExt>,
+    ) {
+        let inner = self.clone();
+        state.begin();
+        tokio::spawn(async move {
+            inner.consume_concurrently(&state, f, msgs).await;
+            state.end();
+        });
+    }
+
+    async fn consume_concurrently(
+        self: &Arc<Self>,
+        state: &Arc<QueueState>,
+        f: Arc<ConcurrentlyFn>,
+        msgs: Vec<MessageExt>,
+    ) {
+        let Ok(_permit) = self.permits.clone().acquire_owned().await else {
+            return;
+        };
+        if state.is_dropped() {
+            // Not consumed: stays below the committed offset for the next owner.
+            return;
+        }
+        let offsets: Vec<i64> = msgs.iter().map(|m| m.queue_offset).collect();
+        let for_listener: Vec<MessageExt> =
+            msgs.iter().cloned().map(|m| self.for_listener(m)).collect();
+        let ctx = ConsumeContext {
+            message_queue: state.mq.clone(),
+        };
+        let started = Instant::now();
+        // Fencing: checked on the listener's thread right before the call; a member past its
+        // lease hands over nothing (the messages stay below the committed offset).
+        let st = state.clone();
+        let status =
+            tokio::task::spawn_blocking(move || st.may_deliver().then(|| f(&for_listener, &ctx)))
+                .await
+                .unwrap_or(Some(ConsumeConcurrentlyStatus::ReconsumeLater));
+        let Some(status) = status else {
+            debug!(queue = %state.mq, n = msgs.len(), "lease not valid: batch not delivered");
+            return;
+        };
+        state.pq.lock().last_consume_ms = crate::now_ms_u64();
+        debug!(queue = %state.mq, n = msgs.len(), ?status, elapsed = ?started.elapsed(), "consumed");
+        let mut keep: Vec<MessageExt> = Vec::new();
+        match status {
+            ConsumeConcurrentlyStatus::ConsumeSuccess => {
+                self.stats
+                    .consumed_ok
+                    .fetch_add(msgs.len() as u64, Ordering::Relaxed);
+            }
+            ConsumeConcurrentlyStatus::ReconsumeLater => {
+                self.stats
+                    .consumed_failed
+                    .fetch_add(msgs.len() as u64, Ordering::Relaxed);
+                if self.clustering() {
+                    for m in &msgs {
+                        if !self.send_back(&state.mq, m).await {
+                            keep.push(m.clone());
+                        }
+                    }
+                } else {
+                    warn!(queue = %state.mq, n = msgs.len(), "broadcasting: failed messages are dropped");
+                }
+            }
+        }
+        let done: Vec<i64> = offsets
+            .into_iter()
+            .filter(|o| !keep.iter().any(|k| k.queue_offset == *o))
+            .collect();
+        let commit = state.pq.lock().remove(&done);
+        if let Some(c) = commit {
+            if !state.is_dropped() {
+                self.offsets.lock().update(&state.mq, c, true);
+            }
+        }
+        if !keep.is_empty() {
+            // Neither send-back nor the retry topic worked: consume again here in 5 s.
+            let inner = self.clone();
+            let state = state.clone();
+            let f = match &self.listener {
+                MessageListener::Concurrently(f) => f.clone(),
+                MessageListener::Orderly(_) => return,
+            };
+            state.begin();
+            tokio::spawn(async move {
+                tokio::select! {
+                    _ = state.cancel.cancelled() => {}
+                    _ = tokio::time::sleep(Duration::from_secs(5)) => {
+                        inner.spawn_concurrent(state.clone(), f, keep);
+                    }
+                }
+                state.end();
+            });
+        }
+    }
+}

@@ -1,0 +1,659 @@
+//! The rebalance driver: one tokio task per consumer that owns a
+//! [`shoal_group::rebalance::Rebalancer`] and does its I/O. The push consumer and the lite
+//! pull consumer both use it (through [`QueueRuntime`], which starts, stops and commits their
+//! queues), so they hand over, fence and start queues the same way.
+//!
+//! The task is the rebalancer's only owner: it feeds it events (results of the actions it
+//! spawned, broker notices, lease evidence from heartbeats) with `Instant::now()`, executes
+//! the actions it polls, and sleeps until [`Rebalancer::poll_timeout`]. Nothing is locked
+//! across an await; the rest of the consumer reads a snapshot ([`DriverHandle::owned`]).
+//!
+//! Leases: against a Shoal broker (GET_BROKER_FEATURES lists session locks) the consumer's
+//! locks last its session: they are granted with the session id, and every heartbeat (sent
+//! every `session_heartbeat`, 3 s) extends them until `sent + session_timeout`. Against an
+//! Apache RocketMQ broker a lock lasts `rocketmq_lock_lease` (30 s, the client-side expiry
+//! RocketMQ's orderly consumer uses against the broker's 60 s) from when it was asked for and
+//! is renewed after `rocketmq_lock_renew` (20 s); refused locks are asked for again with a
+//! short back-off, as no notice comes.
+
+use crate::coordinated::{Directive, Membership, TargetSource};
+use crate::error::Result;
+use crate::instance::ClientInstance;
+use futures::future::BoxFuture;
+use parking_lot::Mutex;
+use shoal_group::rebalance::{
+    Action, Handover, Lease, QueuePhase, RebalanceStats, Rebalancer, RebalancerConfig,
+};
+use shoal_group::AllocateStrategy;
+use shoal_proto::body::ConsumeFromWhere;
+use shoal_proto::constants::is_retry_topic;
+use shoal_proto::MessageQueue;
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, watch, Notify};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+/// What a consumer does with its queues when the rebalancer says so.
+pub(crate) trait QueueRuntime: Send + Sync + 'static {
+    /// Start pulling and delivering `mq` from `offset`; deliveries only before `lease_until`.
+    fn start(&self, mq: MessageQueue, offset: i64, lease_until: Option<Instant>);
+    /// The lease of a started queue moved.
+    fn set_lease(&self, mq: &MessageQueue, until: Instant);
+    /// Stop the queue (`fence`: at once, dropping what is cached); resolves once in-flight
+    /// deliveries ended, to the offset to commit (`None` when fenced or nothing to commit).
+    fn stop(&self, mq: MessageQueue, fence: bool) -> BoxFuture<'static, Option<i64>>;
+    /// Commit synchronously (broker, or the local file when broadcasting); true when stored.
+    fn commit(&self, mq: MessageQueue, offset: i64, rewind: bool) -> BoxFuture<'static, bool>;
+    /// Broadcasting: the offset stored locally for a queue.
+    fn local_offset(&self, mq: &MessageQueue) -> Option<i64>;
+}
+
+/// Settings of a driver.
+#[derive(Debug, Clone)]
+pub(crate) struct DriverConfig {
+    pub group: String,
+    /// Clustering (locks, broker offsets) or broadcasting (every queue, local offsets).
+    pub clustering: bool,
+    pub orderly: bool,
+    pub from_where: ConsumeFromWhere,
+    pub from_timestamp_ms: i64,
+    /// Safety-net rebalance period.
+    pub refresh_interval: Duration,
+    /// Shoal session timeout (lease of session locks).
+    pub session_timeout: Duration,
+    /// Heartbeats to Shoal brokers (lease renewal).
+    pub session_heartbeat: Duration,
+    /// Lease of a lock on an Apache RocketMQ broker, from its request.
+    pub rocketmq_lock_lease: Duration,
+    /// When a lock on an Apache RocketMQ broker is renewed, after its request.
+    pub rocketmq_lock_renew: Duration,
+    /// Coordinated mode (clustering consumers whose protocol is not classic): the group
+    /// membership whose assignment is the rebalancer's target.
+    pub membership: Option<Arc<Membership>>,
+}
+
+enum Cmd {
+    Subscribe(String),
+    LockFreed(Vec<MessageQueue>),
+    Reset(Vec<(MessageQueue, i64)>),
+    Shutdown,
+    View(String, Result<(Vec<MessageQueue>, Vec<String>)>),
+    /// Coordinated mode: the membership's directive after a heartbeat.
+    Member(Directive),
+    Locked {
+        queues: Vec<MessageQueue>,
+        granted: BTreeSet<MessageQueue>,
+        lease: Option<Lease>,
+        notice: bool,
+    },
+    Lease(String, Lease),
+    StartOffset(MessageQueue, Option<i64>),
+    Drained(MessageQueue, Option<i64>),
+    Committed(MessageQueue, bool),
+    Unlocked(Vec<MessageQueue>, bool),
+}
+
+/// What the rest of the consumer sees of the rebalancer.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Snapshot {
+    pub owned: Vec<MessageQueue>,
+    /// Queues whose lock is held: starting, started, draining or committing (what a
+    /// coordinated heartbeat reports as owned).
+    pub held: Vec<MessageQueue>,
+    /// Subscribed topics.
+    pub topics: Vec<String>,
+    pub stats: RebalanceStats,
+}
+
+/// The consumer's side of its driver. Cheap to clone.
+#[derive(Clone)]
+pub(crate) struct DriverHandle {
+    tx: mpsc::UnboundedSender<Cmd>,
+    notice: Arc<Notify>,
+    snapshot: Arc<Mutex<Snapshot>>,
+    done: watch::Receiver<bool>,
+    instance: ClientInstance,
+    membership: Option<Arc<Membership>>,
+}
+
+impl DriverHandle {
+    /// Something changed (membership notice, route change): rebalance now.
+    pub fn notice(&self) {
+        self.notice.notify_one();
+    }
+    pub fn lock_freed(&self, queues: Vec<MessageQueue>) {
+        let _ = self.tx.send(Cmd::LockFreed(queues));
+    }
+    pub fn subscribe(&self, topic: &str) {
+        {
+            let mut s = self.snapshot.lock();
+            if !s.topics.iter().any(|t| t == topic) {
+                s.topics.push(topic.to_owned());
+            }
+        }
+        let _ = self.tx.send(Cmd::Subscribe(topic.to_owned()));
+    }
+    /// The coordinated membership, if any.
+    pub fn membership(&self) -> Option<&Arc<Membership>> {
+        self.membership.as_ref()
+    }
+    /// Coordinated mode: heartbeat the coordinator now (a notice came).
+    pub fn member_wake(&self) {
+        if let Some(m) = &self.membership {
+            m.wake();
+        }
+    }
+    /// Coordinated mode: one heartbeat to the group's coordinator (reporting the held
+    /// queues); its outcome goes to the rebalancer. Returns false without a membership.
+    pub async fn member_heartbeat(&self, topics: &[String]) -> bool {
+        let Some(m) = &self.membership else {
+            return false;
+        };
+        let topics: Vec<String> = if topics.is_empty() {
+            self.snapshot.lock().topics.clone()
+        } else {
+            topics.to_vec()
+        };
+        let Some(addr) = coordinator_addr(&self.instance, m, &topics).await else {
+            let _ = self.tx.send(Cmd::Member(m.directive()));
+            return true;
+        };
+        let held = self.snapshot.lock().held.clone();
+        let out = m.heartbeat(&self.instance, &addr, topics, held).await;
+        let _ = self.tx.send(Cmd::Member(m.directive()));
+        if out.again {
+            m.wake();
+        }
+        true
+    }
+    /// Coordinated mode: heartbeats on notices, releases and every interval, until `token`.
+    pub fn spawn_membership(&self, token: CancellationToken) {
+        let Some(m) = self.membership.clone() else {
+            return;
+        };
+        let this = self.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = token.cancelled() => return,
+                    _ = m.wait() => {}
+                }
+                if *this.done.borrow() {
+                    // Shut down: the consumer leaves the group now.
+                    return;
+                }
+                this.member_heartbeat(&[]).await;
+            }
+        });
+    }
+    pub fn reset(&self, offsets: Vec<(MessageQueue, i64)>) {
+        let _ = self.tx.send(Cmd::Reset(offsets));
+    }
+    /// The queues owned now, sorted.
+    pub fn owned(&self) -> Vec<MessageQueue> {
+        self.snapshot.lock().owned.clone()
+    }
+    pub fn stats(&self) -> RebalanceStats {
+        self.snapshot.lock().stats
+    }
+    /// Releases every queue gracefully and waits (at most `limit`) until done.
+    pub async fn shutdown(&self, limit: Duration) {
+        let _ = self.tx.send(Cmd::Shutdown);
+        let mut done = self.done.clone();
+        if tokio::time::timeout(limit, done.wait_for(|d| *d))
+            .await
+            .is_err()
+        {
+            warn!("rebalance shutdown did not finish in time; the broker frees the rest when the session ends");
+        }
+        if let Some(m) = &self.membership {
+            let topics = self.snapshot.lock().topics.clone();
+            if let Some(addr) = coordinator_addr(&self.instance, m, &topics).await {
+                m.leave(&self.instance, &addr).await;
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for DriverHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DriverHandle").finish_non_exhaustive()
+    }
+}
+
+struct Driver {
+    cfg: DriverConfig,
+    rb: Rebalancer,
+    instance: ClientInstance,
+    runtime: Arc<dyn QueueRuntime>,
+    tx: mpsc::UnboundedSender<Cmd>,
+    snapshot: Arc<Mutex<Snapshot>>,
+    /// Fences and rejoins of the membership already applied.
+    member_fences: u64,
+    member_rejoins: u64,
+}
+
+/// The group's coordinator (a deterministic choice among the brokers of the topics); the
+/// routes are fetched when none is known yet.
+async fn coordinator_addr(
+    instance: &ClientInstance,
+    m: &Membership,
+    topics: &[String],
+) -> Option<String> {
+    let group = m.group();
+    if let Some(a) = Membership::coordinator_addr(instance, group, topics) {
+        return Some(a);
+    }
+    for t in topics.iter().filter(|t| !is_retry_topic(t)) {
+        if let Err(e) = instance.update_route(t).await {
+            debug!(topic = %t, error = %e, "no route for the coordinator choice");
+        }
+    }
+    Membership::coordinator_addr(instance, group, topics)
+}
+
+/// Starts the driver task of a consumer; it ends after a shutdown, or when `token` is cancelled
+/// (without releasing anything: the instance is going away).
+pub(crate) fn spawn(
+    cfg: DriverConfig,
+    strategy: Arc<dyn AllocateStrategy>,
+    instance: ClientInstance,
+    runtime: Arc<dyn QueueRuntime>,
+    token: CancellationToken,
+) -> DriverHandle {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let notice = Arc::new(Notify::new());
+    let snapshot = Arc::new(Mutex::new(Snapshot::default()));
+    let (done_tx, done) = watch::channel(false);
+    let mut rc = RebalancerConfig::new(cfg.group.clone(), instance.client_id());
+    rc.refresh_interval = cfg.refresh_interval;
+    rc.handover = if cfg.clustering {
+        Handover::Locks
+    } else {
+        Handover::Unguarded
+    };
+    if cfg.clustering {
+        instance.set_session_timeout(Some(cfg.session_timeout));
+    }
+    let membership = cfg.membership.clone();
+    let driver = Driver {
+        rb: Rebalancer::new(rc, strategy),
+        cfg,
+        instance: instance.clone(),
+        runtime,
+        tx: tx.clone(),
+        snapshot: snapshot.clone(),
+        member_fences: 0,
+        member_rejoins: 0,
+    };
+    tokio::spawn(driver.run(rx, notice.clone(), token, done_tx));
+    DriverHandle {
+        tx,
+        notice,
+        snapshot,
+        done,
+        instance,
+        membership,
+    }
+}
+
+impl Driver {
+    async fn run(
+        mut self,
+        mut rx: mpsc::UnboundedReceiver<Cmd>,
+        notice: Arc<Notify>,
+        token: CancellationToken,
+        done: watch::Sender<bool>,
+    ) {
+        let mut heartbeat = tokio::time::interval(self.cfg.session_heartbeat);
+        heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let held: Vec<MessageQueue> = self
+                .rb
+                .phases()
+                .into_iter()
+                // Not `Unlocking`: the final commit is acknowledged and the unlock (the
+                // coordinator's release evidence) is on its way; a heartbeat still naming the
+                // queue could arrive after the unlock and be fenced as owning what it lost.
+                .filter(|(_, p)| {
+                    !matches!(
+                        p,
+                        QueuePhase::Pending | QueuePhase::Acquiring | QueuePhase::Unlocking
+                    )
+                })
+                .map(|(mq, _)| mq)
+                .collect();
+            let released = {
+                let mut s = self.snapshot.lock();
+                s.owned = self.rb.owned();
+                s.stats = self.rb.stats();
+                let released = s.held.iter().any(|q| !held.contains(q));
+                s.held = held;
+                released
+            };
+            if released && self.rb.is_coordinated() {
+                // Report the release at once: the coordinator gives the queue to its next
+                // owner only then.
+                if let Some(m) = &self.cfg.membership {
+                    m.wake();
+                }
+            }
+            // The snapshot first: a coordinated heartbeat must never name a queue whose
+            // unlock (release evidence) is already on its way.
+            while let Some(a) = self.rb.poll_action() {
+                self.execute(a);
+            }
+            if self.rb.is_shutting_down() && self.rb.is_idle() {
+                break;
+            }
+            let deadline = self.rb.poll_timeout().map(tokio::time::Instant::from_std);
+            let sleep = async {
+                match deadline {
+                    Some(d) => tokio::time::sleep_until(d).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                biased;
+                _ = token.cancelled() => break,
+                cmd = rx.recv() => match cmd {
+                    Some(cmd) => self.apply(cmd),
+                    None => break,
+                },
+                _ = notice.notified() => self.rb.handle_notice(Instant::now()),
+                _ = sleep => self.rb.handle_timeout(Instant::now()),
+                _ = heartbeat.tick(), if self.cfg.clustering => self.heartbeat(),
+            }
+        }
+        let _ = done.send(true);
+        debug!(group = %self.cfg.group, "rebalance driver stopped");
+    }
+
+    fn apply(&mut self, cmd: Cmd) {
+        let now = Instant::now();
+        let rb = &mut self.rb;
+        match cmd {
+            Cmd::Subscribe(t) => rb.handle_subscribe(now, &t),
+            Cmd::LockFreed(q) => rb.handle_lock_freed(now, &q),
+            Cmd::Reset(list) => {
+                for (mq, o) in list {
+                    rb.handle_reset(now, &mq, o);
+                }
+            }
+            Cmd::Shutdown => rb.handle_shutdown(now),
+            Cmd::View(topic, Ok((queues, members))) => rb.handle_view(now, &topic, queues, members),
+            Cmd::Member(d) => {
+                if d.fences > self.member_fences {
+                    self.member_fences = d.fences;
+                    rb.handle_fenced(now);
+                }
+                if d.rejoins > self.member_rejoins {
+                    self.member_rejoins = d.rejoins;
+                    rb.handle_rejoin(now);
+                }
+                match d.source {
+                    TargetSource::Waiting => {
+                        if !rb.is_coordinated() {
+                            rb.handle_rejoin(now);
+                        }
+                    }
+                    TargetSource::Coordinator { epoch, queues } => {
+                        rb.handle_target(now, i64::from(epoch), queues)
+                    }
+                    TargetSource::Classic => rb.handle_classic(now),
+                }
+            }
+            Cmd::View(topic, Err(e)) => {
+                // A retry topic appears once the broker created it: keep trying quietly.
+                if !is_retry_topic(&topic) {
+                    debug!(topic, error = %e, "rebalance view not fetched");
+                }
+                rb.handle_view_failed(now, &topic)
+            }
+            Cmd::Locked {
+                queues,
+                granted,
+                lease,
+                notice,
+            } => rb.handle_lock_result(now, &queues, &granted, lease, notice),
+            Cmd::Lease(broker, lease) => rb.handle_lease(now, &broker, lease),
+            Cmd::StartOffset(mq, o) => rb.handle_start_offset(now, &mq, o),
+            Cmd::Drained(mq, o) => rb.handle_drained(now, &mq, o),
+            Cmd::Committed(mq, ok) => rb.handle_committed(now, &mq, ok),
+            Cmd::Unlocked(queues, ok) => {
+                for q in &queues {
+                    rb.handle_unlocked(now, q, ok);
+                }
+            }
+        }
+    }
+
+    /// Spawns the I/O of one action; its result comes back as a [`Cmd`].
+    fn execute(&mut self, action: Action) {
+        let tx = self.tx.clone();
+        let instance = self.instance.clone();
+        let cfg = self.cfg.clone();
+        match action {
+            Action::FetchView { topic } => {
+                tokio::spawn(async move {
+                    let r = fetch_view(&instance, &cfg, &topic).await;
+                    let _ = tx.send(Cmd::View(topic, r));
+                });
+            }
+            Action::Lock { broker, queues } => {
+                tokio::spawn(async move {
+                    let cmd = lock(&instance, &cfg, &broker, queues).await;
+                    let _ = tx.send(cmd);
+                });
+            }
+            Action::QueryStartOffset { mq } => {
+                let local = self.runtime.local_offset(&mq);
+                tokio::spawn(async move {
+                    let r = start_offset(&instance, &cfg, &mq, local).await;
+                    let o = match r {
+                        Ok(o) => Some(o),
+                        Err(e) => {
+                            warn!(queue = %mq, error = %e, "no start offset; retrying");
+                            None
+                        }
+                    };
+                    let _ = tx.send(Cmd::StartOffset(mq, o));
+                });
+            }
+            Action::Start {
+                mq,
+                offset,
+                lease_until,
+            } => {
+                debug!(queue = %mq, offset, "queue started");
+                self.runtime.start(mq, offset, lease_until);
+            }
+            Action::Lease { mq, until } => self.runtime.set_lease(&mq, until),
+            Action::Stop { mq } => {
+                let stop = self.runtime.stop(mq.clone(), false);
+                tokio::spawn(async move {
+                    let o = stop.await;
+                    let _ = tx.send(Cmd::Drained(mq, o));
+                });
+            }
+            Action::Fence { mq } => {
+                info!(queue = %mq, "lease ran out or lock lost: queue fenced (no delivery until it is locked again)");
+                let stop = self.runtime.stop(mq.clone(), true);
+                tokio::spawn(async move {
+                    stop.await;
+                    let _ = tx.send(Cmd::Drained(mq, None));
+                });
+            }
+            Action::Commit { mq, offset, rewind } => {
+                let commit = self.runtime.commit(mq.clone(), offset, rewind);
+                tokio::spawn(async move {
+                    let ok = commit.await;
+                    debug!(queue = %mq, offset, ok, "final offset committed");
+                    let _ = tx.send(Cmd::Committed(mq, ok));
+                });
+            }
+            Action::Unlock { broker, queues } => {
+                tokio::spawn(async move {
+                    let topic = queues.first().map(|q| q.topic.clone()).unwrap_or_default();
+                    let r = instance
+                        .unlock_batch(&cfg.group, &broker, &topic, queues.clone())
+                        .await;
+                    if let Err(e) = &r {
+                        debug!(broker, error = %e, "unlock failed; asking again");
+                    }
+                    let _ = tx.send(Cmd::Unlocked(queues, r.is_ok()));
+                });
+            }
+        }
+    }
+
+    /// Lease evidence: a heartbeat to every Shoal broker.
+    fn heartbeat(&self) {
+        for (name, addr) in self.instance.masters() {
+            let (tx, instance, cfg) = (self.tx.clone(), self.instance.clone(), self.cfg.clone());
+            tokio::spawn(async move {
+                if !matches!(instance.broker_kind(&addr).await, Ok(k) if k.has_session_locks()) {
+                    return;
+                }
+                let sent = Instant::now();
+                match instance.heartbeat_to(&addr).await {
+                    Ok(sessions) => {
+                        let session = sessions.get(&cfg.group).copied();
+                        let lease = session_lease(&cfg, sent, session);
+                        let _ = tx.send(Cmd::Lease(name, lease));
+                    }
+                    Err(e) => debug!(broker = %addr, error = %e, "heartbeat failed"),
+                }
+            });
+        }
+    }
+}
+
+fn session_lease(cfg: &DriverConfig, sent: Instant, session: Option<u64>) -> Lease {
+    Lease {
+        until: sent + cfg.session_timeout,
+        renew_at: sent + cfg.session_timeout * 2 / 3,
+        session,
+    }
+}
+
+async fn fetch_view(
+    instance: &ClientInstance,
+    cfg: &DriverConfig,
+    topic: &str,
+) -> Result<(Vec<MessageQueue>, Vec<String>)> {
+    let route = match instance.cached_route(topic) {
+        Some(r) => r,
+        None => instance.update_route(topic).await?,
+    };
+    let queues = route.subscribe_queues(topic);
+    let members = if cfg.clustering {
+        instance.consumer_ids(&cfg.group, topic).await?
+    } else {
+        Vec::new()
+    };
+    Ok((queues, members))
+}
+
+async fn lock(
+    instance: &ClientInstance,
+    cfg: &DriverConfig,
+    broker: &str,
+    queues: Vec<MessageQueue>,
+) -> Cmd {
+    let topic = queues.first().map(|q| q.topic.clone()).unwrap_or_default();
+    let failed = |queues| Cmd::Locked {
+        queues,
+        granted: BTreeSet::new(),
+        lease: None,
+        notice: false,
+    };
+    let Ok(addr) = instance.find_master_addr(broker, &topic).await else {
+        return failed(queues);
+    };
+    let kind = match instance.broker_kind(&addr).await {
+        Ok(k) => k,
+        Err(e) => {
+            debug!(broker, error = %e, "broker features unknown; lock not asked");
+            return failed(queues);
+        }
+    };
+    let sent = Instant::now();
+    if kind.has_session_locks() {
+        match instance
+            .lock_batch_session(&cfg.group, broker, &topic, queues.clone(), cfg.orderly)
+            .await
+        {
+            Ok(g) => Cmd::Locked {
+                queues,
+                granted: g.locked.into_iter().collect(),
+                lease: Some(session_lease(cfg, sent, g.session)),
+                // Without a session (our heartbeat was not seen yet) no notice will come.
+                notice: g.session.is_some(),
+            },
+            Err(e) => {
+                debug!(broker, error = %e, "lock failed");
+                failed(queues)
+            }
+        }
+    } else {
+        match instance
+            .lock_batch(&cfg.group, broker, &topic, queues.clone())
+            .await
+        {
+            Ok(locked) => Cmd::Locked {
+                queues,
+                granted: locked.into_iter().collect(),
+                lease: Some(Lease {
+                    until: sent + cfg.rocketmq_lock_lease,
+                    renew_at: sent + cfg.rocketmq_lock_renew,
+                    session: None,
+                }),
+                notice: false,
+            },
+            Err(e) => {
+                debug!(broker, error = %e, "lock failed");
+                failed(queues)
+            }
+        }
+    }
+}
+
+/// Where a newly owned queue starts (spec 7.4): the group's committed offset (broker, or the
+/// local file when broadcasting), else consume-from-where — the first stored message, the last,
+/// or the first at the configured time (`%RETRY%` topics: from the start, or the end for
+/// a timestamp).
+pub(crate) async fn start_offset(
+    instance: &ClientInstance,
+    cfg: &DriverConfig,
+    mq: &MessageQueue,
+    local: Option<i64>,
+) -> Result<i64> {
+    if cfg.clustering {
+        if let Some(o) = instance.query_consumer_offset(&cfg.group, mq).await? {
+            return Ok(o);
+        }
+    } else if let Some(o) = local {
+        return Ok(o);
+    }
+    let retry = is_retry_topic(&mq.topic);
+    match cfg.from_where {
+        ConsumeFromWhere::ConsumeFromFirstOffset => instance.min_offset(mq).await,
+        ConsumeFromWhere::ConsumeFromTimestamp => {
+            if retry {
+                instance.max_offset(mq).await
+            } else {
+                instance.search_offset(mq, cfg.from_timestamp_ms).await
+            }
+        }
+        _ => {
+            if retry {
+                instance.min_offset(mq).await
+            } else {
+                instance.max_offset(mq).await
+            }
+        }
+    }
+}
