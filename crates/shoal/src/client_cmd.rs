@@ -101,6 +101,10 @@ pub struct ConsumeArgs {
     /// first failure).
     #[arg(long)]
     pub max_reconsume_times: Option<i32>,
+    /// Session timeout announced to Shoal brokers, ms: a member silent this long leaves the
+    /// group and its queue locks (leases) end; a frozen member's queues move after it.
+    #[arg(long, default_value_t = 10_000)]
+    pub session_timeout_ms: u64,
 }
 
 fn progress(total: u64) -> ProgressBar {
@@ -283,6 +287,9 @@ fn print_message(json_out: bool, m: &MessageExt, ctx: &ConsumeContext, failed: b
             "queue": ctx.message_queue.queue_id, "queueOffset": m.queue_offset, "tags": m.tags(),
             "keys": m.keys(), "reconsumeTimes": m.reconsume_times, "storeTimestamp": m.store_timestamp,
             "body": String::from_utf8_lossy(&m.body),
+            // When the listener got it (µs since the epoch): delivery records of separate
+            // processes can be ordered by it.
+            "atUs": std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or_default(),
         })
         .to_string()
     } else {
@@ -438,7 +445,11 @@ pub async fn consume(common: &Common, a: ConsumeArgs) -> anyhow::Result<()> {
         .consume_from_where(from)
         .allocate_strategy(a.strategy.clone())
         .protocol(a.protocol)
-        .rebalance_interval(Duration::from_secs(a.rebalance_interval_secs.max(1)));
+        .rebalance_interval(Duration::from_secs(a.rebalance_interval_secs.max(1)))
+        .session_timeout(Duration::from_millis(a.session_timeout_ms))
+        .configure(|c| {
+            c.session_heartbeat_interval = (c.session_timeout / 3).min(Duration::from_secs(3));
+        });
     if let Some(id) = &a.instance_id {
         builder = builder.instance_id(id.clone());
     }
