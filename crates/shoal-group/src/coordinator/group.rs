@@ -50,6 +50,13 @@ pub(crate) struct Member {
     /// Queues it must release, with the epoch they were given at.
     #[serde(with = "super::queue_map")]
     pending: BTreeMap<MessageQueue, i32>,
+    /// Queues it gave up by evidence (the broker saw it unlock them), with its member epoch
+    /// at that moment. A heartbeat built before the unlock may still name them; such a report
+    /// is stale, not a claim (see [`Group::stale_claim`]). An entry is forgotten once a
+    /// heartbeat no longer names the queue or the queue is given to this member again, so the
+    /// map never holds more than the queues of its topics.
+    #[serde(default, with = "super::queue_map")]
+    released: BTreeMap<MessageQueue, i32>,
     state: MemberState,
     rebalance_timeout_ms: u64,
     session_deadline_ms: u64,
@@ -269,6 +276,7 @@ impl Group {
                             epoch: 0,
                             assigned: BTreeMap::new(),
                             pending: BTreeMap::new(),
+                            released: BTreeMap::new(),
                             state: MemberState::Stable,
                             rebalance_timeout_ms: cfg.rebalance_timeout_ms,
                             session_deadline_ms: now,
@@ -292,22 +300,25 @@ impl Group {
             if req.member_epoch > m.epoch {
                 return Err(self.fenced(m, req.member_epoch, String::new()));
             }
-            if let Some(q) = req
-                .owned
-                .iter()
-                .find(|q| !m.assigned.contains_key(*q) && !m.pending.contains_key(*q))
-            {
-                return Err(self.fenced(
-                    m,
-                    req.member_epoch,
-                    format!(": it reports owning {q}, which it was not given"),
-                ));
+            if let Some(q) = req.owned.iter().find(|q| {
+                !m.assigned.contains_key(*q)
+                    && !m.pending.contains_key(*q)
+                    && !self.stale_claim(m, req.member_epoch, q)
+            }) {
+                let detail = match self.owners.get(q) {
+                    Some(other) => format!(": it reports owning {q}, which {other} owns"),
+                    None => format!(": it reports owning {q}, which it was not given"),
+                };
+                return Err(self.fenced(m, req.member_epoch, detail));
             }
         }
         let m = self
             .members
             .get_mut(&id)
             .ok_or_else(|| GroupError::InvalidRequest("member vanished".into()))?;
+        // A report without a released queue shows the member caught up with its unlock: from
+        // now on naming it again would be a claim.
+        m.released.retain(|q, _| req.owned.contains(q));
         m.client_id = req.client_id;
         m.conn_id = req.conn_id;
         m.rebalance_timeout_ms = req
@@ -352,6 +363,21 @@ impl Group {
             assignment: m.assigned.keys().cloned().collect(),
             heartbeat_interval_ms: cfg.heartbeat_interval_ms,
         })
+    }
+
+    /// Whether `member` naming `queue` (neither assigned nor pending) in a heartbeat stamped
+    /// `epoch` is a stale report rather than a claim, as Kafka reconciles owned partitions
+    /// instead of fencing on them: the member held the queue at an earlier epoch and the
+    /// broker saw it unlock it, and either the heartbeat was built before that unlock (its
+    /// epoch is not past the one the member had when it unlocked) or nobody else owns the
+    /// queue now. The queue stays out of its assignment; ownership is unchanged. A report of a
+    /// queue the member never released by evidence, or of one another member owns when the
+    /// report is newer than the unlock, is a real conflict and fenced.
+    fn stale_claim(&self, member: &Member, epoch: i32, queue: &MessageQueue) -> bool {
+        member
+            .released
+            .get(queue)
+            .is_some_and(|at| epoch <= *at || !self.owners.contains_key(queue))
     }
 
     fn fenced(&self, m: &Member, received: i32, detail: String) -> GroupError {
@@ -500,6 +526,7 @@ impl Group {
         for q in queues {
             if m.pending.remove(q).is_some() {
                 self.owners.remove(q);
+                m.released.insert(q.clone(), m.epoch);
                 any = true;
             }
         }
@@ -779,6 +806,13 @@ impl Group {
                 MemberState::Stable
             };
         }
+        let Member {
+            assigned,
+            pending,
+            released,
+            ..
+        } = &mut *m;
+        released.retain(|q, _| !assigned.contains_key(q) && !pending.contains_key(q));
         let assigned_changed = !m.assigned.keys().eq(before_assigned.iter());
         let visible = assigned_changed || m.pending.len() > before_pending;
         if visible {
@@ -949,6 +983,16 @@ impl Group {
                         m.id
                     ));
                 }
+            }
+            if let Some(q) = m
+                .released
+                .keys()
+                .find(|q| m.assigned.contains_key(*q) || m.pending.contains_key(*q))
+            {
+                return Err(format!(
+                    "group {}: {} holds {q} and remembers releasing it",
+                    self.name, m.id
+                ));
             }
             if m.state == MemberState::Away && !m.pending.is_empty() {
                 return Err(format!("group {}: away member {} revokes", self.name, m.id));

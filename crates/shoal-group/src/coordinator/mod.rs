@@ -27,7 +27,10 @@
 //!   pending-revocation set at any time ([`Coordinator::check_invariants`]).
 //! - **Fencing**: pulls, commits and lock renewals carry the member epoch and are checked with
 //!   [`Coordinator::validate`]: the member must exist, its epoch must not be ahead, and the
-//!   queue must have been given to it at or before that epoch.
+//!   queue must have been given to it at or before that epoch. A heartbeat is fenced when
+//!   its epoch is ahead or it claims a queue it was not given; a queue the member released by
+//!   evidence (the broker saw the unlock) that a heartbeat built before the unlock still
+//!   names is a stale report and ignored, as Kafka reconciles owned partitions.
 //! - **Static membership**: a member with an instance id that leaves gracefully (or whose
 //!   connection closes) keeps its queues reserved until its session times out; a new member
 //!   with the same instance id takes over its queues and epoch, and nothing moves.

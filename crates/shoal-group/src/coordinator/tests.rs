@@ -67,8 +67,14 @@ impl Client {
 
     /// One heartbeat; acts on the answer. Returns the error, if any.
     fn heartbeat(&mut self, c: &mut Coordinator, now: u64) -> Option<GroupError> {
+        let answer = c.heartbeat(self.request("G"), now);
+        self.apply(answer)
+    }
+
+    /// Acts on a heartbeat answer (possibly to a request built earlier).
+    fn apply(&mut self, answer: Result<HeartbeatResponse>) -> Option<GroupError> {
         self.heartbeats += 1;
-        match c.heartbeat(self.request("G"), now) {
+        match answer {
             Ok(r) => {
                 self.epoch = r.member_epoch;
                 let assigned: BTreeSet<MessageQueue> = r.assignment.into_iter().collect();
@@ -97,6 +103,19 @@ impl Client {
         for q in std::mem::take(&mut self.to_release) {
             self.owned.remove(&q);
         }
+    }
+
+    /// It releases its revoked queues and unlocks them (the broker tells the coordinator),
+    /// while a heartbeat it built before the unlock is still on its way; that heartbeat then
+    /// arrives. Returns the heartbeat's answer (already acted on).
+    fn unlock_racing_heartbeat(&mut self, c: &mut Coordinator, now: u64) -> Option<GroupError> {
+        let in_flight = self.request("G");
+        let gone: Vec<MessageQueue> = self.to_release.iter().cloned().collect();
+        self.release_now();
+        let client = format!("client-{}", self.member_id);
+        c.released_by_client("G", &client, &gone, now);
+        let answer = c.heartbeat(in_flight, now);
+        self.apply(answer)
     }
 }
 
@@ -232,6 +251,122 @@ fn unlock_evidence_frees_queues_before_the_heartbeat() {
         .any(|e| matches!(e, Effect::Notify { member_id, .. } if member_id == "b")));
     b.heartbeat(&mut c, 3);
     assert_eq!(b.owned.len(), 8);
+}
+
+/// The fence race of the orderly test: a member's heartbeat still lists a revoked queue
+/// because it was built before the member unlocked it; the broker processes the unlock first
+/// (release evidence: the queue goes to the joining member at once), then the heartbeat. The
+/// report is stale, not a claim: the member is not fenced (a fence would drop everything it
+/// has not committed), keeps its other queues, and ownership stays exclusive.
+#[test]
+fn a_heartbeat_built_before_an_unlock_is_not_fenced() {
+    let mut c = coordinator();
+    let mut a = Client::new("a", 1, "STICKY");
+    a.slow = true;
+    a.heartbeat(&mut c, 0);
+    let mut b = Client::new("b", 2, "STICKY");
+    b.heartbeat(&mut c, 1);
+    a.heartbeat(&mut c, 2);
+    assert_eq!(a.to_release.len(), 8);
+    let a_epoch = a.epoch;
+    let kept: BTreeSet<MessageQueue> = a.owned.difference(&a.to_release).cloned().collect();
+    let revoked: BTreeSet<MessageQueue> = a.to_release.clone();
+    // Built now (names the 8 revoked queues), delivered after the unlock.
+    let in_flight = a.request("G");
+    a.release_now();
+    c.released_by_client(
+        "G",
+        "client-a",
+        &revoked.iter().cloned().collect::<Vec<_>>(),
+        3,
+    );
+    // The unlock was the evidence: b is told and takes the queues before a's heartbeat lands.
+    b.heartbeat(&mut c, 3);
+    assert_eq!(b.owned, revoked);
+    check_exclusive(&c, &[a.clone(), b.clone()]);
+    let answer = c.heartbeat(in_flight.clone(), 4);
+    let r = answer.as_ref().expect("a stale report is not fenced");
+    assert!(r.member_epoch > a_epoch, "a moved on to the target epoch");
+    let assigned: BTreeSet<MessageQueue> = r.assignment.iter().cloned().collect();
+    assert_eq!(
+        assigned, kept,
+        "a keeps its own queues, b keeps the released ones"
+    );
+    a.apply(answer);
+    assert_eq!(a.owned, kept);
+    for q in &revoked {
+        assert_eq!(c.owner_of("G", q), Some("b"));
+    }
+    check_exclusive(&c, &[a.clone(), b.clone()]);
+    // The same report repeated (reordered duplicates of the old request) is still stale.
+    assert!(c.heartbeat(in_flight, 5).is_ok());
+    let mut all = vec![a.clone(), b.clone()];
+    converge(&mut c, &mut all, 6);
+    assert!(complete(&c, &all));
+    // Once a's heartbeats no longer name them, naming b's queue again is a real conflict,
+    // and so is a report at a's new epoch of a queue another member owns.
+    let mut claim = all[0].request("G");
+    claim.owned.insert(revoked.iter().next().unwrap().clone());
+    let err = c.heartbeat(claim, 7).unwrap_err();
+    assert!(
+        matches!(&err, GroupError::FencedMemberEpoch { detail, .. } if detail.contains("which b owns")),
+        "{err:?}"
+    );
+}
+
+/// A report at the member's new epoch (newer than its unlock) of a queue it unlocked is a
+/// claim, fenced when another member owns the queue; a late report after the new owner left
+/// (the queues came back to it) is fine.
+#[test]
+fn a_report_newer_than_the_unlock_is_fenced_only_on_a_conflict() {
+    let mut c = coordinator();
+    let mut a = Client::new("a", 1, "STICKY");
+    a.slow = true;
+    a.heartbeat(&mut c, 0);
+    let mut b = Client::new("b", 2, "STICKY");
+    b.slow = true;
+    b.heartbeat(&mut c, 1);
+    a.heartbeat(&mut c, 2);
+    let revoked: Vec<MessageQueue> = a.to_release.iter().cloned().collect();
+    let q = revoked[0].clone();
+    a.release_now();
+    c.released_by_client("G", "client-a", &revoked, 3);
+    // A heartbeat at a's new epoch that names q while b owns it: a real conflict.
+    let epoch_after = c
+        .describe("G", 3)
+        .unwrap()
+        .members
+        .iter()
+        .find(|m| m.member_id == "a")
+        .unwrap()
+        .member_epoch;
+    assert_eq!(c.owner_of("G", &q), Some("b"));
+    let mut r = a.request("G");
+    r.member_epoch = epoch_after;
+    r.owned.insert(q.clone());
+    assert!(matches!(
+        c.heartbeat(r, 4),
+        Err(GroupError::FencedMemberEpoch { .. })
+    ));
+
+    // Again, but the new owner leaves before the late report lands.
+    let mut c = coordinator();
+    let mut a = Client::new("a", 1, "STICKY");
+    a.slow = true;
+    a.heartbeat(&mut c, 0);
+    let mut b = Client::new("b", 2, "STICKY");
+    b.heartbeat(&mut c, 1);
+    a.heartbeat(&mut c, 2);
+    let revoked: Vec<MessageQueue> = a.to_release.iter().cloned().collect();
+    let in_flight = a.request("G");
+    a.release_now();
+    c.released_by_client("G", "client-a", &revoked, 3);
+    c.leave("G", "b", false, 4).unwrap();
+    // a is given everything back; its late report names nothing it may not hold.
+    assert!(c.heartbeat(in_flight, 5).is_ok());
+    let mut all = vec![a];
+    converge(&mut c, &mut all, 6);
+    assert!(complete(&c, &all));
 }
 
 /// 16 queues, 4 -> 8 -> 4 members: sticky assignors move exactly the minimum, ownership is
@@ -655,7 +790,9 @@ fn assignor_follows_the_members_and_history_is_bounded() {
 
 #[derive(Debug, Clone)]
 enum Op {
-    Join { static_member: bool },
+    Join {
+        static_member: bool,
+    },
     Leave(usize),
     Kill(usize),
     Freeze(usize),
@@ -664,6 +801,8 @@ enum Op {
     SetSlow(usize, bool),
     Release(usize),
     Unlock(usize),
+    /// Unlock while a heartbeat built before it is in flight; the heartbeat lands after.
+    UnlockRacingHeartbeat(usize),
     Restart(usize),
     Queues(i32),
     Advance(u64),
@@ -680,6 +819,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => ((0usize..16), any::<bool>()).prop_map(|(i, s)| Op::SetSlow(i, s)),
         2 => (0usize..16).prop_map(Op::Release),
         1 => (0usize..16).prop_map(Op::Unlock),
+        2 => (0usize..16).prop_map(Op::UnlockRacingHeartbeat),
         1 => (0usize..16).prop_map(Op::Restart),
         1 => (1i32..24).prop_map(Op::Queues),
         2 => (1u64..20_000).prop_map(Op::Advance),
@@ -763,6 +903,15 @@ fn run(ops: Vec<Op>, assignor: &str) {
                     s.live[i].release_now();
                     let client = format!("client-{}", s.live[i].member_id);
                     c.released_by_client("G", &client, &gone, s.now);
+                }
+            }
+            Op::UnlockRacingHeartbeat(i) => {
+                if let Some(i) = pick(s.live.len(), i) {
+                    let e = s.live[i].unlock_racing_heartbeat(&mut c, s.now);
+                    assert!(
+                        !matches!(e, Some(GroupError::FencedMemberEpoch { .. })),
+                        "a heartbeat built before an unlock was fenced: {e:?}"
+                    );
                 }
             }
             Op::Restart(i) => {
