@@ -66,15 +66,6 @@ impl ClientConfig {
                 "no name server address".to_owned(),
             ));
         }
-        if self.tls.is_some() {
-            // The instance's connections are made in instance.rs, which another change is
-            // splitting now; until TLS is wired there, refuse instead of speaking plaintext.
-            return Err(ClientError::InvalidArgument(
-                "TLS for producers and consumers is not available in this build yet (admin \
-                 commands and the servers support it)"
-                    .to_owned(),
-            ));
-        }
         for (name, d) in [
             ("poll_namesrv_interval", self.poll_namesrv_interval),
             ("heartbeat_interval", self.heartbeat_interval),

@@ -359,11 +359,12 @@ impl ClientInstance {
             None => local_ip_towards(config.namesrv_addrs.first().map_or("", String::as_str)),
         };
         let registry = Arc::new(Registry::default());
-        let net = RemotingClient::new(
+        let net = RemotingClient::with_tls(
             NetConfig::default(),
             Arc::new(ClientProcessor {
                 registry: Arc::clone(&registry),
             }),
+            config.tls.clone(),
         );
         let start_index = rand::random::<usize>() % config.namesrv_addrs.len().max(1);
         let inner = Arc::new(Inner {

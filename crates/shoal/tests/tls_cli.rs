@@ -1,7 +1,7 @@
 //! TLS with the `shoal` binary as separate processes: `shoal namesrv --tls-mode enforcing`, a
 //! `shoal broker` with a `[tls]` table (enforcing listener, TLS to the name server), and the
-//! CLI administering over TLS; plaintext refused, a wrong CA refused with a clear error.
-//! `shoal dev --tls-mode permissive` serves TLS and plaintext clients.
+//! CLI sending, consuming and administering over TLS; plaintext refused, a wrong CA refused
+//! with a clear error. `shoal dev --tls-mode permissive` serves TLS and plaintext clients.
 //! Certificates are made by rcgen (a CA and a server certificate for 127.0.0.1).
 
 mod support;
@@ -164,9 +164,7 @@ fn enforcing_name_server_and_broker_serve_the_cli_over_tls_only() {
         &ns,
         &["topic", "create", "Secure", "--queues", "2", "--tls-ca", ca],
     ));
-    // Producers and consumers refuse TLS (not plaintext instead) until the client's
-    // connections are wired for it.
-    let e = failed(&run(
+    let sent = run(
         &ns,
         &[
             "send",
@@ -178,8 +176,19 @@ fn enforcing_name_server_and_broker_serve_the_cli_over_tls_only() {
             "--tls-ca",
             ca,
         ],
+    );
+    ok(&sent);
+    let said = String::from_utf8_lossy(&sent.stderr);
+    assert!(said.contains("5 messages sent"), "{said}");
+    let got = ok(&run(
+        &ns,
+        &[
+            "consume", "Secure", "--group", "tls-g", "--from", "first", "--count", "5", "--json",
+            "--tls-ca", ca,
+        ],
     ));
-    assert!(e.contains("not available in this build yet"), "{e}");
+    let expected: Vec<String> = (0..5).map(|i| format!("secret {i}")).collect();
+    assert_eq!(consumed_bodies(&got), expected, "{got}");
 
     let status = ok(&run(
         &ns,
@@ -257,20 +266,23 @@ fn permissive_dev_serves_tls_and_plaintext_clients() {
         &ns,
         &["send", "Mixed", "--body", "plain {i}", "--count", "3"],
     ));
-    // Admin commands over TLS and over plaintext on the same listeners.
-    let over_tls = ok(&run(&ns, &["topic", "list", "--json", "--tls-ca", ca]));
-    let plain = ok(&run(&ns, &["topic", "list", "--json"]));
-    assert!(
-        over_tls.contains("Mixed") && plain.contains("Mixed"),
-        "{over_tls} / {plain}"
-    );
+    ok(&run(
+        &ns,
+        &[
+            "send", "Mixed", "--body", "tls {i}", "--count", "3", "--tls-ca", ca,
+        ],
+    ));
     let got = ok(&run(
         &ns,
         &[
-            "consume", "Mixed", "--group", "mixed-g", "--from", "first", "--count", "3", "--json",
+            "consume", "Mixed", "--group", "mixed-g", "--from", "first", "--count", "6", "--json",
+            "--tls-ca", ca,
         ],
     ));
-    let expected: Vec<String> = (0..3).map(|i| format!("plain {i}")).collect();
+    let mut expected: Vec<String> = (0..3)
+        .flat_map(|i| [format!("plain {i}"), format!("tls {i}")])
+        .collect();
+    expected.sort();
     assert_eq!(consumed_bodies(&got), expected, "{got}");
 }
 
