@@ -19,7 +19,7 @@ work=$(mktemp -d)
 trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$work"' EXIT
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 kp=$(port)
-(cd "$work" && exec "$SHOAL_BIN" dev --namesrv-port "$(port)" --broker-port "$(port)" --kafka-port "$kp" >dev.out 2>dev.err) &
+(cd "$work" && exec "$SHOAL_BIN" dev --namesrv-port "$(port)" --broker-port "$(port)" --kafka-port "$kp" --no-http >dev.out 2>dev.err) &
 pid=$!
 for _ in $(seq 100); do grep -q "Shoal dev is running" "$work/dev.out" 2>/dev/null && break; sleep 0.1; done
 echo "# $(uptime)"

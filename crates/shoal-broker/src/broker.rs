@@ -178,6 +178,22 @@ impl Counters {
     }
 }
 
+/// Describes a classic group served by a protocol listener of this broker (None when the
+/// listener does not hold it, or is gone). Called without any broker lock held; it must not
+/// block.
+#[derive(Clone)]
+pub struct ListenerGroups(pub Arc<DescribeListenerGroup>);
+
+/// The function behind [`ListenerGroups`].
+pub type DescribeListenerGroup =
+    dyn Fn(&str) -> Option<shoal_group::classic_group::ClassicGroupDescription> + Send + Sync;
+
+impl std::fmt::Debug for ListenerGroups {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ListenerGroups")
+    }
+}
+
 /// State shared by every processor and service of one broker.
 #[derive(Debug)]
 pub struct BrokerInner {
@@ -239,6 +255,9 @@ pub struct BrokerInner {
     pub acl: Option<shoal_proto::acl::AccessControl>,
     /// Credentials for name server requests.
     pub namesrv_credentials: Option<shoal_proto::acl::SessionCredentials>,
+    /// Classic groups of a protocol listener on this broker (Kafka's JoinGroup/SyncGroup
+    /// groups), so GROUP_DESCRIBE shows them; set once by whoever starts the listener.
+    pub listener_groups: std::sync::OnceLock<ListenerGroups>,
     started: Instant,
     started_wall_ms: i64,
 }
@@ -957,6 +976,7 @@ impl Broker {
             persist_lock: Mutex::new(()),
             acl,
             namesrv_credentials,
+            listener_groups: std::sync::OnceLock::new(),
             started: Instant::now(),
             started_wall_ms: now,
             config,

@@ -5,6 +5,7 @@ use crate::broker::BrokerInner;
 use crate::group_state::GroupMode;
 use crate::reply::{ok, ok_json, Handled, Reject};
 use serde::Serialize;
+use shoal_group::classic_group::ClassicMemberDescription;
 use shoal_group::coordinator::{
     GroupDescription, HeartbeatRequest, MemberDescription, RebalanceRecord,
 };
@@ -103,12 +104,13 @@ pub fn leave(b: &BrokerInner, req: &RemotingCommand) -> Handled {
     ok()
 }
 
-/// A member as GROUP_DESCRIBE shows it: the coordinator's view plus its lag.
+/// A member as GROUP_DESCRIBE shows it: the coordinator's (or the listener's) view plus its
+/// lag.
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
-struct MemberView {
+struct MemberView<M = MemberDescription> {
     #[serde(flatten)]
-    member: MemberDescription,
+    member: M,
     /// Messages not yet committed over its owned queues.
     lag: i64,
 }
@@ -132,7 +134,25 @@ struct DescribeAnswer {
     classic_clients: Vec<String>,
 }
 
-/// GROUP_DESCRIBE: mode, epochs, assignor, members with owned and target queues and lag.
+/// GROUP_DESCRIBE's answer for a Kafka classic group of the Kafka listener.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ListenerGroupAnswer {
+    group: String,
+    mode: GroupMode,
+    /// Kafka's state name.
+    state: &'static str,
+    generation: i32,
+    protocol_type: Option<String>,
+    /// The client-side assignor the generation chose (`range`, `cooperative-sticky`, ...).
+    assignor: Option<String>,
+    leader: Option<String>,
+    members: Vec<MemberView<ClassicMemberDescription>>,
+    classic_clients: Vec<String>,
+}
+
+/// GROUP_DESCRIBE: mode, epochs, assignor, members with owned and target queues and lag (for
+/// a Kafka classic group: state, generation, assignor, leader, members with their queues).
 pub fn describe(b: &BrokerInner, req: &RemotingCommand) -> Handled {
     let body: GroupRef = req.decode_json_body()?;
     let now = b.coord_ms();
@@ -152,6 +172,31 @@ pub fn describe(b: &BrokerInner, req: &RemotingCommand) -> Handled {
             .unwrap_or(0);
         (max - committed).max(0)
     };
+    if mode == GroupMode::Empty {
+        // Not the coordinator's nor RocketMQ's: maybe a Kafka classic group of the listener.
+        // (Called with no broker lock held.)
+        let listener = b.listener_groups.get().and_then(|f| (f.0)(&body.group));
+        if let Some(d) = listener.filter(|d| !d.members.is_empty()) {
+            return ok_json(&ListenerGroupAnswer {
+                mode: GroupMode::KafkaClassic,
+                group: d.group,
+                state: d.state,
+                generation: d.generation,
+                protocol_type: d.protocol_type,
+                assignor: d.protocol,
+                leader: d.leader,
+                members: d
+                    .members
+                    .into_iter()
+                    .map(|m| MemberView {
+                        lag: m.owned.iter().map(lag).sum(),
+                        member: m,
+                    })
+                    .collect(),
+                classic_clients: Vec::new(),
+            });
+        }
+    }
     let answer = match desc {
         Some(d) if mode == GroupMode::Coordinated => DescribeAnswer {
             group: d.group,

@@ -36,6 +36,9 @@ pub enum GroupMode {
     Classic,
     /// No members.
     Empty,
+    /// Kafka classic-protocol members (JoinGroup/SyncGroup) of the Kafka listener; only in
+    /// GROUP_DESCRIBE answers (the broker's group state does not hold these groups).
+    KafkaClassic,
 }
 
 impl std::fmt::Display for GroupMode {
@@ -44,6 +47,7 @@ impl std::fmt::Display for GroupMode {
             Self::Coordinated => "coordinated",
             Self::Classic => "classic",
             Self::Empty => "empty",
+            Self::KafkaClassic => "kafkaClassic",
         })
     }
 }

@@ -7,6 +7,7 @@ use crate::host::BrokerHandle;
 use crate::state::State;
 use crate::KafkaError;
 use bytes::BytesMut;
+use shoal_group::classic_group::ClassicGroupDescription;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -67,6 +68,20 @@ impl KafkaServer {
     /// The bound address.
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
+    }
+
+    /// Describes this listener's classic (JoinGroup/SyncGroup) groups for the broker's
+    /// GROUP_DESCRIBE, so `shoal group describe` shows them: `None` for a group the listener
+    /// does not hold (or holds without members), and for every group once the listener is
+    /// gone (it holds the listener weakly).
+    pub fn classic_group_describer(
+        &self,
+    ) -> impl Fn(&str) -> Option<ClassicGroupDescription> + Send + Sync + 'static {
+        let state = Arc::downgrade(&self.state);
+        move |group| {
+            let s = state.upgrade()?;
+            s.groups.describe(group, &s.host.broker_name())
+        }
     }
 
     /// Counters of the listener.

@@ -646,13 +646,41 @@ async fn a_classic_group_forms_and_commits_offsets() {
     sr.member_id = jr.member_id.clone();
     let mut a = sync_group_request::SyncGroupRequestAssignment::default();
     a.member_id = jr.member_id.clone();
-    a.assignment = Bytes::from_static(b"both partitions");
+    // A consumer-protocol assignment (version 3) of both partitions of T4.
+    let mut tp = consumer_protocol_assignment::TopicPartition::default();
+    tp.topic = TopicName(StrBytes::from_static_str("T4"));
+    tp.partitions = vec![0, 1];
+    let mut cpa = ConsumerProtocolAssignment::default();
+    cpa.assigned_partitions = vec![tp];
+    let mut both = BytesMut::new();
+    both.put_i16(3);
+    cpa.encode(&mut both, 3).unwrap();
+    let both = both.freeze();
+    a.assignment = both.clone();
     sr.assignments = vec![a];
     let r: SyncGroupResponse = c.call(ApiKey::SyncGroup, 4, &sr).await;
+    assert_eq!((r.error_code, &r.assignment), (0, &both));
+    // What `shoal group describe` shows (through the broker's GROUP_DESCRIBE).
+    let describe = f.server.as_ref().unwrap().classic_group_describer();
+    let d = describe("G").expect("the group is described");
     assert_eq!(
-        (r.error_code, r.assignment.as_ref()),
-        (0, &b"both partitions"[..])
+        (
+            d.state,
+            d.generation,
+            d.protocol.as_deref(),
+            d.leader.as_deref()
+        ),
+        ("Stable", 1, Some("range"), Some(jr.member_id.as_str()))
     );
+    assert_eq!(d.members.len(), 1);
+    assert!(d.members[0].leader);
+    let owned: Vec<(String, i32)> = d.members[0]
+        .owned
+        .iter()
+        .map(|q| (q.topic.clone(), q.queue_id))
+        .collect();
+    assert_eq!(owned, [("T4".to_string(), 0), ("T4".to_string(), 1)]);
+    assert!(describe("unknown").is_none());
     let mut hb = HeartbeatRequest::default();
     hb.group_id = jr.group_id.clone();
     hb.generation_id = 1;

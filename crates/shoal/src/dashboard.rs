@@ -216,6 +216,7 @@ fn mode_of(s: &HttpState, group: &str) -> &'static str {
             shoal_broker::group_state::GroupMode::Classic => "classic",
             shoal_broker::group_state::GroupMode::Coordinated => "coordinated",
             shoal_broker::group_state::GroupMode::Empty => "-",
+            shoal_broker::group_state::GroupMode::KafkaClassic => "kafkaClassic",
         },
         None => "-",
     }

@@ -37,12 +37,53 @@ fn queue_list(list: &serde_json::Value) -> String {
         .join(" ")
 }
 
-pub(crate) fn print_describe(broker: &str, v: &serde_json::Value) {
-    let text = |k: &str| match &v[k] {
+/// A JSON field as text (`-` when absent).
+fn text_of(v: &serde_json::Value, k: &str) -> String {
+    match &v[k] {
         serde_json::Value::Null => "-".to_string(),
         serde_json::Value::String(s) => s.clone(),
         other => other.to_string(),
-    };
+    }
+}
+
+/// A Kafka classic group of the Kafka listener (JoinGroup/SyncGroup: generation, leader,
+/// client-side assignor).
+fn print_kafka_classic(broker: &str, v: &serde_json::Value) {
+    println!(
+        "group {}  mode kafkaClassic  state {}  generation {}  protocol {}/{}  leader {}  (broker {broker})",
+        text_of(v, "group"),
+        text_of(v, "state"),
+        text_of(v, "generation"),
+        text_of(v, "protocolType"),
+        text_of(v, "assignor"),
+        text_of(v, "leader"),
+    );
+    let mut t = Table::new(&[
+        "MEMBER", "INSTANCE", "CLIENT", "HOST", "LEADER", "OWNED", "LAG",
+    ]);
+    for m in v["members"].as_array().into_iter().flatten() {
+        t.row(vec![
+            text_of(m, "memberId"),
+            text_of(m, "instanceId"),
+            text_of(m, "clientId"),
+            text_of(m, "clientHost"),
+            if m["leader"].as_bool() == Some(true) {
+                "yes".into()
+            } else {
+                "-".into()
+            },
+            queue_list(&m["owned"]),
+            text_of(m, "lag"),
+        ]);
+    }
+    t.print();
+}
+
+pub(crate) fn print_describe(broker: &str, v: &serde_json::Value) {
+    if v["mode"] == "kafkaClassic" {
+        return print_kafka_classic(broker, v);
+    }
+    let text = |k: &str| text_of(v, k);
     println!(
         "group {}  mode {}  group epoch {}  target epoch {}  assignor {}  reconciled {}  (coordinator {broker})",
         text("group"),

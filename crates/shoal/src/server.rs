@@ -297,9 +297,20 @@ pub fn kafka_config(listen: &str, advertised: Option<&str>) -> anyhow::Result<Ka
 /// Starts the Kafka listener on a running broker.
 async fn start_kafka(broker: &Broker, cfg: KafkaConfig) -> anyhow::Result<KafkaServer> {
     let bridge = Arc::new(BrokerBridge::new(broker.inner().clone()));
-    KafkaServer::start(cfg, bridge)
+    let server = KafkaServer::start(cfg, bridge)
         .await
-        .map_err(anyhow::Error::new)
+        .map_err(anyhow::Error::new)?;
+    // `shoal group describe` shows the listener's classic groups.
+    let describe = server.classic_group_describer();
+    if broker
+        .inner()
+        .listener_groups
+        .set(shoal_broker::broker::ListenerGroups(Arc::new(describe)))
+        .is_err()
+    {
+        tracing::warn!("a listener's classic groups are already described by this broker");
+    }
+    Ok(server)
 }
 
 /// Listens for Ctrl-C or SIGTERM from now on (so a signal during start-up is not lost or

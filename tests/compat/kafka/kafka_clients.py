@@ -206,6 +206,23 @@ def group(strategy):
     members.append(Member(gid, topic, strategy))
     members.append(Member(gid, topic, strategy))
     wait_converged(members, partitions, f"{strategy}: two members joined")
+    if strategy in ("range", "cooperative-sticky"):
+        # Classic groups live in the Kafka listener; the broker's GROUP_DESCRIBE asks it, so
+        # `shoal group describe` shows generation, leader and the decoded assignments.
+        t0, d, owned = time.time(), {}, []
+        while time.time() - t0 < 20:
+            d = json.loads(shoal("group", "describe", gid, "--json"))
+            owned = sorted(q["queueId"] for m in d.get("members", []) for q in m.get("owned", []))
+            if d.get("mode") == "kafkaClassic" and d.get("state") == "Stable" \
+                    and len(d.get("members", [])) == 3 and owned == list(range(partitions)):
+                break
+            time.sleep(0.5)
+        check(d.get("mode") == "kafkaClassic" and d.get("state") == "Stable"
+              and len(d.get("members", [])) == 3 and d.get("assignor") == strategy
+              and d.get("generation", 0) >= 1
+              and sum(1 for m in d.get("members", []) if m.get("leader")) == 1,
+              f"{strategy}: shoal group describe shows the classic group of 3 ({d})")
+        check(owned == list(range(partitions)), f"{strategy}: describe shows every partition assigned once ({owned})")
     if strategy == "consumer":
         # KIP-848 groups live in the broker's coordinator, the one of Shoal's coordinated mode:
         # `shoal group describe` shows them (owned queues as the members last reported them).

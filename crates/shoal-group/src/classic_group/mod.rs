@@ -12,10 +12,12 @@
 //! within its session timeout with the same subscription gets its assignment back without
 //! a rebalance, and its old incarnation is fenced.
 
+mod describe;
 mod group;
 #[cfg(test)]
 mod tests;
 
+pub use describe::{ClassicGroupDescription, ClassicMemberDescription};
 pub use group::{ClassicGroup, GroupState, MemberView};
 
 use std::collections::BTreeMap;

@@ -2,6 +2,7 @@
 
 use super::*;
 use proptest::prelude::*;
+use shoal_proto::mq::MessageQueue;
 
 const SESSION: u64 = 10_000;
 const REBALANCE: u64 = 30_000;
@@ -166,6 +167,52 @@ fn stable_pair(g: &mut ClassicGroups) -> (i32, String) {
     sync_all(g, gen, &leader, &["a", "b"], 0);
     assert_eq!(g.get("G").unwrap().state(), GroupState::Stable);
     (gen, leader)
+}
+
+#[test]
+fn the_description_shows_generation_leader_and_decoded_assignments_while_stable() {
+    let mut g = ClassicGroups::new(cfg(0));
+    let (gen, leader) = stable_pair(&mut g);
+    // The "decoder" turns `for-a` into queue 0 of topic T and `for-b` into queue 1.
+    let decode = |pt: &str, bytes: &[u8]| -> Vec<MessageQueue> {
+        assert_eq!(pt, "consumer");
+        let id = match bytes {
+            b"for-a" => 0,
+            b"for-b" => 1,
+            _ => return Vec::new(),
+        };
+        vec![MessageQueue {
+            topic: "T".into(),
+            broker_name: "b".into(),
+            queue_id: id,
+        }]
+    };
+    let d = g.get("G").unwrap().describe(decode);
+    assert_eq!(d.group, "G");
+    assert_eq!(d.state, "Stable");
+    assert_eq!(d.generation, gen);
+    assert_eq!(d.protocol.as_deref(), Some("range"));
+    assert_eq!(d.leader.as_deref(), Some(leader.as_str()));
+    let ids: Vec<(&str, bool, Vec<i32>)> = d
+        .members
+        .iter()
+        .map(|m| {
+            (
+                m.member_id.as_str(),
+                m.leader,
+                m.owned.iter().map(|q| q.queue_id).collect(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        ids,
+        vec![("a", leader == "a", vec![0]), ("b", leader == "b", vec![1])]
+    );
+    // A third member starts a rebalance: assignments of the old generation are not shown.
+    first_join(&mut g, "c", 30, 10);
+    let d = g.get("G").unwrap().describe(decode);
+    assert_eq!(d.state, "PreparingRebalance");
+    assert!(d.members.iter().all(|m| m.owned.is_empty()));
 }
 
 #[test]
