@@ -63,32 +63,40 @@ fn start(dir: &Path) -> (Proc, Proc, String) {
         ),
     )
     .unwrap();
-    let spawn = |args: &[&str]| {
+    // Each process logs to a file in the test's directory, quoted when it does not come up.
+    let spawn = |name: &str, args: &[&str]| {
+        let log = std::fs::File::create(dir.join(format!("{name}.log"))).unwrap();
         Proc(
             Command::new(env!("CARGO_BIN_EXE_shoal"))
                 .args(args)
                 .stdout(Stdio::null())
-                .stderr(Stdio::null())
+                .stderr(log)
                 .spawn()
                 .unwrap(),
         )
     };
-    let n = spawn(&[
+    let n = spawn(
         "namesrv",
-        "--listen",
-        &ns,
-        "--acl-file",
-        acl.to_str().unwrap(),
-    ]);
+        &[
+            "namesrv",
+            "--listen",
+            &ns,
+            "--acl-file",
+            acl.to_str().unwrap(),
+        ],
+    );
     // `--namesrv` too: the global `--namesrv` default currently overrides the file's
     // `namesrv_addrs` (noted in the status file).
-    let b = spawn(&[
+    let b = spawn(
         "broker",
-        "--config",
-        cfg.to_str().unwrap(),
-        "--namesrv",
-        &ns,
-    ]);
+        &[
+            "broker",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--namesrv",
+            &ns,
+        ],
+    );
     // The broker is registered (its signed registration was accepted) when the cluster lists it.
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
@@ -96,7 +104,18 @@ fn start(dir: &Path) -> (Proc, Proc, String) {
         if o.status.success() && String::from_utf8_lossy(&o.stdout).contains("broker-a") {
             break;
         }
-        assert!(Instant::now() < deadline, "broker never registered");
+        if Instant::now() >= deadline {
+            let log = |name: &str| {
+                std::fs::read_to_string(dir.join(format!("{name}.log"))).unwrap_or_default()
+            };
+            panic!(
+                "broker never registered within 20 s; last cluster list: {} {}\n--- namesrv log\n{}\n--- broker log\n{}",
+                o.status,
+                String::from_utf8_lossy(&o.stderr),
+                log("namesrv"),
+                log("broker")
+            );
+        }
         std::thread::sleep(Duration::from_millis(100));
     }
     (n, b, ns)
