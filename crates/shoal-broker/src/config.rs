@@ -311,7 +311,9 @@ impl NetLimits {
         }
     }
 
-    fn validate(&self) -> Result<(), ConfigError> {
+    /// Checks values that would make the listener misbehave (a frame limit below 64 KiB, a
+    /// zero limit).
+    pub fn validate(&self) -> Result<(), ConfigError> {
         if self.max_frame_bytes < 64 * 1024 {
             return Err(ConfigError(format!(
                 "net.max_frame_bytes {} is below 64 KiB",
@@ -525,6 +527,31 @@ pub fn read_acl_config(
     Ok(cfg)
 }
 
+/// The name server's configuration file (`shoal namesrv --config FILE`, TOML): the `[net]`
+/// table, with the broker's keys, defaults and checks. Unknown keys are errors.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NamesrvFile {
+    /// Transport limits of the name server's listener.
+    pub net: NetLimits,
+}
+
+impl NamesrvFile {
+    /// Parses and checks a name server configuration document.
+    pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
+        let cfg: NamesrvFile = toml::from_str(text).map_err(|e| ConfigError(e.to_string()))?;
+        cfg.net.validate()?;
+        Ok(cfg)
+    }
+
+    /// Reads and checks a name server configuration file; the error names the file.
+    pub fn read(path: &std::path::Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError(format!("cannot read {}: {e}", path.display())))?;
+        Self::from_toml(&text).map_err(|e| ConfigError(format!("{}: {}", path.display(), e.0)))
+    }
+}
+
 /// Parses and compiles ACL TOML text.
 pub fn parse_acl(text: &str) -> Result<shoal_proto::acl::AccessControl, String> {
     let cfg: shoal_proto::acl::PlainAclConfig = toml::from_str(text).map_err(|e| e.to_string())?;
@@ -534,6 +561,23 @@ pub fn parse_acl(text: &str) -> Result<shoal_proto::acl::AccessControl, String> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn namesrv_file_takes_net_limits_and_refuses_unknown_keys() {
+        let f = NamesrvFile::from_toml("[net]\nmax_connections_per_ip = 2\n").unwrap();
+        assert_eq!(f.net.max_connections_per_ip, 2);
+        assert_eq!(f.net.net_config().max_connections_per_ip, 2);
+        assert_eq!(
+            f.net.idle_timeout_secs,
+            NetLimits::default().idle_timeout_secs
+        );
+        assert_eq!(NamesrvFile::from_toml("").unwrap(), NamesrvFile::default());
+        let e = NamesrvFile::from_toml("[net]\nmax_conections_per_ip = 2\n").unwrap_err();
+        assert!(e.0.contains("max_conections_per_ip"), "{e}");
+        let e = NamesrvFile::from_toml("[net]\nmax_inflight_requests = 0\n").unwrap_err();
+        assert!(e.0.contains("net.max_inflight_requests"), "{e}");
+        assert!(NamesrvFile::from_toml("listen = \"x\"\n").is_err());
+    }
 
     #[test]
     fn default_delay_levels() {

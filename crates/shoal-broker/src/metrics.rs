@@ -450,22 +450,12 @@ fn encode_net(
     e: &mut DescriptorEncoder<'_>,
     n: &shoal_net::NetStatsSnapshot,
 ) -> Result<(), std::fmt::Error> {
-    let hit = |limit: &'static str, action: &'static str, v: u64| {
-        ([("limit", limit), ("action", action)], v)
-    };
     encode_counters(
         e,
         "shoal_broker_net_limit_hits",
         "Transport limits of the listener hit, by limit (the [net] config key) and action: refused (connection closed at accept), closed (connection closed), paused (the broker stopped reading that socket for a while), answer_replaced (an answer over the frame limit sent as SYSTEM_ERROR).",
-        [
-            hit("net.max_connections_per_ip", "refused", n.refused_per_ip),
-            hit("net.idle_timeout_secs", "closed", n.closed_idle),
-            hit("net.max_partial_frame_bytes", "closed", n.closed_partial_budget),
-            hit("net.max_frame_bytes", "closed", n.closed_bad_frame),
-            hit("net.max_frame_bytes", "answer_replaced", n.responses_too_large),
-            hit("net.max_inflight_requests", "paused", n.paused_inflight),
-            hit("net.max_pending_write_bytes", "paused", n.paused_write_queue),
-        ],
+        n.limit_hits()
+            .map(|(limit, action, v)| ([("limit", limit), ("action", action)], v)),
     )?;
     encode_gauges(
         e,

@@ -95,6 +95,13 @@ impl Collector for NamesrvCollector {
             };
             encode_counters(
                 &mut e,
+                "shoal_namesrv_net_limit_hits",
+                "Transport limits of the listener hit, by limit (the [net] config key of `shoal namesrv --config`) and action: refused (connection closed at accept), closed (connection closed), paused (the name server stopped reading that socket for a while), answer_replaced (an answer over the frame limit sent as SYSTEM_ERROR).",
+                n.limit_hits()
+                    .map(|(limit, action, v)| ([("limit", limit), ("action", action)], v)),
+            )?;
+            encode_counters(
+                &mut e,
                 "shoal_namesrv_tls_handshakes",
                 "TLS handshakes on the listener, by result: ok, failed (closed), timeout (closed).",
                 by_result(&[

@@ -47,6 +47,9 @@ pub struct NamesrvConfig {
     pub acl: Option<shoal_proto::acl::PlainAclConfig>,
     /// TLS of the listener (RocketMQ `tls.server.mode`: disabled, permissive, enforcing).
     pub tls: shoal_net::ServerTls,
+    /// Transport limits of the listener (frame size, requests in flight, answers waiting,
+    /// idle timeout, partial frames, connections per IP).
+    pub net: NetConfig,
 }
 
 /// Name server requests that need an admin account when ACL is on.
@@ -71,6 +74,7 @@ impl Default for NamesrvConfig {
             default_broker_timeout: Duration::from_secs(120),
             acl: None,
             tls: shoal_net::ServerTls::disabled(),
+            net: NetConfig::default(),
         }
     }
 }
@@ -547,7 +551,7 @@ impl NameServer {
         let server = Server::bind_with_tls(
             config.listen_addr.as_str(),
             processor.clone(),
-            NetConfig::default(),
+            config.net.clone(),
             config.tls.clone(),
         )
         .await

@@ -108,6 +108,37 @@ impl NetStats {
     }
 }
 
+impl NetStatsSnapshot {
+    /// Each transport limit hit so far as (config key, what the server did, count), the key
+    /// being the one of the `[net]` table that sets the limit (`net.max_connections_per_ip`,
+    /// ...) and the action `refused` (closed at accept), `closed`, `paused` (reading stopped
+    /// until answers drained) or `answer_replaced` (an answer over the frame limit sent as
+    /// SYSTEM_ERROR). Broker and name server export these rows as their limit-hit metric.
+    pub fn limit_hits(&self) -> [(&'static str, &'static str, u64); 7] {
+        [
+            ("net.max_connections_per_ip", "refused", self.refused_per_ip),
+            ("net.idle_timeout_secs", "closed", self.closed_idle),
+            (
+                "net.max_partial_frame_bytes",
+                "closed",
+                self.closed_partial_budget,
+            ),
+            ("net.max_frame_bytes", "closed", self.closed_bad_frame),
+            (
+                "net.max_frame_bytes",
+                "answer_replaced",
+                self.responses_too_large,
+            ),
+            ("net.max_inflight_requests", "paused", self.paused_inflight),
+            (
+                "net.max_pending_write_bytes",
+                "paused",
+                self.paused_write_queue,
+            ),
+        ]
+    }
+}
+
 pub(crate) fn bump(counter: &AtomicU64) {
     counter.fetch_add(1, Ordering::Relaxed);
 }

@@ -64,6 +64,10 @@ pub struct NamesrvArgs {
     /// TLS of the listener.
     #[command(flatten)]
     pub tls: TlsServerArgs,
+    /// Configuration file (TOML) with a `[net]` table: the listener's transport limits, the
+    /// broker's keys (docs/configuration.md).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
 }
 
 /// Flush mode on the command line.
@@ -350,12 +354,18 @@ pub async fn run_namesrv(args: NamesrvArgs) -> anyhow::Result<()> {
         Some(p) => Some(shoal_broker::config::read_acl_config(p)?),
         None => None,
     };
+    let file = match &args.config {
+        Some(p) => shoal_broker::config::NamesrvFile::read(p)
+            .map_err(|e| anyhow::anyhow!("name server configuration {}", e.0))?,
+        None => shoal_broker::config::NamesrvFile::default(),
+    };
     let tls = args.tls.server_tls()?;
     let mode = tls.mode();
     let ns = NameServer::start(NamesrvConfig {
         listen_addr: args.listen.clone(),
         acl,
         tls,
+        net: file.net.net_config(),
         ..NamesrvConfig::default()
     })
     .await?;
