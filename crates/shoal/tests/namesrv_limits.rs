@@ -8,11 +8,11 @@ mod support;
 
 use shoal_proto::code::request_code as rc;
 use shoal_proto::RemotingCommand;
-use std::io::{ErrorKind, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-use support::{free_port, http_request, sample, shoal, Proc};
+use support::{closed_within, free_port, http_request, sample, shoal, Proc};
 
 const LIMIT: Duration = Duration::from_secs(20);
 
@@ -88,23 +88,6 @@ fn served(sock: &mut TcpStream) -> bool {
     sock.set_read_timeout(Some(LIMIT)).unwrap();
     let mut len = [0u8; 4];
     sock.read_exact(&mut len).is_ok() && i32::from_be_bytes(len) > 0
-}
-
-/// True once the peer has closed `sock` (a read returns 0 or a reset).
-fn closed_within(sock: &mut TcpStream, limit: Duration) -> bool {
-    sock.set_read_timeout(Some(Duration::from_millis(200)))
-        .unwrap();
-    let deadline = Instant::now() + limit;
-    let mut buf = [0u8; 4096];
-    while Instant::now() < deadline {
-        match sock.read(&mut buf) {
-            Ok(0) => return true,
-            Ok(_) => {}
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
-            Err(_) => return true,
-        }
-    }
-    false
 }
 
 #[test]

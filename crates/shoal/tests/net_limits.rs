@@ -16,15 +16,11 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-const T: Duration = Duration::from_secs(5);
+mod support;
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use support::{closed_within, free_port};
+
+const T: Duration = Duration::from_secs(5);
 
 struct Proc(Child);
 
@@ -192,23 +188,6 @@ fn get_max_offset_frame(opaque: i32) -> Vec<u8> {
         .to_frame()
         .unwrap()
         .to_vec()
-}
-
-/// True once the peer has closed `sock` (a read returns 0 or a reset).
-fn closed_within(sock: &mut TcpStream, limit: Duration) -> bool {
-    sock.set_read_timeout(Some(Duration::from_millis(200)))
-        .unwrap();
-    let deadline = Instant::now() + limit;
-    let mut buf = [0u8; 4096];
-    while Instant::now() < deadline {
-        match sock.read(&mut buf) {
-            Ok(0) => return true,
-            Ok(_) => {}
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
-            Err(_) => return true,
-        }
-    }
-    false
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

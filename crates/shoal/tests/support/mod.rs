@@ -25,6 +25,27 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// True once the peer has closed `sock` (a read returns 0 or a reset).
+pub fn closed_within(sock: &mut std::net::TcpStream, limit: Duration) -> bool {
+    sock.set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let deadline = Instant::now() + limit;
+    let mut buf = [0u8; 4096];
+    while Instant::now() < deadline {
+        match std::io::Read::read(sock, &mut buf) {
+            Ok(0) => return true,
+            Ok(_) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(_) => return true,
+        }
+    }
+    false
+}
+
 /// A child process killed (SIGKILL) when dropped.
 pub struct Proc {
     pub child: Child,
