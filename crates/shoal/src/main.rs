@@ -146,10 +146,28 @@ fn main() {
             b.namesrv = None;
         }
     }
+    let plaintext_client =
+        !(cli.common.tls || cli.common.tls_ca.is_some() || cli.common.tls_insecure)
+            && !matches!(cli.command, Command::Namesrv(_) | Command::Dev(_));
     if let Err(e) = run(cli) {
         eprintln!("error: {e:#}");
+        if plaintext_client && closed_without_answer(&e) {
+            eprintln!(
+                "hint: the server closed the connection without answering; if it requires TLS \
+                 (tls-mode enforcing), connect with --tls and --tls-ca FILE (or --tls-insecure)"
+            );
+        }
         std::process::exit(1);
     }
+}
+
+/// Whether a command failed because a server closed its connection (what a plaintext client
+/// of a TLS-only server sees: it is closed before anything is read).
+fn closed_without_answer(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<shoal_net::NetError>()
+            .is_some_and(|n| matches!(n, shoal_net::NetError::ConnectionClosed { .. }))
+    }) || format!("{e:#}").contains(" is closed")
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {

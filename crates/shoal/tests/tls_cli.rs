@@ -199,10 +199,12 @@ fn enforcing_name_server_and_broker_serve_the_cli_over_tls_only() {
     assert!(status.contains("msgPutTotal"), "{status}");
 
     // Plaintext is refused by both listeners.
+    // The plaintext client is told that the server may require TLS.
     let e = failed(&run(&ns, &["topic", "list"]));
     assert!(e.contains(&ns) || e.contains("closed"), "{e}");
+    assert!(e.contains("hint:") && e.contains("--tls"), "{e}");
     let e = failed(&run(&ns, &["broker", "status", "--broker", &broker]));
-    assert!(!e.is_empty());
+    assert!(e.contains("hint:") && e.contains("--tls"), "{e}");
     // A CA that did not sign the servers' certificate: refused, saying why.
     let e = failed(&run(
         &ns,
