@@ -146,9 +146,9 @@ fn main() {
             b.namesrv = None;
         }
     }
-    let plaintext_client =
-        !(cli.common.tls || cli.common.tls_ca.is_some() || cli.common.tls_insecure)
-            && !matches!(cli.command, Command::Namesrv(_) | Command::Dev(_));
+    let tls_options = cli.common.tls || cli.common.tls_ca.is_some() || cli.common.tls_insecure;
+    let server = matches!(cli.command, Command::Namesrv(_) | Command::Dev(_));
+    let plaintext_client = !tls_options && !server;
     if let Err(e) = run(cli) {
         eprintln!("error: {e:#}");
         if plaintext_client && closed_without_answer(&e) {
