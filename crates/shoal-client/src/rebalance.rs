@@ -102,6 +102,8 @@ pub(crate) struct Snapshot {
     /// Queues whose lock is held: starting, started, draining or committing (what a
     /// coordinated heartbeat reports as owned).
     pub held: Vec<MessageQueue>,
+    /// Queues stopped and waiting for in-flight listener calls.
+    pub draining: usize,
     /// Subscribed topics.
     pub topics: Vec<String>,
     pub stats: RebalanceStats,
@@ -198,15 +200,28 @@ impl DriverHandle {
     pub fn stats(&self) -> RebalanceStats {
         self.snapshot.lock().stats
     }
-    /// Releases every queue gracefully and waits (at most `limit`) until done.
+    /// Releases every queue gracefully and waits until done. A queue still draining (a
+    /// listener call on it runs) is always waited for, as its lock must not be released under
+    /// it; the rest of the release (commits, unlocks) gets `limit` after the last drain.
     pub async fn shutdown(&self, limit: Duration) {
         let _ = self.tx.send(Cmd::Shutdown);
         let mut done = self.done.clone();
-        if tokio::time::timeout(limit, done.wait_for(|d| *d))
-            .await
-            .is_err()
-        {
-            warn!("rebalance shutdown did not finish in time; the broker frees the rest when the session ends");
+        loop {
+            if tokio::time::timeout(limit, done.wait_for(|d| *d))
+                .await
+                .is_ok()
+            {
+                break;
+            }
+            let draining = self.snapshot.lock().draining;
+            if draining == 0 {
+                warn!("rebalance shutdown did not finish in time; the broker frees the rest when the session ends");
+                break;
+            }
+            warn!(
+                draining,
+                "shutdown waits for listener calls still running on stopped queues"
+            );
         }
         if let Some(m) = &self.membership {
             let topics = self.snapshot.lock().topics.clone();
@@ -310,9 +325,12 @@ impl Driver {
         let mut heartbeat = tokio::time::interval(self.cfg.session_heartbeat);
         heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            let held: Vec<MessageQueue> = self
-                .rb
-                .phases()
+            let phases = self.rb.phases();
+            let draining = phases
+                .iter()
+                .filter(|(_, p)| *p == QueuePhase::Draining)
+                .count();
+            let held: Vec<MessageQueue> = phases
                 .into_iter()
                 // Not `Unlocking`: the final commit is acknowledged and the unlock (the
                 // coordinator's release evidence) is on its way; a heartbeat still naming the
@@ -327,6 +345,7 @@ impl Driver {
                 .collect();
             let released = {
                 let mut s = self.snapshot.lock();
+                s.draining = draining;
                 s.owned = self.rb.owned();
                 s.stats = self.rb.stats();
                 let released = s.held.iter().any(|q| !held.contains(q));

@@ -278,3 +278,155 @@ async fn killed_member_is_replaced_without_loss() {
     producer.shutdown().await;
     cluster.stop().await;
 }
+
+/// One listener call of the slow-listener test: who, which queue and offset, when.
+#[derive(Debug, Clone)]
+struct Call {
+    member: &'static str,
+    queue: i32,
+    offset: i64,
+    start: Instant,
+    end: Instant,
+}
+
+/// A listener call on a lost queue that outlasts `drop_wait` keeps the queue: its member holds
+/// the lock (renewed by its session) until the call returns, commits after it, and only then
+/// unlocks, so the next owner starts after the call ended, from the offset after it. Checked
+/// on the listener calls themselves: no two members run calls of one queue at the same time,
+/// the slow message is not consumed again, nothing is lost. (Before, the lock was released
+/// `drop_wait` after the stop, under the running call.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_listener_keeps_its_queue_until_the_call_returns() {
+    let cluster = Cluster::start().await;
+    let (topic, group) = ("RBSLOW", "CG-RBSLOW");
+    cluster.create_topic(topic, 2).await;
+    let producer = Producer::builder("PG")
+        .client_config(cluster.client_config())
+        .start()
+        .await
+        .unwrap();
+    let calls: Arc<Mutex<Vec<Call>>> = Arc::default();
+    let running = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let drop_wait = Duration::from_millis(200);
+    // The first message of each queue takes 10 drop_waits in the first member's listener.
+    let slow = drop_wait * 10;
+    let start = |member: &'static str| {
+        let mut c = cluster.consumer_config(group);
+        c.subscriptions.insert(topic.into(), "*".into());
+        c.rebalance_interval = Duration::from_secs(60);
+        c.drop_wait = drop_wait;
+        c.consume_batch_size = 1;
+        let (calls, running) = (calls.clone(), running.clone());
+        PushConsumer::start(
+            c,
+            MessageListener::concurrently(move |msgs, ctx| {
+                let start = Instant::now();
+                running.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                if member == "a" && msgs.iter().any(|m| m.queue_offset == 0) {
+                    std::thread::sleep(slow);
+                }
+                running.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                let mut c = calls.lock();
+                for m in msgs {
+                    c.push(Call {
+                        member,
+                        queue: ctx.message_queue.queue_id,
+                        offset: m.queue_offset,
+                        start,
+                        end: Instant::now(),
+                    });
+                }
+                ConsumeConcurrentlyStatus::ConsumeSuccess
+            }),
+        )
+    };
+    let a = start("a").await.unwrap();
+    assert!(
+        wait_until(Duration::from_secs(15), || a.owned_queues().len() == 2).await,
+        "the first member did not take both queues"
+    );
+    for q in 0..2 {
+        let mq = MessageQueue::new(topic, "broker-a", q);
+        producer
+            .send_to_queue(Message::new(topic, format!("{q}-0")), &mq)
+            .await
+            .unwrap();
+    }
+    // Both slow calls run; then a second member joins and takes one of the queues.
+    assert!(
+        wait_until(Duration::from_secs(15), || running
+            .load(std::sync::atomic::Ordering::SeqCst)
+            == 2)
+        .await,
+        "the slow calls did not start"
+    );
+    let b = start("b").await.unwrap();
+    // Messages for both queues while the slow calls still run.
+    for i in 1..=20 {
+        for q in 0..2 {
+            let mq = MessageQueue::new(topic, "broker-a", q);
+            producer
+                .send_to_queue(Message::new(topic, format!("{q}-{i}")), &mq)
+                .await
+                .unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        wait_until(Duration::from_secs(30), || {
+            let c = calls.lock();
+            (0..2).all(|q| (0..=20).all(|o| c.iter().any(|x| x.queue == q && x.offset == o)))
+        })
+        .await,
+        "messages lost: {:?}",
+        calls.lock()
+    );
+    assert!(
+        wait_until(Duration::from_secs(15), || {
+            let mine =
+                |c: &PushConsumer| c.owned_queues().iter().filter(|q| q.topic == topic).count();
+            mine(&a) == 1 && mine(&b) == 1
+        })
+        .await,
+        "no convergence: a owns {:?}, b owns {:?}, a {:?}, b {:?}",
+        a.owned_queues(),
+        b.owned_queues(),
+        a.stats(),
+        b.stats()
+    );
+    let calls = calls.lock().clone();
+    let moved: BTreeSet<i32> = calls
+        .iter()
+        .filter(|c| c.member == "b")
+        .map(|c| c.queue)
+        .collect();
+    assert_eq!(moved.len(), 1, "the joiner consumed one queue: {calls:?}");
+    for x in &calls {
+        for y in &calls {
+            if x.queue == y.queue && x.member != y.member {
+                assert!(
+                    x.end <= y.start || y.end <= x.start,
+                    "two members consumed queue {} at once: {x:?} and {y:?}",
+                    x.queue
+                );
+            }
+        }
+    }
+    let mut per_message: HashMap<(i32, i64), u32> = HashMap::new();
+    for c in &calls {
+        *per_message.entry((c.queue, c.offset)).or_default() += 1;
+    }
+    let dups: Vec<_> = per_message.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(dups.is_empty(), "consumed twice: {dups:?}");
+    assert!(
+        a.stats()
+            .slow_drains
+            .load(std::sync::atomic::Ordering::Relaxed)
+            >= 1,
+        "the slow drain was not reported"
+    );
+    b.shutdown().await;
+    a.shutdown().await;
+    producer.shutdown().await;
+    cluster.stop().await;
+}

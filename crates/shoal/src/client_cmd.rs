@@ -355,10 +355,10 @@ pub async fn consume(common: &Common, a: ConsumeArgs) -> anyhow::Result<()> {
     }
     let seen = Arc::new(AtomicU64::new(0));
     // With --count, a listener call beyond the limit neither prints nor acknowledges: it
-    // waits (on its blocking thread) until the consumer has shut down, so the offsets
-    // committed at shutdown stay below it. Orderly listeners suspend the queue instead.
+    // waits (on its blocking thread) until the consumer stopped its queue (hand-over or
+    // shutdown), so the offsets committed then stay below it; the queue's lock is kept until
+    // it returns. Orderly listeners suspend the queue instead.
     let claimed = Arc::new(AtomicU64::new(0));
-    let exited = Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
     let (done_tx, mut done_rx) = tokio::sync::watch::channel(false);
     let limit = a.count;
     let json_out = common.json;
@@ -380,16 +380,6 @@ pub async fn consume(common: &Common, a: ConsumeArgs) -> anyhow::Result<()> {
                     (c + n as u64 <= l).then_some(c + n as u64)
                 })
                 .is_ok(),
-        }
-    };
-    let wait_exit = {
-        let exited = exited.clone();
-        move || {
-            let (lock, cv) = &*exited;
-            let mut done = lock.lock().unwrap_or_else(|e| e.into_inner());
-            while !*done {
-                done = cv.wait(done).unwrap_or_else(|e| e.into_inner());
-            }
         }
     };
     let fail = a.fail.clone();
@@ -417,8 +407,8 @@ pub async fn consume(common: &Common, a: ConsumeArgs) -> anyhow::Result<()> {
     } else {
         MessageListener::concurrently(move |msgs, ctx| {
             if !msgs.iter().any(&fails) && !claim(msgs.len()) {
-                wait_exit();
-                // The queue was dropped at shutdown: this answer commits nothing.
+                futures::executor::block_on(ctx.queue_stopped());
+                // The queue was stopped: this answer commits nothing.
                 return ConsumeConcurrentlyStatus::ConsumeSuccess;
             }
             if msgs.iter().any(&fails) {
@@ -466,10 +456,7 @@ pub async fn consume(common: &Common, a: ConsumeArgs) -> anyhow::Result<()> {
         builder = builder.instance_name(name.clone());
     }
     if limit.is_some() {
-        // Listener calls held back by --count are not waited for at shutdown.
-        builder = builder
-            .consume_batch_size(1)
-            .configure(|c| c.drop_wait = Duration::from_millis(100));
+        builder = builder.consume_batch_size(1);
     }
     let consumer = builder
         .start(listener)
@@ -503,11 +490,6 @@ pub async fn consume(common: &Common, a: ConsumeArgs) -> anyhow::Result<()> {
         _ = async { while done_rx.changed().await.is_ok() { if *done_rx.borrow() { break; } } } => {}
     }
     consumer.shutdown().await;
-    {
-        let (lock, cv) = &*exited;
-        *lock.lock().unwrap_or_else(|e| e.into_inner()) = true;
-        cv.notify_all();
-    }
     if !json_out {
         eprintln!(
             "{} messages consumed; offsets committed, queues handed over",

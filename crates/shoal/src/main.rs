@@ -174,17 +174,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     let common = cli.common;
     match cli.command {
         Command::Send(a) => return client(client_cmd::send(&common, a)),
-        Command::Consume(a) => {
-            // With --count, the consumer's shutdown does not wait for the listener calls held
-            // back beyond the count; its "still running after drop_wait" warning is expected
-            // there and not shown.
-            let filter = if a.count.is_some() {
-                "warn,shoal_client::consumer=error"
-            } else {
-                "warn"
-            };
-            return client_mt(filter, client_cmd::consume(&common, a));
-        }
+        Command::Consume(a) => return client_mt("warn", client_cmd::consume(&common, a)),
         Command::Bench(c) => return client_mt("warn", bench::run(&common, c)),
         Command::Topic(c) => return admin(admin_cmd::topic(&common, c)),
         Command::Group(c) => return admin(admin_cmd::group(&common, c)),

@@ -43,6 +43,7 @@ impl Inner {
             msgs.iter().cloned().map(|m| self.for_listener(m)).collect();
         let ctx = ConsumeContext {
             message_queue: state.mq.clone(),
+            stopped: state.cancel.clone(),
         };
         let started = Instant::now();
         // Fencing: checked on the listener's thread right before the call; a member past its

@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio_util::sync::CancellationToken;
 
 /// What a concurrent listener returns (`ConsumeConcurrentlyStatus`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,6 +36,22 @@ pub enum ConsumeOrderlyStatus {
 pub struct ConsumeContext {
     /// The queue the messages come from (for retry messages: `%RETRY%<group>`'s queue).
     pub message_queue: MessageQueue,
+    /// Cancelled once the consumer stops the queue (hand-over, fence, shutdown).
+    pub(crate) stopped: CancellationToken,
+}
+
+impl ConsumeContext {
+    /// True once the consumer stopped this batch's queue (it was handed over, fenced, or the
+    /// consumer is shutting down). The queue's lock is kept until the listener call returns;
+    /// a listener holding a batch back may return then, and what it answers is not committed.
+    pub fn is_queue_stopped(&self) -> bool {
+        self.stopped.is_cancelled()
+    }
+
+    /// Resolves once [`ConsumeContext::is_queue_stopped`] is true.
+    pub async fn queue_stopped(&self) {
+        self.stopped.cancelled().await
+    }
 }
 
 pub(crate) type ConcurrentlyFn =
@@ -126,9 +143,11 @@ pub struct ConsumerConfig {
     pub max_reconsume_times: Option<i32>,
     /// Orderly: pause after `SuspendCurrentQueueAMoment` (1 s).
     pub suspend_current_queue_time: Duration,
-    /// Bound on the wait for in-flight consumes of a lost queue (hand-over) and at shutdown:
-    /// the lock is released after it even if a listener still runs (its message may then be
-    /// consumed again by the next owner).
+    /// How long in-flight consumes of a lost queue (hand-over, shutdown) may run before a
+    /// warning is logged (and `ConsumerStats::slow_drains` counted). It bounds nothing: the
+    /// queue's lock (renewed by the session) is kept until the last listener call on the queue
+    /// returned, so the next owner never starts while one runs; only a lost lease (session
+    /// ended, lock taken) ends the wait early.
     pub drop_wait: Duration,
     /// Broadcasting: directory of the local offset files.
     pub offset_store_dir: PathBuf,

@@ -94,6 +94,12 @@ impl QueueState {
     fn lease_valid(&self) -> bool {
         self.lease_until.lock().is_none_or(|u| Instant::now() < u)
     }
+    /// Time left on the lease (`None`: no limit).
+    fn lease_left(&self) -> Option<Duration> {
+        self.lease_until
+            .lock()
+            .map(|u| u.saturating_duration_since(Instant::now()))
+    }
     /// May a message of this queue be handed to the listener now?
     fn may_deliver(&self) -> bool {
         !self.is_dropped() && self.lease_valid()
@@ -123,6 +129,9 @@ pub struct ConsumerStats {
     pub queues_fenced: AtomicU64,
     /// Pulls made.
     pub pulls: AtomicU64,
+    /// Queue stops that waited past `drop_wait` for an in-flight listener call (the queue's
+    /// lock was kept meanwhile).
+    pub slow_drains: AtomicU64,
 }
 
 struct Inner {
@@ -473,8 +482,15 @@ impl Inner {
         }
     }
 
-    /// Stops a queue: dropped, pulls stopped, in-flight consumes given `drop_wait`; returns
-    /// the offset to commit (the smallest still in flight) unless fenced.
+    /// Stops a queue: dropped, pulls stopped, then waits until no listener call on it runs
+    /// any more; returns the offset to commit (the smallest still in flight) unless fenced.
+    ///
+    /// The wait is what keeps the hand-over exclusive: the rebalancer commits and unlocks
+    /// only after this returns, and the lock (renewed by the session meanwhile) is what the
+    /// next owner waits for. `drop_wait` is only when a slow listener is reported. A graceful
+    /// stop ends early when the queue's lease runs out (the lock is no longer ours, nothing
+    /// is committed); a fence (lease already lost, or an offset reset) waits for the call
+    /// regardless, so this member never runs two listener calls of one queue at once.
     async fn stop_queue(&self, mq: MessageQueue, fence: bool) -> Option<i64> {
         let state = self.table.lock().get(&mq).cloned()?;
         state.pq.lock().dropped = true;
@@ -484,13 +500,7 @@ impl Inner {
         }
         state.cancel.cancel();
         state.wake.notify_one();
-        let mut rx = state.in_flight.subscribe();
-        if tokio::time::timeout(self.config.drop_wait, rx.wait_for(|n| *n == 0))
-            .await
-            .is_err()
-        {
-            warn!(queue = %mq, "in-flight consume still running after drop_wait; releasing anyway");
-        }
+        self.wait_in_flight(&state, fence).await;
         // Lock order is table -> offsets -> process queue: take the queue's answer first.
         let floor = state.pq.lock().commit_offset();
         let offset = floor.or_else(|| self.offsets.lock().get(&mq));
@@ -509,6 +519,43 @@ impl Inner {
         self.stats.queues_released.fetch_add(1, Ordering::Relaxed);
         debug!(queue = %mq, offset = ?offset, fence, "queue stopped");
         (!fence).then_some(offset).flatten()
+    }
+
+    /// Waits until no listener call on the stopped queue runs (see [`Inner::stop_queue`]).
+    async fn wait_in_flight(&self, state: &QueueState, fence: bool) {
+        let mut rx = state.in_flight.subscribe();
+        let started = Instant::now();
+        let mut warned = false;
+        loop {
+            if *rx.borrow_and_update() == 0 {
+                break;
+            }
+            let lease_left = if fence { None } else { state.lease_left() };
+            if lease_left == Some(Duration::ZERO) {
+                warn!(queue = %state.mq, waited = ?started.elapsed(), "lease ran out while a listener call on the stopped queue still runs; released without a commit");
+                break;
+            }
+            let warn_in =
+                (!warned).then(|| self.config.drop_wait.saturating_sub(started.elapsed()));
+            // Wake for the warning and at the lease's end (it may have been renewed by then).
+            let step = [warn_in, lease_left].into_iter().flatten().min();
+            let ended = rx.wait_for(|n| *n == 0);
+            let done = match step {
+                Some(d) => tokio::time::timeout(d, ended).await.is_ok(),
+                None => ended.await.is_ok(),
+            };
+            if done {
+                break;
+            }
+            if !warned && started.elapsed() >= self.config.drop_wait {
+                warned = true;
+                self.stats.slow_drains.fetch_add(1, Ordering::Relaxed);
+                warn!(queue = %state.mq, drop_wait = ?self.config.drop_wait, "a listener call on a stopped queue still runs after drop_wait; its lock is kept until it returns");
+            }
+        }
+        if warned {
+            info!(queue = %state.mq, waited = ?started.elapsed(), "slow listener call on the stopped queue ended");
+        }
     }
 
     async fn commit_queue(&self, mq: MessageQueue, offset: i64, rewind: bool) -> bool {
@@ -758,6 +805,8 @@ impl ConsumerHandle for Inner {
             let started = Instant::now();
             let ctx = ConsumeContext {
                 message_queue: MessageQueue::new(msg.topic.clone(), "", msg.queue_id),
+                // Not a queue the consumer owns: never stopped.
+                stopped: CancellationToken::new(),
             };
             let orderly = listener.is_orderly();
             let result = tokio::task::spawn_blocking(move || match listener {

@@ -67,6 +67,7 @@ impl Inner {
                 .collect();
             let ctx = ConsumeContext {
                 message_queue: state.mq.clone(),
+                stopped: state.cancel.clone(),
             };
             let f2 = f.clone();
             let st = state.clone();

@@ -169,7 +169,10 @@ impl Queue {
             session: lease.session,
         };
         self.lease = Some(next);
-        if next.until != cur.until && self.state == QState::Owned {
+        // Owned: deliveries go on; draining: the driver keeps waiting for in-flight listener
+        // calls while the lock is ours.
+        if next.until != cur.until && matches!(self.state, QState::Owned | QState::Draining { .. })
+        {
             out.push_back(Action::Lease {
                 mq: mq.clone(),
                 until: next.until,

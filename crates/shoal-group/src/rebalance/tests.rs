@@ -667,3 +667,54 @@ fn back_to_classic_keeps_held_queues_until_the_views_decide() {
         }]
     );
 }
+
+#[test]
+fn a_draining_queue_keeps_its_lock_and_lease_until_the_drain_ends() {
+    let t0 = Instant::now();
+    let mut locks = Locks::default();
+    let mut a = rb("a");
+    own_all(&mut a, t0, 2, &mut locks, &["a"]);
+    // b joins: a loses q1 and stops it; a listener call on it runs for 30 s.
+    a.handle_notice(t0);
+    assert_eq!(drain(&mut a), vec![Action::FetchView { topic: "T".into() }]);
+    a.handle_view(t0, "T", qs(&[0, 1]), vec!["a".into(), "b".into()]);
+    assert_eq!(drain(&mut a), vec![Action::Stop { mq: q(1) }]);
+    // Heartbeats of the same session extend the lease of the draining queue too (the driver
+    // keeps waiting while the lock is ours), and the lock is renewed, never released.
+    for s in 1..=10u64 {
+        let t = ms(t0, s * 3000);
+        a.handle_lease(t, "b", lease(t, Some(1)));
+        let acts = drain(&mut a);
+        assert!(
+            acts.contains(&Action::Lease {
+                mq: q(1),
+                until: t + Duration::from_secs(10)
+            }),
+            "{acts:?}"
+        );
+        assert!(
+            !acts.iter().any(|x| matches!(x, Action::Unlock { .. })),
+            "{acts:?}"
+        );
+        assert_eq!(a.phase(&q(1)), Some(QueuePhase::Draining));
+    }
+    // The call returns: commit, then unlock.
+    let t = ms(t0, 30_500);
+    a.handle_drained(t, &q(1), Some(42));
+    assert_eq!(
+        drain(&mut a),
+        vec![Action::Commit {
+            mq: q(1),
+            offset: 42,
+            rewind: false
+        }]
+    );
+    a.handle_committed(t, &q(1), true);
+    assert_eq!(
+        drain(&mut a),
+        vec![Action::Unlock {
+            broker: "b".into(),
+            queues: vec![q(1)]
+        }]
+    );
+}
