@@ -408,8 +408,9 @@ pub async fn consume(common: &Common, a: ConsumeArgs) -> anyhow::Result<()> {
         MessageListener::concurrently(move |msgs, ctx| {
             if !msgs.iter().any(&fails) && !claim(msgs.len()) {
                 futures::executor::block_on(ctx.queue_stopped());
-                // The queue was stopped: this answer commits nothing.
-                return ConsumeConcurrentlyStatus::ConsumeSuccess;
+                // The queue was stopped: "later" on a stopped queue keeps the messages below
+                // the committed offset (nothing is sent back).
+                return ConsumeConcurrentlyStatus::ReconsumeLater;
             }
             if msgs.iter().any(&fails) {
                 for m in msgs {

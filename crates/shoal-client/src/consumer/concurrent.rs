@@ -70,7 +70,12 @@ impl Inner {
                 self.stats
                     .consumed_failed
                     .fetch_add(msgs.len() as u64, Ordering::Relaxed);
-                if self.clustering() {
+                if state.is_dropped() {
+                    // The queue was stopped meanwhile (as Java leaves a dropped queue's result
+                    // unprocessed): nothing is sent back, the messages stay below the
+                    // committed offset and its next owner consumes them again.
+                    keep = msgs.clone();
+                } else if self.clustering() {
                     for m in &msgs {
                         if !self.send_back(&state.mq, m).await {
                             keep.push(m.clone());
@@ -91,7 +96,7 @@ impl Inner {
                 self.offsets.lock().update(&state.mq, c, true);
             }
         }
-        if !keep.is_empty() {
+        if !keep.is_empty() && !state.is_dropped() {
             // Neither send-back nor the retry topic worked: consume again here in 5 s.
             let inner = self.clone();
             let state = state.clone();
