@@ -7,6 +7,7 @@ use kafka_protocol::messages::api_versions_response::ApiVersion;
 use kafka_protocol::messages::*;
 use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
 use kafka_protocol::ResponseError;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 /// What a handler hands back to the connection.
@@ -96,9 +97,23 @@ fn api_versions_body(error: i16) -> ApiVersionsResponse {
     r
 }
 
-fn decode<R: Decodable>(key: ApiKey, version: i16, buf: &mut Bytes) -> Result<R, Reply> {
-    R::decode(buf, version)
-        .map_err(|e| Reply::Close(format!("malformed {key:?} v{version} request: {e}")))
+/// Decodes a request body; declared lengths are checked first ([`crate::guard`]) so that a
+/// malformed frame costs no more memory than its own bytes.
+fn decode<R: Decodable>(
+    state: &State,
+    key: ApiKey,
+    version: i16,
+    buf: &mut Bytes,
+) -> Result<R, Reply> {
+    let malformed = |what: String| {
+        state
+            .counters
+            .requests_malformed
+            .fetch_add(1, Ordering::Relaxed);
+        Reply::Close(format!("malformed {key:?} v{version} request: {what}"))
+    };
+    crate::guard::check_request(key, version, buf).map_err(|e| malformed(e.to_string()))?;
+    R::decode(buf, version).map_err(|e| malformed(e.to_string()))
 }
 
 /// Reads one request frame and answers it.
@@ -165,91 +180,108 @@ async fn route(state: &Arc<State>, ctx: &RequestCtx, mut buf: Bytes) -> Result<R
     let b = &mut buf;
     Ok(match key {
         ApiKey::ApiVersions => {
-            let _req: ApiVersionsRequest = decode(key, v, b)?;
+            let _req: ApiVersionsRequest = decode(state, key, v, b)?;
             ctx.reply(&api_versions_body(0))
         }
         ApiKey::SaslHandshake => {
-            let _req: SaslHandshakeRequest = decode(key, v, b)?;
+            let _req: SaslHandshakeRequest = decode(state, key, v, b)?;
             let mut r = SaslHandshakeResponse::default();
             r.error_code = ResponseError::UnsupportedSaslMechanism.code();
             ctx.reply(&r)
         }
-        ApiKey::Metadata => ctx.reply(&crate::metadata::metadata(state, ctx, decode(key, v, b)?)),
+        ApiKey::Metadata => ctx.reply(&crate::metadata::metadata(
+            state,
+            ctx,
+            decode(state, key, v, b)?,
+        )),
         ApiKey::CreateTopics => ctx.reply(&crate::metadata::create_topics(
             state,
             ctx,
-            decode(key, v, b)?,
+            decode(state, key, v, b)?,
         )),
         ApiKey::DeleteTopics => ctx.reply(&crate::metadata::delete_topics(
             state,
             ctx,
-            decode(key, v, b)?,
+            decode(state, key, v, b)?,
         )),
         ApiKey::CreatePartitions => ctx.reply(&crate::metadata::create_partitions(
             state,
-            decode(key, v, b)?,
+            decode(state, key, v, b)?,
         )),
         ApiKey::DescribeConfigs => ctx.reply(&crate::metadata::describe_configs(
             state,
             ctx,
-            decode(key, v, b)?,
+            decode(state, key, v, b)?,
         )),
-        ApiKey::Produce => match crate::produce::produce(state, ctx, decode(key, v, b)?).await {
-            Some(r) => ctx.reply(&r),
-            None => Reply::Nothing,
-        },
+        ApiKey::Produce => {
+            match crate::produce::produce(state, ctx, decode(state, key, v, b)?).await {
+                Some(r) => ctx.reply(&r),
+                None => Reply::Nothing,
+            }
+        }
         ApiKey::InitProducerId => ctx.reply(&crate::producer::init_producer_id(
             state,
-            decode(key, v, b)?,
+            decode(state, key, v, b)?,
         )),
-        ApiKey::Fetch => ctx.reply(&crate::fetch::fetch(state, ctx, decode(key, v, b)?).await),
+        ApiKey::Fetch => {
+            ctx.reply(&crate::fetch::fetch(state, ctx, decode(state, key, v, b)?).await)
+        }
         ApiKey::ListOffsets => {
-            ctx.reply(&crate::offsets::list_offsets(state, ctx, decode(key, v, b)?).await)
+            ctx.reply(&crate::offsets::list_offsets(state, ctx, decode(state, key, v, b)?).await)
         }
         ApiKey::OffsetForLeaderEpoch => ctx.reply(&crate::offsets::offset_for_leader_epoch(
             state,
-            decode(key, v, b)?,
+            decode(state, key, v, b)?,
         )),
         ApiKey::OffsetCommit => ctx.reply(&crate::offsets::offset_commit(
             state,
             ctx,
-            decode(key, v, b)?,
+            decode(state, key, v, b)?,
         )),
         ApiKey::OffsetFetch => ctx.reply(&crate::offsets::offset_fetch(
             state,
             ctx,
-            decode(key, v, b)?,
+            decode(state, key, v, b)?,
         )),
         ApiKey::FindCoordinator => ctx.reply(&crate::groups::find_coordinator(
             state,
             ctx,
-            decode(key, v, b)?,
+            decode(state, key, v, b)?,
         )),
         ApiKey::JoinGroup => {
-            ctx.reply(&crate::groups::join_group(state, ctx, decode(key, v, b)?).await)
+            ctx.reply(&crate::groups::join_group(state, ctx, decode(state, key, v, b)?).await)
         }
         ApiKey::SyncGroup => {
-            ctx.reply(&crate::groups::sync_group(state, ctx, decode(key, v, b)?).await)
+            ctx.reply(&crate::groups::sync_group(state, ctx, decode(state, key, v, b)?).await)
         }
-        ApiKey::Heartbeat => ctx.reply(&crate::groups::heartbeat(state, decode(key, v, b)?)),
-        ApiKey::LeaveGroup => {
-            ctx.reply(&crate::groups::leave_group(state, ctx, decode(key, v, b)?))
-        }
+        ApiKey::Heartbeat => ctx.reply(&crate::groups::heartbeat(state, decode(state, key, v, b)?)),
+        ApiKey::LeaveGroup => ctx.reply(&crate::groups::leave_group(
+            state,
+            ctx,
+            decode(state, key, v, b)?,
+        )),
         ApiKey::DescribeGroups => ctx.reply(&crate::groups::describe_groups(
             state,
             ctx,
-            decode(key, v, b)?,
+            decode(state, key, v, b)?,
         )),
-        ApiKey::ListGroups => ctx.reply(&crate::groups::list_groups(state, decode(key, v, b)?)),
-        ApiKey::DeleteGroups => ctx.reply(&crate::groups::delete_groups(state, decode(key, v, b)?)),
+        ApiKey::ListGroups => ctx.reply(&crate::groups::list_groups(
+            state,
+            decode(state, key, v, b)?,
+        )),
+        ApiKey::DeleteGroups => ctx.reply(&crate::groups::delete_groups(
+            state,
+            decode(state, key, v, b)?,
+        )),
         ApiKey::ConsumerGroupHeartbeat => ctx.reply(&crate::consumer_group::heartbeat(
             state,
             ctx,
-            decode(key, v, b)?,
+            decode(state, key, v, b)?,
         )),
-        ApiKey::ConsumerGroupDescribe => {
-            ctx.reply(&crate::consumer_group::describe(state, decode(key, v, b)?))
-        }
+        ApiKey::ConsumerGroupDescribe => ctx.reply(&crate::consumer_group::describe(
+            state,
+            decode(state, key, v, b)?,
+        )),
         other => Reply::Close(format!("{other:?} has no handler")),
     })
 }

@@ -20,6 +20,9 @@ pub struct KafkaConfig {
     /// Largest request frame accepted, bytes (Kafka's `socket.request.max.bytes`); a larger
     /// one closes the connection with a logged reason.
     pub max_request_bytes: usize,
+    /// Largest size a compressed record batch of a Produce request may inflate to, bytes;
+    /// a larger one is refused (RECORD_LIST_TOO_LARGE) and inflating stops there.
+    pub max_batch_decompressed_bytes: usize,
     /// Most open Kafka connections; more are closed at accept with a logged reason.
     pub max_connections: usize,
     /// Longest a fetch may wait for data, whatever the client asks (ms).
@@ -61,6 +64,7 @@ impl Default for KafkaConfig {
             node_id: 0,
             cluster_id: "shoal".into(),
             max_request_bytes: 100 * 1024 * 1024,
+            max_batch_decompressed_bytes: 100 * 1024 * 1024,
             max_connections: 10_000,
             max_fetch_wait_ms: 30_000,
             max_fetch_response_bytes: 55 * 1024 * 1024,
@@ -82,6 +86,9 @@ impl KafkaConfig {
         let bad = |m: &str| Err(KafkaError::Config(m.to_string()));
         if self.max_request_bytes < 1024 {
             return bad("max_request_bytes must be at least 1024");
+        }
+        if self.max_batch_decompressed_bytes < 1024 {
+            return bad("max_batch_decompressed_bytes must be at least 1024");
         }
         if self.max_connections == 0 {
             return bad("max_connections must be at least 1");

@@ -18,11 +18,13 @@ pub mod convert;
 mod error;
 mod fetch;
 mod groups;
+mod guard;
 mod host;
 mod metadata;
 mod offsets;
 mod produce;
 mod producer;
+mod records;
 mod server;
 mod state;
 

@@ -5,12 +5,13 @@
 use crate::api::{code, RequestCtx};
 use crate::convert::record_to_message;
 use crate::producer::SeqCheck;
+use crate::records::BatchError;
 use crate::state::{wall_ms, State};
 use bytes::Bytes;
 use kafka_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
 use kafka_protocol::messages::{ProduceRequest, ProduceResponse, TopicName};
 use kafka_protocol::protocol::StrBytes;
-use kafka_protocol::records::{Record, RecordBatchDecoder};
+use kafka_protocol::records::Record;
 use kafka_protocol::ResponseError;
 use shoal_store::{FlushStatus, MessageExtBrokerInner};
 use std::net::SocketAddr;
@@ -155,21 +156,27 @@ fn partition(
             format!("topic {topic} is not writable (its permission forbids writes)"),
         );
     }
-    let Some(mut bytes) = records else {
+    let Some(bytes) = records else {
         return Outcome::err(ResponseError::CorruptMessage, "no records");
     };
-    let sets = match RecordBatchDecoder::decode_all(&mut bytes) {
-        Ok(s) => s,
-        Err(e) => {
-            let m = e.to_string();
-            let err = if m.contains("message sets v") {
-                ResponseError::UnsupportedForMessageFormat
-            } else {
-                ResponseError::CorruptMessage
-            };
-            return Outcome::err(err, format!("record batch rejected: {m}"));
-        }
-    };
+    let sets =
+        match crate::records::decode_record_set(bytes, state.config.max_batch_decompressed_bytes) {
+            Ok(s) => s,
+            Err(e) => {
+                let err = match e {
+                    BatchError::LegacyFormat(_) => ResponseError::UnsupportedForMessageFormat,
+                    BatchError::TooLarge { .. } => ResponseError::RecordListTooLarge,
+                    BatchError::Malformed(_) => ResponseError::CorruptMessage,
+                };
+                if !matches!(e, BatchError::LegacyFormat(_)) {
+                    state
+                        .counters
+                        .batches_malformed
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+                return Outcome::err(err, format!("record batch rejected: {e}"));
+            }
+        };
     let max = state.host.max_message_bytes();
     let cluster = state.host.cluster_name();
     let now = wall_ms();

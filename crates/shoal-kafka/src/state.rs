@@ -25,6 +25,12 @@ pub struct Counters {
     pub requests: AtomicU64,
     /// Requests that closed their connection (too large, malformed, unsupported API).
     pub requests_refused: AtomicU64,
+    /// Requests whose body was malformed (a declared length past the end of the frame, or
+    /// refused by the decoder); each closed its connection.
+    pub requests_malformed: AtomicU64,
+    /// Record batches refused before decoding (a declared record or header count past the
+    /// end, or more than `max_batch_decompressed_bytes` after decompression).
+    pub batches_malformed: AtomicU64,
     /// Records stored by Produce.
     pub records_produced: AtomicU64,
     /// Records returned by Fetch.

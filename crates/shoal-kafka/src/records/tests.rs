@@ -1,0 +1,129 @@
+//! Checked decoding agrees with kafka-protocol's on well-formed sets (every compression) and
+//! refuses what would make it reserve or inflate without bound.
+
+use super::*;
+use bytes::BytesMut;
+use kafka_protocol::protocol::StrBytes;
+use kafka_protocol::records::{Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType};
+
+fn record(i: i64, value: Vec<u8>) -> Record {
+    let mut headers = kafka_protocol::indexmap::IndexMap::new();
+    headers.insert(
+        StrBytes::from_static_str("h"),
+        Some(Bytes::from(format!("v{i}"))),
+    );
+    Record {
+        transactional: false,
+        control: false,
+        delete_horizon: false,
+        partition_leader_epoch: 0,
+        producer_id: -1,
+        producer_epoch: -1,
+        timestamp_type: TimestampType::Creation,
+        offset: i,
+        sequence: -1,
+        timestamp: 1_700_000_000_000 + i,
+        key: (i % 2 == 0).then(|| Bytes::from(format!("k{i}"))),
+        value: Some(Bytes::from(value)),
+        headers,
+    }
+}
+
+fn batch(records: &[Record], compression: Compression) -> BytesMut {
+    let mut buf = BytesMut::new();
+    let opts = RecordEncodeOptions {
+        version: 2,
+        compression,
+    };
+    RecordBatchEncoder::encode(&mut buf, records.iter(), &opts).unwrap();
+    buf
+}
+
+const COMPRESSIONS: [Compression; 5] = [
+    Compression::None,
+    Compression::Gzip,
+    Compression::Snappy,
+    Compression::Lz4,
+    Compression::Zstd,
+];
+
+#[test]
+fn well_formed_sets_decode_as_kafka_protocol_decodes_them() {
+    for c in COMPRESSIONS {
+        let mut set = BytesMut::new();
+        for b in 0..3 {
+            let recs: Vec<Record> = (0..5)
+                .map(|i| record(b * 5 + i, vec![b as u8; 300]))
+                .collect();
+            set.extend_from_slice(&batch(&recs, c));
+        }
+        let set = set.freeze();
+        let ours = decode_record_set(set.clone(), 1 << 20).unwrap();
+        let theirs = RecordBatchDecoder::decode_all(&mut set.clone()).unwrap();
+        assert_eq!(ours.len(), theirs.len(), "{c:?}");
+        for (a, b) in ours.iter().zip(&theirs) {
+            assert_eq!(a.records, b.records, "{c:?}");
+            assert_eq!(a.compression, c);
+        }
+    }
+}
+
+#[test]
+fn declared_counts_past_the_end_are_refused() {
+    let one = batch(&[record(0, b"x".to_vec())], Compression::None);
+    // Record count.
+    let mut b = one.clone();
+    b[57..61].copy_from_slice(&i32::MAX.to_be_bytes());
+    let e = decode_record_set(b.freeze(), 1 << 20).unwrap_err();
+    assert!(e.to_string().contains("declares 2147483647 records"), "{e}");
+    // Batch length.
+    let mut b = one.clone();
+    b[8..12].copy_from_slice(&i32::MAX.to_be_bytes());
+    let e = decode_record_set(b.freeze(), 1 << 20).unwrap_err();
+    assert!(e.to_string().contains("declares 2147483647 bytes"), "{e}");
+    // Header count: the record's last varint before its one header is the count (1 -> zigzag 2).
+    let mut b = one.clone();
+    let count_at = b.len() - 6; // then key len, "h", value len, "v0"
+    assert_eq!(b[count_at], 2);
+    b[count_at] = 0x7e; // 63 headers in the 5 bytes left
+    let e = decode_record_set(b.freeze(), 1 << 20).unwrap_err();
+    assert!(e.to_string().contains("63 headers declared"), "{e}");
+    // Legacy magic.
+    let mut b = one;
+    b[16] = 1;
+    assert_eq!(
+        decode_record_set(b.freeze(), 1 << 20).unwrap_err(),
+        BatchError::LegacyFormat(1)
+    );
+}
+
+#[test]
+fn inflating_stops_at_the_limit() {
+    let big = vec![7u8; 300_000];
+    for c in [
+        Compression::Gzip,
+        Compression::Snappy,
+        Compression::Lz4,
+        Compression::Zstd,
+    ] {
+        let b = batch(&[record(0, big.clone())], c).freeze();
+        assert!(b.len() < 100_000, "{c:?} compresses");
+        assert_eq!(
+            decode_record_set(b.clone(), 100_000).unwrap_err(),
+            BatchError::TooLarge { limit: 100_000 },
+            "{c:?}"
+        );
+        assert_eq!(decode_record_set(b, 400_000).unwrap()[0].records.len(), 1);
+    }
+    // Raw snappy declaring 4 GiB in its length prefix: refused from the prefix.
+    let mut b = batch(&[record(0, b"x".to_vec())], Compression::None);
+    b.truncate(HEADER);
+    b[22] |= 2;
+    b.extend_from_slice(&[0xff, 0xff, 0xff, 0xff, 0x0f, 0]);
+    let len = (b.len() - 12) as i32;
+    b[8..12].copy_from_slice(&len.to_be_bytes());
+    assert_eq!(
+        decode_record_set(b.freeze(), 1 << 20).unwrap_err(),
+        BatchError::TooLarge { limit: 1 << 20 }
+    );
+}
