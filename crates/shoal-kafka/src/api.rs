@@ -178,6 +178,19 @@ impl RequestCtx {
 async fn route(state: &Arc<State>, ctx: &RequestCtx, mut buf: Bytes) -> Result<Reply, Reply> {
     let (key, v) = (ctx.key, ctx.version);
     let b = &mut buf;
+    // `answer!(handler)`: decode the request, call `handler(state, ctx, request)` (`no_ctx`:
+    // `handler(state, request)`; `await`: an async handler) and frame its response.
+    macro_rules! answer {
+        ($f:path) => {
+            ctx.reply(&$f(state, ctx, decode(state, key, v, b)?))
+        };
+        ($f:path, no_ctx) => {
+            ctx.reply(&$f(state, decode(state, key, v, b)?))
+        };
+        ($f:path, await) => {
+            ctx.reply(&$f(state, ctx, decode(state, key, v, b)?).await)
+        };
+    }
     Ok(match key {
         ApiKey::ApiVersions => {
             let _req: ApiVersionsRequest = decode(state, key, v, b)?;
@@ -189,99 +202,33 @@ async fn route(state: &Arc<State>, ctx: &RequestCtx, mut buf: Bytes) -> Result<R
             r.error_code = ResponseError::UnsupportedSaslMechanism.code();
             ctx.reply(&r)
         }
-        ApiKey::Metadata => ctx.reply(&crate::metadata::metadata(
-            state,
-            ctx,
-            decode(state, key, v, b)?,
-        )),
-        ApiKey::CreateTopics => ctx.reply(&crate::metadata::create_topics(
-            state,
-            ctx,
-            decode(state, key, v, b)?,
-        )),
-        ApiKey::DeleteTopics => ctx.reply(&crate::metadata::delete_topics(
-            state,
-            ctx,
-            decode(state, key, v, b)?,
-        )),
-        ApiKey::CreatePartitions => ctx.reply(&crate::metadata::create_partitions(
-            state,
-            decode(state, key, v, b)?,
-        )),
-        ApiKey::DescribeConfigs => ctx.reply(&crate::metadata::describe_configs(
-            state,
-            ctx,
-            decode(state, key, v, b)?,
-        )),
+        ApiKey::Metadata => answer!(crate::metadata::metadata),
+        ApiKey::CreateTopics => answer!(crate::metadata::create_topics),
+        ApiKey::DeleteTopics => answer!(crate::metadata::delete_topics),
+        ApiKey::CreatePartitions => answer!(crate::metadata::create_partitions, no_ctx),
+        ApiKey::DescribeConfigs => answer!(crate::metadata::describe_configs),
         ApiKey::Produce => {
             match crate::produce::produce(state, ctx, decode(state, key, v, b)?).await {
                 Some(r) => ctx.reply(&r),
                 None => Reply::Nothing,
             }
         }
-        ApiKey::InitProducerId => ctx.reply(&crate::producer::init_producer_id(
-            state,
-            decode(state, key, v, b)?,
-        )),
-        ApiKey::Fetch => {
-            ctx.reply(&crate::fetch::fetch(state, ctx, decode(state, key, v, b)?).await)
-        }
-        ApiKey::ListOffsets => {
-            ctx.reply(&crate::offsets::list_offsets(state, ctx, decode(state, key, v, b)?).await)
-        }
-        ApiKey::OffsetForLeaderEpoch => ctx.reply(&crate::offsets::offset_for_leader_epoch(
-            state,
-            decode(state, key, v, b)?,
-        )),
-        ApiKey::OffsetCommit => ctx.reply(&crate::offsets::offset_commit(
-            state,
-            ctx,
-            decode(state, key, v, b)?,
-        )),
-        ApiKey::OffsetFetch => ctx.reply(&crate::offsets::offset_fetch(
-            state,
-            ctx,
-            decode(state, key, v, b)?,
-        )),
-        ApiKey::FindCoordinator => ctx.reply(&crate::groups::find_coordinator(
-            state,
-            ctx,
-            decode(state, key, v, b)?,
-        )),
-        ApiKey::JoinGroup => {
-            ctx.reply(&crate::groups::join_group(state, ctx, decode(state, key, v, b)?).await)
-        }
-        ApiKey::SyncGroup => {
-            ctx.reply(&crate::groups::sync_group(state, ctx, decode(state, key, v, b)?).await)
-        }
-        ApiKey::Heartbeat => ctx.reply(&crate::groups::heartbeat(state, decode(state, key, v, b)?)),
-        ApiKey::LeaveGroup => ctx.reply(&crate::groups::leave_group(
-            state,
-            ctx,
-            decode(state, key, v, b)?,
-        )),
-        ApiKey::DescribeGroups => ctx.reply(&crate::groups::describe_groups(
-            state,
-            ctx,
-            decode(state, key, v, b)?,
-        )),
-        ApiKey::ListGroups => ctx.reply(&crate::groups::list_groups(
-            state,
-            decode(state, key, v, b)?,
-        )),
-        ApiKey::DeleteGroups => ctx.reply(&crate::groups::delete_groups(
-            state,
-            decode(state, key, v, b)?,
-        )),
-        ApiKey::ConsumerGroupHeartbeat => ctx.reply(&crate::consumer_group::heartbeat(
-            state,
-            ctx,
-            decode(state, key, v, b)?,
-        )),
-        ApiKey::ConsumerGroupDescribe => ctx.reply(&crate::consumer_group::describe(
-            state,
-            decode(state, key, v, b)?,
-        )),
+        ApiKey::InitProducerId => answer!(crate::producer::init_producer_id, no_ctx),
+        ApiKey::Fetch => answer!(crate::fetch::fetch, await),
+        ApiKey::ListOffsets => answer!(crate::offsets::list_offsets, await),
+        ApiKey::OffsetForLeaderEpoch => answer!(crate::offsets::offset_for_leader_epoch, no_ctx),
+        ApiKey::OffsetCommit => answer!(crate::offsets::offset_commit),
+        ApiKey::OffsetFetch => answer!(crate::offsets::offset_fetch),
+        ApiKey::FindCoordinator => answer!(crate::groups::find_coordinator),
+        ApiKey::JoinGroup => answer!(crate::groups::join_group, await),
+        ApiKey::SyncGroup => answer!(crate::groups::sync_group, await),
+        ApiKey::Heartbeat => answer!(crate::groups::heartbeat, no_ctx),
+        ApiKey::LeaveGroup => answer!(crate::groups::leave_group),
+        ApiKey::DescribeGroups => answer!(crate::groups::describe_groups),
+        ApiKey::ListGroups => answer!(crate::groups::list_groups, no_ctx),
+        ApiKey::DeleteGroups => answer!(crate::groups::delete_groups, no_ctx),
+        ApiKey::ConsumerGroupHeartbeat => answer!(crate::consumer_group::heartbeat),
+        ApiKey::ConsumerGroupDescribe => answer!(crate::consumer_group::describe, no_ctx),
         other => Reply::Close(format!("{other:?} has no handler")),
     })
 }

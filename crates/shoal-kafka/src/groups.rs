@@ -367,22 +367,13 @@ pub(crate) async fn join_group(
         resp.generation_id = -1;
         return resp;
     }
-    let id = state.groups.next_req.fetch_add(1, Ordering::Relaxed);
-    let (tx, rx) = oneshot::channel();
-    {
-        let mut inner = state.groups.inner.lock();
-        inner.waiters.insert(id, Waiter::Join(tx));
-        let outs = inner.groups.join(&group, id, join, state.now_ms());
-        GroupCoordinator::deliver(&mut inner, outs, state);
-    }
-    state.groups.wake.notify_one();
-    let j = match rx.await {
-        Ok(j) => j,
-        Err(_) => {
-            resp.error_code = code(ResponseError::CoordinatorNotAvailable);
-            resp.generation_id = -1;
-            return resp;
-        }
+    let asked = ask(state, Waiter::Join, |groups, id, now| {
+        groups.join(&group, id, join, now)
+    });
+    let Some(j) = asked.await else {
+        resp.error_code = code(ResponseError::CoordinatorNotAvailable);
+        resp.generation_id = -1;
+        return resp;
     };
     if j.error.is_none() {
         if let Err(e) = state.host.ensure_group(&group) {
@@ -418,6 +409,25 @@ pub(crate) async fn join_group(
     resp
 }
 
+/// Hands a join or sync to the group state machine (under the coordinator's lock, its outputs
+/// delivered there) and waits for its answer; `None` when the listener stopped first.
+fn ask<T>(
+    state: &Arc<State>,
+    waiter: fn(oneshot::Sender<T>) -> Waiter,
+    run: impl FnOnce(&mut ClassicGroups, RequestId, u64) -> Vec<Output>,
+) -> impl std::future::Future<Output = Option<T>> {
+    let id = state.groups.next_req.fetch_add(1, Ordering::Relaxed);
+    let (tx, rx) = oneshot::channel();
+    {
+        let mut inner = state.groups.inner.lock();
+        inner.waiters.insert(id, waiter(tx));
+        let outs = run(&mut inner.groups, id, state.now_ms());
+        GroupCoordinator::deliver(&mut inner, outs, state);
+    }
+    state.groups.wake.notify_one();
+    async move { rx.await.ok() }
+}
+
 /// SyncGroup.
 pub(crate) async fn sync_group(
     state: &Arc<State>,
@@ -437,18 +447,12 @@ pub(crate) async fn sync_group(
             .map(|a| (a.member_id.to_string(), a.assignment.to_vec()))
             .collect(),
     };
-    let id = state.groups.next_req.fetch_add(1, Ordering::Relaxed);
-    let (tx, rx) = oneshot::channel();
-    {
-        let mut inner = state.groups.inner.lock();
-        inner.waiters.insert(id, Waiter::Sync(tx));
-        let outs = inner.groups.sync(&group, id, sync, state.now_ms());
-        GroupCoordinator::deliver(&mut inner, outs, state);
-    }
-    state.groups.wake.notify_one();
+    let asked = ask(state, Waiter::Sync, |groups, id, now| {
+        groups.sync(&group, id, sync, now)
+    });
     let mut resp = SyncGroupResponse::default();
-    match rx.await {
-        Ok(s) => {
+    match asked.await {
+        Some(s) => {
             resp.error_code = err_code(s.error);
             resp.assignment = Bytes::from(s.assignment);
             if ctx.version >= 5 {
@@ -456,7 +460,7 @@ pub(crate) async fn sync_group(
                 resp.protocol_name = s.protocol_name.as_deref().map(sb);
             }
         }
-        Err(_) => resp.error_code = code(ResponseError::CoordinatorNotAvailable),
+        None => resp.error_code = code(ResponseError::CoordinatorNotAvailable),
     }
     resp
 }

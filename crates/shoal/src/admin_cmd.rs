@@ -4,7 +4,7 @@
 use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
 use serde_json::json;
-use shoal_client::admin::{AdminClient, TopicSpec};
+use shoal_client::admin::{AdminClient, GroupProgress, TopicSpec};
 use shoal_proto::message::MessageExt;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -831,21 +831,64 @@ fn print_progress(json_out: bool, group: &str, p: &shoal_client::GroupProgress) 
 
 /// One row of `group list`: members, mode, total lag and state of a group.
 async fn group_summary(admin: &AdminClient, group: &str) -> serde_json::Value {
-    let members = admin
+    let connected = admin
         .consumer_connections(group)
         .await
         .map(|(c, _)| c.connection_set.len())
         .unwrap_or(0);
     let progress = admin.group_progress(group).await.ok();
-    let mode = if members == 0 {
-        "-".to_string()
-    } else {
-        match admin.group_describe(group).await {
-            Ok((_, v)) => v["mode"].as_str().unwrap_or("-").to_string(),
-            Err(_) => "classic".to_string(),
+    // GROUP_DESCRIBE knows members that hold no RocketMQ connection: Kafka classic groups
+    // (the Kafka listener's) and the coordinator's members (Kafka `group.protocol=consumer`
+    // members among them).
+    let described = admin.group_describe(group).await.ok().map(|(_, v)| v);
+    let mode = described
+        .as_ref()
+        .and_then(|v| v["mode"].as_str())
+        .map(str::to_string);
+    let described_members = described
+        .as_ref()
+        .and_then(|v| v["members"].as_array())
+        .map_or(0, Vec::len);
+    let (members, state) = match (mode.as_deref(), &described) {
+        (Some("kafkaClassic"), Some(d)) => (
+            described_members,
+            match d["state"].as_str() {
+                Some("Stable") => "STABLE",
+                Some("PreparingRebalance" | "CompletingRebalance") => "REBALANCING",
+                Some("Empty") | None => "EMPTY",
+                Some(_) => "UNKNOWN",
+            },
+        ),
+        (Some("coordinated"), Some(d)) => {
+            let n = described_members.max(connected);
+            let state = if n == 0 {
+                "EMPTY"
+            } else if d["reconciled"].as_bool() == Some(true) {
+                "STABLE"
+            } else {
+                "REBALANCING"
+            };
+            (n, state)
         }
+        _ => (connected, rocketmq_state(connected, progress.as_ref())),
     };
-    let state = match &progress {
+    let mode = match mode {
+        _ if members == 0 => "-".to_string(),
+        Some(m) if m != "empty" => m,
+        _ => "classic".to_string(),
+    };
+    json!({
+        "group": group,
+        "members": members,
+        "mode": mode,
+        "lag": progress.as_ref().map(|p| p.total_lag()),
+        "state": state,
+    })
+}
+
+/// The state of a group of RocketMQ members from its queues' ownership.
+fn rocketmq_state(members: usize, progress: Option<&GroupProgress>) -> &'static str {
+    match progress {
         _ if members == 0 => "EMPTY",
         Some(p) => {
             let (shared, unowned) = p.ownership_problems();
@@ -859,14 +902,7 @@ async fn group_summary(admin: &AdminClient, group: &str) -> serde_json::Value {
             }
         }
         None => "UNKNOWN",
-    };
-    json!({
-        "group": group,
-        "members": members,
-        "mode": mode,
-        "lag": progress.as_ref().map(|p| p.total_lag()),
-        "state": state,
-    })
+    }
 }
 
 /// `shoal broker status`.

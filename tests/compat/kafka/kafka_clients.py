@@ -86,6 +86,19 @@ def roundtrip():
         check(all(m.headers == [("from", b"kafka-python")] for m in mine), "kafka-python headers kept")
 
 
+def group_listed(gid, mode):
+    """The row of `shoal group list --json` for gid, once it shows 3 members of `mode`, STABLE
+    (or the last row seen after 20 s)."""
+    t0, row = time.time(), {}
+    while time.time() - t0 < 20:
+        rows = json.loads(shoal("group", "list", "--json"))
+        row = next((r for r in rows if r.get("group") == gid), {})
+        if row.get("members") == 3 and row.get("mode") == mode and row.get("state") == "STABLE":
+            break
+        time.sleep(0.5)
+    return row
+
+
 def shoal(*args):
     return subprocess.run([SHOAL, *args, "--namesrv", NS], check=True, capture_output=True, text=True,
                           timeout=60).stdout
@@ -223,6 +236,9 @@ def group(strategy):
               and sum(1 for m in d.get("members", []) if m.get("leader")) == 1,
               f"{strategy}: shoal group describe shows the classic group of 3 ({d})")
         check(owned == list(range(partitions)), f"{strategy}: describe shows every partition assigned once ({owned})")
+        row = group_listed(gid, "kafkaClassic")
+        check(row.get("members") == 3 and row.get("state") == "STABLE",
+              f"{strategy}: shoal group list shows the classic group: 3 members, kafkaClassic, STABLE ({row})")
     if strategy == "consumer":
         # KIP-848 groups live in the broker's coordinator, the one of Shoal's coordinated mode:
         # `shoal group describe` shows them (owned queues as the members last reported them).
@@ -237,6 +253,9 @@ def group(strategy):
         check(d.get("mode") == "coordinated" and len(d.get("members", [])) == 3,
               f"consumer: shoal group describe shows the coordinated group of 3 ({d})")
         check(owned == list(range(partitions)), f"consumer: describe shows every queue owned once ({owned})")
+        row = group_listed(gid, "coordinated")
+        check(row.get("members") == 3 and row.get("state") == "STABLE",
+              f"consumer: shoal group list shows the group: 3 members, coordinated, STABLE ({row})")
     before = [set(m.owned) for m in members[:2]]
     revokes_before = [len(m.revoked_events) for m in members[:2]]
     leaving = members.pop()

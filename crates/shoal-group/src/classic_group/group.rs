@@ -293,23 +293,11 @@ impl ClassicGroup {
             GroupState::Stable if same_protocols => {
                 // Nothing changed: give the current generation back, no rebalance.
                 self.members.insert(new_id.clone(), m);
-                let members = if was_leader && join.supports_skip_assignment {
-                    self.member_list()
-                } else {
-                    Vec::new()
-                };
+                let skip = was_leader && join.supports_skip_assignment;
+                let members = if skip { self.member_list() } else { Vec::new() };
                 out.push(Output::Join(
                     req,
-                    JoinResponse {
-                        error: None,
-                        generation: self.generation,
-                        protocol_type: self.protocol_type.clone(),
-                        protocol_name: self.protocol.clone(),
-                        leader: self.leader.clone().unwrap_or_default(),
-                        member_id: new_id,
-                        members,
-                        skip_assignment: was_leader && join.supports_skip_assignment,
-                    },
+                    self.generation_answer(new_id, members, skip),
                 ));
                 out
             }
@@ -402,16 +390,7 @@ impl ClassicGroup {
                 };
                 out.push(Output::Join(
                     req,
-                    JoinResponse {
-                        error: None,
-                        generation: self.generation,
-                        protocol_type: self.protocol_type.clone(),
-                        protocol_name: self.protocol.clone(),
-                        leader: self.leader.clone().unwrap_or_default(),
-                        member_id: id,
-                        members,
-                        skip_assignment: false,
-                    },
+                    self.generation_answer(id, members, false),
                 ));
             }
             GroupState::CompletingRebalance | GroupState::Stable => {
@@ -440,6 +419,26 @@ impl ClassicGroup {
             return Some(ClassicError::UnknownMemberId);
         }
         None
+    }
+
+    /// The answer to a join that the current generation completes: `members` for the leader
+    /// (empty for the others).
+    fn generation_answer(
+        &self,
+        member_id: String,
+        members: Vec<(String, Option<String>, Vec<u8>)>,
+        skip_assignment: bool,
+    ) -> JoinResponse {
+        JoinResponse {
+            error: None,
+            generation: self.generation,
+            protocol_type: self.protocol_type.clone(),
+            protocol_name: self.protocol.clone(),
+            leader: self.leader.clone().unwrap_or_default(),
+            member_id,
+            members,
+            skip_assignment,
+        }
     }
 
     fn member_list(&self) -> Vec<(String, Option<String>, Vec<u8>)> {
@@ -562,38 +561,25 @@ impl ClassicGroup {
             .max()
             .unwrap_or(0);
         self.sync_deadline = Some(now + sync_timeout);
-        let leader = self.leader.clone().unwrap_or_default();
-        let list = self.member_list();
-        let (generation, ptype, proto) = (
-            self.generation,
-            self.protocol_type.clone(),
-            self.protocol.clone(),
-        );
-        for (id, m) in self.members.iter_mut() {
-            m.last_heartbeat = now;
-            if let Some(r) = m.awaiting_join.take() {
-                out.push(Output::Join(
-                    r,
-                    JoinResponse {
-                        error: None,
-                        generation,
-                        protocol_type: ptype.clone(),
-                        protocol_name: proto.clone(),
-                        leader: leader.clone(),
-                        member_id: id.clone(),
-                        members: if *id == leader {
-                            list.clone()
-                        } else {
-                            Vec::new()
-                        },
-                        skip_assignment: false,
-                    },
-                ));
-            }
+        let waiting: Vec<(RequestId, String)> = self
+            .members
+            .iter_mut()
+            .filter_map(|(id, m)| {
+                m.last_heartbeat = now;
+                m.awaiting_join.take().map(|r| (r, id.clone()))
+            })
+            .collect();
+        for (r, id) in waiting {
+            let members = if self.leader.as_deref() == Some(id.as_str()) {
+                self.member_list()
+            } else {
+                Vec::new()
+            };
+            out.push(Output::Join(r, self.generation_answer(id, members, false)));
         }
         out.push(Output::Rebalanced {
             group: self.id.clone(),
-            generation,
+            generation: self.generation,
             members: self.members.len(),
         });
         out
