@@ -1,8 +1,8 @@
 """Kafka-protocol throughput and rebalance on Shoal (see benches/kafka/run.sh).
 
 kafka_bench.py BOOTSTRAP SHOAL_PID produce|fetch|rebalance [options as env]
-Prints one JSON line per run: throughput, and the Shoal process's CPU per message
-(utime+stime from /proc/PID/stat over the run).
+Prints one JSON line per run: throughput, and the broker process's CPU per message
+(utime+stime of SHOAL_PID, or of a peer broker's PID, from /proc/PID/stat over the run).
 """
 import json
 import os
@@ -40,9 +40,9 @@ def create(topic, parts):
 
 
 def report(name, n, secs, cpu, extra=None):
-    out = {"bench": name, "messages": n, "size": SIZE, "compression": COMP, "partitions": PARTS,
+    out = {"bench": name, "broker": os.environ.get("BROKER", "shoal"), "messages": n, "size": SIZE, "compression": COMP, "partitions": PARTS,
            "seconds": round(secs, 3), "msgs_per_s": round(n / secs), "mib_per_s": round(n * SIZE / secs / 2**20, 2),
-           "shoal_cpu_us_per_msg": round(cpu / n * 1e6, 2)}
+           "broker_cpu_us_per_msg": round(cpu / n * 1e6, 2)}
     out.update(extra or {})
     print(json.dumps(out), flush=True)
 
@@ -151,7 +151,10 @@ def rebalance():
         t0 = time.time()
         while time.time() - t0 < 60:
             owned = [m.owned for m in ms]
-            if sum(len(o) for o in owned) == PARTS and set().union(*owned) == set(range(PARTS)):
+            # Every partition owned once and every member owning some (PARTITIONS >= members):
+            # right after a join the old owners still cover everything, so that alone is not it.
+            if sum(len(o) for o in owned) == PARTS and set().union(*owned) == set(range(PARTS)) \
+                    and all(owned):
                 return time.time() - t0
             time.sleep(0.02)
         return None
@@ -183,11 +186,11 @@ def rebalance():
     total = sum(len(m.seen) for m in members + gone)
     for m in members:
         m.close()
-    print(json.dumps({"bench": "kafka-rebalance", "strategy": strategy, "partitions": PARTS,
+    print(json.dumps({"bench": "kafka-rebalance", "broker": os.environ.get("BROKER", "shoal"), "strategy": strategy, "partitions": PARTS,
                       "produced": produced[0], "consumed_unique": len(seen), "duplicates": total - len(seen),
                       "lost": produced[0] - len(seen),
                       "convergence_s": {k: (round(v, 3) if v is not None else None) for k, v in phases},
-                      "shoal_cpu_s": round(cpu_s() - c0, 2)}), flush=True)
+                      "broker_cpu_s": round(cpu_s() - c0, 2)}), flush=True)
 
 
 {"produce": produce, "fetch": fetch, "rebalance": rebalance}[WHAT]()
