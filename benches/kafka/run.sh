@@ -32,18 +32,17 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
-next=${PORT_BASE:-0}
-port() {
-  if [ "$next" -gt 0 ]; then echo $((next++)); else
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; fi
-}
-kp=$(port) np=$(port) bp=$(port)
+port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+if [ -n "${PORT_BASE:-}" ]; then
+  kp=$PORT_BASE np=$((PORT_BASE + 1)) bp=$((PORT_BASE + 2)) ap=$((PORT_BASE + 3)) cp=$((PORT_BASE + 4))
+else
+  kp=$(port) np=$(port) bp=$(port) ap=$(port) cp=$(port)
+fi
 (cd "$work" && exec "$SHOAL_BIN" dev --namesrv-port "$np" --broker-port "$bp" --kafka-port "$kp" --no-http >dev.out 2>dev.err) &
 pid=$!
 for _ in $(seq 100); do grep -q "Shoal dev is running" "$work/dev.out" 2>/dev/null && break; sleep 0.1; done
 targets="shoal:127.0.0.1:$kp:$pid"
 if [ -n "${KAFKA_LIBS:-}" ]; then
-  ap=$(port) cp=$(port)
   mkdir -p "$work/kafka-logs"
   cat >"$work/kafka.properties" <<PROPS
 process.roles=broker,controller
