@@ -395,14 +395,25 @@ impl Driver {
         let rb = &mut self.rb;
         match cmd {
             Cmd::Subscribe(t) => rb.handle_subscribe(now, &t),
-            Cmd::LockFreed(q) => rb.handle_lock_freed(now, &q),
+            Cmd::LockFreed(q) => {
+                debug!(queues = q.len(), "lock-freed notice");
+                rb.handle_lock_freed(now, &q)
+            }
             Cmd::Reset(list) => {
                 for (mq, o) in list {
                     rb.handle_reset(now, &mq, o);
                 }
             }
             Cmd::Shutdown => rb.handle_shutdown(now),
-            Cmd::View(topic, Ok((queues, members))) => rb.handle_view(now, &topic, queues, members),
+            Cmd::View(topic, Ok((queues, members))) => {
+                debug!(
+                    topic,
+                    queues = queues.len(),
+                    members = members.len(),
+                    "view fetched"
+                );
+                rb.handle_view(now, &topic, queues, members)
+            }
             Cmd::Member(d) => {
                 if d.fences > self.member_fences {
                     self.member_fences = d.fences;
@@ -436,7 +447,16 @@ impl Driver {
                 granted,
                 lease,
                 notice,
-            } => rb.handle_lock_result(now, &queues, &granted, lease, notice),
+            } => {
+                debug!(
+                    asked = queues.len(),
+                    granted = granted.len(),
+                    answered = lease.is_some(),
+                    notice,
+                    "lock result"
+                );
+                rb.handle_lock_result(now, &queues, &granted, lease, notice)
+            }
             Cmd::Lease(broker, lease) => rb.handle_lease(now, &broker, lease),
             Cmd::StartOffset(mq, o) => rb.handle_start_offset(now, &mq, o),
             Cmd::Drained(mq, o) => rb.handle_drained(now, &mq, o),

@@ -41,30 +41,81 @@ fn now_us() -> u64 {
         .unwrap_or_default()
 }
 
+/// What a member's debug log says (its stderr, `RUST_LOG` set for this): when it registered
+/// (its consumer started, i.e. its first heartbeat was answered) and when it started a queue.
+#[derive(Debug, Clone)]
+struct LogEvent {
+    member: String,
+    /// `None`: the consumer started; `Some(q)`: queue `q` of the topic started.
+    queue: Option<i64>,
+    at_us: u64,
+}
+
+/// `2026-12-01T20:03:00.921644Z DEBUG shoal_client::rebalance: queue started queue=T@b#8 ..`
+fn parse_log_line(member: &str, line: &str) -> Option<LogEvent> {
+    let (ts, rest) = line.split_once(' ')?;
+    let at = humantime::parse_rfc3339_weak(ts.trim_end_matches('Z')).ok()?;
+    let at_us = at.duration_since(UNIX_EPOCH).ok()?.as_micros() as u64;
+    let queue = if rest.contains("push consumer started") {
+        None
+    } else {
+        let (_, q) = rest.split_once(&format!("queue started queue={TOPIC}@"))?;
+        let (_, id) = q.split_once('#')?;
+        Some(id.split_whitespace().next()?.parse().ok()?)
+    };
+    Some(LogEvent {
+        member: member.to_string(),
+        queue,
+        at_us,
+    })
+}
+
 struct Members {
     group: String,
     procs: BTreeMap<String, Proc>,
     seen: Arc<Mutex<Vec<Delivery>>>,
+    log: Arc<Mutex<Vec<LogEvent>>>,
 }
 
 impl Members {
     fn join(&mut self, dev: &Dev, name: &str) {
         let session = SESSION_MS.to_string();
-        let mut child = dev.spawn(&[
-            "consume",
-            TOPIC,
-            "--group",
-            &self.group,
-            "--json",
-            "--from",
-            "first",
-            "--instance",
-            name,
-            "--protocol",
-            "classic",
-            "--session-timeout-ms",
-            &session,
-        ]);
+        let mut child = Command::new(shoal())
+            .args([
+                "consume",
+                TOPIC,
+                "--group",
+                &self.group,
+                "--json",
+                "--from",
+                "first",
+                "--instance",
+                name,
+                "--protocol",
+                "classic",
+                "--session-timeout-ms",
+                &session,
+            ])
+            .env("SHOAL_NAMESRV", &dev.namesrv)
+            .env(
+                "RUST_LOG",
+                "warn,shoal_client::consumer=info,shoal_client::rebalance=debug",
+            )
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let log = self.log.clone();
+        let who = name.to_string();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if let Some(e) = parse_log_line(&who, &line) {
+                    log.lock().unwrap().push(e);
+                }
+            }
+        });
         let stdout = child.stdout.take().unwrap();
         let seen = self.seen.clone();
         let who = name.to_string();
@@ -206,6 +257,61 @@ fn window(all: &[Delivery], from_us: u64, to_us: u64) -> Window {
     }
 }
 
+/// Hand-over times of a graceful change at `from_us` (window until `to_us`), from the
+/// members' logs: (last registration of a member started in the window, µs after `from_us`;
+/// the time the last moved queue was started by its final owner, µs after `from_us`).
+fn handover(
+    all: &[Delivery],
+    log: &[LogEvent],
+    from_us: u64,
+    to_us: u64,
+) -> (Option<u64>, Option<u64>) {
+    let registered = log
+        .iter()
+        .filter(|e| e.queue.is_none() && e.at_us >= from_us && e.at_us < to_us)
+        .map(|e| e.at_us - from_us)
+        .max();
+    let mut last_started = None;
+    for q in 0..QUEUES {
+        let owner_before = all
+            .iter()
+            .filter(|d| d.queue == q && d.at_us < from_us)
+            .max_by_key(|d| d.at_us)
+            .map(|d| d.member.as_str());
+        let Some(owner_after) = all
+            .iter()
+            .filter(|d| d.queue == q && d.at_us >= from_us && d.at_us < to_us)
+            .max_by_key(|d| d.at_us)
+            .map(|d| d.member.as_str())
+        else {
+            continue;
+        };
+        if owner_before == Some(owner_after) {
+            continue;
+        }
+        let started = log
+            .iter()
+            .filter(|e| {
+                e.queue == Some(q)
+                    && e.member == owner_after
+                    && e.at_us >= from_us
+                    && e.at_us < to_us
+            })
+            .map(|e| e.at_us - from_us)
+            .max();
+        last_started = last_started.max(started);
+    }
+    (registered, last_started)
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1;
+    sorted[i]
+}
+
 #[test]
 fn four_eight_four_kill_and_freeze_keep_every_queue_exclusive() {
     let dev = Dev::start();
@@ -218,18 +324,29 @@ fn four_eight_four_kill_and_freeze_keep_every_queue_exclusive() {
         group: "rb-scenario".into(),
         procs: BTreeMap::new(),
         seen: Arc::new(Mutex::new(Vec::new())),
+        log: Arc::new(Mutex::new(Vec::new())),
     };
     let names: Vec<String> = (1..=9).map(|i| format!("m{i}")).collect();
     for n in &names[..4] {
         m.join(&dev, n);
     }
-    let mut producer = steady_producer(&dev, TOPIC, "s", 1_000_000, 4);
+    // Two steady producers: a queue's next message comes every few tens of ms, the
+    // resolution of the delivery-based figures (printed below).
+    let mut producer = steady_producer(&dev, TOPIC, "s", 1_000_000, 1);
+    let mut producer2 = steady_producer(&dev, TOPIC, "t", 1_000_000, 1);
     let live = |v: &[String]| -> BTreeSet<String> { v.iter().cloned().collect() };
     m.wait_settled(&live(&names[..4]), 0, Duration::from_secs(60));
 
     // (label, start µs, graceful)
     let mut events: Vec<(String, u64, bool)> = Vec::new();
-    for round in 1..=2 {
+    let rounds: usize = std::env::var("SHOAL_RB_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3);
+    let steady_from = now_us();
+    std::thread::sleep(Duration::from_secs(1));
+    let steady_to = now_us();
+    for round in 1..=rounds {
         let t = now_us();
         for n in &names[4..8] {
             m.join(&dev, n);
@@ -317,6 +434,7 @@ fn four_eight_four_kill_and_freeze_keep_every_queue_exclusive() {
     m.wait_settled(&live(&four), t_cont, Duration::from_secs(60));
     std::thread::sleep(Duration::from_secs(2));
     producer.sigkill();
+    producer2.sigkill();
     std::thread::sleep(Duration::from_secs(3));
     let t_end = now_us();
 
@@ -349,8 +467,22 @@ fn four_eight_four_kill_and_freeze_keep_every_queue_exclusive() {
         )
         .trim()
     );
+    // The resolution of the delivery-based figures: the mean gap between two messages of a
+    // queue in one steady second.
+    let steady_n = all
+        .iter()
+        .filter(|d| d.at_us >= steady_from && d.at_us < steady_to)
+        .count()
+        .max(1);
+    println!(
+        "  steady load: {steady_n} messages/s, a queue's next message every {:.1} ms on average",
+        (steady_to - steady_from) as f64 / 1000.0 / (steady_n as f64 / QUEUES as f64)
+    );
+    let log = m.log.lock().unwrap().clone();
     let mut failures = Vec::new();
     let mut graceful_conv = Vec::new();
+    // Join: from the last joiner's registration; leave: from the SIGTERM.
+    let (mut join_handover, mut join_consumed, mut leave_handover) = (vec![], vec![], vec![]);
     for (i, (label, t, graceful)) in events.iter().enumerate() {
         let to = events.get(i + 1).map_or(t_end, |e| e.1);
         let w = window(&all, *t, to);
@@ -358,6 +490,28 @@ fn four_eight_four_kill_and_freeze_keep_every_queue_exclusive() {
             "  {label:<18} converged {:>8.1} ms  duplicates {:>4}  interleaved queues {:?}",
             w.convergence_ms, w.duplicates, w.interleaved
         );
+        if *graceful {
+            let (registered, started) = handover(&all, &log, *t, to);
+            let ms = |us: u64| us as f64 / 1000.0;
+            match registered {
+                Some(r) => {
+                    let h = started.map(|s| ms(s.saturating_sub(r)));
+                    let c = w.convergence_ms - ms(r);
+                    println!(
+                        "      last joiner registered {:.1} ms after the first spawn; after it: queues handed over {:?} ms, consumed by their owners {c:.1} ms",
+                        ms(r),
+                        h
+                    );
+                    join_handover.extend(h);
+                    join_consumed.push(c);
+                }
+                None => {
+                    let h = started.map(ms);
+                    println!("      queues handed over {h:?} ms after the SIGTERM");
+                    leave_handover.extend(h);
+                }
+            }
+        }
         if !w.interleaved.is_empty() {
             failures.push(format!(
                 "{label}: two members consumed queues {:?}",
@@ -374,6 +528,23 @@ fn four_eight_four_kill_and_freeze_keep_every_queue_exclusive() {
             }
         }
     }
+    for v in [&mut join_handover, &mut join_consumed, &mut leave_handover] {
+        v.sort_by(f64::total_cmp);
+    }
+    println!(
+        "  joins ({} events, from the last registration): handed over p50 {:.1} / max {:.1} ms; consumed p50 {:.1} / max {:.1} ms",
+        join_consumed.len(),
+        percentile(&join_handover, 0.5),
+        percentile(&join_handover, 1.0),
+        percentile(&join_consumed, 0.5),
+        percentile(&join_consumed, 1.0)
+    );
+    println!(
+        "  leaves ({} events, from the SIGTERM): handed over p50 {:.1} / max {:.1} ms",
+        leave_handover.len(),
+        percentile(&leave_handover, 0.5),
+        percentile(&leave_handover, 1.0)
+    );
     graceful_conv.sort_by(f64::total_cmp);
     println!(
         "  graceful changes: convergence max {:.1} ms over {} events",
@@ -384,15 +555,23 @@ fn four_eight_four_kill_and_freeze_keep_every_queue_exclusive() {
     println!("  frozen member's queues taken over in {taken_frozen:?} ms (session timeout {SESSION_MS} ms)");
     println!("  frozen member after resume: {resumed_at_all} deliveries, {stale} stale");
     // Nothing lost: every steady message up to the last one seen.
-    let steady: BTreeSet<usize> = all
-        .iter()
-        .filter_map(|d| d.body.strip_prefix("s-").and_then(|n| n.parse().ok()))
-        .collect();
-    let max = steady.iter().copied().max().unwrap_or(0);
-    let lost: Vec<usize> = (0..max).filter(|i| !steady.contains(i)).collect();
+    let mut lost: Vec<String> = Vec::new();
+    let mut sent = 0;
+    for prefix in ["s-", "t-"] {
+        let steady: BTreeSet<usize> = all
+            .iter()
+            .filter_map(|d| d.body.strip_prefix(prefix).and_then(|n| n.parse().ok()))
+            .collect();
+        let max = steady.iter().copied().max().unwrap_or(0);
+        sent += max + 1;
+        lost.extend(
+            (0..max)
+                .filter(|i| !steady.contains(i))
+                .map(|i| format!("{prefix}{i}")),
+        );
+    }
     println!(
-        "  {} steady messages, {} lost, {} deliveries",
-        max + 1,
+        "  {sent} steady messages, {} lost, {} deliveries",
         lost.len(),
         all.len()
     );
