@@ -34,11 +34,15 @@ impl Inner {
         let Ok(_permit) = self.permits.clone().acquire_owned().await else {
             return;
         };
-        if state.is_dropped() {
+        if state.fenced.load(std::sync::atomic::Ordering::Relaxed) {
             // Not consumed: stays below the committed offset for the next owner.
             return;
         }
         let offsets: Vec<i64> = msgs.iter().map(|m| m.queue_offset).collect();
+        let (first, last) = (
+            offsets.iter().copied().min().unwrap_or(-1),
+            offsets.iter().copied().max().unwrap_or(-1),
+        );
         let for_listener: Vec<MessageExt> =
             msgs.iter().cloned().map(|m| self.for_listener(m)).collect();
         let ctx = ConsumeContext {
@@ -47,14 +51,17 @@ impl Inner {
         };
         let started = Instant::now();
         // Fencing: checked on the listener's thread right before the call; a member past its
-        // lease hands over nothing (the messages stay below the committed offset).
+        // lease, or a stopped queue (except gaps below what it delivered), hands over nothing
+        // (the messages stay below the committed offset).
         let st = state.clone();
-        let status =
-            tokio::task::spawn_blocking(move || st.may_deliver().then(|| f(&for_listener, &ctx)))
-                .await
-                .unwrap_or(Some(ConsumeConcurrentlyStatus::ReconsumeLater));
+        let status = tokio::task::spawn_blocking(move || {
+            st.admit_concurrent(first, last)
+                .then(|| f(&for_listener, &ctx))
+        })
+        .await
+        .unwrap_or(Some(ConsumeConcurrentlyStatus::ReconsumeLater));
         let Some(status) = status else {
-            debug!(queue = %state.mq, n = msgs.len(), "lease not valid: batch not delivered");
+            debug!(queue = %state.mq, n = msgs.len(), "queue stopped or lease not valid: batch not delivered");
             return;
         };
         state.pq.lock().last_consume_ms = crate::now_ms_u64();

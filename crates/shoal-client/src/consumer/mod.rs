@@ -49,7 +49,7 @@ use shoal_proto::constants::{is_retry_topic, retry_topic};
 use shoal_proto::message::MessageExt;
 use shoal_proto::MessageQueue;
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 use tokio::sync::{watch, Notify, OnceCell, Semaphore};
@@ -74,6 +74,10 @@ struct QueueState {
     wake: Notify,
     /// Orderly: local retry count per offset.
     suspends: Mutex<HashMap<i64, i32>>,
+    /// Concurrent: the highest offset handed to the listener (changed under `pq`'s lock).
+    max_delivered: AtomicI64,
+    /// Stopped by a fence (set under `pq`'s lock with `dropped`): nothing more is delivered.
+    fenced: AtomicBool,
 }
 
 impl QueueState {
@@ -86,7 +90,26 @@ impl QueueState {
             in_flight: watch::channel(0).0,
             wake: Notify::new(),
             suspends: Mutex::new(HashMap::new()),
+            max_delivered: AtomicI64::new(-1),
+            fenced: AtomicBool::new(false),
         }
+    }
+    /// Concurrent: may a batch of offsets `first..=last` be handed to the listener now? While
+    /// the queue is owned, yes (with a valid lease). Once it is stopped gracefully, only a
+    /// batch below an offset already delivered (a gap left by batches consumed out of
+    /// order): the committed offset (the smallest offset not consumed) then passes every
+    /// delivered message, so the next owner delivers none of them again. The lock is still
+    /// held meanwhile: the stop waits for these calls.
+    fn admit_concurrent(&self, first: i64, last: i64) -> bool {
+        if !self.lease_valid() {
+            return false;
+        }
+        let pq = self.pq.lock();
+        if !pq.dropped {
+            self.max_delivered.fetch_max(last, Ordering::Relaxed);
+            return true;
+        }
+        !self.fenced.load(Ordering::Relaxed) && first < self.max_delivered.load(Ordering::Relaxed)
     }
     fn is_dropped(&self) -> bool {
         self.pq.lock().dropped
@@ -493,10 +516,14 @@ impl Inner {
     /// regardless, so this member never runs two listener calls of one queue at once.
     async fn stop_queue(&self, mq: MessageQueue, fence: bool) -> Option<i64> {
         let state = self.table.lock().get(&mq).cloned()?;
-        state.pq.lock().dropped = true;
-        if fence {
-            // Nothing cached is delivered any more.
-            state.pq.lock().clear();
+        {
+            let mut pq = state.pq.lock();
+            if fence {
+                // Nothing cached is delivered any more.
+                state.fenced.store(true, Ordering::Relaxed);
+                pq.clear();
+            }
+            pq.dropped = true;
         }
         state.cancel.cancel();
         state.wake.notify_one();

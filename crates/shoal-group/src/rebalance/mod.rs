@@ -486,6 +486,9 @@ impl Rebalancer {
                 (QState::Acquiring, Some(lease)) => {
                     q.maybe_locked = false;
                     if granted.contains(mq) {
+                        q.freed_while_acquiring = false;
+                    }
+                    if granted.contains(mq) {
                         q.lease = Some(lease);
                         q.backoff = Duration::ZERO;
                         if in_target && !self.shutting_down {
@@ -545,8 +548,11 @@ impl Rebalancer {
     pub fn handle_lock_freed(&mut self, now: Instant, queues: &[MessageQueue]) {
         for mq in queues {
             if let Some(q) = self.queues.get_mut(mq) {
-                if let QState::Pending { retry_at } = &mut q.state {
-                    *retry_at = Some(now);
+                match &mut q.state {
+                    QState::Pending { retry_at } => *retry_at = Some(now),
+                    // The notice overtook the refusal of the request in flight.
+                    QState::Acquiring => q.freed_while_acquiring = true,
+                    _ => {}
                 }
             }
         }

@@ -88,6 +88,9 @@ pub(super) struct Queue {
     pub(super) maybe_locked: bool,
     /// Failed unlocks so far.
     pub(super) unlock_failures: u32,
+    /// A lock-freed notice came while the lock request was in flight: the notice may have
+    /// overtaken the refusal, so a refusal is asked again at once.
+    pub(super) freed_while_acquiring: bool,
 }
 
 impl Queue {
@@ -101,6 +104,7 @@ impl Queue {
             fence_now: false,
             maybe_locked: false,
             unlock_failures: 0,
+            freed_while_acquiring: false,
         }
     }
 
@@ -145,6 +149,12 @@ impl Queue {
 
     /// A refused (or failed) lock request: try again after the back-off.
     pub(super) fn retry_later(&mut self, now: Instant, c: &RebalancerConfig, notice: bool) {
+        if std::mem::take(&mut self.freed_while_acquiring) {
+            self.state = QState::Pending {
+                retry_at: Some(now),
+            };
+            return;
+        }
         self.backoff = if notice {
             c.lock_retry_notified
         } else if self.backoff.is_zero() {

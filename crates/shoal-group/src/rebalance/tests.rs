@@ -718,3 +718,29 @@ fn a_draining_queue_keeps_its_lock_and_lease_until_the_drain_ends() {
         }]
     );
 }
+
+#[test]
+fn a_lock_freed_notice_that_overtakes_the_refusal_is_not_lost() {
+    let t0 = Instant::now();
+    let mut a = rb("a");
+    a.handle_subscribe(t0, "T");
+    assert_eq!(drain(&mut a), vec![Action::FetchView { topic: "T".into() }]);
+    a.handle_view(t0, "T", qs(&[0]), vec!["a".into()]);
+    let lock = Action::Lock {
+        broker: "b".into(),
+        queues: vec![q(0)],
+    };
+    assert_eq!(drain(&mut a), vec![lock.clone()]);
+    // The holder unlocks between the broker's refusal and its arrival here: the notice is
+    // handled first, then the refusal. The lock is asked again at once, not after the 1 s
+    // safety net.
+    let t = ms(t0, 5);
+    a.handle_lock_freed(t, &[q(0)]);
+    assert!(drain(&mut a).is_empty());
+    a.handle_lock_result(t, &[q(0)], &BTreeSet::new(), Some(lease(t, Some(1))), true);
+    assert_eq!(drain(&mut a), vec![lock.clone()]);
+    // A later refusal without such a notice waits for the next notice (or the safety net).
+    a.handle_lock_result(t, &[q(0)], &BTreeSet::new(), Some(lease(t, Some(1))), true);
+    assert!(drain(&mut a).is_empty());
+    assert_eq!(a.poll_timeout(), Some(t + Duration::from_secs(1)));
+}
