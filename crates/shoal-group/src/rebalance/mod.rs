@@ -206,6 +206,8 @@ pub struct RebalanceStats {
     pub lock_refused: u64,
     /// Views discarded because a notice arrived while they were fetched.
     pub stale_views: u64,
+    /// Views whose member list did not contain this member (fetched again soon).
+    pub views_without_self: u64,
 }
 
 #[derive(Debug, Default)]
@@ -340,6 +342,13 @@ impl Rebalancer {
             v.next_at = Some(now);
         }
         v.stale_in_a_row = 0;
+        // A member list without this member predates the broker's processing of its first
+        // heartbeat (or follows an expiry): fetch again soon rather than at the next refresh
+        // interval, or a new member would idle for 20 s. Liveness only: nothing is taken on it.
+        if !queues.is_empty() && !members.contains(&self.config.client_id) {
+            v.next_at = Some(now + self.config.refresh_retry);
+            self.stats.views_without_self += 1;
+        }
         v.queues = Some(queues);
         v.members = Some(members);
         self.next_refresh = Some(now + self.config.refresh_interval);

@@ -301,6 +301,26 @@ fn a_view_fetched_across_a_notice_is_discarded() {
 }
 
 #[test]
+fn a_member_list_without_this_member_is_fetched_again_soon() {
+    let t0 = Instant::now();
+    let mut a = rb("a");
+    a.handle_subscribe(t0, "T");
+    assert_eq!(drain(&mut a), vec![Action::FetchView { topic: "T".into() }]);
+    // The broker has not processed a's first heartbeat yet: the list holds only b.
+    a.handle_view(ms(t0, 1), "T", qs(&[0, 1]), vec!["b".into()]);
+    assert!(a.target().is_empty());
+    assert_eq!(a.stats().views_without_self, 1);
+    // Fetched again after refresh_retry (500 ms), not at the 20 s refresh.
+    assert_eq!(a.poll_timeout(), Some(ms(t0, 501)));
+    a.handle_timeout(ms(t0, 501));
+    assert_eq!(drain(&mut a), vec![Action::FetchView { topic: "T".into() }]);
+    a.handle_view(ms(t0, 502), "T", qs(&[0, 1]), vec!["a".into(), "b".into()]);
+    assert_eq!(a.target().len(), 1);
+    assert_eq!(a.stats().views_without_self, 1);
+    assert_eq!(a.poll_timeout().map(|t| t > ms(t0, 5_000)), Some(true));
+}
+
+#[test]
 fn lock_refusals_back_off_without_notices() {
     let t0 = Instant::now();
     let mut a = rb("a");
