@@ -207,7 +207,25 @@ pub fn header_json() -> Vec<Vec<u8>> {
 
 /// ROCKETMQ binary headers (what the C++ client and RocketMQ 5 may send).
 pub fn header_binary() -> Vec<Vec<u8>> {
-    headers(SerializeType::RocketMq)
+    let mut out = headers(SerializeType::RocketMq);
+    // Found by libFuzzer: an extFields area whose entries all have an empty key or value
+    // (dropped on decode) once decoded as an empty map that encoded back as no map.
+    let mut h = vec![
+        0x0c, 0x01, 0xdf, 0, 0, 0, 0, 0, 0, 0xea, 0, 0, 0, 0, 0, 0, 0,
+    ];
+    let mut ext = Vec::new();
+    for key in ["consumerGroup", ""] {
+        ext.extend_from_slice(&(key.len() as i16).to_be_bytes());
+        ext.extend_from_slice(key.as_bytes());
+        ext.extend_from_slice(&0i32.to_be_bytes());
+    }
+    ext.extend_from_slice(&0i16.to_be_bytes());
+    ext.extend_from_slice(&1i32.to_be_bytes());
+    ext.push(b'v');
+    h.extend_from_slice(&(ext.len() as i32).to_be_bytes());
+    h.extend_from_slice(&ext);
+    out.push(h);
+    out
 }
 
 fn stored(topic: &str, body: &[u8], v6: bool, compressed: bool) -> Vec<u8> {

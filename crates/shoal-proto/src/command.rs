@@ -861,7 +861,9 @@ fn decode_rocketmq_header(header: &[u8]) -> Result<RemotingCommand> {
                 ext.insert(k, v);
             }
         }
-        Some(ext)
+        // Entries with an empty key or value are dropped; an area left with none is no
+        // extFields at all, as an empty area is (so the command encodes back to itself).
+        (!ext.is_empty()).then_some(ext)
     };
     Ok(RemotingCommand {
         code: i32::from(code),
@@ -1139,6 +1141,12 @@ mod tests {
             decode_whole(&cmd.to_frame().unwrap()).unwrap().ext_fields,
             None
         );
+        // An area whose entries are all dropped (empty keys or values) is no map either, so the
+        // decoded command encodes back to itself (libFuzzer's header_binary found Some({})).
+        cmd.ext_fields = Some(ext(&[("a", ""), ("", "b")]));
+        let d = decode_whole(&cmd.to_frame().unwrap()).unwrap();
+        assert_eq!(d.ext_fields, None);
+        assert_eq!(decode_whole(&d.to_frame().unwrap()).unwrap(), d);
         // Negative codes are legal and read back signed; unknown language codes are kept as Other.
         cmd.code = -2;
         let mut frame = BytesMut::from(&cmd.to_frame().unwrap()[..]);
