@@ -2,57 +2,65 @@
 //! stored messages -> a record batch (fetch), per record, beside the Kafka codec alone.
 //! `cargo bench -p shoal-kafka --bench convert`
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
-use indexmap::IndexMap;
-use kafka_protocol::protocol::StrBytes;
-use kafka_protocol::records::{
-    Compression, Record, RecordBatchDecoder, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
-};
+use kafka_protocol::records::{Compression, Record, RecordBatchDecoder};
 use shoal_kafka::convert::{message_to_record, record_to_message, stored_to_batch};
 use shoal_proto::message::record::{decode_records, encode_record, DecodeOptions, RecordFields};
 
 const N: usize = 100;
 
+#[path = "../tests/support/records.rs"]
+mod support;
+
+/// `N` records of `size`-byte values, key `key-{i}`, one header.
 fn records(size: usize) -> Vec<Record> {
+    let value = vec![b'x'; size];
     (0..N as i64)
         .map(|i| {
-            let mut headers = IndexMap::new();
-            headers.insert(
-                StrBytes::from_static_str("trace"),
-                Some(Bytes::from_static(b"abc123")),
-            );
-            Record {
-                transactional: false,
-                control: false,
-                delete_horizon: false,
-                partition_leader_epoch: 0,
-                producer_id: -1,
-                producer_epoch: -1,
-                timestamp_type: TimestampType::Creation,
-                offset: i,
-                sequence: -1,
-                timestamp: 1_700_000_000_000 + i,
-                key: Some(Bytes::from(format!("key-{i}"))),
-                value: Some(Bytes::from(vec![b'x'; size])),
-                headers,
-            }
+            let key = format!("key-{i}");
+            support::record(
+                i,
+                Some(key.as_bytes()),
+                Some(&value),
+                &[("trace", Some(b"abc123"))],
+            )
         })
         .collect()
 }
 
 fn batch(recs: &[Record]) -> Bytes {
-    let mut buf = BytesMut::new();
-    RecordBatchEncoder::encode(
-        &mut buf,
-        recs.iter(),
-        &RecordEncodeOptions {
-            version: 2,
-            compression: Compression::None,
+    support::batch(recs, Compression::None).freeze()
+}
+
+/// Encodes `m` as the store holds a message at `queue_offset`, stored at `store_timestamp`.
+fn encode_stored(
+    m: &shoal_store::MessageExtBrokerInner,
+    queue_offset: i64,
+    store_timestamp: i64,
+    host: std::net::SocketAddr,
+    out: &mut Vec<u8>,
+) {
+    encode_record(
+        &RecordFields {
+            topic: &m.topic,
+            queue_id: 0,
+            flag: 0,
+            queue_offset,
+            physical_offset: 0,
+            sys_flag: 0,
+            born_timestamp: m.born_timestamp,
+            born_host: host,
+            store_timestamp,
+            store_host: host,
+            reconsume_times: 0,
+            prepared_transaction_offset: 0,
+            body: &m.body,
+            properties: &m.properties,
         },
+        out,
     )
     .unwrap();
-    buf.freeze()
 }
 
 /// Stored records as the store would hold them (queue offsets 0..N).
@@ -61,26 +69,7 @@ fn stored(recs: &[Record]) -> Bytes {
     let mut out: Vec<u8> = Vec::new();
     for (i, r) in recs.iter().enumerate() {
         let m = record_to_message(r, "T", 0, host, "c").unwrap();
-        encode_record(
-            &RecordFields {
-                topic: &m.topic,
-                queue_id: 0,
-                flag: 0,
-                queue_offset: i as i64,
-                physical_offset: 0,
-                sys_flag: 0,
-                born_timestamp: m.born_timestamp,
-                born_host: host,
-                store_timestamp: m.born_timestamp,
-                store_host: host,
-                reconsume_times: 0,
-                prepared_transaction_offset: 0,
-                body: &m.body,
-                properties: &m.properties,
-            },
-            &mut out,
-        )
-        .unwrap();
+        encode_stored(&m, i as i64, m.born_timestamp, host, &mut out);
     }
     Bytes::from(out)
 }
@@ -108,26 +97,7 @@ fn bench(c: &mut Criterion) {
                     let mut out: Vec<u8> = Vec::with_capacity(N * (size + 200));
                     for r in &sets[0].records {
                         let m = record_to_message(r, "T", 0, host, "c").unwrap();
-                        encode_record(
-                            &RecordFields {
-                                topic: &m.topic,
-                                queue_id: 0,
-                                flag: 0,
-                                queue_offset: 0,
-                                physical_offset: 0,
-                                sys_flag: 0,
-                                born_timestamp: m.born_timestamp,
-                                born_host: host,
-                                store_timestamp: 0,
-                                store_host: host,
-                                reconsume_times: 0,
-                                prepared_transaction_offset: 0,
-                                body: &m.body,
-                                properties: &m.properties,
-                            },
-                            &mut out,
-                        )
-                        .unwrap();
+                        encode_stored(&m, 0, 0, host, &mut out);
                     }
                     out
                 },

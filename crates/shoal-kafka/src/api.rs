@@ -63,22 +63,35 @@ pub(crate) fn frame<R: Encodable>(
     correlation_id: i32,
     body: &R,
 ) -> Reply {
+    match try_frame(key, version, correlation_id, body) {
+        Ok(frame) => Reply::Frame(frame),
+        Err(reason) => {
+            tracing::error!(api = ?key, version, reason = %reason, "kafka response encoding failed");
+            Reply::Close(reason)
+        }
+    }
+}
+
+/// [`frame`] without the logging: the encoder's refusal (a version the response type does
+/// not have, a field set that the version lacks) as the reason.
+pub(crate) fn try_frame<R: Encodable>(
+    key: ApiKey,
+    version: i16,
+    correlation_id: i32,
+    body: &R,
+) -> Result<Bytes, String> {
     let header_version = key.response_header_version(version);
     let mut buf = BytesMut::with_capacity(256);
     buf.put_i32(0);
     let header = ResponseHeader::default().with_correlation_id(correlation_id);
-    if let Err(e) = header.encode(&mut buf, header_version) {
-        return Reply::Close(format!(
-            "{key:?} v{version}: response header encoding failed: {e}"
-        ));
-    }
-    if let Err(e) = body.encode(&mut buf, version) {
-        tracing::error!(api = ?key, version, error = %e, "kafka response encoding failed");
-        return Reply::Close(format!("{key:?} v{version}: response encoding failed: {e}"));
-    }
+    header
+        .encode(&mut buf, header_version)
+        .map_err(|e| format!("{key:?} v{version}: response header encoding failed: {e}"))?;
+    body.encode(&mut buf, version)
+        .map_err(|e| format!("{key:?} v{version}: response encoding failed: {e}"))?;
     let len = (buf.len() - 4) as i32;
     buf[0..4].copy_from_slice(&len.to_be_bytes());
-    Reply::Frame(buf.freeze())
+    Ok(buf.freeze())
 }
 
 fn api_versions_body(error: i16) -> ApiVersionsResponse {
@@ -122,22 +135,42 @@ pub(crate) async fn dispatch(state: &Arc<State>, mut buf: Bytes, conn: &ConnInfo
     let version = i16::from_be_bytes([buf[2], buf[3]]);
     let correlation_id = i32::from_be_bytes([buf[4], buf[5], buf[6], buf[7]]);
     let Ok(key) = ApiKey::try_from(api_key) else {
-        return Reply::Close(format!("unknown API key {api_key}"));
+        // No response layout is known for an unknown key: Kafka closes too.
+        state
+            .counters
+            .requests_unsupported
+            .fetch_add(1, Ordering::Relaxed);
+        return Reply::Close(format!("unknown API key {api_key} (v{version})"));
     };
-    let Some((lo, hi)) = supported(key) else {
-        return Reply::Close(format!(
-            "{key:?} (API key {api_key}) is not supported by Shoal's Kafka listener (see ApiVersions)"
-        ));
+    let unsupported = match supported(key) {
+        None => Some(format!(
+            "{key:?} (API key {api_key}) is not supported (see ApiVersions)"
+        )),
+        Some((lo, hi)) if version < lo || version > hi => Some(format!(
+            "{key:?} v{version} is not supported (versions {lo}..={hi})"
+        )),
+        Some(_) => None,
     };
-    if version < lo || version > hi {
+    if let Some(why) = unsupported {
         if key == ApiKey::ApiVersions {
             // KIP-511: answer a version we do not know with v0 and the versions we have.
             let body = api_versions_body(ResponseError::UnsupportedVersion.code());
             return frame(key, 0, correlation_id, &body);
         }
-        return Reply::Close(format!(
-            "{key:?} v{version} is not supported (versions {lo}..={hi})"
-        ));
+        state
+            .counters
+            .requests_unsupported
+            .fetch_add(1, Ordering::Relaxed);
+        let reply = crate::unsupported::answer(key, version, correlation_id, &why);
+        if let Reply::Frame(_) = reply {
+            // The header is parsed for the log line only (the body is not read).
+            let client = RequestHeader::decode(&mut buf, key.request_header_version(version))
+                .ok()
+                .and_then(|h| h.client_id)
+                .unwrap_or_default();
+            tracing::info!(client_id = %client, peer = %conn.peer, "answered UNSUPPORTED_VERSION: {why}");
+        }
+        return reply;
     }
     let header = match RequestHeader::decode(&mut buf, key.request_header_version(version)) {
         Ok(h) => h,
@@ -229,7 +262,13 @@ async fn route(state: &Arc<State>, ctx: &RequestCtx, mut buf: Bytes) -> Result<R
         ApiKey::DeleteGroups => answer!(crate::groups::delete_groups, no_ctx),
         ApiKey::ConsumerGroupHeartbeat => answer!(crate::consumer_group::heartbeat),
         ApiKey::ConsumerGroupDescribe => answer!(crate::consumer_group::describe, no_ctx),
-        other => Reply::Close(format!("{other:?} has no handler")),
+        // `dispatch` answers every API outside SUPPORTED before routing.
+        other => crate::unsupported::answer(
+            key,
+            v,
+            ctx.correlation_id,
+            &format!("{other:?} has no handler"),
+        ),
     })
 }
 

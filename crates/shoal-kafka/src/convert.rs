@@ -282,33 +282,13 @@ mod tests {
         }
     }
 
+    /// A record at offset 0.
     fn record(
         key: Option<&[u8]>,
         value: Option<&[u8]>,
         headers: &[(&str, Option<&[u8]>)],
     ) -> Record {
-        let mut h = IndexMap::new();
-        for (k, v) in headers {
-            h.insert(
-                StrBytes::from_string(k.to_string()),
-                v.map(Bytes::copy_from_slice),
-            );
-        }
-        Record {
-            transactional: false,
-            control: false,
-            delete_horizon: false,
-            partition_leader_epoch: 0,
-            producer_id: -1,
-            producer_epoch: -1,
-            timestamp_type: TimestampType::Creation,
-            offset: 0,
-            sequence: -1,
-            timestamp: 1_700_000_000_000,
-            key: key.map(Bytes::copy_from_slice),
-            value: value.map(Bytes::copy_from_slice),
-            headers: h,
-        }
+        crate::test_records::record(0, key, value, headers)
     }
 
     fn sbs(s: &str) -> StrBytes {

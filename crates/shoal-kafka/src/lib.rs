@@ -27,6 +27,11 @@ mod producer;
 mod records;
 mod server;
 mod state;
+/// Record builders shared by the unit tests, `tests/` and `benches/`.
+#[cfg(test)]
+#[path = "../tests/support/records.rs"]
+mod test_records;
+mod unsupported;
 
 pub use config::KafkaConfig;
 pub use error::KafkaError;

@@ -25,6 +25,10 @@ pub struct Counters {
     pub requests: AtomicU64,
     /// Requests that closed their connection (too large, malformed, unsupported API).
     pub requests_refused: AtomicU64,
+    /// Requests for an API or version outside what ApiVersions lists: answered with
+    /// UNSUPPORTED_VERSION where the response has a top-level error code, else closed (and
+    /// then also counted in `requests_refused`).
+    pub requests_unsupported: AtomicU64,
     /// Requests whose body was malformed (a declared length past the end of the frame, or
     /// refused by the decoder); each closed its connection.
     pub requests_malformed: AtomicU64,

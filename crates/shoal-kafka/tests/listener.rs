@@ -5,12 +5,9 @@
 
 use bytes::{BufMut, Bytes, BytesMut};
 use futures::future::BoxFuture;
-use indexmap::IndexMap;
 use kafka_protocol::messages::*;
 use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, StrBytes};
-use kafka_protocol::records::{
-    Compression, Record, RecordBatchDecoder, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
-};
+use kafka_protocol::records::{Compression, Record, RecordBatchDecoder};
 use parking_lot::Mutex;
 use shoal_group::coordinator::{Coordinator, CoordinatorConfig};
 use shoal_kafka::{BrokerHandle, KafkaConfig, KafkaError, KafkaServer, TopicInfo, WaitPosition};
@@ -256,41 +253,21 @@ impl Client {
     }
 }
 
+mod support;
+
+/// Record `i` with `key`, `value` and header `h` = `hv{i}`.
 fn record(i: i64, key: &str, value: &str) -> Record {
-    let mut headers = IndexMap::new();
-    headers.insert(
-        StrBytes::from_static_str("h"),
-        Some(Bytes::from(format!("hv{i}"))),
-    );
-    Record {
-        transactional: false,
-        control: false,
-        delete_horizon: false,
-        partition_leader_epoch: 0,
-        producer_id: -1,
-        producer_epoch: -1,
-        timestamp_type: TimestampType::Creation,
-        offset: i,
-        sequence: -1,
-        timestamp: 1_700_000_000_000 + i,
-        key: Some(Bytes::from(key.to_string())),
-        value: Some(Bytes::from(value.to_string())),
-        headers,
-    }
+    let header = format!("hv{i}");
+    support::records::record(
+        i,
+        Some(key.as_bytes()),
+        Some(value.as_bytes()),
+        &[("h", Some(header.as_bytes()))],
+    )
 }
 
 fn batch(records: &[Record], compression: Compression) -> Bytes {
-    let mut buf = BytesMut::new();
-    RecordBatchEncoder::encode(
-        &mut buf,
-        records.iter(),
-        &RecordEncodeOptions {
-            version: 2,
-            compression,
-        },
-    )
-    .unwrap();
-    buf.freeze()
+    support::records::batch(records, compression).freeze()
 }
 
 fn produce_req(topic: &str, partition: i32, acks: i16, records: Bytes) -> ProduceRequest {
@@ -593,12 +570,7 @@ async fn an_oversized_request_closes_the_connection() {
         .write_all(&1_000_000i32.to_be_bytes())
         .await
         .unwrap();
-    let mut b = [0u8; 4];
-    let n = tokio::time::timeout(Duration::from_secs(10), c.stream.read(&mut b))
-        .await
-        .unwrap()
-        .unwrap_or(0);
-    assert_eq!(n, 0, "closed");
+    assert_closed(&mut c, "a frame over max_request_bytes").await;
     assert_eq!(
         f.server
             .as_ref()
@@ -970,15 +942,7 @@ async fn declared_lengths_past_the_frame_close_the_connection_and_reserve_nothin
     for (key, version, body) in &bodies {
         let mut c = f.client().await;
         send_raw(&mut c, *key, *version, body).await;
-        let mut b = [0u8; 4];
-        let n = tokio::time::timeout(Duration::from_secs(10), c.stream.read(&mut b))
-            .await
-            .unwrap()
-            .unwrap_or(0);
-        assert_eq!(
-            n, 0,
-            "{key:?} v{version}: connection closed without an answer"
-        );
+        assert_closed(&mut c, &format!("{key:?} v{version}")).await;
         // The listener still answers on a new connection.
         let mut c = f.client().await;
         let r: ApiVersionsResponse = c
@@ -1028,4 +992,70 @@ async fn declared_lengths_past_the_frame_close_the_connection_and_reserve_nothin
     // tests of this binary run in the same process, hence the generous bound).
     let grown_mib = vm_peak_kb().saturating_sub(before) / 1024;
     assert!(grown_mib < 4096, "VmPeak grew by {grown_mib} MiB");
+}
+
+/// Reads from `c` until the listener closes it; panics on an answer.
+async fn assert_closed(c: &mut Client, what: &str) {
+    let mut b = [0u8; 4];
+    let n = tokio::time::timeout(Duration::from_secs(10), c.stream.read(&mut b))
+        .await
+        .unwrap()
+        .unwrap_or(0);
+    assert_eq!(n, 0, "{what}: connection closed without an answer");
+}
+
+#[tokio::test]
+async fn unsupported_apis_and_versions_are_answered_unsupported_version_or_closed_with_a_reason() {
+    let f = Fixture::start(KafkaConfig::default()).await;
+    let counters = || f.server.as_ref().unwrap().counters();
+    let mut c = f.client().await;
+    // An API the listener does not implement: answered at the request's version with
+    // UNSUPPORTED_VERSION and a message; the body is not read (here: none at all).
+    send_raw(&mut c, ApiKey::DescribeAcls, 3, &[]).await;
+    let r: DescribeAclsResponse = c.recv(ApiKey::DescribeAcls, 3, 7).await;
+    assert_eq!(r.error_code, 35);
+    let message = r.error_message.map(|m| m.to_string()).unwrap_or_default();
+    assert!(
+        message.contains("DescribeAcls (API key 29) is not supported"),
+        "{message}"
+    );
+    // Implemented APIs at versions above what ApiVersions lists, on the same connection.
+    send_raw(&mut c, ApiKey::ListGroups, 5, &[]).await;
+    let r: ListGroupsResponse = c.recv(ApiKey::ListGroups, 5, 7).await;
+    assert_eq!(r.error_code, 35);
+    send_raw(&mut c, ApiKey::Metadata, 13, &[]).await;
+    let r: MetadataResponse = c.recv(ApiKey::Metadata, 13, 7).await;
+    assert_eq!(r.error_code, 35);
+    assert!(r.topics.is_empty() && r.brokers.is_empty());
+    // An old client without ApiVersions: EndTxn v0 (transactions are not implemented).
+    send_raw(&mut c, ApiKey::EndTxn, 0, &[]).await;
+    let r: EndTxnResponse = c.recv(ApiKey::EndTxn, 0, 7).await;
+    assert_eq!(r.error_code, 35);
+    // The connection still serves.
+    let r: ApiVersionsResponse = c
+        .call(ApiKey::ApiVersions, 3, &ApiVersionsRequest::default())
+        .await;
+    assert_eq!(r.error_code, 0);
+
+    // Closed (the reason logged): a response with errors only per partition (an empty one
+    // would read as success), a version the codec does not know, an unknown API key.
+    let mut c = f.client().await;
+    send_raw(&mut c, ApiKey::Produce, 12, &[]).await;
+    assert_closed(&mut c, "Produce v12").await;
+    let mut c = f.client().await;
+    send_raw(&mut c, ApiKey::Heartbeat, 99, &[]).await;
+    assert_closed(&mut c, "Heartbeat v99").await;
+    let mut c = f.client().await;
+    let mut frame = BytesMut::new();
+    frame.put_i32(10);
+    frame.put_i16(1000);
+    frame.put_i16(0);
+    frame.put_i32(7);
+    frame.put_i16(-1);
+    c.stream.write_all(&frame).await.unwrap();
+    assert_closed(&mut c, "API key 1000").await;
+
+    let load = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(load(&counters().requests_unsupported), 7);
+    assert_eq!(load(&counters().requests_refused), 3);
 }

@@ -3,40 +3,21 @@
 
 use super::*;
 use bytes::BytesMut;
-use kafka_protocol::protocol::StrBytes;
-use kafka_protocol::records::{Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType};
+use kafka_protocol::records::Record;
 
+use crate::test_records as support;
+use support::batch;
+
+/// Record `i`: key `k{i}` on even offsets, header `h` = `v{i}`.
 fn record(i: i64, value: Vec<u8>) -> Record {
-    let mut headers = kafka_protocol::indexmap::IndexMap::new();
-    headers.insert(
-        StrBytes::from_static_str("h"),
-        Some(Bytes::from(format!("v{i}"))),
-    );
-    Record {
-        transactional: false,
-        control: false,
-        delete_horizon: false,
-        partition_leader_epoch: 0,
-        producer_id: -1,
-        producer_epoch: -1,
-        timestamp_type: TimestampType::Creation,
-        offset: i,
-        sequence: -1,
-        timestamp: 1_700_000_000_000 + i,
-        key: (i % 2 == 0).then(|| Bytes::from(format!("k{i}"))),
-        value: Some(Bytes::from(value)),
-        headers,
-    }
-}
-
-fn batch(records: &[Record], compression: Compression) -> BytesMut {
-    let mut buf = BytesMut::new();
-    let opts = RecordEncodeOptions {
-        version: 2,
-        compression,
-    };
-    RecordBatchEncoder::encode(&mut buf, records.iter(), &opts).unwrap();
-    buf
+    let key = format!("k{i}");
+    let header = format!("v{i}");
+    support::record(
+        i,
+        (i % 2 == 0).then_some(key.as_bytes()),
+        Some(&value),
+        &[("h", Some(header.as_bytes()))],
+    )
 }
 
 const COMPRESSIONS: [Compression; 5] = [

@@ -1,0 +1,3 @@
+//! Helpers of the integration tests.
+
+pub mod records;
