@@ -22,7 +22,7 @@ use clap::Args;
 use parking_lot::Mutex;
 use serde::Serialize;
 use shoal_client::ConsumeFromWhere;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -232,9 +232,9 @@ pub struct EventReport {
     /// delivery log: a member delivered a queue again after another member had, while that
     /// one still did).
     pub overlaps: u64,
-    /// `pause`: messages the resumed members delivered after the resume while another member
-    /// still consumed the queue (two owners), or that had been delivered before (stale
-    /// offsets or cache).
+    /// `pause`: of the queues another member consumed while they were frozen, the messages the
+    /// resumed members delivered after the resume while that member still consumed the queue
+    /// (two owners), or that had been delivered before (stale offsets or cache).
     pub stale: Option<u64>,
     /// Messages sent (and acknowledged) during the event and never consumed.
     pub lost: u64,
@@ -712,18 +712,27 @@ fn judge(events: &mut [EventReport], log: &[Delivery], windows: &[Instant], stop
         }
         e.takeover_ms = takeover.map(ms_of);
         if e.kind == "pause" {
-            e.stale = Some(
-                mine.iter()
-                    .filter_map(|s| s.resumed.map(|r| (s.member, r)))
-                    .map(|(member, r)| {
-                        log.iter()
-                            .zip(&marks)
-                            .filter(|(d, _)| d.member == member && d.at >= r && d.at < to)
-                            .map(|(d, m)| u64::from(if *m { d.msgs } else { d.dups }))
-                            .sum::<u64>()
+            let mut stale = 0u64;
+            for s in &mine {
+                let Some(r) = s.resumed else {
+                    continue;
+                };
+                // Queues another member consumed while this one was frozen.
+                let moved: HashSet<u32> = log
+                    .iter()
+                    .filter(|d| d.member != s.member && d.at >= s.at && d.at < r)
+                    .map(|d| d.queue)
+                    .collect();
+                stale += log
+                    .iter()
+                    .zip(&marks)
+                    .filter(|(d, _)| {
+                        d.member == s.member && d.at >= r && d.at < to && moved.contains(&d.queue)
                     })
-                    .sum(),
-            );
+                    .map(|(d, m)| u64::from(if *m { d.msgs } else { d.dups }))
+                    .sum::<u64>();
+            }
+            e.stale = Some(stale);
         }
     }
 }
@@ -933,7 +942,9 @@ mod tests {
         // Event 0 [0, 100): member 1 owns queues 0 and 1. Event 1 [100, 400): member 1 is
         // frozen at 100 and resumes at 250; member 2 takes queue 0 at 130 and queue 1 at 160;
         // after the resume member 1 delivers queue 0 once while 2 still does (stale, overlap),
-        // then gets queue 1 back cleanly, one message of it a duplicate.
+        // then gets queue 1 back cleanly, one message of it a duplicate (stale). Queue 2,
+        // which nobody else consumed meanwhile, it re-delivers from its committed offset:
+        // duplicates, not stale.
         let log = vec![
             d(10, 0, 1, 0),
             d(20, 1, 1, 0),
@@ -942,6 +953,7 @@ mod tests {
             d(255, 0, 1, 0),
             d(260, 0, 2, 0),
             d(300, 1, 1, 1),
+            d(320, 2, 1, 2),
         ];
         let mut events = vec![
             EventReport {
