@@ -164,7 +164,11 @@ pub fn describe(b: &BrokerInner, req: &RemotingCommand) -> Handled {
             g.classic_clients(&body.group),
         )
     };
+    // Lag of this broker's queues (admin clients add the other brokers').
     let lag = |q: &MessageQueue| -> i64 {
+        if q.broker_name != b.config.broker_name {
+            return 0;
+        }
         let max = b.store.max_offset(&q.topic, q.queue_id) as i64;
         let committed = b
             .store

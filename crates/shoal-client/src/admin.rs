@@ -14,7 +14,7 @@ use shoal_proto::constants::{dlq_topic, retry_topic};
 use shoal_proto::header::*;
 use shoal_proto::message::{decode_records, DecodeOptions, MessageExt, OffsetMsgId};
 use shoal_proto::{MessageQueue, RemotingCommand};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -515,7 +515,24 @@ impl AdminClient {
             )
             .await
         {
-            Ok((addr, v)) if v["members"].as_array().is_some_and(|m| !m.is_empty()) => {
+            Ok((addr, mut v)) if v["members"].as_array().is_some_and(|m| !m.is_empty()) => {
+                // The coordinator knows its own store; lag over every broker comes from the
+                // group's progress (each broker's offsets).
+                if let Ok(p) = self.group_progress(group).await {
+                    let lag: HashMap<&MessageQueue, i64> =
+                        p.queues.iter().map(|q| (&q.mq, q.lag)).collect();
+                    if let Some(members) = v["members"].as_array_mut() {
+                        for m in members {
+                            let total: i64 = ["owned", "revoking"]
+                                .iter()
+                                .flat_map(|k| m[*k].as_array().cloned().unwrap_or_default())
+                                .filter_map(|q| serde_json::from_value::<MessageQueue>(q).ok())
+                                .filter_map(|q| lag.get(&q).copied())
+                                .sum();
+                            m["lag"] = serde_json::json!(total);
+                        }
+                    }
+                }
                 Ok((addr, v))
             }
             _ => {

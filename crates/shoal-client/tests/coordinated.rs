@@ -213,6 +213,41 @@ async fn one_coordinator_assigns_every_broker_s_queues() {
     let (coordinator, d) = admin.group_describe("CG-COORD2").await.unwrap();
     println!("2 brokers, 3 members: converged in {t:?}, coordinator {coordinator}");
     assert_eq!(d["members"].as_array().map(Vec::len), Some(3));
+    // Lag counts every broker's offsets: all consumed, all committed -> 0 everywhere.
+    let producer = Producer::builder("PG-COORD2")
+        .client_config(cluster.client_config())
+        .start()
+        .await
+        .unwrap();
+    for i in 0..20u64 {
+        producer
+            .send(Message::new("COORD2", i.to_string()))
+            .await
+            .unwrap();
+    }
+    assert!(
+        wait_until(Duration::from_secs(20), || {
+            let s = seen.lock();
+            (0..20u64).all(|q| s.contains_key(&q))
+        })
+        .await
+    );
+    let mut lags = Vec::new();
+    for _ in 0..100 {
+        let (_, d) = admin.group_describe("CG-COORD2").await.unwrap();
+        lags = d["members"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|m| m["lag"].as_i64().unwrap_or(-1))
+            .collect();
+        if lags.iter().all(|l| *l == 0) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(lags.iter().all(|l| *l == 0), "lag per member {lags:?}");
+    producer.shutdown().await;
     for c in consumers {
         c.shutdown().await;
     }
