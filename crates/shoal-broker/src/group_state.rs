@@ -149,8 +149,15 @@ impl GroupState {
                     conn_id,
                 }),
                 Effect::ReleaseLocks { group, client_id } => {
-                    let freed = self.locks.release_client(&group, &client_id);
-                    self.locks_freed(&group, &freed);
+                    // A member the coordinator removed (session or rebalance timeout) may
+                    // still be alive, frozen or stuck in its listener, with its locks' lease
+                    // (its broker session) valid: its locks are freed when it unlocks them
+                    // (it learns of the fence at its next group heartbeat) or its session
+                    // ends, never before (the seeded simulator found the double delivery).
+                    if self.clients.conn_of(&group, &client_id).is_none() {
+                        let freed = self.locks.release_client(&group, &client_id);
+                        self.locks_freed(&group, &freed);
+                    }
                 }
                 Effect::MemberRemoved {
                     group,
@@ -469,5 +476,34 @@ mod tests {
         let r = coordinated(&mut s, 1, "shoal-a", &held, 5).unwrap();
         assert_eq!(r.assignment.len(), 4);
         assert_eq!(s.mode("G"), GroupMode::Coordinated);
+    }
+
+    /// A member the coordinator removes (its coordinator session ran out) while its broker
+    /// session lives on (frozen, or its group heartbeats lost) keeps its queue locks: its
+    /// lease rests on that session. They are freed when the session ends.
+    #[test]
+    fn a_member_removed_by_the_coordinator_keeps_its_locks_while_its_session_lives() {
+        let cfg = CoordinatorConfig {
+            session_timeout_ms: 1_000,
+            ..CoordinatorConfig::default()
+        };
+        let mut s = GroupState::new(Clients::new(), QueueLockTable::default(), cfg);
+        s.coordinator.set_topic_queues("T", qs(), 0);
+        coordinated(&mut s, 1, "shoal-a", &[], 0).unwrap();
+        classic(&mut s, 1, "shoal-a", 0);
+        s.locks.lock_batch("G", &qs(), "shoal-a", 0);
+        // No group heartbeat for the coordinator's session: removed.
+        s.tick(2_000);
+        let _ = s.take_effects();
+        assert!(!s.coordinator.has_members("G"));
+        assert_eq!(s.locks.owner("G", &qs()[0], 2_000), Some("shoal-a"));
+        // Its broker session ends (here: the connection closes): the locks go.
+        for c in s.clients.connection_closed(1, 2_100) {
+            for id in &c.left_client_ids {
+                s.release_client_locks("G", id);
+            }
+            s.after_registry_change(&c, 2_100);
+        }
+        assert_eq!(s.locks.owner("G", &qs()[0], 2_100), None);
     }
 }

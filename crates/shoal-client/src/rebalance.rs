@@ -332,15 +332,12 @@ impl Driver {
                 .count();
             let held: Vec<MessageQueue> = phases
                 .into_iter()
-                // Not `Unlocking`: the final commit is acknowledged and the unlock (the
-                // coordinator's release evidence) is on its way; a heartbeat still naming the
-                // queue could arrive after the unlock and be fenced as owning what it lost.
-                .filter(|(_, p)| {
-                    !matches!(
-                        p,
-                        QueuePhase::Pending | QueuePhase::Acquiring | QueuePhase::Unlocking
-                    )
-                })
+                // Every queue the rebalancer may still start or is still releasing: a queue
+                // left out counts as released for the coordinator, which may then give it
+                // away while it is being acquired here (the seeded simulator found the fence
+                // that follows). Not `Unlocking`: the final commit is acknowledged and the
+                // unlock (the coordinator's release evidence) is on its way.
+                .filter(|(_, p)| !matches!(p, QueuePhase::Unlocking))
                 .map(|(mq, _)| mq)
                 .collect();
             let released = {

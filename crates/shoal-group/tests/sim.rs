@@ -2,8 +2,11 @@
 //!
 //! - CI: `cargo test -p shoal-group --test sim` runs `SHOAL_SIM_SCHEDULES` schedules (default
 //!   2000) and fails on any invariant violation, printing the seed.
+//! - Coordinated mode: `SHOAL_SIM_COORD_SCHEDULES` schedules (default 250) with faults, and
+//!   as many with graceful changes only.
 //! - Replay one seed with a trace of every step:
-//!   `SHOAL_SIM_SEED=1234 cargo test -p shoal-group --test sim replay -- --nocapture`.
+//!   `SHOAL_SIM_SEED=1234 cargo test -p shoal-group --test sim replay -- --nocapture`
+//!   (`SHOAL_SIM_MODE=coordinated` or `graceful` for the coordinated runs).
 //! - A long run: `SHOAL_SIM_SCHEDULES=100000 SHOAL_SIM_FIRST=2000 cargo test --release -p
 //!   shoal-group --test sim many_schedules -- --nocapture`.
 
@@ -18,28 +21,27 @@ fn env_u64(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
-#[test]
-fn many_schedules_hold_every_invariant() {
-    let n = env_u64("SHOAL_SIM_SCHEDULES", 2000);
-    let first = env_u64("SHOAL_SIM_FIRST", 0);
+/// Runs `n` seeds from `first` with `make`'s settings; prints the totals; returns the seeds
+/// with violations.
+fn run_many(what: &str, make: fn(u64) -> SimConfig, n: u64, first: u64, mode: &str) -> Vec<u64> {
     let started = Instant::now();
     let (mut deliveries, mut dups, mut produced, mut fenced) = (0u64, 0u64, 0u64, 0u64);
     let mut settle: Vec<u64> = Vec::new();
     let mut failed = Vec::new();
     for seed in first..first + n {
-        let r = run(&SimConfig::for_seed(seed));
+        let r = run(&make(seed));
         deliveries += r.deliveries;
         dups += r.duplicates;
         produced += r.produced;
         fenced += r.fenced;
         settle.extend(r.settle_ms);
         if !r.violations.is_empty() {
-            println!("seed {seed} FAILED: {:?}", r.schedule);
+            println!("{what}: seed {seed} FAILED: {:?}", r.schedule);
             for v in &r.violations {
                 println!("  {v}");
             }
             println!(
-                "  replay: SHOAL_SIM_SEED={seed} cargo test -p shoal-group --test sim replay -- --nocapture"
+                "  replay: SHOAL_SIM_SEED={seed} SHOAL_SIM_MODE={mode} cargo test -p shoal-group --test sim replay -- --nocapture"
             );
             failed.push(seed);
         }
@@ -52,11 +54,53 @@ fn many_schedules_hold_every_invariant() {
             .unwrap_or_default()
     };
     println!(
-        "{n} schedules in {:?}: {produced} messages, {deliveries} deliveries, {dups} duplicates, {fenced} queues fenced; settled after the schedule in p50 {} ms, p99 {} ms, max {} ms",
+        "{what}: {n} schedules in {:?}: {produced} messages, {deliveries} deliveries, {dups} duplicates, {fenced} queues fenced; settled after the schedule in p50 {} ms, p99 {} ms, max {} ms",
         started.elapsed(),
         pct(0.5),
         pct(0.99),
         pct(1.0)
+    );
+    failed
+}
+
+#[test]
+fn many_schedules_hold_every_invariant() {
+    let n = env_u64("SHOAL_SIM_SCHEDULES", 2000);
+    let first = env_u64("SHOAL_SIM_FIRST", 0);
+    let failed = run_many("classic", SimConfig::for_seed, n, first, "classic");
+    assert!(failed.is_empty(), "seeds with violations: {failed:?}");
+}
+
+/// Coordinated mode: the members' targets come from the coordinator; joins, graceful
+/// leaves, kills, freezes shorter and longer than the session, lost notices and messages,
+/// slow listeners, more queues and restarts of static members.
+#[test]
+fn coordinated_schedules_hold_every_invariant() {
+    let n = env_u64("SHOAL_SIM_COORD_SCHEDULES", 250);
+    let first = env_u64("SHOAL_SIM_FIRST", 0);
+    let failed = run_many(
+        "coordinated",
+        SimConfig::coordinated_for_seed,
+        n,
+        first,
+        "coordinated",
+    );
+    assert!(failed.is_empty(), "seeds with violations: {failed:?}");
+}
+
+/// Coordinated mode with graceful changes only (joins, leaves, slow listeners, more queues)
+/// over a network that delays and reorders but loses nothing: no member is ever fenced and
+/// no message is delivered twice.
+#[test]
+fn coordinated_graceful_changes_fence_nobody_and_duplicate_nothing() {
+    let n = env_u64("SHOAL_SIM_COORD_SCHEDULES", 250);
+    let first = env_u64("SHOAL_SIM_FIRST", 0);
+    let failed = run_many(
+        "coordinated graceful",
+        SimConfig::coordinated_graceful_for_seed,
+        n,
+        first,
+        "graceful",
     );
     assert!(failed.is_empty(), "seeds with violations: {failed:?}");
 }
@@ -67,7 +111,11 @@ fn replay() {
         return;
     };
     let seed: u64 = seed.parse().expect("SHOAL_SIM_SEED is a number");
-    let mut cfg = SimConfig::for_seed(seed);
+    let mut cfg = match std::env::var("SHOAL_SIM_MODE").as_deref() {
+        Ok("coordinated") => SimConfig::coordinated_for_seed(seed),
+        Ok("graceful") => SimConfig::coordinated_graceful_for_seed(seed),
+        _ => SimConfig::for_seed(seed),
+    };
     cfg.trace = true;
     if std::env::var("SHOAL_SIM_HANDOVER").as_deref() == Ok("delay") {
         cfg.handover = Handover::Delay(Duration::from_millis(200));

@@ -1,6 +1,7 @@
 //! The simulated broker: shoal-group's membership registry and lock table, an offset table
 //! with the commit fence, one topic's queues with their messages, and held pulls.
 
+use crate::coordinator::Coordinator;
 use crate::lock::QueueLockTable;
 use crate::membership::{ClientChannel, ClientRegistry, GroupChange};
 use shoal_proto::MessageQueue;
@@ -30,6 +31,8 @@ pub(super) struct Outbox {
     pub notify: Vec<u64>,
     /// Lock-freed notices: connection → queues.
     pub freed: Vec<(u64, Vec<MessageQueue>)>,
+    /// The coordinator's assignment notices (heartbeat now) to these connections.
+    pub assign: Vec<u64>,
 }
 
 #[derive(Debug)]
@@ -41,6 +44,8 @@ pub(super) struct SimBroker {
     pub max_offset: BTreeMap<MessageQueue, i64>,
     pub queue_count: i32,
     pub held: BTreeMap<MessageQueue, Vec<HeldPull>>,
+    /// The group coordinator (coordinated runs).
+    pub coordinator: Option<Coordinator>,
 }
 
 impl SimBroker {
@@ -52,6 +57,7 @@ impl SimBroker {
             max_offset: BTreeMap::new(),
             queue_count: 0,
             held: BTreeMap::new(),
+            coordinator: None,
         };
         b.grow(queue_count);
         b
@@ -133,11 +139,16 @@ impl SimBroker {
         (got.into_iter().collect(), Some(s.id))
     }
 
-    pub fn unlock(&mut self, conn: u64, queues: &[MessageQueue], out: &mut Outbox) {
+    pub fn unlock(&mut self, conn: u64, queues: &[MessageQueue], now: u64, out: &mut Outbox) {
         let Some(s) = self.registry.session(GROUP, conn) else {
             return;
         };
         let freed = self.locks.unlock_batch(GROUP, queues, &s.client_id);
+        // Evidence for the coordinator: revoked queues are free for their next owners.
+        if let Some(c) = self.coordinator.as_mut() {
+            c.released_by_client(GROUP, &s.client_id, queues, now);
+        }
+        self.coordinator_effects(out);
         self.freed(freed, out);
     }
 

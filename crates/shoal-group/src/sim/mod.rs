@@ -13,14 +13,26 @@
 //! - after the schedule (faults off, everyone resumed, production stopped): **every message is
 //!   delivered at least once** and the group settles (each queue owned by one live member).
 //!
+//! **Coordinated mode** ([`SimConfig::coordinated`], `SimConfig::coordinated_for_seed`): the
+//! broker also runs the sans-IO [`crate::coordinator::Coordinator`] and each member a
+//! membership as `shoal-client` has (group heartbeats on notices, after releases and every
+//! interval, reporting the queues held; the assignment as the rebalancer's target; fenced or
+//! no answer for a session: drop everything and rejoin). Pulls, commits and locks carry the
+//! member epoch and are fenced; unlocks are release evidence; half of the members are static
+//! and schedules also restart members. On top of the checks above: the coordinator's own
+//! invariants after every broker step, and at the end the coordinator is reconciled and every
+//! live member owns exactly what it was assigned.
+//!
 //! Duplicates and the settle time are counted. The same seed always gives the same run
 //! ([`run`] is a pure function of [`SimConfig`]), so a failing seed replays exactly.
 
 mod broker;
+mod coordinated;
 
 use crate::rebalance::{Action, Handover, Lease, Rebalancer, RebalancerConfig};
 use crate::strategy_by_name;
 use broker::{mq, Outbox, SimBroker, BROKER, GROUP, TOPIC};
+use coordinated::{GroupAnswer, Membership};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use shoal_proto::MessageQueue;
@@ -66,6 +78,19 @@ pub struct SimConfig {
     pub rpc_timeout_ms: u64,
     /// Print every step.
     pub trace: bool,
+    /// Coordinated mode: the members' targets come from a [`crate::coordinator::Coordinator`]
+    /// in the simulated broker (group heartbeats, revoke-then-assign, unlock evidence,
+    /// member-epoch fence, static members); `strategy` is the coordinator's assignor.
+    pub coordinated: bool,
+    /// Coordinated mode: the coordinator's rebalance timeout, ms (a member that does not
+    /// release a revoked queue within it is fenced).
+    pub rebalance_timeout_ms: u64,
+    /// Coordinated mode: probability that a member has a static instance id.
+    pub static_share: f64,
+    /// Only graceful changes (joins, leaves, slow listeners, more queues; nothing lost on the
+    /// network): no member may be fenced and no message delivered twice
+    /// ([`Violation::NotGraceful`]).
+    pub graceful: bool,
 }
 
 impl SimConfig {
@@ -90,6 +115,36 @@ impl SimConfig {
             loss: 0.002,
             rpc_timeout_ms: 1_000,
             trace: false,
+            coordinated: false,
+            rebalance_timeout_ms: 5_000,
+            static_share: 0.0,
+            graceful: false,
+        }
+    }
+
+    /// The settings CI uses for coordinated mode and `seed`: the classic settings, with the
+    /// coordinator's assignor STICKY, COOPERATIVE_STICKY, AVG or BALANCED_STICKY by seed, a
+    /// 3 s session (the coordinator's and the locks'), 1 s heartbeats, a 5 s rebalance
+    /// timeout, half of the members static; schedules also restart members.
+    pub fn coordinated_for_seed(seed: u64) -> Self {
+        Self {
+            strategy: ["STICKY", "COOPERATIVE_STICKY", "AVG", "BALANCED_STICKY"]
+                [(seed % 4) as usize]
+                .into(),
+            coordinated: true,
+            static_share: 0.5,
+            ..Self::for_seed(seed)
+        }
+    }
+
+    /// Coordinated mode with graceful changes only (see [`SimConfig::graceful`]): messages
+    /// are still delayed and reordered (a heartbeat built before an unlock may land after it),
+    /// never lost.
+    pub fn coordinated_graceful_for_seed(seed: u64) -> Self {
+        Self {
+            graceful: true,
+            loss: 0.0,
+            ..Self::coordinated_for_seed(seed)
         }
     }
 }
@@ -111,6 +166,9 @@ pub enum SimEvent {
     SlowListener(usize, u64),
     /// The topic gets this many more queues.
     AddQueues(i32),
+    /// A member's process dies and a new one starts at once with the same static instance id
+    /// (coordinated mode; without an instance id it is a kill and a join).
+    Restart(usize),
 }
 
 /// What a run does: initial group and timed events.
@@ -156,6 +214,44 @@ impl Schedule {
             events,
         }
     }
+
+    /// A random schedule of graceful changes only: joins, leaves, slow listeners, more
+    /// queues.
+    pub fn random_graceful(rng: &mut impl Rng, duration_ms: u64) -> Self {
+        let queues = rng.gen_range(2..=16);
+        let members = rng.gen_range(1..=4);
+        let n = rng.gen_range(3..=9);
+        let mut events: Vec<(u64, SimEvent)> = (0..n)
+            .map(|_| {
+                let at = rng.gen_range(500..duration_ms.saturating_sub(1_000).max(501));
+                let who = rng.gen_range(0..8);
+                let ev = match rng.gen_range(0..100) {
+                    0..=39 => SimEvent::Join,
+                    40..=74 => SimEvent::Leave(who),
+                    75..=89 => SimEvent::SlowListener(who, rng.gen_range(20..400)),
+                    _ => SimEvent::AddQueues(rng.gen_range(1..=4)),
+                };
+                (at, ev)
+            })
+            .collect();
+        events.sort_by_key(|(t, _)| *t);
+        Self {
+            queues,
+            members,
+            events,
+        }
+    }
+
+    /// A random coordinated-mode schedule: [`Schedule::random`] plus up to two restarts.
+    pub fn random_coordinated(rng: &mut impl Rng, duration_ms: u64, session_ms: u64) -> Self {
+        let mut s = Self::random(rng, duration_ms, session_ms);
+        for _ in 0..rng.gen_range(0..=2) {
+            let at = rng.gen_range(500..duration_ms.saturating_sub(1_000).max(501));
+            s.events.push((at, SimEvent::Restart(rng.gen_range(0..8))));
+        }
+        s.events.sort_by_key(|(t, _)| *t);
+        s
+    }
 }
 
 /// What went wrong in a run.
@@ -200,6 +296,20 @@ pub enum Violation {
         /// Queues without a single live owner.
         queues: Vec<i32>,
     },
+    /// A run of graceful changes only fenced a member or delivered a message twice.
+    NotGraceful {
+        /// Queues fenced (leases, locks) plus fences by the coordinator.
+        fences: u64,
+        /// Deliveries beyond the first.
+        duplicates: u64,
+    },
+    /// The coordinator's own invariants broke (a queue in two members' sets).
+    Coordinator {
+        /// Virtual ms.
+        at: u64,
+        /// What broke.
+        detail: String,
+    },
 }
 
 impl fmt::Display for Violation {
@@ -230,7 +340,14 @@ impl fmt::Display for Violation {
             }
             Violation::Stuck { at } => write!(f, "stuck at {at} ms (no progress)"),
             Violation::NotSettled { queues } => {
-                write!(f, "queues {queues:?} have no single live owner at the end")
+                write!(f, "queues {queues:?} have no single live owner at the end (or the coordinator is not reconciled)")
+            }
+            Violation::NotGraceful { fences, duplicates } => write!(
+                f,
+                "graceful changes only, yet {fences} fences and {duplicates} duplicates"
+            ),
+            Violation::Coordinator { at, detail } => {
+                write!(f, "at {at} ms the coordinator broke an invariant: {detail}")
             }
         }
     }
@@ -269,6 +386,15 @@ enum Req {
     Commit(MessageQueue, i64),
     Pull(MessageQueue, i64),
     Unregister,
+    GroupHeartbeat {
+        member_id: String,
+        epoch: i32,
+        instance_id: Option<String>,
+        owned: Vec<MessageQueue>,
+    },
+    GroupLeave {
+        member_id: String,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -281,6 +407,9 @@ enum Reply {
     Committed(bool),
     Pull(Vec<i64>),
     Done,
+    Group(GroupAnswer),
+    /// The member-epoch fence refused a lock, pull or commit.
+    Fenced,
 }
 
 #[derive(Debug, Clone)]
@@ -291,6 +420,8 @@ enum Ev {
         member: usize,
         req: Option<u64>,
         body: Req,
+        /// Coordinated mode: the member id and epoch the request carries.
+        stamp: Option<(String, i32)>,
     },
     /// A connection's close reaches the broker.
     Closed {
@@ -323,9 +454,14 @@ enum Ev {
 
 #[derive(Debug, Clone)]
 enum Inbound {
-    Reply { req: u64, reply: Reply },
+    Reply {
+        req: u64,
+        reply: Reply,
+    },
     Notice,
     LockFreed(Vec<MessageQueue>),
+    /// The coordinator has news for the member (GROUP_ASSIGNMENT_CHANGED).
+    Assign,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -366,6 +502,10 @@ enum Pending {
         token: u64,
     },
     Unregister,
+    GroupHeartbeat {
+        epoch: i32,
+    },
+    GroupLeave,
 }
 
 #[derive(Debug)]
@@ -383,6 +523,8 @@ struct Member {
     /// Timers that fired while paused (they run on resume).
     deferred: Vec<Ev>,
     subscribed: bool,
+    /// Coordinated mode: the membership of the coordinated group.
+    coord: Option<Membership>,
 }
 
 struct World {
@@ -437,6 +579,15 @@ impl World {
     // ---- members --------------------------------------------------------------------
 
     fn add_member(&mut self) {
+        let instance = (self.cfg.coordinated
+            && self.cfg.static_share > 0.0
+            && self.rng.gen_bool(self.cfg.static_share.min(1.0)))
+        .then(|| format!("i{:02}", self.members.len()));
+        self.add_member_with(instance);
+    }
+
+    /// A new member (coordinated mode: with this static instance id, if any).
+    fn add_member_with(&mut self, instance: Option<String>) {
         let idx = self.members.len();
         let id = format!("m{idx:02}");
         let strategy: Arc<dyn crate::AllocateStrategy> = match strategy_by_name(&self.cfg.strategy)
@@ -446,7 +597,13 @@ impl World {
         };
         let mut rc = RebalancerConfig::new(GROUP, id.clone());
         rc.handover = self.cfg.handover;
-        let rb = Rebalancer::new(rc, strategy);
+        let mut rb = Rebalancer::new(rc, strategy);
+        let coord = self.cfg.coordinated.then(|| {
+            // As the client does before its first coordinator answer: hold nothing, fetch no
+            // views (the group may be coordinated).
+            rb.handle_rejoin(self.at(self.now));
+            Membership::new(format!("{id}#1"), instance, self.now, self.cfg.heartbeat_ms)
+        });
         self.next_conn += 1;
         self.members.push(Member {
             id,
@@ -461,6 +618,7 @@ impl World {
             listener_ms: 1,
             deferred: Vec::new(),
             subscribed: false,
+            coord,
         });
         // As the client does: heartbeat first, subscribe once it was answered.
         self.send_heartbeat(idx);
@@ -483,6 +641,7 @@ impl World {
             return;
         }
         let at = self.now + self.delay();
+        let stamp = self.members[m].coord.as_ref().and_then(Membership::stamp);
         self.schedule(
             at,
             Ev::ToBroker {
@@ -490,6 +649,7 @@ impl World {
                 member: m,
                 req: Some(req),
                 body,
+                stamp,
             },
         );
     }
@@ -500,6 +660,7 @@ impl World {
         }
         let conn = self.members[m].conn;
         let at = self.now + self.delay();
+        let stamp = self.members[m].coord.as_ref().and_then(Membership::stamp);
         self.schedule(
             at,
             Ev::ToBroker {
@@ -507,6 +668,7 @@ impl World {
                 member: m,
                 req: None,
                 body,
+                stamp,
             },
         );
     }
@@ -541,6 +703,7 @@ impl World {
                 break;
             }
         }
+        self.publish_held(m);
     }
 
     fn take_actions(&mut self, m: usize) {
@@ -694,6 +857,9 @@ impl World {
         if mem.life == Life::Alive {
             take(mem.next_persist);
         }
+        if let Some(x) = self.membership_timer(m) {
+            take(x);
+        }
         // A lease running out must stop deliveries: wake at it.
         for r in mem.runners.values() {
             if r.stopping.is_none() && !r.cached.is_empty() && r.in_flight.is_none() {
@@ -724,6 +890,7 @@ impl World {
                 self.oneway(m, Req::Commit(q, o));
             }
         }
+        self.on_membership_timer(m);
         let t = self.at(now);
         self.members[m].rb.handle_timeout(t);
         self.pump(m);
@@ -732,7 +899,12 @@ impl World {
     fn on_inbound(&mut self, m: usize, msg: Inbound) {
         let t = self.at(self.now);
         match msg {
-            Inbound::Notice => self.members[m].rb.handle_notice(t),
+            Inbound::Notice => {
+                // A member may have joined or left a group that runs classic: ask again.
+                self.member_wake(m);
+                self.members[m].rb.handle_notice(t)
+            }
+            Inbound::Assign => self.member_wake(m),
             Inbound::LockFreed(queues) => self.members[m].rb.handle_lock_freed(t, &queues),
             Inbound::Reply { req, reply } => {
                 let Some(p) = self.members[m].pending.remove(&req) else {
@@ -807,7 +979,14 @@ impl World {
                     }
                 }
             }
-            (Pending::Unregister, _) => {}
+            (Pending::GroupHeartbeat { epoch }, r) => {
+                let a = match r {
+                    Some(Reply::Group(a)) => Some(a),
+                    _ => None,
+                };
+                self.on_group_answer(m, epoch, a);
+            }
+            (Pending::Unregister | Pending::GroupLeave, _) => {}
             _ => {}
         }
     }
@@ -835,12 +1014,44 @@ impl World {
         for (conn, queues) in out.freed {
             self.send_to_conn(conn, Inbound::LockFreed(queues), true);
         }
+        for conn in out.assign {
+            self.send_to_conn(conn, Inbound::Assign, true);
+        }
+        self.check_coordinator();
     }
 
-    fn on_broker(&mut self, conn: u64, member: usize, req: Option<u64>, body: Req) {
+    fn on_broker(
+        &mut self,
+        conn: u64,
+        member: usize,
+        req: Option<u64>,
+        body: Req,
+        stamp: Option<(String, i32)>,
+    ) {
         let now = self.now;
         let mut out = Outbox::default();
         let client_id = self.members[member].id.clone();
+        // The member-epoch fence on locks, pulls and commits (coordinated mode).
+        let fenced = match &body {
+            Req::Lock(queues) => self.broker.stamp_refused(&stamp, queues),
+            Req::Pull(q, _) | Req::Commit(q, _) => {
+                self.broker.stamp_refused(&stamp, std::slice::from_ref(q))
+            }
+            _ => false,
+        };
+        if fenced {
+            if let Some(req) = req {
+                self.send_to_conn(
+                    conn,
+                    Inbound::Reply {
+                        req,
+                        reply: Reply::Fenced,
+                    },
+                    false,
+                );
+            }
+            return;
+        }
         let reply = match body {
             Req::Heartbeat => {
                 let timeout = self.locks().then_some(self.cfg.session_timeout_ms);
@@ -855,8 +1066,18 @@ impl World {
                 Reply::Lock(g, s)
             }
             Req::Unlock(queues) => {
-                self.broker.unlock(conn, &queues, &mut out);
+                self.broker.unlock(conn, &queues, now, &mut out);
                 Reply::Unlocked
+            }
+            body @ Req::GroupHeartbeat { .. } => {
+                self.broker_group_heartbeat(conn, &client_id, body, &mut out)
+            }
+            Req::GroupLeave { member_id } => {
+                if let Some(c) = self.broker.coordinator.as_mut() {
+                    let _ = c.leave(GROUP, &member_id, false, now);
+                }
+                self.broker.coordinator_effects(&mut out);
+                Reply::Done
             }
             Req::QueryOffset(q) => Reply::Offset(self.broker.offsets.get(&q).copied().unwrap_or(0)),
             Req::Commit(q, o) => match self.broker.commit(conn, &q, o, now) {
@@ -981,6 +1202,11 @@ impl World {
                     }
                 }
             }
+            SimEvent::Restart(w) => {
+                if let Some(m) = self.pick(w) {
+                    self.restart(m);
+                }
+            }
             SimEvent::Pause(w, d) => {
                 if let Some(m) = self.pick(w) {
                     self.members[m].life = Life::Paused;
@@ -997,6 +1223,13 @@ impl World {
             SimEvent::AddQueues(k) => {
                 let to = self.broker.queue_count + k;
                 self.broker.grow(to);
+                let queues = self.broker.queues();
+                if let Some(c) = self.broker.coordinator.as_mut() {
+                    c.set_topic_queues(TOPIC, queues, self.now);
+                    let mut out = Outbox::default();
+                    self.broker.coordinator_effects(&mut out);
+                    self.flush(out);
+                }
                 let conns: Vec<u64> = self
                     .broker
                     .registry
@@ -1023,7 +1256,8 @@ impl World {
     fn step_leaving(&mut self) {
         for m in 0..self.members.len() {
             if self.members[m].life == Life::Leaving && self.members[m].rb.is_idle() {
-                // Released everything: unregister, close.
+                // Released everything: leave the coordinated group, unregister, close.
+                self.send_group_leave(m);
                 self.request(m, Req::Unregister, Pending::Unregister);
                 self.members[m].life = Life::Gone;
                 let conn = self.members[m].conn;
@@ -1040,10 +1274,11 @@ impl World {
                 member,
                 req,
                 body,
+                stamp,
             } => {
                 // Nothing arrives on a connection after its close.
                 if !self.closed.contains(&conn) {
-                    self.on_broker(conn, member, req, body);
+                    self.on_broker(conn, member, req, body, stamp);
                 }
             }
             Ev::Closed { conn } => {
@@ -1053,6 +1288,7 @@ impl World {
                 for c in &changes {
                     self.broker.apply(c, &mut out);
                 }
+                self.coordinator_closed(conn, &mut out);
                 self.flush(out);
             }
             Ev::ToMember { member, msg } => match self.members[member].life {
@@ -1128,6 +1364,10 @@ impl World {
                 for c in &changes {
                     self.broker.apply(c, &mut out);
                 }
+                if let Some(c) = self.broker.coordinator.as_mut() {
+                    c.tick(self.now);
+                }
+                self.broker.coordinator_effects(&mut out);
                 self.flush(out);
                 self.schedule(self.now + 250, Ev::Housekeeping);
             }
@@ -1152,7 +1392,7 @@ impl World {
             .iter()
             .filter(|m| m.life == Life::Alive)
             .all(|m| m.rb.is_settled());
-        if bad.is_empty() && all_settled {
+        if bad.is_empty() && all_settled && self.coordinator_settled() {
             Ok(())
         } else {
             Err(bad)
@@ -1179,7 +1419,13 @@ impl World {
 /// Runs one schedule; a pure function of `cfg` (same seed, same run).
 pub fn run(cfg: &SimConfig) -> SimReport {
     let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
-    let schedule = Schedule::random(&mut rng, cfg.duration_ms, cfg.session_timeout_ms);
+    let schedule = if cfg.graceful {
+        Schedule::random_graceful(&mut rng, cfg.duration_ms)
+    } else if cfg.coordinated {
+        Schedule::random_coordinated(&mut rng, cfg.duration_ms, cfg.session_timeout_ms)
+    } else {
+        Schedule::random(&mut rng, cfg.duration_ms, cfg.session_timeout_ms)
+    };
     run_schedule(cfg, schedule, rng)
 }
 
@@ -1211,6 +1457,7 @@ fn run_schedule(cfg: &SimConfig, schedule: Schedule, rng: ChaCha8Rng) -> SimRepo
         violations: Vec::new(),
         produced: 0,
     };
+    w.start_coordinator();
     for _ in 0..schedule.members {
         w.add_member();
     }
@@ -1305,7 +1552,19 @@ fn run_schedule(cfg: &SimConfig, schedule: Schedule, rng: ChaCha8Rng) -> SimRepo
     }
     let deliveries: u64 = w.deliveries.values().map(|c| u64::from(*c)).sum();
     let duplicates = deliveries - w.deliveries.len() as u64;
-    let fenced = w.members.iter().map(|m| m.rb.stats().fenced).sum();
+    let fenced: u64 = w.members.iter().map(|m| m.rb.stats().fenced).sum();
+    let member_fences: u64 = w
+        .members
+        .iter()
+        .filter_map(|m| m.coord.as_ref())
+        .map(|c| c.fences)
+        .sum();
+    if cfg.graceful && (fenced + member_fences > 0 || duplicates > 0) {
+        w.violations.push(Violation::NotGraceful {
+            fences: fenced + member_fences,
+            duplicates,
+        });
+    }
     SimReport {
         seed: cfg.seed,
         schedule,
