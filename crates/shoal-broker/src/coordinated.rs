@@ -32,6 +32,12 @@ pub fn reject_of(e: &GroupError) -> Reject {
 
 /// GROUP_HEARTBEAT: join or heartbeat a coordinated group.
 pub async fn heartbeat(b: &BrokerInner, ctx: &RequestContext, req: &RemotingCommand) -> Handled {
+    if !b.config.coordinator.enabled {
+        return Err(Reject::new(
+            shoal_proto::code::response_code::REQUEST_CODE_NOT_SUPPORTED,
+            "this broker does not coordinate groups ([coordinator] enabled = false): allocate client-side",
+        ));
+    }
     let body: GroupHeartbeatRequest = req.decode_json_body()?;
     let conn = ctx.connection().clone();
     let conn_id = conn.id();

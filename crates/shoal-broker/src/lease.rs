@@ -23,12 +23,16 @@ use tracing::debug;
 
 /// GET_BROKER_FEATURES.
 pub fn features(b: &BrokerInner) -> Handled {
+    let mut features = vec![
+        feature::SESSION_LOCKS.into(),
+        feature::LOCK_FREED_NOTICE.into(),
+        feature::COMMIT_FENCE.into(),
+    ];
+    if b.config.coordinator.enabled {
+        features.push(feature::COORDINATOR.into());
+    }
     ok_json(&BrokerFeatures {
-        features: vec![
-            feature::SESSION_LOCKS.into(),
-            feature::LOCK_FREED_NOTICE.into(),
-            feature::COMMIT_FENCE.into(),
-        ],
+        features,
         min_session_timeout_ms: b.config.min_session_timeout_ms,
         max_session_timeout_ms: b.config.max_session_timeout_ms,
     })

@@ -317,6 +317,25 @@ impl Membership {
             }
             self.state.lock().moving_to = None;
         }
+        // Coordinated only with a broker that lists `coordinator` (GET_BROKER_FEATURES, asked
+        // once per address): Apache RocketMQ brokers and Shoal brokers that do not coordinate
+        // get no GROUP_HEARTBEAT, the consumer allocates client-side.
+        match instance.broker_kind(addr).await {
+            Ok(kind) if !kind.has_coordinator() => {
+                let mut s = self.state.lock();
+                let before = (s.mode, s.assignment.clone());
+                self.unsupported(&mut s, instance, addr);
+                return Outcome {
+                    changed: before != (s.mode, s.assignment.clone()),
+                    again: false,
+                };
+            }
+            Ok(_) => {}
+            Err(e) => {
+                debug!(coordinator = %addr, error = %e, "broker features not known");
+                return self.check_session(instance);
+            }
+        }
         let epoch = self.epoch();
         let body = GroupHeartbeatRequest {
             assignor: Some(self.assignor.clone()),
@@ -380,14 +399,7 @@ impl Membership {
                 s.assignment.clear();
                 instance.set_member_stamp(&self.group, None);
             }
-            resp::REQUEST_CODE_NOT_SUPPORTED => {
-                if s.mode != MemberMode::Unsupported {
-                    info!(group = %self.group, coordinator = %addr, "the broker does not coordinate groups: classic mode");
-                }
-                s.mode = MemberMode::Unsupported;
-                s.assignment.clear();
-                instance.set_member_stamp(&self.group, None);
-            }
+            resp::REQUEST_CODE_NOT_SUPPORTED => self.unsupported(&mut s, instance, addr),
             cresp::UNRELEASED_INSTANCE_ID => {
                 warn!(group = %self.group, instance = ?self.instance_id, remark = ?r.remark, "instance id held by a live member; retrying");
                 drop(s);
@@ -403,6 +415,16 @@ impl Membership {
             changed: before != (s.mode, s.assignment.clone()),
             again,
         }
+    }
+
+    /// The broker does not coordinate groups: classic allocation.
+    fn unsupported(&self, s: &mut State, instance: &ClientInstance, addr: &str) {
+        if s.mode != MemberMode::Unsupported {
+            info!(group = %self.group, coordinator = %addr, "the broker does not coordinate groups: classic mode");
+        }
+        s.mode = MemberMode::Unsupported;
+        s.assignment.clear();
+        instance.set_member_stamp(&self.group, None);
     }
 
     /// No successful heartbeat within the session timeout: the coordinator has given our

@@ -281,6 +281,12 @@ impl BrokerKind {
     pub fn has_session_locks(&self) -> bool {
         matches!(self, BrokerKind::Shoal(f) if f.has(shoal_proto::ext::feature::SESSION_LOCKS))
     }
+
+    /// True for a Shoal broker that coordinates groups (coordinated mode); Apache RocketMQ
+    /// brokers and Shoal brokers with `[coordinator] enabled = false` do not.
+    pub fn has_coordinator(&self) -> bool {
+        matches!(self, BrokerKind::Shoal(f) if f.has(shoal_proto::ext::feature::COORDINATOR))
+    }
 }
 
 /// What a LOCK_BATCH_MQ answered.

@@ -352,3 +352,142 @@ async fn the_coordinator_moves_when_the_routes_change() {
     admin.shutdown();
     cluster.stop().await;
 }
+
+/// `Auto` speaks coordinated mode only to a broker that lists `coordinator` in
+/// GET_BROKER_FEATURES: against one with `[coordinator] enabled = false` the consumers
+/// allocate client-side (classic) and still consume everything, and `Coordinated` refuses to
+/// start.
+#[tokio::test]
+async fn auto_is_coordinated_only_where_the_broker_lists_the_coordinator() {
+    use shoal_client::instance::ClientInstance;
+    // A broker that coordinates: listed, and an Auto consumer joins the coordinator.
+    let on = Cluster::start().await;
+    on.create_topic("AUTO", 4).await;
+    let probe = ClientInstance::start(on.client_config()).unwrap();
+    let addr = on.brokers[0].local_addr().to_string();
+    assert!(probe.broker_kind(&addr).await.unwrap().has_coordinator());
+    probe.shutdown();
+    let seen: Seen = Arc::default();
+    let mut c = on.consumer_config("CG-AUTO");
+    c.subscriptions.insert("AUTO".into(), "*".into());
+    let auto = start_with_config(c, &seen).await;
+    let admin = on.admin();
+    assert!(
+        wait_until_async(Duration::from_secs(20), || async {
+            matches!(admin.group_describe("CG-AUTO").await, Ok((_, d)) if d["mode"] == "coordinated" && d["members"].as_array().map(Vec::len) == Some(1))
+        })
+        .await,
+        "the Auto consumer joined the coordinator"
+    );
+    auto.shutdown().await;
+    admin.shutdown();
+    on.stop().await;
+
+    // A broker that does not: not listed, Auto runs classic, Coordinated is refused.
+    let off = Cluster::start_with(1, |b| b.coordinator.enabled = false).await;
+    off.create_topic("AUTO", 4).await;
+    let probe = ClientInstance::start(off.client_config()).unwrap();
+    let addr = off.brokers[0].local_addr().to_string();
+    let kind = probe.broker_kind(&addr).await.unwrap();
+    assert!(
+        kind.has_session_locks() && !kind.has_coordinator(),
+        "{kind:?}"
+    );
+    probe.shutdown();
+    let seen: Seen = Arc::default();
+    let mut consumers = Vec::new();
+    for _ in 0..2 {
+        let mut c = off.consumer_config("CG-AUTO");
+        c.subscriptions.insert("AUTO".into(), "*".into());
+        consumers.push(start_with_config(c, &seen).await);
+    }
+    // Classic allocation: the two split the four queues between them.
+    assert!(
+        wait_until(Duration::from_secs(20), || {
+            let mut all: Vec<MessageQueue> =
+                consumers.iter().flat_map(|c| c.owned_queues()).collect();
+            let n = all.len();
+            all.sort();
+            all.dedup();
+            n == 4 && all.len() == 4 && consumers.iter().all(|c| c.owned_queues().len() == 2)
+        })
+        .await,
+        "classic allocation over 2 members"
+    );
+    let producer = Producer::builder("PG-AUTO")
+        .client_config(off.client_config())
+        .start()
+        .await
+        .unwrap();
+    for i in 0..20u64 {
+        producer
+            .send(Message::new("AUTO", i.to_string()))
+            .await
+            .unwrap();
+    }
+    assert!(
+        wait_until(Duration::from_secs(20), || {
+            let s = seen.lock();
+            (0..20u64).all(|q| s.contains_key(&q))
+        })
+        .await,
+        "every message consumed in classic mode"
+    );
+    let admin = off.admin();
+    let (_, d) = admin.group_describe("CG-AUTO").await.unwrap();
+    assert_ne!(d["mode"], "coordinated", "{d}");
+    let mut c = off.consumer_config("CG-AUTO-C");
+    c.subscriptions.insert("AUTO".into(), "*".into());
+    c.protocol = GroupProtocol::Coordinated;
+    let refused = PushConsumer::start(
+        c,
+        MessageListener::concurrently(|_, _| ConsumeConcurrentlyStatus::ConsumeSuccess),
+    )
+    .await;
+    assert!(
+        refused.is_err(),
+        "protocol = coordinated against a broker without a coordinator"
+    );
+    producer.shutdown().await;
+    for c in consumers {
+        c.shutdown().await;
+    }
+    admin.shutdown();
+    off.stop().await;
+}
+
+async fn start_with_config(c: shoal_client::ConsumerConfig, seen: &Seen) -> PushConsumer {
+    let seen = seen.clone();
+    PushConsumer::start(
+        c,
+        MessageListener::concurrently(move |msgs, _| {
+            let mut s = seen.lock();
+            for m in msgs {
+                if let Some(seq) = std::str::from_utf8(&m.body)
+                    .ok()
+                    .and_then(|b| b.parse::<u64>().ok())
+                {
+                    *s.entry(seq).or_insert(0) += 1;
+                }
+            }
+            ConsumeConcurrentlyStatus::ConsumeSuccess
+        }),
+    )
+    .await
+    .unwrap()
+}
+
+async fn wait_until_async<F, Fut>(limit: Duration, mut cond: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let t = Instant::now();
+    while t.elapsed() < limit {
+        if cond().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}

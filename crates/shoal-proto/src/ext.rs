@@ -49,6 +49,10 @@ pub mod feature {
     pub const LOCK_FREED_NOTICE: &str = "lockFreedNotice";
     /// Offset commits fenced by queue locks.
     pub const COMMIT_FENCE: &str = "commitFence";
+    /// The broker is a group coordinator (coordinated mode: GROUP_HEARTBEAT and the rest of
+    /// `shoal_proto::coordinated`); `Auto` consumers speak coordinated mode only to brokers
+    /// listing it.
+    pub const COORDINATOR: &str = "coordinator";
 }
 
 /// The answer to GET_BROKER_FEATURES. Clients ignore names they do not know, so the list

@@ -79,6 +79,9 @@ pub const COORDINATED_ASSIGNORS: &[&str] = &[
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct CoordinatorConfig {
+    /// The broker coordinates groups (advertises `coordinator` in GET_BROKER_FEATURES and
+    /// answers GROUP_HEARTBEAT); `false`: every group allocates client-side (classic).
+    pub enabled: bool,
     /// A member that does not heartbeat for this long is removed (Kafka
     /// `group.consumer.session.timeout.ms`, 45 s).
     pub session_timeout_ms: u64,
@@ -110,6 +113,7 @@ pub struct CoordinatorConfig {
 impl Default for CoordinatorConfig {
     fn default() -> Self {
         Self {
+            enabled: true,
             session_timeout_ms: 45_000,
             heartbeat_interval_ms: 5_000,
             rebalance_timeout_ms: 60_000,
