@@ -784,7 +784,11 @@ impl ConsumerHandle for Inner {
     }
 
     fn speaks_coordinated(&self) -> bool {
-        self.driver_cfg.membership.is_some()
+        // Not once the broker turned out not to coordinate (it allocates classic then).
+        self.driver_cfg
+            .membership
+            .as_ref()
+            .is_some_and(|m| m.mode() != MemberMode::Unsupported)
     }
 
     fn assignment_changed(&self) {

@@ -404,12 +404,18 @@ async fn auto_is_coordinated_only_where_the_broker_lists_the_coordinator() {
     // Classic allocation: the two split the four queues between them.
     assert!(
         wait_until(Duration::from_secs(20), || {
-            let mut all: Vec<MessageQueue> =
-                consumers.iter().flat_map(|c| c.owned_queues()).collect();
+            // The topic's queues only (each also owns its share of the retry topic).
+            let of_topic = |c: &PushConsumer| -> Vec<MessageQueue> {
+                c.owned_queues()
+                    .into_iter()
+                    .filter(|q| q.topic == "AUTO")
+                    .collect()
+            };
+            let mut all: Vec<MessageQueue> = consumers.iter().flat_map(of_topic).collect();
             let n = all.len();
             all.sort();
             all.dedup();
-            n == 4 && all.len() == 4 && consumers.iter().all(|c| c.owned_queues().len() == 2)
+            n == 4 && all.len() == 4 && consumers.iter().all(|c| of_topic(c).len() == 2)
         })
         .await,
         "classic allocation over 2 members"

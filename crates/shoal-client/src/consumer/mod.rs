@@ -693,7 +693,10 @@ impl ConsumerHandle for Inner {
     }
 
     fn speaks_coordinated(&self) -> bool {
-        self.membership.is_some()
+        // Not once the broker turned out not to coordinate (it allocates classic then).
+        self.membership
+            .as_ref()
+            .is_some_and(|m| m.mode() != MemberMode::Unsupported)
     }
 
     fn assignment_changed(&self) {
