@@ -1364,11 +1364,14 @@ mod tests {
         }
         if cmd.serialize_type == SerializeType::RocketMq {
             cmd.remark = cmd.remark.filter(|r| !r.is_empty());
-            cmd.ext_fields = cmd.ext_fields.filter(|m| !m.is_empty()).map(|m| {
-                m.into_iter()
-                    .filter(|(k, v)| !k.is_empty() && !v.is_empty())
-                    .collect()
-            });
+            cmd.ext_fields = cmd
+                .ext_fields
+                .map(|m| {
+                    m.into_iter()
+                        .filter(|(k, v)| !k.is_empty() && !v.is_empty())
+                        .collect::<ExtFields>()
+                })
+                .filter(|m| !m.is_empty());
         }
         cmd
     }
