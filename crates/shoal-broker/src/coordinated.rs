@@ -117,6 +117,9 @@ pub fn leave(b: &BrokerInner, req: &RemotingCommand) -> Handled {
 struct MemberView<M = MemberDescription> {
     #[serde(flatten)]
     member: M,
+    /// Host of a coordinated member as a protocol listener saw it (Kafka members).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    client_host: Option<String>,
     /// Messages not yet committed over its owned queues.
     lag: i64,
 }
@@ -185,7 +188,10 @@ pub fn describe(b: &BrokerInner, req: &RemotingCommand) -> Handled {
     if mode == GroupMode::Empty {
         // Not the coordinator's nor RocketMQ's: maybe a Kafka classic group of the listener.
         // (Called with no broker lock held.)
-        let listener = b.listener_groups.get().and_then(|f| (f.0)(&body.group));
+        let listener = b
+            .listener_groups
+            .get()
+            .and_then(|f| (f.describe)(&body.group));
         if let Some(d) = listener.filter(|d| !d.members.is_empty()) {
             return ok_json(&ListenerGroupAnswer {
                 mode: GroupMode::KafkaClassic,
@@ -200,6 +206,7 @@ pub fn describe(b: &BrokerInner, req: &RemotingCommand) -> Handled {
                     .into_iter()
                     .map(|m| MemberView {
                         lag: m.owned.iter().map(lag).sum(),
+                        client_host: None,
                         member: m,
                     })
                     .collect(),
@@ -208,23 +215,31 @@ pub fn describe(b: &BrokerInner, req: &RemotingCommand) -> Handled {
         }
     }
     let answer = match desc {
-        Some(d) if mode == GroupMode::Coordinated => DescribeAnswer {
-            group: d.group,
-            mode,
-            group_epoch: Some(d.group_epoch),
-            target_epoch: Some(d.target_epoch),
-            assignor: Some(d.assignor),
-            reconciled: Some(d.reconciled),
-            members: d
-                .members
-                .into_iter()
-                .map(|m| MemberView {
-                    lag: m.owned.iter().chain(m.revoking.iter()).map(lag).sum(),
-                    member: m,
-                })
-                .collect(),
-            classic_clients: classic,
-        },
+        Some(d) if mode == GroupMode::Coordinated => {
+            let hosts: std::collections::HashMap<String, String> = b
+                .listener_groups
+                .get()
+                .map(|f| (f.member_hosts)(&d.group).into_iter().collect())
+                .unwrap_or_default();
+            DescribeAnswer {
+                group: d.group,
+                mode,
+                group_epoch: Some(d.group_epoch),
+                target_epoch: Some(d.target_epoch),
+                assignor: Some(d.assignor),
+                reconciled: Some(d.reconciled),
+                members: d
+                    .members
+                    .into_iter()
+                    .map(|m| MemberView {
+                        lag: m.owned.iter().chain(m.revoking.iter()).map(lag).sum(),
+                        client_host: hosts.get(&m.member_id).cloned(),
+                        member: m,
+                    })
+                    .collect(),
+                classic_clients: classic,
+            }
+        }
         _ => DescribeAnswer {
             group: body.group,
             mode,

@@ -700,6 +700,21 @@ impl AdminClient {
                 }
             }
         }
+        // Members without RocketMQ running info (Kafka members of the Kafka listener, classic
+        // or KIP-848): their queues as the group's coordinator describes them. (The plain
+        // GROUP_DESCRIBE query: `group_describe` may itself ask for this progress.)
+        let described = self
+            .coordinator_query(
+                group,
+                shoal_proto::coordinated::request_code::GROUP_DESCRIBE,
+                |v| v["members"].as_array().is_some_and(|m| !m.is_empty()),
+            )
+            .await;
+        if let Ok((_, described)) = described {
+            for (mq, owner) in described_owners(&described) {
+                owners.entry(mq).or_insert(owner);
+            }
+        }
         progress.queues = stats
             .into_iter()
             .map(|(mq, w)| {
@@ -1057,9 +1072,84 @@ impl AdminClient {
     }
 }
 
+/// Owners of queues from a GROUP_DESCRIBE answer (`mode` `kafkaClassic` or `coordinated`):
+/// each member's owned queues, named `clientId@host` (host as the listener saw it, without
+/// Kafka's leading `/`; just the client id where no host is known, as for Shoal's own
+/// coordinated members, whose client ids already name their host). Where that name is shared
+/// by members of the group (librdkafka's default client id is `rdkafka` in every process),
+/// the member id follows it: `rdkafka@10.0.0.5/rdkafka-5f1c...`.
+fn described_owners(v: &serde_json::Value) -> Vec<(MessageQueue, String)> {
+    if !matches!(v["mode"].as_str(), Some("kafkaClassic" | "coordinated")) {
+        return Vec::new();
+    }
+    let members: Vec<&serde_json::Value> = v["members"].as_array().into_iter().flatten().collect();
+    let name = |m: &serde_json::Value| {
+        let client = m["clientId"].as_str().unwrap_or("");
+        match m["clientHost"].as_str().map(|h| h.trim_start_matches('/')) {
+            Some(host) if !host.is_empty() => format!("{client}@{host}"),
+            _ => client.to_string(),
+        }
+    };
+    let mut out = Vec::new();
+    for m in &members {
+        let mut owner = name(m);
+        if members.iter().filter(|o| name(o) == owner).count() > 1 {
+            owner = format!("{owner}/{}", m["memberId"].as_str().unwrap_or("?"));
+        }
+        for q in m["owned"].as_array().into_iter().flatten() {
+            if let Ok(mq) = serde_json::from_value::<MessageQueue>(q.clone()) {
+                out.push((mq, owner.clone()));
+            }
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn described_owners_name_kafka_members_by_client_and_host() {
+        let v = serde_json::json!({
+            "mode": "kafkaClassic",
+            "members": [
+                {"memberId": "rdkafka-1", "clientId": "rdkafka", "clientHost": "/10.0.0.5",
+                 "owned": [{"topic": "T", "brokerName": "b", "queueId": 0}]},
+                {"memberId": "rdkafka-2", "clientId": "rdkafka", "clientHost": "/10.0.0.5",
+                 "owned": [{"topic": "T", "brokerName": "b", "queueId": 1}]},
+                {"memberId": "m3", "clientId": "java-1", "clientHost": "/10.0.0.6",
+                 "owned": [{"topic": "T", "brokerName": "b", "queueId": 2}]},
+            ]
+        });
+        let owners = described_owners(&v);
+        assert_eq!(
+            owners,
+            vec![
+                (
+                    MessageQueue::new("T", "b", 0),
+                    "rdkafka@10.0.0.5/rdkafka-1".to_string()
+                ),
+                (
+                    MessageQueue::new("T", "b", 1),
+                    "rdkafka@10.0.0.5/rdkafka-2".to_string()
+                ),
+                (
+                    MessageQueue::new("T", "b", 2),
+                    "java-1@10.0.0.6".to_string()
+                ),
+            ]
+        );
+        // A coordinated member without a host: its client id; other modes: nothing.
+        let v = serde_json::json!({"mode": "coordinated", "members": [
+            {"memberId": "x", "clientId": "10.0.0.7@1", "owned": [{"topic": "T", "brokerName": "b", "queueId": 3}]}]});
+        assert_eq!(
+            described_owners(&v),
+            vec![(MessageQueue::new("T", "b", 3), "10.0.0.7@1".to_string())]
+        );
+        let v = serde_json::json!({"mode": "classic", "members": []});
+        assert!(described_owners(&v).is_empty());
+    }
 
     fn q(i: i32, owner: Option<&str>) -> QueueProgress {
         QueueProgress {

@@ -145,6 +145,16 @@ impl ConsumerGroups {
         }
     }
 
+    /// (member id, host) of the members of `group` this listener has heard from.
+    pub fn member_hosts(&self, group: &str) -> Vec<(String, String)> {
+        self.members
+            .lock()
+            .iter()
+            .filter(|((g, _), _)| g == group)
+            .map(|((_, m), c)| (m.clone(), c.client_host.clone()))
+            .collect()
+    }
+
     /// Whether the coordinator knows this group (it then fences the group's commits).
     pub fn has_group(&self, host: &dyn BrokerHandle, group: &str) -> bool {
         on_coordinator(host, None, &[], |c, _| c.knows_group(group)).unwrap_or(false)

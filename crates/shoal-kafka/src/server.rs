@@ -84,6 +84,21 @@ impl KafkaServer {
         }
     }
 
+    /// The hosts (`/ip`, as Kafka writes them) of this listener's members of a consumer
+    /// (KIP-848) group, by member id, for the broker's GROUP_DESCRIBE (the coordinator knows
+    /// their client ids only). Empty once the listener is gone (it holds the listener weakly).
+    pub fn consumer_group_member_hosts(
+        &self,
+    ) -> impl Fn(&str) -> Vec<(String, String)> + Send + Sync + 'static {
+        let state = Arc::downgrade(&self.state);
+        move |group| {
+            state
+                .upgrade()
+                .map(|s| s.consumer_groups.member_hosts(group))
+                .unwrap_or_default()
+        }
+    }
+
     /// Counters of the listener.
     pub fn counters(&self) -> &crate::Counters {
         &self.state.counters

@@ -94,13 +94,15 @@ pub(crate) fn print_describe(broker: &str, v: &serde_json::Value) {
         text("reconciled")
     );
     let mut t = Table::new(&[
-        "MEMBER", "INSTANCE", "CLIENT", "EPOCH", "STATE", "OWNED", "REVOKING", "TARGET", "LAG",
+        "MEMBER", "INSTANCE", "CLIENT", "HOST", "EPOCH", "STATE", "OWNED", "REVOKING", "TARGET",
+        "LAG",
     ]);
     for m in v["members"].as_array().into_iter().flatten() {
         t.row(vec![
             m["memberId"].as_str().unwrap_or("?").to_string(),
             m["instanceId"].as_str().unwrap_or("-").to_string(),
             m["clientId"].as_str().unwrap_or("?").to_string(),
+            text_of(m, "clientHost"),
             m["memberEpoch"].to_string(),
             m["state"].as_str().unwrap_or("?").to_string(),
             queue_list(&m["owned"]),

@@ -304,14 +304,13 @@ async fn start_kafka(broker: &Broker, cfg: KafkaConfig) -> anyhow::Result<KafkaS
     let server = KafkaServer::start(cfg, bridge)
         .await
         .map_err(anyhow::Error::new)?;
-    // `shoal group describe` shows the listener's classic groups.
-    let describe = server.classic_group_describer();
-    if broker
-        .inner()
-        .listener_groups
-        .set(shoal_broker::broker::ListenerGroups(Arc::new(describe)))
-        .is_err()
-    {
+    // `shoal group describe` shows the listener's classic groups, and the hosts of its
+    // KIP-848 members (the coordinator knows their client ids only).
+    let groups = shoal_broker::broker::ListenerGroups {
+        describe: Arc::new(server.classic_group_describer()),
+        member_hosts: Arc::new(server.consumer_group_member_hosts()),
+    };
+    if broker.inner().listener_groups.set(groups).is_err() {
         tracing::warn!("a listener's classic groups are already described by this broker");
     }
     Ok(server)

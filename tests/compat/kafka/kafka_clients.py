@@ -99,6 +99,28 @@ def group_listed(gid, mode):
     return row
 
 
+def progress_owners(gid, topic, members, what):
+    """`shoal group progress --json` names the member owning each partition (client id @ host,
+    the member id after it where client ids repeat: librdkafka's default is `rdkafka`), and
+    groups the partitions the way the members themselves report owning them."""
+    t0, by_owner, want, rows = time.time(), {}, set(), []
+    while time.time() - t0 < 20:
+        want = {frozenset(m.owned) for m in members}
+        p = json.loads(shoal("group", "progress", gid, "--json"))
+        rows = [q for q in p.get("queues", []) if q.get("topic") == topic]
+        by_owner = {}
+        for q in rows:
+            by_owner.setdefault(q.get("owner"), set()).add(q["queue"])
+        if None not in by_owner and {frozenset(v) for v in by_owner.values()} == want:
+            break
+        time.sleep(0.5)
+    check(None not in by_owner and {frozenset(v) for v in by_owner.values()} == want
+          and len(by_owner) == len(members)
+          and all("@127.0.0.1" in o for o in by_owner if o),
+          f"{what}: shoal group progress shows each partition's owner "
+          f"({ {o: sorted(v) for o, v in by_owner.items()} }, members own {[sorted(w) for w in want]})")
+
+
 def shoal(*args):
     return subprocess.run([SHOAL, *args, "--namesrv", NS], check=True, capture_output=True, text=True,
                           timeout=60).stdout
@@ -239,6 +261,7 @@ def group(strategy):
         row = group_listed(gid, "kafkaClassic")
         check(row.get("members") == 3 and row.get("state") == "STABLE",
               f"{strategy}: shoal group list shows the classic group: 3 members, kafkaClassic, STABLE ({row})")
+        progress_owners(gid, topic, members, strategy)
     if strategy == "consumer":
         # KIP-848 groups live in the broker's coordinator, the one of Shoal's coordinated mode:
         # `shoal group describe` shows them (owned queues as the members last reported them).
@@ -256,6 +279,7 @@ def group(strategy):
         row = group_listed(gid, "coordinated")
         check(row.get("members") == 3 and row.get("state") == "STABLE",
               f"consumer: shoal group list shows the group: 3 members, coordinated, STABLE ({row})")
+        progress_owners(gid, topic, members, "consumer")
     before = [set(m.owned) for m in members[:2]]
     revokes_before = [len(m.revoked_events) for m in members[:2]]
     leaving = members.pop()
