@@ -37,24 +37,7 @@ async fn start_on(
     c.allocate_strategy = "STICKY".into();
     c.protocol = GroupProtocol::Coordinated;
     c.instance_id = instance.map(str::to_string);
-    let seen = seen.clone();
-    PushConsumer::start(
-        c,
-        MessageListener::concurrently(move |msgs, _| {
-            let mut s = seen.lock();
-            for m in msgs {
-                if let Some(seq) = std::str::from_utf8(&m.body)
-                    .ok()
-                    .and_then(|b| b.parse::<u64>().ok())
-                {
-                    *s.entry(seq).or_insert(0) += 1;
-                }
-            }
-            ConsumeConcurrentlyStatus::ConsumeSuccess
-        }),
-    )
-    .await
-    .unwrap()
+    start_with_config(c, seen).await
 }
 
 /// Every queue of the topic owned by exactly one member, loads 16/n, the coordinator
