@@ -30,7 +30,7 @@ use parking_lot::Mutex;
 pub use rebalance::RebalanceArgs;
 use rebalance::RebalanceReport;
 use serde::Serialize;
-use shoal_client::admin::{AdminClient, TopicSpec};
+use shoal_client::admin::TopicSpec;
 use shoal_client::{ClientConfig, MessageQueue};
 use std::collections::BTreeMap;
 use std::io::IsTerminal;
@@ -328,27 +328,6 @@ fn random_run() -> u32 {
     n ^ std::process::id().rotate_left(8)
 }
 
-fn admin(common: &Common) -> AdminClient {
-    let admin = AdminClient::new(
-        common
-            .namesrv
-            .split([';', ','])
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-            .map(str::to_string)
-            .collect(),
-    )
-    .with_timeout(Duration::from_secs(5));
-    let admin = match common.client_tls() {
-        Ok(Some(tls)) => admin.with_tls(tls),
-        _ => admin,
-    };
-    match common.credentials() {
-        Ok(Some(c)) => admin.with_credentials(c),
-        _ => admin,
-    }
-}
-
 /// Creates the topic (unless told not to) and returns its subscribe queues once routed.
 async fn prepare_topic(
     common: &Common,
@@ -360,7 +339,7 @@ async fn prepare_topic(
     if !(1..=1024).contains(&queues) {
         bail!("--queues must be between 1 and 1024");
     }
-    let admin = admin(common);
+    let admin = common.admin()?;
     let result = async {
         if create {
             admin
