@@ -236,7 +236,7 @@ pub struct BrokerInner {
     /// Long-polling pulls.
     pub holds: PullHoldTable,
     /// Last pull per (group, topic, queue).
-    pub pull_marks: Mutex<HashMap<(String, String, i32), PullMark>>,
+    pub pull_marks: Mutex<foldhash::HashMap<(String, String, i32), PullMark>>,
     /// Delay level durations, ms (level n = index n - 1).
     pub delay_levels_ms: Vec<u64>,
     /// Wakes the registration task (topic table changed).
@@ -965,7 +965,7 @@ impl Broker {
             route_cache: Mutex::new(HashMap::new()),
             connections: Mutex::new(HashMap::new()),
             holds: PullHoldTable::default(),
-            pull_marks: Mutex::new(HashMap::new()),
+            pull_marks: Mutex::new(foldhash::HashMap::default()),
             delay_levels_ms,
             register_now: Notify::new(),
             schedule_wakeup: Notify::new(),

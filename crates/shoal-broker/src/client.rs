@@ -163,11 +163,11 @@ pub async fn heartbeat(
     crate::processor::persist_tables(b).await?;
     let mut r = RemotingCommand::response(resp::SUCCESS, None);
     let mut ext = shoal_proto::command::ExtFields::new();
-    ext.insert("IS_SUPPORT_HEART_BEAT_V2".into(), "false".into());
-    ext.insert("IS_SUB_CHANGE".into(), any_sub_change.to_string());
+    ext.insert("IS_SUPPORT_HEART_BEAT_V2", "false");
+    ext.insert("IS_SUB_CHANGE", any_sub_change.to_string());
     if !sessions.is_empty() {
         ext.insert(
-            shoal_proto::ext::field::SESSIONS.into(),
+            shoal_proto::ext::field::SESSIONS,
             shoal_proto::ext::encode_sessions(sessions.iter().map(|(g, s)| (g.as_str(), *s))),
         );
     }

@@ -2,10 +2,10 @@
 //! their suspend time runs out (RocketMQ's `PullRequestHoldService`, but woken at the moment
 //! of store rather than by a periodic scan).
 
+use foldhash::HashMap;
 use parking_lot::Mutex;
 use shoal_proto::body::SubscriptionData;
 use shoal_store::MessageArrival;
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::sync::oneshot;
 

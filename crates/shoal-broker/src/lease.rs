@@ -97,7 +97,7 @@ pub fn lock_batch(b: &BrokerInner, ctx: &RequestContext, req: &RemotingCommand) 
             lock_ok_mq_set: locked.into_iter().collect(),
         })?;
     let mut ext_fields = shoal_proto::command::ExtFields::new();
-    ext_fields.insert(field::SESSION.into(), session.to_string());
+    ext_fields.insert(field::SESSION, session.to_string());
     r.ext_fields = Some(ext_fields);
     Ok(Some(r))
 }

@@ -189,7 +189,7 @@ pub async fn send_message(
         if is_batch || is_retry_topic(&topic) || plain_properties_ok(raw_props).is_none() {
             decode_properties(raw_props)
         } else {
-            Properties::new()
+            Properties::default()
         };
     let mut diverted = false;
     let reconsume_times = h.reconsume_times.unwrap_or(0);
@@ -314,12 +314,14 @@ pub async fn send_message(
         .messages
         .first()
         .ok_or_else(|| Reject::system("the store stored nothing"))?;
-    let msg_id = put_result
-        .messages
-        .iter()
-        .map(|m| m.offset_msg_id.as_str())
-        .collect::<Vec<_>>()
-        .join(",");
+    let msg_id = match &put_result.messages[..] {
+        [one] => one.offset_msg_id.clone(),
+        many => many
+            .iter()
+            .map(|m| m.offset_msg_id.as_str())
+            .collect::<Vec<_>>()
+            .join(","),
+    };
     let header = SendMessageResponseHeader {
         msg_id,
         queue_id,
@@ -375,16 +377,34 @@ fn plain_properties(raw: &str, cluster: &str) -> Option<String> {
     Some(out)
 }
 
+/// What a send needs of its topic's config (copied out of the table, which keeps the rest).
+#[derive(Debug, Clone, Copy)]
+struct SendTopic {
+    write_queue_nums: i32,
+    read_queue_nums: i32,
+    perm: i32,
+}
+
+impl SendTopic {
+    fn of(c: &shoal_proto::body::TopicConfig) -> Self {
+        Self {
+            write_queue_nums: c.write_queue_nums,
+            read_queue_nums: c.read_queue_nums,
+            perm: c.perm,
+        }
+    }
+}
+
 /// Finds the topic of a send, creating it from its template when allowed (spec 7.6).
 fn ensure_topic_for_send(
     b: &BrokerInner,
     h: &SendMessageRequestHeader,
-) -> Result<shoal_proto::body::TopicConfig, Reject> {
+) -> Result<SendTopic, Reject> {
     crate::topic::validate_topic_name(&h.topic)
         .map_err(|e| Reject::new(resp::INVALID_PARAMETER, e.to_string()))?;
     let mut topics = b.topics.lock();
     let config = match topics.get(&h.topic) {
-        Some(c) => c.clone(),
+        Some(c) => SendTopic::of(c),
         None => {
             let created = if is_retry_topic(&h.topic) {
                 // Clients may send to %RETRY%<group> before any heartbeat created it.
@@ -414,7 +434,7 @@ fn ensure_topic_for_send(
                 Some(c) => {
                     tracing::info!(topic = %h.topic, queues = c.write_queue_nums, "topic auto-created on first send");
                     b.register_now.notify_one();
-                    c
+                    SendTopic::of(&c)
                 }
                 None => {
                     return Err(Reject::new(

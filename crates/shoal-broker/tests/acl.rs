@@ -125,10 +125,7 @@ async fn broker_refuses_unsigned_and_enforces_permissions() {
     );
     let pull = |topic: &str, group: &str| {
         let mut r = pull_req(group, topic, 0, 0, pull_sys_flag::SUBSCRIPTION, 0);
-        r.ext_fields
-            .as_mut()
-            .unwrap()
-            .insert("subscription".into(), "*".into());
+        r.ext_fields.as_mut().unwrap().insert("subscription", "*");
         r
     };
     let r = client.call(signed(pull("Orders", "Readers"), p, ps)).await;

@@ -47,7 +47,7 @@ async fn send_and_pull_round_trip_with_tags() {
     pull.ext_fields
         .as_mut()
         .unwrap()
-        .insert("subscription".into(), "tagA".into());
+        .insert("subscription", "tagA");
     client.join("c1", "G", &[("T", "*")]).await;
     let r = client.call(pull).await;
     ok(&r);
@@ -84,7 +84,7 @@ async fn send_and_pull_round_trip_with_tags() {
     pull.ext_fields
         .as_mut()
         .unwrap()
-        .insert("subscription".into(), "tagB".into());
+        .insert("subscription", "tagB");
     let r = client.call(pull).await;
     assert_eq!(r.code, resp::PULL_RETRY_IMMEDIATELY);
 
@@ -219,7 +219,7 @@ async fn error_paths_are_answered_with_the_right_codes() {
     assert_eq!(r.code, resp::MESSAGE_ILLEGAL);
     // Missing required header field.
     let mut req = send_req("T", 0, b"x", "");
-    req.ext_fields.as_mut().unwrap().shift_remove("b");
+    req.ext_fields.as_mut().unwrap().remove("b");
     let r = client.call(req).await;
     assert_eq!(r.code, resp::SYSTEM_ERROR);
     assert!(r.remark.unwrap().contains("`b`"));
@@ -523,7 +523,7 @@ async fn offsets_and_topics_survive_a_restart() {
     pull.ext_fields
         .as_mut()
         .unwrap()
-        .insert("commitOffset".into(), "0".into());
+        .insert("commitOffset", "0");
     client.call(pull).await;
     client.shutdown();
     c.restart_broker(|_| {}).await;
@@ -717,10 +717,7 @@ async fn batch_send_and_admin_requests() {
     let body = shoal_proto::message::encode_batch(batch.iter()).unwrap();
     let mut req = send_req("T", 0, &body, "");
     req.code = rc::SEND_BATCH_MESSAGE;
-    req.ext_fields
-        .as_mut()
-        .unwrap()
-        .insert("m".into(), "true".into());
+    req.ext_fields.as_mut().unwrap().insert("m", "true");
     let r = client.call(req).await;
     ok(&r);
     let h: SendMessageResponseHeader = r.decode_command_header().unwrap();

@@ -46,7 +46,7 @@ async fn pull_answers_are_capped_and_a_large_message_is_served_alone() {
     req.ext_fields
         .as_mut()
         .unwrap()
-        .insert("maxMsgBytes".into(), (i32::MAX).to_string());
+        .insert("maxMsgBytes", (i32::MAX).to_string());
     let r = client.call(req).await;
     ok(&r);
     assert_eq!(
@@ -223,7 +223,7 @@ async fn protocol_strictness_as_java() {
     req.ext_fields
         .as_mut()
         .unwrap()
-        .insert("expressionType".into(), String::new());
+        .insert("expressionType", String::new());
     let r = client.call(req).await;
     ok(&r);
     assert_eq!(decode(&r).len(), 1);

@@ -280,7 +280,7 @@ async fn malformed_requests_are_answered_with_errors() {
     .await;
     let mut bad_queue = send_req(TOPIC, 0, b"x", "");
     if let Some(e) = bad_queue.ext_fields.as_mut() {
-        e.insert("e".into(), "not-a-number".into());
+        e.insert("e", "not-a-number");
     }
     assert_refused(&addr, "send with a non-numeric queue id", bad_queue).await;
     assert_refused(
@@ -319,7 +319,7 @@ async fn malformed_requests_are_answered_with_errors() {
     .await;
     let mut bad_offset = pull_req("malformed-cg", TOPIC, 0, 0, 0, 0);
     if let Some(e) = bad_offset.ext_fields.as_mut() {
-        e.insert("queueOffset".into(), "12abc".into());
+        e.insert("queueOffset", "12abc");
     }
     assert_refused(&addr, "pull with a non-numeric offset", bad_offset).await;
     assert_refused(

@@ -119,33 +119,45 @@ impl LatencyFaultTolerance {
         last_failed_broker: Option<&str>,
         now_ms: u64,
     ) -> Option<MessageQueue> {
+        self.select_index(queues, last_failed_broker, now_ms)
+            .map(|i| queues[i].clone())
+    }
+
+    /// As [`LatencyFaultTolerance::select`], giving the chosen queue's index in `queues`
+    /// (no copy of the queue).
+    pub fn select_index(
+        &mut self,
+        queues: &[MessageQueue],
+        last_failed_broker: Option<&str>,
+        now_ms: u64,
+    ) -> Option<usize> {
         if queues.is_empty() {
             return None;
         }
         let start = self.next_index;
         self.next_index = self.next_index.wrapping_add(1);
         let n = queues.len();
-        let rotation = (0..n).map(|i| &queues[(start + i) % n]);
-        let not_last = |mq: &&MessageQueue| Some(mq.broker_name.as_str()) != last_failed_broker;
+        let rotation = (0..n).map(|i| (start.wrapping_add(i)) % n);
+        let not_last = |i: &usize| Some(queues[*i].broker_name.as_str()) != last_failed_broker;
         if self.enabled {
-            if let Some(mq) = rotation
+            if let Some(i) = rotation
                 .clone()
                 .filter(not_last)
-                .find(|mq| self.is_available(&mq.broker_name, now_ms))
+                .find(|i| self.is_available(&queues[*i].broker_name, now_ms))
             {
-                return Some(mq.clone());
+                return Some(i);
             }
-            if let Some(mq) = rotation
+            if let Some(i) = rotation
                 .clone()
                 .filter(not_last)
-                .find(|mq| self.is_reachable(&mq.broker_name))
+                .find(|i| self.is_reachable(&queues[*i].broker_name))
             {
-                return Some(mq.clone());
+                return Some(i);
             }
-        } else if let Some(mq) = rotation.clone().find(not_last) {
-            return Some(mq.clone());
+        } else if let Some(i) = rotation.clone().find(not_last) {
+            return Some(i);
         }
-        rotation.into_iter().next().cloned()
+        Some(start % n)
     }
 }
 

@@ -308,6 +308,9 @@ struct Inner {
     net: RemotingClient,
     registry: Arc<Registry>,
     routes: Mutex<HashMap<String, TopicRouteData>>,
+    /// Topic -> its write queues, computed when its route is stored and shared by every send
+    /// (no route copy and no queue list built per send).
+    publish_queues: Mutex<HashMap<String, Arc<[MessageQueue]>>>,
     /// Broker name -> broker id -> address.
     brokers: Mutex<HashMap<String, BTreeMap<i64, String>>>,
     producer_groups: Mutex<BTreeSet<String>>,
@@ -381,6 +384,7 @@ impl ClientInstance {
             net,
             registry,
             routes: Mutex::new(HashMap::new()),
+            publish_queues: Mutex::new(HashMap::new()),
             brokers: Mutex::new(HashMap::new()),
             producer_groups: Mutex::new(BTreeSet::new()),
             namesrv_index: AtomicUsize::new(start_index),
@@ -561,6 +565,11 @@ impl ClientInstance {
                 brokers.insert(b.broker_name.clone(), b.broker_addrs.clone());
             }
         }
+        let queues: Arc<[MessageQueue]> = route.publish_queues(topic).into();
+        self.inner
+            .publish_queues
+            .lock()
+            .insert(topic.to_owned(), queues);
         let changed = {
             let mut routes = self.inner.routes.lock();
             let old = routes.insert(topic.to_owned(), route.clone());
@@ -592,6 +601,12 @@ impl ClientInstance {
     /// The cached route of a topic, if any.
     pub fn cached_route(&self, topic: &str) -> Option<TopicRouteData> {
         self.inner.routes.lock().get(topic).cloned()
+    }
+
+    /// The write queues of a topic's cached route (as [`TopicRouteData::publish_queues`]), if
+    /// its route is cached; shared, so a send costs no copy.
+    pub fn cached_publish_queues(&self, topic: &str) -> Option<Arc<[MessageQueue]>> {
+        self.inner.publish_queues.lock().get(topic).cloned()
     }
 
     /// Refreshes the routes of every topic in use (the 30 s timer).
@@ -692,13 +707,10 @@ impl ClientInstance {
         if !coordinated.is_empty() {
             // Shoal brokers: these groups' members speak coordinated mode (Apache RocketMQ
             // ignores extFields it does not know).
-            ext.insert(COORDINATED_GROUPS_EXT.into(), coordinated.join(","));
+            ext.insert(COORDINATED_GROUPS_EXT, coordinated.join(","));
         }
         if let Some(ms) = *self.inner.session_timeout_ms.lock() {
-            ext.insert(
-                shoal_proto::ext::field::SESSION_TIMEOUT_MS.into(),
-                ms.to_string(),
-            );
+            ext.insert(shoal_proto::ext::field::SESSION_TIMEOUT_MS, ms.to_string());
         }
         RemotingCommand::request(rc::HEART_BEAT)
             .with_ext_fields(ext)
@@ -1194,8 +1206,8 @@ impl ClientInstance {
             only_this_broker: false,
         };
         let mut ext = shoal_proto::command::ExtFields::new();
-        ext.insert(shoal_proto::ext::field::LEASE.into(), "true".into());
-        ext.insert(shoal_proto::ext::field::ORDERLY.into(), orderly.to_string());
+        ext.insert(shoal_proto::ext::field::LEASE, "true");
+        ext.insert(shoal_proto::ext::field::ORDERLY, orderly.to_string());
         let mut req = RemotingCommand::request(rc::LOCK_BATCH_MQ)
             .with_ext_fields(ext)
             .with_json_body(&body)?;
@@ -1229,7 +1241,7 @@ impl ClientInstance {
         let mut req = self.update_offset_req(group, mq, offset);
         req.ext_fields
             .get_or_insert_with(Default::default)
-            .insert(shoal_proto::ext::field::REWIND.into(), "true".into());
+            .insert(shoal_proto::ext::field::REWIND, "true");
         self.call_broker("UPDATE_CONSUMER_OFFSET", mq, req)
             .await
             .map(|_| ())

@@ -10,13 +10,14 @@ use bytes::Bytes;
 use parking_lot::Mutex;
 use shoal_proto::body::TopicRouteData;
 use shoal_proto::code::{request_code as rc, response_code as resp};
+use shoal_proto::command::ExtFields;
 use shoal_proto::constants::{is_retry_topic, AUTO_CREATE_TOPIC_KEY_TOPIC};
 use shoal_proto::hash::java_string_hash;
-use shoal_proto::header::{SendMessageRequestHeaderV2, SendMessageResponseHeader};
+use shoal_proto::header::{HeaderValue, SendMessageRequestHeaderV2, SendMessageResponseHeader};
 use shoal_proto::message::{
-    compress_for_send, encode_batch, encode_properties, property, CompressionType, Message,
-    Properties, UniqKeyGenerator, DEFAULT_COMPRESS_BODY_OVER, DEFAULT_COMPRESS_LEVEL,
-    DEFAULT_MAX_MESSAGE_SIZE,
+    compress_for_send, encode_batch, encode_properties, property, property::encode_properties_into,
+    CompressionType, Message, Properties, UniqKeyGenerator, DEFAULT_COMPRESS_BODY_OVER,
+    DEFAULT_COMPRESS_LEVEL, DEFAULT_MAX_MESSAGE_SIZE,
 };
 use shoal_proto::{MessageQueue, RemotingCommand};
 use std::future::Future;
@@ -334,6 +335,15 @@ impl Producer {
         Ok(queues)
     }
 
+    /// The write queues a send picks from: the instance's shared list for a cached route,
+    /// otherwise as [`Producer::publish_queues`].
+    async fn send_queues(&self, topic: &str) -> Result<Arc<[MessageQueue]>> {
+        match self.inner.instance.cached_publish_queues(topic) {
+            Some(queues) if !queues.is_empty() => Ok(queues),
+            _ => Ok(self.publish_queues(topic).await?.into()),
+        }
+    }
+
     async fn auto_create_queues(&self, topic: &str) -> Result<Vec<MessageQueue>> {
         let tbw: TopicRouteData = self
             .inner
@@ -407,24 +417,22 @@ impl Producer {
         if props.get(property::TRAN_MSG).is_some_and(|v| v == "true") {
             sys_flag |= shoal_proto::message::sys_flag::TRANSACTION_PREPARED_TYPE;
         }
-        let header = SendMessageRequestHeaderV2 {
-            a: self.inner.config.group.clone(),
-            b: msg.topic.clone(),
-            c: AUTO_CREATE_TOPIC_KEY_TOPIC.to_owned(),
-            d: self.inner.config.default_topic_queue_nums,
-            e: mq.queue_id,
-            f: sys_flag,
-            g: now_ms(),
-            h: msg.flag,
-            i: Some(encode_properties(props)?),
-            j: reconsume,
-            k: Some(false),
-            l: max_reconsume,
-            m: Some(false),
-            n: Some(mq.broker_name.clone()),
-            ..Default::default()
-        };
-        Ok(RemotingCommand::request_with_header(rc::SEND_MESSAGE_V2, &header).with_body(body))
+        let ext = send_v2_ext(&SendV2 {
+            group: &self.inner.config.group,
+            topic: &msg.topic,
+            default_topic_queue_nums: self.inner.config.default_topic_queue_nums,
+            queue_id: mq.queue_id,
+            sys_flag,
+            born_timestamp: now_ms(),
+            flag: msg.flag,
+            properties: props,
+            reconsume_times: reconsume,
+            max_reconsume_times: max_reconsume,
+            broker_name: &mq.broker_name,
+        })?;
+        Ok(RemotingCommand::request(rc::SEND_MESSAGE_V2)
+            .with_ext_fields(ext)
+            .with_body(body))
     }
 
     async fn send_request(
@@ -463,7 +471,7 @@ impl Producer {
     /// [`ClientError::SendFailed`] with the last attempt's error.
     pub async fn send(&self, mut msg: Message) -> Result<SendResult> {
         self.prepare(&mut msg)?;
-        let queues = self.publish_queues(&msg.topic).await?;
+        let queues = self.send_queues(&msg.topic).await?;
         let msg_id = msg.uniq_key().unwrap_or_default().to_owned();
         let started = Instant::now();
         let timeout = self.inner.config.send_timeout;
@@ -481,15 +489,16 @@ impl Producer {
                 .inner
                 .fault
                 .lock()
-                .select(&queues, last_failed.as_deref(), now)
+                .select_index(&queues, last_failed.as_deref(), now)
+                .map(|i| &queues[i])
             else {
                 self.inner.metrics.failed(started.elapsed());
                 return Err(ClientError::NoRoute(msg.topic.clone()));
             };
             made += 1;
             let t0 = Instant::now();
-            let outcome = match self.single_request(&msg, &mq) {
-                Ok(req) => self.send_request(req, &mq, msg_id.clone(), left).await,
+            let outcome = match self.single_request(&msg, mq) {
+                Ok(req) => self.send_request(req, mq, msg_id.clone(), left).await,
                 Err(e) => return Err(e),
             };
             let latency = t0.elapsed().as_millis() as u64;
@@ -550,14 +559,15 @@ impl Producer {
     /// A bad message, no route, or a transport error while writing.
     pub async fn send_oneway(&self, mut msg: Message) -> Result<()> {
         self.prepare(&mut msg)?;
-        let queues = self.publish_queues(&msg.topic).await?;
+        let queues = self.send_queues(&msg.topic).await?;
         let mq = self
             .inner
             .fault
             .lock()
-            .select(&queues, None, crate::now_ms_u64())
+            .select_index(&queues, None, crate::now_ms_u64())
+            .map(|i| &queues[i])
             .ok_or_else(|| ClientError::NoRoute(msg.topic.clone()))?;
-        let req = self.single_request(&msg, &mq)?;
+        let req = self.single_request(&msg, mq)?;
         let addr = self
             .inner
             .instance
@@ -653,7 +663,7 @@ impl Producer {
         let ids: Vec<&str> = msgs.iter().filter_map(|m| m.uniq_key()).collect();
         let msg_id = ids.join(",");
         let queues = self.publish_queues(&topic).await?;
-        let mut batch_props = Properties::new();
+        let mut batch_props = Properties::default();
         batch_props.insert(property::WAIT.to_owned(), "true".to_owned());
         batch_props.insert(property::UNIQ_KEY.to_owned(), self.inner.uniq.next_key());
         let props = encode_properties(&batch_props)?;
@@ -734,9 +744,99 @@ impl Producer {
     }
 }
 
+/// The fields of a SEND_MESSAGE_V2 header, borrowed from the producer and the message.
+struct SendV2<'a> {
+    group: &'a str,
+    topic: &'a str,
+    default_topic_queue_nums: i32,
+    queue_id: i32,
+    sys_flag: i32,
+    born_timestamp: i64,
+    flag: i32,
+    properties: &'a Properties,
+    reconsume_times: Option<i32>,
+    max_reconsume_times: Option<i32>,
+    broker_name: &'a str,
+}
+
+/// The extFields of [`SendMessageRequestHeaderV2`] for a single send, written straight into
+/// the map's buffer (the typed header would copy every string twice): the same entries in the
+/// same order, with `k` and `m` false and `c` `TBW102`.
+fn send_v2_ext(h: &SendV2<'_>) -> Result<ExtFields> {
+    let mut ext = ExtFields::with_capacity(13);
+    ext.insert("a", h.group);
+    ext.insert("b", h.topic);
+    ext.insert("c", AUTO_CREATE_TOPIC_KEY_TOPIC);
+    ext.insert_with("d", |o| h.default_topic_queue_nums.push_value(o));
+    ext.insert_with("e", |o| h.queue_id.push_value(o));
+    ext.insert_with("f", |o| h.sys_flag.push_value(o));
+    ext.insert_with("g", |o| h.born_timestamp.push_value(o));
+    ext.insert_with("h", |o| h.flag.push_value(o));
+    let mut encoded = Ok(());
+    ext.insert_with("i", |o| encoded = encode_properties_into(h.properties, o));
+    encoded?;
+    if let Some(j) = h.reconsume_times {
+        ext.insert_with("j", |o| j.push_value(o));
+    }
+    ext.insert("k", "false");
+    if let Some(l) = h.max_reconsume_times {
+        ext.insert_with("l", |o| l.push_value(o));
+    }
+    ext.insert("m", "false");
+    ext.insert("n", h.broker_name);
+    Ok(ext)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use shoal_proto::header::CommandHeader;
+
+    #[test]
+    fn send_v2_ext_is_the_typed_header() {
+        let mut props = Properties::default();
+        props.insert(property::UNIQ_KEY.into(), "ABC".into());
+        props.insert(property::TAGS.into(), "t".into());
+        for (j, l) in [(None, None), (Some(3), Some(16))] {
+            let ext = send_v2_ext(&SendV2 {
+                group: "G",
+                topic: "T",
+                default_topic_queue_nums: 4,
+                queue_id: 2,
+                sys_flag: 1,
+                born_timestamp: 1_700_000_000_000,
+                flag: -5,
+                properties: &props,
+                reconsume_times: j,
+                max_reconsume_times: l,
+                broker_name: "broker-a",
+            })
+            .unwrap();
+            let typed = SendMessageRequestHeaderV2 {
+                a: "G".into(),
+                b: "T".into(),
+                c: AUTO_CREATE_TOPIC_KEY_TOPIC.into(),
+                d: 4,
+                e: 2,
+                f: 1,
+                g: 1_700_000_000_000,
+                h: -5,
+                i: Some(encode_properties(&props).unwrap()),
+                j,
+                k: Some(false),
+                l,
+                m: Some(false),
+                n: Some("broker-a".into()),
+                ..Default::default()
+            }
+            .to_ext_fields();
+            // Same entries in the same order, so the same bytes on the wire.
+            assert_eq!(
+                ext.iter().collect::<Vec<_>>(),
+                typed.iter().collect::<Vec<_>>()
+            );
+        }
+    }
 
     #[test]
     fn topic_validation() {

@@ -441,10 +441,7 @@ pub fn acl_request(data: &[u8]) {
     let mut ext = ExtFields::new();
     let mut parts = ext_part.split(|b| *b == 0);
     while let (Some(k), Some(v)) = (parts.next(), parts.next()) {
-        ext.insert(
-            String::from_utf8_lossy(k).into_owned(),
-            String::from_utf8_lossy(v).into_owned(),
-        );
+        ext.insert(String::from_utf8_lossy(k), String::from_utf8_lossy(v));
     }
     let mut cmd = RemotingCommand::request(code).with_ext_fields(ext);
     if !body.is_empty() {
@@ -512,8 +509,8 @@ pub fn acl_request(data: &[u8]) {
             }
             _ => {
                 let ext = tampered.ext_fields.get_or_insert_with(ExtFields::new);
-                let changed = format!("{}x", ext.get("tampered").map_or("", String::as_str));
-                ext.insert("tampered".into(), changed);
+                let changed = format!("{}x", ext.get("tampered").unwrap_or(""));
+                ext.insert("tampered", changed);
             }
         }
         assert!(

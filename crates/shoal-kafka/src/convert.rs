@@ -76,7 +76,7 @@ pub fn record_to_message(
     born_host: SocketAddr,
     cluster: &str,
 ) -> Result<MessageExtBrokerInner, String> {
-    let mut props = Properties::new();
+    let mut props = Properties::default();
     props.insert(PROP_ORIGIN.into(), "1".into());
     if let Some(key) = &record.key {
         match std::str::from_utf8(key) {
@@ -332,7 +332,7 @@ mod tests {
 
     #[test]
     fn rocketmq_tags_and_keys_appear_as_headers() {
-        let mut props = Properties::new();
+        let mut props = Properties::default();
         props.insert("TAGS".into(), "tagA".into());
         props.insert("KEYS".into(), "k1".into());
         props.insert("UNIQ_KEY".into(), "ABC".into());

@@ -2,8 +2,8 @@
 //! and created on first use. Callers on a hot path should keep the returned `Arc` (a
 //! pre-resolved handle) rather than look it up per request.
 
+use foldhash::{HashMap, HashMapExt};
 use parking_lot::RwLock;
-use std::collections::HashMap;
 use std::sync::Arc;
 
 /// A map from key to a shared `T` (a struct of counters, say), created with `T::default()`.

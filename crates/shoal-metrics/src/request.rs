@@ -1,11 +1,11 @@
 //! [`RequestMetrics`]: served requests by request code and response code, with latency.
 
 use crate::{encode_family, LatencyHistogram};
+use foldhash::{HashMap, HashMapExt};
 use parking_lot::RwLock;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 use shoal_proto::code::{request_code, response_code};
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 

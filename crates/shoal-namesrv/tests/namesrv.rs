@@ -184,7 +184,7 @@ async fn errors_are_answered_not_dropped() {
     reg.ext_fields
         .as_mut()
         .unwrap()
-        .insert("bodyCrc32".into(), "12345".into());
+        .insert("bodyCrc32", "12345");
     let r = c.invoke(&addr, reg, T).await.unwrap();
     assert_eq!(r.code, resp::SYSTEM_ERROR);
     assert_eq!(r.remark.as_deref(), Some("crc32 not match"));

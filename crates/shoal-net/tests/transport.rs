@@ -109,7 +109,7 @@ async fn start_server(config: NetConfig) -> (Server, Arc<TestServer>, String) {
 
 fn echo(delay_ms: u64, body: &str) -> RemotingCommand {
     let mut ext = ExtFields::new();
-    ext.insert("delay".into(), delay_ms.to_string());
+    ext.insert("delay", delay_ms.to_string());
     RemotingCommand::request(ECHO)
         .with_ext_fields(ext)
         .with_body(Bytes::copy_from_slice(body.as_bytes()))
@@ -271,7 +271,7 @@ async fn server_initiated_requests_reach_the_client_handler() {
 
         // Oneway, as NOTIFY_CONSUMER_IDS_CHANGED.
         let mut ext = ExtFields::new();
-        ext.insert("consumerGroup".into(), "G1".into());
+        ext.insert("consumerGroup", "G1");
         server_side
             .oneway(RemotingCommand::request(NOTIFY).with_ext_fields(ext))
             .await
@@ -607,7 +607,7 @@ async fn failing_and_panicking_processors_answer_system_error() {
             .ext_fields
             .as_mut()
             .unwrap()
-            .insert("delay".into(), "soon".into());
+            .insert("delay", "soon");
         let resp = client.invoke(&addr, bad_header, t).await.unwrap();
         assert_eq!(resp.code, SYSTEM_ERROR);
         server.shutdown().await;

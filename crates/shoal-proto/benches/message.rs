@@ -13,7 +13,7 @@ use shoal_proto::message::{
 };
 
 fn sample_message(i: i64) -> MessageExt {
-    let mut properties = Properties::new();
+    let mut properties = Properties::default();
     properties.insert(property::TAGS.into(), "tagA".into());
     properties.insert(property::KEYS.into(), format!("order-{i}"));
     properties.insert(

@@ -5,11 +5,8 @@
 
 use crate::{ProtoError, Result};
 use bytes::{Buf, BufMut, Bytes, BytesMut};
-use indexmap::IndexMap;
 
-/// The "custom header" of a command: string keys to string values, in insertion order
-/// (order matters only for byte-exact output; receivers look fields up by name).
-pub type ExtFields = IndexMap<String, String>;
+pub use crate::ext_fields::ExtFields;
 
 /// Bit 0 of `flag`: this command is a response.
 pub const FLAG_RESPONSE: i32 = 1;
@@ -214,7 +211,7 @@ impl RemotingCommand {
 
     /// Looks an extFields value up.
     pub fn ext(&self, key: &str) -> Option<&str> {
-        self.ext_fields.as_ref()?.get(key).map(String::as_str)
+        self.ext_fields.as_ref()?.get(key)
     }
 }
 
@@ -688,7 +685,8 @@ impl<'de> serde::Deserialize<'de> for JsonLanguage {
 }
 
 /// The `extFields` object: scalar values become their string form, `null` values are dropped,
-/// nested objects and arrays become their JSON text (as Java's coercion does).
+/// nested objects and arrays become their JSON text (as Java's coercion does). Keys and values
+/// are written straight into the map's one text buffer.
 struct JsonExtFields(ExtFields);
 
 impl<'de> serde::Deserialize<'de> for JsonExtFields {
@@ -704,9 +702,16 @@ impl<'de> serde::Deserialize<'de> for JsonExtFields {
                 mut map: A,
             ) -> std::result::Result<Self::Value, A::Error> {
                 let mut out = ExtFields::with_capacity(map.size_hint().unwrap_or(16).min(64));
-                while let Some(key) = map.next_key::<String>()? {
-                    if let Some(JsonScalar(value)) = map.next_value::<Option<JsonScalar>>()? {
-                        out.insert(key, value);
+                loop {
+                    let key_start = out.raw_text().len();
+                    if map.next_key_seed(AppendStr(out.raw_text()))?.is_none() {
+                        break;
+                    }
+                    let value_start = out.raw_text().len();
+                    if map.next_value_seed(AppendScalar(out.raw_text()))? {
+                        out.commit_raw(key_start, value_start);
+                    } else {
+                        out.truncate_raw(key_start);
                     }
                 }
                 Ok(JsonExtFields(out))
@@ -716,64 +721,90 @@ impl<'de> serde::Deserialize<'de> for JsonExtFields {
     }
 }
 
-/// One extFields value in string form.
-struct JsonScalar(String);
+/// Appends a JSON string (an extFields key) to the buffer.
+struct AppendStr<'a>(&'a mut String);
 
-impl<'de> serde::Deserialize<'de> for JsonScalar {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        struct V;
-        impl<'de> serde::de::Visitor<'de> for V {
-            type Value = JsonScalar;
+impl<'de> serde::de::DeserializeSeed<'de> for AppendStr<'_> {
+    type Value = ();
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> std::result::Result<(), D::Error> {
+        struct V<'a>(&'a mut String);
+        impl serde::de::Visitor<'_> for V<'_> {
+            type Value = ();
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a string key")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> std::result::Result<(), E> {
+                self.0.push_str(v);
+                Ok(())
+            }
+        }
+        d.deserialize_str(V(self.0))
+    }
+}
+
+/// Appends one extFields value in string form to the buffer; `false` for `null` (nothing
+/// appended).
+struct AppendScalar<'a>(&'a mut String);
+
+impl<'de> serde::de::DeserializeSeed<'de> for AppendScalar<'_> {
+    type Value = bool;
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> std::result::Result<bool, D::Error> {
+        struct V<'a>(&'a mut String);
+        impl V<'_> {
+            fn display<E>(self, v: impl std::fmt::Display) -> std::result::Result<bool, E> {
+                use std::fmt::Write;
+                // Writing to a String cannot fail.
+                let _ = write!(self.0, "{v}");
+                Ok(true)
+            }
+        }
+        impl<'de> serde::de::Visitor<'de> for V<'_> {
+            type Value = bool;
             fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
                 f.write_str("a JSON value")
             }
-            fn visit_str<E: serde::de::Error>(
-                self,
-                v: &str,
-            ) -> std::result::Result<Self::Value, E> {
-                Ok(JsonScalar(v.to_owned()))
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> std::result::Result<bool, E> {
+                self.0.push_str(v);
+                Ok(true)
             }
-            fn visit_string<E: serde::de::Error>(
-                self,
-                v: String,
-            ) -> std::result::Result<Self::Value, E> {
-                Ok(JsonScalar(v))
+            fn visit_bool<E: serde::de::Error>(self, v: bool) -> std::result::Result<bool, E> {
+                self.display(v)
             }
-            fn visit_bool<E: serde::de::Error>(
-                self,
-                v: bool,
-            ) -> std::result::Result<Self::Value, E> {
-                Ok(JsonScalar(v.to_string()))
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> std::result::Result<bool, E> {
+                self.display(v)
             }
-            fn visit_i64<E: serde::de::Error>(self, v: i64) -> std::result::Result<Self::Value, E> {
-                Ok(JsonScalar(v.to_string()))
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> std::result::Result<bool, E> {
+                self.display(v)
             }
-            fn visit_u64<E: serde::de::Error>(self, v: u64) -> std::result::Result<Self::Value, E> {
-                Ok(JsonScalar(v.to_string()))
+            fn visit_f64<E: serde::de::Error>(self, v: f64) -> std::result::Result<bool, E> {
+                self.display(v)
             }
-            fn visit_f64<E: serde::de::Error>(self, v: f64) -> std::result::Result<Self::Value, E> {
-                Ok(JsonScalar(v.to_string()))
+            fn visit_unit<E: serde::de::Error>(self) -> std::result::Result<bool, E> {
+                Ok(false)
+            }
+            fn visit_none<E: serde::de::Error>(self) -> std::result::Result<bool, E> {
+                Ok(false)
             }
             fn visit_map<A: serde::de::MapAccess<'de>>(
                 self,
                 map: A,
-            ) -> std::result::Result<Self::Value, A::Error> {
+            ) -> std::result::Result<bool, A::Error> {
                 let v: serde_json::Value = serde::Deserialize::deserialize(
                     serde::de::value::MapAccessDeserializer::new(map),
                 )?;
-                Ok(JsonScalar(v.to_string()))
+                self.display(v)
             }
             fn visit_seq<A: serde::de::SeqAccess<'de>>(
                 self,
                 seq: A,
-            ) -> std::result::Result<Self::Value, A::Error> {
+            ) -> std::result::Result<bool, A::Error> {
                 let v: serde_json::Value = serde::Deserialize::deserialize(
                     serde::de::value::SeqAccessDeserializer::new(seq),
                 )?;
-                Ok(JsonScalar(v.to_string()))
+                self.display(v)
             }
         }
-        d.deserialize_any(V)
+        d.deserialize_any(V(self.0))
     }
 }
 
@@ -814,18 +845,19 @@ impl<'a> HeaderReader<'a> {
 
     /// A length-prefixed string; zero length gives `None`.
     fn string(&mut self, len: i64, what: &'static str) -> Result<Option<String>> {
+        let s = self.str(len, what)?;
+        Ok((!s.is_empty()).then(|| s.to_owned()))
+    }
+
+    /// A length-prefixed string, borrowed.
+    fn str(&mut self, len: i64, what: &'static str) -> Result<&'a str> {
         if len < 0 {
             return Err(ProtoError::BadLength(format!(
                 "negative {what} length {len}"
             )));
         }
         let bytes = self.take(len as usize, what)?;
-        if bytes.is_empty() {
-            return Ok(None);
-        }
-        std::str::from_utf8(bytes)
-            .map(|s| Some(s.to_owned()))
-            .map_err(|_| ProtoError::Utf8(what))
+        std::str::from_utf8(bytes).map_err(|_| ProtoError::Utf8(what))
     }
 }
 
@@ -854,11 +886,15 @@ fn decode_rocketmq_header(header: &[u8]) -> Result<RemotingCommand> {
         let mut e = HeaderReader { buf: ext_area };
         while !e.buf.is_empty() {
             let key_len = e.i16("extFields key length")?;
-            let key = e.string(i64::from(key_len), "extFields key")?;
+            let key = e.str(i64::from(key_len), "extFields key")?;
             let val_len = e.i32("extFields value length")?;
-            let value = e.string(i64::from(val_len), "extFields value")?;
-            if let (Some(k), Some(v)) = (key, value) {
-                ext.insert(k, v);
+            let value = e.str(i64::from(val_len), "extFields value")?;
+            if !key.is_empty() && !value.is_empty() {
+                let key_start = ext.raw_text().len();
+                ext.raw_text().push_str(key);
+                let value_start = ext.raw_text().len();
+                ext.raw_text().push_str(value);
+                ext.commit_raw(key_start, value_start);
             }
         }
         // Entries with an empty key or value are dropped; an area left with none is no
@@ -1010,13 +1046,7 @@ mod tests {
         let decoded = decode_whole(&json_frame(SPEC_JSON_RESPONSE, b"")).unwrap();
         assert_eq!(decoded, spec_send_response());
         // extFields keep the order of the wire.
-        let keys: Vec<&str> = decoded
-            .ext_fields
-            .as_ref()
-            .unwrap()
-            .keys()
-            .map(String::as_str)
-            .collect();
+        let keys: Vec<&str> = decoded.ext_fields.as_ref().unwrap().keys().collect();
         assert_eq!(keys[0], "queueId");
         assert_eq!(keys[5], "queueOffset");
     }

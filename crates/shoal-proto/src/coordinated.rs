@@ -56,8 +56,8 @@ pub const MEMBER_EPOCH_EXT: &str = "shoalMemberEpoch";
 /// Adds a coordinated member's id and epoch to a request's extFields.
 pub fn stamp(cmd: &mut RemotingCommand, member_id: &str, member_epoch: i32) {
     let ext = cmd.ext_fields.get_or_insert_with(Default::default);
-    ext.insert(MEMBER_ID_EXT.to_string(), member_id.to_string());
-    ext.insert(MEMBER_EPOCH_EXT.to_string(), member_epoch.to_string());
+    ext.insert(MEMBER_ID_EXT, member_id);
+    ext.insert(MEMBER_EPOCH_EXT, member_epoch.to_string());
 }
 
 /// The member id and epoch a request is stamped with: `None` when it is not stamped,
@@ -164,7 +164,7 @@ mod tests {
         stamp(&mut cmd, "m-1", 7);
         assert_eq!(member_stamp(&cmd), Some(Ok(("m-1".to_string(), 7))));
         if let Some(ext) = cmd.ext_fields.as_mut() {
-            ext.insert(MEMBER_EPOCH_EXT.into(), "x".into());
+            ext.insert(MEMBER_EPOCH_EXT, "x");
         }
         assert!(matches!(member_stamp(&cmd), Some(Err(_))));
         if let Some(ext) = cmd.ext_fields.as_mut() {

@@ -19,6 +19,7 @@ pub mod constants;
 pub mod coordinated;
 pub mod error;
 pub mod ext;
+pub mod ext_fields;
 pub mod hash;
 pub mod header;
 pub mod message;

@@ -203,10 +203,7 @@ fn pop_request_uses_json_and_round_trips() {
             .unwrap(),
         h
     );
-    assert_eq!(
-        h.to_ext_fields().get("order").map(String::as_str),
-        Some("false")
-    );
+    assert_eq!(h.to_ext_fields().get("order"), Some("false"));
 }
 
 #[test]

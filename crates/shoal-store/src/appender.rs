@@ -14,8 +14,8 @@
 //! covers (one fsync for all of them). Asynchronous puts ([`MessageStore::submit`]) never
 //! block their thread on an fsync.
 
+use foldhash::{HashMap, HashMapExt};
 use std::borrow::Cow;
-use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;

@@ -11,7 +11,7 @@
 //! data: on recovery, entries past the commit log end are cut and missing ones are re-added by
 //! re-dispatching the commit log tail.
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 

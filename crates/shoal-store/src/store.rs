@@ -1,7 +1,8 @@
 //! The message store: commit log + consume queues + index + offsets, with flush, recovery and
 //! retention. See the crate documentation for the overview.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use foldhash::{HashMap, HashMapExt};
+use std::collections::{BTreeMap, HashSet};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

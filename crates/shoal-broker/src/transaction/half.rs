@@ -127,7 +127,7 @@ pub fn op_message(
     transaction_id: Option<&str>,
     committed: bool,
 ) -> Result<MessageExtBrokerInner, Reject> {
-    let mut props = Properties::new();
+    let mut props = Properties::default();
     props.insert(property::TAGS.into(), REMOVE_TAG.into());
     props.insert(property::WAIT.into(), "false".into());
     if let Some(id) = transaction_id {

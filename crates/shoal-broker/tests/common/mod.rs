@@ -196,7 +196,7 @@ pub fn create_topic_req(topic: &str, queues: i32) -> RemotingCommand {
 }
 
 pub fn props(pairs: &[(&str, &str)]) -> String {
-    let mut p = Properties::new();
+    let mut p = Properties::default();
     for (k, v) in pairs {
         p.insert(k.to_string(), v.to_string());
     }

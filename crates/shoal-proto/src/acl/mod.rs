@@ -75,10 +75,10 @@ fn java_order(a: &str, b: &str) -> std::cmp::Ordering {
 /// The bytes a request's signature covers: the `extFields` values (without `Signature` and
 /// `_UNIQUE_KEY_QUERY`) in key order, concatenated, then the body.
 pub fn signed_content(ext: Option<&ExtFields>, body: Option<&[u8]>) -> Vec<u8> {
-    let mut fields: Vec<(&String, &String)> = ext
+    let mut fields: Vec<(&str, &str)> = ext
         .map(|e| {
             e.iter()
-                .filter(|(k, _)| k.as_str() != SIGNATURE && k.as_str() != UNIQUE_MSG_QUERY_FLAG)
+                .filter(|(k, _)| *k != SIGNATURE && *k != UNIQUE_MSG_QUERY_FLAG)
                 .collect()
         })
         .unwrap_or_default();
@@ -110,16 +110,16 @@ pub fn calc_signature(data: &[u8], secret_key: &str) -> String {
 /// `Signature` over the content. Call it last, after every header field is set.
 pub fn sign_request(cmd: &mut RemotingCommand, creds: &SessionCredentials) {
     let ext = cmd.ext_fields.get_or_insert_with(ExtFields::new);
-    ext.insert(ACCESS_KEY.into(), creds.access_key.clone());
+    ext.insert(ACCESS_KEY, creds.access_key.clone());
     if let Some(t) = &creds.security_token {
-        ext.insert(SECURITY_TOKEN.into(), t.clone());
+        ext.insert(SECURITY_TOKEN, t.clone());
     }
-    ext.shift_remove(SIGNATURE);
+    ext.remove(SIGNATURE);
     let content = signed_content(cmd.ext_fields.as_ref(), cmd.body.as_deref());
     let sig = calc_signature(&content, &creds.secret_key);
     cmd.ext_fields
         .get_or_insert_with(ExtFields::new)
-        .insert(SIGNATURE.into(), sig);
+        .insert(SIGNATURE, sig);
 }
 
 #[cfg(test)]

@@ -140,10 +140,7 @@ pub struct AccessRequest {
 }
 
 fn field<'a>(cmd: &'a RemotingCommand, key: &str) -> Option<&'a str> {
-    cmd.ext_fields
-        .as_ref()
-        .and_then(|e| e.get(key))
-        .map(String::as_str)
+    cmd.ext_fields.as_ref().and_then(|e| e.get(key))
 }
 
 fn is_retry(resource: &str) -> bool {

@@ -45,7 +45,7 @@ fn signature_matches_rocketmq_vectors() {
             "suspendTimeoutMillis",
             "subVersion",
         ]
-        .contains(&k.as_str())
+        .contains(&k)
     });
     sign_request(&mut cmd, &SessionCredentials::new("ak", "secretkey123"));
     let ext = cmd.ext_fields.as_ref().unwrap();
@@ -66,26 +66,23 @@ fn signature_covers_every_field_but_itself_and_the_unique_key_flag() {
     };
     let mut a = pull();
     sign_request(&mut a, &creds);
-    let sig = a.ext_fields.as_ref().unwrap()[SIGNATURE].clone();
-    assert_eq!(a.ext_fields.as_ref().unwrap()[SECURITY_TOKEN], "tok");
+    let sig = a.ext_fields.as_ref().unwrap()[SIGNATURE].to_owned();
+    assert_eq!(&a.ext_fields.as_ref().unwrap()[SECURITY_TOKEN], "tok");
     // Re-signing is stable; the unique-key flag does not change it; any other field does.
     let mut b = a.clone();
     b.ext_fields
         .as_mut()
         .unwrap()
-        .insert(UNIQUE_MSG_QUERY_FLAG.into(), "true".into());
+        .insert(UNIQUE_MSG_QUERY_FLAG, "true");
     sign_request(&mut b, &creds);
-    assert_eq!(b.ext_fields.as_ref().unwrap()[SIGNATURE], sig);
+    assert_eq!(&b.ext_fields.as_ref().unwrap()[SIGNATURE], sig);
     let mut c = a.clone();
-    c.ext_fields
-        .as_mut()
-        .unwrap()
-        .insert("queueId".into(), "2".into());
+    c.ext_fields.as_mut().unwrap().insert("queueId", "2");
     sign_request(&mut c, &creds);
-    assert_ne!(c.ext_fields.as_ref().unwrap()[SIGNATURE], sig);
+    assert_ne!(&c.ext_fields.as_ref().unwrap()[SIGNATURE], sig);
     let mut d = a.clone().with_body(&b"x"[..]);
     sign_request(&mut d, &creds);
-    assert_ne!(d.ext_fields.as_ref().unwrap()[SIGNATURE], sig);
+    assert_ne!(&d.ext_fields.as_ref().unwrap()[SIGNATURE], sig);
     // Debug never shows the secret.
     assert!(!format!("{creds:?}").contains("12345678"));
 }
@@ -109,8 +106,8 @@ fn acl() -> AccessControl {
 
 fn send(topic: &str) -> RemotingCommand {
     let mut ext = ExtFields::new();
-    ext.insert("a".into(), "PG".into());
-    ext.insert("b".into(), topic.into());
+    ext.insert("a", "PG");
+    ext.insert("b", topic);
     RemotingCommand::request(rc::SEND_MESSAGE_V2).with_ext_fields(ext)
 }
 
@@ -143,11 +140,7 @@ fn permissions_as_plain_acl() {
     let bad = signed(send("topicB"), "RocketMQ", "wrong-secret");
     assert!(decide(&bad, here).unwrap_err().0.contains("signature"));
     let mut tampered = signed(send("topicB"), "RocketMQ", "12345678");
-    tampered
-        .ext_fields
-        .as_mut()
-        .unwrap()
-        .insert("b".into(), "topicC".into());
+    tampered.ext_fields.as_mut().unwrap().insert("b", "topicC");
     assert!(decide(&tampered, here).unwrap_err().0.contains("signature"));
     // Per-topic permissions and the default.
     decide(&signed(send("topicB"), "RocketMQ", "12345678"), here).unwrap();
@@ -166,13 +159,13 @@ fn permissions_as_plain_acl() {
     // Pulls need SUB on the topic and the group.
     let mut p = pull();
     let ext = p.ext_fields.as_mut().unwrap();
-    ext.insert("topic".into(), "topicC".into());
-    ext.insert("consumerGroup".into(), "groupC".into());
+    ext.insert("topic", "topicC");
+    ext.insert("consumerGroup", "groupC");
     decide(&signed(p.clone(), "RocketMQ", "12345678"), here).unwrap();
     p.ext_fields
         .as_mut()
         .unwrap()
-        .insert("consumerGroup".into(), "groupA".into());
+        .insert("consumerGroup", "groupA");
     assert!(decide(&signed(p.clone(), "RocketMQ", "12345678"), here)
         .unwrap_err()
         .0
@@ -181,7 +174,7 @@ fn permissions_as_plain_acl() {
     p.ext_fields
         .as_mut()
         .unwrap()
-        .insert("consumerGroup".into(), "anyGroup".into());
+        .insert("consumerGroup", "anyGroup");
     decide(&signed(p, "RocketMQ", "12345678"), here).unwrap();
     // Admin requests need an admin account; an admin without listed permissions may do all.
     let create = RemotingCommand::request(rc::UPDATE_AND_CREATE_TOPIC);

@@ -58,16 +58,28 @@ pub trait CommandHeader: Sized {
 pub trait HeaderValue: Sized {
     /// Parses `value` received for the extFields key `field`.
     fn parse_value(field: &'static str, value: &str) -> Result<Self>;
+    /// Appends the string written on the wire to `out`.
+    fn push_value(&self, out: &mut String);
     /// The string written on the wire.
-    fn to_value(&self) -> String;
+    fn to_value(&self) -> String {
+        let mut out = String::new();
+        self.push_value(&mut out);
+        out
+    }
+}
+
+/// Appends `v`'s `Display` form (writing to a `String` cannot fail).
+fn push_display(out: &mut String, v: impl std::fmt::Display) {
+    use std::fmt::Write;
+    let _ = write!(out, "{v}");
 }
 
 impl HeaderValue for String {
     fn parse_value(_field: &'static str, value: &str) -> Result<Self> {
         Ok(value.to_owned())
     }
-    fn to_value(&self) -> String {
-        self.clone()
+    fn push_value(&self, out: &mut String) {
+        out.push_str(self);
     }
 }
 
@@ -81,8 +93,8 @@ impl HeaderValue for i32 {
                 reason: format!("not a 32-bit integer: {e}"),
             })
     }
-    fn to_value(&self) -> String {
-        self.to_string()
+    fn push_value(&self, out: &mut String) {
+        push_display(out, self);
     }
 }
 
@@ -96,8 +108,8 @@ impl HeaderValue for i64 {
                 reason: format!("not a 64-bit integer: {e}"),
             })
     }
-    fn to_value(&self) -> String {
-        self.to_string()
+    fn push_value(&self, out: &mut String) {
+        push_display(out, self);
     }
 }
 
@@ -107,8 +119,8 @@ impl HeaderValue for bool {
     fn parse_value(_field: &'static str, value: &str) -> Result<Self> {
         Ok(parse_java_bool(value))
     }
-    fn to_value(&self) -> String {
-        if *self { "true" } else { "false" }.to_owned()
+    fn push_value(&self, out: &mut String) {
+        out.push_str(if *self { "true" } else { "false" });
     }
 }
 
@@ -125,7 +137,7 @@ pub trait HeaderField: Sized {
     fn write(&self, ext: &mut ExtFields, key: &'static str);
     /// Reads the field `key` from `ext`.
     fn read(ext: &ExtFields, key: &'static str) -> Result<Self> {
-        Self::read_value(ext.get(key).map(String::as_str), key)
+        Self::read_value(ext.get(key), key)
     }
 }
 
@@ -139,7 +151,7 @@ macro_rules! header_field_impls {
                 }
             }
             fn write(&self, ext: &mut ExtFields, key: &'static str) {
-                ext.insert(key.to_owned(), self.to_value());
+                ext.insert_with(key, |out| self.push_value(out));
             }
         }
         impl HeaderField for Option<$t> {
@@ -148,7 +160,7 @@ macro_rules! header_field_impls {
             }
             fn write(&self, ext: &mut ExtFields, key: &'static str) {
                 if let Some(v) = self {
-                    ext.insert(key.to_owned(), v.to_value());
+                    ext.insert_with(key, |out| v.push_value(out));
                 }
             }
         }
@@ -160,7 +172,7 @@ header_field_impls!(String, i32, i64, bool, BoundaryType);
 /// Reads a field that Java initialises to a default (primitive or initialised wrapper):
 /// absent means `default`.
 pub fn read_or<T: HeaderValue>(ext: &ExtFields, key: &'static str, default: T) -> Result<T> {
-    read_value_or(ext.get(key).map(String::as_str), key, default)
+    read_value_or(ext.get(key), key, default)
 }
 
 /// [`read_or`] given the value found in the map (`None` = absent).
@@ -200,12 +212,11 @@ impl HeaderValue for BoundaryType {
             })
         }
     }
-    fn to_value(&self) -> String {
-        match self {
+    fn push_value(&self, out: &mut String) {
+        out.push_str(match self {
             BoundaryType::Lower => "LOWER",
             BoundaryType::Upper => "UPPER",
-        }
-        .to_owned()
+        });
     }
 }
 
@@ -341,8 +352,8 @@ macro_rules! command_header {
                 $( let mut $field: Option<&str> = None; )*
                 $( let mut $rpc = $crate::header::RpcFields::default(); )?
                 for (key, value) in ext {
-                    match key.as_str() {
-                        $( $key => $field = Some(value.as_str()), )*
+                    match key {
+                        $( $key => $field = Some(value), )*
                         _ => { $( $rpc.absorb(key, value); )? }
                     }
                 }

@@ -191,7 +191,7 @@ fn unparsable_numbers_are_invalid_fields() {
         ("h", "0x10"),
     ] {
         let mut e = spec_v2_ext();
-        e.insert(key.to_owned(), bad.to_owned());
+        e.insert(key, bad);
         match SendMessageRequestHeaderV2::from_ext_fields(&e) {
             Err(ProtoError::InvalidField { field, value, .. }) => {
                 assert_eq!(field, key);
@@ -202,7 +202,7 @@ fn unparsable_numbers_are_invalid_fields() {
     }
     // Optional fields too.
     let mut e = spec_v2_ext();
-    e.insert("j".into(), "x".into());
+    e.insert("j", "x");
     assert!(matches!(
         SendMessageRequestHeaderV2::from_ext_fields(&e),
         Err(ProtoError::InvalidField { field: "j", .. })
@@ -212,9 +212,9 @@ fn unparsable_numbers_are_invalid_fields() {
 #[test]
 fn java_integer_parsing_accepts_signs_and_extremes() {
     let mut e = spec_v2_ext();
-    e.insert("e".into(), "-1".into());
-    e.insert("d".into(), "+4".into());
-    e.insert("g".into(), "-9223372036854775808".into());
+    e.insert("e", "-1");
+    e.insert("d", "+4");
+    e.insert("g", "-9223372036854775808");
     let h = SendMessageRequestHeaderV2::from_ext_fields(&e).unwrap();
     assert_eq!((h.d, h.e, h.g), (4, -1, i64::MIN));
 }
@@ -234,7 +234,7 @@ fn booleans_follow_java_and_cpp() {
     ] {
         assert_eq!(parse_java_bool(v), expected, "{v:?}");
         let mut e = spec_v2_ext();
-        e.insert("k".into(), v.into());
+        e.insert("k", v);
         assert_eq!(
             SendMessageRequestHeaderV2::from_ext_fields(&e).unwrap().k,
             Some(expected)
@@ -269,7 +269,7 @@ fn defaulted_fields_follow_java_initialisers() {
     assert_eq!(h.offset, None);
     // Primitive fields are always written.
     let w = GetMaxOffsetRequestHeader::default().to_ext_fields();
-    assert_eq!(w.get("committed").map(String::as_str), Some("true"));
+    assert_eq!(w.get("committed"), Some("true"));
 }
 
 #[test]
@@ -282,10 +282,7 @@ fn boundary_type_is_case_insensitive_and_written_upper() {
     ]);
     let h = SearchOffsetRequestHeader::from_ext_fields(&e).unwrap();
     assert_eq!(h.boundary_type, Some(BoundaryType::Upper));
-    assert_eq!(
-        h.to_ext_fields().get("boundaryType").map(String::as_str),
-        Some("UPPER")
-    );
+    assert_eq!(h.to_ext_fields().get("boundaryType"), Some("UPPER"));
     let e = ext(&[
         ("topic", "T"),
         ("queueId", "0"),
@@ -304,14 +301,14 @@ fn boundary_type_is_case_insensitive_and_written_upper() {
 #[test]
 fn unknown_keys_are_ignored_and_rpc_fields_kept() {
     let mut e = spec_v2_ext();
-    e.insert("AccessKey".into(), "".into());
-    e.insert("Signature".into(), "x".into());
-    e.insert("OnsChannel".into(), "ALIYUN".into());
-    e.insert("bname".into(), "broker-b".into());
-    e.insert("oway".into(), "true".into());
-    e.insert("lo".into(), "false".into());
-    e.insert("ns".into(), "NS".into());
-    e.insert("nsd".into(), "1".into());
+    e.insert("AccessKey", "");
+    e.insert("Signature", "x");
+    e.insert("OnsChannel", "ALIYUN");
+    e.insert("bname", "broker-b");
+    e.insert("oway", "true");
+    e.insert("lo", "false");
+    e.insert("ns", "NS");
+    e.insert("nsd", "1");
     let h = SendMessageRequestHeaderV2::from_ext_fields(&e).unwrap();
     assert_eq!(
         h.rpc,

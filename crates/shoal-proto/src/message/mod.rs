@@ -141,7 +141,7 @@ impl Message {
         Message {
             topic: topic.into(),
             flag: 0,
-            properties: Properties::new(),
+            properties: Properties::default(),
             body: body.into(),
         }
     }

@@ -13,8 +13,10 @@ use indexmap::IndexMap;
 
 use crate::{ProtoError, Result};
 
-/// Message properties: key → value, in insertion order.
-pub type Properties = IndexMap<String, String>;
+/// Message properties: key → value, in insertion order (hashed with foldhash, seeded per
+/// process: a consumer builds one map per message it decodes). Make one with
+/// `Properties::default()`.
+pub type Properties = IndexMap<String, String, foldhash::fast::RandomState>;
 
 /// Separator between a property key and its value (`\u0001`).
 pub const NAME_VALUE_SEPARATOR: char = '\u{1}';
@@ -237,7 +239,7 @@ impl<'a> Iterator for PropertyIter<'a> {
 /// Never fails: like Java, malformed segments are skipped.
 pub fn decode_properties(s: &str) -> Properties {
     let pairs = s.bytes().filter(|b| *b == 0x02).count() + 1;
-    let mut map = Properties::with_capacity(pairs.min(64));
+    let mut map = Properties::with_capacity_and_hasher(pairs.min(64), Default::default());
     for (k, v) in iter_properties(s) {
         map.insert(k.to_owned(), v.to_owned());
     }
@@ -279,7 +281,7 @@ mod tests {
             "TAGS\u{1}tagA\u{2}UNIQ_KEY\u{1}X1\u{2}"
         );
         assert_eq!(encoded_properties_len(&p), 22);
-        assert_eq!(encode_properties(&Properties::new()).unwrap(), "");
+        assert_eq!(encode_properties(&Properties::default()).unwrap(), "");
     }
 
     #[test]

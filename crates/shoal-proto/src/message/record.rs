@@ -962,7 +962,7 @@ mod tests {
     }
 
     pub(crate) fn spec_example_message() -> MessageExt {
-        let mut properties = Properties::new();
+        let mut properties = Properties::default();
         properties.insert(property::TAGS.into(), "tagA".into());
         properties.insert(
             property::UNIQ_KEY.into(),

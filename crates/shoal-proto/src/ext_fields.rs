@@ -1,0 +1,473 @@
+//! [`ExtFields`]: a command's custom header, string keys to string values in insertion order,
+//! kept in one text buffer.
+//!
+//! Every key and value lives in one `String` (`text`), entries are spans into it, so decoding
+//! a header of a dozen fields costs two allocations instead of two per field, and a lookup
+//! compares a few short slices instead of hashing with SipHash. Headers are small (a send has
+//! 13 fields); a map that grows past [`INDEX_FROM`] entries gets a hash index (foldhash, seeded
+//! per process) so that a hostile header with many keys stays linear to decode.
+
+use hashbrown::HashTable;
+use std::fmt;
+use std::hash::BuildHasher;
+use std::ops::Range;
+
+/// Entries from which lookups go through a hash index instead of a scan.
+pub const INDEX_FROM: usize = 16;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Entry {
+    key: (usize, usize),
+    value: (usize, usize),
+}
+
+#[derive(Clone)]
+struct Index {
+    table: HashTable<usize>,
+    state: foldhash::fast::RandomState,
+}
+
+impl Index {
+    fn hash(&self, key: &str) -> u64 {
+        index_hash(&self.state, key)
+    }
+}
+
+/// The "custom header" of a command: string keys to string values, in insertion order
+/// (order matters only for byte-exact output; receivers look fields up by name). Inserting a
+/// key that is present replaces its value in place, as a map does.
+#[derive(Clone, Default)]
+pub struct ExtFields {
+    text: String,
+    entries: Vec<Entry>,
+    index: Option<Box<Index>>,
+    /// Bytes of `text` no entry refers to any more (replaced values, removed entries).
+    unused: usize,
+}
+
+impl ExtFields {
+    /// An empty map (no allocation).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// An empty map with room for `entries` entries of about 16 bytes of text each.
+    pub fn with_capacity(entries: usize) -> Self {
+        Self {
+            text: String::with_capacity(entries * 16),
+            entries: Vec::with_capacity(entries),
+            index: None,
+            unused: 0,
+        }
+    }
+
+    /// Number of entries.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// True when there is no entry.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    fn slice(&self, (start, len): (usize, usize)) -> &str {
+        &self.text[start..start + len]
+    }
+
+    fn position(&self, key: &str) -> Option<usize> {
+        match &self.index {
+            Some(index) => {
+                let hash = index.hash(key);
+                index
+                    .table
+                    .find(hash, |&i| self.slice(self.entries[i].key) == key)
+                    .copied()
+            }
+            None => self
+                .entries
+                .iter()
+                .position(|e| e.key.1 == key.len() && self.slice(e.key) == key),
+        }
+    }
+
+    /// The value of `key`, if present.
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.position(key)
+            .map(|i| self.slice(self.entries[i].value))
+    }
+
+    /// True when `key` is present.
+    pub fn contains_key(&self, key: &str) -> bool {
+        self.position(key).is_some()
+    }
+
+    /// Sets `key` to `value` (replacing the value in place when `key` is present).
+    pub fn insert(&mut self, key: impl AsRef<str>, value: impl AsRef<str>) {
+        let value = value.as_ref();
+        self.insert_with(key.as_ref(), |out| out.push_str(value));
+    }
+
+    /// Sets `key` to the text `write` appends to the buffer it is given (replacing the value in
+    /// place when `key` is present); formatted values need no `String` of their own.
+    pub fn insert_with(&mut self, key: &str, write: impl FnOnce(&mut String)) {
+        let key_start = self.text.len();
+        self.text.push_str(key);
+        let value_start = self.text.len();
+        write(&mut self.text);
+        self.commit(key_start, value_start);
+    }
+
+    /// Records the entry whose key is `text[key_start..value_start]` and whose value is
+    /// `text[value_start..]`, both just appended.
+    fn commit(&mut self, key_start: usize, value_start: usize) {
+        let key = (key_start, value_start - key_start);
+        let value = (value_start, self.text.len() - value_start);
+        let found = self.position(self.slice(key));
+        match found {
+            // The key keeps its place; the new value's text follows an unused copy of the key,
+            // and the old value's bytes stay unused in `text` (bounded by what was inserted).
+            Some(i) => {
+                self.unused += key.1 + self.entries[i].value.1;
+                self.entries[i].value = value;
+                self.compact_if_wasteful();
+            }
+            None => {
+                let at = self.entries.len();
+                self.entries.push(Entry { key, value });
+                self.note_in_index(at);
+            }
+        }
+    }
+
+    fn note_in_index(&mut self, at: usize) {
+        if let Some(index) = &mut self.index {
+            let Index { table, state } = &mut **index;
+            let (text, entries) = (&self.text, &self.entries);
+            let hash = index_hash(state, &text[key_range(entries[at].key)]);
+            table.insert_unique(hash, at, |&i| {
+                index_hash(state, &text[key_range(entries[i].key)])
+            });
+        } else if self.entries.len() > INDEX_FROM {
+            self.rebuild_index();
+        }
+    }
+
+    fn rebuild_index(&mut self) {
+        if self.entries.len() <= INDEX_FROM {
+            self.index = None;
+            return;
+        }
+        let state = foldhash::fast::RandomState::default();
+        let mut table = HashTable::with_capacity(self.entries.len());
+        for (i, e) in self.entries.iter().enumerate() {
+            let hash = index_hash(&state, &self.text[key_range(e.key)]);
+            let (text, entries) = (&self.text, &self.entries);
+            table.insert_unique(hash, i, |&j| {
+                index_hash(&state, &text[key_range(entries[j].key)])
+            });
+        }
+        self.index = Some(Box::new(Index { table, state }));
+    }
+
+    /// Removes `key`, keeping the order of the others; returns its value.
+    pub fn remove(&mut self, key: &str) -> Option<String> {
+        let i = self.position(key)?;
+        let entry = self.entries.remove(i);
+        let value = self.slice(entry.value).to_owned();
+        self.unused += entry.key.1 + entry.value.1;
+        if self.index.is_some() {
+            self.rebuild_index();
+        }
+        self.compact_if_wasteful();
+        Some(value)
+    }
+
+    /// Rewrites `text` without its unused bytes once they are most of it (a map updated
+    /// over and over stays bounded by its live entries).
+    fn compact_if_wasteful(&mut self) {
+        if self.unused < 4096 || self.unused < self.text.len() / 2 {
+            return;
+        }
+        let mut text = String::with_capacity(self.text.len() - self.unused);
+        for e in &mut self.entries {
+            let key_start = text.len();
+            text.push_str(&self.text[key_range(e.key)]);
+            let value_start = text.len();
+            text.push_str(&self.text[key_range(e.value)]);
+            e.key.0 = key_start;
+            e.value.0 = value_start;
+        }
+        self.text = text;
+        self.unused = 0;
+    }
+
+    /// As [`ExtFields::remove`] (the name `IndexMap` gives it).
+    pub fn shift_remove(&mut self, key: &str) -> Option<String> {
+        self.remove(key)
+    }
+
+    /// Keeps only the entries for which `keep(key, value)` is true, in order.
+    pub fn retain(&mut self, mut keep: impl FnMut(&str, &str) -> bool) {
+        let before = self.entries.len();
+        let text = &self.text;
+        let mut dropped = 0;
+        self.entries.retain(|e| {
+            let k = keep(&text[key_range(e.key)], &text[key_range(e.value)]);
+            if !k {
+                dropped += e.key.1 + e.value.1;
+            }
+            k
+        });
+        if self.entries.len() != before {
+            self.unused += dropped;
+            if self.index.is_some() {
+                self.rebuild_index();
+            }
+            self.compact_if_wasteful();
+        }
+    }
+
+    /// Sorts the entries by key (byte order).
+    pub fn sort_keys(&mut self) {
+        let text = &self.text;
+        self.entries
+            .sort_by(|a, b| text[key_range(a.key)].cmp(&text[key_range(b.key)]));
+        if self.index.is_some() {
+            self.rebuild_index();
+        }
+    }
+
+    /// Removes every entry, keeping the buffers for reuse.
+    pub fn clear(&mut self) {
+        self.text.clear();
+        self.entries.clear();
+        self.index = None;
+        self.unused = 0;
+    }
+
+    /// The entries in insertion order.
+    pub fn iter(&self) -> Iter<'_> {
+        Iter {
+            map: self,
+            range: 0..self.entries.len(),
+        }
+    }
+
+    /// The keys in insertion order.
+    pub fn keys(&self) -> impl Iterator<Item = &str> + '_ {
+        self.iter().map(|(k, _)| k)
+    }
+
+    /// The values in insertion order.
+    pub fn values(&self) -> impl Iterator<Item = &str> + '_ {
+        self.iter().map(|(_, v)| v)
+    }
+
+    /// Bytes of key and value text held (including values replaced since).
+    pub fn text_len(&self) -> usize {
+        self.text.len()
+    }
+
+    /// The text buffer, for a decoder that appends a key and then its value straight into it.
+    /// Finish with [`ExtFields::commit_raw`] or undo with [`ExtFields::truncate_raw`].
+    pub(crate) fn raw_text(&mut self) -> &mut String {
+        &mut self.text
+    }
+
+    /// See [`ExtFields::raw_text`]: records the key `text[key_start..value_start]` with the
+    /// value `text[value_start..]`.
+    pub(crate) fn commit_raw(&mut self, key_start: usize, value_start: usize) {
+        self.commit(key_start, value_start);
+    }
+
+    /// See [`ExtFields::raw_text`]: drops text appended from `at` on.
+    pub(crate) fn truncate_raw(&mut self, at: usize) {
+        self.text.truncate(at);
+    }
+}
+
+fn key_range((start, len): (usize, usize)) -> Range<usize> {
+    start..start + len
+}
+
+fn index_hash(state: &foldhash::fast::RandomState, key: &str) -> u64 {
+    state.hash_one(key)
+}
+
+/// Iterator over an [`ExtFields`]' entries.
+#[derive(Debug)]
+pub struct Iter<'a> {
+    map: &'a ExtFields,
+    range: Range<usize>,
+}
+
+impl<'a> Iterator for Iter<'a> {
+    type Item = (&'a str, &'a str);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let e = self.map.entries[self.range.next()?];
+        Some((self.map.slice(e.key), self.map.slice(e.value)))
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        self.range.size_hint()
+    }
+}
+
+impl DoubleEndedIterator for Iter<'_> {
+    fn next_back(&mut self) -> Option<Self::Item> {
+        let e = self.map.entries[self.range.next_back()?];
+        Some((self.map.slice(e.key), self.map.slice(e.value)))
+    }
+}
+
+impl ExactSizeIterator for Iter<'_> {}
+
+impl<'a> IntoIterator for &'a ExtFields {
+    type Item = (&'a str, &'a str);
+    type IntoIter = Iter<'a>;
+
+    fn into_iter(self) -> Iter<'a> {
+        self.iter()
+    }
+}
+
+impl IntoIterator for ExtFields {
+    type Item = (String, String);
+    type IntoIter = std::vec::IntoIter<(String, String)>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.iter()
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect::<Vec<_>>()
+            .into_iter()
+    }
+}
+
+impl<K: AsRef<str>, V: AsRef<str>> FromIterator<(K, V)> for ExtFields {
+    fn from_iter<I: IntoIterator<Item = (K, V)>>(iter: I) -> Self {
+        let mut out = ExtFields::new();
+        out.extend(iter);
+        out
+    }
+}
+
+impl<K: AsRef<str>, V: AsRef<str>> Extend<(K, V)> for ExtFields {
+    fn extend<I: IntoIterator<Item = (K, V)>>(&mut self, iter: I) {
+        for (k, v) in iter {
+            self.insert(k, v);
+        }
+    }
+}
+
+/// `map["key"]`: the value of a key that must be present.
+///
+/// # Panics
+/// When `key` is absent (as `IndexMap`'s indexing does); use [`ExtFields::get`] for input.
+impl std::ops::Index<&str> for ExtFields {
+    type Output = str;
+
+    fn index(&self, key: &str) -> &str {
+        match self.get(key) {
+            Some(v) => v,
+            None => panic!("extFields key {key:?} is absent"),
+        }
+    }
+}
+
+/// Map equality: the same keys with the same values, in any order (as `IndexMap`'s).
+impl PartialEq for ExtFields {
+    fn eq(&self, other: &Self) -> bool {
+        self.len() == other.len() && self.iter().all(|(k, v)| other.get(k) == Some(v))
+    }
+}
+
+impl Eq for ExtFields {}
+
+impl fmt::Debug for ExtFields {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_map().entries(self.iter()).finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn insert_replaces_in_place_and_keeps_order() {
+        let mut m = ExtFields::new();
+        m.insert("a", "1");
+        m.insert(String::from("b"), "2");
+        m.insert("a", "three");
+        assert_eq!(m.len(), 2);
+        assert_eq!(m.get("a"), Some("three"));
+        assert_eq!(m.keys().collect::<Vec<_>>(), ["a", "b"]);
+        m.insert_with("c", |out| out.push_str("42"));
+        assert_eq!(m.get("c"), Some("42"));
+        assert_eq!(m.remove("a").as_deref(), Some("three"));
+        assert_eq!(m.iter().collect::<Vec<_>>(), [("b", "2"), ("c", "42")]);
+        assert_eq!(m.get("a"), None);
+        assert!(!m.contains_key("a"));
+        m.clear();
+        assert!(m.is_empty());
+    }
+
+    #[test]
+    fn updates_over_and_over_stay_bounded() {
+        let mut m = ExtFields::new();
+        m.insert("keep", "v");
+        for i in 0..100_000 {
+            m.insert("counter", i.to_string());
+        }
+        assert_eq!(m.get("counter"), Some("99999"));
+        assert_eq!(m.get("keep"), Some("v"));
+        assert!(m.text_len() < 16 * 1024, "{}", m.text_len());
+        for i in 0..100_000 {
+            m.insert(format!("k{}", i % 3), "x");
+            m.remove(&format!("k{}", (i + 1) % 3));
+        }
+        assert!(m.text_len() < 16 * 1024, "{}", m.text_len());
+    }
+
+    #[test]
+    fn equality_ignores_order() {
+        let a: ExtFields = [("x", "1"), ("y", "2")].into_iter().collect();
+        let b: ExtFields = [("y", "2"), ("x", "1")].into_iter().collect();
+        let c: ExtFields = [("y", "2"), ("x", "9")].into_iter().collect();
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+        assert_eq!(format!("{a:?}"), r#"{"x": "1", "y": "2"}"#);
+    }
+
+    proptest! {
+        /// The map behaves as an `IndexMap` would, below and above the index threshold, with
+        /// repeated keys and removals.
+        #[test]
+        fn behaves_like_an_index_map(
+            ops in proptest::collection::vec((0u8..40, any::<bool>(), "[a-c]{0,3}"), 0..120),
+        ) {
+            let mut ours = ExtFields::new();
+            let mut model: indexmap::IndexMap<String, String> = indexmap::IndexMap::new();
+            for (k, remove, v) in ops {
+                let key = format!("k{k}");
+                if remove {
+                    prop_assert_eq!(ours.remove(&key), model.shift_remove(&key));
+                } else {
+                    ours.insert(&key, &v);
+                    model.insert(key, v);
+                }
+                prop_assert_eq!(ours.len(), model.len());
+            }
+            let got: Vec<(String, String)> = ours.clone().into_iter().collect();
+            let want: Vec<(String, String)> = model.clone().into_iter().collect();
+            prop_assert_eq!(got, want);
+            for (k, v) in &model {
+                prop_assert_eq!(ours.get(k), Some(v.as_str()));
+            }
+            prop_assert_eq!(ours.get("absent"), None);
+        }
+    }
+}
