@@ -268,21 +268,8 @@ pub struct BrokerInner {
     /// Classic groups of a protocol listener on this broker (Kafka's JoinGroup/SyncGroup
     /// groups), so GROUP_DESCRIBE shows them; set once by whoever starts the listener.
     pub listener_groups: std::sync::OnceLock<ListenerGroups>,
-    started: Instant,
-    started_wall_ms: i64,
-}
-
-/// This broker's queues of a topic together with other brokers' (none when neither has any).
-fn merge_queues(
-    own: Option<Vec<shoal_proto::MessageQueue>>,
-    others: Vec<shoal_proto::MessageQueue>,
-) -> Option<Vec<shoal_proto::MessageQueue>> {
-    if own.is_none() && others.is_empty() {
-        return None;
-    }
-    let mut all = own.unwrap_or_default();
-    all.extend(others);
-    Some(all)
+    /// Monotonic and coordinator clocks.
+    pub clock: crate::group_ctx::BrokerClock,
 }
 
 /// Wall-clock milliseconds since the Unix epoch.
@@ -296,182 +283,48 @@ pub fn wall_ms() -> i64 {
 impl BrokerInner {
     /// Monotonic milliseconds since the broker started (for expiry and lock TTLs).
     pub fn mono_ms(&self) -> u64 {
-        self.started.elapsed().as_millis() as u64
+        self.clock.mono_ms()
     }
 
     /// When the broker started (wall clock, ms).
     pub fn started_wall_ms(&self) -> i64 {
-        self.started_wall_ms
+        self.clock.started_wall_ms()
     }
 
     /// The coordinator's clock: wall-clock ms at start plus monotonic time since, so it never
     /// goes backwards while the broker runs and stays comparable across restarts.
     pub fn coord_ms(&self) -> u64 {
-        (self.started_wall_ms.max(0) as u64).saturating_add(self.mono_ms())
+        self.clock.coord_ms()
     }
 
-    /// Runs `f` on the group state under its one lock, then executes the effects it left.
+    /// Runs `f` on the group state under its one lock, then executes the effects it left
+    /// ([`crate::group_ctx::GroupHandle::with`]).
     pub fn with_group_state<R>(&self, f: impl FnOnce(&mut GroupState, u64) -> R) -> R {
-        let now = self.coord_ms();
-        let (r, effects) = {
-            let mut g = self.group_state.lock();
-            let r = f(&mut g, now);
-            (r, g.take_effects())
-        };
-        self.execute_group_effects(effects);
-        r
+        self.group_handle().with(f)
     }
 
     /// Executes what a group-state operation asked for (notices, logs, persistence).
     pub fn execute_group_effects(&self, effects: Vec<GroupEffect>) {
-        for e in effects {
-            match e {
-                GroupEffect::NotifyMember {
-                    group,
-                    member_id,
-                    conn_id,
-                } => self.send_assignment_notice(&group, &member_id, conn_id),
-                GroupEffect::MemberRemoved {
-                    group,
-                    member_id,
-                    reason,
-                } => {
-                    info!(group = %group, member = %member_id, reason = ?reason, "coordinated member removed");
-                    self.counters.coordinator_members_removed.inc();
-                }
-                GroupEffect::Persist => {
-                    self.coordinator_dirty.store(true, Ordering::Relaxed);
-                }
-                GroupEffect::LockFreed {
-                    group,
-                    conn_id,
-                    queues,
-                } => crate::lease::send_lock_freed(self, group, conn_id, queues),
-                GroupEffect::ModeChanged {
-                    group,
-                    mode,
-                    notify_conn_ids,
-                } => {
-                    info!(group = %group, mode = %mode, "consumer group changed mode");
-                    for conn in notify_conn_ids {
-                        self.send_assignment_notice(&group, "", conn);
-                    }
-                }
-            }
-        }
-    }
-
-    /// GROUP_ASSIGNMENT_CHANGED to a coordinated member (oneway).
-    fn send_assignment_notice(&self, group: &str, member_id: &str, conn_id: u64) {
-        let Some(conn) = self.connections.lock().get(&conn_id).cloned() else {
-            return;
-        };
-        let body = shoal_proto::coordinated::AssignmentChangedNotice {
-            group: group.to_string(),
-            member_id: member_id.to_string(),
-        };
-        let Ok(bytes) = shoal_proto::body::to_json_bytes(&body) else {
-            return;
-        };
-        let mut req = RemotingCommand::request(
-            shoal_proto::coordinated::request_code::GROUP_ASSIGNMENT_CHANGED,
-        )
-        .with_body(bytes);
-        req.set_oneway();
-        self.counters.coordinator_notices_sent.inc();
-        tokio::spawn(async move {
-            if let Err(e) = conn.oneway(req).await {
-                warn!(peer = %conn.peer_addr(), error = %e, "could not tell a coordinated member its assignment changed");
-            }
-        });
+        self.group_handle().notifier().execute(effects);
     }
 
     /// The queues of `topic` this broker serves, as the coordinator sees them.
     pub fn topic_queues(&self, topic: &str) -> Option<Vec<shoal_proto::MessageQueue>> {
-        let n = self.topics.lock().get(topic).map(|c| c.read_queue_nums)?;
-        Some(
-            (0..n)
-                .map(|i| shoal_proto::MessageQueue::new(topic, &self.config.broker_name, i))
-                .collect(),
-        )
+        self.routes().topic_queues(topic)
     }
 
-    /// Every queue of `topic` in the cluster, as the coordinator allocates them: this broker's
-    /// own, plus the other brokers' from the name servers' route (cached for 2 s; the last
-    /// known when the name servers do not answer).
+    /// Every queue of `topic` in the cluster ([`crate::group_ctx::Routes::cluster_topic_queues`]).
     pub async fn cluster_topic_queues(
         &self,
         topic: &str,
     ) -> Option<Vec<shoal_proto::MessageQueue>> {
-        let own = self.topic_queues(topic);
-        let fresh = self
-            .route_cache
-            .lock()
-            .get(topic)
-            .filter(|(_, at)| at.elapsed() < Duration::from_secs(2))
-            .map(|(q, _)| q.clone());
-        let others = match fresh {
-            Some(o) => o,
-            None => match self.fetch_other_queues(topic).await {
-                Some(o) => {
-                    self.route_cache
-                        .lock()
-                        .insert(topic.to_string(), (o.clone(), Instant::now()));
-                    o
-                }
-                None => self
-                    .route_cache
-                    .lock()
-                    .get(topic)
-                    .map(|(q, _)| q.clone())
-                    .unwrap_or_default(),
-            },
-        };
-        merge_queues(own, others)
-    }
-
-    /// Other brokers' readable queues of `topic` from the first name server that answers.
-    async fn fetch_other_queues(&self, topic: &str) -> Option<Vec<shoal_proto::MessageQueue>> {
-        let req = RemotingCommand::request_with_header(
-            rc::GET_ROUTEINFO_BY_TOPIC,
-            &shoal_proto::header::GetRouteInfoRequestHeader {
-                topic: topic.to_string(),
-                ..Default::default()
-            },
-        );
-        for addr in &self.config.namesrv_addrs {
-            match self
-                .namesrv_client
-                .invoke(addr, req.clone(), Duration::from_secs(3))
-                .await
-            {
-                Ok(r) if r.code == resp::SUCCESS => {
-                    let route: shoal_proto::body::TopicRouteData = r.decode_json_body().ok()?;
-                    return Some(
-                        route
-                            .subscribe_queues(topic)
-                            .into_iter()
-                            .filter(|q| q.broker_name != self.config.broker_name)
-                            .collect(),
-                    );
-                }
-                Ok(_) => return Some(Vec::new()),
-                Err(_) => continue,
-            }
-        }
-        None
+        self.routes().cluster_topic_queues(topic).await
     }
 
     /// A topic's queues as the coordinator allocates them without asking the name servers:
     /// this broker's own plus the other brokers' last known route.
     pub fn known_topic_queues(&self, topic: &str) -> Option<Vec<shoal_proto::MessageQueue>> {
-        let others = self
-            .route_cache
-            .lock()
-            .get(topic)
-            .map(|(q, _)| q.clone())
-            .unwrap_or_default();
-        merge_queues(self.topic_queues(topic), others)
+        self.routes().known_topic_queues(topic)
     }
 
     /// Tells the coordinator a topic's queues (after a change of this broker's topic table).
@@ -621,43 +474,34 @@ impl BrokerInner {
     }
 
     /// A subscription group, created with the defaults when auto-create is on (heartbeat,
-    /// pull). `Err` with the reason when it does not exist and may not be created: auto-create
-    /// is off, the name is invalid, or `max_subscription_groups` is reached.
+    /// pull); see [`crate::group_ctx::SubscriptionGroups::get_or_auto_create`].
     pub fn group_or_auto_create(&self, group: &str) -> Result<SubscriptionGroupConfig, String> {
-        let mut groups = self.groups.lock();
-        if let Some(c) = groups.get(group) {
-            return Ok(c.clone());
-        }
-        if !self.config.auto_create_subscription_group {
-            return Err(format!("subscription group [{group}] does not exist"));
-        }
-        crate::group_config::validate_group_name(group)?;
-        if groups.len() >= self.config.max_subscription_groups {
-            drop(groups);
-            let n = self
-                .counters
-                .groups_refused
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-                + 1;
-            if worth_logging(n) {
-                warn!(%group, limit = self.config.max_subscription_groups, refused = n,
-                    "subscription group not auto-created: max_subscription_groups reached");
-            }
-            return Err(format!(
-                "subscription group [{group}] does not exist and cannot be auto-created: the broker holds max_subscription_groups = {} groups",
-                self.config.max_subscription_groups
-            ));
-        }
-        let (c, created) = groups.ensure(group, wall_ms());
-        if created {
-            info!(%group, "subscription group auto-created");
-        }
-        Ok(c)
+        self.subscription_groups().get_or_auto_create(group)
     }
 
     /// Whether the topic or group table has changes not on disk yet.
     pub fn tables_dirty(&self) -> bool {
         self.topics.lock().is_dirty() || self.groups.lock().is_dirty()
+    }
+
+    /// Makes auto-created topics and groups durable before the request that created them is
+    /// acknowledged (a crash right after must not lose them: their acknowledged messages would
+    /// become unreachable). Cheap when nothing changed.
+    pub async fn persist_tables(self: &Arc<Self>) -> Result<(), crate::reply::Reject> {
+        if !self.tables_dirty() {
+            return Ok(());
+        }
+        let b = self.clone();
+        crate::reply::blocking(move || {
+            b.persist_tables_now().map_err(|e| {
+                tracing::error!(error = %e, "could not persist an auto-created topic or group");
+                crate::reply::Reject::new(
+                    resp::SYSTEM_ERROR,
+                    format!("could not persist the topic or subscription group table: {e}"),
+                )
+            })
+        })
+        .await
     }
 
     /// Writes the topic and group tables if they changed (blocking: temp file, fsync,
@@ -987,8 +831,7 @@ impl Broker {
             acl,
             namesrv_credentials,
             listener_groups: std::sync::OnceLock::new(),
-            started: Instant::now(),
-            started_wall_ms: now,
+            clock: crate::group_ctx::BrokerClock::starting_at(now),
             config,
         });
         inner.persist_configs();

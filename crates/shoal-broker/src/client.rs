@@ -1,6 +1,7 @@
 //! HEART_BEAT, UNREGISTER_CLIENT, GET_CONSUMER_LIST_BY_GROUP (locks: [`crate::lease`]).
 
-use crate::broker::{wall_ms, BrokerInner, ConsumerMeta};
+use crate::broker::{wall_ms, ConsumerMeta};
+use crate::group_ctx::GroupCtx;
 use crate::reply::{ok, ok_json, Handled, Reject};
 use shoal_group::membership::ClientChannel;
 use shoal_net::RequestContext;
@@ -10,23 +11,20 @@ use shoal_proto::constants::{perm, retry_topic};
 use shoal_proto::header::{GetConsumerListByGroupRequestHeader, UnregisterClientRequestHeader};
 use shoal_proto::RemotingCommand;
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use tracing::{info, warn};
 
-/// HEART_BEAT: registers producers and consumers of a client connection.
-pub async fn heartbeat(
-    b: &Arc<BrokerInner>,
-    ctx: &RequestContext,
-    req: &RemotingCommand,
-) -> Handled {
+/// HEART_BEAT: registers producers and consumers of a client connection. Topics and groups it
+/// auto-created are made durable by the caller before the answer is sent
+/// ([`crate::broker::BrokerInner::persist_tables`]).
+pub fn heartbeat(cx: &GroupCtx<'_>, ctx: &RequestContext, req: &RemotingCommand) -> Handled {
     let body_len = req.body.as_ref().map_or(0, |b| b.len());
-    if body_len > b.config.max_heartbeat_bytes {
+    if body_len > cx.config.max_heartbeat_bytes {
         return Err(refuse_heartbeat(
-            b,
+            cx,
             ctx,
             format!(
                 "heartbeat body of {body_len} bytes exceeds max_heartbeat_bytes = {}",
-                b.config.max_heartbeat_bytes
+                cx.config.max_heartbeat_bytes
             ),
         ));
     }
@@ -38,35 +36,35 @@ pub async fn heartbeat(
             .iter()
             .map(|c| c.group_name.as_str())
             .collect();
-        let joined = b.clients.lock().groups_of_conn(conn_id);
+        let joined = cx.state.lock().clients.groups_of_conn(conn_id);
         let mut total = data.producer_data_set.len();
         for g in &joined {
             groups.insert(g.as_str());
         }
         total += groups.len();
-        if total > b.config.max_groups_per_client {
+        if total > cx.config.max_groups_per_client {
             return Err(refuse_heartbeat(
-                b,
+                cx,
                 ctx,
                 format!(
                     "heartbeat names {total} producer and consumer groups for this connection, more than max_groups_per_client = {}",
-                    b.config.max_groups_per_client
+                    cx.config.max_groups_per_client
                 ),
             ));
         }
         if let Some(c) = data
             .consumer_data_set
             .iter()
-            .find(|c| c.subscription_data_set.len() > b.config.max_subscriptions_per_group)
+            .find(|c| c.subscription_data_set.len() > cx.config.max_subscriptions_per_group)
         {
             return Err(refuse_heartbeat(
-                b,
+                cx,
                 ctx,
                 format!(
                     "consumer group {} has {} subscriptions, more than max_subscriptions_per_group = {}",
                     c.group_name,
                     c.subscription_data_set.len(),
-                    b.config.max_subscriptions_per_group
+                    cx.config.max_subscriptions_per_group
                 ),
             ));
         }
@@ -77,8 +75,7 @@ pub async fn heartbeat(
             "heartbeat without clientID",
         ));
     }
-    let conn = ctx.connection().clone();
-    b.connections.lock().insert(conn_id, conn);
+    cx.state.notifier().remember(ctx.connection());
     let channel = ClientChannel {
         conn_id,
         client_id: data.client_id.clone(),
@@ -86,8 +83,8 @@ pub async fn heartbeat(
         language: req.language.name().to_string(),
         version: req.version,
     };
-    let now = b.mono_ms();
-    let session_timeout = crate::lease::requested_session_timeout(b, req);
+    let now = cx.state.clock().mono_ms();
+    let session_timeout = crate::lease::requested_session_timeout(cx, req);
     let mut sessions: Vec<(String, u64)> = Vec::new();
     let mut any_sub_change = false;
     for consumer in &data.consumer_data_set {
@@ -95,7 +92,7 @@ pub async fn heartbeat(
         if group.is_empty() {
             continue;
         }
-        let group_config = match b.group_or_auto_create(&group) {
+        let group_config = match cx.groups.get_or_auto_create(&group) {
             Ok(c) => c,
             Err(why) => {
                 warn!(group = %group, client = %data.client_id, reason = %why, "heartbeat for an unknown subscription group ignored");
@@ -104,7 +101,7 @@ pub async fn heartbeat(
         };
         if group_config.retry_queue_nums > 0 {
             let retry = retry_topic(&group);
-            let mut topics = b.topics.lock();
+            let mut topics = cx.routes.topics.lock();
             if topics.get(&retry).is_none() {
                 if let Err(e) = topics.ensure(
                     &retry,
@@ -114,7 +111,7 @@ pub async fn heartbeat(
                 ) {
                     warn!(topic = %retry, error = %e, "could not create the retry topic");
                 } else {
-                    b.register_now.notify_one();
+                    cx.routes.register_now.notify_one();
                 }
             }
         }
@@ -124,8 +121,9 @@ pub async fn heartbeat(
             consume_from_where: consumer.consume_from_where,
         };
         let subs: BTreeMap<String, _> = if data.without_sub {
-            b.clients
+            cx.state
                 .lock()
+                .clients
                 .member_subscriptions(&group, conn_id)
                 .unwrap_or_default()
         } else {
@@ -136,12 +134,17 @@ pub async fn heartbeat(
                 .collect()
         };
         if speaks_coordinated(req, &group) {
-            b.with_group_state(|g, t| g.mark_coordinated(&group, &data.client_id, conn_id, t));
+            cx.state
+                .with(|g, t| g.mark_coordinated(&group, &data.client_id, conn_id, t));
         }
         let (change, session) = {
-            let mut clients = b.clients.lock();
-            let change = clients.consumer_heartbeat(&group, channel.clone(), meta, subs, now);
-            let session = clients.set_session_timeout(&group, conn_id, session_timeout);
+            let mut g = cx.state.lock();
+            let change = g
+                .clients
+                .consumer_heartbeat(&group, channel.clone(), meta, subs, now);
+            let session = g
+                .clients
+                .set_session_timeout(&group, conn_id, session_timeout);
             (change, session)
         };
         if let Some(s) = session.filter(|s| s.timeout_ms.is_some()) {
@@ -151,16 +154,16 @@ pub async fn heartbeat(
             info!(group = %group, client = %data.client_id, "consumer joined or changed connection");
         }
         any_sub_change |= change.subscription_changed;
-        b.apply_group_change(&change);
+        cx.membership.group_changed(&change);
     }
     for producer in &data.producer_data_set {
         if !producer.group_name.is_empty() {
-            b.clients
+            cx.state
                 .lock()
+                .clients
                 .producer_heartbeat(&producer.group_name, channel.clone(), now);
         }
     }
-    crate::processor::persist_tables(b).await?;
     let mut r = RemotingCommand::response(resp::SUCCESS, None);
     let mut ext = shoal_proto::command::ExtFields::new();
     ext.insert("IS_SUPPORT_HEART_BEAT_V2", "false");
@@ -176,8 +179,8 @@ pub async fn heartbeat(
 }
 
 /// Counts and logs a refused heartbeat; the refusal to answer.
-fn refuse_heartbeat(b: &BrokerInner, ctx: &RequestContext, why: String) -> Reject {
-    let n = b
+fn refuse_heartbeat(cx: &GroupCtx<'_>, ctx: &RequestContext, why: String) -> Reject {
+    let n = cx
         .counters
         .heartbeats_refused
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
@@ -196,33 +199,34 @@ fn speaks_coordinated(req: &RemotingCommand, group: &str) -> bool {
 
 /// UNREGISTER_CLIENT: a client leaves a producer and/or consumer group.
 pub fn unregister_client(
-    b: &Arc<BrokerInner>,
+    cx: &GroupCtx<'_>,
     ctx: &RequestContext,
     req: &RemotingCommand,
 ) -> Handled {
     let h: UnregisterClientRequestHeader = req.decode_command_header()?;
     let conn_id = ctx.connection().id();
     if let Some(g) = h.producer_group.as_deref().filter(|g| !g.is_empty()) {
-        b.clients.lock().unregister_producer(g, conn_id);
+        cx.state.lock().clients.unregister_producer(g, conn_id);
     }
     if let Some(g) = h.consumer_group.as_deref().filter(|g| !g.is_empty()) {
-        let now = b.mono_ms();
-        let change = b
-            .clients
+        let now = cx.state.clock().mono_ms();
+        let change = cx
+            .state
             .lock()
+            .clients
             .unregister_consumer(g, &h.client_id, conn_id, now);
         if let Some(change) = change {
             info!(group = %g, client = %h.client_id, "consumer unregistered");
-            b.apply_group_change(&change);
+            cx.membership.group_changed(&change);
         }
     }
     ok()
 }
 
 /// GET_CONSUMER_LIST_BY_GROUP: the group's client ids (SUCCESS always carries a body).
-pub fn consumer_list(b: &BrokerInner, req: &RemotingCommand) -> Handled {
+pub fn consumer_list(cx: &GroupCtx<'_>, req: &RemotingCommand) -> Handled {
     let h: GetConsumerListByGroupRequestHeader = req.decode_command_header()?;
-    let ids = b.clients.lock().client_ids(&h.consumer_group);
+    let ids = cx.state.lock().clients.client_ids(&h.consumer_group);
     if ids.is_empty() {
         return Err(Reject::new(
             resp::SYSTEM_ERROR,

@@ -1,7 +1,7 @@
 //! Coordinated mode requests (GROUP_HEARTBEAT, GROUP_LEAVE, GROUP_DESCRIBE, GROUP_HISTORY) and
 //! the member-epoch fence on pulls, offset commits and lock requests.
 
-use crate::broker::BrokerInner;
+use crate::group_ctx::GroupCtx;
 use crate::group_state::GroupMode;
 use crate::reply::{ok, ok_json, Handled, Reject};
 use serde::Serialize;
@@ -31,29 +31,28 @@ pub fn reject_of(e: &GroupError) -> Reject {
 }
 
 /// GROUP_HEARTBEAT: join or heartbeat a coordinated group.
-pub async fn heartbeat(b: &BrokerInner, ctx: &RequestContext, req: &RemotingCommand) -> Handled {
-    if !b.config.coordinator.enabled {
+pub async fn heartbeat(cx: &GroupCtx<'_>, ctx: &RequestContext, req: &RemotingCommand) -> Handled {
+    if !cx.config.coordinator.enabled {
         return Err(Reject::new(
             shoal_proto::code::response_code::REQUEST_CODE_NOT_SUPPORTED,
             "this broker does not coordinate groups ([coordinator] enabled = false): allocate client-side",
         ));
     }
     let body: GroupHeartbeatRequest = req.decode_json_body()?;
-    let conn = ctx.connection().clone();
-    let conn_id = conn.id();
-    b.connections.lock().insert(conn_id, conn);
+    let conn_id = ctx.connection().id();
+    cx.state.notifier().remember(ctx.connection());
     // The coordinator allocates every queue of the topics in the cluster.
     let mut topics: Vec<(String, Option<Vec<MessageQueue>>)> = Vec::new();
     for t in body
         .subscriptions
         .iter()
-        .take(b.config.coordinator.max_subscriptions)
+        .take(cx.config.coordinator.max_subscriptions)
     {
-        topics.push((t.clone(), b.cluster_topic_queues(t).await));
+        topics.push((t.clone(), cx.routes.cluster_topic_queues(t).await));
     }
     let group = body.group.clone();
     if !group.is_empty() {
-        b.group_or_auto_create(&group).map_err(|e| {
+        cx.groups.get_or_auto_create(&group).map_err(|e| {
             Reject::new(
                 shoal_proto::code::response_code::SUBSCRIPTION_GROUP_NOT_EXIST,
                 e,
@@ -73,7 +72,7 @@ pub async fn heartbeat(b: &BrokerInner, ctx: &RequestContext, req: &RemotingComm
         rebalance_timeout_ms: body.rebalance_timeout_ms,
         assignor: body.assignor,
     };
-    let result = b.with_group_state(|g, now| {
+    let result = cx.state.with(|g, now| {
         for (t, q) in topics {
             if let Some(q) = q {
                 g.coordinator.set_topic_queues(&t, q, now);
@@ -100,13 +99,14 @@ pub async fn heartbeat(b: &BrokerInner, ctx: &RequestContext, req: &RemotingComm
 }
 
 /// GROUP_LEAVE: a member leaves (a static member's queues stay reserved unless `permanent`).
-pub fn leave(b: &BrokerInner, req: &RemotingCommand) -> Handled {
+pub fn leave(cx: &GroupCtx<'_>, req: &RemotingCommand) -> Handled {
     let body: GroupLeaveRequest = req.decode_json_body()?;
-    b.with_group_state(|g, now| {
-        g.coordinator
-            .leave(&body.group, &body.member_id, body.permanent, now)
-    })
-    .map_err(|e| reject_of(&e))?;
+    cx.state
+        .with(|g, now| {
+            g.coordinator
+                .leave(&body.group, &body.member_id, body.permanent, now)
+        })
+        .map_err(|e| reject_of(&e))?;
     ok()
 }
 
@@ -162,11 +162,11 @@ struct ListenerGroupAnswer {
 
 /// GROUP_DESCRIBE: mode, epochs, assignor, members with owned and target queues and lag (for
 /// a Kafka classic group: state, generation, assignor, leader, members with their queues).
-pub fn describe(b: &BrokerInner, req: &RemotingCommand) -> Handled {
+pub fn describe(cx: &GroupCtx<'_>, req: &RemotingCommand) -> Handled {
     let body: GroupRef = req.decode_json_body()?;
-    let now = b.coord_ms();
+    let now = cx.state.clock().coord_ms();
     let (mode, desc, classic): (GroupMode, Option<GroupDescription>, Vec<String>) = {
-        let g = b.group_state.lock();
+        let g = cx.state.lock();
         (
             g.mode(&body.group),
             g.coordinator.describe(&body.group, now),
@@ -175,11 +175,11 @@ pub fn describe(b: &BrokerInner, req: &RemotingCommand) -> Handled {
     };
     // Lag of this broker's queues (admin clients add the other brokers').
     let lag = |q: &MessageQueue| -> i64 {
-        if q.broker_name != b.config.broker_name {
+        if q.broker_name != cx.config.broker_name {
             return 0;
         }
-        let max = b.store.max_offset(&q.topic, q.queue_id) as i64;
-        let committed = b
+        let max = cx.store.max_offset(&q.topic, q.queue_id) as i64;
+        let committed = cx
             .store
             .query_offset(&body.group, &q.topic, q.queue_id)
             .unwrap_or(0);
@@ -188,7 +188,7 @@ pub fn describe(b: &BrokerInner, req: &RemotingCommand) -> Handled {
     if mode == GroupMode::Empty {
         // Not the coordinator's nor RocketMQ's: maybe a Kafka classic group of the listener.
         // (Called with no broker lock held.)
-        let listener = b
+        let listener = cx
             .listener_groups
             .get()
             .and_then(|f| (f.describe)(&body.group));
@@ -216,7 +216,7 @@ pub fn describe(b: &BrokerInner, req: &RemotingCommand) -> Handled {
     }
     let answer = match desc {
         Some(d) if mode == GroupMode::Coordinated => {
-            let hosts: std::collections::HashMap<String, String> = b
+            let hosts: std::collections::HashMap<String, String> = cx
                 .listener_groups
                 .get()
                 .map(|f| (f.member_hosts)(&d.group).into_iter().collect())
@@ -263,9 +263,9 @@ struct HistoryAnswer {
 }
 
 /// GROUP_HISTORY: the group's last rebalances, oldest first.
-pub fn history(b: &BrokerInner, req: &RemotingCommand) -> Handled {
+pub fn history(cx: &GroupCtx<'_>, req: &RemotingCommand) -> Handled {
     let body: GroupRef = req.decode_json_body()?;
-    let rebalances = b.group_state.lock().coordinator.history(&body.group);
+    let rebalances = cx.state.lock().coordinator.history(&body.group);
     ok_json(&HistoryAnswer {
         group: body.group,
         rebalances,
@@ -275,7 +275,7 @@ pub fn history(b: &BrokerInner, req: &RemotingCommand) -> Handled {
 /// The member-epoch fence: a request stamped with a coordinated member's id and epoch must be
 /// valid for every queue it touches. Unstamped requests (classic members) pass.
 pub fn check_stamp(
-    b: &BrokerInner,
+    cx: &GroupCtx<'_>,
     group: &str,
     queues: &[MessageQueue],
     req: &RemotingCommand,
@@ -285,7 +285,7 @@ pub fn check_stamp(
     };
     let (member, epoch) =
         stamp.map_err(|e| Reject::new(shoal_proto::code::response_code::INVALID_PARAMETER, e))?;
-    let g = b.group_state.lock();
+    let g = cx.state.lock();
     if !g.coordinator.has_members(group) {
         // Another broker coordinates this group (or did not yet, or no longer does): its
         // queues here are not fenced by epoch.
@@ -293,7 +293,7 @@ pub fn check_stamp(
     }
     for q in queues {
         if let Err(e) = g.coordinator.validate(group, &member, epoch, q) {
-            b.counters.coordinator_fenced.inc();
+            cx.counters.coordinator_fenced.inc();
             return Err(reject_of(&e));
         }
     }

@@ -13,54 +13,56 @@
 //!   unless it says it rewinds ([`field::REWIND`]); anyone else is refused only where another
 //!   member holds the queue's lock.
 
-use crate::broker::BrokerInner;
-use crate::processor::{ok_json, Handled, Reject};
+use crate::group_ctx::GroupCtx;
+use crate::reply::{ok, ok_json, Handled, Reject};
 use shoal_net::RequestContext;
 use shoal_proto::body::{LockBatchRequestBody, LockBatchResponseBody, UnlockBatchRequestBody};
-use shoal_proto::ext::{self, feature, field, BrokerFeatures, LockFreedBody};
+use shoal_proto::ext::{self, feature, field, BrokerFeatures};
 use shoal_proto::{MessageQueue, RemotingCommand};
 use tracing::debug;
 
 /// GET_BROKER_FEATURES.
-pub fn features(b: &BrokerInner) -> Handled {
+pub fn features(cx: &GroupCtx<'_>) -> Handled {
     let mut features = vec![
         feature::SESSION_LOCKS.into(),
         feature::LOCK_FREED_NOTICE.into(),
         feature::COMMIT_FENCE.into(),
     ];
-    if b.config.coordinator.enabled {
+    if cx.config.coordinator.enabled {
         features.push(feature::COORDINATOR.into());
     }
     ok_json(&BrokerFeatures {
         features,
-        min_session_timeout_ms: b.config.min_session_timeout_ms,
-        max_session_timeout_ms: b.config.max_session_timeout_ms,
+        min_session_timeout_ms: cx.config.min_session_timeout_ms,
+        max_session_timeout_ms: cx.config.max_session_timeout_ms,
     })
 }
 
 /// The session timeout a heartbeat asks for, clamped to the broker's bounds.
-pub fn requested_session_timeout(b: &BrokerInner, req: &RemotingCommand) -> Option<u64> {
+pub fn requested_session_timeout(cx: &GroupCtx<'_>, req: &RemotingCommand) -> Option<u64> {
     let ms: u64 = req.ext(field::SESSION_TIMEOUT_MS)?.parse().ok()?;
     Some(
         ms.clamp(
-            b.config.min_session_timeout_ms,
-            b.config
+            cx.config.min_session_timeout_ms,
+            cx.config
                 .max_session_timeout_ms
-                .max(b.config.min_session_timeout_ms),
+                .max(cx.config.min_session_timeout_ms),
         ),
     )
 }
 
 /// LOCK_BATCH_MQ: session locks for Shoal members, RocketMQ's TTL locks for everyone else.
-pub fn lock_batch(b: &BrokerInner, ctx: &RequestContext, req: &RemotingCommand) -> Handled {
+pub fn lock_batch(cx: &GroupCtx<'_>, ctx: &RequestContext, req: &RemotingCommand) -> Handled {
     let body: LockBatchRequestBody = req.decode_json_body()?;
-    crate::coordinated::check_stamp(b, &body.consumer_group, &body.mq_set, req)?;
-    let now = b.mono_ms();
+    crate::coordinated::check_stamp(cx, &body.consumer_group, &body.mq_set, req)?;
+    let now = cx.state.clock().mono_ms();
     if req.ext(field::LEASE) != Some("true") {
-        let locked =
-            b.locks
-                .lock()
-                .lock_batch(&body.consumer_group, &body.mq_set, &body.client_id, now);
+        let locked = cx.state.lock().locks.lock_batch(
+            &body.consumer_group,
+            &body.mq_set,
+            &body.client_id,
+            now,
+        );
         return ok_json(&LockBatchResponseBody {
             lock_ok_mq_set: locked.into_iter().collect(),
         });
@@ -68,7 +70,7 @@ pub fn lock_batch(b: &BrokerInner, ctx: &RequestContext, req: &RemotingCommand) 
     let orderly = req.ext(field::ORDERLY) == Some("true");
     let conn_id = ctx.connection().id();
     // One critical section: the session is checked (and touched) and the locks taken together.
-    let granted = b.with_group_state(|g, _| {
+    let granted = cx.state.with(|g, _| {
         let session = g
             .clients
             .touch(&body.consumer_group, conn_id, now)
@@ -103,9 +105,9 @@ pub fn lock_batch(b: &BrokerInner, ctx: &RequestContext, req: &RemotingCommand) 
 }
 
 /// UNLOCK_BATCH_MQ: releases the client's locks and tells the members waiting for them.
-pub fn unlock_batch(b: &BrokerInner, req: &RemotingCommand) -> Handled {
+pub fn unlock_batch(cx: &GroupCtx<'_>, req: &RemotingCommand) -> Handled {
     let body: UnlockBatchRequestBody = req.decode_json_body()?;
-    b.with_group_state(|g, now| {
+    cx.state.with(|g, now| {
         let freed = g
             .locks
             .unlock_batch(&body.consumer_group, &body.mq_set, &body.client_id);
@@ -114,37 +116,12 @@ pub fn unlock_batch(b: &BrokerInner, req: &RemotingCommand) -> Handled {
         // The waiters are told after the lock is released ([`GroupEffect::LockFreed`]).
         g.locks_freed(&body.consumer_group, &freed);
     });
-    crate::processor::ok()
-}
-
-/// Sends NOTIFY_LOCK_FREED (oneway) to a member that was refused one of `queues`
-/// (executes [`crate::group_state::GroupEffect::LockFreed`]).
-pub fn send_lock_freed(b: &BrokerInner, group: String, conn_id: u64, queues: Vec<MessageQueue>) {
-    let Some(conn) = b.connections.lock().get(&conn_id).cloned() else {
-        return;
-    };
-    let body = LockFreedBody {
-        consumer_group: group,
-        mq_set: queues,
-    };
-    let Ok(mut req) = RemotingCommand::request(ext::request_code::NOTIFY_LOCK_FREED)
-        .with_ext_fields(Default::default())
-        .with_json_body(&body)
-    else {
-        return;
-    };
-    req.set_oneway();
-    b.counters.lock_freed_sent.inc();
-    tokio::spawn(async move {
-        if let Err(e) = conn.oneway(req).await {
-            debug!(peer = %conn.peer_addr(), error = %e, "could not send a lock-freed notice");
-        }
-    });
+    ok()
 }
 
 /// The commit fence: may the connection `conn_id` store `offset` for the queue?
 pub fn check_commit(
-    b: &BrokerInner,
+    cx: &GroupCtx<'_>,
     conn_id: u64,
     group: &str,
     topic: &str,
@@ -152,10 +129,10 @@ pub fn check_commit(
     offset: i64,
     rewind: bool,
 ) -> Result<(), Reject> {
-    let mq = MessageQueue::new(topic, b.config.broker_name.clone(), queue_id);
-    let now = b.mono_ms();
+    let mq = MessageQueue::new(topic, cx.config.broker_name.clone(), queue_id);
+    let now = cx.state.clock().mono_ms();
     // The member's session and the queue's lock holder, read in one critical section.
-    let (session, holder) = b.with_group_state(|g, _| {
+    let (session, holder) = cx.state.with(|g, _| {
         (
             g.clients.session(group, conn_id),
             g.locks
@@ -164,7 +141,7 @@ pub fn check_commit(
         )
     });
     let refuse = |why: String| {
-        b.counters.commits_fenced.inc();
+        cx.counters.commits_fenced.inc();
         Err(Reject::new(ext::response_code::QUEUE_NOT_LOCKED, why))
     };
     match session {
@@ -176,7 +153,7 @@ pub fn check_commit(
                 ));
             }
             if !rewind {
-                if let Some(stored) = b.store.query_offset(group, topic, queue_id) {
+                if let Some(stored) = cx.store.query_offset(group, topic, queue_id) {
                     if offset < stored {
                         return refuse(format!(
                             "commit {offset} of {mq} is below the stored {stored}; the offset is not moved back"

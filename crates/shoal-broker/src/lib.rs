@@ -11,6 +11,7 @@ pub mod client;
 pub mod config;
 pub mod coordinated;
 pub mod group_config;
+pub mod group_ctx;
 pub mod group_state;
 pub mod hold;
 pub mod lease;

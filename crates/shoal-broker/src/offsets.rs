@@ -79,7 +79,7 @@ pub fn update_consumer_offset(
 ) -> Handled {
     let h: UpdateConsumerOffsetRequestHeader = req.decode_command_header()?;
     let mq = shoal_proto::MessageQueue::new(&h.topic, &b.config.broker_name, h.queue_id);
-    crate::coordinated::check_stamp(b, &h.consumer_group, &[mq], req)?;
+    crate::coordinated::check_stamp(&b.group_ctx(), &h.consumer_group, &[mq], req)?;
     if b.topics.lock().get(&h.topic).is_none() {
         return Err(Reject::new(
             resp::TOPIC_NOT_EXIST,
@@ -94,7 +94,7 @@ pub fn update_consumer_offset(
         ));
     }
     crate::lease::check_commit(
-        b,
+        &b.group_ctx(),
         ctx.connection().id(),
         &h.consumer_group,
         &h.topic,

@@ -8,28 +8,7 @@ use shoal_proto::coordinated::request_code as crc;
 use shoal_proto::RemotingCommand;
 use std::sync::{Arc, OnceLock};
 
-// Handlers import these from `crate::reply`; kept here for code written against the old path.
-pub use crate::reply::{blocking, ok, ok_json, Handled, Reject};
-
-/// Makes auto-created topics and groups durable before the request that created them is
-/// acknowledged (a crash right after must not lose them: their acknowledged messages would
-/// become unreachable). Cheap when nothing changed.
-pub async fn persist_tables(b: &Arc<BrokerInner>) -> Result<(), Reject> {
-    if !b.tables_dirty() {
-        return Ok(());
-    }
-    let b2 = b.clone();
-    blocking(move || {
-        b2.persist_tables_now().map_err(|e| {
-            tracing::error!(error = %e, "could not persist an auto-created topic or group");
-            Reject::new(
-                resp::SYSTEM_ERROR,
-                format!("could not persist the topic or subscription group table: {e}"),
-            )
-        })
-    })
-    .await
-}
+use crate::reply::{ok, ok_json, Handled};
 
 /// The ACL's answer to a request it refuses (NO_PERMISSION, as RocketMQ 5's broker), if ACL is
 /// on and refuses it.
@@ -79,12 +58,24 @@ impl BrokerProcessor {
                 crate::pull::pull_message(b, ctx, req).await
             }
             rc::END_TRANSACTION => crate::transaction::end::end_transaction(b, ctx, req).await,
-            rc::HEART_BEAT => crate::client::heartbeat(b, ctx, req).await,
-            rc::UNREGISTER_CLIENT => crate::client::unregister_client(b, ctx, req),
-            rc::GET_CONSUMER_LIST_BY_GROUP => crate::client::consumer_list(b, req),
-            rc::LOCK_BATCH_MQ => crate::lease::lock_batch(b, ctx, req),
-            rc::UNLOCK_BATCH_MQ => crate::lease::unlock_batch(b, req),
-            shoal_proto::ext::request_code::GET_BROKER_FEATURES => crate::lease::features(b),
+            rc::HEART_BEAT => {
+                let answer = crate::client::heartbeat(&b.group_ctx(), ctx, req);
+                match answer {
+                    // Groups and retry topics it auto-created are durable before the answer.
+                    Ok(_) => match b.persist_tables().await {
+                        Ok(()) => answer,
+                        Err(e) => Err(e),
+                    },
+                    Err(_) => answer,
+                }
+            }
+            rc::UNREGISTER_CLIENT => crate::client::unregister_client(&b.group_ctx(), ctx, req),
+            rc::GET_CONSUMER_LIST_BY_GROUP => crate::client::consumer_list(&b.group_ctx(), req),
+            rc::LOCK_BATCH_MQ => crate::lease::lock_batch(&b.group_ctx(), ctx, req),
+            rc::UNLOCK_BATCH_MQ => crate::lease::unlock_batch(&b.group_ctx(), req),
+            shoal_proto::ext::request_code::GET_BROKER_FEATURES => {
+                crate::lease::features(&b.group_ctx())
+            }
             rc::QUERY_CONSUMER_OFFSET => crate::offsets::query_consumer_offset(b, req),
             rc::UPDATE_CONSUMER_OFFSET => crate::offsets::update_consumer_offset(b, ctx, req),
             rc::GET_MAX_OFFSET => crate::offsets::get_max_offset(b, req),
@@ -111,10 +102,10 @@ impl BrokerProcessor {
             rc::UPDATE_AND_CREATE_SUBSCRIPTIONGROUP => crate::admin::upsert_group(b, req),
             rc::DELETE_SUBSCRIPTIONGROUP => crate::admin::delete_group(b, req),
             rc::GET_ALL_CONSUMER_OFFSET => crate::admin::all_consumer_offsets(b),
-            crc::GROUP_HEARTBEAT => crate::coordinated::heartbeat(b, ctx, req).await,
-            crc::GROUP_LEAVE => crate::coordinated::leave(b, req),
-            crc::GROUP_DESCRIBE => crate::coordinated::describe(b, req),
-            crc::GROUP_HISTORY => crate::coordinated::history(b, req),
+            crc::GROUP_HEARTBEAT => crate::coordinated::heartbeat(&b.group_ctx(), ctx, req).await,
+            crc::GROUP_LEAVE => crate::coordinated::leave(&b.group_ctx(), req),
+            crc::GROUP_DESCRIBE => crate::coordinated::describe(&b.group_ctx(), req),
+            crc::GROUP_HISTORY => crate::coordinated::history(&b.group_ctx(), req),
             _ => return None,
         })
     }

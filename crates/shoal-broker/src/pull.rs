@@ -28,13 +28,13 @@ pub async fn pull_message(
     let h: PullMessageRequestHeader = req.decode_command_header()?;
     let plan = validate(b, ctx, h)?;
     // A group auto-created by this pull is durable before the answer.
-    crate::processor::persist_tables(b).await?;
+    b.persist_tables().await?;
     let h = &plan.header;
     let mq = shoal_proto::MessageQueue::new(&h.topic, &b.config.broker_name, h.queue_id);
-    crate::coordinated::check_stamp(b, &h.consumer_group, &[mq], req)?;
+    crate::coordinated::check_stamp(&b.group_ctx(), &h.consumer_group, &[mq], req)?;
     if h.sys_flag & pull_sys_flag::COMMIT_OFFSET != 0 && h.commit_offset >= 0 {
         match crate::lease::check_commit(
-            b,
+            &b.group_ctx(),
             ctx.connection().id(),
             &h.consumer_group,
             &h.topic,

@@ -122,7 +122,7 @@ pub async fn consumer_send_msg_back(
     };
     apply_delay(b, &mut inner, &mut props);
     inner.properties = encode_properties(&props)?;
-    crate::processor::persist_tables(b).await?;
+    b.persist_tables().await?;
     put(b, vec![inner]).await?;
     ok()
 }

@@ -307,7 +307,7 @@ pub async fn send_message(
     } else {
         props.get(property::UNIQ_KEY).cloned()
     };
-    crate::processor::persist_tables(b).await?;
+    b.persist_tables().await?;
     let put_result = put(b, msgs).await?;
     let code = flush_code(put_result.flush)?;
     let first = put_result

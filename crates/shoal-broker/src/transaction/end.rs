@@ -4,7 +4,7 @@
 use super::half::{self, OP_DECISION};
 use super::{Decision, HALF_TOPIC};
 use crate::broker::{wall_ms, BrokerInner};
-use crate::processor::{blocking, Handled, Reject};
+use crate::reply::{blocking, Handled, Reject};
 use shoal_net::RequestContext;
 use shoal_proto::code::response_code as resp;
 use shoal_proto::header::EndTransactionRequestHeader;

@@ -3,7 +3,7 @@
 
 use super::{HALF_TOPIC, OP_TOPIC, REMOVE_TAG};
 use crate::broker::{wall_ms, BrokerInner};
-use crate::processor::Reject;
+use crate::reply::Reject;
 use shoal_proto::constants::perm;
 use shoal_proto::message::{encode_properties, property, sys_flag, MessageExt, Properties};
 use shoal_store::MessageExtBrokerInner;

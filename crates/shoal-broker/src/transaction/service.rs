@@ -8,7 +8,7 @@ use super::end::transaction_key;
 use super::half::{self, OP_DECISION};
 use super::{Decision, CHECK_GROUP, HALF_TOPIC, OP_TOPIC};
 use crate::broker::{wall_ms, BrokerInner};
-use crate::processor::{blocking, Reject};
+use crate::reply::{blocking, Reject};
 use shoal_proto::code::request_code as rc;
 use shoal_proto::header::CheckTransactionStateRequestHeader;
 use shoal_proto::message::{decode_records, property, DecodeOptions, MessageExt};
