@@ -228,6 +228,10 @@ pub struct BrokerInner {
     /// Shutting down: the coordinator state was written before connections closed, and the
     /// closes of shutdown are not members leaving.
     pub coordinator_frozen: std::sync::atomic::AtomicBool,
+    /// Version of the member lists sent in NOTIFY_CONSUMER_IDS_CHANGED to Shoal members
+    /// ([`shoal_proto::ext::ConsumerIdsNotice`]): starts at the start time in microseconds,
+    /// grows by one per list.
+    pub member_list_version: AtomicU64,
     /// Coordinated mode: other brokers' queues of a topic (from the name servers) and when
     /// they were fetched.
     pub route_cache: Mutex<HashMap<String, (Vec<shoal_proto::MessageQueue>, Instant)>>,
@@ -392,6 +396,26 @@ impl BrokerInner {
         if !enabled || broadcasting {
             return;
         }
+        // Shoal members (a session) get the member list with the notice when only members
+        // changed (feature `memberListNotice`): they need not ask for it. The list and its
+        // version are read in one critical section, so a higher version is a newer list.
+        let list = (!change.subscription_changed).then(|| {
+            let c = self.clients.lock();
+            let shoal: std::collections::HashSet<u64> = change
+                .notify_conn_ids
+                .iter()
+                .copied()
+                .filter(|id| {
+                    c.session(&change.group, *id)
+                        .is_some_and(|s| s.timeout_ms.is_some())
+                })
+                .collect();
+            let notice = shoal_proto::ext::ConsumerIdsNotice {
+                consumer_id_list: c.client_ids(&change.group),
+                version: self.member_list_version.fetch_add(1, Ordering::Relaxed) + 1,
+            };
+            (shoal, notice)
+        });
         let conns: Vec<Connection> = {
             let map = self.connections.lock();
             change
@@ -407,6 +431,20 @@ impl BrokerInner {
         for conn in conns {
             let mut req =
                 RemotingCommand::request_with_header(rc::NOTIFY_CONSUMER_IDS_CHANGED, &header);
+            if let Some((shoal, notice)) = &list {
+                if shoal.contains(&conn.id()) {
+                    match req.with_json_body(notice) {
+                        Ok(r) => req = r,
+                        Err(e) => {
+                            warn!(error = %e, "member list not encoded; plain notice");
+                            req = RemotingCommand::request_with_header(
+                                rc::NOTIFY_CONSUMER_IDS_CHANGED,
+                                &header,
+                            );
+                        }
+                    }
+                }
+            }
             req.set_oneway();
             self.counters.notifications_sent.inc();
             tokio::spawn(async move {
@@ -806,6 +844,11 @@ impl Broker {
             group_state,
             coordinator_dirty: std::sync::atomic::AtomicBool::new(restored),
             coordinator_frozen: std::sync::atomic::AtomicBool::new(false),
+            member_list_version: AtomicU64::new(
+                SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .map_or(0, |d| d.as_micros() as u64),
+            ),
             route_cache: Mutex::new(HashMap::new()),
             connections: Mutex::new(HashMap::new()),
             holds: PullHoldTable::default(),

@@ -12,6 +12,11 @@
 //!   Shoal member commits only queues whose lock it holds, and never below the stored offset
 //!   unless it says it rewinds ([`field::REWIND`]); anyone else is refused only where another
 //!   member holds the queue's lock.
+//! - Round trips saved for Shoal members: a lock request may ask for the committed offsets of
+//!   the granted queues ([`field::WANT_OFFSETS`], answered in [`field::COMMITTED_OFFSETS`],
+//!   read after the grant); an unlock may carry the final commits ([`field::COMMIT`]), stored
+//!   (fenced as any commit) before the locks are freed; membership notices to Shoal members
+//!   carry the member list (`BrokerInner::apply_group_change`).
 
 use crate::group_ctx::GroupCtx;
 use crate::reply::{ok, ok_json, Handled, Reject};
@@ -27,6 +32,9 @@ pub fn features(cx: &GroupCtx<'_>) -> Handled {
         feature::SESSION_LOCKS.into(),
         feature::LOCK_FREED_NOTICE.into(),
         feature::COMMIT_FENCE.into(),
+        feature::OFFSET_ON_GRANT.into(),
+        feature::COMMIT_ON_UNLOCK.into(),
+        feature::MEMBER_LIST_NOTICE.into(),
     ];
     if cx.config.coordinator.enabled {
         features.push(feature::COORDINATOR.into());
@@ -94,19 +102,62 @@ pub fn lock_batch(cx: &GroupCtx<'_>, ctx: &RequestContext, req: &RemotingCommand
         r.ext_fields = Some(Default::default());
         return Ok(Some(r));
     };
-    let mut r = RemotingCommand::response(shoal_proto::code::response_code::SUCCESS, None)
-        .with_json_body(&LockBatchResponseBody {
-            lock_ok_mq_set: locked.into_iter().collect(),
-        })?;
+    let locked: Vec<MessageQueue> = locked.into_iter().collect();
     let mut ext_fields = shoal_proto::command::ExtFields::new();
     ext_fields.insert(field::SESSION, session.to_string());
+    if req.ext(field::WANT_OFFSETS) == Some("true") {
+        // Read after the grant (outside the group-state lock): from now on only this member
+        // may move these offsets (commit fence), so they are what a query would answer.
+        let committed: Vec<(&str, i32, i64)> = locked
+            .iter()
+            .filter_map(|q| {
+                cx.store
+                    .query_offset(&body.consumer_group, &q.topic, q.queue_id)
+                    .map(|o| (q.topic.as_str(), q.queue_id, o))
+            })
+            .collect();
+        ext_fields.insert(
+            field::COMMITTED_OFFSETS,
+            ext::encode_queue_offsets(committed),
+        );
+    }
+    let mut r = RemotingCommand::response(shoal_proto::code::response_code::SUCCESS, None)
+        .with_json_body(&LockBatchResponseBody {
+            lock_ok_mq_set: locked,
+        })?;
     r.ext_fields = Some(ext_fields);
     Ok(Some(r))
 }
 
-/// UNLOCK_BATCH_MQ: releases the client's locks and tells the members waiting for them.
-pub fn unlock_batch(cx: &GroupCtx<'_>, req: &RemotingCommand) -> Handled {
+/// UNLOCK_BATCH_MQ: stores the final commits it carries ([`field::COMMIT`]), then releases the
+/// client's locks and tells the members waiting for them.
+///
+/// A carried commit is checked as UPDATE_CONSUMER_OFFSET checks one (the topic and queue id,
+/// the member epoch of a coordinated member, the commit fence) and stored before the locks are
+/// freed: while this member holds a lock nobody else is granted it, so the next owner's grant
+/// (and the offset it carries) comes after it. A refused commit is named in the answer's
+/// remark; the unlock still happens.
+pub fn unlock_batch(cx: &GroupCtx<'_>, conn_id: u64, req: &RemotingCommand) -> Handled {
     let body: UnlockBatchRequestBody = req.decode_json_body()?;
+    let mut refused = Vec::new();
+    if let Some(text) = req.ext(field::COMMIT) {
+        for (topic, queue_id, offset) in ext::decode_queue_offsets(text) {
+            let Some(mq) = body
+                .mq_set
+                .iter()
+                .find(|q| q.topic == topic && q.queue_id == queue_id)
+            else {
+                refused.push(format!("{topic}:{queue_id} (not unlocked by this request)"));
+                continue;
+            };
+            match final_commit(cx, conn_id, &body.consumer_group, mq, offset, req) {
+                Ok(()) => cx
+                    .store
+                    .commit_offset(&body.consumer_group, &topic, queue_id, offset),
+                Err(r) => refused.push(format!("{topic}:{queue_id} ({})", r.remark)),
+            }
+        }
+    }
     cx.state.with(|g, now| {
         let freed = g
             .locks
@@ -116,7 +167,50 @@ pub fn unlock_batch(cx: &GroupCtx<'_>, req: &RemotingCommand) -> Handled {
         // The waiters are told after the lock is released ([`GroupEffect::LockFreed`]).
         g.locks_freed(&body.consumer_group, &freed);
     });
-    ok()
+    if refused.is_empty() {
+        return ok();
+    }
+    debug!(group = %body.consumer_group, ?refused, "final commits carried by an unlock not stored");
+    Ok(Some(RemotingCommand::response(
+        shoal_proto::code::response_code::SUCCESS,
+        Some(format!(
+            "unlocked; final commits not stored: {}",
+            refused.join(", ")
+        )),
+    )))
+}
+
+/// The checks of a final commit carried by UNLOCK_BATCH_MQ (those of UPDATE_CONSUMER_OFFSET:
+/// member epoch, an existing topic and queue, not negative, the commit fence).
+fn final_commit(
+    cx: &GroupCtx<'_>,
+    conn_id: u64,
+    group: &str,
+    mq: &MessageQueue,
+    offset: i64,
+    req: &RemotingCommand,
+) -> Result<(), Reject> {
+    let own = MessageQueue::new(&mq.topic, &cx.config.broker_name, mq.queue_id);
+    crate::coordinated::check_stamp(cx, group, std::slice::from_ref(&own), req)?;
+    let Some(queues) = cx.routes.topic_queues(&mq.topic) else {
+        return Err(Reject::new(
+            shoal_proto::code::response_code::TOPIC_NOT_EXIST,
+            format!("topic[{}] not exist", mq.topic),
+        ));
+    };
+    if !queues.contains(&own) {
+        return Err(Reject::new(
+            shoal_proto::code::response_code::INVALID_PARAMETER,
+            format!("queueId[{}] is illegal", mq.queue_id),
+        ));
+    }
+    if offset < 0 {
+        return Err(Reject::new(
+            shoal_proto::code::response_code::INVALID_PARAMETER,
+            format!("commitOffset {offset} is negative"),
+        ));
+    }
+    check_commit(cx, conn_id, group, &mq.topic, mq.queue_id, offset, false)
 }
 
 /// The commit fence: may the connection `conn_id` store `offset` for the queue?

@@ -72,7 +72,9 @@ impl BrokerProcessor {
             rc::UNREGISTER_CLIENT => crate::client::unregister_client(&b.group_ctx(), ctx, req),
             rc::GET_CONSUMER_LIST_BY_GROUP => crate::client::consumer_list(&b.group_ctx(), req),
             rc::LOCK_BATCH_MQ => crate::lease::lock_batch(&b.group_ctx(), ctx, req),
-            rc::UNLOCK_BATCH_MQ => crate::lease::unlock_batch(&b.group_ctx(), req),
+            rc::UNLOCK_BATCH_MQ => {
+                crate::lease::unlock_batch(&b.group_ctx(), ctx.connection().id(), req)
+            }
             shoal_proto::ext::request_code::GET_BROKER_FEATURES => {
                 crate::lease::features(&b.group_ctx())
             }

@@ -18,6 +18,7 @@ use shoal_proto::body::{
     ProducerData, ResetOffsetBody, TopicRouteData, UnlockBatchRequestBody,
 };
 use shoal_proto::code::{request_code as rc, response_code as resp};
+use shoal_proto::ext::ConsumerIdsNotice;
 use shoal_proto::header::*;
 use shoal_proto::message::{decode_records, DecodeOptions, MessageExt};
 use shoal_proto::{MessageQueue, RemotingCommand};
@@ -44,6 +45,13 @@ pub(crate) trait ConsumerHandle: Send + Sync + 'static {
     /// when a subscribed topic's queue count changes).
     fn group_changed(&self) {
         self.rebalance_now();
+    }
+    /// NOTIFY_CONSUMER_IDS_CHANGED that carried the group's member list (a Shoal broker, a
+    /// membership change without a subscription change), from the broker at `broker_addr`:
+    /// rebalance on that list without asking for it.
+    fn members_changed(&self, broker_addr: &str, notice: ConsumerIdsNotice) {
+        let _ = (broker_addr, notice);
+        self.group_changed();
     }
     /// NOTIFY_LOCK_FREED (Shoal brokers): locks this consumer asked for are free.
     fn lock_freed(&self, queues: Vec<MessageQueue>) {
@@ -121,9 +129,20 @@ impl Processor for ClientProcessor {
                 rc::NOTIFY_CONSUMER_IDS_CHANGED => {
                     let h: NotifyConsumerIdsChangedRequestHeader =
                         request.decode_command_header()?;
-                    debug!(group = %h.consumer_group, "consumer ids changed");
+                    // A Shoal broker's notice to a Shoal member carries the member list; anything
+                    // else (no body, or one we do not understand) means "ask".
+                    let list = request
+                        .body
+                        .as_ref()
+                        .and_then(|_| request.decode_json_body::<ConsumerIdsNotice>().ok());
+                    debug!(group = %h.consumer_group, members = ?list.as_ref().map(|n| n.consumer_id_list.len()), "consumer ids changed");
                     if let Some(c) = self.registry.get(&h.consumer_group) {
-                        c.group_changed();
+                        match list {
+                            Some(n) => {
+                                c.members_changed(&_ctx.connection().peer_addr().to_string(), n)
+                            }
+                            None => c.group_changed(),
+                        }
                     }
                     Ok(None)
                 }
@@ -282,6 +301,11 @@ impl BrokerKind {
         matches!(self, BrokerKind::Shoal(f) if f.has(shoal_proto::ext::feature::SESSION_LOCKS))
     }
 
+    /// True for a Shoal broker that lists the feature `name` (`shoal_proto::ext::feature`).
+    pub fn has(&self, name: &str) -> bool {
+        matches!(self, BrokerKind::Shoal(f) if f.has(name))
+    }
+
     /// True for a Shoal broker that coordinates groups (coordinated mode); Apache RocketMQ
     /// brokers and Shoal brokers with `[coordinator] enabled = false` do not.
     pub fn has_coordinator(&self) -> bool {
@@ -296,6 +320,9 @@ pub struct LockGrant {
     pub locked: Vec<MessageQueue>,
     /// The session they last for (session locks on a Shoal broker).
     pub session: Option<u64>,
+    /// The group's committed offsets of granted queues (topic, queue id, offset), when asked
+    /// for and the broker has `offsetOnGrant`.
+    pub committed: Vec<(String, i32, i64)>,
 }
 
 struct Inner {
@@ -1197,6 +1224,7 @@ impl ClientInstance {
         topic: &str,
         mqs: Vec<MessageQueue>,
         orderly: bool,
+        want_offsets: bool,
     ) -> Result<LockGrant> {
         let addr = self.find_master_addr(broker_name, topic).await?;
         let body = LockBatchRequestBody {
@@ -1208,6 +1236,9 @@ impl ClientInstance {
         let mut ext = shoal_proto::command::ExtFields::new();
         ext.insert(shoal_proto::ext::field::LEASE, "true");
         ext.insert(shoal_proto::ext::field::ORDERLY, orderly.to_string());
+        if want_offsets {
+            ext.insert(shoal_proto::ext::field::WANT_OFFSETS, "true");
+        }
         let mut req = RemotingCommand::request(rc::LOCK_BATCH_MQ)
             .with_ext_fields(ext)
             .with_json_body(&body)?;
@@ -1220,11 +1251,52 @@ impl ClientInstance {
         let session = r
             .ext(shoal_proto::ext::field::SESSION)
             .and_then(|s| s.parse().ok());
+        let committed = r
+            .ext(shoal_proto::ext::field::COMMITTED_OFFSETS)
+            .map(shoal_proto::ext::decode_queue_offsets)
+            .unwrap_or_default();
         let body: LockBatchResponseBody = r.decode_json_body()?;
         Ok(LockGrant {
             locked: body.lock_ok_mq_set,
             session,
+            committed,
         })
+    }
+
+    /// UNLOCK_BATCH_MQ of one queue carrying its final commit (a Shoal broker with
+    /// `commitOnUnlock`: it stores the offset, fenced as any commit, then frees the lock),
+    /// waiting for the answer.
+    ///
+    /// # Errors
+    /// Transport errors and a non-SUCCESS answer.
+    pub async fn unlock_with_commit(
+        &self,
+        group: &str,
+        mq: &MessageQueue,
+        offset: i64,
+    ) -> Result<()> {
+        let addr = self.find_master_addr(&mq.broker_name, &mq.topic).await?;
+        let body = UnlockBatchRequestBody {
+            client_id: self.inner.client_id.clone(),
+            consumer_group: group.to_owned(),
+            mq_set: vec![mq.clone()],
+            only_this_broker: false,
+        };
+        let mut ext = shoal_proto::command::ExtFields::new();
+        ext.insert(
+            shoal_proto::ext::field::COMMIT,
+            shoal_proto::ext::encode_queue_offsets([(mq.topic.as_str(), mq.queue_id, offset)]),
+        );
+        let mut req = RemotingCommand::request(rc::UNLOCK_BATCH_MQ)
+            .with_ext_fields(ext)
+            .with_json_body(&body)?;
+        self.stamp(group, &mut req);
+        ok_or(
+            "UNLOCK_BATCH_MQ",
+            self.invoke(&addr, req, self.inner.config.rpc_timeout)
+                .await?,
+        )
+        .map(|_| ())
     }
 
     /// UPDATE_CONSUMER_OFFSET of an offset that may be below the stored one on purpose (a seek

@@ -807,6 +807,13 @@ impl ConsumerHandle for Inner {
         }
     }
 
+    fn members_changed(&self, broker_addr: &str, notice: shoal_proto::ext::ConsumerIdsNotice) {
+        if let Some(d) = self.driver.get() {
+            d.member_wake();
+            d.members(broker_addr, notice);
+        }
+    }
+
     fn running_info(&self) -> ConsumerRunningInfo {
         let mut info = ConsumerRunningInfo::default();
         for (mq, s) in self.slots.lock().iter() {

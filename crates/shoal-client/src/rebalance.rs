@@ -15,6 +15,11 @@
 //! RocketMQ's orderly consumer uses against the broker's 60 s) from when it was asked for and
 //! is renewed after `rocketmq_lock_renew` (20 s); refused locks are asked for again with a
 //! short back-off, as no notice comes.
+//!
+//! Round trips a Shoal broker saves (each used only where GET_BROKER_FEATURES lists it):
+//! `offsetOnGrant` (the lock answer carries the committed offsets: no start-offset query),
+//! `commitOnUnlock` (the final commit rides on the unlock), `memberListNotice` (membership
+//! notices carry the member list: no GET_CONSUMER_LIST_BY_GROUP).
 
 use crate::coordinated::{Directive, Membership, TargetSource};
 use crate::error::Result;
@@ -22,13 +27,12 @@ use crate::instance::ClientInstance;
 use futures::future::BoxFuture;
 use parking_lot::Mutex;
 use shoal_group::rebalance::{
-    Action, Handover, Lease, QueuePhase, RebalanceStats, Rebalancer, RebalancerConfig,
+    Action, Handover, Lease, LockAnswer, QueuePhase, RebalanceStats, Rebalancer, RebalancerConfig,
 };
 use shoal_group::AllocateStrategy;
 use shoal_proto::body::ConsumeFromWhere;
 use shoal_proto::constants::is_retry_topic;
 use shoal_proto::MessageQueue;
-use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch, Notify};
@@ -82,11 +86,11 @@ enum Cmd {
     View(String, Result<(Vec<MessageQueue>, Vec<String>)>),
     /// Coordinated mode: the membership's directive after a heartbeat.
     Member(Directive),
+    /// A membership notice with the member list: broker address, version, members.
+    Members(String, u64, Vec<String>),
     Locked {
         queues: Vec<MessageQueue>,
-        granted: BTreeSet<MessageQueue>,
-        lease: Option<Lease>,
-        notice: bool,
+        answer: LockAnswer,
     },
     Lease(String, Lease),
     StartOffset(MessageQueue, Option<i64>),
@@ -127,6 +131,15 @@ impl DriverHandle {
     }
     pub fn lock_freed(&self, queues: Vec<MessageQueue>) {
         let _ = self.tx.send(Cmd::LockFreed(queues));
+    }
+    /// A membership notice that carried the member list (see
+    /// [`crate::instance::ConsumerHandle::members_changed`]).
+    pub fn members(&self, broker_addr: &str, notice: shoal_proto::ext::ConsumerIdsNotice) {
+        let _ = self.tx.send(Cmd::Members(
+            broker_addr.to_owned(),
+            notice.version,
+            notice.consumer_id_list,
+        ));
     }
     pub fn subscribe(&self, topic: &str) {
         {
@@ -439,20 +452,36 @@ impl Driver {
                 }
                 rb.handle_view_failed(now, &topic)
             }
-            Cmd::Locked {
-                queues,
-                granted,
-                lease,
-                notice,
-            } => {
+            Cmd::Members(addr, version, members) => {
+                // The notice's broker by address; unknown (a name we cannot map): ask instead.
+                match self
+                    .instance
+                    .masters()
+                    .into_iter()
+                    .find(|(_, a)| *a == addr)
+                {
+                    Some((broker, _)) => {
+                        debug!(
+                            broker,
+                            version,
+                            members = members.len(),
+                            "member list from a notice"
+                        );
+                        rb.handle_members(now, &broker, version, members)
+                    }
+                    None => rb.handle_notice(now),
+                }
+            }
+            Cmd::Locked { queues, answer } => {
                 debug!(
                     asked = queues.len(),
-                    granted = granted.len(),
-                    answered = lease.is_some(),
-                    notice,
+                    granted = answer.granted.len(),
+                    answered = answer.lease.is_some(),
+                    notice = answer.notice_expected,
+                    offsets = answer.committed.len(),
                     "lock result"
                 );
-                rb.handle_lock_result(now, &queues, &granted, lease, notice)
+                rb.handle_lock_answer(now, &queues, answer)
             }
             Cmd::Lease(broker, lease) => rb.handle_lease(now, &broker, lease),
             Cmd::StartOffset(mq, o) => rb.handle_start_offset(now, &mq, o),
@@ -530,6 +559,20 @@ impl Driver {
                     let _ = tx.send(Cmd::Committed(mq, ok));
                 });
             }
+            Action::CommitAndUnlock { broker, mq, offset } => {
+                tokio::spawn(async move {
+                    let r = instance.unlock_with_commit(&cfg.group, &mq, offset).await;
+                    match &r {
+                        Ok(()) => {
+                            debug!(queue = %mq, offset, "final offset committed with the unlock")
+                        }
+                        Err(e) => {
+                            debug!(broker, error = %e, "unlock with commit failed; asking again")
+                        }
+                    }
+                    let _ = tx.send(Cmd::Unlocked(vec![mq], r.is_ok()));
+                });
+            }
             Action::Unlock { broker, queues } => {
                 tokio::spawn(async move {
                     let topic = queues.first().map(|q| q.topic.clone()).unwrap_or_default();
@@ -602,9 +645,7 @@ async fn lock(
     let topic = queues.first().map(|q| q.topic.clone()).unwrap_or_default();
     let failed = |queues| Cmd::Locked {
         queues,
-        granted: BTreeSet::new(),
-        lease: None,
-        notice: false,
+        answer: LockAnswer::default(),
     };
     let Ok(addr) = instance.find_master_addr(broker, &topic).await else {
         return failed(queues);
@@ -618,17 +659,40 @@ async fn lock(
     };
     let sent = Instant::now();
     if kind.has_session_locks() {
+        let want_offsets = kind.has(shoal_proto::ext::feature::OFFSET_ON_GRANT);
         match instance
-            .lock_batch_session(&cfg.group, broker, &topic, queues.clone(), cfg.orderly)
+            .lock_batch_session(
+                &cfg.group,
+                broker,
+                &topic,
+                queues.clone(),
+                cfg.orderly,
+                want_offsets,
+            )
             .await
         {
-            Ok(g) => Cmd::Locked {
-                queues,
-                granted: g.locked.into_iter().collect(),
-                lease: Some(session_lease(cfg, sent, g.session)),
-                // Without a session (our heartbeat was not seen yet) no notice will come.
-                notice: g.session.is_some(),
-            },
+            Ok(g) => {
+                let committed = g
+                    .committed
+                    .iter()
+                    .filter_map(|(t, id, o)| {
+                        queues
+                            .iter()
+                            .find(|q| q.topic == *t && q.queue_id == *id)
+                            .map(|q| (q.clone(), *o))
+                    })
+                    .collect();
+                let answer = LockAnswer {
+                    granted: g.locked.into_iter().collect(),
+                    lease: Some(session_lease(cfg, sent, g.session)),
+                    // Without a session (our heartbeat was not seen yet) no notice will come.
+                    notice_expected: g.session.is_some(),
+                    committed,
+                    commit_on_unlock: g.session.is_some()
+                        && kind.has(shoal_proto::ext::feature::COMMIT_ON_UNLOCK),
+                };
+                Cmd::Locked { queues, answer }
+            }
             Err(e) => {
                 debug!(broker, error = %e, "lock failed");
                 failed(queues)
@@ -641,13 +705,15 @@ async fn lock(
         {
             Ok(locked) => Cmd::Locked {
                 queues,
-                granted: locked.into_iter().collect(),
-                lease: Some(Lease {
-                    until: sent + cfg.rocketmq_lock_lease,
-                    renew_at: sent + cfg.rocketmq_lock_renew,
-                    session: None,
-                }),
-                notice: false,
+                answer: LockAnswer {
+                    granted: locked.into_iter().collect(),
+                    lease: Some(Lease {
+                        until: sent + cfg.rocketmq_lock_lease,
+                        renew_at: sent + cfg.rocketmq_lock_renew,
+                        session: None,
+                    }),
+                    ..LockAnswer::default()
+                },
             },
             Err(e) => {
                 debug!(broker, error = %e, "lock failed");

@@ -39,6 +39,16 @@ pub mod field {
     pub const SESSION: &str = "shoalSession";
     /// UPDATE_CONSUMER_OFFSET request: `true` when a lower offset is meant (a seek back).
     pub const REWIND: &str = "shoalRewind";
+    /// LOCK_BATCH_MQ request (with [`LEASE`]): `true` asks for the group's committed offsets
+    /// of the granted queues in the answer ([`super::feature::OFFSET_ON_GRANT`]).
+    pub const WANT_OFFSETS: &str = "shoalWantOffsets";
+    /// LOCK_BATCH_MQ answer: the committed offsets of granted queues, read after the grant,
+    /// as [`super::encode_queue_offsets`] (queues without a committed offset are left out).
+    pub const COMMITTED_OFFSETS: &str = "shoalCommittedOffsets";
+    /// UNLOCK_BATCH_MQ request: final commits ([`super::encode_queue_offsets`]) the broker
+    /// stores (commit fence as for UPDATE_CONSUMER_OFFSET) before it frees the locks
+    /// ([`super::feature::COMMIT_ON_UNLOCK`]).
+    pub const COMMIT: &str = "shoalCommit";
 }
 
 /// The feature names a Shoal broker lists.
@@ -53,6 +63,15 @@ pub mod feature {
     /// `shoal_proto::coordinated`); `Auto` consumers speak coordinated mode only to brokers
     /// listing it.
     pub const COORDINATOR: &str = "coordinator";
+    /// LOCK_BATCH_MQ answers carry the committed offsets of granted queues on request
+    /// ([`super::field::WANT_OFFSETS`]).
+    pub const OFFSET_ON_GRANT: &str = "offsetOnGrant";
+    /// UNLOCK_BATCH_MQ applies the final commits it carries ([`super::field::COMMIT`]), then
+    /// frees the locks.
+    pub const COMMIT_ON_UNLOCK: &str = "commitOnUnlock";
+    /// NOTIFY_CONSUMER_IDS_CHANGED to Shoal members carries the member list
+    /// ([`super::ConsumerIdsNotice`]).
+    pub const MEMBER_LIST_NOTICE: &str = "memberListNotice";
 }
 
 /// The answer to GET_BROKER_FEATURES. Clients ignore names they do not know, so the list
@@ -84,6 +103,46 @@ pub struct LockFreedBody {
     /// The queues whose locks are free.
     #[serde(rename = "mqSet")]
     pub mq_set: Vec<MessageQueue>,
+}
+
+/// The body of NOTIFY_CONSUMER_IDS_CHANGED a Shoal broker sends to Shoal members (those with a
+/// session) on a membership change that did not change subscriptions: the group's member list
+/// as GET_CONSUMER_LIST_BY_GROUP would answer it, so the member need not ask.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct ConsumerIdsNotice {
+    /// The group's client ids after the change.
+    pub consumer_id_list: Vec<String>,
+    /// Grows with every list this broker sends (it starts at the broker's start time in
+    /// microseconds, so a restarted broker's lists are newer): a member applies a list only
+    /// if it is newer than the last one it applied from the broker (notices can overtake
+    /// each other).
+    pub version: u64,
+}
+
+/// Encodes offsets per queue of one broker (`topic:queueId=offset;...`; RocketMQ topic names
+/// have neither `:` nor `;` nor `=`), for [`field::COMMITTED_OFFSETS`] and [`field::COMMIT`].
+pub fn encode_queue_offsets<'a>(offsets: impl IntoIterator<Item = (&'a str, i32, i64)>) -> String {
+    offsets
+        .into_iter()
+        .map(|(t, q, o)| format!("{t}:{q}={o}"))
+        .collect::<Vec<_>>()
+        .join(";")
+}
+
+/// Decodes [`encode_queue_offsets`] text into (topic, queue id, offset); malformed entries are
+/// skipped.
+pub fn decode_queue_offsets(text: &str) -> Vec<(String, i32, i64)> {
+    text.split(';')
+        .filter_map(|e| {
+            let (tq, o) = e.rsplit_once('=')?;
+            let (t, q) = tq.rsplit_once(':')?;
+            if t.is_empty() {
+                return None;
+            }
+            Some((t.to_string(), q.parse().ok()?, o.parse().ok()?))
+        })
+        .collect()
 }
 
 /// Encodes the [`field::SESSIONS`] value.
@@ -129,5 +188,24 @@ mod tests {
         };
         let json = serde_json::to_string(&b).unwrap();
         assert!(json.contains("\"mqSet\"") && json.contains("\"consumerGroup\""));
+    }
+
+    #[test]
+    fn queue_offsets_round_trip_and_bad_entries_are_skipped() {
+        let text = encode_queue_offsets([("T", 0, 5), ("%RETRY%G", 3, -1)]);
+        assert_eq!(text, "T:0=5;%RETRY%G:3=-1");
+        assert_eq!(
+            decode_queue_offsets(&text),
+            vec![("T".to_string(), 0, 5), ("%RETRY%G".to_string(), 3, -1)]
+        );
+        assert_eq!(decode_queue_offsets(""), vec![]);
+        assert_eq!(
+            decode_queue_offsets("T:x=1;:1=2;T1=2;T:1=y;U:2=9"),
+            vec![("U".to_string(), 2, 9)]
+        );
+        let n: ConsumerIdsNotice =
+            serde_json::from_str(r#"{"consumerIdList":["a","b"],"version":7,"later":1}"#).unwrap();
+        assert_eq!(n.consumer_id_list, vec!["a", "b"]);
+        assert_eq!(n.version, 7);
     }
 }

@@ -730,6 +730,18 @@ impl ConsumerHandle for Inner {
         });
     }
 
+    fn members_changed(&self, broker_addr: &str, notice: shoal_proto::ext::ConsumerIdsNotice) {
+        if let Some(m) = &self.membership {
+            // A member may have left or joined a group that runs classic: ask again.
+            m.wake();
+        }
+        // Members only (a subscription or queue change comes without the list): no route
+        // refresh.
+        if let Some(d) = self.driver.get() {
+            d.members(broker_addr, notice);
+        }
+    }
+
     fn rebalance_now(&self) {
         if let Some(d) = self.driver.get() {
             d.notice();

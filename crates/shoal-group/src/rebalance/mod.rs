@@ -31,6 +31,17 @@
 //! again from the committed offset. A lease is extended only by evidence of the same broker
 //! session ([`Lease::session`]); a heartbeat answer naming another session means the broker
 //! dropped our locks.
+//!
+//! **Fewer round trips against a Shoal broker** (each only where the broker lists the feature
+//! in GET_BROKER_FEATURES; against Apache RocketMQ every step is the plain protocol):
+//! - the lock grant carries the group's committed offsets ([`LockAnswer::committed`]): a
+//!   granted queue starts without [`Action::QueryStartOffset`];
+//! - the final commit rides on the unlock ([`Action::CommitAndUnlock`], when the grant said
+//!   [`LockAnswer::commit_on_unlock`]): the broker stores the offset, then frees the lock;
+//! - membership notices carry the member list ([`Rebalancer::handle_members`]): no view fetch;
+//! - a queue whose lock came after a newer membership notice is held (locked, not started)
+//!   until a fresh view still gives it to this member, so a burst of joins does not make it
+//!   change hands twice.
 
 mod queue;
 #[cfg(test)]
@@ -189,6 +200,37 @@ pub enum Action {
         /// Queues, sorted.
         queues: Vec<MessageQueue>,
     },
+    /// The end of a graceful release in one request (a broker whose grant said
+    /// [`LockAnswer::commit_on_unlock`]): UNLOCK_BATCH_MQ carrying the final offset; the broker
+    /// stores it (commit fence as for any commit) and then frees the lock. Then call
+    /// [`Rebalancer::handle_unlocked`].
+    CommitAndUnlock {
+        /// Broker name.
+        broker: String,
+        /// Queue.
+        mq: MessageQueue,
+        /// Next offset to consume.
+        offset: i64,
+    },
+}
+
+/// A broker's answer to an [`Action::Lock`], for [`Rebalancer::handle_lock_answer`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LockAnswer {
+    /// The queues the broker says we hold now.
+    pub granted: BTreeSet<MessageQueue>,
+    /// Their lease; `None` when the request failed (nothing is known).
+    pub lease: Option<Lease>,
+    /// The broker tells us when a refused lock frees (NOTIFY_LOCK_FREED).
+    pub notice_expected: bool,
+    /// The group's committed offsets of granted queues, read by the broker after it granted
+    /// them (feature `offsetOnGrant`): such a queue starts there without a start-offset query.
+    /// A granted queue not listed (nothing committed, or a broker without the feature) is
+    /// queried as usual.
+    pub committed: BTreeMap<MessageQueue, i64>,
+    /// The broker applies a final commit carried on UNLOCK_BATCH_MQ (feature
+    /// `commitOnUnlock`): releases end with [`Action::CommitAndUnlock`].
+    pub commit_on_unlock: bool,
 }
 
 /// Counters of one rebalancer.
@@ -208,6 +250,12 @@ pub struct RebalanceStats {
     pub stale_views: u64,
     /// Views whose member list did not contain this member (fetched again soon).
     pub views_without_self: u64,
+    /// Queues that started at the committed offset the lock grant carried (no query).
+    pub offsets_on_grant: u64,
+    /// Member lists taken from membership notices (no view fetch).
+    pub member_lists: u64,
+    /// Locked queues held back for a fresh view because a notice came after theirs.
+    pub held_for_view: u64,
 }
 
 #[derive(Debug, Default)]
@@ -218,6 +266,12 @@ struct TopicView {
     again: bool,
     stale_in_a_row: u32,
     next_at: Option<Instant>,
+    /// A membership notice came after the view the share rests on (cleared when a view or
+    /// member list is applied, or a fetch fails).
+    stale: bool,
+    /// A member list from a notice was applied while a fetch was in flight: that fetch's
+    /// member list is older (its queues are still taken).
+    members_newer: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -246,6 +300,8 @@ pub struct Rebalancer {
     next_refresh: Option<Instant>,
     shutting_down: bool,
     stats: RebalanceStats,
+    /// Per broker, the version of the last member list applied from its notices.
+    member_versions: BTreeMap<String, u64>,
 }
 
 impl Rebalancer {
@@ -264,6 +320,7 @@ impl Rebalancer {
             next_refresh: None,
             shutting_down: false,
             stats: RebalanceStats::default(),
+            member_versions: BTreeMap::new(),
         }
     }
 
@@ -301,6 +358,7 @@ impl Rebalancer {
     pub fn handle_notice(&mut self, now: Instant) {
         if self.source == Source::Classic {
             for v in self.topics.values_mut() {
+                v.stale = true;
                 if v.in_flight {
                     v.again = true;
                 } else {
@@ -328,6 +386,7 @@ impl Rebalancer {
         if self.shutting_down || self.source != Source::Classic {
             return;
         }
+        let members_newer = std::mem::take(&mut v.members_newer);
         if v.again && v.stale_in_a_row < max_stale {
             // A notice arrived while this was being fetched: it may predate the change.
             v.again = false;
@@ -342,6 +401,12 @@ impl Rebalancer {
             v.next_at = Some(now);
         }
         v.stale_in_a_row = 0;
+        v.stale = false;
+        // A member list from a notice came while this was fetched: it is the newer one.
+        let members = match (&v.members, members_newer) {
+            (Some(m), true) => m.clone(),
+            _ => members,
+        };
         // A member list without this member predates the broker's processing of its first
         // heartbeat (or follows an expiry): fetch again soon rather than at the next refresh
         // interval, or a new member would idle for 20 s. Liveness only: nothing is taken on it.
@@ -363,8 +428,69 @@ impl Rebalancer {
         if let Some(v) = self.topics.get_mut(topic) {
             v.in_flight = false;
             v.again = false;
+            v.members_newer = false;
+            // Go on with what is known (a held queue must not wait for a view that does not
+            // come).
+            v.stale = false;
             v.next_at = Some(now + retry);
         }
+        self.step(now);
+    }
+
+    /// A membership notice that carried the group's member list (a Shoal broker with the
+    /// feature `memberListNotice`), version `version` of broker `broker`'s registry: it is
+    /// applied as the member half of the view of every topic with queues on that broker,
+    /// without a fetch. A list not newer than the last one applied from that broker (notices
+    /// may overtake each other) is ignored.
+    pub fn handle_members(
+        &mut self,
+        now: Instant,
+        broker: &str,
+        version: u64,
+        members: Vec<String>,
+    ) {
+        if self.shutting_down || self.source != Source::Classic {
+            return;
+        }
+        if self
+            .member_versions
+            .get(broker)
+            .is_some_and(|v| *v >= version)
+        {
+            return;
+        }
+        self.member_versions.insert(broker.to_owned(), version);
+        self.stats.member_lists += 1;
+        let retry = self.config.refresh_retry;
+        let me = self.config.client_id.clone();
+        let mut applied = Vec::new();
+        for (topic, v) in self.topics.iter_mut() {
+            let on_broker = v
+                .queues
+                .as_ref()
+                .is_some_and(|qs| qs.iter().any(|q| q.broker_name == broker));
+            if !on_broker {
+                continue;
+            }
+            v.members = Some(members.clone());
+            if v.in_flight {
+                v.members_newer = true;
+            } else if !v.again {
+                v.stale = false;
+            }
+            if !members.contains(&me) && v.next_at.is_none() && !v.in_flight {
+                v.next_at = Some(now + retry);
+                self.stats.views_without_self += 1;
+            }
+            applied.push(topic.clone());
+        }
+        for topic in &applied {
+            self.allocate_topic(topic);
+        }
+        if !applied.is_empty() {
+            self.next_refresh = Some(now + self.config.refresh_interval);
+        }
+        self.recompute_target(now);
         self.step(now);
     }
 
@@ -476,6 +602,35 @@ impl Rebalancer {
         lease: Option<Lease>,
         notice_expected: bool,
     ) {
+        self.handle_lock_answer(
+            now,
+            requested,
+            LockAnswer {
+                granted: granted.clone(),
+                lease,
+                notice_expected,
+                ..LockAnswer::default()
+            },
+        );
+    }
+
+    /// The answer to an [`Action::Lock`] with what a Shoal broker may add to it (committed
+    /// offsets, commit on unlock); see [`LockAnswer`] and [`Rebalancer::handle_lock_result`].
+    pub fn handle_lock_answer(
+        &mut self,
+        now: Instant,
+        requested: &[MessageQueue],
+        answer: LockAnswer,
+    ) {
+        let LockAnswer {
+            granted,
+            lease,
+            notice_expected,
+            committed,
+            commit_on_unlock,
+        } = answer;
+        let granted = &granted;
+        let mut begin = Vec::new();
         for mq in requested {
             let in_target = self.target.contains(mq);
             let Some(q) = self.queues.get_mut(mq) else {
@@ -500,10 +655,15 @@ impl Rebalancer {
                     if granted.contains(mq) {
                         q.lease = Some(lease);
                         q.backoff = Duration::ZERO;
+                        q.commit_on_unlock = commit_on_unlock;
                         if in_target && !self.shutting_down {
                             q.state = QState::Starting { retry_at: None };
-                            self.actions
-                                .push_back(Action::QueryStartOffset { mq: mq.clone() });
+                            match committed.get(mq) {
+                                Some(&offset) => begin.push((mq.clone(), offset)),
+                                None => self
+                                    .actions
+                                    .push_back(Action::QueryStartOffset { mq: mq.clone() }),
+                            }
                         } else {
                             q.state = QState::Unlocking { retry_at: None };
                             self.actions.push_back(unlock(mq));
@@ -520,6 +680,12 @@ impl Rebalancer {
                     }
                 }
                 (_, None) => {}
+                (QState::Unlocking { .. }, Some(_)) if renewal && granted.contains(mq) => {
+                    // The renewal was sent before the unlock and may have been processed after
+                    // it (requests can overtake each other), taking the lock again: unlock once
+                    // more when this unlock is answered.
+                    q.unlock_again = true;
+                }
                 (_, Some(lease)) if renewal => {
                     if granted.contains(mq) {
                         q.extend(lease, mq, &mut self.actions);
@@ -531,6 +697,10 @@ impl Rebalancer {
                 }
                 _ => {}
             }
+        }
+        for (mq, offset) in begin {
+            self.stats.offsets_on_grant += 1;
+            self.begin(now, &mq, offset);
         }
         self.step(now);
     }
@@ -587,20 +757,7 @@ impl Rebalancer {
                 self.queues.remove(mq);
             }
         } else if let Some(offset) = offset {
-            if q.lease_valid(now) {
-                q.state = QState::Owned;
-                self.stats.started += 1;
-                self.actions.push_back(Action::Start {
-                    mq: mq.clone(),
-                    offset,
-                    lease_until: q.lease.map(|l| l.until),
-                });
-            } else {
-                q.state = QState::Pending {
-                    retry_at: Some(now),
-                };
-                q.lease = None;
-            }
+            self.begin(now, mq, offset);
         } else {
             q.state = QState::Starting {
                 retry_at: Some(now + retry),
@@ -615,6 +772,7 @@ impl Rebalancer {
     pub fn handle_drained(&mut self, now: Instant, mq: &MessageQueue, offset: Option<i64>) {
         let locks = self.config.handover == Handover::Locks;
         let in_target = self.target.contains(mq) && !self.shutting_down;
+        let classic = self.source == Source::Classic;
         let Some(q) = self.queues.get_mut(mq) else {
             return;
         };
@@ -623,6 +781,17 @@ impl Rebalancer {
         };
         match after {
             After::Release => match offset {
+                // Not in coordinated mode: there the final commit must be acknowledged while
+                // the heartbeat still reports the queue (see the driver's `held`).
+                Some(offset) if locks && q.commit_on_unlock && classic && q.lease_valid(now) => {
+                    q.state = QState::Unlocking { retry_at: None };
+                    q.final_offset = Some(offset);
+                    self.actions.push_back(Action::CommitAndUnlock {
+                        broker: mq.broker_name.clone(),
+                        mq: mq.clone(),
+                        offset,
+                    });
+                }
                 Some(offset) if !locks || q.lease_valid(now) => {
                     q.state = QState::Committing { after };
                     self.actions.push_back(Action::Commit {
@@ -679,7 +848,10 @@ impl Rebalancer {
         if let Some(q) = self.queues.get_mut(mq) {
             if q.state == (QState::Unlocking { retry_at: None }) {
                 q.unlock_failures += u32::from(!ok);
-                if ok || q.unlock_failures >= MAX_UNLOCK_ATTEMPTS {
+                if ok && std::mem::take(&mut q.unlock_again) {
+                    q.final_offset = None;
+                    self.actions.push_back(unlock(mq));
+                } else if ok || q.unlock_failures >= MAX_UNLOCK_ATTEMPTS {
                     self.queues.remove(mq);
                     self.stats.released += 1;
                 } else {
@@ -873,12 +1045,48 @@ impl Rebalancer {
         if self.config.handover == Handover::Locks {
             if let Some(q) = self.queues.get_mut(mq) {
                 q.state = QState::Unlocking { retry_at: None };
+                q.final_offset = None;
                 self.actions.push_back(unlock(mq));
             }
         } else {
             self.queues.remove(mq);
             self.stats.released += 1;
         }
+    }
+
+    /// A locked queue's start offset is known: start it, or hold it for a fresh view (the
+    /// topic's view went stale while the lock was being taken), or ask for the lock again
+    /// (the lease ran out meanwhile).
+    fn begin(&mut self, now: Instant, mq: &MessageQueue, offset: i64) {
+        let stale = self.view_stale(&mq.topic);
+        let Some(q) = self.queues.get_mut(mq) else {
+            return;
+        };
+        if !q.lease_valid(now) {
+            q.state = QState::Pending {
+                retry_at: Some(now),
+            };
+            q.lease = None;
+        } else if stale {
+            q.state = QState::Ready { offset };
+            self.stats.held_for_view += 1;
+        } else {
+            q.state = QState::Owned;
+            self.stats.started += 1;
+            self.actions.push_back(Action::Start {
+                mq: mq.clone(),
+                offset,
+                lease_until: q.lease.map(|l| l.until),
+            });
+        }
+    }
+
+    /// Classic mode with locks: a membership notice came after the topic's applied view.
+    fn view_stale(&self, topic: &str) -> bool {
+        self.source == Source::Classic
+            && self.config.handover == Handover::Locks
+            && !self.shutting_down
+            && self.topics.get(topic).is_some_and(|v| v.stale)
     }
 
     fn finish_fence(&mut self, now: Instant, mq: &MessageQueue, in_target: bool) {
@@ -914,6 +1122,12 @@ impl Rebalancer {
             _ => None,
         };
         let locks = self.config.handover == Handover::Locks;
+        let stale_topics: BTreeSet<String> = self
+            .topics
+            .keys()
+            .filter(|t| self.view_stale(t))
+            .cloned()
+            .collect();
         for mq in &self.target {
             if !self.queues.contains_key(mq) {
                 self.queues.insert(
@@ -975,7 +1189,35 @@ impl Rebalancer {
                     retry_at: Some(t), ..
                 } if t <= now => {
                     q.state = QState::Unlocking { retry_at: None };
-                    self.actions.push_back(unlock(mq));
+                    self.actions.push_back(match q.final_offset {
+                        Some(offset) => Action::CommitAndUnlock {
+                            broker: mq.broker_name.clone(),
+                            mq: mq.clone(),
+                            offset,
+                        },
+                        None => unlock(mq),
+                    });
+                }
+                QState::Ready { offset } => {
+                    if !in_target {
+                        q.state = QState::Unlocking { retry_at: None };
+                        self.actions.push_back(unlock(mq));
+                    } else if !stale_topics.contains(&mq.topic) {
+                        if q.lease_valid(now) {
+                            q.state = QState::Owned;
+                            self.stats.started += 1;
+                            self.actions.push_back(Action::Start {
+                                mq: mq.clone(),
+                                offset,
+                                lease_until: q.lease.map(|l| l.until),
+                            });
+                        } else {
+                            q.state = QState::Pending {
+                                retry_at: Some(now),
+                            };
+                            q.lease = None;
+                        }
+                    }
                 }
                 QState::Owned if q.fence_now => {
                     q.fence_now = false;

@@ -45,6 +45,12 @@ pub(super) enum QState {
     Starting {
         retry_at: Option<Instant>,
     },
+    /// Lock held and start offset known, but a membership notice came after the view the
+    /// target rests on: the queue starts once a fresh view still gives it to this member
+    /// (or is unlocked if it does not), so it does not make an intermediate hand-over.
+    Ready {
+        offset: i64,
+    },
     Owned,
     Draining {
         after: After,
@@ -64,6 +70,7 @@ impl QState {
         matches!(
             self,
             QState::Starting { .. }
+                | QState::Ready { .. }
                 | QState::Owned
                 | QState::Draining { .. }
                 | QState::Committing { .. }
@@ -91,6 +98,14 @@ pub(super) struct Queue {
     /// A lock-freed notice came while the lock request was in flight: the notice may have
     /// overtaken the refusal, so a refusal is asked again at once.
     pub(super) freed_while_acquiring: bool,
+    /// The broker that granted the lock applies a final commit carried on the unlock
+    /// ([`LockAnswer::commit_on_unlock`](super::LockAnswer::commit_on_unlock)).
+    pub(super) commit_on_unlock: bool,
+    /// The final offset of a graceful release sent with the unlock (sent again with a retry).
+    pub(super) final_offset: Option<i64>,
+    /// A renewal answered "granted" while the unlock was in flight: the broker may have
+    /// processed the renewal after the unlock, so another unlock follows.
+    pub(super) unlock_again: bool,
 }
 
 impl Queue {
@@ -105,6 +120,9 @@ impl Queue {
             maybe_locked: false,
             unlock_failures: 0,
             freed_while_acquiring: false,
+            commit_on_unlock: false,
+            final_offset: None,
+            unlock_again: false,
         }
     }
 
@@ -112,7 +130,7 @@ impl Queue {
         match self.state {
             QState::Pending { .. } => QueuePhase::Pending,
             QState::Acquiring => QueuePhase::Acquiring,
-            QState::Starting { .. } => QueuePhase::Starting,
+            QState::Starting { .. } | QState::Ready { .. } => QueuePhase::Starting,
             QState::Owned => QueuePhase::Owned,
             QState::Draining { .. } => QueuePhase::Draining,
             QState::Committing { .. } => QueuePhase::Committing,
@@ -195,7 +213,7 @@ impl Queue {
         self.lease = None;
         match self.state {
             QState::Owned => self.fence_now = true,
-            QState::Starting { .. } => {
+            QState::Starting { .. } | QState::Ready { .. } => {
                 self.state = QState::Pending {
                     retry_at: Some(now),
                 }

@@ -764,3 +764,240 @@ fn a_lock_freed_notice_that_overtakes_the_refusal_is_not_lost() {
     assert!(drain(&mut a).is_empty());
     assert_eq!(a.poll_timeout(), Some(t + Duration::from_secs(1)));
 }
+
+fn answer(t: Instant, granted: &BTreeSet<MessageQueue>, committed: &[(i32, i64)]) -> LockAnswer {
+    LockAnswer {
+        granted: granted.clone(),
+        lease: Some(lease(t, Some(1))),
+        notice_expected: true,
+        committed: committed.iter().map(|(i, o)| (q(*i), *o)).collect(),
+        commit_on_unlock: true,
+    }
+}
+
+/// A Shoal broker with `offsetOnGrant` reads the committed offsets after the grant: a queue
+/// listed starts there at once; one without a committed offset is queried as before.
+#[test]
+fn a_grant_with_the_committed_offset_starts_without_a_query() {
+    let t = Instant::now();
+    let mut a = rb("a");
+    a.handle_subscribe(t, "T");
+    assert_eq!(drain(&mut a), vec![Action::FetchView { topic: "T".into() }]);
+    a.handle_view(t, "T", qs(&[0, 1]), vec!["a".into()]);
+    assert_eq!(
+        drain(&mut a),
+        vec![Action::Lock {
+            broker: "b".into(),
+            queues: qs(&[0, 1])
+        }]
+    );
+    let granted: BTreeSet<MessageQueue> = qs(&[0, 1]).into_iter().collect();
+    a.handle_lock_answer(t, &qs(&[0, 1]), answer(t, &granted, &[(0, 42)]));
+    assert_eq!(
+        drain(&mut a),
+        vec![
+            Action::QueryStartOffset { mq: q(1) },
+            Action::Start {
+                mq: q(0),
+                offset: 42,
+                lease_until: Some(t + Duration::from_secs(10))
+            }
+        ]
+    );
+    assert_eq!(a.stats().offsets_on_grant, 1);
+    a.handle_start_offset(t, &q(1), Some(7));
+    assert!(a.is_settled());
+}
+
+/// With `commitOnUnlock` the end of a release is one request carrying the final offset (sent
+/// again as it was if it failed); without a valid lease nothing is committed, only unlocked.
+#[test]
+fn a_release_to_a_commit_on_unlock_broker_is_one_request() {
+    let t = Instant::now();
+    let mut a = rb("a");
+    a.handle_subscribe(t, "T");
+    drain(&mut a);
+    a.handle_view(t, "T", qs(&[0, 1]), vec!["a".into()]);
+    drain(&mut a);
+    let granted: BTreeSet<MessageQueue> = qs(&[0, 1]).into_iter().collect();
+    a.handle_lock_answer(t, &qs(&[0, 1]), answer(t, &granted, &[(0, 5), (1, 9)]));
+    assert_eq!(drain(&mut a).len(), 2);
+    assert!(a.is_settled());
+    // b joins: a gives up queue 1.
+    a.handle_view(ms(t, 10), "T", qs(&[0, 1]), vec!["a".into(), "b".into()]);
+    assert_eq!(drain(&mut a), vec![Action::Stop { mq: q(1) }]);
+    a.handle_drained(ms(t, 20), &q(1), Some(12));
+    let one = Action::CommitAndUnlock {
+        broker: "b".into(),
+        mq: q(1),
+        offset: 12,
+    };
+    assert_eq!(drain(&mut a), vec![one.clone()]);
+    assert_eq!(a.phase(&q(1)), Some(QueuePhase::Unlocking));
+    // No answer: the same request again after the retry wait.
+    a.handle_unlocked(ms(t, 30), &q(1), false);
+    assert!(drain(&mut a).is_empty());
+    a.handle_timeout(ms(t, 530));
+    assert_eq!(drain(&mut a), vec![one]);
+    a.handle_unlocked(ms(t, 540), &q(1), true);
+    assert_eq!(a.phase(&q(1)), None);
+    assert_eq!(a.stats().released, 1);
+    // A drain that ends after the lease ran out commits nothing: a plain unlock.
+    // (Members sort as bytes: "A" and "B" come before "a", so a gets nothing.)
+    a.handle_view(
+        ms(t, 600),
+        "T",
+        qs(&[0, 1]),
+        vec!["A".into(), "B".into(), "a".into()],
+    );
+    assert_eq!(drain(&mut a), vec![Action::Stop { mq: q(0) }]);
+    a.handle_drained(ms(t, 11_000), &q(0), Some(8));
+    assert_eq!(
+        drain(&mut a),
+        vec![Action::Unlock {
+            broker: "b".into(),
+            queues: vec![q(0)]
+        }]
+    );
+}
+
+/// A notice that carries the member list is the view's member half: applied at once, no
+/// fetch; an older version (notices overtake each other) is ignored; a fetch in flight when a
+/// list came keeps its queues but not its (older) member list.
+#[test]
+fn a_member_list_notice_is_applied_without_a_fetch() {
+    let t = Instant::now();
+    let mut locks = Locks::default();
+    let mut a = rb("a");
+    own_all(&mut a, t, 4, &mut locks, &["a"]);
+    a.handle_members(ms(t, 10), "b", 7, vec!["a".into(), "b".into()]);
+    assert_eq!(
+        drain(&mut a),
+        vec![Action::Stop { mq: q(2) }, Action::Stop { mq: q(3) }]
+    );
+    assert_eq!(a.stats().member_lists, 1);
+    // An older list from the same broker: ignored.
+    a.handle_members(ms(t, 11), "b", 6, vec!["a".into()]);
+    assert!(drain(&mut a).is_empty());
+    assert_eq!(a.target().len(), 2);
+    // A list of another broker (no queue of the topic there): nothing changes.
+    a.handle_members(ms(t, 12), "other", 1, vec!["a".into()]);
+    assert!(drain(&mut a).is_empty());
+    // A plain notice starts a fetch; a list arrives while it is in flight; the fetch answers
+    // with the older member list: the list stands.
+    a.handle_notice(ms(t, 20));
+    assert_eq!(drain(&mut a), vec![Action::FetchView { topic: "T".into() }]);
+    a.handle_members(
+        ms(t, 21),
+        "b",
+        8,
+        vec!["a".into(), "b".into(), "c".into(), "d".into()],
+    );
+    assert_eq!(a.target().len(), 1);
+    drain(&mut a);
+    a.handle_view(
+        ms(t, 22),
+        "T",
+        qs(&[0, 1, 2, 3]),
+        vec!["a".into(), "b".into()],
+    );
+    assert_eq!(a.target().iter().cloned().collect::<Vec<_>>(), qs(&[0]));
+}
+
+/// The lock of a gained queue comes back after a newer membership notice: the queue is held
+/// (locked, not started) until the fresh view says whether it is still this member's.
+#[test]
+fn a_queue_locked_after_a_newer_notice_waits_for_the_fresh_view() {
+    let t = Instant::now();
+    let mut a = rb("a");
+    a.handle_subscribe(t, "T");
+    drain(&mut a);
+    a.handle_view(t, "T", qs(&[0, 1, 2, 3]), vec!["a".into(), "b".into()]);
+    assert_eq!(
+        drain(&mut a),
+        vec![Action::Lock {
+            broker: "b".into(),
+            queues: qs(&[0, 1])
+        }]
+    );
+    // c joins while the lock request is in flight.
+    a.handle_notice(ms(t, 5));
+    assert_eq!(drain(&mut a), vec![Action::FetchView { topic: "T".into() }]);
+    let granted: BTreeSet<MessageQueue> = qs(&[0, 1]).into_iter().collect();
+    a.handle_lock_answer(
+        ms(t, 6),
+        &qs(&[0, 1]),
+        answer(t, &granted, &[(0, 3), (1, 4)]),
+    );
+    assert!(drain(&mut a).is_empty(), "nothing starts on a stale view");
+    assert_eq!(a.phase(&q(0)), Some(QueuePhase::Starting));
+    assert_eq!(a.stats().held_for_view, 2);
+    // The fresh view (a, b, c, d): a keeps queue 0 and starts it; queue 1 is unlocked
+    // without ever having started.
+    a.handle_view(
+        ms(t, 9),
+        "T",
+        qs(&[0, 1, 2, 3]),
+        vec!["a".into(), "b".into(), "c".into(), "d".into()],
+    );
+    assert_eq!(
+        drain(&mut a),
+        vec![
+            Action::Start {
+                mq: q(0),
+                offset: 3,
+                lease_until: Some(t + Duration::from_secs(10))
+            },
+            Action::Unlock {
+                broker: "b".into(),
+                queues: vec![q(1)]
+            }
+        ]
+    );
+    assert_eq!(a.stats().started, 1);
+}
+
+/// A renewal sent before the unlock may be processed after it and take the lock again (the
+/// simulator found the leak: the next owner waited forever): a "granted" renewal answer that
+/// comes while the unlock is in flight is followed by one more unlock.
+#[test]
+fn a_renewal_granted_while_unlocking_is_followed_by_another_unlock() {
+    let t = Instant::now();
+    let mut locks = Locks::default();
+    let mut a = rb("a");
+    own_all(&mut a, t, 2, &mut locks, &["a"]);
+    a.handle_timeout(ms(t, 7_000));
+    assert_eq!(
+        drain(&mut a),
+        vec![Action::Lock {
+            broker: "b".into(),
+            queues: qs(&[0, 1])
+        }]
+    );
+    // ("A" sorts before "a": A gets queue 0.)
+    a.handle_view(ms(t, 7_001), "T", qs(&[0, 1]), vec!["A".into(), "a".into()]);
+    assert_eq!(drain(&mut a), vec![Action::Stop { mq: q(0) }]);
+    a.handle_drained(ms(t, 7_002), &q(0), Some(3));
+    drain(&mut a);
+    a.handle_committed(ms(t, 7_003), &q(0), true);
+    let unlock0 = Action::Unlock {
+        broker: "b".into(),
+        queues: vec![q(0)],
+    };
+    assert_eq!(drain(&mut a), vec![unlock0.clone()]);
+    let both: BTreeSet<MessageQueue> = qs(&[0, 1]).into_iter().collect();
+    a.handle_lock_result(
+        ms(t, 7_004),
+        &qs(&[0, 1]),
+        &both,
+        Some(lease(ms(t, 7_000), Some(1))),
+        true,
+    );
+    drain(&mut a);
+    a.handle_unlocked(ms(t, 7_005), &q(0), true);
+    assert_eq!(drain(&mut a), vec![unlock0]);
+    assert_eq!(a.phase(&q(0)), Some(QueuePhase::Unlocking));
+    a.handle_unlocked(ms(t, 7_006), &q(0), true);
+    assert_eq!(a.phase(&q(0)), None);
+    assert!(a.is_settled());
+}

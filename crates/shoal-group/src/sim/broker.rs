@@ -46,6 +46,8 @@ pub(super) struct SimBroker {
     pub held: BTreeMap<MessageQueue, Vec<HeldPull>>,
     /// The group coordinator (coordinated runs).
     pub coordinator: Option<Coordinator>,
+    /// Version of the member lists sent with notices.
+    pub member_version: u64,
 }
 
 impl SimBroker {
@@ -58,6 +60,7 @@ impl SimBroker {
             queue_count: 0,
             held: BTreeMap::new(),
             coordinator: None,
+            member_version: 0,
         };
         b.grow(queue_count);
         b

@@ -29,7 +29,7 @@
 mod broker;
 mod coordinated;
 
-use crate::rebalance::{Action, Handover, Lease, Rebalancer, RebalancerConfig};
+use crate::rebalance::{Action, Handover, Lease, LockAnswer, Rebalancer, RebalancerConfig};
 use crate::strategy_by_name;
 use broker::{mq, Outbox, SimBroker, BROKER, GROUP, TOPIC};
 use coordinated::{GroupAnswer, Membership};
@@ -91,11 +91,16 @@ pub struct SimConfig {
     /// network): no member may be fenced and no message delivered twice
     /// ([`Violation::NotGraceful`]).
     pub graceful: bool,
+    /// The broker has Shoal's round-trip savings: lock grants carry the committed offsets,
+    /// unlocks carry the final commit, membership notices carry the member list (with a
+    /// version). Off: the plain protocol (as against Apache RocketMQ, with session locks).
+    pub extensions: bool,
 }
 
 impl SimConfig {
     /// The settings CI uses for `seed`: hand-over by locks, AVG or BALANCED_STICKY by seed,
-    /// a 3 s session, 15 s of schedule.
+    /// a 3 s session, 15 s of schedule; the broker's round-trip savings
+    /// ([`SimConfig::extensions`]) for half of the seeds (`seed / 2` odd).
     pub fn for_seed(seed: u64) -> Self {
         Self {
             seed,
@@ -119,6 +124,7 @@ impl SimConfig {
             rebalance_timeout_ms: 5_000,
             static_share: 0.0,
             graceful: false,
+            extensions: (seed / 2) % 2 == 1,
         }
     }
 
@@ -382,6 +388,8 @@ enum Req {
     View,
     Lock(Vec<MessageQueue>),
     Unlock(Vec<MessageQueue>),
+    /// UNLOCK_BATCH_MQ carrying the final commit ([`SimConfig::extensions`]).
+    CommitUnlock(MessageQueue, i64),
     QueryOffset(MessageQueue),
     Commit(MessageQueue, i64),
     Pull(MessageQueue, i64),
@@ -401,7 +409,8 @@ enum Req {
 enum Reply {
     Heartbeat(u64),
     View(Vec<MessageQueue>, Vec<String>),
-    Lock(Vec<MessageQueue>, Option<u64>),
+    /// Granted, session, committed offsets of granted queues ([`SimConfig::extensions`]).
+    Lock(Vec<MessageQueue>, Option<u64>, BTreeMap<MessageQueue, i64>),
     Unlocked,
     Offset(i64),
     Committed(bool),
@@ -459,6 +468,8 @@ enum Inbound {
         reply: Reply,
     },
     Notice,
+    /// A membership notice with the member list and its version ([`SimConfig::extensions`]).
+    Members(u64, Vec<String>),
     LockFreed(Vec<MessageQueue>),
     /// The coordinator has news for the member (GROUP_ASSIGNMENT_CHANGED).
     Assign,
@@ -766,6 +777,11 @@ impl World {
                 Action::Unlock { queues, .. } => {
                     self.request(m, Req::Unlock(queues.clone()), Pending::Unlock(queues))
                 }
+                Action::CommitAndUnlock { mq, offset, .. } => self.request(
+                    m,
+                    Req::CommitUnlock(mq.clone(), offset),
+                    Pending::Unlock(vec![mq]),
+                ),
             }
         }
     }
@@ -904,6 +920,12 @@ impl World {
                 self.member_wake(m);
                 self.members[m].rb.handle_notice(t)
             }
+            Inbound::Members(version, members) => {
+                self.member_wake(m);
+                self.members[m]
+                    .rb
+                    .handle_members(t, BROKER, version, members)
+            }
             Inbound::Assign => self.member_wake(m),
             Inbound::LockFreed(queues) => self.members[m].rb.handle_lock_freed(t, &queues),
             Inbound::Reply { req, reply } => {
@@ -935,16 +957,17 @@ impl World {
                 self.members[m].rb.handle_view(t, TOPIC, queues, members)
             }
             (Pending::View, _) => self.members[m].rb.handle_view_failed(t, TOPIC),
-            (Pending::Lock { queues, sent }, Some(Reply::Lock(granted, session))) => {
+            (Pending::Lock { queues, sent }, Some(Reply::Lock(granted, session, committed))) => {
                 let granted: BTreeSet<MessageQueue> = granted.into_iter().collect();
                 let lease = self.lease(sent, session);
-                self.members[m].rb.handle_lock_result(
-                    t,
-                    &queues,
-                    &granted,
-                    Some(lease),
-                    session.is_some(),
-                );
+                let answer = LockAnswer {
+                    granted,
+                    lease: Some(lease),
+                    notice_expected: session.is_some(),
+                    committed,
+                    commit_on_unlock: self.cfg.extensions && session.is_some(),
+                };
+                self.members[m].rb.handle_lock_answer(t, &queues, answer);
             }
             (Pending::Lock { queues, .. }, _) => {
                 self.members[m]
@@ -1008,8 +1031,17 @@ impl World {
     }
 
     fn flush(&mut self, out: Outbox) {
-        for conn in out.notify {
-            self.send_to_conn(conn, Inbound::Notice, true);
+        if self.cfg.extensions && !out.notify.is_empty() {
+            self.broker.member_version += 1;
+            let version = self.broker.member_version;
+            let members = self.broker.registry.client_ids(GROUP);
+            for conn in out.notify {
+                self.send_to_conn(conn, Inbound::Members(version, members.clone()), true);
+            }
+        } else {
+            for conn in out.notify {
+                self.send_to_conn(conn, Inbound::Notice, true);
+            }
         }
         for (conn, queues) in out.freed {
             self.send_to_conn(conn, Inbound::LockFreed(queues), true);
@@ -1063,7 +1095,33 @@ impl World {
             Req::View => Reply::View(self.broker.queues(), self.broker.registry.client_ids(GROUP)),
             Req::Lock(queues) => {
                 let (g, s) = self.broker.lock(conn, &queues, now);
-                Reply::Lock(g, s)
+                // Read after the grant, as the broker does.
+                let committed = if self.cfg.extensions && s.is_some() {
+                    g.iter()
+                        .filter_map(|q| self.broker.offsets.get(q).map(|o| (q.clone(), *o)))
+                        .collect()
+                } else {
+                    BTreeMap::new()
+                };
+                Reply::Lock(g, s, committed)
+            }
+            Req::CommitUnlock(q, o) => {
+                // The commit first (fenced as any commit; the member-epoch fence too), then
+                // the unlock: the next owner's grant sees the offset.
+                let fenced = self.broker.stamp_refused(&stamp, std::slice::from_ref(&q));
+                if !fenced {
+                    if let Ok(Some(from)) = self.broker.commit(conn, &q, o, now) {
+                        self.violations.push(Violation::OffsetMovedBack {
+                            at: now,
+                            queue: q.queue_id,
+                            from,
+                            to: o,
+                        });
+                    }
+                }
+                self.broker
+                    .unlock(conn, std::slice::from_ref(&q), now, &mut out);
+                Reply::Unlocked
             }
             Req::Unlock(queues) => {
                 self.broker.unlock(conn, &queues, now, &mut out);

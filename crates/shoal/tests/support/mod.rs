@@ -13,8 +13,13 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+/// The `shoal` binary the tests run: this build's, or the one `SHOAL_TEST_BIN` names (to run a
+/// scenario against another build, e.g. a release binary when measuring).
 pub fn shoal() -> &'static str {
-    env!("CARGO_BIN_EXE_shoal")
+    static BIN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    BIN.get_or_init(|| {
+        std::env::var("SHOAL_TEST_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_shoal").to_string())
+    })
 }
 
 pub fn free_port() -> u16 {
