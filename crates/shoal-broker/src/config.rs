@@ -397,6 +397,15 @@ impl Default for BrokerConfig {
 pub struct ConfigError(pub String);
 
 impl BrokerConfig {
+    /// A session timeout a client asks for, bounded by `[min_session_timeout_ms,
+    /// max_session_timeout_ms]`.
+    pub fn clamp_session_timeout(&self, ms: u64) -> u64 {
+        ms.clamp(
+            self.min_session_timeout_ms,
+            self.max_session_timeout_ms.max(self.min_session_timeout_ms),
+        )
+    }
+
     /// Parses a TOML document; unknown keys are errors (a typo must not be ignored).
     pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
         let cfg: BrokerConfig = toml::from_str(text).map_err(|e| ConfigError(e.to_string()))?;

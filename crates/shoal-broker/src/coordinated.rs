@@ -59,7 +59,7 @@ pub async fn heartbeat(cx: &GroupCtx<'_>, ctx: &RequestContext, req: &RemotingCo
             )
         })?;
     }
-    let request = HeartbeatRequest {
+    let mut request = HeartbeatRequest {
         group: body.group,
         member_id: body.member_id,
         member_epoch: body.member_epoch,
@@ -70,6 +70,9 @@ pub async fn heartbeat(cx: &GroupCtx<'_>, ctx: &RequestContext, req: &RemotingCo
         owned: body.owned.into_iter().collect(),
         adoptable: Default::default(),
         rebalance_timeout_ms: body.rebalance_timeout_ms,
+        session_timeout_ms: body
+            .session_timeout_ms
+            .map(|ms| cx.config.clamp_session_timeout(ms)),
         assignor: body.assignor,
     };
     let result = cx.state.with(|g, now| {
@@ -77,6 +80,14 @@ pub async fn heartbeat(cx: &GroupCtx<'_>, ctx: &RequestContext, req: &RemotingCo
             if let Some(q) = q {
                 g.coordinator.set_topic_queues(&t, q, now);
             }
+        }
+        if request.session_timeout_ms.is_none() {
+            // A client that does not name it in GROUP_HEARTBEAT: its HEART_BEAT session's
+            // (already bounded), as in classic mode; else the coordinator's default.
+            request.session_timeout_ms = g
+                .clients
+                .session(&request.group, conn_id)
+                .and_then(|s| s.timeout_ms);
         }
         g.coordinated_heartbeat(request, now)
     });

@@ -173,6 +173,14 @@ impl Membership {
         }
     }
 
+    /// The consumer's session timeout: sent in every group heartbeat (the coordinator
+    /// removes the member after this long without one), and how long the member keeps its
+    /// queues without an answer. 45 s (Kafka's default) unless set.
+    pub fn with_session_timeout(mut self, timeout: Duration) -> Self {
+        self.session_timeout = timeout;
+        self
+    }
+
     /// The group.
     pub fn group(&self) -> &str {
         &self.group
@@ -346,6 +354,7 @@ impl Membership {
             member_id: self.member_id.clone(),
             owned,
             rebalance_timeout_ms: Some(self.rebalance_timeout_ms),
+            session_timeout_ms: Some(self.session_timeout.as_millis() as u64),
             subscriptions,
         };
         let req = match RemotingCommand::request(crc::GROUP_HEARTBEAT).with_json_body(&body) {

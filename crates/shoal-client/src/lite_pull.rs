@@ -197,13 +197,16 @@ impl LitePullConsumer {
             rocketmq_lock_lease: Duration::from_millis(crate::consumer::LOCK_EXPIRE_MS),
             rocketmq_lock_renew: config.lock_interval,
             membership: (config.protocol != GroupProtocol::Classic).then(|| {
-                Arc::new(Membership::new(
-                    &config.group,
-                    new_member_id(instance.client_id()),
-                    config.instance_id.clone(),
-                    config.protocol,
-                    &config.allocate_strategy,
-                ))
+                Arc::new(
+                    Membership::new(
+                        &config.group,
+                        new_member_id(instance.client_id()),
+                        config.instance_id.clone(),
+                        config.protocol,
+                        &config.allocate_strategy,
+                    )
+                    .with_session_timeout(config.session_timeout),
+                )
             }),
         };
         let inner = Arc::new_cyclic(|me| Inner {

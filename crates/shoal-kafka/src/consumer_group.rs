@@ -335,6 +335,8 @@ pub(crate) fn heartbeat(
         owned: cache.owned.clone(),
         adoptable: BTreeSet::new(),
         rebalance_timeout_ms: cache.rebalance_timeout_ms,
+        // Kafka's consumer protocol has no member session timeout: the group's (coordinator's).
+        session_timeout_ms: None,
         assignor: cache.assignor.clone(),
     };
     // The coordinator learns the subscribed topics' queues from the broker, in the same lock.

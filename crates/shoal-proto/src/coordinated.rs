@@ -100,6 +100,11 @@ pub struct GroupHeartbeatRequest {
     /// Rebalance timeout, ms.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rebalance_timeout_ms: Option<u64>,
+    /// Session timeout, ms: without a heartbeat for this long the member is removed and its
+    /// queues go to others (the broker bounds it by its `min/max_session_timeout_ms`; absent:
+    /// the member's HEART_BEAT session, else the coordinator's `session_timeout_ms`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_timeout_ms: Option<u64>,
     /// Subscribed topics.
     #[serde(default)]
     pub subscriptions: Vec<String>,
@@ -188,6 +193,14 @@ mod tests {
             s,
             r#"{"clientId":"c","group":"G","memberEpoch":0,"memberId":"m","owned":[],"subscriptions":["T"]}"#
         );
+        let back: GroupHeartbeatRequest = crate::body::from_json_slice(s.as_bytes()).unwrap();
+        assert_eq!(back, r);
+        let r = GroupHeartbeatRequest {
+            session_timeout_ms: Some(2_000),
+            ..r
+        };
+        let s = String::from_utf8(crate::body::to_json_bytes(&r).unwrap()).unwrap();
+        assert!(s.contains(r#""sessionTimeoutMs":2000"#), "{s}");
         let back: GroupHeartbeatRequest = crate::body::from_json_slice(s.as_bytes()).unwrap();
         assert_eq!(back, r);
     }

@@ -266,13 +266,16 @@ impl PushConsumer {
         let permits = Arc::new(Semaphore::new(config.consume_thread_max));
         let membership = (is_clustering(&config) && config.protocol != GroupProtocol::Classic)
             .then(|| {
-                Arc::new(Membership::new(
-                    &config.group,
-                    new_member_id(instance.client_id()),
-                    config.instance_id.clone(),
-                    config.protocol,
-                    &config.allocate_strategy,
-                ))
+                Arc::new(
+                    Membership::new(
+                        &config.group,
+                        new_member_id(instance.client_id()),
+                        config.instance_id.clone(),
+                        config.protocol,
+                        &config.allocate_strategy,
+                    )
+                    .with_session_timeout(config.session_timeout),
+                )
             });
         let inner = Arc::new(Inner {
             membership,

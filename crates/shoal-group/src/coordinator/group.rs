@@ -59,11 +59,21 @@ pub(crate) struct Member {
     released: BTreeMap<MessageQueue, i32>,
     state: MemberState,
     rebalance_timeout_ms: u64,
+    /// Its own session timeout (from its heartbeat); the coordinator's default when `None`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    session_timeout_ms: Option<u64>,
     session_deadline_ms: u64,
     revoke_deadline_ms: Option<u64>,
     /// Its last heartbeat answer carried its current assignment.
     #[serde(default)]
     told: bool,
+}
+
+impl Member {
+    /// How long it may go without a heartbeat: its own session timeout, or the coordinator's.
+    fn session_timeout(&self, cfg: &CoordinatorConfig) -> u64 {
+        self.session_timeout_ms.unwrap_or(cfg.session_timeout_ms)
+    }
 }
 
 /// A member as `shoal group describe` shows it.
@@ -279,6 +289,7 @@ impl Group {
                             released: BTreeMap::new(),
                             state: MemberState::Stable,
                             rebalance_timeout_ms: cfg.rebalance_timeout_ms,
+                            session_timeout_ms: None,
                             session_deadline_ms: now,
                             revoke_deadline_ms: None,
                             told: false,
@@ -325,7 +336,8 @@ impl Group {
             .rebalance_timeout_ms
             .unwrap_or(cfg.rebalance_timeout_ms)
             .clamp(1, cfg.max_rebalance_timeout_ms);
-        m.session_deadline_ms = now.saturating_add(cfg.session_timeout_ms);
+        m.session_timeout_ms = req.session_timeout_ms.map(|t| t.max(1));
+        m.session_deadline_ms = now.saturating_add(m.session_timeout(cfg));
         if m.subscriptions != req.subscriptions {
             m.subscriptions = req.subscriptions;
             cause = cause.or(Some(RebalanceCause::SubscriptionChanged {
@@ -361,7 +373,12 @@ impl Group {
             member_epoch: m.epoch,
             group_epoch: self.epoch,
             assignment: m.assigned.keys().cloned().collect(),
-            heartbeat_interval_ms: cfg.heartbeat_interval_ms,
+            // At least three heartbeats per session (Kafka's advice for
+            // heartbeat.interval.ms), so a short session is not lost to one late heartbeat.
+            heartbeat_interval_ms: cfg
+                .heartbeat_interval_ms
+                .min(m.session_timeout(cfg) / 3)
+                .max(1),
         })
     }
 
@@ -487,7 +504,7 @@ impl Group {
         m.pending.clear();
         m.state = MemberState::Away;
         m.revoke_deadline_ms = None;
-        m.session_deadline_ms = ctx.now_ms.saturating_add(ctx.config.session_timeout_ms);
+        m.session_deadline_ms = ctx.now_ms.saturating_add(m.session_timeout(ctx.config));
         ctx.effects.push_back(Effect::ReleaseLocks {
             group: self.name.clone(),
             client_id: m.client_id.clone(),
@@ -938,7 +955,7 @@ impl Group {
             for q in m.assigned.keys().chain(m.pending.keys()) {
                 self.owners.insert(q.clone(), m.id.clone());
             }
-            m.session_deadline_ms = now.saturating_add(ctx.config.session_timeout_ms);
+            m.session_deadline_ms = now.saturating_add(m.session_timeout(ctx.config));
             if m.revoke_deadline_ms.is_some() {
                 m.revoke_deadline_ms = Some(now.saturating_add(m.rebalance_timeout_ms));
             }

@@ -83,7 +83,8 @@ pub struct CoordinatorConfig {
     /// answers GROUP_HEARTBEAT); `false`: every group allocates client-side (classic).
     pub enabled: bool,
     /// A member that does not heartbeat for this long is removed (Kafka
-    /// `group.consumer.session.timeout.ms`, 45 s).
+    /// `group.consumer.session.timeout.ms`, 45 s), unless its heartbeat names its own session
+    /// timeout ([`HeartbeatRequest::session_timeout_ms`]).
     pub session_timeout_ms: u64,
     /// How often members heartbeat when nothing changes (Kafka
     /// `group.consumer.heartbeat.interval.ms` is 5 s; Shoal also pushes notices).
@@ -153,6 +154,10 @@ pub struct HeartbeatRequest {
     pub adoptable: BTreeSet<MessageQueue>,
     /// The member's rebalance timeout; the configured default when absent.
     pub rebalance_timeout_ms: Option<u64>,
+    /// The member's session timeout (the client's, bounded by the broker); the configured
+    /// `session_timeout_ms` when absent. A member that does not heartbeat for this long is
+    /// removed and its queues go to others.
+    pub session_timeout_ms: Option<u64>,
     /// The assignor the member asks for (the group uses the one most members ask for).
     pub assignor: Option<String>,
 }

@@ -27,6 +27,8 @@ struct Client {
     to_release: BTreeSet<MessageQueue>,
     assignor: String,
     heartbeats: usize,
+    /// The session timeout its heartbeats name (the coordinator's default when `None`).
+    session_timeout_ms: Option<u64>,
 }
 
 impl Client {
@@ -41,6 +43,7 @@ impl Client {
             to_release: BTreeSet::new(),
             assignor: assignor.to_string(),
             heartbeats: 0,
+            session_timeout_ms: None,
         }
     }
 
@@ -61,6 +64,7 @@ impl Client {
             owned: self.owned.clone(),
             adoptable: BTreeSet::new(),
             rebalance_timeout_ms: Some(10_000),
+            session_timeout_ms: self.session_timeout_ms,
             assignor: Some(self.assignor.clone()),
         }
     }
@@ -612,6 +616,56 @@ fn dynamic_session_expiry_and_connection_close() {
     all[0].heartbeat(&mut c, now);
     assert_eq!(all[0].owned.len(), 16);
     check_exclusive(&c, &all);
+}
+
+#[test]
+fn a_member_s_own_short_session_expires_it_before_the_coordinator_default() {
+    let mut c = coordinator();
+    assert_eq!(c.config().session_timeout_ms, 45_000);
+    let mut a = Client::new("a", 1, "STICKY");
+    let mut b = Client::new("b", 2, "STICKY");
+    a.session_timeout_ms = Some(2_000);
+    b.session_timeout_ms = Some(2_000);
+    let mut all = vec![a, b];
+    converge(&mut c, &mut all, 0);
+    assert_eq!(all[1].owned.len(), 8);
+    // The next deadline is the members' session, not the coordinator's 45 s.
+    let last = 0; // converge heartbeats every round at this time
+    assert_eq!(c.next_deadline(), Some(last + 2_000));
+    // b freezes (keeps its queues, stops heartbeating); a heartbeats every 500 ms.
+    let frozen = all[1].clone();
+    let mut now = last;
+    let mut taken_at = None;
+    while now < 10_000 && taken_at.is_none() {
+        now += 500;
+        c.tick(now);
+        all[0].heartbeat(&mut c, now);
+        all[0].heartbeat(&mut c, now);
+        if all[0].owned.len() == 16 {
+            taken_at = Some(now);
+        }
+    }
+    // Taken over within its own session plus a heartbeat, long before 45 s.
+    let taken_at = taken_at.expect("b's queues never went to a");
+    assert!(
+        taken_at <= last + 2_000 + 500,
+        "taken over at {taken_at} ms"
+    );
+    assert_eq!(c.describe("G", now).unwrap().members.len(), 1);
+    // The frozen member's stale pulls are fenced.
+    let q = frozen.owned.iter().next().unwrap();
+    assert!(matches!(
+        c.validate("G", &frozen.member_id, frozen.epoch, q),
+        Err(GroupError::UnknownMember { .. } | GroupError::FencedMemberEpoch { .. })
+    ));
+    // A member that names no session keeps the coordinator's default.
+    let mut d = Client::new("d", 4, "STICKY");
+    d.heartbeat(&mut c, now);
+    let later = now + 5_000; // past a's own session, far from the default 45 s
+    all[0].heartbeat(&mut c, later);
+    all[0].heartbeat(&mut c, later);
+    c.tick(later);
+    assert_eq!(c.describe("G", later).unwrap().members.len(), 2);
 }
 
 #[test]

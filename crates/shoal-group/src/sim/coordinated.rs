@@ -79,15 +79,14 @@ pub(super) enum GroupAnswer {
     Refused,
 }
 
-/// The coordinator settings of a simulated run.
+/// The coordinator settings of a simulated run. Its own session timeout stays the default
+/// (45 s, longer than any run): members name theirs in every heartbeat, as the client does.
 pub(super) fn coordinator_config(
-    session_ms: u64,
     heartbeat_ms: u64,
     rebalance_ms: u64,
     assignor: &str,
 ) -> CoordinatorConfig {
     CoordinatorConfig {
-        session_timeout_ms: session_ms,
         heartbeat_interval_ms: heartbeat_ms,
         rebalance_timeout_ms: rebalance_ms,
         max_rebalance_timeout_ms: rebalance_ms.max(1),
@@ -143,7 +142,6 @@ impl World {
             return;
         }
         let cfg = coordinator_config(
-            self.cfg.session_timeout_ms,
             self.cfg.heartbeat_ms,
             self.cfg.rebalance_timeout_ms,
             &self.cfg.strategy,
@@ -323,6 +321,9 @@ impl World {
             owned,
             adoptable,
             rebalance_timeout_ms: Some(self.cfg.rebalance_timeout_ms),
+            // The member's own session (the coordinator's default is Kafka's 45 s, longer
+            // than the run): as the client sends it.
+            session_timeout_ms: Some(self.cfg.session_timeout_ms),
             assignor: Some(self.cfg.strategy.clone()),
         };
         let Some(c) = self.broker.coordinator.as_mut() else {
