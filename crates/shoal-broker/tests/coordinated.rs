@@ -21,6 +21,7 @@ struct Member {
     epoch: i32,
     owned: Vec<MessageQueue>,
     instance: Option<String>,
+    session_ms: Option<u64>,
 }
 
 impl Member {
@@ -32,6 +33,7 @@ impl Member {
             epoch: 0,
             owned: Vec::new(),
             instance: None,
+            session_ms: None,
         }
     }
 
@@ -45,6 +47,7 @@ impl Member {
             member_id: self.id.clone(),
             owned: self.owned.clone(),
             rebalance_timeout_ms: Some(30_000),
+            session_timeout_ms: self.session_ms,
             subscriptions: vec!["T".into()],
         };
         self.raw
@@ -221,6 +224,48 @@ async fn revoke_then_assign_fencing_and_evidence() {
     let r = a.heartbeat(true).await;
     assert_eq!(r.assignment.len(), 4);
     c.stop().await;
+}
+
+#[tokio::test]
+async fn a_member_s_session_is_its_own_bounded_by_the_broker() {
+    let c = Cluster::start().await;
+    let mut a = Member::new(&c.broker_addr, "a");
+    let mut b = Member::new(&c.broker_addr, "b");
+    ok(&a.raw.call(create_topic_req("T", 4)).await);
+    // 10 ms is below the broker's min_session_timeout_ms (1 s): a gets 1 s.
+    a.session_ms = Some(10);
+    b.session_ms = Some(60_000);
+    let r = a.heartbeat(true).await;
+    assert!(r.heartbeat_interval_ms <= 1_000 / 3, "{r:?}");
+    let r = b.heartbeat(true).await;
+    assert!(r.heartbeat_interval_ms > 1_000 / 3, "{r:?}");
+    let d: serde_json::Value = a.raw.call(describe_req()).await.decode_json_body().unwrap();
+    let expires = |d: &serde_json::Value, id: &str| {
+        d["members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["memberId"] == id)
+            .map(|m| m["sessionExpiresInMs"].as_u64().unwrap())
+    };
+    assert!(
+        expires(&d, "a").is_some_and(|ms| ms <= 1_000 && ms > 10),
+        "{d}"
+    );
+    assert!(expires(&d, "b").is_some_and(|ms| ms > 1_000), "{d}");
+    // a goes silent; b heartbeats and gets a's queues once a's own 1 s session expired (the
+    // coordinator's default is 45 s). Liveness bound only.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        let r = b.heartbeat(true).await;
+        if r.assignment.len() == 4 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "a was never removed");
+    }
+    let d: serde_json::Value = b.raw.call(describe_req()).await.decode_json_body().unwrap();
+    assert!(expires(&d, "a").is_none(), "{d}");
 }
 
 #[tokio::test]
