@@ -76,8 +76,10 @@ def run_child(cmd, timeout=600):
 
 
 class ShoalServer:
-    def __init__(self, label, binary, port, work, flush):
+    def __init__(self, label, binary, port, work, flush, client_args=()):
         self.label, self.binary, self.port, self.flush = label, binary, port, flush
+        # Extra global flags for this target's `shoal bench` client (e.g. --serialize-type).
+        self.client_args = list(client_args)
         self.dir = os.path.join(work, f"shoal-{label}")
         self.proc = None
 
@@ -113,7 +115,7 @@ class ShoalServer:
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def bench(self, mode, args, timeout=600):
-        cmd = [self.binary, "--namesrv", self.ns(), "--json", "bench", mode] + args
+        cmd = [self.binary, "--namesrv", self.ns(), "--json"] + self.client_args + ["bench", mode] + args
         c0 = cpu_seconds(self.proc.pid)
         t0 = time.time()
         out, client_cpu = run_child(cmd, timeout)
@@ -204,6 +206,10 @@ def fmt(v, unit=""):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shoal", action="append", default=[], help="LABEL=BINARY (repeatable)")
+    ap.add_argument("--client-args", action="append", default=[], metavar="LABEL=ARGS",
+                    help="extra global flags for LABEL's bench client, e.g. "
+                         "'bin=--serialize-type rocketmq' (repeatable; the same BINARY may be given "
+                         "under two labels to compare client settings)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--duration", type=int, default=8, help="seconds per Shoal produce run")
     ap.add_argument("--sizes", default="128,1024")
@@ -226,10 +232,17 @@ def main():
         if not binary or not os.access(binary, os.X_OK):
             ap.error(f"--shoal {spec}: not LABEL=BINARY of an executable")
         targets.append((label, os.path.abspath(binary)))
+    client_args = {}
+    for spec in a.client_args:
+        label, _, args = spec.partition("=")
+        if label not in dict(targets):
+            ap.error(f"--client-args {spec}: no --shoal target labelled {label}")
+        client_args[label] = args.split()
     sizes = [int(s) for s in a.sizes.split(",")]
     cases = a.cases.split(",")
     work = tempfile.mkdtemp(prefix="shoal-vs-redis.")
-    servers = {label: ShoalServer(label, b, a.port_base + 10 * i, work, a.flush) for i, (label, b) in enumerate(targets)}
+    servers = {label: ShoalServer(label, b, a.port_base + 10 * i, work, a.flush, client_args.get(label, ()))
+               for i, (label, b) in enumerate(targets)}
     redis = None if a.no_redis else RedisServer(a.port_base + 90, work)
     runs = []
     print(f"# {os.cpu_count()} CPU, {os.uname().release}; load at start {load()}; flush {a.flush}", flush=True)

@@ -48,15 +48,26 @@ impl BrokerProcessor {
         Self { inner }
     }
 
+    /// Runs one request. Sends and pulls run inline; every other request runs boxed, so a
+    /// send's future (allocated and moved once per request) is not as large as the largest
+    /// admin handler's.
     async fn dispatch(&self, ctx: &RequestContext, req: &RemotingCommand) -> Option<Handled> {
         let b = &self.inner;
-        Some(match req.code {
+        match req.code {
             rc::SEND_MESSAGE | rc::SEND_MESSAGE_V2 | rc::SEND_BATCH_MESSAGE => {
-                crate::send::send_message(b, ctx, req).await
+                Some(crate::send::send_message(b, ctx, req).await)
             }
             rc::PULL_MESSAGE | rc::LITE_PULL_MESSAGE => {
-                crate::pull::pull_message(b, ctx, req).await
+                Some(crate::pull::pull_message(b, ctx, req).await)
             }
+            _ => Box::pin(self.dispatch_other(ctx, req)).await,
+        }
+    }
+
+    /// Every request but sends and pulls.
+    async fn dispatch_other(&self, ctx: &RequestContext, req: &RemotingCommand) -> Option<Handled> {
+        let b = &self.inner;
+        Some(match req.code {
             rc::END_TRANSACTION => crate::transaction::end::end_transaction(b, ctx, req).await,
             rc::HEART_BEAT => {
                 let answer = crate::client::heartbeat(&b.group_ctx(), ctx, req);

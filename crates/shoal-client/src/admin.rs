@@ -179,6 +179,7 @@ pub struct AdminClient {
     net: RemotingClient,
     timeout: Duration,
     credentials: Option<shoal_proto::acl::SessionCredentials>,
+    serialize_type: shoal_proto::SerializeType,
 }
 
 fn refused(what: &'static str, addr: &str, r: &RemotingCommand) -> AdminError {
@@ -198,7 +199,15 @@ impl AdminClient {
             net: RemotingClient::new(NetConfig::default(), Arc::new(NotSupportedProcessor)),
             timeout: Duration::from_secs(5),
             credentials: None,
+            serialize_type: shoal_proto::SerializeType::Json,
         }
+    }
+
+    /// Encodes request headers as `serialize_type` (JSON by default; see
+    /// [`ClientConfig::serialize_type`](crate::ClientConfig::serialize_type)).
+    pub fn with_serialize_type(mut self, serialize_type: shoal_proto::SerializeType) -> Self {
+        self.serialize_type = serialize_type;
+        self
     }
 
     /// Signs every request with ACL credentials (an admin account for admin requests).
@@ -208,6 +217,7 @@ impl AdminClient {
     }
 
     fn signed(&self, mut req: RemotingCommand) -> RemotingCommand {
+        req.serialize_type = self.serialize_type.for_request_code(req.code);
         if let Some(c) = &self.credentials {
             shoal_proto::acl::sign_request(&mut req, c);
         }

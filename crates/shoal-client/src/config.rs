@@ -25,6 +25,11 @@ pub struct ClientConfig {
     pub credentials: Option<shoal_proto::acl::SessionCredentials>,
     /// TLS to the name servers and brokers (RocketMQ `tls.enable`); `None`: plaintext.
     pub tls: Option<shoal_net::ClientTls>,
+    /// How request headers are encoded (RocketMQ `rocketmq.serialize.type`): JSON (the
+    /// default, as Java's) or ROCKETMQ binary, which Shoal's and Apache RocketMQ's brokers and
+    /// name servers decode too and which costs both sides less per request. Codes above 32767
+    /// are always sent as JSON (the binary header has no room for them).
+    pub serialize_type: shoal_proto::SerializeType,
 }
 
 impl Default for ClientConfig {
@@ -42,6 +47,7 @@ impl Default for ClientConfig {
             rpc_timeout: Duration::from_secs(3),
             credentials: None,
             tls: None,
+            serialize_type: shoal_proto::SerializeType::Json,
         }
     }
 }

@@ -905,8 +905,15 @@ impl ClientInstance {
             .await?)
     }
 
-    /// Signs a request with the configured ACL credentials (unchanged without them).
+    /// Readies a request for the wire: its header encoding is the configured one
+    /// ([`ClientConfig::serialize_type`]), and it is signed with the configured ACL
+    /// credentials (unsigned without them).
     pub fn signed(&self, mut request: RemotingCommand) -> RemotingCommand {
+        request.serialize_type = self
+            .inner
+            .config
+            .serialize_type
+            .for_request_code(request.code);
         if let Some(c) = &self.inner.config.credentials {
             shoal_proto::acl::sign_request(&mut request, c);
         }

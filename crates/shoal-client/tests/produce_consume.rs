@@ -6,7 +6,10 @@ mod common;
 use common::{wait_until, Cluster};
 use parking_lot::Mutex;
 use shoal_client::consumer::{ConsumeConcurrentlyStatus, MessageListener};
-use shoal_client::{Message, MessageExt, MessageModel, Producer, PushConsumer, SendStatus};
+use shoal_client::{
+    ClientConfig, Message, MessageExt, MessageModel, Producer, PushConsumer, SendStatus,
+};
+use shoal_proto::SerializeType;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -25,10 +28,24 @@ fn recorder() -> (Arc<Mutex<Vec<MessageExt>>>, MessageListener) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn round_trip_tags_keys_delay_batch_async_oneway() {
+    round_trip(SerializeType::Json).await;
+}
+
+/// The same round trip with every request header of producer and consumer in RocketMQ's
+/// binary encoding (`rocketmq.serialize.type=ROCKETMQ`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn round_trip_with_binary_headers() {
+    round_trip(SerializeType::RocketMq).await;
+}
+
+async fn round_trip(serialize_type: SerializeType) {
     let cluster = Cluster::start().await;
     cluster.create_topic("RT", 4).await;
     let producer = Producer::builder("PG")
-        .client_config(cluster.client_config())
+        .client_config(ClientConfig {
+            serialize_type,
+            ..cluster.client_config()
+        })
         .start()
         .await
         .unwrap();
@@ -38,6 +55,7 @@ async fn round_trip_tags_keys_delay_batch_async_oneway() {
     let consumer = PushConsumer::start(
         {
             let mut c = cluster.consumer_config("CG-RT");
+            c.client.serialize_type = serialize_type;
             c.subscriptions.insert("RT".into(), "tagA || tagC".into());
             c
         },

@@ -50,6 +50,8 @@ const MAX_FRAMES_PER_TURN: usize = 256;
 struct Done {
     opaque: i32,
     oneway: bool,
+    /// The request's header encoding: the answer is written in it.
+    serialize_type: shoal_proto::SerializeType,
     response: Option<RemotingCommand>,
     _ticket: Arc<Ticket>,
 }
@@ -290,10 +292,12 @@ where
         let ticket = Ticket::new(Arc::clone(&self.conn.inner));
         let opaque = request.opaque;
         let oneway = request.is_oneway();
+        let serialize_type = request.serialize_type;
         let ctx = RequestContext {
             connection: self.conn.clone(),
             opaque,
             oneway,
+            serialize_type,
             ticket: Arc::clone(&ticket),
         };
         let processor = Arc::clone(&self.processor);
@@ -320,6 +324,7 @@ where
             Done {
                 opaque,
                 oneway,
+                serialize_type,
                 response,
                 _ticket: ticket,
             }
@@ -347,6 +352,7 @@ where
             }
             if let Some(mut response) = done.response {
                 response.opaque = done.opaque;
+                response.serialize_type = done.serialize_type;
                 response.flag |= shoal_proto::command::FLAG_RESPONSE;
                 if let Err(e) = self.conn.push_response(&response) {
                     debug!(error = %e, "could not queue an answer");

@@ -5,7 +5,7 @@ use crate::connection::{Connection, Inner};
 use crate::Result;
 use futures::future::BoxFuture;
 use shoal_proto::code::response_code::REQUEST_CODE_NOT_SUPPORTED;
-use shoal_proto::RemotingCommand;
+use shoal_proto::{RemotingCommand, SerializeType};
 use std::fmt;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -149,6 +149,8 @@ pub struct RequestContext {
     pub(crate) connection: Connection,
     pub(crate) opaque: i32,
     pub(crate) oneway: bool,
+    /// The request's header encoding; its answer is written in the same one.
+    pub(crate) serialize_type: SerializeType,
     pub(crate) ticket: Arc<Ticket>,
 }
 
@@ -184,6 +186,13 @@ impl RequestContext {
         self.oneway
     }
 
+    /// The request's header encoding (JSON or ROCKETMQ binary). Its answer is written in the
+    /// same encoding: a peer that sent it decodes it, and an answer in the peer's own encoding
+    /// costs neither side a JSON round.
+    pub fn serialize_type(&self) -> SerializeType {
+        self.serialize_type
+    }
+
     /// A handle to answer this request later (long polling): keep it, return `Ok(None)` from
     /// [`Processor::process`], and call [`Responder::send`] when the answer is ready. The
     /// request counts against the connection's in-flight limit until the responder is dropped.
@@ -192,6 +201,7 @@ impl RequestContext {
             connection: self.connection.clone(),
             opaque: self.opaque,
             oneway: self.oneway,
+            serialize_type: self.serialize_type,
             _ticket: Arc::clone(&self.ticket),
         }
     }
@@ -202,6 +212,7 @@ pub struct Responder {
     connection: Connection,
     opaque: i32,
     oneway: bool,
+    serialize_type: SerializeType,
     _ticket: Arc<Ticket>,
 }
 
@@ -226,7 +237,7 @@ impl Responder {
         self.opaque
     }
 
-    /// Sends `response` with the request's opaque and the response flag set. For a oneway
+    /// Sends `response` with the request's opaque, its header encoding and the response flag set. For a oneway
     /// request nothing is sent (and `Ok` is returned). The answer is queued at once (answers
     /// are bounded by the in-flight limit, not by the write queue).
     ///
@@ -234,10 +245,11 @@ impl Responder {
     /// [`NetError::ConnectionClosed`](crate::NetError::ConnectionClosed) when the connection
     /// has gone, [`NetError::Protocol`](crate::NetError::Protocol) when the response cannot be
     /// encoded or is over the frame limit.
-    pub async fn send(&self, response: RemotingCommand) -> Result<()> {
+    pub async fn send(&self, mut response: RemotingCommand) -> Result<()> {
         if self.oneway {
             return Ok(());
         }
+        response.serialize_type = self.serialize_type;
         self.connection.queue_response(self.opaque, response)
     }
 }

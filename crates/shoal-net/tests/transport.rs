@@ -10,7 +10,7 @@ use shoal_net::{
 };
 use shoal_proto::code::response_code::{REQUEST_CODE_NOT_SUPPORTED, SUCCESS, SYSTEM_ERROR};
 use shoal_proto::command::ExtFields;
-use shoal_proto::{ProtoError, RemotingCommand};
+use shoal_proto::{ProtoError, RemotingCommand, SerializeType};
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -803,6 +803,44 @@ async fn shutdown_does_not_hang_on_a_peer_that_stops_reading() {
         );
         assert_eq!(p.closed.lock().len(), 1);
         sender.abort();
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_come_in_the_request_s_header_encoding() {
+    bounded(async {
+        let (server, p, addr) = start_server(NetConfig::default()).await;
+        let (tx, mut held) = mpsc::unbounded_channel();
+        *p.held.lock() = Some(tx);
+        let client = RemotingClient::default();
+        let conn = client.connection(&addr).await.unwrap();
+        for st in [SerializeType::Json, SerializeType::RocketMq] {
+            // Answered at once: the header carried ext fields in the request's encoding.
+            let mut req = echo(0, "x");
+            req.serialize_type = st;
+            let r = conn.request(req, Duration::from_secs(10)).await.unwrap();
+            assert_eq!(r.serialize_type, st);
+            assert_eq!(r.code, SUCCESS);
+            assert_eq!(r.body.as_deref(), Some(&b"x"[..]));
+            // Answered later through a Responder.
+            let mut hold = RemotingCommand::request(HOLD);
+            hold.serialize_type = st;
+            let pending = tokio::spawn({
+                let conn = conn.clone();
+                async move { conn.request(hold, Duration::from_secs(10)).await }
+            });
+            let (responder, q) = held.recv().await.unwrap();
+            assert_eq!(q.serialize_type, st);
+            responder
+                .send(RemotingCommand::response(SUCCESS, Some("later".into())))
+                .await
+                .unwrap();
+            let late = pending.await.unwrap().unwrap();
+            assert_eq!(late.serialize_type, st);
+            assert_eq!(late.remark.as_deref(), Some("later"));
+        }
+        server.shutdown().await;
     })
     .await;
 }

@@ -44,6 +44,41 @@ impl SerializeType {
             other => Err(crate::ProtoError::UnknownSerializeType(other)),
         }
     }
+
+    /// The encoding a request with `code` can be sent in: ROCKETMQ binary headers carry the
+    /// code as a 16-bit short, so codes above 32767 (the POP family) always go as JSON.
+    pub fn for_request_code(self, code: i32) -> Self {
+        if code > i32::from(i16::MAX) || code < i32::from(i16::MIN) {
+            SerializeType::Json
+        } else {
+            self
+        }
+    }
+
+    /// RocketMQ's name of the encoding (`rocketmq.serialize.type`): `JSON` or `ROCKETMQ`.
+    pub fn name(self) -> &'static str {
+        match self {
+            SerializeType::Json => "JSON",
+            SerializeType::RocketMq => "ROCKETMQ",
+        }
+    }
+}
+
+impl std::str::FromStr for SerializeType {
+    type Err = String;
+
+    /// `json` or `rocketmq` (any case), RocketMQ's `rocketmq.serialize.type` values.
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        if s.eq_ignore_ascii_case("json") {
+            Ok(SerializeType::Json)
+        } else if s.eq_ignore_ascii_case("rocketmq") {
+            Ok(SerializeType::RocketMq)
+        } else {
+            Err(format!(
+                "unknown header encoding {s:?}: use json or rocketmq"
+            ))
+        }
+    }
 }
 
 /// The sender's language (Java's `LanguageCode`), sent by name in JSON and by code in binary.

@@ -59,6 +59,17 @@ pub struct Common {
         value_name = "NAME"
     )]
     pub tls_server_name: Option<String>,
+    /// How the client encodes request headers: `json` (RocketMQ's default) or `rocketmq`
+    /// (RocketMQ's binary headers, decoded by Shoal's and Apache RocketMQ's servers; cheaper
+    /// for both sides). Answers from a Shoal server come in the request's encoding.
+    #[arg(
+        long,
+        env = "SHOAL_SERIALIZE_TYPE",
+        global = true,
+        value_name = "json|rocketmq",
+        default_value = "json"
+    )]
+    pub serialize_type: shoal_proto::SerializeType,
 }
 
 impl Common {
@@ -133,6 +144,7 @@ impl Common {
         Ok(shoal_client::ClientConfig {
             credentials: self.credentials()?,
             tls: self.client_tls()?,
+            serialize_type: self.serialize_type,
             ..shoal_client::ClientConfig::new(&self.namesrv)
         })
     }
@@ -147,7 +159,8 @@ impl Common {
                 .map(str::to_string)
                 .collect(),
         )
-        .with_timeout(Duration::from_secs(5));
+        .with_timeout(Duration::from_secs(5))
+        .with_serialize_type(self.serialize_type);
         let admin = match self.client_tls()? {
             Some(tls) => admin.with_tls(tls),
             None => admin,

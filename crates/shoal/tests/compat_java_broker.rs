@@ -283,7 +283,7 @@ fn compat_shoal_client_and_cli_against_rocketmq_broker() {
     let got = ok(dev, &["message", "get", &msg_id, "--topic", "RT"]);
     assert!(got.contains("findme"), "{got}");
 
-    // Orderly: per-queue order under RocketMQ's queue locks.
+    // Orderly: per-queue order under RocketMQ's queue locks, with binary request headers.
     ok(dev, &["topic", "create", "OT", "--queues", "2"]);
     wait("OT routed", T, || {
         ok(dev, &["topic", "list"])
@@ -305,6 +305,9 @@ fn compat_shoal_client_and_cli_against_rocketmq_broker() {
             "--json",
         ])
         .env("SHOAL_NAMESRV", &ns)
+        // Every request of this consumer (heartbeat, LOCK_BATCH_MQ, pulls, offsets) goes with
+        // RocketMQ's binary headers, which RocketMQ's broker decodes as Shoal's does.
+        .env("SHOAL_SERIALIZE_TYPE", "rocketmq")
         .output()
         .unwrap();
     assert!(

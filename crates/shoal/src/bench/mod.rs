@@ -314,6 +314,7 @@ fn client_config(common: &Common, instance: String) -> ClientConfig {
         // Checked when the command starts (`run`).
         credentials: common.credentials().ok().flatten(),
         tls: common.client_tls().ok().flatten(),
+        serialize_type: common.serialize_type,
         ..ClientConfig::new(&common.namesrv)
     }
 }
