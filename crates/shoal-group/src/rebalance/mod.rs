@@ -269,9 +269,6 @@ struct TopicView {
     /// A membership notice came after the view the share rests on (cleared when a view or
     /// member list is applied, or a fetch fails).
     stale: bool,
-    /// A member list from a notice was applied while a fetch was in flight: that fetch's
-    /// member list is older (its queues are still taken).
-    members_newer: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -386,7 +383,6 @@ impl Rebalancer {
         if self.shutting_down || self.source != Source::Classic {
             return;
         }
-        let members_newer = std::mem::take(&mut v.members_newer);
         if v.again && v.stale_in_a_row < max_stale {
             // A notice arrived while this was being fetched: it may predate the change.
             v.again = false;
@@ -402,11 +398,6 @@ impl Rebalancer {
         }
         v.stale_in_a_row = 0;
         v.stale = false;
-        // A member list from a notice came while this was fetched: it is the newer one.
-        let members = match (&v.members, members_newer) {
-            (Some(m), true) => m.clone(),
-            _ => members,
-        };
         // A member list without this member predates the broker's processing of its first
         // heartbeat (or follows an expiry): fetch again soon rather than at the next refresh
         // interval, or a new member would idle for 20 s. Liveness only: nothing is taken on it.
@@ -428,7 +419,6 @@ impl Rebalancer {
         if let Some(v) = self.topics.get_mut(topic) {
             v.in_flight = false;
             v.again = false;
-            v.members_newer = false;
             // Go on with what is known (a held queue must not wait for a view that does not
             // come).
             v.stale = false;
@@ -441,7 +431,8 @@ impl Rebalancer {
     /// feature `memberListNotice`), version `version` of broker `broker`'s registry: it is
     /// applied as the member half of the view of every topic with queues on that broker,
     /// without a fetch. A list not newer than the last one applied from that broker (notices
-    /// may overtake each other) is ignored.
+    /// may overtake each other) is ignored. A fetch in flight is made again after it answers
+    /// (it may predate the change), as for a plain notice.
     pub fn handle_members(
         &mut self,
         now: Instant,
@@ -465,6 +456,12 @@ impl Rebalancer {
         let me = self.config.client_id.clone();
         let mut applied = Vec::new();
         for (topic, v) in self.topics.iter_mut() {
+            if v.in_flight {
+                // The fetch in flight may predate this change (even a first fetch, whose
+                // queues are not known yet: the last joiner's list would be lost otherwise):
+                // fetch again after it, as for a plain notice.
+                v.again = true;
+            }
             let on_broker = v
                 .queues
                 .as_ref()
@@ -473,9 +470,7 @@ impl Rebalancer {
                 continue;
             }
             v.members = Some(members.clone());
-            if v.in_flight {
-                v.members_newer = true;
-            } else if !v.again {
+            if !v.in_flight {
                 v.stale = false;
             }
             if !members.contains(&me) && v.next_at.is_none() && !v.in_flight {

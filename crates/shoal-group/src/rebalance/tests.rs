@@ -883,16 +883,12 @@ fn a_member_list_notice_is_applied_without_a_fetch() {
     // A list of another broker (no queue of the topic there): nothing changes.
     a.handle_members(ms(t, 12), "other", 1, vec!["a".into()]);
     assert!(drain(&mut a).is_empty());
-    // A plain notice starts a fetch; a list arrives while it is in flight; the fetch answers
-    // with the older member list: the list stands.
+    // A plain notice starts a fetch; a list arrives while it is in flight and is applied at
+    // once; the fetch (which may predate it) is made again, and its answer applied.
     a.handle_notice(ms(t, 20));
     assert_eq!(drain(&mut a), vec![Action::FetchView { topic: "T".into() }]);
-    a.handle_members(
-        ms(t, 21),
-        "b",
-        8,
-        vec!["a".into(), "b".into(), "c".into(), "d".into()],
-    );
+    let four: Vec<String> = ["a", "b", "c", "d"].iter().map(|m| m.to_string()).collect();
+    a.handle_members(ms(t, 21), "b", 8, four.clone());
     assert_eq!(a.target().len(), 1);
     drain(&mut a);
     a.handle_view(
@@ -901,7 +897,23 @@ fn a_member_list_notice_is_applied_without_a_fetch() {
         qs(&[0, 1, 2, 3]),
         vec!["a".into(), "b".into()],
     );
+    assert_eq!(drain(&mut a), vec![Action::FetchView { topic: "T".into() }]);
+    assert_eq!(a.target().len(), 1, "the older fetch was not applied");
+    a.handle_view(ms(t, 23), "T", qs(&[0, 1, 2, 3]), four);
     assert_eq!(a.target().iter().cloned().collect::<Vec<_>>(), qs(&[0]));
+    // A list that comes while the first fetch of a topic is in flight (its queues are not
+    // known yet) makes that fetch be asked again too.
+    let mut n = rb("n");
+    n.handle_subscribe(ms(t, 30), "T");
+    assert_eq!(drain(&mut n), vec![Action::FetchView { topic: "T".into() }]);
+    n.handle_members(ms(t, 31), "b", 9, vec!["a".into(), "n".into(), "z".into()]);
+    n.handle_view(
+        ms(t, 32),
+        "T",
+        qs(&[0, 1, 2, 3]),
+        vec!["a".into(), "n".into()],
+    );
+    assert_eq!(drain(&mut n), vec![Action::FetchView { topic: "T".into() }]);
 }
 
 /// The lock of a gained queue comes back after a newer membership notice: the queue is held
