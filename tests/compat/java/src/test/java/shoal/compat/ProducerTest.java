@@ -98,8 +98,25 @@ class ProducerTest {
             producer.sendOneway(new Message(topic, "oneway", utf8("oneway-" + i)));
         }
         List<MessageExt> got = Read.all(server, topic, 1 + 2 * n);
-        assertEquals(1 + 2 * n, got.size());
+        assertEquals(1 + 2 * n, got.size(), () -> "every send stored once; repeated: " + repeated(got));
         assertEquals(n, got.stream().filter(m -> "oneway".equals(m.getTags())).count());
+    }
+
+    /**
+     * The message ids read more than once, each with where it was read from: one stored
+     * position read twice is the reader's doing, two positions are two stored copies.
+     */
+    static String repeated(List<MessageExt> got) {
+        Map<String, List<String>> at = new HashMap<>();
+        for (MessageExt m : got) {
+            at.computeIfAbsent(m.getMsgId(), k -> new ArrayList<>())
+                .add(m.getQueueId() + "@" + m.getQueueOffset() + " " + str(m.getBody()));
+        }
+        StringBuilder b = new StringBuilder();
+        at.forEach((id, where) -> {
+            if (where.size() > 1) b.append(id).append(" at ").append(where).append("; ");
+        });
+        return b.length() == 0 ? "none (" + got.size() + " distinct)" : b.toString();
     }
 
     @Test
