@@ -34,13 +34,14 @@ pub enum CorruptRecordPolicy {
 /// Configuration of a [`crate::MessageStore`].
 #[derive(Clone)]
 pub struct StoreConfig {
-    /// Root directory of the store (`commitlog/`, `consumequeue/`, `index/`, `config/`, ...).
+    /// Root directory of the store (`commitlog/`, `consumequeue/`, `keyindex/`, `config/`, ...).
     pub data_dir: PathBuf,
     /// Size of one commit log segment file in bytes (1 GiB by default).
     pub commit_log_segment_size: u64,
     /// Number of 20-byte entries in one consume-queue file (300 000 by default, as RocketMQ).
     pub consume_queue_file_entries: u64,
-    /// Number of entries in one index file (4 000 000 by default).
+    /// Number of entries in one key index file (4 000 000 by default, at most `u32::MAX`); a
+    /// quarter as many hash slots, whose table (4 bytes a slot) is the memory the index holds.
     pub index_file_entries: u64,
     /// Async or sync flush.
     pub flush_mode: FlushMode,

@@ -1,18 +1,28 @@
 //! Message index by key: `topic#key` (each of the `KEYS` and the `UNIQ_KEY`) to commit log
 //! offsets, for QUERY_MESSAGE and VIEW_MESSAGE_BY_ID by unique key.
 //!
-//! Design: an append-only *hash-chain log*. Each entry is 32 bytes, big-endian:
-//! `key hash (u64, FNV-1a 64 of "topic#key") | commit log offset (u64) | store timestamp (i64)
-//! | previous entry with the same hash (entry number + 1, 0 = none)`. Files in `index/` hold a
-//! fixed number of entries and are named (20 digits) by their first entry number. The head of
-//! every chain (hash -> newest entry) is kept in memory and rebuilt on open by one sequential
-//! scan of the index files. A lookup walks the chain newest first; hashes can collide, so the
-//! store checks every candidate against the record in the commit log. The index is derived
-//! data: on recovery, entries past the commit log end are cut and missing ones are re-added by
-//! re-dispatching the commit log tail.
+//! Design: index files of a fixed number of 32-byte entries, each with its own hash slot
+//! table (RocketMQ's index file model). An entry is, big-endian: `key hash (u64, FNV-1a 64 of
+//! "topic#key") | commit log offset (u64) | store timestamp (i64) | previous entry of the same
+//! slot in the same file (local entry number + 1, 0 = none)`. A key's slot is `hash % slots`;
+//! the slot table holds, per slot, the file's newest entry in that slot (local number + 1).
+//! Files in `keyindex/` are named (20 digits) by the global number of their first entry.
+//!
+//! The newest file is the *active* one: its entries are appended (buffered, written in
+//! chunks and on flush) and its slot table lives in memory. When it is full, its table is
+//! written after its entries, followed by a trailer (magic, entry count, slot count, CRC32 of
+//! the table), and the file is *sealed*. So the memory the index holds is one slot table
+//! (`slots * 4` bytes), whatever the number of keys, and opening reads only the trailers of
+//! sealed files and the entries of the active one.
+//!
+//! A lookup walks the files newest first, each from its slot through the slot's chain; slots
+//! and hashes collide, so the store checks every candidate against the record in the commit
+//! log. The index is derived data: on open, entries past the commit log end are cut and
+//! missing ones are re-added by re-dispatching the commit log tail. The format of earlier
+//! versions (`index/`, one chain per hash with every chain head in memory) is converted on
+//! open.
 
-use foldhash::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -20,9 +30,22 @@ use parking_lot::Mutex;
 use crate::backend::{Backend, StoreFile};
 use crate::commitlog::{file_name, parse_file_name};
 use crate::error::{io_err, Result};
+use crate::StoreError;
 
 /// Size of one index entry.
 pub const INDEX_ENTRY_SIZE: u64 = 32;
+
+/// Size of the trailer after a sealed file's slot table.
+const TRAILER_SIZE: u64 = 16;
+
+/// "SHIX": the trailer's magic number.
+const TRAILER_MAGIC: u32 = 0x5348_4958;
+
+/// Entries buffered before they are written.
+const WRITE_CHUNK: usize = 4096;
+
+/// Most entries a lookup visits (a guard against a corrupt chain).
+const MAX_LOOKUP_STEPS: usize = 1_000_000;
 
 /// FNV-1a 64-bit hash of `topic#key`.
 pub(crate) fn key_hash(topic: &str, key: &str) -> u64 {
@@ -36,6 +59,12 @@ pub(crate) fn key_hash(topic: &str, key: &str) -> u64 {
         h = h.wrapping_mul(0x0000_0100_0000_01b3);
     }
     h
+}
+
+/// Slots of a file of `entries` entries: a quarter of its entries (RocketMQ: 5 M slots for
+/// 20 M entries), at least one.
+fn slots_for(entries: u64) -> u64 {
+    (entries / 4).max(1)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,26 +93,73 @@ impl IndexEntry {
     }
 }
 
+/// Where a sealed file's slot table is, and how many entries the file holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Sealed {
+    entries: u64,
+    slots: u64,
+}
+
+impl Sealed {
+    fn table_offset(&self) -> u64 {
+        self.entries * INDEX_ENTRY_SIZE
+    }
+    fn file_len(&self) -> u64 {
+        self.table_offset() + self.slots * 4 + TRAILER_SIZE
+    }
+}
+
+/// The slot table and trailer of a sealed file.
+fn encode_table(slots: &[u32], entries: u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(slots.len() * 4 + TRAILER_SIZE as usize);
+    for s in slots {
+        out.extend_from_slice(&s.to_be_bytes());
+    }
+    let mut crc = crc32fast::Hasher::new();
+    crc.update(&out);
+    crc.update(&(entries as u32).to_be_bytes());
+    crc.update(&(slots.len() as u32).to_be_bytes());
+    let crc = crc.finalize();
+    out.extend_from_slice(&TRAILER_MAGIC.to_be_bytes());
+    out.extend_from_slice(&(entries as u32).to_be_bytes());
+    out.extend_from_slice(&(slots.len() as u32).to_be_bytes());
+    out.extend_from_slice(&crc.to_be_bytes());
+    out
+}
+
 #[derive(Debug)]
 struct IndexFile {
     first: u64,
     file: Arc<dyn StoreFile>,
     path: PathBuf,
+    /// `Some` once the file is full and its slot table written.
+    sealed: Option<Sealed>,
 }
 
 #[derive(Debug, Default)]
 struct IndexState {
+    /// Oldest first. All but the last are sealed; the last is sealed or the active file.
     files: Vec<IndexFile>,
-    heads: HashMap<u64, u64>,
+    /// Global number of the active file's first entry (the file may not exist yet).
+    active_first: u64,
+    /// The active file's slot table.
+    slots: Vec<u32>,
     /// Number of the next entry.
     next: u64,
-    /// Entries `[written, next)` are in `pending`, not yet written to files.
+    /// Entries `[written, next)` are in `pending`, not yet written to the active file.
     written: u64,
     pending: Vec<IndexEntry>,
     /// Entries below this number are durable.
     synced: u64,
     /// Commit log offset of the newest entry + 1 (records below were indexed).
     indexed_to: u64,
+}
+
+impl IndexState {
+    /// Entries of `f` (sealed: its count; active: those numbered so far).
+    fn count(&self, f: &IndexFile) -> u64 {
+        f.sealed.map_or(self.next - f.first, |s| s.entries)
+    }
 }
 
 /// The key index.
@@ -95,92 +171,297 @@ pub(crate) struct Index {
     state: Mutex<IndexState>,
 }
 
+/// Whether an entry read back is plausible after the entries before it: it points below the
+/// commit log end, not below the previous entry's record, and links backwards in its file.
+fn valid_after(e: &IndexEntry, local: u64, commit_log_end: u64, indexed_to: u64) -> bool {
+    e.phys_offset < commit_log_end
+        && e.phys_offset >= indexed_to.saturating_sub(1)
+        && e.prev <= local
+}
+
 impl Index {
-    /// Opens the index in `dir`, keeping only entries that point below `commit_log_end`.
-    /// Returns the index and the number of entries dropped.
+    /// Opens the index in `dir` (the data directory's `keyindex/`; a legacy `index/` beside it
+    /// is converted), keeping only entries that point below `commit_log_end`. Returns the
+    /// index and the number of entries dropped.
     pub(crate) fn open(
         backend: Arc<dyn Backend>,
         dir: PathBuf,
+        legacy_dir: &Path,
         file_entries: u64,
         commit_log_end: u64,
     ) -> Result<(Self, u64)> {
+        if file_entries == 0 || file_entries > u64::from(u32::MAX) {
+            return Err(StoreError::InvalidArgument(format!(
+                "index_file_entries must be between 1 and {}, not {file_entries}",
+                u32::MAX
+            )));
+        }
+        let legacy = backend.exists(legacy_dir);
+        if legacy {
+            // A conversion that did not finish left a partial new index: start it again.
+            backend
+                .remove_dir_all(&dir)
+                .map_err(io_err("remove partial index", &dir))?;
+        }
         backend
             .create_dir_all(&dir)
             .map_err(io_err("create index dir", &dir))?;
-        let mut st = IndexState::default();
-        let mut names: Vec<(u64, String)> = backend
-            .list(&dir)
-            .map_err(io_err("list", &dir))?
+        let nslots = slots_for(file_entries) as usize;
+        let idx = Index {
+            backend,
+            dir,
+            file_entries,
+            state: Mutex::new(IndexState {
+                slots: vec![0; nslots],
+                ..IndexState::default()
+            }),
+        };
+        let mut dropped = idx.load(commit_log_end)?;
+        if legacy {
+            dropped += idx.convert_legacy(legacy_dir, commit_log_end)?;
+        }
+        {
+            // The newest record may have only some of its keys written (a crash between two
+            // writes, one of them sealing a file): recovery indexes it again from the log,
+            // and lookups drop the repeated candidates.
+            let mut st = idx.state.lock();
+            st.indexed_to = st.indexed_to.saturating_sub(1);
+        }
+        Ok((idx, dropped))
+    }
+
+    fn sorted_files(&self, dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
+        let mut names: Vec<(u64, PathBuf)> = self
+            .backend
+            .list(dir)
+            .map_err(io_err("list", dir))?
             .into_iter()
-            .filter_map(|n| parse_file_name(&n).map(|f| (f, n)))
+            .filter_map(|n| parse_file_name(&n).map(|f| (f, dir.join(n))))
             .collect();
         names.sort();
+        Ok(names)
+    }
+
+    /// Reads the files of `keyindex/`: sealed ones by their trailer, the active one entry by
+    /// entry. Returns the number of entries dropped.
+    fn load(&self, commit_log_end: u64) -> Result<u64> {
+        let mut st = self.state.lock();
         let mut dropped = 0u64;
         let mut stop = false;
-        for (first, name) in names {
-            let path = dir.join(&name);
+        let files = self.sorted_files(&self.dir)?;
+        let last_sealed_candidate = files.len().saturating_sub(1);
+        for (i, (first, path)) in files.into_iter().enumerate() {
+            let file = self
+                .backend
+                .open(&path, false)
+                .map_err(io_err("open index", &path))?;
+            let len = file.len().map_err(io_err("stat", &path))?;
             if stop || (!st.files.is_empty() && first != st.next) {
                 // After a cut, or a gap: later files are unusable.
-                let file = backend
-                    .open(&path, false)
-                    .map_err(io_err("open index", &path))?;
-                dropped += file.len().map_err(io_err("stat", &path))? / INDEX_ENTRY_SIZE;
-                backend
+                dropped += len / INDEX_ENTRY_SIZE;
+                self.backend
                     .remove_file(&path)
                     .map_err(io_err("remove index", &path))?;
                 stop = true;
                 continue;
             }
-            let file = backend
-                .open(&path, false)
-                .map_err(io_err("open index", &path))?;
-            let len = file.len().map_err(io_err("stat", &path))?;
-            let n = (len / INDEX_ENTRY_SIZE).min(file_entries);
+            if st.files.is_empty() {
+                st.next = first;
+                st.active_first = first;
+            }
+            // The two newest files have their table checked too (the newest sealed one may
+            // have been sealed after the last flush and torn by a crash); older sealed files
+            // were flushed before a newer one filled.
+            let check_table = i + 1 >= last_sealed_candidate;
+            if let Some(sealed) =
+                self.sealed_trailer(&*file, len, commit_log_end, &st, check_table)?
+            {
+                let last = first + sealed.entries - 1;
+                if let Some(e) = read_entry(&*file, &path, sealed.entries - 1)? {
+                    st.indexed_to = e.phys_offset + 1;
+                }
+                st.next = last + 1;
+                st.active_first = st.next;
+                st.files.push(IndexFile {
+                    first,
+                    file,
+                    path,
+                    sealed: Some(sealed),
+                });
+                continue;
+            }
+            // The active file, or a full one whose table is missing or torn (its entries are
+            // read and its table built again).
+            let entries_len = len.min(self.file_entries * INDEX_ENTRY_SIZE);
+            let n = entries_len / INDEX_ENTRY_SIZE;
             let mut buf = vec![0u8; (n * INDEX_ENTRY_SIZE) as usize];
             file.read_exact_at(0, &mut buf)
                 .map_err(io_err("read index", &path))?;
-            if st.files.is_empty() {
-                st.next = first;
-            }
+            st.slots.fill(0);
+            let nslots = st.slots.len() as u64;
             let mut valid = 0u64;
             for chunk in buf.chunks_exact(INDEX_ENTRY_SIZE as usize) {
                 let Some(e) = IndexEntry::decode(chunk) else {
                     break;
                 };
-                if e.phys_offset >= commit_log_end
-                    || (e.phys_offset < st.indexed_to.saturating_sub(1))
-                    || e.prev > st.next
-                {
+                if !valid_after(&e, valid, commit_log_end, st.indexed_to) {
                     break;
                 }
-                st.heads.insert(e.hash, st.next + 1);
+                st.slots[(e.hash % nslots) as usize] = (valid + 1) as u32;
                 st.indexed_to = e.phys_offset + 1;
-                st.next += 1;
                 valid += 1;
             }
             if valid * INDEX_ENTRY_SIZE != len {
-                dropped += len / INDEX_ENTRY_SIZE - valid;
+                dropped += n - valid;
                 file.set_len(valid * INDEX_ENTRY_SIZE)
                     .map_err(io_err("truncate index", &path))?;
                 file.sync().map_err(io_err("fsync index", &path))?;
-                stop = valid < n || n < file_entries;
             }
-            st.files.push(IndexFile { first, file, path });
+            st.next = first + valid;
+            st.active_first = first;
+            st.files.push(IndexFile {
+                first,
+                file,
+                path,
+                sealed: None,
+            });
+            if valid == self.file_entries {
+                st.written = st.next;
+                self.seal(&mut st)?;
+            } else {
+                // The active file is the last one kept.
+                stop = true;
+            }
         }
         st.written = st.next;
         st.synced = st.next;
-        Ok((
-            Index {
-                backend,
-                dir,
-                file_entries,
-                state: Mutex::new(st),
-            },
-            dropped,
-        ))
+        Ok(dropped)
     }
 
-    /// Records at or above this commit log offset may not be indexed yet.
+    /// The trailer of a sealed file, if it has a valid one and its entries stay below the
+    /// commit log end; `check_table` also checks the table's CRC.
+    fn sealed_trailer(
+        &self,
+        file: &dyn StoreFile,
+        len: u64,
+        commit_log_end: u64,
+        st: &IndexState,
+        check_table: bool,
+    ) -> Result<Option<Sealed>> {
+        if len < TRAILER_SIZE + INDEX_ENTRY_SIZE {
+            return Ok(None);
+        }
+        let mut t = [0u8; TRAILER_SIZE as usize];
+        if file.read_exact_at(len - TRAILER_SIZE, &mut t).is_err() {
+            return Ok(None);
+        }
+        let word = |i: usize| u32::from_be_bytes([t[i], t[i + 1], t[i + 2], t[i + 3]]);
+        let sealed = Sealed {
+            entries: u64::from(word(4)),
+            slots: u64::from(word(8)),
+        };
+        if word(0) != TRAILER_MAGIC
+            || sealed.entries == 0
+            || sealed.slots == 0
+            || sealed.file_len() != len
+        {
+            return Ok(None);
+        }
+        // The first and last entries must fit the log (a cut log cuts the file too).
+        let (Ok(Some(first)), Ok(Some(last))) = (
+            read_entry(file, Path::new(""), 0),
+            read_entry(file, Path::new(""), sealed.entries - 1),
+        ) else {
+            return Ok(None);
+        };
+        if !valid_after(&first, 0, commit_log_end, st.indexed_to)
+            || !valid_after(
+                &last,
+                sealed.entries - 1,
+                commit_log_end,
+                first.phys_offset + 1,
+            )
+        {
+            return Ok(None);
+        }
+        if check_table {
+            let mut table = vec![0u8; (sealed.slots * 4) as usize];
+            if file
+                .read_exact_at(sealed.table_offset(), &mut table)
+                .is_err()
+            {
+                return Ok(None);
+            }
+            let mut crc = crc32fast::Hasher::new();
+            crc.update(&table);
+            crc.update(&t[4..12]);
+            if crc.finalize() != word(12) {
+                return Ok(None);
+            }
+        }
+        Ok(Some(sealed))
+    }
+
+    /// Converts the index of earlier versions (`index/`: the same entries, chained by hash)
+    /// into this format, then removes it. Returns the number of its entries dropped (past the
+    /// commit log end).
+    fn convert_legacy(&self, legacy_dir: &Path, commit_log_end: u64) -> Result<u64> {
+        let files = self.sorted_files(legacy_dir)?;
+        let mut dropped = 0u64;
+        let mut expected: Option<u64> = None;
+        let mut converted = 0u64;
+        {
+            let mut st = self.state.lock();
+            let mut stop = false;
+            for (first, path) in files {
+                let file = self
+                    .backend
+                    .open(&path, false)
+                    .map_err(io_err("open legacy index", &path))?;
+                let len = file.len().map_err(io_err("stat", &path))?;
+                if stop || expected.is_some_and(|e| e != first) {
+                    dropped += len / INDEX_ENTRY_SIZE;
+                    stop = true;
+                    continue;
+                }
+                let n = len / INDEX_ENTRY_SIZE;
+                let mut buf = vec![0u8; (n * INDEX_ENTRY_SIZE) as usize];
+                file.read_exact_at(0, &mut buf)
+                    .map_err(io_err("read legacy index", &path))?;
+                let mut valid = 0u64;
+                for chunk in buf.chunks_exact(INDEX_ENTRY_SIZE as usize) {
+                    let Some(e) = IndexEntry::decode(chunk) else {
+                        break;
+                    };
+                    if e.phys_offset >= commit_log_end
+                        || e.phys_offset < st.indexed_to.saturating_sub(1)
+                    {
+                        break;
+                    }
+                    self.push(&mut st, e.hash, e.phys_offset, e.store_timestamp)?;
+                    valid += 1;
+                }
+                converted += valid;
+                if valid < n {
+                    dropped += n - valid;
+                    stop = true;
+                }
+                expected = Some(first + n);
+            }
+        }
+        self.flush()?;
+        self.backend
+            .remove_dir_all(legacy_dir)
+            .map_err(io_err("remove legacy index", legacy_dir))?;
+        tracing::info!(
+            converted,
+            dropped,
+            "key index converted to per-file slot tables (keyindex/); the old index/ is removed"
+        );
+        Ok(dropped)
+    }
+
+    /// Records at or above this commit log offset may not be (wholly) indexed yet.
     pub(crate) fn indexed_to(&self) -> u64 {
         self.state.lock().indexed_to
     }
@@ -196,50 +477,91 @@ impl Index {
     ) -> Result<()> {
         let hash = key_hash(topic, key);
         let mut st = self.state.lock();
-        let prev = st.heads.get(&hash).copied().unwrap_or(0);
-        let number = st.next;
+        self.push(&mut st, hash, phys_offset, store_timestamp)
+    }
+
+    fn push(
+        &self,
+        st: &mut IndexState,
+        hash: u64,
+        phys_offset: u64,
+        store_timestamp: i64,
+    ) -> Result<()> {
+        let local = st.next - st.active_first;
+        let slot = (hash % st.slots.len() as u64) as usize;
+        let prev = u64::from(st.slots[slot]);
         st.pending.push(IndexEntry {
             hash,
             phys_offset,
             store_timestamp,
             prev,
         });
-        st.heads.insert(hash, number + 1);
+        st.slots[slot] = (local + 1) as u32;
         st.next += 1;
         st.indexed_to = st.indexed_to.max(phys_offset + 1);
-        if st.pending.len() >= 4096 {
-            self.write_pending(&mut st)?;
+        if st.next - st.active_first >= self.file_entries {
+            self.seal(st)?;
+        } else if st.pending.len() >= WRITE_CHUNK {
+            self.write_pending(st)?;
         }
         Ok(())
     }
 
+    /// Writes the buffered entries to the active file (created on its first write).
     fn write_pending(&self, st: &mut IndexState) -> Result<()> {
-        let mut buf = Vec::new();
-        while !st.pending.is_empty() {
-            let cur = st.written;
-            let first = cur - cur % self.file_entries;
-            if st.files.last().map(|f| f.first) != Some(first) {
-                let path = self.dir.join(file_name(first));
-                let file = self
-                    .backend
-                    .open(&path, true)
-                    .map_err(io_err("create index", &path))?;
-                st.files.push(IndexFile { first, file, path });
-            }
-            let room = (self.file_entries - (cur - first)) as usize;
-            let n = room.min(st.pending.len());
-            buf.clear();
-            for e in &st.pending[..n] {
-                e.encode(&mut buf);
-            }
-            if let Some(f) = st.files.last() {
-                f.file
-                    .write_all_at((cur - first) * INDEX_ENTRY_SIZE, &buf)
-                    .map_err(io_err("write index", &f.path))?;
-            }
-            st.pending.drain(..n);
-            st.written += n as u64;
+        if st.pending.is_empty() {
+            return Ok(());
         }
+        let first = st.active_first;
+        let exists = st
+            .files
+            .last()
+            .is_some_and(|f| f.sealed.is_none() && f.first == first);
+        if !exists {
+            let path = self.dir.join(file_name(first));
+            let file = self
+                .backend
+                .open(&path, true)
+                .map_err(io_err("create index", &path))?;
+            st.files.push(IndexFile {
+                first,
+                file,
+                path,
+                sealed: None,
+            });
+        }
+        let mut buf = Vec::with_capacity(st.pending.len() * INDEX_ENTRY_SIZE as usize);
+        for e in &st.pending {
+            e.encode(&mut buf);
+        }
+        if let Some(f) = st.files.last() {
+            f.file
+                .write_all_at((st.written - first) * INDEX_ENTRY_SIZE, &buf)
+                .map_err(io_err("write index", &f.path))?;
+        }
+        st.written += st.pending.len() as u64;
+        st.pending.clear();
+        Ok(())
+    }
+
+    /// Seals the full active file: its entries, then its slot table and trailer; the next
+    /// entry begins a new file.
+    fn seal(&self, st: &mut IndexState) -> Result<()> {
+        self.write_pending(st)?;
+        let entries = st.next - st.active_first;
+        let bytes = encode_table(&st.slots, entries);
+        let sealed = Sealed {
+            entries,
+            slots: st.slots.len() as u64,
+        };
+        if let Some(f) = st.files.last_mut() {
+            f.file
+                .write_all_at(sealed.table_offset(), &bytes)
+                .map_err(io_err("write index table", &f.path))?;
+            f.sealed = Some(sealed);
+        }
+        st.slots.fill(0);
+        st.active_first = st.next;
         Ok(())
     }
 
@@ -248,33 +570,24 @@ impl Index {
         let mut st = self.state.lock();
         self.write_pending(&mut st)?;
         let synced = st.synced;
-        for f in st
-            .files
-            .iter()
-            .filter(|f| f.first + self.file_entries > synced)
-        {
+        for f in st.files.iter().filter(|f| f.first + st.count(f) > synced) {
             f.file.sync().map_err(io_err("fsync index", &f.path))?;
         }
         st.synced = st.written;
         Ok(())
     }
 
-    fn entry(&self, st: &IndexState, number: u64) -> Result<Option<IndexEntry>> {
+    /// Entry `local` of the active file: buffered, or written to its file.
+    fn active_entry(&self, st: &IndexState, local: u64) -> Result<Option<IndexEntry>> {
+        let number = st.active_first + local;
         if number >= st.written {
             return Ok(st.pending.get((number - st.written) as usize).copied());
         }
-        let idx = st.files.partition_point(|f| f.first <= number);
-        let Some(f) = idx.checked_sub(1).and_then(|i| st.files.get(i)) else {
-            return Ok(None);
-        };
-        let mut b = [0u8; INDEX_ENTRY_SIZE as usize];
-        match f
-            .file
-            .read_exact_at((number - f.first) * INDEX_ENTRY_SIZE, &mut b)
-        {
-            Ok(()) => Ok(IndexEntry::decode(&b)),
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(None),
-            Err(e) => Err(io_err("read index", &f.path)(e)),
+        match st.files.last() {
+            Some(f) if f.sealed.is_none() && f.first == st.active_first => {
+                read_entry(&*f.file, &f.path, local)
+            }
+            _ => Ok(None),
         }
     }
 
@@ -290,38 +603,64 @@ impl Index {
     ) -> Result<Vec<u64>> {
         let hash = key_hash(topic, key);
         let st = self.state.lock();
-        let first_kept = st.files.first().map_or(st.written, |f| f.first);
         let mut out = Vec::new();
-        let mut link = st.heads.get(&hash).copied().unwrap_or(0);
         let mut steps = 0usize;
-        while link > 0 && out.len() < max_candidates && steps < 1_000_000 {
-            let number = link - 1;
-            if number < first_kept {
+        // Follows one file's chain from `link`; false once the lookup is done.
+        let mut walk = |mut link: u64,
+                        count: u64,
+                        entry: &dyn Fn(u64) -> Result<Option<IndexEntry>>|
+         -> Result<bool> {
+            while link > 0 && link <= count {
+                if out.len() >= max_candidates || steps >= MAX_LOOKUP_STEPS {
+                    return Ok(false);
+                }
+                let Some(e) = entry(link - 1)? else {
+                    break;
+                };
+                if e.prev >= link {
+                    break; // corrupt chain: links must go backwards
+                }
+                if e.hash == hash
+                    && e.store_timestamp >= begin
+                    && e.store_timestamp <= end
+                    && !out.contains(&e.phys_offset)
+                {
+                    out.push(e.phys_offset);
+                }
+                link = e.prev;
+                steps += 1;
+            }
+            Ok(true)
+        };
+        let head = u64::from(st.slots[(hash % st.slots.len() as u64) as usize]);
+        let active = st.next - st.active_first;
+        if !walk(head, active, &|local| self.active_entry(&st, local))? {
+            return Ok(out);
+        }
+        for f in st.files.iter().rev() {
+            let Some(sealed) = f.sealed else { continue };
+            let mut b = [0u8; 4];
+            f.file
+                .read_exact_at(sealed.table_offset() + (hash % sealed.slots) * 4, &mut b)
+                .map_err(io_err("read index table", &f.path))?;
+            let head = u64::from(u32::from_be_bytes(b));
+            if !walk(head, sealed.entries, &|local| {
+                read_entry(&*f.file, &f.path, local)
+            })? {
                 break;
             }
-            let Some(e) = self.entry(&st, number)? else {
-                break;
-            };
-            if e.prev >= link {
-                break; // corrupt chain: links must go backwards
-            }
-            if e.hash == hash && e.store_timestamp >= begin && e.store_timestamp <= end {
-                out.push(e.phys_offset);
-            }
-            link = e.prev;
-            steps += 1;
         }
         Ok(out)
     }
 
-    /// Retention: deletes index files whose every entry points below `commit_log_min`.
+    /// Retention: deletes sealed index files whose every entry points below `commit_log_min`.
     pub(crate) fn delete_before(&self, commit_log_min: u64) -> Result<usize> {
         let mut st = self.state.lock();
         let mut deleted = 0;
         while st.files.len() > 1 {
             let Some(f) = st.files.first() else { break };
-            let last_number = f.first + self.file_entries - 1;
-            let Some(last) = self.entry(&st, last_number)? else {
+            let Some(sealed) = f.sealed else { break };
+            let Some(last) = read_entry(&*f.file, &f.path, sealed.entries - 1)? else {
                 break;
             };
             if last.phys_offset >= commit_log_min {
@@ -333,11 +672,17 @@ impl Index {
             st.files.remove(0);
             deleted += 1;
         }
-        if deleted > 0 {
-            let first_kept = st.files.first().map_or(st.written, |f| f.first);
-            st.heads.retain(|_, link| *link > first_kept);
-        }
         Ok(deleted)
+    }
+}
+
+/// Entry `local` of a file (`None` past its end).
+fn read_entry(file: &dyn StoreFile, path: &Path, local: u64) -> Result<Option<IndexEntry>> {
+    let mut b = [0u8; INDEX_ENTRY_SIZE as usize];
+    match file.read_exact_at(local * INDEX_ENTRY_SIZE, &mut b) {
+        Ok(()) => Ok(IndexEntry::decode(&b)),
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(None),
+        Err(e) => Err(io_err("read index", path)(e)),
     }
 }
 
@@ -346,11 +691,21 @@ mod tests {
     use super::*;
     use crate::backend::MemBackend;
 
+    fn open(be: &Arc<dyn Backend>, entries: u64, end: u64) -> (Index, u64) {
+        Index::open(
+            be.clone(),
+            PathBuf::from("/keyindex"),
+            Path::new("/index"),
+            entries,
+            end,
+        )
+        .unwrap()
+    }
+
     #[test]
     fn chains_survive_reopen_and_cut() {
         let be: Arc<dyn Backend> = Arc::new(MemBackend::new());
-        let dir = PathBuf::from("/idx");
-        let (idx, _) = Index::open(be.clone(), dir.clone(), 3, 0).unwrap();
+        let (idx, _) = open(&be, 3, 0);
         for i in 0..10u64 {
             idx.put(
                 "T",
@@ -372,9 +727,9 @@ mod tests {
         assert!(idx.lookup("U", "odd", 10, 0, i64::MAX).unwrap().is_empty());
         idx.flush().unwrap();
         // reopen with the commit log cut at 650: entries >= 650 are dropped
-        let (idx, dropped) = Index::open(be.clone(), dir.clone(), 3, 650).unwrap();
+        let (idx, dropped) = open(&be, 3, 650);
         assert_eq!(dropped, 3);
-        assert_eq!(idx.indexed_to(), 601);
+        assert_eq!(idx.indexed_to(), 600, "the newest record is indexed again");
         assert_eq!(
             idx.lookup("T", "even", 100, 0, i64::MAX).unwrap(),
             vec![600, 400, 200, 0]
@@ -386,6 +741,100 @@ mod tests {
         assert_eq!(
             idx.lookup("T", "even", 100, 0, i64::MAX).unwrap(),
             vec![700, 600, 400]
+        );
+    }
+
+    #[test]
+    fn memory_is_one_slot_table_and_sealed_files_open_by_their_trailer() {
+        let mem = Arc::new(MemBackend::new());
+        let be: Arc<dyn Backend> = mem.clone();
+        let (idx, _) = open(&be, 64, u64::MAX);
+        for i in 0..1000u64 {
+            idx.put("T", &format!("k{}", i % 300), i, i as i64).unwrap();
+        }
+        {
+            let st = idx.state.lock();
+            assert_eq!(st.slots.len(), 16, "a quarter of the file's entries");
+            assert_eq!(st.files.iter().filter(|f| f.sealed.is_some()).count(), 15);
+            assert!(st.pending.len() < 64);
+        }
+        let want = |k: u64| -> Vec<u64> { (0..1000).rev().filter(|i| i % 300 == k).collect() };
+        assert_eq!(idx.lookup("T", "k7", 100, 0, i64::MAX).unwrap(), want(7));
+        idx.flush().unwrap();
+        drop(idx);
+        let (idx, dropped) = open(&be, 64, u64::MAX);
+        assert_eq!(dropped, 0);
+        assert_eq!(idx.indexed_to(), 999);
+        for k in [0, 7, 299] {
+            assert_eq!(
+                idx.lookup("T", &format!("k{k}"), 100, 0, i64::MAX).unwrap(),
+                want(k)
+            );
+        }
+        // A torn table in the newest sealed file is found and rebuilt from its entries.
+        let newest_sealed = {
+            let st = idx.state.lock();
+            st.files
+                .iter()
+                .rev()
+                .find(|f| f.sealed.is_some())
+                .unwrap()
+                .path
+                .clone()
+        };
+        drop(idx);
+        assert!(mem.corrupt(&newest_sealed, 64 * INDEX_ENTRY_SIZE + 8, &[0xff; 4]));
+        let (idx, _) = open(&be, 64, u64::MAX);
+        for k in [0, 7, 299] {
+            assert_eq!(
+                idx.lookup("T", &format!("k{k}"), 100, 0, i64::MAX).unwrap(),
+                want(k)
+            );
+        }
+    }
+
+    #[test]
+    fn legacy_index_is_converted_and_removed() {
+        let be: Arc<dyn Backend> = Arc::new(MemBackend::new());
+        // The earlier format: entries chained by hash, global links, files of 3 entries.
+        be.create_dir_all(Path::new("/index")).unwrap();
+        let keys = ["a", "b", "a", "c", "a", "b", "x"];
+        let mut heads = std::collections::HashMap::new();
+        let mut bytes = Vec::new();
+        for (n, k) in keys.iter().enumerate() {
+            let hash = key_hash("T", k);
+            let prev = heads.insert(hash, n as u64 + 1).unwrap_or(0);
+            IndexEntry {
+                hash,
+                phys_offset: n as u64 * 10,
+                store_timestamp: n as i64,
+                prev,
+            }
+            .encode(&mut bytes);
+        }
+        for (i, chunk) in bytes.chunks(3 * INDEX_ENTRY_SIZE as usize).enumerate() {
+            let f = be
+                .open(&Path::new("/index").join(file_name(i as u64 * 3)), true)
+                .unwrap();
+            f.write_all_at(0, chunk).unwrap();
+        }
+        // The commit log ends at 55: the last entry (60, "x") points past it.
+        let (idx, dropped) = open(&be, 4, 55);
+        assert_eq!(dropped, 1, "the entry at 60 points past the log end");
+        assert!(!be.exists(Path::new("/index")));
+        assert_eq!(
+            idx.lookup("T", "a", 10, 0, i64::MAX).unwrap(),
+            vec![40, 20, 0]
+        );
+        assert_eq!(idx.lookup("T", "b", 10, 0, i64::MAX).unwrap(), vec![50, 10]);
+        assert!(idx.lookup("T", "x", 10, 0, i64::MAX).unwrap().is_empty());
+        assert_eq!(idx.indexed_to(), 50);
+        drop(idx);
+        let (idx, dropped) = open(&be, 4, 55);
+        assert_eq!(dropped, 0);
+        assert_eq!(
+            idx.lookup("T", "a", 10, 0, i64::MAX).unwrap(),
+            vec![40, 20, 0]
         );
     }
 }

@@ -14,7 +14,7 @@
 //! - [`backend`]: files behind a trait; [`backend::MemBackend`] injects faults and builds crash
 //!   images for tests.
 //!
-//! Layout of the data directory: `commitlog/`, `consumequeue/<topic>/<queueId>/`, `index/`,
+//! Layout of the data directory: `commitlog/`, `consumequeue/<topic>/<queueId>/`, `keyindex/`,
 //! `config/consumerOffset.json`, `config/delayOffset.json`, `checkpoint`, `abort`. See
 //! `docs/storage.md` in the repository for the design and its reasons.
 

@@ -537,7 +537,8 @@ impl MessageStore {
         // 3. Index: cut entries past the end.
         let (index, idx_dropped) = Index::open(
             backend.clone(),
-            dir.join("index"),
+            dir.join("keyindex"),
+            &dir.join("index"),
             config.index_file_entries,
             end,
         )?;
