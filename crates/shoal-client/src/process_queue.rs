@@ -66,12 +66,17 @@ impl<M> ProcessQueue<M> {
         }
     }
 
+    /// Whether the message at `offset` is held (cached or being consumed).
+    pub fn contains(&self, offset: i64) -> bool {
+        self.msgs.contains_key(&offset) || self.consuming.contains_key(&offset)
+    }
+
     /// Adds pulled messages; messages already present (same offset) are ignored. Returns how
     /// many were new.
     pub fn put(&mut self, items: impl IntoIterator<Item = Cached<M>>) -> usize {
         let mut added = 0;
         for item in items {
-            if self.msgs.contains_key(&item.offset) || self.consuming.contains_key(&item.offset) {
+            if self.contains(item.offset) {
                 continue;
             }
             self.cached_bytes += item.size;

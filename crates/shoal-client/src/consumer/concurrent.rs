@@ -43,8 +43,11 @@ impl Inner {
             offsets.iter().copied().min().unwrap_or(-1),
             offsets.iter().copied().max().unwrap_or(-1),
         );
-        let for_listener: Vec<MessageExt> =
-            msgs.iter().cloned().map(|m| self.for_listener(m)).collect();
+        // The listener sees a retried message under its original topic; the retry topic is
+        // put back afterwards for a send-back. The messages move to the listener's thread and
+        // back, uncopied.
+        let mut msgs = msgs;
+        let retry_topics = self.for_listener_in_place(&mut msgs);
         let ctx = ConsumeContext {
             message_queue: state.mq.clone(),
             stopped: state.cancel.clone(),
@@ -52,14 +55,24 @@ impl Inner {
         let started = Instant::now();
         // Fencing: checked on the listener's thread right before the call; a member past its
         // lease, or a stopped queue (except gaps below what it delivered), hands over nothing
-        // (the messages stay below the committed offset).
+        // (the messages stay below the committed offset). A listener that panics asks for the
+        // batch to be consumed later, as one that returns ReconsumeLater.
         let st = state.clone();
-        let status = tokio::task::spawn_blocking(move || {
-            st.admit_concurrent(first, last)
-                .then(|| f(&for_listener, &ctx))
+        let Ok((status, mut msgs)) = tokio::task::spawn_blocking(move || {
+            let status = st.admit_concurrent(first, last).then(|| {
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&msgs, &ctx)))
+                    .unwrap_or(ConsumeConcurrentlyStatus::ReconsumeLater)
+            });
+            (status, msgs)
         })
         .await
-        .unwrap_or(Some(ConsumeConcurrentlyStatus::ReconsumeLater));
+        else {
+            // The runtime is shutting down: nothing was consumed.
+            return;
+        };
+        for (i, topic) in retry_topics {
+            msgs[i].topic = topic;
+        }
         let Some(status) = status else {
             debug!(queue = %state.mq, n = msgs.len(), "queue stopped or lease not valid: batch not delivered");
             return;
@@ -81,7 +94,7 @@ impl Inner {
                     // The queue was stopped meanwhile (as Java leaves a dropped queue's result
                     // unprocessed): nothing is sent back, the messages stay below the
                     // committed offset and its next owner consumes them again.
-                    keep = msgs.clone();
+                    keep = std::mem::take(&mut msgs);
                 } else if self.clustering() {
                     for m in &msgs {
                         if !self.send_back(&state.mq, m).await {

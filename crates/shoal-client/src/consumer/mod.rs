@@ -60,10 +60,15 @@ use tracing::{debug, info, warn};
 /// orderly consumer uses 30 s against the broker's 60 s).
 pub const LOCK_EXPIRE_MS: u64 = 30_000;
 
+/// What a queue's process queue keeps of a pulled message: orderly consumption takes its
+/// messages from there (`Some`); concurrent consumption hands each batch to the listener when
+/// it is pulled and keeps only offset and size (`None`), so no message is copied.
+type Held = Option<MessageExt>;
+
 /// Local state of one owned queue.
 struct QueueState {
     mq: MessageQueue,
-    pq: Mutex<ProcessQueue<MessageExt>>,
+    pq: Mutex<ProcessQueue<Held>>,
     /// Deliveries allowed strictly before this time (`None`: no limit, broadcasting).
     lease_until: Mutex<Option<Instant>>,
     /// Stops the pull loop and the orderly consume loop.

@@ -1,7 +1,9 @@
 //! Orderly consumption: one batch at a time per queue, in offset order, only while the queue's
 //! lease (its broker lock) is valid.
 
-use super::{ConsumeContext, ConsumeOrderlyStatus, Inner, MessageListener, OrderlyFn, QueueState};
+use super::{
+    ConsumeContext, ConsumeOrderlyStatus, Held, Inner, MessageListener, OrderlyFn, QueueState,
+};
 use crate::process_queue::ProcessQueue;
 use shoal_proto::message::MessageExt;
 use std::sync::atomic::Ordering;
@@ -26,7 +28,7 @@ impl Inner {
         });
     }
 
-    fn may_consume_orderly(&self, state: &QueueState, pq: &ProcessQueue<MessageExt>) -> bool {
+    fn may_consume_orderly(&self, state: &QueueState, pq: &ProcessQueue<Held>) -> bool {
         !pq.dropped && state.lease_valid()
     }
 
@@ -40,7 +42,7 @@ impl Inner {
                 let taken: Vec<MessageExt> = pq
                     .take(self.config.consume_batch_size)
                     .into_iter()
-                    .map(|c| c.message.clone())
+                    .filter_map(|c| c.message.clone())
                     .collect();
                 if taken.is_empty() {
                     return;

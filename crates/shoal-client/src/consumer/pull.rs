@@ -153,23 +153,53 @@ impl Inner {
     }
 
     fn dispatch(self: &Arc<Self>, state: &Arc<QueueState>, msgs: Vec<MessageExt>) {
-        let cached: Vec<Cached<MessageExt>> = msgs
-            .iter()
-            .map(|m| Cached {
-                offset: m.queue_offset,
-                size: m.body.len(),
-                message: m.clone(),
-            })
-            .collect();
-        let added = state.pq.lock().put(cached);
+        let orderly = matches!(self.listener, MessageListener::Orderly(_));
+        // Only messages the process queue does not hold yet (a pull repeated after a
+        // hand-over may return some again) are cached and consumed.
+        let (added, fresh) = {
+            let mut pq = state.pq.lock();
+            let fresh: Vec<MessageExt> = msgs
+                .into_iter()
+                .filter(|m| !pq.contains(m.queue_offset))
+                .collect();
+            let cached = |m: &MessageExt| (m.queue_offset, m.body.len());
+            if orderly {
+                // Orderly consumption takes the messages from the process queue.
+                let added = pq.put(fresh.into_iter().map(|m| {
+                    let (offset, size) = cached(&m);
+                    Cached {
+                        offset,
+                        size,
+                        message: Some(m),
+                    }
+                }));
+                (added, Vec::new())
+            } else {
+                let added = pq.put(fresh.iter().map(|m| {
+                    let (offset, size) = cached(m);
+                    Cached {
+                        offset,
+                        size,
+                        message: None,
+                    }
+                }));
+                (added, fresh)
+            }
+        };
         if added == 0 {
             return;
         }
         match &self.listener {
             MessageListener::Orderly(_) => state.wake.notify_one(),
             MessageListener::Concurrently(f) => {
-                for chunk in msgs.chunks(self.config.consume_batch_size) {
-                    self.spawn_concurrent(state.clone(), f.clone(), chunk.to_vec());
+                let batch = self.config.consume_batch_size.max(1);
+                let mut rest = fresh.into_iter();
+                loop {
+                    let chunk: Vec<MessageExt> = rest.by_ref().take(batch).collect();
+                    if chunk.is_empty() {
+                        break;
+                    }
+                    self.spawn_concurrent(state.clone(), f.clone(), chunk);
                 }
             }
         }

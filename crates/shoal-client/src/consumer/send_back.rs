@@ -12,12 +12,21 @@ use tracing::warn;
 impl Inner {
     /// Restores the real topic of a retry message for the listener.
     pub(super) fn for_listener(&self, mut m: MessageExt) -> MessageExt {
-        if is_retry_topic(&m.topic) {
-            if let Some(t) = m.property(property::RETRY_TOPIC) {
-                m.topic = t.to_owned();
-            }
+        if let Some(t) = original_topic(&m) {
+            m.topic = t;
         }
         m
+    }
+
+    /// [`Inner::for_listener`] in place: returns the retry topics it replaced, by position.
+    pub(super) fn for_listener_in_place(&self, msgs: &mut [MessageExt]) -> Vec<(usize, String)> {
+        let mut replaced = Vec::new();
+        for (i, m) in msgs.iter_mut().enumerate() {
+            if let Some(t) = original_topic(m) {
+                replaced.push((i, std::mem::replace(&mut m.topic, t)));
+            }
+        }
+        replaced
     }
 
     pub(super) fn max_reconsume(&self) -> i32 {
@@ -106,5 +115,14 @@ impl Inner {
                 false
             }
         }
+    }
+}
+
+/// The topic a message of a retry topic was first sent to (its `RETRY_TOPIC` property).
+fn original_topic(m: &MessageExt) -> Option<String> {
+    if is_retry_topic(&m.topic) {
+        m.property(property::RETRY_TOPIC).map(str::to_owned)
+    } else {
+        None
     }
 }

@@ -411,7 +411,7 @@ pub(super) async fn start_group(
             start_member(common, spec, id, tracker).await?
         });
     }
-    let nq = tracker.queue_index.len();
+    let nq = tracker.queue_count();
     let deadline = Instant::now() + Duration::from_secs(15);
     let mut last: Option<Vec<usize>> = None;
     let mut same_since = Instant::now();

@@ -385,13 +385,7 @@ fn queue_indices(m: &Member, tracker: &Tracker) -> Vec<u32> {
     m.consumer
         .owned_queues()
         .into_iter()
-        .filter(|q| q.topic == tracker.topic)
-        .filter_map(|q| {
-            tracker
-                .queue_index
-                .get(&(q.broker_name.clone(), q.queue_id))
-                .map(|&i| i as u32)
-        })
+        .filter_map(|q| tracker.queue_of(&q).map(|i| i as u32))
         .collect()
 }
 

@@ -51,7 +51,7 @@ pub(super) struct TrackState {
     pub(super) foreign: u64,
     pub(super) duplicates: u64,
     /// Deliveries per (run, key).
-    pub(super) seen: HashMap<(u32, u64), u32>,
+    pub(super) seen: foldhash::HashMap<(u32, u64), u32>,
     pub(super) e2e: Histogram<u64>,
     pub(super) first: Option<Instant>,
     pub(super) last: Option<Instant>,
@@ -64,7 +64,8 @@ pub(super) struct TrackState {
 pub(super) struct Tracker {
     pub(super) topic: String,
     run: Option<u32>,
-    pub(super) queue_index: HashMap<(String, i32), usize>,
+    /// The topic's queues (broker name, queue id), in the tracker's order.
+    queues: Vec<(String, i32)>,
     pub(super) state: Mutex<TrackState>,
 }
 
@@ -73,17 +74,16 @@ impl Tracker {
         Tracker {
             topic: queues.first().map(|q| q.topic.clone()).unwrap_or_default(),
             run,
-            queue_index: queues
+            queues: queues
                 .iter()
-                .enumerate()
-                .map(|(i, q)| ((q.broker_name.clone(), q.queue_id), i))
+                .map(|q| (q.broker_name.clone(), q.queue_id))
                 .collect(),
             state: Mutex::new(TrackState {
                 consumed: 0,
                 bytes: 0,
                 foreign: 0,
                 duplicates: 0,
-                seen: HashMap::new(),
+                seen: foldhash::HashMap::default(),
                 e2e: histogram(),
                 first: None,
                 last: None,
@@ -91,6 +91,22 @@ impl Tracker {
                 log: None,
             }),
         }
+    }
+
+    /// The tracker's index of a queue of its topic (a scan: a topic has a few dozen queues at
+    /// most, and a listener call looks one up without a copy of the broker name).
+    pub(super) fn queue_of(&self, mq: &MessageQueue) -> Option<usize> {
+        if mq.topic != self.topic {
+            return None;
+        }
+        self.queues
+            .iter()
+            .position(|(b, id)| *id == mq.queue_id && *b == mq.broker_name)
+    }
+
+    /// Number of the topic's queues.
+    pub(super) fn queue_count(&self) -> usize {
+        self.queues.len()
     }
 
     /// Also keeps a log of every delivery (`deliveries()`).
@@ -111,13 +127,7 @@ impl Tracker {
         mq: &MessageQueue,
     ) {
         let now_wall = now_us();
-        let q = if mq.topic == self.topic {
-            self.queue_index
-                .get(&(mq.broker_name.clone(), mq.queue_id))
-                .copied()
-        } else {
-            None
-        };
+        let q = self.queue_of(mq);
         let mut s = self.state.lock();
         // Taken under the lock: the log is in time order.
         let now = Instant::now();
@@ -441,10 +451,7 @@ pub(super) fn ownership(members: &[Member], tracker: &Tracker, nq: usize) -> Opt
             if q.topic != tracker.topic {
                 continue;
             }
-            if let Some(&i) = tracker
-                .queue_index
-                .get(&(q.broker_name.clone(), q.queue_id))
-            {
+            if let Some(i) = tracker.queue_of(&q) {
                 let slot = owner.get_mut(i)?;
                 if slot.is_some() {
                     return None;
