@@ -43,11 +43,22 @@ namesrv_secret_key = "operator-secret"
 CFG
 "$SHOAL_BIN" namesrv --listen "127.0.0.1:$ns_port" --acl-file "$work/plain_acl.toml" >"$work/ns.out" 2>"$work/ns.err" &
 ns_pid=$!
+for _ in $(seq 1 150); do grep -q "listening" "$work/ns.err" "$work/ns.out" 2>/dev/null && break; sleep 0.2; done
 "$SHOAL_BIN" broker --config "$work/broker.toml" --namesrv "127.0.0.1:$ns_port" >"$work/broker.out" 2>"$work/broker.err" &
 broker_pid=$!
 export SHOAL_NAMESRV="127.0.0.1:$ns_port" SHOAL_ACCESS_KEY=operator SHOAL_SECRET_KEY=operator-secret
-for _ in $(seq 1 100); do
-  "$SHOAL_BIN" topic create AclTopic --queues 2 >/dev/null 2>&1 && break
+created=no
+for _ in $(seq 1 150); do
+  "$SHOAL_BIN" topic create AclTopic --queues 2 >/dev/null 2>&1 && { created=yes; break; }
+  sleep 0.2
+done
+if [ "$created" != yes ]; then
+  echo "cpp client ACL: FAILED (topic AclTopic could not be created in 30 s)"
+  echo "--- name server log"; tail -20 "$work/ns.err"; echo "--- broker log"; tail -30 "$work/broker.err"; exit 1
+fi
+# The topic's route is in the name server once the broker has registered it.
+for _ in $(seq 1 150); do
+  "$SHOAL_BIN" topic route AclTopic >/dev/null 2>&1 && break
   sleep 0.2
 done
 unset SHOAL_ACCESS_KEY SHOAL_SECRET_KEY

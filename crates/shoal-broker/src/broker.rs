@@ -714,18 +714,22 @@ impl Broker {
         info!(addr = %server.local_addr(), broker = %inner.config.broker_name, "broker listening");
 
         let mut tasks = Vec::new();
-        tasks.push(tokio::spawn(register_loop(inner.clone())));
         tasks.push(tokio::spawn(housekeeping_loop(inner.clone())));
         tasks.push(tokio::spawn(timeline_loop(inner.clone())));
         tasks.extend(crate::schedule::start(inner.clone()));
         tasks.push(crate::transaction::service::start(inner.clone()));
         let registered = inner.register_all().await;
-        if registered == 0 && !inner.config.namesrv_addrs.is_empty() {
+        let everywhere = registered == inner.config.namesrv_addrs.len();
+        if !everywhere {
             warn!(
-                "no name server accepted the first registration; retrying every {} ms",
+                accepted = registered,
+                namesrvs = inner.config.namesrv_addrs.len(),
+                "not every name server accepted the first registration; retrying from {} ms, doubling up to every {} ms",
+                REGISTER_RETRY_MIN.as_millis(),
                 inner.config.register_interval_ms
             );
         }
+        tasks.push(tokio::spawn(register_loop(inner.clone(), everywhere)));
         Ok(Broker {
             inner,
             server,
@@ -947,14 +951,28 @@ impl Broker {
     }
 }
 
-async fn register_loop(inner: Arc<BrokerInner>) {
+/// First wait before registering again when a name server did not accept a registration.
+const REGISTER_RETRY_MIN: Duration = Duration::from_millis(500);
+
+/// Registers with every name server each `register_interval_ms` (and when asked to). After a
+/// registration that a name server did not accept (not started yet, unreachable, refusing),
+/// the next one comes sooner: 0.5 s, doubling up to the interval, so that a name server started
+/// just after the broker knows it within a second instead of a whole interval later.
+async fn register_loop(inner: Arc<BrokerInner>, mut everywhere: bool) {
     let interval = Duration::from_millis(inner.config.register_interval_ms.max(100));
+    let mut retry = REGISTER_RETRY_MIN.min(interval);
     loop {
+        let wait = if everywhere { interval } else { retry };
         tokio::select! {
-            _ = tokio::time::sleep(interval) => {}
+            _ = tokio::time::sleep(wait) => {}
             _ = inner.register_now.notified() => {}
         }
-        inner.register_all().await;
+        everywhere = inner.register_all().await == inner.config.namesrv_addrs.len();
+        retry = if everywhere {
+            REGISTER_RETRY_MIN.min(interval)
+        } else {
+            (retry * 2).min(interval)
+        };
     }
 }
 

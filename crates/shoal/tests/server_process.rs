@@ -1,5 +1,6 @@
 //! The `shoal` binary as separate processes: a broker killed with SIGKILL under sync flush
-//! serves every acknowledged message after restart, exactly once.
+//! serves every acknowledged message after restart, exactly once; a broker started before its
+//! name server registers soon after the name server comes up.
 
 use shoal_net::{NetConfig, NotSupportedProcessor, RemotingClient};
 use shoal_proto::code::{request_code as rc, response_code as resp};
@@ -226,5 +227,48 @@ async fn sigkilled_broker_under_sync_flush_serves_every_acknowledged_message() {
         "acknowledged before SIGKILL: {}, served after restart: {} (extra = written but not acknowledged)",
         acked.len(),
         stored.len()
+    );
+}
+
+/// A broker started before its name server (as compose files and unit files often do) is known
+/// to the name server soon after the name server comes up: a registration that failed is tried
+/// again after 0.5 s, doubling, not only every `register_interval_ms` (30 s).
+#[test]
+fn a_broker_started_before_its_name_server_registers_soon_after_it_comes_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ns_port, broker_port) = (free_port(), free_port());
+    let ns = format!("127.0.0.1:{ns_port}");
+    let data = dir.path().join("data");
+    let _broker = spawn(&[
+        "broker",
+        "--listen",
+        &format!("127.0.0.1:{broker_port}"),
+        "--namesrv",
+        &ns,
+        "--data-dir",
+        data.to_str().unwrap(),
+    ]);
+    // The broker's first registrations are refused: nothing listens yet.
+    std::thread::sleep(Duration::from_secs(2));
+    let _namesrv = spawn(&["namesrv", "--listen", &ns]);
+    let started = std::time::Instant::now();
+    let known = loop {
+        let out = Command::new(env!("CARGO_BIN_EXE_shoal"))
+            .args(["--namesrv", &ns, "cluster", "list"])
+            .output()
+            .unwrap();
+        if String::from_utf8_lossy(&out.stdout).contains(&broker_port.to_string()) {
+            break true;
+        }
+        if started.elapsed() > Duration::from_secs(15) {
+            break false;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    // The backoff reaches 4 s by then (0.5, 1, 2, 4): well within 15 s, far from the 30 s
+    // interval a registration used to wait after a failure.
+    assert!(
+        known,
+        "the broker was not registered 15 s after the name server started"
     );
 }
