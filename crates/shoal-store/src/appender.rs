@@ -533,12 +533,14 @@ impl Inner {
                     cq.append(entries)?;
                 }
             }
-            for (i, &(j, k)) in refs.iter().enumerate() {
-                let m = &jobs[j].msgs[k];
-                for key in index_keys(&m.properties) {
-                    self.index.put(&m.topic, &key, phys[i], ts)?;
-                }
-            }
+            // Every key of the batch under one lock of the index.
+            self.index.put_all(
+                refs.iter().zip(&phys).flat_map(|(&(j, k), &at)| {
+                    let m = &jobs[j].msgs[k];
+                    index_keys(&m.properties).map(move |key| (m.topic.as_str(), key, at))
+                }),
+                ts,
+            )?;
             Ok(())
         };
         if let Err(e) = dispatch() {

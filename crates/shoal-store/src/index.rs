@@ -480,6 +480,20 @@ impl Index {
         self.push(&mut st, hash, phys_offset, store_timestamp)
     }
 
+    /// [`Index::put`] for many keys (`topic, key, commit log offset`) of one store time, under
+    /// one lock.
+    pub(crate) fn put_all<'a>(
+        &self,
+        keys: impl IntoIterator<Item = (&'a str, &'a str, u64)>,
+        store_timestamp: i64,
+    ) -> Result<()> {
+        let mut st = self.state.lock();
+        for (topic, key, phys_offset) in keys {
+            self.push(&mut st, key_hash(topic, key), phys_offset, store_timestamp)?;
+        }
+        Ok(())
+    }
+
     fn push(
         &self,
         st: &mut IndexState,
@@ -836,5 +850,28 @@ mod tests {
             idx.lookup("T", "a", 10, 0, i64::MAX).unwrap(),
             vec![40, 20, 0]
         );
+    }
+}
+
+#[cfg(test)]
+mod key_tests {
+    use crate::store::index_keys;
+
+    #[test]
+    fn a_record_is_indexed_under_its_keys_then_its_unique_key_once() {
+        let props =
+            |keys: &str, uniq: &str| format!("KEYS\u{1}{keys}\u{2}UNIQ_KEY\u{1}{uniq}\u{2}");
+        fn keys(p: &str) -> Vec<&str> {
+            index_keys(p).collect()
+        }
+        assert_eq!(keys(&props("a  b", "U1")), ["a", "b", "U1"]);
+        assert_eq!(
+            keys(&props("a b", "b")),
+            ["a", "b"],
+            "the unique key is among the keys"
+        );
+        assert_eq!(keys(&props("", "U1")), ["U1"]);
+        assert_eq!(keys("UNIQ_KEY\u{1}\u{2}"), Vec::<&str>::new());
+        assert_eq!(keys("TAGS\u{1}t\u{2}"), Vec::<&str>::new());
     }
 }

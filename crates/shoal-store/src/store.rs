@@ -396,21 +396,13 @@ impl ScannedRecord {
     }
 }
 
-pub(crate) fn index_keys(properties: &str) -> Vec<String> {
-    let mut keys: Vec<String> = find_property(properties, KEYS)
-        .map(|k| {
-            k.split(' ')
-                .filter(|s| !s.is_empty())
-                .map(String::from)
-                .collect()
-        })
-        .unwrap_or_default();
-    if let Some(u) = find_property(properties, UNIQ_KEY).filter(|u| !u.is_empty()) {
-        if !keys.iter().any(|k| k == u) {
-            keys.push(u.to_string());
-        }
-    }
-    keys
+/// The keys a record is indexed under: each of its `KEYS` (space separated), then its
+/// `UNIQ_KEY` unless it is one of them. Borrowed from `properties`, no copy.
+pub(crate) fn index_keys(properties: &str) -> impl Iterator<Item = &str> {
+    let keys = find_property(properties, KEYS).unwrap_or("");
+    let uniq = find_property(properties, UNIQ_KEY)
+        .filter(|u| !u.is_empty() && !keys.split(' ').any(|k| k == *u));
+    keys.split(' ').filter(|k| !k.is_empty()).chain(uniq)
 }
 
 impl MessageStore {
@@ -1376,7 +1368,9 @@ fn scan_commit_log(
                 queue_offset: view.queue_offset(),
                 tag_code: view.tags_code(),
                 store_timestamp: view.store_timestamp(),
-                keys: index_keys(view.properties_str()),
+                keys: index_keys(view.properties_str())
+                    .map(str::to_owned)
+                    .collect(),
             };
             pos += u64::from(size);
             if !crc_ok {
