@@ -162,26 +162,19 @@ impl Inner {
                 .into_iter()
                 .filter(|m| !pq.contains(m.queue_offset))
                 .collect();
-            let cached = |m: &MessageExt| (m.queue_offset, m.body.len());
             if orderly {
                 // Orderly consumption takes the messages from the process queue.
-                let added = pq.put(fresh.into_iter().map(|m| {
-                    let (offset, size) = cached(&m);
-                    Cached {
-                        offset,
-                        size,
-                        message: Some(m),
-                    }
+                let added = pq.put(fresh.into_iter().map(|m| Cached {
+                    offset: m.queue_offset,
+                    size: m.body.len(),
+                    message: Some(m),
                 }));
                 (added, Vec::new())
             } else {
-                let added = pq.put(fresh.iter().map(|m| {
-                    let (offset, size) = cached(m);
-                    Cached {
-                        offset,
-                        size,
-                        message: None,
-                    }
+                let added = pq.put(fresh.iter().map(|m| Cached {
+                    offset: m.queue_offset,
+                    size: m.body.len(),
+                    message: None,
                 }));
                 (added, fresh)
             }
