@@ -86,6 +86,15 @@ fn check_image(
     );
     let walked_ids: HashSet<String> = walked.iter().map(|r| r.id.clone()).collect();
     assert_eq!(walked_ids, seen);
+    // The key index agrees with the log: a recovered message is found by its unique key once,
+    // one that was not recovered is not found (its entries past the log end were cut).
+    for (id, m) in &sent.by_id {
+        let found = store
+            .query_by_uniq_key(&m.topic, &format!("U{id}"))
+            .expect("query by key");
+        let want = usize::from(seen.contains(id));
+        assert_eq!(found.len(), want, "key lookups of {id} ({report:?})");
+    }
     // The store keeps working: the next message of a queue lands at its max offset.
     let next = msg("T0", 0, "after-crash", 60, "");
     let max = store.max_offset("T0", 0);
