@@ -43,6 +43,10 @@ pub struct ExtFields {
     index: Option<Box<Index>>,
     /// Bytes of `text` no entry refers to any more (replaced values, removed entries).
     unused: usize,
+    /// One bit per key ever inserted since the last `clear` ([`key_bit`]): a key whose bit is
+    /// clear is absent, so most misses (and the duplicate check of every insert) skip the
+    /// scan. Removed keys leave their bit set, which only costs a scan.
+    filter: u64,
 }
 
 impl ExtFields {
@@ -58,6 +62,7 @@ impl ExtFields {
             entries: Vec::with_capacity(entries),
             index: None,
             unused: 0,
+            filter: 0,
         }
     }
 
@@ -84,10 +89,17 @@ impl ExtFields {
                     .find(hash, |&i| self.slice(self.entries[i].key) == key)
                     .copied()
             }
-            None => self
-                .entries
-                .iter()
-                .position(|e| e.key.1 == key.len() && self.slice(e.key) == key),
+            None => {
+                if self.filter & key_bit(key) == 0 {
+                    return None;
+                }
+                let (text, kb) = (self.text.as_bytes(), key.as_bytes());
+                self.entries.iter().position(|e| {
+                    e.key.1 == kb.len()
+                        && (kb.is_empty() || text[e.key.0] == kb[0])
+                        && self.slice(e.key) == key
+                })
+            }
         }
     }
 
@@ -134,6 +146,7 @@ impl ExtFields {
             }
             None => {
                 let at = self.entries.len();
+                self.filter |= key_bit(self.slice(key));
                 self.entries.push(Entry { key, value });
                 self.note_in_index(at);
             }
@@ -244,6 +257,7 @@ impl ExtFields {
         self.entries.clear();
         self.index = None;
         self.unused = 0;
+        self.filter = 0;
     }
 
     /// The entries in insertion order.
@@ -289,6 +303,18 @@ impl ExtFields {
 
 fn key_range((start, len): (usize, usize)) -> Range<usize> {
     start..start + len
+}
+
+/// The bit of `key` in `ExtFields::filter`, from its length and first and last bytes. The
+/// odd weight of a one-byte key's byte (3) makes consecutive letters take distinct bits, so
+/// the send header's keys `a`..`n` never share one.
+fn key_bit(key: &str) -> u64 {
+    let b = key.as_bytes();
+    let (first, last) = (
+        usize::from(b.first().copied().unwrap_or(0)),
+        usize::from(b.last().copied().unwrap_or(0)),
+    );
+    1 << ((first + 2 * last + 11 * b.len()) & 63)
 }
 
 fn index_hash(state: &foldhash::fast::RandomState, key: &str) -> u64 {
@@ -433,6 +459,16 @@ mod tests {
     }
 
     #[test]
+    fn the_send_headers_keys_have_distinct_filter_bits() {
+        // Not needed for correctness (a shared bit costs a scan), but the send header's
+        // one-letter keys are decoded on every send: none of them should collide.
+        let bits: std::collections::BTreeSet<u64> = ('a'..='n')
+            .map(|c| key_bit(c.encode_utf8(&mut [0; 4])))
+            .collect();
+        assert_eq!(bits.len(), 14);
+    }
+
+    #[test]
     fn equality_ignores_order() {
         let a: ExtFields = [("x", "1"), ("y", "2")].into_iter().collect();
         let b: ExtFields = [("y", "2"), ("x", "1")].into_iter().collect();
@@ -468,6 +504,41 @@ mod tests {
                 prop_assert_eq!(ours.get(k), Some(v.as_str()));
             }
             prop_assert_eq!(ours.get("absent"), None);
+        }
+
+        /// Lookups (hits and misses, through the key filter) agree with a model map under
+        /// inserts, removals, `retain` and `clear`, for short keys of any shape.
+        #[test]
+        fn lookups_agree_with_a_model_through_the_filter(
+            ops in proptest::collection::vec((0u8..10, "[a-e]{0,3}", "[x-z]{0,2}"), 0..150),
+        ) {
+            let mut ours = ExtFields::new();
+            let mut model: indexmap::IndexMap<String, String> = indexmap::IndexMap::new();
+            let mut seen = std::collections::BTreeSet::new();
+            for (op, key, v) in ops {
+                seen.insert(key.clone());
+                match op {
+                    0 => {
+                        prop_assert_eq!(ours.remove(&key), model.shift_remove(&key));
+                    }
+                    1 => {
+                        ours.retain(|k, _| !k.starts_with('a'));
+                        model.retain(|k, _| !k.starts_with('a'));
+                    }
+                    2 if v.is_empty() => {
+                        ours.clear();
+                        model.clear();
+                    }
+                    _ => {
+                        ours.insert(&key, &v);
+                        model.insert(key, v);
+                    }
+                }
+                for k in &seen {
+                    prop_assert_eq!(ours.get(k), model.get(k).map(String::as_str));
+                    prop_assert_eq!(ours.contains_key(k), model.contains_key(k));
+                }
+            }
         }
     }
 }
