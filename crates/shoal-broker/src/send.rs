@@ -185,13 +185,12 @@ pub async fn send_message(
 
     let raw_props = h.properties.as_deref().unwrap_or("");
     // Decoded into a map only when something has to change in them (retry, delay, batch).
-    let mut props =
-        if is_batch || is_retry_topic(&topic) || plain_properties_ok(raw_props).is_none() {
-            decode_properties(raw_props)
-        } else {
-            Properties::default()
-        };
-    let mut diverted = false;
+    let plain = !is_batch && !is_retry_topic(&topic) && plain_properties_ok(raw_props).is_some();
+    let mut props = if plain {
+        Properties::default()
+    } else {
+        decode_properties(raw_props)
+    };
     let reconsume_times = h.reconsume_times.unwrap_or(0);
     // Retry topic: too many attempts (or a group consuming orderly) divert to the DLQ.
     if is_retry_topic(&topic) {
@@ -221,7 +220,6 @@ pub async fn send_message(
                 .map_err(Reject::system)?;
             b.register_now.notify_one();
             props.insert(property::DELAY.into(), "-1".into());
-            diverted = true;
             topic = dlq;
             queue_id = 0;
         }
@@ -271,8 +269,9 @@ pub async fn send_message(
             out.push(m);
         }
         out
-    } else if let Some(stored) =
-        plain_properties(raw_props, &b.config.cluster_name).filter(|_| !diverted)
+    } else if let Some(stored) = plain
+        .then(|| with_cluster(raw_props, &b.config.cluster_name))
+        .flatten()
     {
         // The common case: the client's properties are stored as they came, plus CLUSTER.
         inner.properties = stored;
@@ -362,9 +361,9 @@ fn plain_properties_ok(raw: &str) -> Option<()> {
     (len == raw.len()).then_some(())
 }
 
-/// The stored properties of a plain send (see [`plain_properties_ok`]).
-fn plain_properties(raw: &str, cluster: &str) -> Option<String> {
-    plain_properties_ok(raw)?;
+/// The stored properties of a plain send: `raw` (checked by [`plain_properties_ok`]) plus
+/// CLUSTER; `None` when the cluster name cannot be stored verbatim.
+fn with_cluster(raw: &str, cluster: &str) -> Option<String> {
     if cluster.contains(['\u{1}', '\u{2}']) {
         return None;
     }
@@ -468,7 +467,9 @@ mod tests {
             let mut props = decode_properties(raw);
             props.insert(property::CLUSTER.into(), "C".into());
             assert_eq!(
-                plain_properties(raw, "C").as_deref(),
+                plain_properties_ok(raw)
+                    .and_then(|()| with_cluster(raw, "C"))
+                    .as_deref(),
                 Some(encode_properties(&props).unwrap().as_str()),
                 "{raw:?}"
             );
@@ -483,7 +484,11 @@ mod tests {
             "junk\u{2}TAGS\u{1}a\u{2}",
             "TAGS\u{1}a\u{1}b\u{2}",
         ] {
-            assert_eq!(plain_properties(raw, "C"), None, "{raw:?}");
+            assert_eq!(
+                plain_properties_ok(raw).and_then(|()| with_cluster(raw, "C")),
+                None,
+                "{raw:?}"
+            );
         }
     }
 }
