@@ -189,6 +189,17 @@ impl std::fmt::Debug for PutFuture {
     }
 }
 
+impl Drop for PutFuture {
+    /// A put dropped while queued is still appended (it cannot be taken back), and it may be
+    /// the one whose next poll was to append the queue (see `poll`): appending now keeps the
+    /// puts queued behind it from waiting for someone else's.
+    fn drop(&mut self) {
+        if matches!(self.state, PutState::Queued(_)) {
+            self.inner.drain();
+        }
+    }
+}
+
 impl Future for PutFuture {
     type Output = Result<PutMessageResult>;
 
@@ -203,11 +214,17 @@ impl Future for PutFuture {
                 let slot = Arc::new(Slot::default());
                 slot.state.lock().waker = Some(cx.waker().clone());
                 job.slot = Some(Arc::clone(&slot));
-                this.inner.enqueue(*job);
+                let first = this.inner.enqueue(*job);
                 this.state = PutState::Queued(slot);
                 // Let the other tasks (or the other requests of this connection) queue their
-                // puts first; the next poll appends them all at once.
-                cx.waker().wake_by_ref();
+                // puts first; the next poll appends them all at once. Only the put that found
+                // the queue empty asks to be polled again: a put queued behind it is appended
+                // by that poll (or by whoever drains first) and woken through its slot. Waking
+                // every put would make a `FuturesUnordered` of a connection's requests yield
+                // after two of them, splitting its batch into appends of two.
+                if first {
+                    cx.waker().wake_by_ref();
+                }
                 Poll::Pending
             }
             PutState::Queued(slot) => {
@@ -269,11 +286,49 @@ impl MessageStore {
     }
 }
 
+/// The writer locked for something other than appending. A put that finds the writer busy
+/// leaves its job to the holder (`Inner::drain`), so the holder must look at the queue once
+/// it lets go: this guard does, on drop.
+pub(crate) struct WriterUse<'a> {
+    inner: &'a Inner,
+    guard: Option<MutexGuard<'a, WriterState>>,
+}
+
+impl std::ops::Deref for WriterUse<'_> {
+    type Target = WriterState;
+    fn deref(&self) -> &WriterState {
+        self.guard.as_deref().expect("held until drop")
+    }
+}
+
+impl std::ops::DerefMut for WriterUse<'_> {
+    fn deref_mut(&mut self) -> &mut WriterState {
+        self.guard.as_deref_mut().expect("held until drop")
+    }
+}
+
+impl Drop for WriterUse<'_> {
+    fn drop(&mut self) {
+        self.guard = None;
+        self.inner.drain();
+    }
+}
+
 impl Inner {
-    fn enqueue(&self, job: Job<'static>) {
+    /// Locks the writer for something other than appending (see [`WriterUse`]).
+    pub(crate) fn lock_writer(&self) -> WriterUse<'_> {
+        WriterUse {
+            inner: self,
+            guard: Some(self.writer.lock()),
+        }
+    }
+
+    /// Queues `job`; true when the queue was empty (the caller must then see to a drain).
+    fn enqueue(&self, job: Job<'static>) -> bool {
         let mut q = self.appends.jobs.lock();
         q.push(job);
         self.appends.queued.store(q.len(), Ordering::Release);
+        q.len() == 1
     }
 
     fn take_queued(&self) -> Vec<Job<'static>> {
@@ -545,6 +600,7 @@ impl Inner {
         };
         if let Err(e) = dispatch() {
             w.failed = Some(format!("dispatch after a commit log append failed: {e}"));
+            self.write_failed.store(true, Ordering::Release);
             return Err(e);
         }
         let end = self.commit_log.write_pos();

@@ -242,7 +242,12 @@ pub(crate) struct Inner {
     queues: RwLock<QueueMap>,
     pub(crate) index: Index,
     offsets: OffsetStore,
+    /// Owned by whoever appends. Anyone else who locks it must use `lock_writer`, which
+    /// appends what was queued meanwhile when it lets go (a put that finds the writer busy
+    /// leaves its job to the holder).
     pub(crate) writer: Mutex<WriterState>,
+    /// Set with `WriterState::failed`: read without the writer's lock.
+    pub(crate) write_failed: std::sync::atomic::AtomicBool,
     /// Puts waiting for the appender, and appends waiting for their fsync.
     pub(crate) appends: AppendQueue,
     /// Records below this commit log offset have their consume-queue and index entries written.
@@ -547,6 +552,7 @@ impl MessageStore {
                 last_store_timestamp,
                 failed: None,
             }),
+            write_failed: std::sync::atomic::AtomicBool::new(false),
             appends: AppendQueue::default(),
             dispatched: AtomicU64::new(end),
             group_commit: Mutex::new(false),
@@ -995,7 +1001,7 @@ impl MessageStore {
         // The topic names a directory: never let it point elsewhere.
         validate_topic(topic)?;
         let inner = &*self.inner;
-        let _w = inner.writer.lock();
+        let _w = inner.lock_writer();
         let removed = inner.queues.write().remove(topic);
         if let Some(qs) = removed {
             for cq in qs.values() {
@@ -1687,7 +1693,11 @@ impl Inner {
                 self.group_commit_cv.notify_all();
                 if let Err(e) = r {
                     tracing::error!(error = %e, "sync flush failed");
-                    self.writer.lock().failed = Some(format!("fsync failed: {e}"));
+                    // Not under the group commit lock: letting go of the writer appends what
+                    // was queued meanwhile (which then fails), and that may wait here.
+                    drop(flushing);
+                    self.lock_writer().failed = Some(format!("fsync failed: {e}"));
+                    self.write_failed.store(true, Ordering::Release);
                     return FlushStatus::FlushFailed;
                 }
                 continue;
@@ -1707,7 +1717,7 @@ impl Inner {
     }
 
     fn writer_failed(&self) -> bool {
-        self.writer.lock().failed.is_some()
+        self.write_failed.load(Ordering::Acquire)
     }
 
     /// Flushes consume queues and index, then records in the checkpoint the commit log

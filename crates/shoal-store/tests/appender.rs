@@ -74,6 +74,80 @@ fn queued_puts_are_appended_together_in_order() {
     assert_eq!(ids(&got.messages), vec!["m0", "m1", "m2"]);
 }
 
+/// Counts its wake-ups.
+#[derive(Default)]
+struct Count(std::sync::atomic::AtomicUsize);
+
+impl Wake for Count {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+fn woken(c: &Arc<Count>) -> usize {
+    c.0.load(std::sync::atomic::Ordering::SeqCst)
+}
+
+#[test]
+fn only_the_put_that_found_the_queue_empty_asks_to_be_polled_again() {
+    let be = MemBackend::new();
+    let (store, _) = MessageStore::open(mem_config(&be, FlushMode::Async)).unwrap();
+    let counts: Vec<Arc<Count>> = (0..3).map(|_| Arc::new(Count::default())).collect();
+    let mut futs: Vec<Pin<Box<PutFuture>>> = (0..3)
+        .map(|i| Box::pin(store.submit(vec![msg("T", 0, &format!("m{i}"), 40, "")])))
+        .collect();
+    for (f, c) in futs.iter_mut().zip(&counts) {
+        let waker = Waker::from(c.clone());
+        assert!(f
+            .as_mut()
+            .poll(&mut Context::from_waker(&waker))
+            .is_pending());
+    }
+    // The first asks for its next poll (which appends all three); the others do not make
+    // their task (a connection polling its requests together) yield.
+    assert_eq!(counts.iter().map(woken).collect::<Vec<_>>(), vec![1, 0, 0]);
+    let waker = Waker::from(counts[0].clone());
+    assert!(futs[0]
+        .as_mut()
+        .poll(&mut Context::from_waker(&waker))
+        .is_ready());
+    assert_eq!(store.max_offset("T", 0), 3);
+    // The others are woken by their completion.
+    assert_eq!(woken(&counts[1]), 1);
+    assert_eq!(woken(&counts[2]), 1);
+    for f in futs.iter_mut().skip(1) {
+        assert!(matches!(poll_once(f.as_mut()), Poll::Ready(Ok(_))));
+    }
+}
+
+#[test]
+fn a_queued_put_dropped_before_its_next_poll_appends_the_queue() {
+    let be = MemBackend::new();
+    let (store, _) = MessageStore::open(mem_config(&be, FlushMode::Async)).unwrap();
+    let mut first = Box::pin(store.submit(vec![msg("T", 0, "dropped", 40, "")]));
+    let mut behind = Box::pin(store.submit(vec![msg("T", 0, "behind", 40, "")]));
+    let count = Arc::new(Count::default());
+    let waker = Waker::from(count.clone());
+    assert!(poll_once(first.as_mut()).is_pending());
+    assert!(behind
+        .as_mut()
+        .poll(&mut Context::from_waker(&waker))
+        .is_pending());
+    assert_eq!(woken(&count), 0);
+    // The put whose next poll was to append the queue goes away (its request was
+    // cancelled): the queue is appended now, its own put included (it cannot be taken back).
+    drop(first);
+    assert_eq!(store.max_offset("T", 0), 2);
+    assert_eq!(woken(&count), 1);
+    match poll_once(behind.as_mut()) {
+        Poll::Ready(r) => assert_eq!(r.unwrap().messages[0].queue_offset, 1),
+        Poll::Pending => panic!("the put behind the dropped one was left waiting"),
+    }
+}
+
 #[test]
 fn drain_and_blocking_puts_take_queued_puts_along() {
     let be = MemBackend::new();
