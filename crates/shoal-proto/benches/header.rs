@@ -1,8 +1,10 @@
 //! Criterion benchmarks of the frame codec: encoding and decoding a typical SEND_MESSAGE_V2
-//! request and a typical PULL_MESSAGE response, with JSON and ROCKETMQ binary headers.
+//! request and a typical PULL_MESSAGE response, with JSON and ROCKETMQ binary headers; and the
+//! JSON header alone (no frame, no body) of a send request and its response.
 //!
 //! Run briefly with:
 //! `cargo bench -p shoal-proto --bench header -- --warm-up-time 1 --measurement-time 3`
+//! (add a filter such as `json_header` to run one group).
 
 use bytes::{Bytes, BytesMut};
 use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughput};
@@ -111,5 +113,93 @@ fn bench_codec(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench_codec);
+/// SEND_MESSAGE_V2 (310) as the Java producer of RocketMQ 5 sends it: fields `a` to `m`, and
+/// properties (`i`) with a unique key, WAIT and TAGS between \u0001/\u0002 separators.
+fn send_v2_request_header() -> RemotingCommand {
+    RemotingCommand {
+        code: 310,
+        language: LanguageCode::Java,
+        version: 479,
+        opaque: 1_048_576,
+        flag: 0,
+        remark: None,
+        ext_fields: Some(ext(&[
+            ("a", "please_rename_unique_group_name"),
+            ("b", "TopicTest"),
+            ("c", "TBW102"),
+            ("d", "4"),
+            ("e", "3"),
+            ("f", "0"),
+            ("g", "1700000000123"),
+            ("h", "0"),
+            (
+                "i",
+                "UNIQ_KEY\u{1}7F0000010C6318B4AAC2191FD5F80000\u{2}WAIT\u{1}true\u{2}TAGS\u{1}TagA\u{2}",
+            ),
+            ("j", "0"),
+            ("k", "false"),
+            ("l", "16"),
+            ("m", "false"),
+        ])),
+        serialize_type: SerializeType::Json,
+        body: None,
+    }
+}
+
+/// The broker's SUCCESS answer to a send (SendMessageResponseHeader).
+fn send_response_header() -> RemotingCommand {
+    RemotingCommand {
+        code: 0,
+        language: LanguageCode::Java,
+        version: 479,
+        opaque: 1_048_576,
+        flag: 1,
+        remark: None,
+        ext_fields: Some(ext(&[
+            ("msgId", "7F00000100002A9F00000000000A3C2E"),
+            ("queueId", "3"),
+            ("queueOffset", "123456"),
+            ("MSG_REGION", "DefaultRegion"),
+            ("TRACE_ON", "true"),
+        ])),
+        serialize_type: SerializeType::Json,
+        body: None,
+    }
+}
+
+/// The JSON header alone: `decode_header` of its bytes and `encode_header` of the command.
+fn bench_json_header(c: &mut Criterion) {
+    let mut group = c.benchmark_group("json_header");
+    group.throughput(Throughput::Elements(1));
+    for (name, cmd) in [
+        ("send_v2_request", send_v2_request_header()),
+        ("send_response", send_response_header()),
+    ] {
+        let mut header = BytesMut::new();
+        cmd.encode_header(&mut header)
+            .expect("benchmark command encodes");
+        let header = header.freeze();
+        assert_eq!(
+            RemotingCommand::decode_header(SerializeType::Json, &header).expect("decodes"),
+            cmd
+        );
+        group.bench_function(format!("{name}/decode"), |b| {
+            b.iter(|| {
+                RemotingCommand::decode_header(SerializeType::Json, black_box(&header[..]))
+                    .expect("decodes")
+            })
+        });
+        let mut buf = BytesMut::with_capacity(header.len() * 2);
+        group.bench_function(format!("{name}/encode"), |b| {
+            b.iter(|| {
+                buf.clear();
+                black_box(&cmd).encode_header(&mut buf).expect("encodes");
+                black_box(buf.len())
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench_codec, bench_json_header);
 criterion_main!(benches);
