@@ -617,8 +617,37 @@ struct JsonHeaderIn {
     ext_fields: Option<JsonExtFields>,
 }
 
+mod json_fast;
+
+/// A JSON header: the single-pass decoder for the common shape, else serde (which defines the
+/// meaning of every other input, and every error).
 fn decode_json_header(header: &[u8]) -> Result<RemotingCommand> {
     let text = std::str::from_utf8(header).map_err(|_| ProtoError::Utf8("JSON header"))?;
+    match json_fast::decode(text) {
+        Some(cmd) => Ok(cmd),
+        None => decode_json_header_serde(text),
+    }
+}
+
+/// The fast path of JSON header decoding alone, for differential tests and fuzzing: `None`
+/// when it leaves the header to the serde decoder. Not an API.
+#[doc(hidden)]
+pub fn decode_json_header_fast(header: &[u8]) -> Option<RemotingCommand> {
+    json_fast::decode(std::str::from_utf8(header).ok()?)
+}
+
+/// JSON header decoding by serde alone (what the fast path must agree with), for
+/// differential tests and fuzzing. Not an API.
+///
+/// # Errors
+/// As [`RemotingCommand::decode_header`].
+#[doc(hidden)]
+pub fn decode_json_header_reference(header: &[u8]) -> Result<RemotingCommand> {
+    let text = std::str::from_utf8(header).map_err(|_| ProtoError::Utf8("JSON header"))?;
+    decode_json_header_serde(text)
+}
+
+fn decode_json_header_serde(text: &str) -> Result<RemotingCommand> {
     let h: JsonHeaderIn = serde_json::from_str(text).map_err(|e| ProtoError::Json {
         what: "remoting command header",
         reason: e.to_string(),
