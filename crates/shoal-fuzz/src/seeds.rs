@@ -202,6 +202,17 @@ pub fn header_json() -> Vec<Vec<u8>> {
             .to_vec(),
     );
     out.push(b"{}\n".to_vec());
+    // What the JSON fast path takes and what it leaves to serde: escapes and surrogate pairs,
+    // whitespace, integers as strings, a repeated extFields key, other keys; then -0, floats,
+    // nested values, a lone surrogate and a repeated field.
+    out.push(
+        b" {\"code\" : \" 310\" ,\"extFields\":{\"i\":\"K\\u0001v\\u0002\\ud83d\\ude00\\/\\\"\",\"n\":-12,\"i\":\"again\",\"t\":true},\"language\":\"GO\",\"x\":\"y\"}\r\n"
+            .to_vec(),
+    );
+    out.push(
+        br#"{"code":-0,"extFields":{"f":1.5e3,"o":{"k":[1]},"s":"\ud800"},"remark":"r","remark":null}"#
+            .to_vec(),
+    );
     out
 }
 
@@ -397,5 +408,42 @@ pub fn for_target(name: &str) -> Vec<Vec<u8>> {
         "acl_request" => acl_request(),
         "acl_config" => acl_config(),
         _ => Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use shoal_proto::command::{decode_json_header_fast, decode_json_header_reference};
+
+    /// The JSON header seeds start the fuzzer on both sides of the fast path: some it takes,
+    /// some it leaves to serde that serde accepts, some that serde refuses.
+    #[test]
+    fn json_header_seeds_cover_both_paths() {
+        let seeds = super::header_json();
+        let fast = seeds
+            .iter()
+            .filter(|s| decode_json_header_fast(s).is_some())
+            .count();
+        let slow_ok = seeds
+            .iter()
+            .filter(|s| decode_json_header_fast(s).is_none())
+            .filter(|s| decode_json_header_reference(s).is_ok())
+            .count();
+        let refused = seeds
+            .iter()
+            .filter(|s| decode_json_header_reference(s).is_err())
+            .count();
+        assert!(
+            fast >= 2 && slow_ok >= 1 && refused >= 1,
+            "{fast} {slow_ok} {refused}"
+        );
+        // The hand-written seed with escapes, spaces and a repeated extFields key is taken.
+        let spaced = seeds
+            .iter()
+            .find(|s| s.starts_with(b" {\"code\" : \" 310\""))
+            .expect("seed present");
+        let cmd = decode_json_header_fast(spaced).expect("taken by the fast path");
+        assert_eq!(cmd.ext("i"), Some("again"));
+        assert_eq!(cmd.code, 310);
     }
 }

@@ -13,7 +13,9 @@ use shoal_proto::body::{
     ResetOffsetBody, TopicConfig, TopicConfigSerializeWrapper, TopicRouteData,
 };
 use shoal_proto::code::request_code as rc;
-use shoal_proto::command::{split_frame, ExtFields};
+use shoal_proto::command::{
+    decode_json_header_fast, decode_json_header_reference, split_frame, ExtFields,
+};
 use shoal_proto::header::{
     build_msg_offset_info, build_start_offset_info, parse_msg_offset_info, parse_start_offset_info,
     AckMessageRequestHeader, ConsumerSendMsgBackRequestHeader, CreateTopicRequestHeader,
@@ -136,11 +138,43 @@ pub fn frame_stream(data: &[u8]) {
     }
 }
 
-/// A JSON header (the bytes after the header-length word).
+/// A JSON header (the bytes after the header-length word). The decoder answers exactly as
+/// serde alone does (the same command with its extFields in the same order, or the same
+/// error), and so does its hand-written fast path whenever it takes the header.
 pub fn header_json(data: &[u8]) {
-    if let Ok(cmd) = RemotingCommand::decode_header(SerializeType::Json, data) {
+    let reference = decode_json_header_reference(data);
+    if let Some(fast) = decode_json_header_fast(data) {
+        match &reference {
+            Ok(r) => assert_same_command(&fast, r, "the JSON fast path"),
+            Err(e) => panic!("the JSON fast path took a header serde refuses ({e}): {fast:?}"),
+        }
+    }
+    let decoded = RemotingCommand::decode_header(SerializeType::Json, data);
+    match (&decoded, &reference) {
+        (Ok(d), Ok(r)) => assert_same_command(d, r, "the JSON decoder"),
+        (Err(d), Err(r)) => assert_eq!(d, r, "the JSON decoder and serde fail differently"),
+        (d, r) => panic!("the JSON decoder gave {d:?}, serde alone {r:?}"),
+    }
+    if let Ok(cmd) = decoded {
         decoded_command(&cmd);
     }
+}
+
+/// `got` equals `want`, extFields in the same order.
+fn assert_same_command(got: &RemotingCommand, want: &RemotingCommand, what: &str) {
+    assert_eq!(got, want, "{what} disagrees with serde");
+    let order = |c: &RemotingCommand| {
+        c.ext_fields.as_ref().map(|m| {
+            m.iter()
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .collect::<Vec<_>>()
+        })
+    };
+    assert_eq!(
+        order(got),
+        order(want),
+        "{what} orders extFields differently from serde"
+    );
 }
 
 /// A ROCKETMQ binary header.
