@@ -319,17 +319,35 @@ impl<'a> Parser<'a> {
     }
 
     /// Appends a string's decoded contents (the opening quote consumed) to `out`.
+    #[inline]
     fn string_into(&mut self, out: &mut String) -> Option<()> {
+        let start = self.pos;
+        let end = find_special(self.bytes, start);
+        // `end` is at an ASCII byte or the end, so always at a character boundary.
+        out.push_str(self.text.get(start..end)?);
+        self.pos = end + 1;
+        match self.bytes.get(end)? {
+            b'"' => Some(()),
+            b'\\' => self.string_rest_into(out),
+            _ => None, // a control character
+        }
+    }
+
+    /// The rest of a string from just after a backslash, for [`Parser::string_into`]: kept out
+    /// of line, so that the common string without escapes stays short.
+    #[cold]
+    #[inline(never)]
+    fn string_rest_into(&mut self, out: &mut String) -> Option<()> {
         loop {
+            out.push(self.escape()?);
             let start = self.pos;
             let end = find_special(self.bytes, start);
-            // `end` is at an ASCII byte or the end, so always at a character boundary.
             out.push_str(self.text.get(start..end)?);
             self.pos = end + 1;
             match self.bytes.get(end)? {
                 b'"' => return Some(()),
-                b'\\' => out.push(self.escape()?),
-                _ => return None, // a control character
+                b'\\' => {}
+                _ => return None,
             }
         }
     }
