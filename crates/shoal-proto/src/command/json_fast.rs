@@ -396,10 +396,29 @@ impl<'a> Parser<'a> {
     }
 }
 
+/// Per byte, how a JSON string writes it: 0 as itself, else the letter after the backslash of
+/// its escape (`u` for `\u00XX`). The bytes with an escape are `"`, `\` and control characters.
+pub(super) const ESCAPE: [u8; 256] = {
+    let mut table = [0u8; 256];
+    let mut b = 0;
+    while b < 0x20 {
+        table[b] = b'u';
+        b += 1;
+    }
+    table[0x08] = b'b';
+    table[0x0c] = b'f';
+    table[b'\n' as usize] = b'n';
+    table[b'\r' as usize] = b'r';
+    table[b'\t' as usize] = b't';
+    table[b'"' as usize] = b'"';
+    table[b'\\' as usize] = b'\\';
+    table
+};
+
 /// A byte that cannot stand for itself inside a JSON string: `"`, `\` or a control character.
 #[inline]
 pub(super) fn is_special(b: u8) -> bool {
-    b == b'"' || b == b'\\' || b < 0x20
+    ESCAPE[usize::from(b)] != 0
 }
 
 /// The index of the first byte at or after `from` for which [`is_special`] holds, or
@@ -824,6 +843,7 @@ mod tests {
             }
         }
         for b in 0..=255u8 {
+            assert_eq!(is_special(b), b == b'"' || b == b'\\' || b < 0x20, "{b}");
             let bytes = [b; 9];
             let want = if is_special(b) { 0 } else { 9 };
             assert_eq!(find_special(&bytes, 0), want, "{b}");
