@@ -1,11 +1,21 @@
 //! Files behind a small trait, so tests can inject faults and build crash images.
 //!
-//! [`FsBackend`] is the real file system (positional reads and writes). [`MemBackend`] keeps
-//! files in memory and records every write in a journal; a *crash image* keeps everything
+//! [`FsBackend`] is the real file system (positional reads and writes; on Linux, commit-log
+//! segments are written through a memory map, see [`Backend::open_segment`]). [`MemBackend`]
+//! keeps files in memory and records every write in a journal; a *crash image* keeps everything
 //! that was fsynced plus a prefix (in write order, possibly ending in a torn write) of what was
 //! not, which is what a machine can leave behind when it loses power. Directory operations
 //! (create, remove, rename) are treated as immediately durable by both backends (the real one
 //! fsyncs directories where it matters).
+//!
+//! # Preallocated segments
+//!
+//! A segment opened with [`SegmentOptions::mmap`] may be *longer on disk than the bytes written
+//! to it*: space is reserved in chunks ahead of the writes (so that writing through a memory map
+//! can never meet a full disk), and the reserved space reads as zeros. The handle hides this
+//! while the file is open ([`StoreFile::len`] is the length written, reads stop there), and
+//! [`StoreFile::seal`] gives the reserved space back. After a crash the zeros are visible:
+//! recovery treats zeros after the last record of the last segment as free space.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Debug;
@@ -31,6 +41,12 @@ pub trait StoreFile: Send + Sync + Debug {
     }
     /// Truncates (or extends with zeros) to `len` bytes.
     fn set_len(&self, len: u64) -> io::Result<()>;
+    /// Says no write is expected for now: a file that reserves space ahead of its writes
+    /// (see [`Backend::open_segment`]) unmaps it and truncates the file to [`Self::len`], the
+    /// bytes written. Later writes still work. Nothing to do for other files.
+    fn seal(&self) -> io::Result<()> {
+        Ok(())
+    }
 
     /// Reads exactly `buf.len()` bytes at `offset`, failing with `UnexpectedEof` if the file is
     /// shorter.
@@ -50,10 +66,37 @@ pub trait StoreFile: Send + Sync + Debug {
     }
 }
 
+/// How a commit-log segment is opened (see [`Backend::open_segment`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SegmentOptions {
+    /// The segment size: the file never grows beyond it.
+    pub max_len: u64,
+    /// Write through a shared memory map of space reserved ahead of the writes (where the
+    /// backend supports it), instead of one positional write per append.
+    pub mmap: bool,
+    /// Bytes reserved and mapped at a time (a multiple of it is the most the file is longer on
+    /// disk than the bytes written).
+    pub chunk: u64,
+}
+
 /// A file system: opens files and manipulates directories.
 pub trait Backend: Send + Sync + Debug {
     /// Opens `path` for reading and writing, creating it if `create` is set.
     fn open(&self, path: &Path, create: bool) -> io::Result<Arc<dyn StoreFile>>;
+    /// Opens a commit-log segment (appended to at increasing offsets, never longer than
+    /// `opts.max_len`). With `opts.mmap` the backend may reserve space ahead of the writes (the
+    /// file is then longer on disk than [`StoreFile::len`], with zeros after the data, until
+    /// [`StoreFile::seal`]); the [`StoreFile`] semantics are otherwise those of
+    /// [`Backend::open`], which is what the default does.
+    fn open_segment(
+        &self,
+        path: &Path,
+        create: bool,
+        opts: &SegmentOptions,
+    ) -> io::Result<Arc<dyn StoreFile>> {
+        let _ = opts;
+        self.open(path, create)
+    }
     /// Names of the entries (files and directories) directly inside `dir`; empty if absent.
     fn list(&self, dir: &Path) -> io::Result<Vec<String>>;
     /// Creates `dir` and its parents.
@@ -145,8 +188,8 @@ impl StoreFile for FsFile {
     }
 }
 
-impl Backend for FsBackend {
-    fn open(&self, path: &Path, create: bool) -> io::Result<Arc<dyn StoreFile>> {
+impl FsBackend {
+    fn open_file(path: &Path, create: bool) -> io::Result<std::fs::File> {
         let is_new = create && !path.exists();
         let file = std::fs::OpenOptions::new()
             .read(true)
@@ -163,6 +206,35 @@ impl Backend for FsBackend {
         }
         #[cfg(not(unix))]
         let _ = is_new;
+        Ok(file)
+    }
+}
+
+impl Backend for FsBackend {
+    fn open(&self, path: &Path, create: bool) -> io::Result<Arc<dyn StoreFile>> {
+        Ok(Arc::new(FsFile(Self::open_file(path, create)?)))
+    }
+
+    /// On Linux with `opts.mmap`: a file written through a shared memory map of space
+    /// reserved with `fallocate` ahead of the writes (falling back to `pwrite` where that
+    /// fails). Elsewhere, or without `opts.mmap`: as [`Backend::open`].
+    fn open_segment(
+        &self,
+        path: &Path,
+        create: bool,
+        opts: &SegmentOptions,
+    ) -> io::Result<Arc<dyn StoreFile>> {
+        let file = Self::open_file(path, create)?;
+        #[cfg(target_os = "linux")]
+        if opts.mmap {
+            return Ok(Arc::new(crate::mapped::MappedFile::new(
+                file,
+                path.to_path_buf(),
+                opts,
+            )?));
+        }
+        #[cfg(not(target_os = "linux"))]
+        let _ = opts;
         Ok(Arc::new(FsFile(file)))
     }
     fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
@@ -300,6 +372,8 @@ struct MemFs {
     syncs: u64,
     /// Lock files held, with what their owner wrote (see [`Backend::try_lock`]).
     locks: HashMap<PathBuf, String>,
+    /// Segments opened with [`SegmentOptions::mmap`] reserve space ahead of their writes.
+    preallocate_segments: bool,
 }
 
 /// In-memory file system with a write journal, fault injection and crash images.
@@ -318,6 +392,18 @@ impl Default for MemBackend {
 struct MemFile {
     fs: Arc<Mutex<MemFs>>,
     id: u64,
+    /// For a segment that reserves space ahead of its writes (see
+    /// [`MemBackend::set_segment_preallocation`]).
+    prealloc: Option<Prealloc>,
+}
+
+/// The reserved-space model of one open segment.
+#[derive(Debug)]
+struct Prealloc {
+    chunk: u64,
+    max_len: u64,
+    /// Bytes written (the length the store sees); the file may be longer (zeros).
+    len: std::sync::atomic::AtomicU64,
 }
 
 fn apply(data: &mut Vec<u8>, op: &Op, limit: usize) {
@@ -358,6 +444,25 @@ impl MemBackend {
     /// Replaces the injected faults.
     pub fn set_faults(&self, faults: Faults) {
         self.fs.lock().faults = faults;
+    }
+
+    /// Models commit-log segments appended through a memory map, as [`FsBackend`] does on
+    /// Linux: a segment opened with [`SegmentOptions::mmap`] that is written past its end is
+    /// first extended with zeros to the next multiple of [`SegmentOptions::chunk`] (at most
+    /// `max_len`), as `fallocate` does. The extension is journaled like a write (durable after
+    /// a sync; in crash images in issue order), so images can hold a zero-filled tail after
+    /// the data. While the file is open its [`StoreFile::len`] and reads cover the bytes
+    /// written only, and [`StoreFile::seal`] truncates it to them. Off by default; crash
+    /// images keep the setting.
+    pub fn set_segment_preallocation(&self, on: bool) {
+        self.fs.lock().preallocate_segments = on;
+    }
+
+    /// The length of a file as stored (with any reserved zeros), for assertions in tests.
+    pub fn stored_len(&self, path: &Path) -> Option<u64> {
+        let fs = self.fs.lock();
+        let id = fs.names.get(path)?;
+        fs.data.get(id).map(|d| d.len() as u64)
     }
 
     /// Total bytes of writes (set-len counts as one byte) not yet covered by an fsync: crash
@@ -405,6 +510,7 @@ impl MemBackend {
         let mut image = MemFs {
             record: true,
             dirs: fs.dirs.clone(),
+            preallocate_segments: fs.preallocate_segments,
             ..MemFs::default()
         };
         for (path, id) in &fs.names {
@@ -473,13 +579,25 @@ impl MemFs {
     }
 }
 
+impl MemFile {
+    /// Length the store sees: the bytes written for a preallocating segment, else the length.
+    fn visible_len(&self, fs: &MemFs) -> u64 {
+        match &self.prealloc {
+            Some(p) => p.len.load(std::sync::atomic::Ordering::Acquire),
+            None => fs.data.get(&self.id).map_or(0, |d| d.len() as u64),
+        }
+    }
+}
+
 impl StoreFile for MemFile {
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
         let fs = self.fs.lock();
+        let visible = self.visible_len(&fs);
         let data = fs
             .data
             .get(&self.id)
             .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "file removed"))?;
+        let data = &data[..data.len().min(visible as usize)];
         let start = (offset as usize).min(data.len());
         let n = buf.len().min(data.len() - start);
         buf[..n].copy_from_slice(&data[start..start + n]);
@@ -499,6 +617,21 @@ impl StoreFile for MemFile {
                 full = true;
             }
             *budget -= len as u64;
+        }
+        if let Some(p) = &self.prealloc {
+            // Reserve (extend with zeros) up to the chunk end past the write, as fallocate
+            // does before the chunk is mapped; not on a full disk (fallocate fails there).
+            let end = offset + data.len() as u64;
+            let stored = fs.data.get(&self.id).map_or(0, |d| d.len() as u64);
+            if !full && end > stored && end <= p.max_len {
+                let reserved = end.div_ceil(p.chunk).saturating_mul(p.chunk).min(p.max_len);
+                fs.push(Op::SetLen {
+                    file: self.id,
+                    len: reserved,
+                });
+            }
+            p.len
+                .fetch_max(offset + len as u64, std::sync::atomic::Ordering::AcqRel);
         }
         if len > 0 {
             fs.push(Op::Write {
@@ -533,18 +666,32 @@ impl StoreFile for MemFile {
 
     fn len(&self) -> io::Result<u64> {
         let fs = self.fs.lock();
-        Ok(fs.data.get(&self.id).map_or(0, |d| d.len() as u64))
+        Ok(self.visible_len(&fs))
     }
 
     fn set_len(&self, len: u64) -> io::Result<()> {
         let mut fs = self.fs.lock();
         fs.push(Op::SetLen { file: self.id, len });
+        if let Some(p) = &self.prealloc {
+            p.len.store(len, std::sync::atomic::Ordering::Release);
+        }
+        Ok(())
+    }
+
+    fn seal(&self) -> io::Result<()> {
+        let mut fs = self.fs.lock();
+        if let Some(p) = &self.prealloc {
+            let len = p.len.load(std::sync::atomic::Ordering::Acquire);
+            if fs.data.get(&self.id).is_some_and(|d| d.len() as u64 > len) {
+                fs.push(Op::SetLen { file: self.id, len });
+            }
+        }
         Ok(())
     }
 }
 
-impl Backend for MemBackend {
-    fn open(&self, path: &Path, create: bool) -> io::Result<Arc<dyn StoreFile>> {
+impl MemBackend {
+    fn open_id(&self, path: &Path, create: bool) -> io::Result<u64> {
         let mut fs = self.fs.lock();
         let id = match fs.names.get(path) {
             Some(&id) => id,
@@ -562,9 +709,40 @@ impl Backend for MemBackend {
                 ))
             }
         };
+        Ok(id)
+    }
+}
+
+impl Backend for MemBackend {
+    fn open(&self, path: &Path, create: bool) -> io::Result<Arc<dyn StoreFile>> {
+        let id = self.open_id(path, create)?;
         Ok(Arc::new(MemFile {
             fs: self.fs.clone(),
             id,
+            prealloc: None,
+        }))
+    }
+
+    /// As [`Backend::open`], with reserved space modelled when
+    /// [`MemBackend::set_segment_preallocation`] is on and `opts.mmap` is set.
+    fn open_segment(
+        &self,
+        path: &Path,
+        create: bool,
+        opts: &SegmentOptions,
+    ) -> io::Result<Arc<dyn StoreFile>> {
+        let id = self.open_id(path, create)?;
+        let fs = self.fs.lock();
+        let prealloc = (fs.preallocate_segments && opts.mmap).then(|| Prealloc {
+            chunk: opts.chunk.max(1),
+            max_len: opts.max_len,
+            len: std::sync::atomic::AtomicU64::new(fs.data.get(&id).map_or(0, |d| d.len() as u64)),
+        });
+        drop(fs);
+        Ok(Arc::new(MemFile {
+            fs: self.fs.clone(),
+            id,
+            prealloc,
         }))
     }
 

@@ -27,6 +27,8 @@ mod config;
 mod consume_queue;
 mod error;
 mod index;
+#[cfg(target_os = "linux")]
+mod mapped;
 mod offsets;
 mod store;
 
