@@ -33,7 +33,7 @@ use crate::consume_queue::{ConsumeQueue, CqEntry};
 use crate::error::Result;
 use crate::store::{
     index_keys, now_ms, validate_topic, AppendedMessage, FlushStatus, Inner, MessageArrival,
-    MessageExtBrokerInner, MessageStore, PutMessageResult, WriterState,
+    MessageExtBrokerInner, MessageStore, PutMessageResult, WriterState, TORN_PROPERTIES_END,
 };
 use crate::StoreError;
 
@@ -65,6 +65,14 @@ impl<'a> Job<'a> {
                     "negative queue id {}",
                     m.queue_id
                 )));
+            }
+            // Recovery takes a record whose properties end in a zero byte for a torn write
+            // (zeros after the body are not covered by its CRC), so none is ever stored.
+            // RocketMQ clients end every property with a separator.
+            if m.properties.ends_with(TORN_PROPERTIES_END) {
+                return Err(StoreError::InvalidArgument(
+                    "message properties end with a NUL character".into(),
+                ));
             }
             let fields = RecordFields {
                 topic: &m.topic,

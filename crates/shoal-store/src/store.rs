@@ -179,6 +179,10 @@ pub struct RecoveryReport {
     pub truncated_bytes: u64,
     /// Why the check stopped where it did, if it stopped on bad data (not a clean end).
     pub truncation_reason: Option<String>,
+    /// Zeros found after the last record, to the end of the last segment file: space reserved
+    /// ahead of memory-mapped appends by a run that did not
+    /// shut down cleanly. A clean end, not data: given back, not counted in `truncated_bytes`.
+    pub reserved_tail_bytes: u64,
     /// Consume-queue entries dropped because they pointed past the commit log end.
     pub consume_queue_entries_dropped: u64,
     /// Consume-queue entries re-created from the commit log.
@@ -331,6 +335,10 @@ fn read_checkpoint(backend: &dyn Backend, path: &Path) -> Result<Option<Checkpoi
     Ok(serde_json::from_slice(&buf).ok())
 }
 
+/// A stored record whose properties end with this is taken for a torn write (see
+/// [`scan_commit_log`]); puts refuse such properties.
+pub(crate) const TORN_PROPERTIES_END: char = '\0';
+
 /// Reads a segment sequentially through a buffer (recovery scans).
 struct SegmentReader {
     file: Arc<dyn StoreFile>,
@@ -376,6 +384,19 @@ impl SegmentReader {
     /// Whether the file has any byte at `off`.
     fn has_data_at(&self, off: u64) -> bool {
         off < self.file_len
+    }
+
+    /// Whether every byte from `off` to the end of the file is zero.
+    fn zeros_from(&mut self, off: u64) -> std::io::Result<bool> {
+        let mut at = off;
+        while at < self.file_len {
+            let n = (self.file_len - at).min(1 << 20) as usize;
+            match self.slice(at, n)? {
+                Some(bytes) if bytes.iter().all(|b| *b == 0) => at += n as u64,
+                _ => return Ok(false),
+            }
+        }
+        Ok(true)
     }
 }
 
@@ -471,6 +492,7 @@ impl MessageStore {
         };
         let mut last_store_timestamp = 0;
         let mut corrupt_found = Vec::new();
+        let mut free_tail = 0;
         let end = match fast_end {
             Some(end) => end,
             None => {
@@ -491,10 +513,13 @@ impl MessageStore {
                 report.records_checked = scan.checked;
                 last_store_timestamp = scan.last_store_timestamp;
                 corrupt_found = scan.corrupt;
+                free_tail = scan.free_tail;
                 scan.end
             }
         };
-        report.truncated_bytes = commit_log.truncate_to(end)?;
+        // Reserved zeros after the last record are given back too, but they were not data.
+        report.truncated_bytes = commit_log.truncate_to(end)?.saturating_sub(free_tail);
+        report.reserved_tail_bytes = free_tail;
         report.commit_log_end = end;
         let cl_min = commit_log.min_offset();
 
@@ -1225,6 +1250,9 @@ struct ScanOutcome {
     last_store_timestamp: i64,
     /// Records with intact framing and a failed body CRC, followed by valid records (kept).
     corrupt: Vec<u64>,
+    /// Zeros from the end of the last record to the end of the last segment's file: space
+    /// reserved ahead of memory-mapped appends, not data.
+    free_tail: u64,
 }
 
 /// Scans the commit log from `from`, validating records; hands those at or above
@@ -1252,7 +1280,8 @@ fn scan_commit_log(
             Some(first) => (
                 first.phys,
                 Some(format!(
-                    "record at {} failed its CRC check and no valid record follows it (torn tail)",
+                    "record at {} failed its CRC check (or its properties end in a zero byte) \
+                     and no valid record follows it (torn tail)",
                     first.phys
                 )),
             ),
@@ -1264,6 +1293,7 @@ fn scan_commit_log(
             checked,
             last_store_timestamp: last_ts,
             corrupt,
+            free_tail: 0,
         })
     };
     let seg_size = cl.segment_size();
@@ -1322,6 +1352,19 @@ fn scan_commit_log(
                 break;
             }
             if size == 0 && magic == 0 {
+                // Only zeros from here to the end of the last segment: the space reserved ahead
+                // of memory-mapped appends (see `commitlog.rs`), a clean end of the log. Zeros
+                // followed by data are damage (pages written back out of order before a crash).
+                let later = segs.get(seg_idx + 1).is_some();
+                if !later
+                    && reader
+                        .zeros_from(in_seg)
+                        .map_err(io_err("read commit log", &seg.path))?
+                {
+                    let mut out = done(pos, None, checked, last_ts, pending, corrupt)?;
+                    out.free_tail = reader.file_len - in_seg;
+                    return Ok(out);
+                }
                 return done(
                     pos,
                     Some(format!("zeroed space at {pos}")),
@@ -1365,7 +1408,17 @@ fn scan_commit_log(
                 let reason = format!("record at {pos} carries offset {}", view.physical_offset());
                 return done(pos, Some(reason), checked, last_ts, pending, corrupt);
             }
-            let crc_ok = view.verify_crc().is_ok();
+            // The body CRC does not cover the topic and properties after the body. A write torn
+            // in them leaves zeros there (the reserved zeros of a preallocated segment, or a
+            // page not written back): a topic that is not a topic is an invalid record, and
+            // properties ending in a zero byte count as damaged, like a failed CRC (puts never
+            // store such properties; see `Job::encode`).
+            if let Err(e) = validate_topic(view.topic()) {
+                let reason = format!("invalid record at {pos}: {e}");
+                return done(pos, Some(reason), checked, last_ts, pending, corrupt);
+            }
+            let crc_ok =
+                view.verify_crc().is_ok() && !view.properties_str().ends_with(TORN_PROPERTIES_END);
             let record = ScannedRecord {
                 phys: pos,
                 size,
@@ -1380,7 +1433,7 @@ fn scan_commit_log(
             };
             pos += u64::from(size);
             if !crc_ok {
-                // Framing intact, body damaged: decided by what follows.
+                // Framing intact, contents damaged: decided by what follows.
                 pending.push(record);
                 continue;
             }
@@ -1390,7 +1443,8 @@ fn scan_commit_log(
                     topic = %p.topic,
                     queue_id = p.queue_id,
                     queue_offset = p.queue_offset,
-                    "commit log record failed its CRC check; kept in place and skipped on read"
+                    "commit log record failed its CRC check (or its properties end in a zero \
+                     byte); kept in place and skipped on read"
                 );
                 corrupt.push(p.phys);
                 checked += 1;

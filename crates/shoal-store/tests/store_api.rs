@@ -651,3 +651,20 @@ fn second_store_on_the_same_directory_is_refused_until_the_first_closes() {
     let (again, _) = MessageStore::open(cfg).unwrap();
     assert_eq!(again.max_offset("L", 0), 1);
 }
+
+#[test]
+fn properties_ending_in_nul_are_refused() {
+    // Recovery would take such a record for a torn write (see docs/storage.md).
+    let be = MemBackend::new();
+    let (store, _) = MessageStore::open(mem_config(&be, FlushMode::Sync)).unwrap();
+    let mut m = msg("N", 0, "n0", 100, "");
+    m.properties.push('\0');
+    let err = store.put_message(&m).unwrap_err();
+    assert!(matches!(err, StoreError::InvalidArgument(_)), "{err}");
+    assert_eq!(store.max_offset("N", 0), 0);
+    // A NUL inside a value is stored as it is.
+    let mut m = msg("N", 0, "n1", 100, "");
+    m.properties.push_str("X\u{1}a\0b\u{2}");
+    store.put_message(&m).unwrap();
+    assert_eq!(store.max_offset("N", 0), 1);
+}
