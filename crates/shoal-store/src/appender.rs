@@ -5,9 +5,10 @@
 //! [`MessageStore::put_messages`], or the task polling a [`PutFuture`], or a connection ending
 //! its batch with [`MessageStore::drain_appends`]) becomes the appender for that moment: it
 //! takes **every job waiting**, assigns queue offsets, writes all their records with one
-//! `pwrite` per segment, adds the consume-queue and index entries, and completes the jobs
-//! together. Jobs that arrive meanwhile are taken by the same appender before it lets go (it
-//! looks again after unlocking), so nobody waits on a lock and no thread is woken per put.
+//! write per segment (a copy into its memory map, or a `pwrite`), adds the consume-queue and
+//! index entries, and completes the jobs together. Jobs that arrive meanwhile are taken by the
+//! same appender before it lets go (it looks again after unlocking), so nobody waits on a lock
+//! and no thread is woken per put.
 //!
 //! Under sync flush a completed append is not yet acknowledged: its job goes to the group
 //! commit thread, which fsyncs everything written so far and then completes every job the fsync

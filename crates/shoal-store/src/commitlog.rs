@@ -5,7 +5,15 @@
 //! 8 bytes always kept free at a segment's end) does not fit in the rest of the current
 //! segment, an 8-byte end-of-segment blank marker (`TOTALSIZE` = bytes left in the segment,
 //! `MAGICCODE` = 0xCBD43194) is written and the record goes at the start of the next segment.
-//! Files are not preallocated: a segment file is only as long as the bytes written to it.
+//!
+//! Segments are opened with [`Backend::open_segment`]. Without memory-mapped appends a segment
+//! file is only as long as the bytes written to it. With them (the default on Linux), the
+//! segment being written reserves space ahead of its writes, so its file is longer on disk than
+//! its data (zeros, less than one chunk); [`StoreFile::len`] is still the bytes written while
+//! it is open, and the zeros are given back ([`StoreFile::seal`]) when the writer moves on to
+//! the next segment and at shutdown. After a crash the zeros are on disk: recovery reads the
+//! last segment's records up to the first zero header and, when only zeros follow to the end
+//! of the file, treats them as free space (see `store.rs`), then truncates the file there.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -14,7 +22,7 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 use parking_lot::RwLock;
 
-use crate::backend::{Backend, StoreFile};
+use crate::backend::{Backend, SegmentOptions, StoreFile};
 use crate::error::{io_err, Result};
 use crate::StoreError;
 
@@ -50,6 +58,8 @@ pub(crate) struct CommitLog {
     backend: Arc<dyn Backend>,
     dir: PathBuf,
     segment_size: u64,
+    /// How segment files are opened (memory-mapped appends or not).
+    seg_opts: SegmentOptions,
     segments: RwLock<Vec<Arc<Segment>>>,
     /// Offset where the next record goes; everything below is written and readable.
     write_pos: AtomicU64,
@@ -61,7 +71,19 @@ pub(crate) struct CommitLog {
 
 impl CommitLog {
     /// Opens the segment files under `dir` (nothing is validated here; see recovery).
-    pub(crate) fn open(backend: Arc<dyn Backend>, dir: PathBuf, segment_size: u64) -> Result<Self> {
+    /// `mmap_chunk`: append through memory maps of this many bytes reserved at a time (where
+    /// the backend can), or `None` for one positional write per append.
+    pub(crate) fn open(
+        backend: Arc<dyn Backend>,
+        dir: PathBuf,
+        segment_size: u64,
+        mmap_chunk: Option<u64>,
+    ) -> Result<Self> {
+        let seg_opts = SegmentOptions {
+            max_len: segment_size,
+            mmap: mmap_chunk.is_some(),
+            chunk: mmap_chunk.unwrap_or(segment_size),
+        };
         backend
             .create_dir_all(&dir)
             .map_err(io_err("create commit log dir", &dir))?;
@@ -80,7 +102,7 @@ impl CommitLog {
             }
             let path = dir.join(&name);
             let file = backend
-                .open(&path, false)
+                .open_segment(&path, false, &seg_opts)
                 .map_err(io_err("open segment", &path))?;
             if file.len().map_err(io_err("stat segment", &path))? > segment_size {
                 return Err(StoreError::Corrupt {
@@ -97,6 +119,7 @@ impl CommitLog {
             backend,
             dir,
             segment_size,
+            seg_opts,
             segments: RwLock::new(segments),
             write_pos: AtomicU64::new(0),
             flushed: AtomicU64::new(0),
@@ -188,12 +211,25 @@ impl CommitLog {
         let path = self.dir.join(file_name(base));
         let file = self
             .backend
-            .open(&path, true)
+            .open_segment(&path, true, &self.seg_opts)
             .map_err(io_err("create segment", &path))?;
         let seg = Arc::new(Segment { base, file, path });
-        let mut segs = self.segments.write();
-        segs.push(seg.clone());
-        segs.sort_by_key(|s| s.base);
+        let prev = {
+            let mut segs = self.segments.write();
+            let prev = segs.iter().rev().find(|s| s.base < base).cloned();
+            segs.push(seg.clone());
+            segs.sort_by_key(|s| s.base);
+            prev
+        };
+        // The writer moves on: the segment before is full (it ends with its blank marker), so
+        // its map and reserved space can go. Not being able to give the space back costs
+        // only disk space (the zeros after a blank marker are never read).
+        if let Some(prev) = prev {
+            if let Err(e) = prev.file.seal() {
+                tracing::warn!(path = %prev.path.display(), error = %e,
+                    "commit log: could not give back the space reserved after a full segment");
+            }
+        }
         Ok(seg)
     }
 
@@ -291,6 +327,10 @@ impl CommitLog {
             let len = seg.file.len().map_err(io_err("stat segment", &seg.path))?;
             if seg.base >= end && !(seg.base == end && len == 0) {
                 dropped += len;
+                // Unmapped before it goes.
+                seg.file
+                    .seal()
+                    .map_err(io_err("unmap segment", &seg.path))?;
                 self.backend
                     .remove_file(&seg.path)
                     .map_err(io_err("remove segment", &seg.path))?;
@@ -328,6 +368,10 @@ impl CommitLog {
             if end > before || end > write {
                 break;
             }
+            // Unmapped before it goes (sealed when the writer left it, unless that failed).
+            seg.file
+                .seal()
+                .map_err(io_err("unmap segment", &seg.path))?;
             self.backend
                 .remove_file(&seg.path)
                 .map_err(io_err("remove segment", &seg.path))?;
@@ -335,6 +379,24 @@ impl CommitLog {
             segs.remove(0);
         }
         Ok(deleted)
+    }
+
+    /// Shutdown: gives back the space reserved ahead of the writes (see
+    /// [`StoreFile::seal`]), so that every segment file is exactly as long as its data, and
+    /// makes that durable for the last segment (the one a clean start checks).
+    pub(crate) fn seal(&self) -> Result<()> {
+        let segs = self.segments();
+        for seg in &segs {
+            seg.file
+                .seal()
+                .map_err(io_err("truncate segment", &seg.path))?;
+        }
+        if let Some(last) = segs.last() {
+            last.file
+                .sync()
+                .map_err(io_err("fsync segment", &last.path))?;
+        }
+        Ok(())
     }
 
     /// Length of the data in a segment file.
@@ -358,7 +420,7 @@ mod tests {
     #[test]
     fn rolls_with_blank_marker_and_reads_back() {
         let be = Arc::new(MemBackend::new());
-        let cl = CommitLog::open(be.clone(), PathBuf::from("/cl"), 4096).unwrap();
+        let cl = CommitLog::open(be.clone(), PathBuf::from("/cl"), 4096, None).unwrap();
         let mut all = Vec::new();
         for i in 0..50u8 {
             all.extend(cl.append(&[100], fill_with(i)).unwrap());
@@ -381,7 +443,7 @@ mod tests {
     #[test]
     fn batch_straddling_a_segment_and_truncate() {
         let be = Arc::new(MemBackend::new());
-        let cl = CommitLog::open(be.clone(), PathBuf::from("/cl"), 4096).unwrap();
+        let cl = CommitLog::open(be.clone(), PathBuf::from("/cl"), 4096, None).unwrap();
         let offs = cl.append(&[100; 60], fill_with(7)).unwrap();
         assert_eq!(offs[40], 4096);
         assert_eq!(cl.write_pos(), 4096 + 2000);
@@ -390,14 +452,14 @@ mod tests {
         assert_eq!(cl.write_pos(), 4596);
         cl.truncate_to(3000).unwrap();
         assert_eq!(cl.segments().len(), 1);
-        let cl2 = CommitLog::open(be, PathBuf::from("/cl"), 4096).unwrap();
+        let cl2 = CommitLog::open(be, PathBuf::from("/cl"), 4096, None).unwrap();
         assert_eq!(cl2.segments().len(), 1);
     }
 
     #[test]
     fn too_large_record_is_refused() {
         let be = Arc::new(MemBackend::new());
-        let cl = CommitLog::open(be, PathBuf::from("/cl"), 4096).unwrap();
+        let cl = CommitLog::open(be, PathBuf::from("/cl"), 4096, None).unwrap();
         let err = cl.append(&[4090], |_, _, _| Ok(())).unwrap_err();
         assert!(matches!(err, StoreError::MessageTooLarge { .. }));
     }

@@ -7,7 +7,9 @@
 //!   4.1, encoded by `shoal_proto::message`) and report where they went and whether they are
 //!   durable ([`FlushStatus`]); [`MessageStore::get_messages`] answers pulls with the records'
 //!   bytes and the status rules of spec section 5.2.
-//! - Commit log: fixed-size segments named by start offset, end-of-segment blank markers.
+//! - Commit log: fixed-size segments named by start offset, end-of-segment blank markers;
+//!   on Linux appended through a memory map of space reserved ahead of the writes
+//!   ([`StoreConfig::mmap_commit_log`]).
 //! - Consume queues: 20-byte entries per (topic, queue id), rebuilt from the commit log.
 //! - Index: an append-only hash-chain log by `topic#key` (`KEYS` and `UNIQ_KEY`).
 //! - Offsets: consumer offsets and delay-level progress, persisted atomically.

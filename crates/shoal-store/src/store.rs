@@ -180,7 +180,7 @@ pub struct RecoveryReport {
     /// Why the check stopped where it did, if it stopped on bad data (not a clean end).
     pub truncation_reason: Option<String>,
     /// Zeros found after the last record, to the end of the last segment file: space reserved
-    /// ahead of memory-mapped appends by a run that did not
+    /// ahead of memory-mapped appends ([`StoreConfig::mmap_commit_log`]) by a run that did not
     /// shut down cleanly. A clean end, not data: given back, not counted in `truncated_bytes`.
     pub reserved_tail_bytes: u64,
     /// Consume-queue entries dropped because they pointed past the commit log end.
@@ -467,6 +467,7 @@ impl MessageStore {
             backend.clone(),
             dir.join("commitlog"),
             config.commit_log_segment_size,
+            config.mmap_commit_log.then_some(config.mmap_chunk_size),
         )?;
         let mut report = RecoveryReport {
             abnormal_shutdown: abnormal,
@@ -1185,6 +1186,8 @@ impl MessageStore {
             return Ok(());
         }
         inner.commit_log.flush()?;
+        // Every segment file as long as its data again (the clean start's fast path checks it).
+        inner.commit_log.seal()?;
         inner.flush_logics()?;
         let end = inner.commit_log.write_pos();
         let queues: BTreeMap<String, u64> = inner
@@ -1323,9 +1326,26 @@ fn scan_commit_log(
             let header = reader
                 .slice(in_seg, 8)
                 .map_err(io_err("read commit log", &seg.path))?;
+            let later = segs.get(seg_idx + 1).is_some();
+            // Only zeros from here to the end of the last segment (even fewer than a header):
+            // the space reserved ahead of memory-mapped appends (see `commitlog.rs`), a clean
+            // end of the log. Zeros followed by data are damage (pages written back out of
+            // order before a crash).
+            let free_tail = |reader: &mut SegmentReader| -> Result<Option<u64>> {
+                let zeros = !later
+                    && reader.has_data_at(in_seg)
+                    && reader
+                        .zeros_from(in_seg)
+                        .map_err(io_err("read commit log", &seg.path))?;
+                Ok(zeros.then(|| reader.file_len - in_seg))
+            };
             let Some(header) = header else {
                 // End of data in this segment. Later segments would be unreachable.
-                let later = segs.get(seg_idx + 1).is_some();
+                if let Some(free) = free_tail(&mut reader)? {
+                    let mut out = done(pos, None, checked, last_ts, pending, corrupt)?;
+                    out.free_tail = free;
+                    return Ok(out);
+                }
                 let reason = if reader.has_data_at(in_seg) {
                     Some(format!("torn record header at {pos}"))
                 } else if later {
@@ -1352,17 +1372,9 @@ fn scan_commit_log(
                 break;
             }
             if size == 0 && magic == 0 {
-                // Only zeros from here to the end of the last segment: the space reserved ahead
-                // of memory-mapped appends (see `commitlog.rs`), a clean end of the log. Zeros
-                // followed by data are damage (pages written back out of order before a crash).
-                let later = segs.get(seg_idx + 1).is_some();
-                if !later
-                    && reader
-                        .zeros_from(in_seg)
-                        .map_err(io_err("read commit log", &seg.path))?
-                {
+                if let Some(free) = free_tail(&mut reader)? {
                     let mut out = done(pos, None, checked, last_ts, pending, corrupt)?;
-                    out.free_tail = reader.file_len - in_seg;
+                    out.free_tail = free;
                     return Ok(out);
                 }
                 return done(

@@ -34,8 +34,23 @@ impl Sent {
     }
 }
 
+/// Chunk of the reserved space ahead of memory-mapped appends, on backends that model it
+/// ([`MemBackend::set_segment_preallocation`]): a quarter of a 4 KiB segment.
+const CHUNK: u64 = 1024;
+
 fn cfg_on(be: &MemBackend, mode: FlushMode) -> StoreConfig {
-    mem_config(be, mode)
+    let mut cfg = mem_config(be, mode);
+    cfg.mmap_commit_log = true;
+    cfg.mmap_chunk_size = CHUNK;
+    cfg
+}
+
+/// A fresh backend; `prealloc`: segments reserve space ahead of their writes, as with
+/// memory-mapped appends on the real file system, so crash images can end in zeros.
+fn backend(prealloc: bool) -> MemBackend {
+    let be = MemBackend::new();
+    be.set_segment_preallocation(prealloc);
+    be
 }
 
 /// Recovers `image` and checks the invariants. Returns the recovered ids.
@@ -45,6 +60,16 @@ fn check_image(
     sent: &Sent,
     durable: &HashSet<String>,
 ) -> HashSet<String> {
+    check_image_report(image, mode, sent, durable).0
+}
+
+/// As [`check_image`], with the recovery report.
+fn check_image_report(
+    image: MemBackend,
+    mode: FlushMode,
+    sent: &Sent,
+    durable: &HashSet<String>,
+) -> (HashSet<String>, shoal_store::RecoveryReport) {
     let (store, report) = MessageStore::open(cfg_on(&image, mode)).expect("recovery must succeed");
     assert!(report.abnormal_shutdown);
     let all = read_all(&store);
@@ -100,7 +125,7 @@ fn check_image(
     let max = store.max_offset("T0", 0);
     let r = store.put_message(&next).expect("append after recovery");
     assert_eq!(r.messages[0].queue_offset, max);
-    seen
+    (seen, report)
 }
 
 fn cut_points(total: u64, tail: u64) -> Vec<u64> {
@@ -113,7 +138,19 @@ fn cut_points(total: u64, tail: u64) -> Vec<u64> {
 }
 
 fn sync_scenario(seed: u64, acked_puts: usize, final_batch: usize, final_size: usize) -> bool {
-    let be = MemBackend::new();
+    sync_scenario_on(false, seed, acked_puts, final_batch, final_size).0
+}
+
+/// Returns whether the final batch crossed a segment boundary, and how many images recovered
+/// with a reserved zero tail.
+fn sync_scenario_on(
+    prealloc: bool,
+    seed: u64,
+    acked_puts: usize,
+    final_batch: usize,
+    final_size: usize,
+) -> (bool, usize) {
+    let be = backend(prealloc);
     let (store, _) = MessageStore::open(cfg_on(&be, FlushMode::Sync)).unwrap();
     let mut sent = Sent::default();
     let mut durable = HashSet::new();
@@ -171,14 +208,17 @@ fn sync_scenario(seed: u64, acked_puts: usize, final_batch: usize, final_size: u
     let total = be.unsynced_bytes();
     let tail = (final_batch * (final_size + 200) + 400) as u64;
     let mut torn_seen = false;
+    let mut zero_tails = 0;
     for cut in cut_points(total, tail) {
-        let seen = check_image(be.crash_image(cut), FlushMode::Sync, &sent, &durable);
+        let (seen, report) =
+            check_image_report(be.crash_image(cut), FlushMode::Sync, &sent, &durable);
         torn_seen |= seen.len() > durable.len();
+        zero_tails += usize::from(report.reserved_tail_bytes > 0);
     }
     // Some image kept (part of) the unsynced put: the torn states were really exercised.
     assert!(torn_seen, "no image kept part of the unsynced put");
     drop(store);
-    crosses
+    (crosses, zero_tails)
 }
 
 #[test]
@@ -199,8 +239,33 @@ fn sync_flush_crash_torn_batches_and_segment_boundaries() {
 }
 
 #[test]
+fn sync_flush_crash_with_reserved_zero_tails() {
+    let mut crossed = false;
+    let mut zero_tails = 0;
+    for seed in 1..6 {
+        let (c, z) = sync_scenario_on(true, seed, 5 + seed as usize, 1 + seed as usize % 4, 700);
+        crossed |= c;
+        zero_tails += z;
+    }
+    assert!(crossed, "no final batch across a segment boundary");
+    assert!(
+        zero_tails > 0,
+        "no image recovered with a reserved zero tail"
+    );
+}
+
+#[test]
 fn async_flush_only_flushed_survives_fsync_not_reached() {
-    let be = MemBackend::new();
+    async_scenario(false);
+}
+
+#[test]
+fn async_flush_crash_with_reserved_zero_tails() {
+    async_scenario(true);
+}
+
+fn async_scenario(prealloc: bool) {
+    let be = backend(prealloc);
     let (store, _) = MessageStore::open(cfg_on(&be, FlushMode::Async)).unwrap();
     let mut sent = Sent::default();
     let mut flushed = HashSet::new();
@@ -255,7 +320,16 @@ fn async_flush_only_flushed_survives_fsync_not_reached() {
 
 #[test]
 fn recovery_is_itself_crash_safe_and_reports_truncation() {
-    let be = MemBackend::new();
+    recovery_scenario(false);
+}
+
+#[test]
+fn recovery_is_itself_crash_safe_with_reserved_zero_tails() {
+    recovery_scenario(true);
+}
+
+fn recovery_scenario(prealloc: bool) {
+    let be = backend(prealloc);
     let (store, _) = MessageStore::open(cfg_on(&be, FlushMode::Sync)).unwrap();
     let mut sent = Sent::default();
     let mut durable = HashSet::new();
