@@ -773,7 +773,7 @@ impl Broker {
         let mut store_cfg = StoreConfig::new(config.data_dir.join("store"));
         store_cfg.commit_log_segment_size = config.commit_log_segment_bytes;
         // On Linux only (the store's default elsewhere is off, and stays off).
-        store_cfg.mmap_commit_log &= config.mmap_commit_log;
+        store_cfg.mmap_commit_log = config.mmap_commit_log && cfg!(target_os = "linux");
         store_cfg.mmap_chunk_size = config.mmap_chunk_bytes;
         store_cfg.flush_mode = match config.flush_mode {
             FlushMode::Async => shoal_store::FlushMode::Async,

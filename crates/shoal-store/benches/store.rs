@@ -3,7 +3,7 @@
 //!
 //! Run: `cargo bench -p shoal-store --bench store -- --warm-up-time 1 --measurement-time 3`
 //!
-//! `SHOAL_BENCH_MMAP=0` appends with one `pwrite` per append instead of through a memory map
+//! `SHOAL_BENCH_MMAP=1` appends through a memory map instead of one `pwrite` per append
 //! (`StoreConfig::mmap_commit_log`), to compare the two in one session.
 
 use std::hint::black_box;
@@ -37,9 +37,8 @@ fn open(dir: &std::path::Path, mode: FlushMode) -> MessageStore {
     let mut cfg = StoreConfig::new(dir);
     cfg.flush_mode = mode;
     cfg.commit_log_segment_size = 256 << 20;
-    if std::env::var("SHOAL_BENCH_MMAP").is_ok_and(|v| v == "0") {
-        cfg.mmap_commit_log = false;
-    }
+    cfg.mmap_commit_log =
+        cfg!(target_os = "linux") && std::env::var("SHOAL_BENCH_MMAP").is_ok_and(|v| v == "1");
     match MessageStore::open(cfg) {
         Ok((s, _)) => s,
         Err(e) => panic!("open store: {e}"),

@@ -344,7 +344,10 @@ mod tests {
             want.extend_from_slice(&rec);
             i += 1;
             let populated = f.state.lock().populated_to;
-            assert!(populated >= pos.min(2 * chunk), "populated {populated} < written {pos}");
+            assert!(
+                populated >= pos.min(2 * chunk),
+                "populated {populated} < written {pos}"
+            );
         }
         let mut back = vec![0u8; want.len()];
         f.read_exact_at(0, &mut back).unwrap();
