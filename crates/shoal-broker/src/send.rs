@@ -12,7 +12,7 @@ use shoal_proto::header::{
     SendMessageRequestHeader, SendMessageRequestHeaderV2, SendMessageResponseHeader,
 };
 use shoal_proto::message::{
-    decode_batch, decode_properties, encode_properties, property, Properties,
+    decode_batch_raw, decode_properties, encode_properties, property, Properties,
 };
 use shoal_proto::RemotingCommand;
 use shoal_store::{FlushStatus, MessageExtBrokerInner, PutMessageResult, StoreError};
@@ -240,7 +240,7 @@ pub async fn send_message(
     };
 
     let msgs = if is_batch {
-        let items = decode_batch(&body)
+        let items = decode_batch_raw(&body)
             .map_err(|e| Reject::new(resp::MESSAGE_ILLEGAL, format!("bad batch body: {e}")))?;
         if items.is_empty() {
             return Err(Reject::new(resp::MESSAGE_ILLEGAL, "empty batch"));
@@ -257,16 +257,30 @@ pub async fn send_message(
                     ),
                 ));
             }
-            let mut item_props = item.properties;
-            item_props.insert(property::CLUSTER.into(), b.config.cluster_name.clone());
-            let mut m = MessageExtBrokerInner {
+            let bad = |e: shoal_proto::ProtoError| {
+                Reject::new(resp::MESSAGE_ILLEGAL, format!("bad batch body: {e}"))
+            };
+            let raw = std::str::from_utf8(&item.properties)
+                .map_err(|_| bad(shoal_proto::ProtoError::Utf8("message properties")))?;
+            // As a plain send: stored as they came plus CLUSTER when decoding and encoding
+            // would give the same text, else through a map.
+            let stored = match plain_properties_ok(raw)
+                .and_then(|()| with_cluster(raw, &b.config.cluster_name))
+            {
+                Some(stored) => stored,
+                None => {
+                    let mut item_props = decode_properties(raw);
+                    item_props.insert(property::CLUSTER.into(), b.config.cluster_name.clone());
+                    encode_properties(&item_props)
+                        .map_err(|e| Reject::new(resp::MESSAGE_ILLEGAL, e.to_string()))?
+                }
+            };
+            out.push(MessageExtBrokerInner {
                 flag: item.flag,
                 body: item.body,
+                properties: stored,
                 ..inner.clone()
-            };
-            m.properties = encode_properties(&item_props)
-                .map_err(|e| Reject::new(resp::MESSAGE_ILLEGAL, e.to_string()))?;
-            out.push(m);
+            });
         }
         out
     } else if let Some(stored) = plain

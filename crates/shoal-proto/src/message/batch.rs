@@ -93,6 +93,32 @@ fn read_i32(buf: &[u8], at: usize, what: &'static str) -> Result<i32> {
 /// Every length is checked: TOTALSIZE must equal the item's field lengths and fit in the
 /// buffer. MAGICCODE and BODYCRC are ignored, as the Java broker ignores them.
 pub fn decode_batch(body: &Bytes) -> Result<Vec<BatchItem>> {
+    decode_batch_raw(body)?
+        .into_iter()
+        .map(|raw| {
+            Ok(BatchItem {
+                flag: raw.flag,
+                body: raw.body,
+                properties: decode_properties_bytes(&raw.properties)?,
+            })
+        })
+        .collect()
+}
+
+/// A batch item as it came: its properties still in their encoded form (UTF-8 not checked).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RawBatchItem {
+    /// The item's flag.
+    pub flag: i32,
+    /// The item's body (shares the batch body's buffer).
+    pub body: Bytes,
+    /// The item's encoded properties (spec 4.4; shares the batch body's buffer).
+    pub properties: Bytes,
+}
+
+/// As [`decode_batch`], with every length checked the same way, but the items' properties
+/// are left encoded: a broker that stores them as they came needs no map per item.
+pub fn decode_batch_raw(body: &Bytes) -> Result<Vec<RawBatchItem>> {
     let mut items = Vec::new();
     let mut pos = 0;
     while pos < body.len() {
@@ -136,11 +162,10 @@ pub fn decode_batch(body: &Bytes) -> Result<Vec<BatchItem>> {
                  properties length {props_len}"
             )));
         }
-        let props = item.get(props_at + 2..total).unwrap_or_default();
-        items.push(BatchItem {
+        items.push(RawBatchItem {
             flag,
             body: body.slice(pos + 20..pos + 20 + body_len),
-            properties: decode_properties_bytes(props)?,
+            properties: body.slice(pos + props_at + 2..pos + total),
         });
         pos += total;
     }

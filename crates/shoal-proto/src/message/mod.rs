@@ -24,7 +24,9 @@ use std::net::SocketAddr;
 
 use bytes::{BufMut, Bytes};
 
-pub use batch::{decode_batch, encode_batch, encode_batch_item, BatchItem};
+pub use batch::{
+    decode_batch, decode_batch_raw, encode_batch, encode_batch_item, BatchItem, RawBatchItem,
+};
 pub use compression::{
     compress_body, compress_for_send, decompress_body, CompressionType, DEFAULT_COMPRESS_BODY_OVER,
     DEFAULT_COMPRESS_LEVEL, DEFAULT_MAX_DECOMPRESSED_SIZE, DEFAULT_MAX_MESSAGE_SIZE,

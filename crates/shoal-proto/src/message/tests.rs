@@ -6,7 +6,7 @@ use bytes::Bytes;
 use proptest::collection::vec;
 use proptest::prelude::*;
 
-use super::batch::{decode_batch, encode_batch, BatchItem};
+use super::batch::{decode_batch, decode_batch_raw, encode_batch, BatchItem};
 use super::compression::CompressionType;
 use super::msg_id::OffsetMsgId;
 use super::property::{decode_properties, encode_properties, Properties};
@@ -199,10 +199,20 @@ proptest! {
             .map(|m| BatchItem { flag: m.flag, body: m.body.clone(), properties: kept(&m.properties) })
             .collect();
         prop_assert_eq!(decoded, want);
-        // Every strict prefix that cuts an item is an error, never a panic.
+        // The raw items carry each item's encoded properties as they were sent.
+        let raw = decode_batch_raw(&Bytes::from(encoded.clone())).unwrap();
+        prop_assert_eq!(raw.len(), messages.len());
+        for (r, m) in raw.iter().zip(&messages) {
+            prop_assert_eq!(r.flag, m.flag);
+            prop_assert_eq!(&r.body, &m.body);
+            let sent = encode_properties(&m.properties).unwrap();
+            prop_assert_eq!(&r.properties[..], sent.as_bytes());
+        }
+        // Every strict prefix that cuts an item is an error, never a panic, for both.
         for cut in [1usize, 7, 21, 23] {
             if cut < encoded.len() {
-                let _ = decode_batch(&Bytes::copy_from_slice(&encoded[..encoded.len() - cut]));
+                let cut = Bytes::copy_from_slice(&encoded[..encoded.len() - cut]);
+                prop_assert_eq!(decode_batch(&cut).is_ok(), decode_batch_raw(&cut).is_ok());
             }
         }
     }
