@@ -8,7 +8,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use common::*;
-use shoal_store::{MessageStore, StoreConfig, BLANK_MAGIC_CODE};
+use shoal_store::{
+    AppendedMessage, MessageExtBrokerInner, MessageStore, StoreConfig, BLANK_MAGIC_CODE,
+};
 
 const SEGMENT: u64 = 64 * 1024;
 const CHUNK: u64 = 16 * 1024;
@@ -116,32 +118,54 @@ fn process_crash_leaves_a_reserved_tail_and_recovery_finds_exactly_the_records()
     assert_eq!(walk_commit_log(&store).len(), 700);
 }
 
+/// A mapped store in `dir` that appended the `n` messages `make` gives one by one and then
+/// crashed (no shutdown): its config, the last message appended and its segment's base.
+#[cfg(target_os = "linux")]
+fn crashed_after(
+    dir: &Path,
+    n: usize,
+    make: impl Fn(usize) -> MessageExtBrokerInner,
+) -> (StoreConfig, AppendedMessage, u64) {
+    let cfg = fs_config(dir, true);
+    let (store, _) = MessageStore::open(cfg.clone()).unwrap();
+    let mut last = None;
+    for i in 0..n {
+        last = Some(store.put_message(&make(i)).unwrap().messages[0].clone());
+    }
+    store.abandon();
+    let last = last.expect("at least one message");
+    let base = last.physical_offset - last.physical_offset % SEGMENT;
+    (cfg, last, base)
+}
+
+/// Overwrites `len` bytes at `at` of the segment starting at `base` with zeros (what a power
+/// loss leaves of pages not written back, over reserved space).
+#[cfg(target_os = "linux")]
+fn zero_out(dir: &Path, base: u64, at: u64, len: u64) {
+    let path = segment_path(dir, base);
+    std::os::unix::fs::FileExt::write_all_at(
+        &std::fs::OpenOptions::new().write(true).open(&path).unwrap(),
+        &vec![0u8; len as usize],
+        at,
+    )
+    .unwrap();
+}
+
 #[cfg(target_os = "linux")]
 #[test]
 fn torn_record_before_the_reserved_zeros_is_cut() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = fs_config(dir.path(), true);
-    let (store, _) = MessageStore::open(cfg.clone()).unwrap();
-    let mut last = None;
-    for i in 0..100 {
-        let r = store
-            .put_message(&msg("U", i % 3, &format!("u{i}"), 150, ""))
-            .unwrap();
-        last = Some(r.messages[0].clone());
-    }
-    store.abandon();
-    let last = last.unwrap();
-    let base = last.physical_offset - last.physical_offset % SEGMENT;
+    let (cfg, last, base) = crashed_after(dir.path(), 100, |i| {
+        msg("U", (i % 3) as i32, &format!("u{i}"), 150, "")
+    });
     // A power loss kept the first half of the last record: the rest is the reserved zeros.
-    let path = segment_path(dir.path(), base);
     let half = u64::from(last.size) / 2;
-    let zeros = vec![0u8; (u64::from(last.size) - half) as usize];
-    std::os::unix::fs::FileExt::write_all_at(
-        &std::fs::OpenOptions::new().write(true).open(&path).unwrap(),
-        &zeros,
+    zero_out(
+        dir.path(),
+        base,
         last.physical_offset - base + half,
-    )
-    .unwrap();
+        u64::from(last.size) - half,
+    );
     let (store, report) = MessageStore::open(cfg).unwrap();
     assert_eq!(report.commit_log_end, last.physical_offset);
     assert!(report.truncation_reason.is_some(), "{report:?}");
@@ -178,27 +202,16 @@ fn without_mmap_files_are_as_long_as_their_data() {
 #[test]
 fn record_whose_properties_end_in_zeros_is_a_torn_write() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = fs_config(dir.path(), true);
-    let (store, _) = MessageStore::open(cfg.clone()).unwrap();
-    let mut last = None;
-    for i in 0..20 {
-        let r = store
-            .put_message(&msg("P", 0, &format!("p{i}"), 200, "t"))
-            .unwrap();
-        last = Some(r.messages[0].clone());
-    }
-    store.abandon();
-    let last = last.unwrap();
-    let base = last.physical_offset - last.physical_offset % SEGMENT;
+    let (cfg, last, base) =
+        crashed_after(dir.path(), 20, |i| msg("P", 0, &format!("p{i}"), 200, "t"));
     // Only the last 5 bytes (inside the properties, after the body its CRC covers) were not
     // written back: the reserved zeros show through. Framing and body CRC are intact.
-    let path = segment_path(dir.path(), base);
-    std::os::unix::fs::FileExt::write_all_at(
-        &std::fs::OpenOptions::new().write(true).open(&path).unwrap(),
-        &[0u8; 5],
+    zero_out(
+        dir.path(),
+        base,
         last.physical_offset - base + u64::from(last.size) - 5,
-    )
-    .unwrap();
+        5,
+    );
     let (store, report) = MessageStore::open(cfg).unwrap();
     assert_eq!(report.commit_log_end, last.physical_offset, "{report:?}");
     assert!(report.truncation_reason.unwrap().contains("torn"));
