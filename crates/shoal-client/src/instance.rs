@@ -666,7 +666,8 @@ impl ClientInstance {
         if let Some(a) = self.master_addr(broker_name) {
             return Ok(a);
         }
-        let _ = self.update_route(topic).await;
+        // Boxed: a route update is rare, and its future would otherwise grow every request's.
+        let _ = Box::pin(self.update_route(topic)).await;
         self.master_addr(broker_name)
             .ok_or_else(|| ClientError::NoBrokerAddr(broker_name.to_owned()))
     }

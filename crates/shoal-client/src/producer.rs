@@ -340,7 +340,9 @@ impl Producer {
     async fn send_queues(&self, topic: &str) -> Result<Arc<[MessageQueue]>> {
         match self.inner.instance.cached_publish_queues(topic) {
             Some(queues) if !queues.is_empty() => Ok(queues),
-            _ => Ok(self.publish_queues(topic).await?.into()),
+            // Boxed: the route lookup's future is large and rarely needed, so it does not
+            // grow every send's future (which is moved when a send is spawned).
+            _ => Ok(Box::pin(self.publish_queues(topic)).await?.into()),
         }
     }
 

@@ -146,10 +146,11 @@ impl RemotingClient {
                 }
             }
             // Callers arriving during someone else's attempt share it, within their own timeout.
-            let conn = tokio::time::timeout(
+            // Boxed: connecting is rare, and its future would otherwise grow every request's.
+            let conn = Box::pin(tokio::time::timeout(
                 connect_timeout,
                 slot.get_or_try_init(|| self.connect(addr, connect_timeout)),
-            )
+            ))
             .await
             .map_err(|_| NetError::ConnectTimeout {
                 addr: addr.to_owned(),

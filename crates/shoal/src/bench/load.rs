@@ -10,6 +10,7 @@ use super::{
 use crate::admin_cmd::Common;
 use anyhow::{bail, Context};
 use clap::Args;
+use futures::stream::{FuturesUnordered, StreamExt};
 use hdrhistogram::Histogram;
 use parking_lot::Mutex;
 use shoal_client::{ClientError, ConsumeFromWhere, Message, Producer};
@@ -17,7 +18,6 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
 #[derive(Debug, Args)]
@@ -261,8 +261,9 @@ async fn producer_loop(
     tickets: Arc<AtomicU64>,
     started: Instant,
 ) {
-    let sem = Arc::new(Semaphore::new(plan.inflight));
-    let mut sends = JoinSet::new();
+    // The sends in flight are polled by this task (no task spawned per send): completing one
+    // frees its slot.
+    let mut sends = FuturesUnordered::new();
     let period = plan
         .rate
         .map(|r| Duration::from_secs_f64(plan.batch as f64 * plan.producers as f64 / r));
@@ -291,7 +292,15 @@ async fn producer_loop(
             if plan.count.is_none() && at >= started + plan.duration {
                 break;
             }
-            tokio::time::sleep_until(at.into()).await;
+            // Sends in flight complete while waiting for the tick.
+            let tick_at = tokio::time::sleep_until(at.into());
+            tokio::pin!(tick_at);
+            loop {
+                tokio::select! {
+                    () = &mut tick_at => break,
+                    Some(()) = sends.next(), if !sends.is_empty() => {}
+                }
+            }
             if stop.load(Ordering::Acquire) {
                 break;
             }
@@ -301,9 +310,9 @@ async fn producer_loop(
         // 1 ms resolution) is not the broker's, but a wait for an in-flight slot is. Closed
         // loop: a slot frees when the previous send completes, so the wait is not counted.
         let mut due = Instant::now();
-        let Ok(permit) = sem.clone().acquire_owned().await else {
-            break;
-        };
+        while sends.len() >= plan.inflight {
+            sends.next().await;
+        }
         if period.is_none() {
             due = Instant::now();
         }
@@ -323,7 +332,7 @@ async fn producer_loop(
         let keys: Vec<u64> = (seq - n as u64..seq).map(|s| (idx << 40) | s).collect();
         stats.sent.fetch_add(n as u64, Ordering::AcqRel);
         let (p, stats) = (producer.clone(), stats.clone());
-        sends.spawn(async move {
+        sends.push(async move {
             let r = if msgs.len() == 1 {
                 match msgs.into_iter().next() {
                     Some(m) => p.send(m).await,
@@ -358,11 +367,9 @@ async fn producer_loop(
                         .or_insert(0) += n as u64;
                 }
             }
-            drop(permit);
         });
-        while sends.try_join_next().is_some() {}
     }
-    while sends.join_next().await.is_some() {}
+    while sends.next().await.is_some() {}
 }
 
 pub(super) async fn produce(common: &Common, a: ProduceArgs) -> anyhow::Result<Report> {
