@@ -6,7 +6,7 @@ use parking_lot::RwLock;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 use shoal_proto::code::{request_code, response_code};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 /// The response label of a request answered later (a held pull) or not at all (oneway).
@@ -26,6 +26,18 @@ struct Inner {
     name: &'static str,
     help: &'static str,
     series: RwLock<HashMap<(i32, i32), LatencyHistogram>>,
+    /// A lock-free cache in front of `series`: each slot is claimed by the first pair that
+    /// hashes to it, so the pairs a broker serves most are found without the lock (whose
+    /// shared counter the workers would otherwise bounce between cores on every request).
+    hot: [OnceLock<((i32, i32), LatencyHistogram)>; HOT_SLOTS],
+}
+
+const HOT_SLOTS: usize = 64;
+
+fn hot_slot((request, response): (i32, i32)) -> usize {
+    let h =
+        (request as u32).wrapping_mul(0x9E37_79B9) ^ (response as u32).wrapping_mul(0x85EB_CA6B);
+    (h >> 26) as usize % HOT_SLOTS
 }
 
 impl RequestMetrics {
@@ -36,36 +48,37 @@ impl RequestMetrics {
                 name,
                 help,
                 series: RwLock::new(HashMap::new()),
+                hot: std::array::from_fn(|_| OnceLock::new()),
             }),
         }
     }
 
     /// The histogram of (request, response); keep it to skip the lookup on a hot path.
     pub fn handle(&self, request: i32, response: i32) -> LatencyHistogram {
-        let request = if request_code::name(request).is_some() {
-            request
-        } else {
-            -1
-        };
-        let response = if response == DEFERRED || response_code::name(response).is_some() {
-            response
-        } else {
-            -1
-        };
-        if let Some(h) = self.inner.series.read().get(&(request, response)) {
+        self.series(key(request, response))
+    }
+
+    fn series(&self, key: (i32, i32)) -> LatencyHistogram {
+        if let Some(h) = self.inner.series.read().get(&key) {
             return h.clone();
         }
-        self.inner
-            .series
-            .write()
-            .entry((request, response))
-            .or_default()
-            .clone()
+        self.inner.series.write().entry(key).or_default().clone()
     }
 
     /// Records one served request.
     pub fn observe(&self, request: i32, response: i32, latency: Duration) {
-        self.handle(request, response).observe(latency);
+        let key = key(request, response);
+        let slot = &self.inner.hot[hot_slot(key)];
+        match slot.get() {
+            Some((k, h)) if *k == key => h.observe(latency),
+            Some(_) => self.series(key).observe(latency),
+            None => {
+                let h = self.series(key);
+                h.observe(latency);
+                // Another pair may have claimed the slot meanwhile; it keeps it.
+                let _ = slot.set((key, h));
+            }
+        }
     }
 
     /// Requests served with this (request, response) pair so far.
@@ -76,6 +89,21 @@ impl RequestMetrics {
             .get(&(request, response))
             .map_or(0, LatencyHistogram::count)
     }
+}
+
+/// The series key of a (request, response) pair: unknown codes become -1 (bounded labels).
+fn key(request: i32, response: i32) -> (i32, i32) {
+    let request = if request_code::name(request).is_some() {
+        request
+    } else {
+        -1
+    };
+    let response = if response == DEFERRED || response_code::name(response).is_some() {
+        response
+    } else {
+        -1
+    };
+    (request, response)
 }
 
 fn response_name(code: i32) -> &'static str {
@@ -153,5 +181,31 @@ mod tests {
             text.contains("shoal_test_request_seconds_count{request=\"UNKNOWN\",code=\"-1\",response=\"SUCCESS\"} 2\n"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn every_pair_counts_whether_or_not_it_holds_a_cache_slot() {
+        let r = RequestMetrics::new("shoal_test_request_seconds", "Requests.");
+        // More pairs than cache slots, so some collide and take the locked path.
+        let pairs: Vec<(i32, i32)> = request_code::ALL
+            .iter()
+            .take(40)
+            .flat_map(|(q, _)| {
+                [
+                    (*q, response_code::SUCCESS),
+                    (*q, response_code::SYSTEM_ERROR),
+                ]
+            })
+            .collect();
+        assert!(pairs.len() > HOT_SLOTS);
+        for round in 1..=3u64 {
+            for &(q, a) in &pairs {
+                r.observe(q, a, Duration::from_micros(10));
+            }
+            for &(q, a) in &pairs {
+                assert_eq!(r.count(q, a), round, "({q}, {a})");
+                assert_eq!(r.handle(q, a).count(), round, "({q}, {a})");
+            }
+        }
     }
 }
