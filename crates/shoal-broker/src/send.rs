@@ -185,7 +185,12 @@ pub async fn send_message(
 
     let raw_props = h.properties.as_deref().unwrap_or("");
     // Decoded into a map only when something has to change in them (retry, delay, batch).
-    let plain = !is_batch && !is_retry_topic(&topic) && plain_properties_ok(raw_props).is_some();
+    let plain_uniq = if !is_batch && !is_retry_topic(&topic) {
+        plain_properties_ok(raw_props)
+    } else {
+        None
+    };
+    let plain = plain_uniq.is_some();
     let mut props = if plain {
         Properties::default()
     } else {
@@ -265,7 +270,7 @@ pub async fn send_message(
             // As a plain send: stored as they came plus CLUSTER when decoding and encoding
             // would give the same text, else through a map.
             let stored = match plain_properties_ok(raw)
-                .and_then(|()| with_cluster(raw, &b.config.cluster_name))
+                .and_then(|_| with_cluster(raw, &b.config.cluster_name))
             {
                 Some(stored) => stored,
                 None => {
@@ -315,7 +320,9 @@ pub async fn send_message(
             .map_err(|e| Reject::new(resp::MESSAGE_ILLEGAL, e.to_string()))?;
         vec![inner]
     };
-    let uniq = if props.is_empty() {
+    let uniq = if let Some(uniq) = plain_uniq {
+        uniq.map(str::to_owned)
+    } else if props.is_empty() {
         property::find_property(raw_props, property::UNIQ_KEY).map(str::to_owned)
     } else {
         props.get(property::UNIQ_KEY).cloned()
@@ -350,13 +357,14 @@ pub async fn send_message(
     ))
 }
 
-/// `Some(())` when `raw` is exactly what decoding and re-encoding it would give (every pair
+/// `Some(UNIQ_KEY's value)` when `raw` is exactly what decoding and re-encoding it would give (every pair
 /// well formed, no key twice) and holds none of DELAY, CLUSTER and TRAN_MSG (the keys the
 /// broker acts on: delay levels, its own cluster, half messages): then the stored properties
 /// are `raw` plus CLUSTER, with no map built.
-fn plain_properties_ok(raw: &str) -> Option<()> {
+fn plain_properties_ok(raw: &str) -> Option<Option<&str>> {
     let mut seen: [&str; 24] = [""; 24];
     let mut len = 0;
+    let mut uniq = None;
     for (n, (k, v)) in shoal_proto::message::property::iter_properties(raw).enumerate() {
         if k.is_empty()
             || k == property::DELAY
@@ -370,9 +378,12 @@ fn plain_properties_ok(raw: &str) -> Option<()> {
             return None;
         }
         seen[n] = k;
+        if k == property::UNIQ_KEY {
+            uniq = Some(v);
+        }
         len += k.len() + v.len() + 2;
     }
-    (len == raw.len()).then_some(())
+    (len == raw.len()).then_some(uniq)
 }
 
 /// The stored properties of a plain send: `raw` (checked by [`plain_properties_ok`]) plus
@@ -482,12 +493,18 @@ mod tests {
             props.insert(property::CLUSTER.into(), "C".into());
             assert_eq!(
                 plain_properties_ok(raw)
-                    .and_then(|()| with_cluster(raw, "C"))
+                    .and_then(|_| with_cluster(raw, "C"))
                     .as_deref(),
                 Some(encode_properties(&props).unwrap().as_str()),
                 "{raw:?}"
             );
         }
+        // The answer's transaction id comes from the same pass.
+        assert_eq!(
+            plain_properties_ok("TAGS\u{1}a\u{2}UNIQ_KEY\u{1}U1\u{2}"),
+            Some(Some("U1"))
+        );
+        assert_eq!(plain_properties_ok("KEYS\u{1}k\u{2}"), Some(None));
         // Anything that decoding would change takes the slow path.
         for raw in [
             "TAGS\u{1}a\u{2}TAGS\u{1}b\u{2}",
@@ -499,7 +516,7 @@ mod tests {
             "TAGS\u{1}a\u{1}b\u{2}",
         ] {
             assert_eq!(
-                plain_properties_ok(raw).and_then(|()| with_cluster(raw, "C")),
+                plain_properties_ok(raw).and_then(|_| with_cluster(raw, "C")),
                 None,
                 "{raw:?}"
             );

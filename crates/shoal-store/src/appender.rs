@@ -26,7 +26,7 @@ use std::time::Instant;
 
 use parking_lot::{Mutex, MutexGuard};
 use shoal_proto::message::msg_id::offset_msg_id;
-use shoal_proto::message::property::{find_property, TAGS, WAIT};
+use shoal_proto::message::property::{find_properties, TAGS, WAIT};
 use shoal_proto::message::record::{encode_record, patch_record, RecordFields, RecordLayout};
 
 use crate::config::FlushMode;
@@ -59,6 +59,8 @@ impl<'a> Job<'a> {
         let mut encoded: Vec<u8> = Vec::with_capacity(total);
         let mut layouts = Vec::with_capacity(msgs.len());
         let mut tag_codes = Vec::with_capacity(msgs.len());
+        // RocketMQ's `WAIT=false` property: the producer does not wait for the flush.
+        let mut wait = false;
         for m in msgs.iter() {
             validate_topic(&m.topic)?;
             if m.queue_id < 0 {
@@ -99,15 +101,10 @@ impl<'a> Job<'a> {
                 });
             }
             layouts.push(encode_record(&fields, &mut encoded)?);
-            tag_codes.push(shoal_proto::hash::tags_code(find_property(
-                &m.properties,
-                TAGS,
-            )));
+            let [tags, wait_prop] = find_properties(&m.properties, [TAGS, WAIT]);
+            tag_codes.push(shoal_proto::hash::tags_code(tags));
+            wait |= wait_prop != Some("false");
         }
-        // RocketMQ's `WAIT=false` property: the producer does not wait for the flush.
-        let wait = msgs
-            .iter()
-            .any(|m| find_property(&m.properties, WAIT) != Some("false"));
         Ok(Job {
             msgs,
             encoded,

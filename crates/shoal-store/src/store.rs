@@ -13,7 +13,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use bytes::{Bytes, BytesMut};
 use parking_lot::{Condvar, Mutex, RwLock};
 use serde::{Deserialize, Serialize};
-use shoal_proto::message::property::{find_property, KEYS, UNIQ_KEY};
+use shoal_proto::message::property::{find_properties, KEYS, UNIQ_KEY};
 use shoal_proto::message::record::{
     store_timestamp_pos, MessageVersion, RecordView, BLANK_MAGIC_CODE, MIN_RECORD_LEN,
 };
@@ -425,9 +425,9 @@ impl ScannedRecord {
 /// The keys a record is indexed under: each of its `KEYS` (space separated), then its
 /// `UNIQ_KEY` unless it is one of them. Borrowed from `properties`, no copy.
 pub(crate) fn index_keys(properties: &str) -> impl Iterator<Item = &str> {
-    let keys = find_property(properties, KEYS).unwrap_or("");
-    let uniq = find_property(properties, UNIQ_KEY)
-        .filter(|u| !u.is_empty() && !keys.split(' ').any(|k| k == *u));
+    let [keys, uniq] = find_properties(properties, [KEYS, UNIQ_KEY]);
+    let keys = keys.unwrap_or("");
+    let uniq = uniq.filter(|u| !u.is_empty() && !keys.split(' ').any(|k| k == *u));
     keys.split(' ').filter(|k| !k.is_empty()).chain(uniq)
 }
 

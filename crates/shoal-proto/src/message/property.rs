@@ -256,6 +256,18 @@ pub fn find_property<'a>(s: &'a str, name: &str) -> Option<&'a str> {
         .map(|(_, v)| v)
 }
 
+/// [`find_property`] for several names in one pass over `s`: the value of each (the last
+/// one when a key repeats), in the order of `names`.
+pub fn find_properties<'a, const N: usize>(s: &'a str, names: [&str; N]) -> [Option<&'a str>; N] {
+    let mut found = [None; N];
+    for (k, v) in iter_properties(s) {
+        if let Some(i) = names.iter().position(|n| *n == k) {
+            found[i] = Some(v);
+        }
+    }
+    found
+}
+
 /// Decodes properties from raw bytes, which must be UTF-8.
 pub fn decode_properties_bytes(bytes: &[u8]) -> Result<Properties> {
     let s = std::str::from_utf8(bytes).map_err(|_| ProtoError::Utf8("message properties"))?;
@@ -301,6 +313,10 @@ mod tests {
         );
         assert_eq!(find_property("K\u{1}a\u{2}K\u{1}c\u{2}", "K"), Some("c"));
         assert_eq!(find_property("K\u{1}a\u{2}", "L"), None);
+        assert_eq!(
+            find_properties("K\u{1}a\u{2}L\u{1}b\u{2}K\u{1}c\u{2}", ["K", "M", "L"]),
+            [Some("c"), None, Some("b")]
+        );
     }
 
     #[test]
