@@ -81,18 +81,22 @@ impl LatencyFaultTolerance {
         } else {
             self.table.not_available_for(latency_ms)
         };
-        self.items.insert(
-            broker.to_string(),
-            FaultItem {
-                latency_ms: if failed {
-                    self.table.isolation_ms
-                } else {
-                    latency_ms
-                },
-                available_from_ms: now_ms + duration,
-                reachable: !failed,
+        let item = FaultItem {
+            latency_ms: if failed {
+                self.table.isolation_ms
+            } else {
+                latency_ms
             },
-        );
+            available_from_ms: now_ms + duration,
+            reachable: !failed,
+        };
+        // Updated in place: a send records every outcome, and a key copy per send is waste.
+        match self.items.get_mut(broker) {
+            Some(existing) => *existing = item,
+            None => {
+                self.items.insert(broker.to_string(), item);
+            }
+        }
     }
 
     /// True when the broker may be used now.

@@ -50,6 +50,16 @@ pub use shoal_proto::MessageQueue;
 pub use transaction::{LocalTransactionState, TransactionProducer, TransactionSendResult};
 
 /// Milliseconds since the Unix epoch.
+/// Milliseconds from a process-wide origin to `at`: the fault tolerance's clock (monotonic, so
+/// a wall-clock step neither isolates nor frees a broker; and derived from an `Instant` a send
+/// already read, so it costs no clock read of its own).
+pub(crate) fn mono_ms(at: std::time::Instant) -> u64 {
+    static ORIGIN: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    let origin = *ORIGIN.get_or_init(std::time::Instant::now);
+    // Offset so that 0 ("never") is not a time the clock gives.
+    at.saturating_duration_since(origin).as_millis() as u64 + 1_000
+}
+
 pub(crate) fn now_ms_u64() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

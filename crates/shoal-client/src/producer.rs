@@ -481,38 +481,45 @@ impl Producer {
         let mut last_failed: Option<String> = None;
         let mut last_err = None;
         let mut made = 0;
+        // Each attempt reads the clock once when it ends; its start is the previous end (or
+        // `started`), so a send with one attempt reads it twice in all.
+        let mut now = started;
         for _ in 0..attempts {
-            let left = timeout.saturating_sub(started.elapsed());
+            let left = timeout.saturating_sub(now.saturating_duration_since(started));
             if left.is_zero() {
                 break;
             }
-            let now = crate::now_ms_u64();
             let Some(mq) = self
                 .inner
                 .fault
                 .lock()
-                .select_index(&queues, last_failed.as_deref(), now)
+                .select_index(&queues, last_failed.as_deref(), crate::mono_ms(now))
                 .map(|i| &queues[i])
             else {
-                self.inner.metrics.failed(started.elapsed());
+                self.inner
+                    .metrics
+                    .failed(now.saturating_duration_since(started));
                 return Err(ClientError::NoRoute(msg.topic.clone()));
             };
             made += 1;
-            let t0 = Instant::now();
+            let t0 = now;
             let outcome = match self.single_request(&msg, mq) {
                 Ok(req) => self.send_request(req, mq, msg_id.clone(), left).await,
                 Err(e) => return Err(e),
             };
-            let latency = t0.elapsed().as_millis() as u64;
+            now = Instant::now();
+            let latency = now.saturating_duration_since(t0).as_millis() as u64;
             match outcome {
                 Ok(r) => {
                     self.inner.fault.lock().record(
                         &mq.broker_name,
                         latency,
                         false,
-                        crate::now_ms_u64(),
+                        crate::mono_ms(now),
                     );
-                    self.inner.metrics.sent(started.elapsed());
+                    self.inner
+                        .metrics
+                        .sent(now.saturating_duration_since(started));
                     return Ok(r);
                 }
                 Err(e) => {
@@ -520,7 +527,7 @@ impl Producer {
                         &mq.broker_name,
                         latency,
                         true,
-                        crate::now_ms_u64(),
+                        crate::mono_ms(now),
                     );
                     self.inner.metrics.attempt_failed();
                     warn!(queue = %mq, error = %e, "send attempt failed");
@@ -566,7 +573,7 @@ impl Producer {
             .inner
             .fault
             .lock()
-            .select_index(&queues, None, crate::now_ms_u64())
+            .select_index(&queues, None, crate::mono_ms(Instant::now()))
             .map(|i| &queues[i])
             .ok_or_else(|| ClientError::NoRoute(msg.topic.clone()))?;
         let req = self.single_request(&msg, mq)?;
@@ -682,7 +689,7 @@ impl Producer {
             let Some(mq) = self.inner.fault.lock().select(
                 &queues,
                 last_failed.as_deref(),
-                crate::now_ms_u64(),
+                crate::mono_ms(Instant::now()),
             ) else {
                 break;
             };
@@ -709,10 +716,12 @@ impl Producer {
             let outcome = self.send_request(req, &mq, msg_id.clone(), left).await;
             let latency = t0.elapsed().as_millis() as u64;
             let failed = outcome.is_err();
-            self.inner
-                .fault
-                .lock()
-                .record(&mq.broker_name, latency, failed, crate::now_ms_u64());
+            self.inner.fault.lock().record(
+                &mq.broker_name,
+                latency,
+                failed,
+                crate::mono_ms(Instant::now()),
+            );
             match outcome {
                 Ok(r) => return Ok(r),
                 Err(e) => {
@@ -742,7 +751,7 @@ impl Producer {
         self.inner
             .fault
             .lock()
-            .is_available(broker_name, crate::now_ms_u64())
+            .is_available(broker_name, crate::mono_ms(Instant::now()))
     }
 }
 

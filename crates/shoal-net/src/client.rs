@@ -121,6 +121,19 @@ impl RemotingClient {
             .await
     }
 
+    /// The open connection to `addr`, if there is one (nothing is created).
+    fn established(&self, addr: &str) -> Option<Connection> {
+        if self.inner.shutdown.is_cancelled() {
+            return None;
+        }
+        let slots = self.inner.slots.lock();
+        slots
+            .get(addr)
+            .and_then(|s| s.get())
+            .filter(|c| !c.is_closed())
+            .cloned()
+    }
+
     async fn connection_within(&self, addr: &str, connect_timeout: Duration) -> Result<Connection> {
         let mut attempts = 0;
         loop {
@@ -232,6 +245,11 @@ impl RemotingClient {
         request: RemotingCommand,
         timeout: Duration,
     ) -> Result<RemotingCommand> {
+        // An established connection is used at once, with the whole timeout (and no clock
+        // read); a connection being made takes its time out of the timeout.
+        if let Some(conn) = self.established(addr) {
+            return conn.request(request, timeout).await;
+        }
         let deadline = Instant::now() + timeout;
         let conn = self
             .connection_within(addr, timeout.min(self.inner.config.connect_timeout))
