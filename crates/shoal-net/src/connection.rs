@@ -30,6 +30,7 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::sync::{oneshot, Notify};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn, Instrument};
 
@@ -84,9 +85,52 @@ impl Default for NetConfig {
 }
 
 pub(crate) struct PendingTable {
-    pub(crate) waiting: HashMap<i32, oneshot::Sender<RemotingCommand>>,
+    pub(crate) waiting: HashMap<i32, Waiter>,
     /// Set once the connection has closed; nothing is registered after that.
     pub(crate) closed: bool,
+    /// When the driver next looks for requests past their deadline: never later than the
+    /// earliest deadline in `waiting` (it may be earlier, when that request has completed).
+    /// One timer per connection instead of one per request.
+    pub(crate) sweep_at: Option<Instant>,
+}
+
+/// A request waiting for its response.
+pub(crate) struct Waiter {
+    tx: oneshot::Sender<Result<RemotingCommand>>,
+    deadline: Instant,
+    timeout: Duration,
+}
+
+impl PendingTable {
+    /// Removes the requests whose deadline is at or before `now`, re-arms `sweep_at` for the
+    /// rest, and returns the removed ones with the error to give them.
+    pub(crate) fn expire(
+        &mut self,
+        now: Instant,
+        peer: SocketAddr,
+    ) -> Vec<(oneshot::Sender<Result<RemotingCommand>>, NetError)> {
+        let due: Vec<i32> = self
+            .waiting
+            .iter()
+            .filter(|(_, w)| w.deadline <= now)
+            .map(|(&opaque, _)| opaque)
+            .collect();
+        let expired = due
+            .into_iter()
+            .filter_map(|opaque| {
+                let w = self.waiting.remove(&opaque)?;
+                let e = NetError::Timeout {
+                    peer,
+                    opaque,
+                    timeout: w.timeout,
+                };
+                Some((w.tx, e))
+            })
+            .collect();
+        let next = self.waiting.values().map(|w| w.deadline).min();
+        self.sweep_at = next;
+        expired
+    }
 }
 
 pub(crate) struct Inner {
@@ -206,6 +250,7 @@ impl Connection {
                 pending: Mutex::new(PendingTable {
                     waiting: HashMap::new(),
                     closed: false,
+                    sweep_at: None,
                 }),
                 next_opaque: AtomicI32::new(0),
                 closed,
@@ -286,22 +331,24 @@ impl Connection {
         mut request: RemotingCommand,
         timeout: Duration,
     ) -> Result<RemotingCommand> {
+        let deadline = Instant::now() + timeout;
         let (tx, rx) = oneshot::channel();
-        let opaque = self.register(tx)?;
+        let opaque = self.register(Waiter {
+            tx,
+            deadline,
+            timeout,
+        })?;
         let _guard = PendingGuard { conn: self, opaque };
         request.opaque = opaque;
         request.flag &= !(FLAG_RESPONSE | FLAG_ONEWAY);
-        let exchange = async {
-            self.queue_command(&request).await?;
-            rx.await.map_err(|_| self.closed_error())
-        };
-        match tokio::time::timeout(timeout, exchange).await {
+        // The deadline is kept by the driver's sweep (it answers the waiter with the
+        // timeout), not by a timer per request; only a wait for room in the write queue has
+        // a timer of its own.
+        self.queue_command(&request, Some((deadline, opaque, timeout)))
+            .await?;
+        match rx.await {
             Ok(result) => result,
-            Err(_) => Err(NetError::Timeout {
-                peer: self.inner.peer,
-                opaque,
-                timeout,
-            }),
+            Err(_) => Err(self.closed_error()),
         }
     }
 
@@ -313,7 +360,7 @@ impl Connection {
     pub async fn oneway(&self, mut request: RemotingCommand) -> Result<()> {
         request.opaque = self.inner.next_opaque.fetch_add(1, Ordering::Relaxed);
         request.flag = (request.flag & !FLAG_RESPONSE) | FLAG_ONEWAY;
-        self.queue_command(&request).await
+        self.queue_command(&request, None).await
     }
 
     /// Sends a response as given (its opaque must be the request's; the response flag is set
@@ -324,11 +371,16 @@ impl Connection {
     /// [`NetError::ConnectionClosed`], [`NetError::Protocol`] when it cannot be encoded.
     pub async fn send_response(&self, mut response: RemotingCommand) -> Result<()> {
         response.flag |= FLAG_RESPONSE;
-        self.queue_command(&response).await
+        self.queue_command(&response, None).await
     }
 
-    /// Queues one command exactly as given, waiting while the write queue is over its limit.
-    async fn queue_command(&self, cmd: &RemotingCommand) -> Result<()> {
+    /// Queues one command exactly as given, waiting while the write queue is over its limit
+    /// (until the request's `deadline`, when there is one).
+    async fn queue_command(
+        &self,
+        cmd: &RemotingCommand,
+        deadline: Option<(Instant, i32, Duration)>,
+    ) -> Result<()> {
         let inner = &*self.inner;
         loop {
             if self.is_closed() {
@@ -342,9 +394,19 @@ impl Connection {
                     break;
                 }
             }
+            let expired = async {
+                match deadline {
+                    Some((at, _, _)) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 _ = room => {}
                 _ = inner.closed.cancelled() => return Err(self.closed_error()),
+                () = expired => {
+                    let (_, opaque, timeout) = deadline.unwrap_or((Instant::now(), 0, Duration::ZERO));
+                    return Err(NetError::Timeout { peer: inner.peer, opaque, timeout });
+                }
             }
         }
         inner.driver_waker.wake();
@@ -392,28 +454,34 @@ impl Connection {
     }
 
     /// Allocates an opaque and registers the waiter under it.
-    fn register(&self, tx: oneshot::Sender<RemotingCommand>) -> Result<i32> {
+    fn register(&self, waiter: Waiter) -> Result<i32> {
         let mut table = self.inner.pending.lock();
         if table.closed {
             return Err(self.closed_error());
         }
+        let deadline = waiter.deadline;
         // Opaques wrap around; skip one still in use (only after 2^32 requests).
-        loop {
+        let opaque = loop {
             let opaque = self.inner.next_opaque.fetch_add(1, Ordering::Relaxed);
             if let Entry::Vacant(v) = table.waiting.entry(opaque) {
-                v.insert(tx);
-                return Ok(opaque);
+                v.insert(waiter);
+                break opaque;
             }
+        };
+        // The driver looks at `sweep_at` whenever it runs, and the request wakes it.
+        if table.sweep_at.is_none_or(|at| deadline < at) {
+            table.sweep_at = Some(deadline);
         }
+        Ok(opaque)
     }
 
     /// Hands a response to whoever waits for its opaque.
     pub(crate) fn complete(&self, response: RemotingCommand) {
         let waiter = self.inner.pending.lock().waiting.remove(&response.opaque);
         match waiter {
-            Some(tx) => {
+            Some(w) => {
                 // The caller may have just given up; then the response is dropped.
-                let _ = tx.send(response);
+                let _ = w.tx.send(Ok(response));
             }
             None => debug!(
                 opaque = response.opaque,

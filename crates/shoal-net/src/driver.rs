@@ -84,7 +84,13 @@ pub(crate) struct Driver<S> {
     /// Bytes of this connection counted in the shared partial-frame total.
     partial_held: usize,
     last_activity: Instant,
+    /// Busy when last looked at: `last_activity` is read from the clock when that ends, not
+    /// on every turn.
+    was_busy: bool,
     idle: Option<Pin<Box<Sleep>>>,
+    /// Fires at the pending table's `sweep_at`: requests sent on this connection that are
+    /// past their deadline are answered with a timeout.
+    sweep: Option<Pin<Box<Sleep>>>,
     paused: Option<Pause>,
     cancelled: Pin<Box<WaitForCancellationFutureOwned>>,
 }
@@ -105,7 +111,9 @@ where
             writing: Writing::default(),
             partial_held: 0,
             last_activity: Instant::now(),
+            was_busy: false,
             idle: None,
+            sweep: None,
             paused: None,
             cancelled,
         }
@@ -410,29 +418,64 @@ where
     /// Closes a connection that stayed idle past the idle timeout (nothing read or written,
     /// nothing in flight either way).
     fn poll_idle(&mut self, cx: &mut Context<'_>) -> Option<Close> {
-        let idle = self.conn.inner.config.idle_timeout?;
+        let (waiting, sweep_at) = {
+            let table = self.conn.inner.pending.lock();
+            (!table.waiting.is_empty(), table.sweep_at)
+        };
+        self.poll_sweep(cx, sweep_at);
         let inner = &self.conn.inner;
-        let busy = !self.requests.is_empty()
+        let idle = inner.config.idle_timeout?;
+        let busy = waiting
+            || !self.requests.is_empty()
             || inner.inflight.load(Ordering::Acquire) > 0
-            || !self.writing.is_empty()
-            || !inner.pending.lock().waiting.is_empty();
-        let now = Instant::now();
+            || !self.writing.is_empty();
         if busy {
-            self.last_activity = now;
+            // Not idle while busy: the clock is read when that ends.
+            self.was_busy = true;
+            return None;
+        }
+        if std::mem::take(&mut self.was_busy) {
+            self.last_activity = Instant::now();
         }
         let deadline = self.last_activity + idle;
         let sleep = self
             .idle
             .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
-        loop {
-            if sleep.as_mut().poll(cx).is_pending() {
-                return None;
-            }
-            if Instant::now() >= deadline {
-                return Some(Close::Idle);
-            }
-            // Activity since the timer was set: wait until the new deadline.
+        if sleep.deadline() != deadline {
             sleep.as_mut().reset(deadline);
+        }
+        if sleep.as_mut().poll(cx).is_pending() {
+            return None;
+        }
+        Some(Close::Idle)
+    }
+
+    /// Answers requests past their deadline with a timeout when the sweep timer fires.
+    fn poll_sweep(&mut self, cx: &mut Context<'_>, mut sweep_at: Option<Instant>) {
+        while let Some(at) = sweep_at {
+            let sleep = self
+                .sweep
+                .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(at)));
+            if sleep.deadline() != at {
+                sleep.as_mut().reset(at);
+            }
+            if sleep.as_mut().poll(cx).is_pending() {
+                return;
+            }
+            let inner = &self.conn.inner;
+            let expired = {
+                let mut table = inner.pending.lock();
+                let expired = table.expire(Instant::now(), inner.peer);
+                sweep_at = table.sweep_at;
+                expired
+            };
+            if !expired.is_empty() {
+                debug!(count = expired.len(), "requests timed out");
+            }
+            for (tx, e) in expired {
+                // The caller may have given up already.
+                let _ = tx.send(Err(e));
+            }
         }
     }
 

@@ -226,6 +226,59 @@ async fn timed_out_and_cancelled_requests_leave_no_pending_entry() {
     .await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_deadline_sent_after_a_long_one_expires_first() {
+    bounded(async {
+        let (server, _p, addr) = start_server(NetConfig::default()).await;
+        let client = RemotingClient::default();
+        let conn = client.connection(&addr).await.unwrap();
+        // The connection's one sweep timer is armed for the long request first.
+        let long = tokio::spawn({
+            let conn = conn.clone();
+            async move {
+                conn.request(RemotingCommand::request(NEVER), Duration::from_secs(600))
+                    .await
+            }
+        });
+        wait_until("the long request is pending", || conn.pending_requests() == 1).await;
+        // The short one re-arms it earlier: it times out (within `bounded`), the long one
+        // stays pending.
+        let err = conn
+            .request(RemotingCommand::request(NEVER), Duration::from_millis(50))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, NetError::Timeout { timeout, .. } if timeout == Duration::from_millis(50)),
+            "{err}"
+        );
+        assert_eq!(conn.pending_requests(), 1);
+        assert!(!long.is_finished());
+        // Then several short ones at once: each gets its own timeout answer.
+        let shorts: Vec<_> = (0..5)
+            .map(|i| {
+                let conn = conn.clone();
+                tokio::spawn(async move {
+                    conn.request(
+                        RemotingCommand::request(NEVER),
+                        Duration::from_millis(20 + 10 * i),
+                    )
+                    .await
+                })
+            })
+            .collect();
+        for s in shorts {
+            let err = s.await.unwrap().unwrap_err();
+            assert!(matches!(err, NetError::Timeout { .. }), "{err}");
+        }
+        assert_eq!(conn.pending_requests(), 1);
+        long.abort();
+        let _ = long.await;
+        assert_eq!(conn.pending_requests(), 0);
+        server.shutdown().await;
+    })
+    .await;
+}
+
 /// The client side's handler for server-initiated requests.
 #[derive(Default)]
 struct ClientHandler {
