@@ -279,6 +279,31 @@ async fn a_short_deadline_sent_after_a_long_one_expires_first() {
     .await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_is_closed_idle_only_after_its_last_request_is_answered() {
+    bounded(async {
+        let config = NetConfig {
+            idle_timeout: Some(Duration::from_millis(300)),
+            ..NetConfig::default()
+        };
+        let (server, _p, addr) = start_server(config).await;
+        let client = RemotingClient::default();
+        let conn = client.connection(&addr).await.unwrap();
+        // Answered after twice the idle timeout: the server's side is busy meanwhile, so it
+        // keeps the connection.
+        let ok = conn
+            .request(echo(600, "slow"), Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert_eq!(ok.body.as_deref(), Some(&b"slow"[..]));
+        assert!(!conn.is_closed());
+        // Then idle: the server closes it (the client sees the end of the stream).
+        wait_until("the idle connection is closed", || conn.is_closed()).await;
+        server.shutdown().await;
+    })
+    .await;
+}
+
 /// The client side's handler for server-initiated requests.
 #[derive(Default)]
 struct ClientHandler {
