@@ -63,7 +63,9 @@ pub const LOCK_EXPIRE_MS: u64 = 30_000;
 /// What a queue's process queue keeps of a pulled message: orderly consumption takes its
 /// messages from there (`Some`); concurrent consumption hands each batch to the listener when
 /// it is pulled and keeps only offset and size (`None`), so no message is copied.
-type Held = Option<MessageExt>;
+/// What a process queue holds per message: the message itself in orderly mode (boxed, so the
+/// queue's tree moves small entries), nothing in concurrent mode.
+type Held = Option<Box<MessageExt>>;
 
 /// Local state of one owned queue.
 struct QueueState {

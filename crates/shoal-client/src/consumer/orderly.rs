@@ -42,7 +42,7 @@ impl Inner {
                 let taken: Vec<MessageExt> = pq
                     .take(self.config.consume_batch_size)
                     .into_iter()
-                    .filter_map(|c| c.message.clone())
+                    .filter_map(|c| c.message.as_deref().cloned())
                     .collect();
                 if taken.is_empty() {
                     return;

@@ -167,7 +167,7 @@ impl Inner {
                 let added = pq.put(fresh.into_iter().map(|m| Cached {
                     offset: m.queue_offset,
                     size: m.body.len(),
-                    message: Some(m),
+                    message: Some(Box::new(m)),
                 }));
                 (added, Vec::new())
             } else {
