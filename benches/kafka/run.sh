@@ -32,11 +32,13 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# Distinct free ports: every socket is bound before any is closed, so no two are the same
+# (ports picked one at a time can repeat).
+ports() { python3 -c 'import socket,sys; ss=[socket.socket() for _ in range(int(sys.argv[1]))]; [s.bind(("127.0.0.1",0)) for s in ss]; print(*[s.getsockname()[1] for s in ss])' "$1"; }
 if [ -n "${PORT_BASE:-}" ]; then
   kp=$PORT_BASE np=$((PORT_BASE + 1)) bp=$((PORT_BASE + 2)) ap=$((PORT_BASE + 3)) cp=$((PORT_BASE + 4))
 else
-  kp=$(port) np=$(port) bp=$(port) ap=$(port) cp=$(port)
+  read -r kp np bp ap cp < <(ports 5)
 fi
 (cd "$work" && exec "$SHOAL_BIN" dev --namesrv-port "$np" --broker-port "$bp" --kafka-port "$kp" --no-http >dev.out 2>dev.err) &
 pid=$!

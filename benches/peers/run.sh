@@ -59,7 +59,9 @@ cleanup() {
 }
 trap cleanup EXIT
 
-free_port() { "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# Distinct free ports: every socket is bound before any is closed, so no two are the same
+# (ports picked one at a time can repeat).
+free_ports() { "$PY" -c 'import socket,sys; ss=[socket.socket() for _ in range(int(sys.argv[1]))]; [s.bind(("127.0.0.1",0)) for s in ss]; print(*[s.getsockname()[1] for s in ss])' "$1"; }
 wait_port() {
   for _ in $(seq 1 100); do
     "$PY" -c "import socket,sys; socket.create_connection(('127.0.0.1',$1),0.2)" 2>/dev/null && return 0
@@ -69,7 +71,7 @@ wait_port() {
   return 1
 }
 
-NS_PORT=$(free_port); BR_PORT=$(free_port); REDIS_PORT=$(free_port); NATS_PORT=$(free_port)
+read -r NS_PORT BR_PORT REDIS_PORT NATS_PORT < <(free_ports 4)
 "$SHOAL" dev --namesrv-port "$NS_PORT" --broker-port "$BR_PORT" --data-dir "$WORK/shoal" \
   >"$WORK/shoal.log" 2>&1 &
 PIDS+=($!)

@@ -18,8 +18,10 @@ cleanup() {
 }
 trap cleanup EXIT
 
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-ns_port=$(port); broker_port=$(port)
+# Distinct free ports: every socket is bound before any is closed, so no two are the same
+# (ports picked one at a time can repeat).
+ports() { python3 -c 'import socket,sys; ss=[socket.socket() for _ in range(int(sys.argv[1]))]; [s.bind(("127.0.0.1",0)) for s in ss]; print(*[s.getsockname()[1] for s in ss])' "$1"; }
+read -r ns_port broker_port < <(ports 2)
 cat >"$work/plain_acl.toml" <<ACL
 [[accounts]]
 accessKey = "cppclient"

@@ -32,8 +32,10 @@ stop_dev() {
   if [ -n "${dev_pid:-}" ]; then kill "$dev_pid" 2>/dev/null || true; wait "$dev_pid" 2>/dev/null || true; dev_pid=; fi
 }
 trap cleanup EXIT
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-ns_port=$(port); broker_port=$(port); kafka_port=$(port)
+# Distinct free ports: every socket is bound before any is closed, so no two are the same
+# (ports picked one at a time can repeat).
+ports() { python3 -c 'import socket,sys; ss=[socket.socket() for _ in range(int(sys.argv[1]))]; [s.bind(("127.0.0.1",0)) for s in ss]; print(*[s.getsockname()[1] for s in ss])' "$1"; }
+read -r ns_port broker_port kafka_port < <(ports 3)
 start_dev() {
   : >"$work/dev.out"
   (cd "$work" && exec "$SHOAL_BIN" dev --namesrv-port "$ns_port" --broker-port "$broker_port" \
