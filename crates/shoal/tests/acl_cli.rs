@@ -2,9 +2,11 @@
 //! broker --config` with ACL on; the CLI works with credentials (flags, environment, key
 //! file) and is refused without them.
 
+mod support;
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
+use support::free_port;
 
 const ACL: &str = r#"
 [[accounts]]
@@ -19,14 +21,6 @@ accessKey = "operator"
 secretKey = "operator-secret"
 admin = true
 "#;
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 struct Proc(Child);
 

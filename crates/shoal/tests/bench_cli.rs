@@ -3,18 +3,12 @@
 //! (sent = acknowledged + errors; consumed >= acknowledged; nothing lost; for rebalance in
 //! classic mode no overlaps and no stale deliveries).
 
+mod support;
 use serde_json::Value;
 use std::io::Read;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use support::free_port;
 
 /// A `shoal dev` process, killed on drop.
 struct Dev {

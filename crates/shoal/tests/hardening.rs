@@ -4,6 +4,7 @@
 //! take the following ones with it, oversized pulls are answered with bounded memory, and a
 //! corrupt config file is named at start-up.
 
+mod support;
 use shoal_net::{NetConfig, NotSupportedProcessor, RemotingClient};
 use shoal_proto::code::{request_code as rc, response_code as resp};
 use shoal_proto::header::{
@@ -16,16 +17,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use support::free_port;
 
 const T: Duration = Duration::from_secs(10);
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 struct Proc(Child);
 

@@ -2,6 +2,7 @@
 //! serves every acknowledged message after restart, exactly once; a broker started before its
 //! name server registers soon after the name server comes up.
 
+mod support;
 use shoal_net::{NetConfig, NotSupportedProcessor, RemotingClient};
 use shoal_proto::code::{request_code as rc, response_code as resp};
 use shoal_proto::header::{
@@ -14,16 +15,9 @@ use std::collections::HashMap;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
+use support::free_port;
 
 const T: Duration = Duration::from_secs(5);
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 struct Proc(Child);
 

@@ -22,12 +22,23 @@ pub fn shoal() -> &'static str {
     })
 }
 
+/// A free port on 127.0.0.1, never one this process was given before: the system can hand
+/// out the port it just gave when asked twice in a row (a name server and a broker on the same
+/// port then fail with "Address already in use").
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    static GIVEN: Mutex<Vec<u16>> = Mutex::new(Vec::new());
+    loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut given = GIVEN.lock().unwrap();
+        if !given.contains(&port) {
+            given.push(port);
+            return port;
+        }
+    }
 }
 
 /// True once the peer has closed `sock` (a read returns 0 or a reset).
