@@ -1,0 +1,95 @@
+#!/usr/bin/env python3
+"""Interleaved A/B runs of `shoal bench produce` against a fresh `shoal dev` per run.
+
+Each round runs every build once; each run starts `shoal dev` on a new data directory, creates
+the topic, runs `shoal bench produce` and stops the server. It reports msgs/s, the broker's
+CPU per acknowledged message (utime+stime from /proc/PID/stat), the client's (getrusage of
+the finished bench process) and the send p99, per run and as medians. A fresh data directory
+per run keeps the page cache the broker writes into warm (see docs/benchmarks.md, session 9).
+
+Usage:
+  benches/peers/ab.py [--inflight 16] [--batch 1] [--rounds 3] [--duration 5] \\
+      [--port 27200] BINARY[,EXTRA CLIENT FLAGS] BINARY2 ...
+
+A build given as "path,--serialize-type rocketmq" runs its bench client with those global
+flags (the same binary may be listed twice to compare client settings).
+"""
+import argparse
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import tempfile
+import time
+
+
+def cpu_seconds(pid):
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def one_run(binary, extra, a, data_dir):
+    ns = f"127.0.0.1:{a.port}"
+    shutil.rmtree(data_dir, ignore_errors=True)
+    dev = subprocess.Popen([binary, "dev", "--namesrv-port", str(a.port), "--broker-port", str(a.port + 1),
+                            "--data-dir", data_dir, "--flush", "async"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(100):
+            r = subprocess.run([binary, "--namesrv", ns, "topic", "create", "AbTopic", "--queues", "8"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            if r.returncode == 0:
+                break
+            time.sleep(0.2)
+        c0 = cpu_seconds(dev.pid)
+        ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        out = subprocess.run([binary, "--namesrv", ns, "--json"] + extra +
+                             ["bench", "produce", "--topic", "AbTopic", "--size", str(a.size), "--producers",
+                              str(a.producers), "--duration", f"{a.duration}s", "--inflight", str(a.inflight),
+                              "--batch", str(a.batch)], capture_output=True, text=True, check=True).stdout
+        ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        c1 = cpu_seconds(dev.pid)
+    finally:
+        dev.terminate()
+        dev.wait()
+    rep = json.loads(out)["produce"]
+    n = max(rep["acknowledged"], 1)
+    client = ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime
+    return rep["msgs_per_s"], (c1 - c0) * 1e6 / n, client * 1e6 / n, rep["ack_latency"]["p99_ms"]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("builds", nargs="+", help="BINARY or 'BINARY,EXTRA CLIENT FLAGS'")
+    ap.add_argument("--inflight", type=int, default=16)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--size", type=int, default=128)
+    ap.add_argument("--producers", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--duration", type=int, default=5)
+    ap.add_argument("--port", type=int, default=27200, help="name server port (the broker uses the next)")
+    a = ap.parse_args()
+    work = tempfile.mkdtemp(prefix="shoal-ab.")
+    results = {b: [] for b in a.builds}
+    try:
+        for rnd in range(a.rounds):
+            for build in a.builds:
+                binary, _, extra = build.partition(",")
+                r = one_run(binary, extra.split(), a, os.path.join(work, "data"))
+                results[build].append(r)
+                print(f"{build} r{rnd}: {r[0]:,.0f} msgs/s, broker {r[1]:.2f} µs/msg, client {r[2]:.2f} µs/msg, "
+                      f"p99 {r[3]} ms", flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"\nMedians of {a.rounds} interleaved rounds ({a.producers} producers x {a.inflight} in flight, "
+          f"batch {a.batch}, {a.size} B):")
+    print("| build | msgs/s | broker µs/msg | client µs/msg | p99 ms |\n|---|---:|---:|---:|---:|")
+    for build, runs in results.items():
+        med = [statistics.median(r[i] for r in runs) for i in range(4)]
+        print(f"| {build} | {med[0]:,.0f} | {med[1]:.2f} | {med[2]:.2f} | {med[3]:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
