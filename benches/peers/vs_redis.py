@@ -12,11 +12,21 @@ client's CPU per message (getrusage of the finished client process), with ratios
 Also, per Shoal target: consume from a backlog (1, 4, 16 consumers) and end-to-end latency
 at a fixed rate.
 
+With `--floor BINARY` (the `resp_floor` example of shoal-net: `cargo build --release -p
+shoal-net --example resp_floor`), the same `redis-benchmark XADD` runs also go to a tokio
+server that answers every command without doing anything: what a tokio server costs per
+request on this machine before any work, the floor under Shoal's figures.
+
+With `--fresh`, every server is restarted on an empty data directory before each of its runs,
+so no run pays for the page cache an earlier run filled (on this VM, writing into page cache
+the guest has not touched recently costs about twice as much; see docs/benchmarks.md).
+
 Usage (see benches/peers/README.md):
 
   benches/peers/vs_redis.py --shoal after=target/release/shoal [--shoal before=/tmp/shoal-old]
       [--rounds 3] [--duration 8] [--sizes 128,1024] [--cases 1,16,b32] [--no-redis]
-      [--consume] [--e2e] [--port-base 26000] [--json out.json]
+      [--consume] [--e2e] [--floor target/release/examples/resp_floor] [--fresh]
+      [--port-base 26000] [--json out.json]
 
 Ports: the servers listen on `--port-base` and up (name server, broker; Redis), so manual runs
 stay in a port range of one's own. Data directories live in a temporary directory removed at
@@ -162,6 +172,21 @@ class RedisServer:
                 "server_cpu_us_per_msg": server_cpu * 1e6 / n, "client_cpu_us_per_msg": client_cpu * 1e6 / n}
 
 
+class FloorServer(RedisServer):
+    """shoal-net's `resp_floor` example: answers every RESP command, stores nothing."""
+
+    def __init__(self, binary, port, work):
+        super().__init__(port, work)
+        self.binary = binary
+        self.dir = os.path.join(work, "floor")
+
+    def start(self):
+        os.makedirs(self.dir, exist_ok=True)
+        self.proc = subprocess.Popen([self.binary, f"127.0.0.1:{self.port}"],
+                                     stdout=open(self.dir + ".log", "w"), stderr=subprocess.STDOUT)
+        wait_port(self.port)
+
+
 def produce_case(server, case, size, producers, duration, topic):
     inflight, batch = case_params(case)
     args = ["--topic", topic, "--size", str(size), "--producers", str(producers), "--duration", f"{duration}s",
@@ -221,6 +246,9 @@ def main():
     ap.add_argument("--backlog", type=int, default=500_000)
     ap.add_argument("--e2e", action="store_true", help="also end-to-end latency at --e2e-rate")
     ap.add_argument("--e2e-rate", type=int, default=10_000)
+    ap.add_argument("--floor", metavar="BINARY", help="also run the XADD cases against this resp_floor server")
+    ap.add_argument("--fresh", action="store_true",
+                    help="restart every server on an empty data directory before each of its runs")
     ap.add_argument("--port-base", type=int, default=26000)
     ap.add_argument("--json", help="write every run and the medians here")
     a = ap.parse_args()
@@ -244,34 +272,48 @@ def main():
     servers = {label: ShoalServer(label, b, a.port_base + 10 * i, work, a.flush, client_args.get(label, ()))
                for i, (label, b) in enumerate(targets)}
     redis = None if a.no_redis else RedisServer(a.port_base + 90, work)
+    if a.floor and not os.access(a.floor, os.X_OK):
+        ap.error(f"--floor {a.floor}: not an executable")
+    floor = FloorServer(os.path.abspath(a.floor), a.port_base + 95, work) if a.floor else None
+    xadd_targets = [(n, x) for n, x in (("redis", redis), ("floor", floor)) if x]
+
+    def fresh(server):
+        if a.fresh:
+            server.stop()
+            server.start()
     runs = []
     print(f"# {os.cpu_count()} CPU, {os.uname().release}; load at start {load()}; flush {a.flush}", flush=True)
     try:
         for s in servers.values():
             s.start()
-        if redis:
-            redis.start()
+        for _, x in xadd_targets:
+            x.start()
         for rnd in range(a.rounds):
             for size in sizes:
                 for case in cases:
                     inflight, batch = case_params(case)
                     for label, s in servers.items():
+                        fresh(s)
                         r = produce_case(s, case, size, a.producers, a.duration, f"Vs{size}c{case}r{rnd}")
                         r.update(target=label, size=size, case=case, round=rnd, load=load())
                         runs.append(r)
                         print(json.dumps(r), flush=True)
-                    if redis and batch == 1:
+                    for xname, x in xadd_targets:
+                        if batch != 1:
+                            break
                         n = 300_000 if inflight == 1 else 2_000_000
                         if size > 512:
                             n //= 2
-                        r = redis.xadd(a.producers, inflight, size, n)
-                        r.update(target="redis", size=size, case=case, round=rnd, load=load())
+                        fresh(x)
+                        r = x.xadd(a.producers, inflight, size, n)
+                        r.update(target=xname, size=size, case=case, round=rnd, load=load())
                         runs.append(r)
                         print(json.dumps(r), flush=True)
         extra = []
         if a.consume or a.e2e:
             for rnd in range(a.rounds):
                 for label, s in servers.items():
+                    fresh(s)
                     if a.consume:
                         topic = f"VsBacklog{rnd}"
                         s.bench("produce", ["--topic", topic, "--size", "128", "--producers", "8", "--batch", "32",
@@ -301,11 +343,11 @@ def main():
     finally:
         for s in servers.values():
             s.stop()
-        if redis:
-            redis.stop()
+        for _, x in xadd_targets:
+            x.stop()
         shutil.rmtree(work, ignore_errors=True)
 
-    labels = [l for l, _ in targets] + ([] if a.no_redis else ["redis"])
+    labels = [l for l, _ in targets] + [n for n, _ in xadd_targets]
     print()
     print(f"Medians of {a.rounds} interleaved rounds, {a.producers} producers/clients; load at end {load()}.")
     print("server CPU = utime+stime of the server process per acknowledged message; client CPU likewise.")
@@ -316,6 +358,8 @@ def main():
         ratio_cols = [f"{l}/redis msgs/s" for l, _ in targets]
     if len(targets) > 1:
         ratio_cols.append(f"{targets[-1][0]}/{targets[0][0]} msgs/s")
+    if floor:
+        ratio_cols += [f"{l}/floor server µs" for l in labels if l != "floor"]
     print(head + (" | " + " | ".join(ratio_cols) if ratio_cols else "") + " |")
     print("|" + "---|" * (2 + 4 * len(labels) + len(ratio_cols)))
     summary = []
@@ -337,6 +381,11 @@ def main():
                     ratios.append(fmt(row[l]["msgs_per_s"] / rr) + "x" if rr == rr else "-")
             if len(targets) > 1:
                 ratios.append(fmt(row[targets[-1][0]]["msgs_per_s"] / row[targets[0][0]]["msgs_per_s"]) + "x")
+            if floor:
+                fc = row["floor"]["server_cpu_us_per_msg"]
+                for l in labels:
+                    if l != "floor":
+                        ratios.append(fmt(row[l]["server_cpu_us_per_msg"] / fc) + "x" if fc == fc else "-")
             summary.append(row)
             print(f"| {size} B | {case_name(case, a.producers)} | " + " | ".join(cells + ratios) + " |")
     if extra:
