@@ -449,7 +449,11 @@ pub(super) async fn consume(common: &Common, a: ConsumeArgs) -> anyhow::Result<R
     }
     let run = random_run();
     let queues = prepare_topic(common, &a.topic.topic, a.topic.queues, !a.topic.no_create).await?;
-    let tracker = Arc::new(Tracker::new(None, &queues));
+    let mut tracker = Tracker::new(None, &queues);
+    if let Some(n) = a.count {
+        tracker = tracker.expecting(n);
+    }
+    let tracker = Arc::new(tracker);
     let spec = GroupSpec {
         group: a.group.group.clone().unwrap_or_else(|| fresh_group(run)),
         topic: a.topic.topic.clone(),

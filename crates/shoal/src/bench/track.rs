@@ -109,6 +109,14 @@ impl Tracker {
         self.queues.len()
     }
 
+    /// Makes room for `messages` deliveries up front (at most 4 Mi; more grows as usual), so
+    /// the duplicate check does not rehash its table while the run is measured.
+    pub(super) fn expecting(self, messages: u64) -> Self {
+        let room = messages.min(1 << 22) as usize;
+        self.state.lock().seen.reserve(room);
+        self
+    }
+
     /// Also keeps a log of every delivery (`deliveries()`).
     pub(super) fn with_log(self) -> Self {
         self.state.lock().log = Some(Vec::new());
@@ -629,6 +637,28 @@ mod tests {
         assert_eq!(taken_over(&l, 1, &[0, 2], t0, t0 + d(30)), None);
         // Not before `until`.
         assert_eq!(taken_over(&l, 1, &[1], t0, t0 + d(12)), None);
+    }
+
+    #[test]
+    fn tracker_expecting_a_count_has_room_for_it_and_counts_the_same() {
+        let qs = vec![MessageQueue::new("T", "b", 0)];
+        let t = Tracker::new(None, &qs).expecting(10_000);
+        assert!(t.state.lock().seen.capacity() >= 10_000);
+        let bodies: Vec<Vec<u8>> = (0..3)
+            .map(|key| {
+                make_body(
+                    32,
+                    &BodyHeader {
+                        run: 1,
+                        key: key % 2,
+                        sent_us: now_us(),
+                    },
+                )
+            })
+            .collect();
+        t.record(0, bodies.iter().map(|b| &b[..]), &qs[0]);
+        let r = t.report(None);
+        assert_eq!((r.consumed, r.unique, r.duplicates), (3, 2, 1));
     }
 
     #[test]
