@@ -252,6 +252,59 @@ pub(super) async fn run_producers(
     }
 }
 
+/// How one send (or batch) ended, handed from its future to the producer's loop.
+struct SendOutcome {
+    n: u64,
+    done: Instant,
+    took: Duration,
+    error: Option<String>,
+}
+
+/// A producer's own share of the send statistics: kept by its loop without a lock per send
+/// (the loops run on different threads), merged into [`SendStats`] when the loop ends.
+struct LocalSendStats {
+    ack_latency: Histogram<u64>,
+    last_ack: Option<Instant>,
+}
+
+impl LocalSendStats {
+    fn new() -> Self {
+        LocalSendStats {
+            ack_latency: histogram(),
+            last_ack: None,
+        }
+    }
+
+    fn note(&mut self, stats: &SendStats, o: SendOutcome) {
+        match o.error {
+            None => {
+                stats.acked.fetch_add(o.n, Ordering::AcqRel);
+                self.ack_latency
+                    .saturating_record(o.took.as_micros().max(1) as u64);
+                if self.last_ack.is_none_or(|l| l < o.done) {
+                    self.last_ack = Some(o.done);
+                }
+            }
+            Some(kind) => {
+                stats.errors.fetch_add(o.n, Ordering::AcqRel);
+                *stats.errors_by_kind.lock().entry(kind).or_insert(0) += o.n;
+            }
+        }
+    }
+
+    fn merge_into(self, stats: &SendStats) {
+        if let Err(e) = stats.ack_latency.lock().add(&self.ack_latency) {
+            tracing::warn!(error = %e, "could not merge a producer's latencies");
+        }
+        let mut last = stats.last_ack.lock();
+        if let Some(mine) = self.last_ack {
+            if last.is_none_or(|l| l < mine) {
+                *last = Some(mine);
+            }
+        }
+    }
+}
+
 async fn producer_loop(
     idx: u64,
     producer: Producer,
@@ -264,6 +317,7 @@ async fn producer_loop(
     // The sends in flight are polled by this task (no task spawned per send): completing one
     // frees its slot.
     let mut sends = FuturesUnordered::new();
+    let mut local = LocalSendStats::new();
     let period = plan
         .rate
         .map(|r| Duration::from_secs_f64(plan.batch as f64 * plan.producers as f64 / r));
@@ -298,7 +352,7 @@ async fn producer_loop(
             loop {
                 tokio::select! {
                     () = &mut tick_at => break,
-                    Some(()) = sends.next(), if !sends.is_empty() => {}
+                    Some(o) = sends.next(), if !sends.is_empty() => local.note(&stats, o),
                 }
             }
             if stop.load(Ordering::Acquire) {
@@ -309,13 +363,13 @@ async fn producer_loop(
         // Latency counts from here. Open loop: the timer's own lateness (tokio's timer has
         // 1 ms resolution) is not the broker's, but a wait for an in-flight slot is. Closed
         // loop: a slot frees when the previous send completes, so the wait is not counted.
-        let mut due = Instant::now();
+        let queued_at = period.map(|_| Instant::now());
         while sends.len() >= plan.inflight {
-            sends.next().await;
+            if let Some(o) = sends.next().await {
+                local.note(&stats, o);
+            }
         }
-        if period.is_none() {
-            due = Instant::now();
-        }
+        let due = queued_at.unwrap_or_else(Instant::now);
         let sent_us = now_us();
         let msgs: Vec<Message> = (0..n)
             .map(|_| {
@@ -341,35 +395,28 @@ async fn producer_loop(
             } else {
                 p.send_batch(msgs).await
             };
-            let took = due.elapsed();
-            match r {
+            let done = Instant::now();
+            let error = match r {
                 Ok(_) => {
-                    stats.acked.fetch_add(n as u64, Ordering::AcqRel);
-                    stats
-                        .ack_latency
-                        .lock()
-                        .saturating_record(took.as_micros().max(1) as u64);
                     if let Some(k) = &stats.acked_keys {
                         k.lock().extend(keys.iter().map(|&key| (key, sent_us)));
                     }
-                    let now = Instant::now();
-                    let mut last = stats.last_ack.lock();
-                    if last.is_none_or(|l| l < now) {
-                        *last = Some(now);
-                    }
+                    None
                 }
-                Err(e) => {
-                    stats.errors.fetch_add(n as u64, Ordering::AcqRel);
-                    *stats
-                        .errors_by_kind
-                        .lock()
-                        .entry(error_kind(&e))
-                        .or_insert(0) += n as u64;
-                }
+                Err(e) => Some(error_kind(&e)),
+            };
+            SendOutcome {
+                n: n as u64,
+                done,
+                took: done.saturating_duration_since(due),
+                error,
             }
         });
     }
-    while sends.next().await.is_some() {}
+    while let Some(o) = sends.next().await {
+        local.note(&stats, o);
+    }
+    local.merge_into(&stats);
 }
 
 pub(super) async fn produce(common: &Common, a: ProduceArgs) -> anyhow::Result<Report> {
