@@ -252,6 +252,13 @@ pub(super) async fn run_producers(
     }
 }
 
+/// What one send of a producer loop carries: one message goes as a plain send, several as a
+/// batch.
+enum Payload {
+    One(Message),
+    Batch(Vec<Message>),
+}
+
 /// How one send (or batch) ended, handed from its future to the producer's loop.
 struct SendOutcome {
     n: u64,
@@ -371,35 +378,39 @@ async fn producer_loop(
         }
         let due = queued_at.unwrap_or_else(Instant::now);
         let sent_us = now_us();
-        let msgs: Vec<Message> = (0..n)
-            .map(|_| {
-                let key = (idx << 40) | seq;
-                seq += 1;
-                let h = BodyHeader {
-                    run: plan.run,
-                    key,
-                    sent_us,
-                };
-                Message::new(plan.topic.clone(), make_body(plan.size, &h))
-            })
-            .collect();
-        let keys: Vec<u64> = (seq - n as u64..seq).map(|s| (idx << 40) | s).collect();
+        let first_seq = seq;
+        let mut message = |seq: u64| {
+            let h = BodyHeader {
+                run: plan.run,
+                key: (idx << 40) | seq,
+                sent_us,
+            };
+            Message::new(plan.topic.clone(), make_body(plan.size, &h))
+        };
+        let send = if n == 1 {
+            Payload::One(message(first_seq))
+        } else {
+            Payload::Batch(
+                (first_seq..first_seq + n as u64)
+                    .map(&mut message)
+                    .collect(),
+            )
+        };
+        seq += n as u64;
         stats.sent.fetch_add(n as u64, Ordering::AcqRel);
         let (p, stats) = (producer.clone(), stats.clone());
         sends.push(async move {
-            let r = if msgs.len() == 1 {
-                match msgs.into_iter().next() {
-                    Some(m) => p.send(m).await,
-                    None => Err(ClientError::InvalidArgument("empty send".into())),
-                }
-            } else {
-                p.send_batch(msgs).await
+            let r = match send {
+                Payload::One(m) => p.send(m).await.map(drop),
+                Payload::Batch(batch) => p.send_batch(batch).await.map(drop),
             };
             let done = Instant::now();
             let error = match r {
-                Ok(_) => {
+                Ok(()) => {
                     if let Some(k) = &stats.acked_keys {
-                        k.lock().extend(keys.iter().map(|&key| (key, sent_us)));
+                        let keys =
+                            (first_seq..first_seq + n as u64).map(|s| ((idx << 40) | s, sent_us));
+                        k.lock().extend(keys);
                     }
                     None
                 }
