@@ -12,11 +12,14 @@ Usage:
       [--port 27200] BINARY[,EXTRA CLIENT FLAGS] BINARY2 ...
 
 A build given as "path,--serialize-type rocketmq" runs its bench client with those global
-flags (the same binary may be listed twice to compare client settings).
+flags (the same binary may be listed twice to compare client settings). Leading
+"NAME=VALUE:" parts set environment variables of that build's server only, e.g.
+"TOKIO_WORKER_THREADS=1:target/release/shoal" for a broker with one tokio worker.
 """
 import argparse
 import json
 import os
+import re
 import resource
 import shutil
 import statistics
@@ -30,12 +33,23 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def one_run(binary, extra, a, data_dir):
+def parse_build(build):
+    """'[NAME=VALUE:]...BINARY[,EXTRA CLIENT FLAGS]' -> (server env, binary, client flags)."""
+    env = {}
+    while (m := re.match(r"([A-Z_][A-Z0-9_]*)=([^:]*):", build)):
+        env[m.group(1)] = m.group(2)
+        build = build[m.end():]
+    binary, _, extra = build.partition(",")
+    return env, binary, extra.split()
+
+
+def one_run(binary, extra, a, data_dir, env=None):
     ns = f"127.0.0.1:{a.port}"
     shutil.rmtree(data_dir, ignore_errors=True)
     dev = subprocess.Popen([binary, "dev", "--namesrv-port", str(a.port), "--broker-port", str(a.port + 1),
                             "--data-dir", data_dir, "--flush", "async"],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           env={**os.environ, **(env or {})})
     try:
         for _ in range(100):
             r = subprocess.run([binary, "--namesrv", ns, "topic", "create", "AbTopic", "--queues", "8"],
@@ -62,7 +76,7 @@ def one_run(binary, extra, a, data_dir):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("builds", nargs="+", help="BINARY or 'BINARY,EXTRA CLIENT FLAGS'")
+    ap.add_argument("builds", nargs="+", help="[NAME=VALUE:]...BINARY[,EXTRA CLIENT FLAGS]")
     ap.add_argument("--inflight", type=int, default=16)
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--size", type=int, default=128)
@@ -76,8 +90,8 @@ def main():
     try:
         for rnd in range(a.rounds):
             for build in a.builds:
-                binary, _, extra = build.partition(",")
-                r = one_run(binary, extra.split(), a, os.path.join(work, "data"))
+                env, binary, extra = parse_build(build)
+                r = one_run(binary, extra, a, os.path.join(work, "data"), env)
                 results[build].append(r)
                 print(f"{build} r{rnd}: {r[0]:,.0f} msgs/s, broker {r[1]:.2f} µs/msg, client {r[2]:.2f} µs/msg, "
                       f"p99 {r[3]} ms", flush=True)
