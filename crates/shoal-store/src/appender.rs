@@ -43,8 +43,9 @@ pub(crate) struct Job<'a> {
     msgs: Cow<'a, [MessageExtBrokerInner]>,
     /// The records back to back, offsets and store timestamp still zero.
     encoded: Vec<u8>,
-    layouts: Vec<RecordLayout>,
-    tag_codes: Vec<i64>,
+    /// Per record: where it is in `encoded`, and its tags' hash code (one list, one
+    /// allocation).
+    records: Vec<(RecordLayout, i64)>,
     /// Under sync flush: whether the producer waits for the fsync (RocketMQ's `WAIT`).
     wait: bool,
     /// Where the result goes (queued jobs; the blocking caller's own job has none).
@@ -57,8 +58,7 @@ impl<'a> Job<'a> {
         let store_host = inner.config.store_host;
         let total: usize = msgs.iter().map(|m| m.body.len() + 256).sum();
         let mut encoded: Vec<u8> = Vec::with_capacity(total);
-        let mut layouts = Vec::with_capacity(msgs.len());
-        let mut tag_codes = Vec::with_capacity(msgs.len());
+        let mut records = Vec::with_capacity(msgs.len());
         // RocketMQ's `WAIT=false` property: the producer does not wait for the flush.
         let mut wait = false;
         for m in msgs.iter() {
@@ -100,16 +100,15 @@ impl<'a> Job<'a> {
                     max: inner.config.max_message_size,
                 });
             }
-            layouts.push(encode_record(&fields, &mut encoded)?);
+            let layout = encode_record(&fields, &mut encoded)?;
             let [tags, wait_prop] = find_properties(&m.properties, [TAGS, WAIT]);
-            tag_codes.push(shoal_proto::hash::tags_code(tags));
+            records.push((layout, shoal_proto::hash::tags_code(tags)));
             wait |= wait_prop != Some("false");
         }
         Ok(Job {
             msgs,
             encoded,
-            layouts,
-            tag_codes,
+            records,
             wait,
             slot: None,
         })
@@ -537,11 +536,11 @@ impl Inner {
             return Err(StoreError::Closed);
         }
         let ts = now_ms().max(w.last_store_timestamp);
-        let count: usize = jobs.iter().map(|j| j.layouts.len()).sum();
+        let count: usize = jobs.iter().map(|j| j.records.len()).sum();
         let mut sizes = Vec::with_capacity(count);
         let mut refs = Vec::with_capacity(count);
         for (j, job) in jobs.iter().enumerate() {
-            for (k, l) in job.layouts.iter().enumerate() {
+            for (k, (l, _)) in job.records.iter().enumerate() {
                 sizes.push(l.len);
                 refs.push((j, k));
             }
@@ -569,7 +568,7 @@ impl Inner {
             let (j, k) = refs[i];
             let job = jobs[j];
             let start = buf.len();
-            let range = job.layouts[k].range();
+            let range = job.records[k].0.range();
             buf.extend_from_slice(job.encoded.get(range).unwrap_or(&[]));
             patch_record(&mut buf[start..], queue_offsets[i] as i64, phys as i64, ts)?;
             Ok(())
@@ -586,7 +585,7 @@ impl Inner {
                     .push(CqEntry {
                         phys_offset: phys[i],
                         size: sizes[i] as u32,
-                        tag_code: jobs[j].tag_codes[k],
+                        tag_code: jobs[j].records[k].1,
                     });
             }
             for (key, entries) in &per_queue {
@@ -615,7 +614,7 @@ impl Inner {
         let mut per_job: Vec<Appended> = jobs
             .iter()
             .map(|j| Appended {
-                messages: Vec::with_capacity(j.layouts.len()),
+                messages: Vec::with_capacity(j.records.len()),
                 end: 0,
             })
             .collect();
@@ -635,7 +634,7 @@ impl Inner {
                 topic: m.topic.clone(),
                 queue_id: m.queue_id,
                 queue_offset: queue_offsets[i],
-                tag_code: jobs[j].tag_codes[k],
+                tag_code: jobs[j].records[k].1,
                 store_timestamp: ts,
             });
         }

@@ -75,11 +75,15 @@ pub enum StoreError {
 /// `Result` with [`StoreError`].
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 
-/// Helper to wrap an `io::Error` with the operation and path.
-pub(crate) fn io_err(
+/// Helper to wrap an `io::Error` with the operation and path. The path is copied only when
+/// an error happens (`.map_err(io_err(..))` is evaluated on every call, also on success).
+pub(crate) fn io_err<P: AsRef<std::path::Path>>(
     op: &'static str,
-    path: impl Into<PathBuf>,
+    path: P,
 ) -> impl FnOnce(std::io::Error) -> StoreError {
-    let path = path.into();
-    move |source| StoreError::Io { op, path, source }
+    move |source| StoreError::Io {
+        op,
+        path: path.as_ref().to_path_buf(),
+        source,
+    }
 }
