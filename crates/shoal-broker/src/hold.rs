@@ -17,11 +17,25 @@ struct Held {
     wake: oneshot::Sender<()>,
 }
 
-/// Held pulls by (topic, queue id).
+/// Held pulls by topic, then queue id (looked up by `&str`: a stored message wakes holds
+/// without a copy of its topic).
 #[derive(Default)]
 pub struct PullHoldTable {
-    held: Mutex<HashMap<(String, i32), Vec<Held>>>,
+    held: Mutex<HashMap<String, HashMap<i32, Vec<Held>>>>,
     next_id: AtomicU64,
+}
+
+/// Removes `topic`'s entry for `queue_id` when it holds nothing, and the topic's when it has
+/// no queue left.
+fn prune(map: &mut HashMap<String, HashMap<i32, Vec<Held>>>, topic: &str, queue_id: i32) {
+    if let Some(queues) = map.get_mut(topic) {
+        if queues.get(&queue_id).is_some_and(Vec::is_empty) {
+            queues.remove(&queue_id);
+        }
+        if queues.is_empty() {
+            map.remove(topic);
+        }
+    }
 }
 
 impl std::fmt::Debug for PullHoldTable {
@@ -57,21 +71,32 @@ impl PullHoldTable {
     ) -> HoldTicket {
         let (tx, rx) = oneshot::channel();
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let key = (topic.to_string(), queue_id);
-        self.held.lock().entry(key.clone()).or_default().push(Held {
+        self.held
+            .lock()
+            .entry(topic.to_string())
+            .or_default()
+            .entry(queue_id)
+            .or_default()
+            .push(Held {
+                id,
+                offset,
+                filter,
+                wake: tx,
+            });
+        HoldTicket {
             id,
-            offset,
-            filter,
-            wake: tx,
-        });
-        HoldTicket { id, key, rx }
+            key: (topic.to_string(), queue_id),
+            rx,
+        }
     }
 
     /// A message was stored: wake the holds it satisfies.
     pub fn notify(&self, arrival: &MessageArrival) {
         let mut map = self.held.lock();
-        let key = (arrival.topic.clone(), arrival.queue_id);
-        let Some(list) = map.get_mut(&key) else {
+        let Some(list) = map
+            .get_mut(arrival.topic.as_str())
+            .and_then(|queues| queues.get_mut(&arrival.queue_id))
+        else {
             return;
         };
         let mut i = 0;
@@ -89,7 +114,7 @@ impl PullHoldTable {
             }
         }
         if list.is_empty() {
-            map.remove(&key);
+            prune(&mut map, &arrival.topic, arrival.queue_id);
         }
     }
 
@@ -97,8 +122,7 @@ impl PullHoldTable {
     /// between "nothing found" and registering the hold).
     pub fn recheck(&self, topic: &str, queue_id: i32, max_offset: u64) {
         let mut map = self.held.lock();
-        let key = (topic.to_string(), queue_id);
-        if let Some(list) = map.get_mut(&key) {
+        if let Some(list) = map.get_mut(topic).and_then(|q| q.get_mut(&queue_id)) {
             let (wake, keep): (Vec<Held>, Vec<Held>) = std::mem::take(list)
                 .into_iter()
                 .partition(|h| h.offset < max_offset);
@@ -106,19 +130,16 @@ impl PullHoldTable {
             for h in wake {
                 let _ = h.wake.send(());
             }
-            if list.is_empty() {
-                map.remove(&key);
-            }
+            prune(&mut map, topic, queue_id);
         }
     }
 
     fn cancel(&self, ticket_id: u64, key: &(String, i32)) {
         let mut map = self.held.lock();
-        if let Some(list) = map.get_mut(key) {
+        let (topic, queue_id) = (key.0.as_str(), key.1);
+        if let Some(list) = map.get_mut(topic).and_then(|q| q.get_mut(&queue_id)) {
             list.retain(|h| h.id != ticket_id);
-            if list.is_empty() {
-                map.remove(key);
-            }
+            prune(&mut map, topic, queue_id);
         }
     }
 
@@ -168,7 +189,12 @@ impl PullHoldTable {
 
     /// Number of held pulls.
     pub fn len(&self) -> usize {
-        self.held.lock().values().map(Vec::len).sum()
+        self.held
+            .lock()
+            .values()
+            .flat_map(|queues| queues.values())
+            .map(Vec::len)
+            .sum()
     }
 
     /// True when nothing is held.
@@ -241,6 +267,22 @@ mod tests {
         let ticket = t.hold_any(&[("T".into(), 0, 5)]);
         assert!(!t.wait_any(ticket, Duration::from_millis(20)).await);
         assert!(t.is_empty());
+    }
+
+    #[tokio::test]
+    async fn queues_and_topics_without_holds_are_removed() {
+        let t = PullHoldTable::default();
+        let a = t.hold("T", 0, 1, None);
+        let b = t.hold("T", 1, 1, None);
+        let c = t.hold("U", 0, 1, None);
+        t.notify(&arrival(1, 0));
+        assert!(t.wait(a, Duration::from_secs(1)).await);
+        assert_eq!(t.held.lock().get("T").map(|q| q.len()), Some(1));
+        assert!(!t.wait(b, Duration::from_millis(1)).await);
+        assert!(!t.held.lock().contains_key("T"));
+        t.recheck("U", 0, 2);
+        assert!(t.wait(c, Duration::from_secs(1)).await);
+        assert!(t.held.lock().is_empty());
     }
 
     #[tokio::test]

@@ -147,7 +147,7 @@ pub async fn send_message(
     ctx: &RequestContext,
     req: &RemotingCommand,
 ) -> Handled {
-    let h: SendMessageRequestHeader = if req.code == rc::SEND_MESSAGE {
+    let mut h: SendMessageRequestHeader = if req.code == rc::SEND_MESSAGE {
         req.decode_command_header()?
     } else {
         req.decode_command_header::<SendMessageRequestHeaderV2>()?
@@ -168,7 +168,8 @@ pub async fn send_message(
     }
 
     let topic_config = ensure_topic_for_send(b, &h)?;
-    let mut topic = h.topic.clone();
+    // The header's topic is not read again.
+    let mut topic = std::mem::take(&mut h.topic);
     let mut queue_id = h.queue_id;
     let queues = topic_config
         .write_queue_nums
@@ -330,12 +331,13 @@ pub async fn send_message(
     b.persist_tables().await?;
     let put_result = put(b, msgs).await?;
     let code = flush_code(put_result.flush)?;
-    let first = put_result
-        .messages
+    let mut stored = put_result.messages;
+    let queue_offset = stored
         .first()
-        .ok_or_else(|| Reject::system("the store stored nothing"))?;
-    let msg_id = match &put_result.messages[..] {
-        [one] => one.offset_msg_id.clone(),
+        .ok_or_else(|| Reject::system("the store stored nothing"))?
+        .queue_offset as i64;
+    let msg_id = match &mut stored[..] {
+        [one] => std::mem::take(&mut one.offset_msg_id),
         many => many
             .iter()
             .map(|m| m.offset_msg_id.as_str())
@@ -345,7 +347,7 @@ pub async fn send_message(
     let header = SendMessageResponseHeader {
         msg_id,
         queue_id,
-        queue_offset: first.queue_offset as i64,
+        queue_offset,
         transaction_id: uniq,
         msg_region: Some(DEFAULT_REGION.into()),
         trace_on: Some(true),
