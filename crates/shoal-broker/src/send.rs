@@ -5,12 +5,11 @@ use crate::broker::{wall_ms, BrokerInner};
 use crate::reply::{Handled, Reject};
 use shoal_net::RequestContext;
 use shoal_proto::code::{request_code as rc, response_code as resp};
+use shoal_proto::command::ExtFields;
 use shoal_proto::constants::{
     dlq_topic, group_of_retry_topic, is_retry_topic, perm, DEFAULT_REGION, SCHEDULE_TOPIC,
 };
-use shoal_proto::header::{
-    SendMessageRequestHeader, SendMessageRequestHeaderV2, SendMessageResponseHeader,
-};
+use shoal_proto::header::{send_response_ext_fields, SendHeaderRef};
 use shoal_proto::message::{
     decode_batch_raw, decode_properties, encode_properties, property, Properties,
 };
@@ -147,13 +146,13 @@ pub async fn send_message(
     ctx: &RequestContext,
     req: &RemotingCommand,
 ) -> Handled {
-    let mut h: SendMessageRequestHeader = if req.code == rc::SEND_MESSAGE {
-        req.decode_command_header()?
-    } else {
-        req.decode_command_header::<SendMessageRequestHeaderV2>()?
-            .into()
-    };
-    refuse_system_topic(b, &h.topic)?;
+    // Borrowed from the request: no `String` per header field.
+    let no_fields = ExtFields::new();
+    let h = SendHeaderRef::decode(
+        req.ext_fields.as_ref().unwrap_or(&no_fields),
+        req.code != rc::SEND_MESSAGE,
+    )?;
+    refuse_system_topic(b, h.topic)?;
     let is_batch = req.code == rc::SEND_BATCH_MESSAGE || h.batch == Some(true);
     let body = req.body.clone().unwrap_or_default();
     if body.len() > b.config.max_message_bytes && !is_batch {
@@ -168,8 +167,7 @@ pub async fn send_message(
     }
 
     let topic_config = ensure_topic_for_send(b, &h)?;
-    // The header's topic is not read again.
-    let mut topic = std::mem::take(&mut h.topic);
+    let mut topic = h.topic.to_owned();
     let mut queue_id = h.queue_id;
     let queues = topic_config
         .write_queue_nums
@@ -184,7 +182,7 @@ pub async fn send_message(
         queue_id = (rand::random::<u32>() % topic_config.write_queue_nums.max(1) as u32) as i32;
     }
 
-    let raw_props = h.properties.as_deref().unwrap_or("");
+    let raw_props = h.properties.unwrap_or("");
     // Decoded into a map only when something has to change in them (retry, delay, batch).
     let plain_uniq = if !is_batch && !is_retry_topic(&topic) {
         plain_properties_ok(raw_props)
@@ -322,11 +320,11 @@ pub async fn send_message(
         vec![inner]
     };
     let uniq = if let Some(uniq) = plain_uniq {
-        uniq.map(str::to_owned)
+        uniq
     } else if props.is_empty() {
-        property::find_property(raw_props, property::UNIQ_KEY).map(str::to_owned)
+        property::find_property(raw_props, property::UNIQ_KEY)
     } else {
-        props.get(property::UNIQ_KEY).cloned()
+        props.get(property::UNIQ_KEY).map(String::as_str)
     };
     b.persist_tables().await?;
     let put_result = put(b, msgs).await?;
@@ -344,19 +342,18 @@ pub async fn send_message(
             .collect::<Vec<_>>()
             .join(","),
     };
-    let header = SendMessageResponseHeader {
-        msg_id,
+    let remark = (code == resp::FLUSH_DISK_TIMEOUT).then(|| "flush disk timeout".to_string());
+    let mut answer = RemotingCommand::response(code, remark);
+    // SendMessageResponseHeader's entries, written without a `String` per field.
+    answer.ext_fields = Some(send_response_ext_fields(
+        &msg_id,
         queue_id,
         queue_offset,
-        transaction_id: uniq,
-        msg_region: Some(DEFAULT_REGION.into()),
-        trace_on: Some(true),
-        ..Default::default()
-    };
-    let remark = (code == resp::FLUSH_DISK_TIMEOUT).then(|| "flush disk timeout".to_string());
-    Ok(Some(
-        RemotingCommand::response(code, remark).with_header(&header),
-    ))
+        uniq,
+        Some(DEFAULT_REGION),
+        Some(true),
+    ));
+    Ok(Some(answer))
 }
 
 /// `Some(UNIQ_KEY's value)` when `raw` is exactly what decoding and re-encoding it would give (every pair
@@ -422,24 +419,21 @@ impl SendTopic {
 }
 
 /// Finds the topic of a send, creating it from its template when allowed (spec 7.6).
-fn ensure_topic_for_send(
-    b: &BrokerInner,
-    h: &SendMessageRequestHeader,
-) -> Result<SendTopic, Reject> {
-    crate::topic::validate_topic_name(&h.topic)
+fn ensure_topic_for_send(b: &BrokerInner, h: &SendHeaderRef<'_>) -> Result<SendTopic, Reject> {
+    crate::topic::validate_topic_name(h.topic)
         .map_err(|e| Reject::new(resp::INVALID_PARAMETER, e.to_string()))?;
     let mut topics = b.topics.lock();
-    let config = match topics.get(&h.topic) {
+    let config = match topics.get(h.topic) {
         Some(c) => SendTopic::of(c),
         None => {
-            let created = if is_retry_topic(&h.topic) {
+            let created = if is_retry_topic(h.topic) {
                 // Clients may send to %RETRY%<group> before any heartbeat created it.
-                let group = group_of_retry_topic(&h.topic).unwrap_or_default();
+                let group = group_of_retry_topic(h.topic).unwrap_or_default();
                 let queues = b.groups.lock().get(group).map(|g| g.retry_queue_nums);
                 match queues {
                     Some(q) if q > 0 => Some(
                         topics
-                            .ensure(&h.topic, q, perm::PERM_READ_WRITE, wall_ms())
+                            .ensure(h.topic, q, perm::PERM_READ_WRITE, wall_ms())
                             .map_err(Reject::system)?,
                     ),
                     _ => None,
@@ -447,8 +441,8 @@ fn ensure_topic_for_send(
             } else if b.config.auto_create_topic {
                 topics
                     .create_from_template(
-                        &h.topic,
-                        &h.default_topic,
+                        h.topic,
+                        h.default_topic,
                         h.default_topic_queue_nums,
                         wall_ms(),
                     )

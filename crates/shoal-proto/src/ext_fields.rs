@@ -66,6 +66,18 @@ impl ExtFields {
         }
     }
 
+    /// An empty map with room for `entries` entries of `text` bytes of keys and values in
+    /// all (for a map whose size is known, one allocation each).
+    pub fn with_text_capacity(entries: usize, text: usize) -> Self {
+        Self {
+            text: String::with_capacity(text),
+            entries: Vec::with_capacity(entries),
+            index: None,
+            unused: 0,
+            filter: 0,
+        }
+    }
+
     /// Number of entries.
     pub fn len(&self) -> usize {
         self.entries.len()

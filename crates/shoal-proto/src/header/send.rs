@@ -1,7 +1,9 @@
 //! Producer headers: SEND_MESSAGE (10) and its V2 form (310, 320, 325), END_TRANSACTION (37),
 //! CHECK_TRANSACTION_STATE (39). Spec section 2.2.
 
-use super::{command_header, EmptyHeader, RpcFields};
+use super::{command_header, EmptyHeader, HeaderField, HeaderValue, RpcFields};
+use crate::command::ExtFields;
+use crate::{ProtoError, Result};
 
 command_header! {
     /// SEND_MESSAGE (10) request header with Java field names. Java producers actually send
@@ -144,6 +146,153 @@ command_header! {
         /// Trace switch the broker adds.
         trace_on: Option<bool> = "TRACE_ON";
     }
+}
+
+/// What a broker reads of a send request's header (SEND_MESSAGE's Java field names, or the
+/// one-letter keys of SEND_MESSAGE_V2 and SEND_BATCH_MESSAGE), borrowed from the command's
+/// extFields: the same fields, rules and errors as [`SendMessageRequestHeader`] and
+/// [`SendMessageRequestHeaderV2`] (less the RPC fields), without a `String` per field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SendHeaderRef<'a> {
+    /// Producer group (`producerGroup` / `a`).
+    pub producer_group: &'a str,
+    /// Target topic (`topic` / `b`).
+    pub topic: &'a str,
+    /// Auto-create template topic (`defaultTopic` / `c`).
+    pub default_topic: &'a str,
+    /// Queue count of an auto-created topic (`defaultTopicQueueNums` / `d`).
+    pub default_topic_queue_nums: i32,
+    /// Queue id; negative lets the broker pick (`queueId` / `e`).
+    pub queue_id: i32,
+    /// Message sysFlag (`sysFlag` / `f`).
+    pub sys_flag: i32,
+    /// Born timestamp, ms (`bornTimestamp` / `g`).
+    pub born_timestamp: i64,
+    /// User flag (`flag` / `h`).
+    pub flag: i32,
+    /// Encoded properties (`properties` / `i`).
+    pub properties: Option<&'a str>,
+    /// Reconsume times (`reconsumeTimes` / `j`).
+    pub reconsume_times: Option<i32>,
+    /// Unit mode (`unitMode` / `k`).
+    pub unit_mode: Option<bool>,
+    /// Max reconsume times (`maxReconsumeTimes` / `l`).
+    pub max_reconsume_times: Option<i32>,
+    /// Batch (`batch` / `m`).
+    pub batch: Option<bool>,
+}
+
+/// The keys of [`SendHeaderRef`]'s fields in its order, Java names then one-letter ones (the
+/// lookup in [`SendHeaderRef::decode`] matches them in the same order).
+const SEND_KEYS: [[&str; 13]; 2] = [
+    [
+        "producerGroup",
+        "topic",
+        "defaultTopic",
+        "defaultTopicQueueNums",
+        "queueId",
+        "sysFlag",
+        "bornTimestamp",
+        "flag",
+        "properties",
+        "reconsumeTimes",
+        "unitMode",
+        "maxReconsumeTimes",
+        "batch",
+    ],
+    [
+        "a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "l", "m",
+    ],
+];
+
+impl<'a> SendHeaderRef<'a> {
+    /// Reads the header from `ext` in one pass: with the one-letter keys of V2 when
+    /// `one_letter`, else with Java's field names. Fails as the owned headers do: a missing
+    /// required field is [`ProtoError::MissingField`], a bad number
+    /// [`ProtoError::InvalidField`].
+    pub fn decode(ext: &'a ExtFields, one_letter: bool) -> Result<Self> {
+        let keys = &SEND_KEYS[usize::from(one_letter)];
+        let mut found: [Option<&'a str>; 13] = [None; 13];
+        for (key, value) in ext {
+            let i = if one_letter {
+                match key.as_bytes() {
+                    [c @ b'a'..=b'm'] => usize::from(c - b'a'),
+                    _ => continue,
+                }
+            } else {
+                match key {
+                    "producerGroup" => 0,
+                    "topic" => 1,
+                    "defaultTopic" => 2,
+                    "defaultTopicQueueNums" => 3,
+                    "queueId" => 4,
+                    "sysFlag" => 5,
+                    "bornTimestamp" => 6,
+                    "flag" => 7,
+                    "properties" => 8,
+                    "reconsumeTimes" => 9,
+                    "unitMode" => 10,
+                    "maxReconsumeTimes" => 11,
+                    "batch" => 12,
+                    _ => continue,
+                }
+            };
+            found[i] = Some(value);
+        }
+        fn required<'v>(v: Option<&'v str>, key: &'static str) -> Result<&'v str> {
+            v.ok_or(ProtoError::MissingField { field: key })
+        }
+        // Fields in the owned header's order, so that the first error is the same one.
+        Ok(Self {
+            producer_group: required(found[0], keys[0])?,
+            topic: required(found[1], keys[1])?,
+            default_topic: required(found[2], keys[2])?,
+            default_topic_queue_nums: i32::read_value(found[3], keys[3])?,
+            queue_id: i32::read_value(found[4], keys[4])?,
+            sys_flag: i32::read_value(found[5], keys[5])?,
+            born_timestamp: i64::read_value(found[6], keys[6])?,
+            flag: i32::read_value(found[7], keys[7])?,
+            properties: found[8],
+            reconsume_times: Option::<i32>::read_value(found[9], keys[9])?,
+            unit_mode: Option::<bool>::read_value(found[10], keys[10])?,
+            max_reconsume_times: Option::<i32>::read_value(found[11], keys[11])?,
+            batch: Option::<bool>::read_value(found[12], keys[12])?,
+        })
+    }
+}
+
+/// The extFields of a send's answer, written straight from borrowed values: the entries
+/// [`SendMessageResponseHeader`] writes for the same values, in its order (no batch unique id
+/// or recall handle), without a `String` per field.
+pub fn send_response_ext_fields(
+    msg_id: &str,
+    queue_id: i32,
+    queue_offset: i64,
+    transaction_id: Option<&str>,
+    msg_region: Option<&str>,
+    trace_on: Option<bool>,
+) -> ExtFields {
+    // Keys (54 bytes), two numbers (at most 31), the strings: room for it all at once.
+    let text = 54
+        + 31
+        + msg_id.len()
+        + transaction_id.map_or(0, str::len)
+        + msg_region.map_or(0, str::len)
+        + 5;
+    let mut ext = ExtFields::with_text_capacity(6, text);
+    ext.insert("msgId", msg_id);
+    ext.insert_with("queueId", |out| queue_id.push_value(out));
+    ext.insert_with("queueOffset", |out| queue_offset.push_value(out));
+    if let Some(t) = transaction_id {
+        ext.insert("transactionId", t);
+    }
+    if let Some(r) = msg_region {
+        ext.insert("MSG_REGION", r);
+    }
+    if let Some(t) = trace_on {
+        ext.insert_with("TRACE_ON", |out| t.push_value(out));
+    }
+    ext
 }
 
 command_header! {

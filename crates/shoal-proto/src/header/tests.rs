@@ -453,6 +453,77 @@ proptest! {
     }
 
     #[test]
+    fn the_borrowed_send_header_reads_what_the_owned_ones_read(
+        entries in proptest::collection::vec(
+            (prop_oneof![
+                Just("a"), Just("b"), Just("c"), Just("d"), Just("e"), Just("f"), Just("g"),
+                Just("h"), Just("i"), Just("j"), Just("k"), Just("l"), Just("m"), Just("n"),
+                Just("producerGroup"), Just("topic"), Just("defaultTopic"),
+                Just("defaultTopicQueueNums"), Just("queueId"), Just("sysFlag"),
+                Just("bornTimestamp"), Just("flag"), Just("properties"), Just("reconsumeTimes"),
+                Just("unitMode"), Just("maxReconsumeTimes"), Just("batch"), Just("bname"),
+                Just("x"),
+            ], prop_oneof![
+                Just("0".to_owned()), Just("-1".to_owned()), Just("4".to_owned()),
+                Just("true".to_owned()), Just("1700000000000".to_owned()),
+                Just("99999999999".to_owned()), "\\PC{0,8}",
+            ]),
+            0..30,
+        )
+    ) {
+        let e: ExtFields = entries.into_iter().collect();
+        fn owned(r: SendHeaderRef<'_>) -> SendMessageRequestHeader {
+            SendMessageRequestHeader {
+                producer_group: r.producer_group.to_owned(),
+                topic: r.topic.to_owned(),
+                default_topic: r.default_topic.to_owned(),
+                default_topic_queue_nums: r.default_topic_queue_nums,
+                queue_id: r.queue_id,
+                sys_flag: r.sys_flag,
+                born_timestamp: r.born_timestamp,
+                flag: r.flag,
+                properties: r.properties.map(str::to_owned),
+                reconsume_times: r.reconsume_times,
+                unit_mode: r.unit_mode,
+                batch: r.batch,
+                max_reconsume_times: r.max_reconsume_times,
+                rpc: RpcFields::default(),
+            }
+        }
+        let strip = |h: SendMessageRequestHeader| SendMessageRequestHeader { rpc: RpcFields::default(), ..h };
+        let v1 = SendMessageRequestHeader::from_ext_fields(&e).map(strip);
+        let v2 = SendMessageRequestHeaderV2::from_ext_fields(&e)
+            .map(|h| strip(SendMessageRequestHeader::from(h)));
+        let r1 = SendHeaderRef::decode(&e, false).map(owned);
+        let r2 = SendHeaderRef::decode(&e, true).map(owned);
+        prop_assert_eq!(format!("{v1:?}"), format!("{r1:?}"));
+        prop_assert_eq!(format!("{v2:?}"), format!("{r2:?}"));
+    }
+
+    #[test]
+    fn a_send_answer_written_from_borrowed_values_is_the_typed_headers(seed in any::<[u8; 32]>()) {
+        let mut rng = TestRng::from_seed(RngAlgorithm::ChaCha, &seed);
+        let h = SendMessageResponseHeader {
+            batch_uniq_id: None,
+            recall_handle: None,
+            ..SendMessageResponseHeader::random(&mut rng)
+        };
+        let direct = send_response_ext_fields(
+            &h.msg_id,
+            h.queue_id,
+            h.queue_offset,
+            h.transaction_id.as_deref(),
+            h.msg_region.as_deref(),
+            h.trace_on,
+        );
+        let typed = h.to_ext_fields();
+        prop_assert_eq!(
+            direct.iter().collect::<Vec<_>>(),
+            typed.iter().collect::<Vec<_>>()
+        );
+    }
+
+    #[test]
     fn arbitrary_ext_fields_never_panic(
         entries in proptest::collection::vec(
             (prop_oneof![
