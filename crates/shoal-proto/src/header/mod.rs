@@ -68,12 +68,6 @@ pub trait HeaderValue: Sized {
     }
 }
 
-/// Appends `v`'s `Display` form (writing to a `String` cannot fail).
-fn push_display(out: &mut String, v: impl std::fmt::Display) {
-    use std::fmt::Write;
-    let _ = write!(out, "{v}");
-}
-
 impl HeaderValue for String {
     fn parse_value(_field: &'static str, value: &str) -> Result<Self> {
         Ok(value.to_owned())
@@ -94,7 +88,7 @@ impl HeaderValue for i32 {
             })
     }
     fn push_value(&self, out: &mut String) {
-        push_display(out, self);
+        out.push_str(itoa::Buffer::new().format(*self));
     }
 }
 
@@ -109,7 +103,7 @@ impl HeaderValue for i64 {
             })
     }
     fn push_value(&self, out: &mut String) {
-        push_display(out, self);
+        out.push_str(itoa::Buffer::new().format(*self));
     }
 }
 
