@@ -18,6 +18,7 @@
 use foldhash::{HashMap, HashMapExt};
 use std::borrow::Cow;
 use std::future::Future;
+use std::ops::Range;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -26,14 +27,14 @@ use std::time::Instant;
 
 use parking_lot::{Mutex, MutexGuard};
 use shoal_proto::message::msg_id::offset_msg_id;
-use shoal_proto::message::property::{find_properties, TAGS, WAIT};
+use shoal_proto::message::property::{find_properties, KEYS, TAGS, UNIQ_KEY, WAIT};
 use shoal_proto::message::record::{encode_record, patch_record, RecordFields, RecordLayout};
 
 use crate::config::FlushMode;
 use crate::consume_queue::{ConsumeQueue, CqEntry};
 use crate::error::Result;
 use crate::store::{
-    index_keys, now_ms, validate_topic, AppendedMessage, FlushStatus, Inner, MessageArrival,
+    index_keys_of, now_ms, validate_topic, AppendedMessage, FlushStatus, Inner, MessageArrival,
     MessageExtBrokerInner, MessageStore, PutMessageResult, WriterState, TORN_PROPERTIES_END,
 };
 use crate::StoreError;
@@ -43,9 +44,10 @@ pub(crate) struct Job<'a> {
     msgs: Cow<'a, [MessageExtBrokerInner]>,
     /// The records back to back, offsets and store timestamp still zero.
     encoded: Vec<u8>,
-    /// Per record: where it is in `encoded`, and its tags' hash code (one list, one
-    /// allocation).
-    records: Vec<(RecordLayout, i64)>,
+    /// Per record (one list, one allocation): where it is in `encoded`, its tags' hash code,
+    /// and where its KEYS and UNIQ_KEY values are in its properties (the index's keys, found
+    /// in the same pass over the properties as the tags).
+    records: Vec<Record>,
     /// Under sync flush: whether the producer waits for the fsync (RocketMQ's `WAIT`).
     wait: bool,
     /// Where the result goes (queued jobs; the blocking caller's own job has none).
@@ -101,8 +103,14 @@ impl<'a> Job<'a> {
                 });
             }
             let layout = encode_record(&fields, &mut encoded)?;
-            let [tags, wait_prop] = find_properties(&m.properties, [TAGS, WAIT]);
-            records.push((layout, shoal_proto::hash::tags_code(tags)));
+            let [tags, wait_prop, keys, uniq] =
+                find_properties(&m.properties, [TAGS, WAIT, KEYS, UNIQ_KEY]);
+            records.push(Record {
+                layout,
+                tag_code: shoal_proto::hash::tags_code(tags),
+                keys: span(&m.properties, keys),
+                uniq: span(&m.properties, uniq),
+            });
             wait |= wait_prop != Some("false");
         }
         Ok(Job {
@@ -113,6 +121,33 @@ impl<'a> Job<'a> {
             slot: None,
         })
     }
+}
+
+/// One record of a [`Job`].
+struct Record {
+    layout: RecordLayout,
+    tag_code: i64,
+    keys: Option<Range<usize>>,
+    uniq: Option<Range<usize>>,
+}
+
+/// Where `value` (a slice of `within`) is in `within`.
+fn span(within: &str, value: Option<&str>) -> Option<Range<usize>> {
+    let value = value?;
+    let start = (value.as_ptr() as usize).checked_sub(within.as_ptr() as usize)?;
+    let at = start..start + value.len();
+    debug_assert_eq!(
+        within.get(at.clone()),
+        Some(value),
+        "not a slice of `within`"
+    );
+    Some(at)
+}
+
+/// The slice of `within` a [`span`] gave (nothing if it does not fit, which cannot happen
+/// for the string the span was taken from).
+fn unspan<'a>(within: &'a str, at: &Option<Range<usize>>) -> Option<&'a str> {
+    within.get(at.clone()?)
 }
 
 /// What one append did for one job.
@@ -540,8 +575,8 @@ impl Inner {
         let mut sizes = Vec::with_capacity(count);
         let mut refs = Vec::with_capacity(count);
         for (j, job) in jobs.iter().enumerate() {
-            for (k, (l, _)) in job.records.iter().enumerate() {
-                sizes.push(l.len);
+            for (k, r) in job.records.iter().enumerate() {
+                sizes.push(r.layout.len);
                 refs.push((j, k));
             }
         }
@@ -568,7 +603,7 @@ impl Inner {
             let (j, k) = refs[i];
             let job = jobs[j];
             let start = buf.len();
-            let range = job.records[k].0.range();
+            let range = job.records[k].layout.range();
             buf.extend_from_slice(job.encoded.get(range).unwrap_or(&[]));
             patch_record(&mut buf[start..], queue_offsets[i] as i64, phys as i64, ts)?;
             Ok(())
@@ -585,7 +620,7 @@ impl Inner {
                     .push(CqEntry {
                         phys_offset: phys[i],
                         size: sizes[i] as u32,
-                        tag_code: jobs[j].records[k].1,
+                        tag_code: jobs[j].records[k].tag_code,
                     });
             }
             for (key, entries) in &per_queue {
@@ -596,8 +631,10 @@ impl Inner {
             // Every key of the batch under one lock of the index.
             self.index.put_all(
                 refs.iter().zip(&phys).flat_map(|(&(j, k), &at)| {
-                    let m = &jobs[j].msgs[k];
-                    index_keys(&m.properties).map(move |key| (m.topic.as_str(), key, at))
+                    let (m, r) = (&jobs[j].msgs[k], &jobs[j].records[k]);
+                    let (p, topic) = (m.properties.as_str(), m.topic.as_str());
+                    index_keys_of(unspan(p, &r.keys), unspan(p, &r.uniq))
+                        .map(move |key| (topic, key, at))
                 }),
                 ts,
             )?;
@@ -634,7 +671,7 @@ impl Inner {
                 topic: m.topic.clone(),
                 queue_id: m.queue_id,
                 queue_offset: queue_offsets[i],
-                tag_code: jobs[j].records[k].1,
+                tag_code: jobs[j].records[k].tag_code,
                 store_timestamp: ts,
             });
         }

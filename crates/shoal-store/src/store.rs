@@ -426,6 +426,15 @@ impl ScannedRecord {
 /// `UNIQ_KEY` unless it is one of them. Borrowed from `properties`, no copy.
 pub(crate) fn index_keys(properties: &str) -> impl Iterator<Item = &str> {
     let [keys, uniq] = find_properties(properties, [KEYS, UNIQ_KEY]);
+    index_keys_of(keys, uniq)
+}
+
+/// [`index_keys`] given the values of KEYS and UNIQ_KEY (for a caller that found them in a
+/// pass over the properties of its own).
+pub(crate) fn index_keys_of<'a>(
+    keys: Option<&'a str>,
+    uniq: Option<&'a str>,
+) -> impl Iterator<Item = &'a str> {
     let keys = keys.unwrap_or("");
     let uniq = uniq.filter(|u| !u.is_empty() && !keys.split(' ').any(|k| k == *u));
     keys.split(' ').filter(|k| !k.is_empty()).chain(uniq)
