@@ -150,6 +150,59 @@ fn unspan<'a>(within: &'a str, at: &Option<Range<usize>>) -> Option<&'a str> {
     within.get(at.clone()?)
 }
 
+/// Queues named by more records than this in one append are found through a map.
+const SCAN_QUEUES: usize = 16;
+
+/// A scratch list that grew past this many bytes is given back after the append.
+const SCRATCH_KEEP_BYTES: usize = 1 << 20;
+
+/// Lists an append fills and empties, kept by the writer from one append to the next.
+#[derive(Default)]
+pub(crate) struct AppendScratch {
+    /// Per record, in append order: its size, its (job, message), its queue offset, its
+    /// commit-log offset, and which of `queues` it goes to.
+    sizes: Vec<usize>,
+    refs: Vec<(usize, usize)>,
+    queue_offsets: Vec<u64>,
+    phys: Vec<u64>,
+    slot_of: Vec<usize>,
+    /// The queues the append writes to.
+    queues: Vec<QueueSlot>,
+    /// Records ordered by queue, and one queue's consume-queue entries.
+    order: Vec<usize>,
+    entries: Vec<CqEntry>,
+    /// The bytes of one commit-log write.
+    buf: Vec<u8>,
+}
+
+/// A queue an append writes to: the first record naming it, and its next offset.
+struct QueueSlot {
+    first: (usize, usize),
+    cq: Arc<ConsumeQueue>,
+    next: u64,
+}
+
+impl AppendScratch {
+    /// Empties every list (the queues are let go), keeping their room unless it grew large.
+    fn clear(&mut self) {
+        fn clear<T>(v: &mut Vec<T>) {
+            v.clear();
+            if v.capacity() * std::mem::size_of::<T>() > SCRATCH_KEEP_BYTES {
+                *v = Vec::new();
+            }
+        }
+        self.queues.clear();
+        clear(&mut self.sizes);
+        clear(&mut self.refs);
+        clear(&mut self.queue_offsets);
+        clear(&mut self.phys);
+        clear(&mut self.slot_of);
+        clear(&mut self.order);
+        clear(&mut self.entries);
+        clear(&mut self.buf);
+    }
+}
+
 /// What one append did for one job.
 pub(crate) struct Appended {
     messages: Vec<AppendedMessage>,
@@ -571,80 +624,20 @@ impl Inner {
             return Err(StoreError::Closed);
         }
         let ts = now_ms().max(w.last_store_timestamp);
-        let count: usize = jobs.iter().map(|j| j.records.len()).sum();
-        let mut sizes = Vec::with_capacity(count);
-        let mut refs = Vec::with_capacity(count);
-        for (j, job) in jobs.iter().enumerate() {
-            for (k, r) in job.records.iter().enumerate() {
-                sizes.push(r.layout.len);
-                refs.push((j, k));
-            }
-        }
-        // Queue offsets per (topic, queue) in order.
-        let mut next: HashMap<(&str, i32), (Arc<ConsumeQueue>, u64)> = HashMap::new();
-        let mut queue_offsets = Vec::with_capacity(count);
-        for &(j, k) in &refs {
-            let m = &jobs[j].msgs[k];
-            let key = (m.topic.as_str(), m.queue_id);
-            let slot = match next.entry(key) {
-                std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
-                std::collections::hash_map::Entry::Vacant(v) => {
-                    let cq = self
-                        .queue(&m.topic, m.queue_id, true)?
-                        .ok_or_else(|| StoreError::InvalidArgument("queue not created".into()))?;
-                    let start = cq.max_offset();
-                    v.insert((cq, start))
-                }
-            };
-            queue_offsets.push(slot.1);
-            slot.1 += 1;
-        }
-        let phys = self.commit_log.append(&sizes, |i, phys, buf| {
-            let (j, k) = refs[i];
-            let job = jobs[j];
-            let start = buf.len();
-            let range = job.records[k].layout.range();
-            buf.extend_from_slice(job.encoded.get(range).unwrap_or(&[]));
-            patch_record(&mut buf[start..], queue_offsets[i] as i64, phys as i64, ts)?;
-            Ok(())
-        })?;
-        w.last_store_timestamp = ts;
-        // Dispatch: consume-queue entries grouped per queue, then index entries.
-        let mut per_queue: HashMap<(&str, i32), Vec<CqEntry>> = HashMap::new();
-        let mut dispatch = || -> Result<()> {
-            for (i, &(j, k)) in refs.iter().enumerate() {
-                let m = &jobs[j].msgs[k];
-                per_queue
-                    .entry((m.topic.as_str(), m.queue_id))
-                    .or_default()
-                    .push(CqEntry {
-                        phys_offset: phys[i],
-                        size: sizes[i] as u32,
-                        tag_code: jobs[j].records[k].tag_code,
-                    });
-            }
-            for (key, entries) in &per_queue {
-                if let Some((cq, _)) = next.get(key) {
-                    cq.append(entries)?;
-                }
-            }
-            // Every key of the batch under one lock of the index.
-            self.index.put_all(
-                refs.iter().zip(&phys).flat_map(|(&(j, k), &at)| {
-                    let (m, r) = (&jobs[j].msgs[k], &jobs[j].records[k]);
-                    let (p, topic) = (m.properties.as_str(), m.topic.as_str());
-                    index_keys_of(unspan(p, &r.keys), unspan(p, &r.uniq))
-                        .map(move |key| (topic, key, at))
-                }),
-                ts,
-            )?;
-            Ok(())
-        };
-        if let Err(e) = dispatch() {
-            w.failed = Some(format!("dispatch after a commit log append failed: {e}"));
-            self.write_failed.store(true, Ordering::Release);
+        // Lists reused from one append to the next (no allocation per append once warm).
+        let mut scratch = std::mem::take(&mut w.scratch);
+        if let Err(e) = self.write_and_dispatch(w, &mut scratch, jobs, ts) {
+            scratch.clear();
+            w.scratch = scratch;
             return Err(e);
         }
+        let AppendScratch {
+            sizes,
+            refs,
+            queue_offsets,
+            phys,
+            ..
+        } = &scratch;
         let end = self.commit_log.write_pos();
         self.dispatched.store(end, Ordering::Release);
         let store_host = self.config.store_host;
@@ -655,7 +648,7 @@ impl Inner {
                 end: 0,
             })
             .collect();
-        let mut arrivals = Vec::with_capacity(count);
+        let mut arrivals = Vec::with_capacity(refs.len());
         for (i, &(j, k)) in refs.iter().enumerate() {
             let m = &jobs[j].msgs[k];
             let done = &mut per_job[j];
@@ -675,6 +668,120 @@ impl Inner {
                 store_timestamp: ts,
             });
         }
+        scratch.clear();
+        w.scratch = scratch;
         Ok((per_job, arrivals))
+    }
+
+    /// Writes the jobs' records (one commit-log write per segment) and their consume-queue
+    /// and index entries, leaving in `s` each record's size, place, queue offset and
+    /// commit-log offset. On a dispatch failure the writer is marked failed.
+    fn write_and_dispatch(
+        &self,
+        w: &mut MutexGuard<'_, WriterState>,
+        s: &mut AppendScratch,
+        jobs: &[&Job<'_>],
+        ts: i64,
+    ) -> Result<()> {
+        for (j, job) in jobs.iter().enumerate() {
+            for (k, r) in job.records.iter().enumerate() {
+                s.sizes.push(r.layout.len);
+                s.refs.push((j, k));
+            }
+        }
+        // Queue offsets per (topic, queue) in order. An append names few queues: they are
+        // found by a scan, or through a map once there are many.
+        let mut many: Option<HashMap<(&str, i32), usize>> = None;
+        for &(j, k) in &s.refs {
+            let m = &jobs[j].msgs[k];
+            let found = match &many {
+                Some(map) => map.get(&(m.topic.as_str(), m.queue_id)).copied(),
+                None => s.queues.iter().position(|q| {
+                    let first = &jobs[q.first.0].msgs[q.first.1];
+                    first.queue_id == m.queue_id && first.topic == m.topic
+                }),
+            };
+            let slot = match found {
+                Some(slot) => slot,
+                None => {
+                    let cq = self
+                        .queue(&m.topic, m.queue_id, true)?
+                        .ok_or_else(|| StoreError::InvalidArgument("queue not created".into()))?;
+                    let next = cq.max_offset();
+                    s.queues.push(QueueSlot {
+                        first: (j, k),
+                        cq,
+                        next,
+                    });
+                    let slot = s.queues.len() - 1;
+                    if let Some(map) = &mut many {
+                        map.insert((m.topic.as_str(), m.queue_id), slot);
+                    } else if s.queues.len() > SCAN_QUEUES {
+                        let mut map = HashMap::with_capacity(2 * SCAN_QUEUES);
+                        for (i, q) in s.queues.iter().enumerate() {
+                            let first = &jobs[q.first.0].msgs[q.first.1];
+                            map.insert((first.topic.as_str(), first.queue_id), i);
+                        }
+                        many = Some(map);
+                    }
+                    slot
+                }
+            };
+            s.queue_offsets.push(s.queues[slot].next);
+            s.queues[slot].next += 1;
+            s.slot_of.push(slot);
+        }
+        let (refs, queue_offsets) = (&s.refs, &s.queue_offsets);
+        self.commit_log
+            .append(&s.sizes, &mut s.phys, &mut s.buf, |i, phys, buf| {
+                let (j, k) = refs[i];
+                let job = jobs[j];
+                let start = buf.len();
+                let range = job.records[k].layout.range();
+                buf.extend_from_slice(job.encoded.get(range).unwrap_or(&[]));
+                patch_record(&mut buf[start..], queue_offsets[i] as i64, phys as i64, ts)?;
+                Ok(())
+            })?;
+        w.last_store_timestamp = ts;
+        // Dispatch: consume-queue entries grouped per queue (records in order within each),
+        // then index entries.
+        let dispatch = |s: &mut AppendScratch| -> Result<()> {
+            s.order.extend(0..s.refs.len());
+            let slot_of = &s.slot_of;
+            s.order.sort_by_key(|&i| slot_of[i]);
+            let mut at = 0;
+            while at < s.order.len() {
+                let slot = s.slot_of[s.order[at]];
+                s.entries.clear();
+                while at < s.order.len() && s.slot_of[s.order[at]] == slot {
+                    let i = s.order[at];
+                    let (j, k) = s.refs[i];
+                    s.entries.push(CqEntry {
+                        phys_offset: s.phys[i],
+                        size: s.sizes[i] as u32,
+                        tag_code: jobs[j].records[k].tag_code,
+                    });
+                    at += 1;
+                }
+                s.queues[slot].cq.append(&s.entries)?;
+            }
+            // Every key of the batch under one lock of the index.
+            self.index.put_all(
+                s.refs.iter().zip(&s.phys).flat_map(|(&(j, k), &at)| {
+                    let (m, r) = (&jobs[j].msgs[k], &jobs[j].records[k]);
+                    let (p, topic) = (m.properties.as_str(), m.topic.as_str());
+                    index_keys_of(unspan(p, &r.keys), unspan(p, &r.uniq))
+                        .map(move |key| (topic, key, at))
+                }),
+                ts,
+            )?;
+            Ok(())
+        };
+        if let Err(e) = dispatch(s) {
+            w.failed = Some(format!("dispatch after a commit log append failed: {e}"));
+            self.write_failed.store(true, Ordering::Release);
+            return Err(e);
+        }
+        Ok(())
     }
 }

@@ -234,17 +234,24 @@ impl CommitLog {
     }
 
     /// Appends records of the given sizes. For each record, `fill(index, physical_offset,
-    /// buffer)` must append exactly `sizes[index]` bytes to `buffer`. Returns the physical
-    /// offset of every record. Only the single writer (holding the store's writer lock) calls
-    /// this. On error nothing becomes visible and the write position is unchanged.
-    pub(crate) fn append<F>(&self, sizes: &[usize], mut fill: F) -> Result<Vec<u64>>
+    /// buffer)` must append exactly `sizes[index]` bytes to `buffer`. Pushes the physical
+    /// offset of every record to `offsets`; `buf` (empty) is the caller's room for the bytes
+    /// of one write. Only the single writer (holding the store's writer lock) calls this. On
+    /// error nothing becomes visible and the write position is unchanged.
+    pub(crate) fn append<F>(
+        &self,
+        sizes: &[usize],
+        offsets: &mut Vec<u64>,
+        buf: &mut Vec<u8>,
+        mut fill: F,
+    ) -> Result<()>
     where
         F: FnMut(usize, u64, &mut Vec<u8>) -> Result<()>,
     {
         let mut pos = self.write_pos();
-        let mut offsets = Vec::with_capacity(sizes.len());
         let total: usize = sizes.iter().sum();
-        let mut buf: Vec<u8> = Vec::with_capacity(total.min(8 << 20) + 8);
+        buf.clear();
+        buf.reserve(total.min(8 << 20) + 8);
         let mut buf_start = pos;
         for (i, &size) in sizes.iter().enumerate() {
             let size64 = size as u64;
@@ -259,14 +266,14 @@ impl CommitLog {
                 let left = self.segment_size - in_seg;
                 buf.extend_from_slice(&(left as u32).to_be_bytes());
                 buf.extend_from_slice(&BLANK_MAGIC_CODE.to_be_bytes());
-                self.write_run(buf_start, &buf)?;
+                self.write_run(buf_start, buf)?;
                 buf.clear();
                 pos += left;
                 buf_start = pos;
             }
             offsets.push(pos);
             let before = buf.len();
-            fill(i, pos, &mut buf)?;
+            fill(i, pos, buf)?;
             if buf.len() - before != size {
                 return Err(StoreError::InvalidArgument(format!(
                     "encoder wrote {} bytes for a record of {size}",
@@ -275,9 +282,9 @@ impl CommitLog {
             }
             pos += size64;
         }
-        self.write_run(buf_start, &buf)?;
+        self.write_run(buf_start, buf)?;
         self.write_pos.store(pos, Ordering::Release);
-        Ok(offsets)
+        Ok(())
     }
 
     fn write_run(&self, start: u64, data: &[u8]) -> Result<()> {
@@ -417,13 +424,23 @@ mod tests {
         }
     }
 
+    /// [`CommitLog::append`] returning the offsets.
+    fn append_all<F>(cl: &CommitLog, sizes: &[usize], fill: F) -> Result<Vec<u64>>
+    where
+        F: FnMut(usize, u64, &mut Vec<u8>) -> Result<()>,
+    {
+        let (mut offsets, mut buf) = (Vec::new(), Vec::new());
+        cl.append(sizes, &mut offsets, &mut buf, fill)
+            .map(|()| offsets)
+    }
+
     #[test]
     fn rolls_with_blank_marker_and_reads_back() {
         let be = Arc::new(MemBackend::new());
         let cl = CommitLog::open(be.clone(), PathBuf::from("/cl"), 4096, None).unwrap();
         let mut all = Vec::new();
         for i in 0..50u8 {
-            all.extend(cl.append(&[100], fill_with(i)).unwrap());
+            all.extend(append_all(&cl, &[100], fill_with(i)).unwrap());
         }
         // 40 records fit in the first segment (40*100 + 8 <= 4096), the 41st rolls.
         assert_eq!(all[39], 3900);
@@ -444,7 +461,7 @@ mod tests {
     fn batch_straddling_a_segment_and_truncate() {
         let be = Arc::new(MemBackend::new());
         let cl = CommitLog::open(be.clone(), PathBuf::from("/cl"), 4096, None).unwrap();
-        let offs = cl.append(&[100; 60], fill_with(7)).unwrap();
+        let offs = append_all(&cl, &[100; 60], fill_with(7)).unwrap();
         assert_eq!(offs[40], 4096);
         assert_eq!(cl.write_pos(), 4096 + 2000);
         let dropped = cl.truncate_to(4096 + 500).unwrap();
@@ -460,7 +477,7 @@ mod tests {
     fn too_large_record_is_refused() {
         let be = Arc::new(MemBackend::new());
         let cl = CommitLog::open(be, PathBuf::from("/cl"), 4096, None).unwrap();
-        let err = cl.append(&[4090], |_, _, _| Ok(())).unwrap_err();
+        let err = append_all(&cl, &[4090], |_, _, _| Ok(())).unwrap_err();
         assert!(matches!(err, StoreError::MessageTooLarge { .. }));
     }
 }

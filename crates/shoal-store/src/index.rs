@@ -153,6 +153,8 @@ struct IndexState {
     synced: u64,
     /// Commit log offset of the newest entry + 1 (records below were indexed).
     indexed_to: u64,
+    /// `put_all`'s list of (hash, commit log offset), kept for the next call.
+    batch: Vec<(u64, u64)>,
 }
 
 impl IndexState {
@@ -487,22 +489,38 @@ impl Index {
         keys: impl IntoIterator<Item = (&'a str, &'a str, u64)>,
         store_timestamp: i64,
     ) -> Result<()> {
-        let keys: Vec<(u64, u64)> = keys
-            .into_iter()
-            .map(|(topic, key, phys_offset)| (key_hash(topic, key), phys_offset))
-            .collect();
         let mut st = self.state.lock();
+        let mut batch = std::mem::take(&mut st.batch);
+        batch.extend(
+            keys.into_iter()
+                .map(|(topic, key, phys_offset)| (key_hash(topic, key), phys_offset)),
+        );
+        let result = self.put_batch(&mut st, &batch, store_timestamp);
+        batch.clear();
+        if batch.capacity() > WRITE_CHUNK {
+            batch = Vec::new();
+        }
+        st.batch = batch;
+        result
+    }
+
+    fn put_batch(
+        &self,
+        st: &mut IndexState,
+        keys: &[(u64, u64)],
+        store_timestamp: i64,
+    ) -> Result<()> {
         // The slot table is large (one u32 per slot) and keys land anywhere in it: read every
         // slot first, so the cache misses of a batch overlap instead of coming one by one;
         // the pushes then find the slots in the cache.
         let n = st.slots.len() as u64;
         let mut touched = 0u32;
-        for (hash, _) in &keys {
+        for (hash, _) in keys {
             touched ^= st.slots[(hash % n) as usize];
         }
         std::hint::black_box(touched);
-        for (hash, phys_offset) in keys {
-            self.push(&mut st, hash, phys_offset, store_timestamp)?;
+        for &(hash, phys_offset) in keys {
+            self.push(st, hash, phys_offset, store_timestamp)?;
         }
         Ok(())
     }

@@ -235,6 +235,8 @@ const MAX_SCAN_ENTRIES: usize = 800;
 pub(crate) struct WriterState {
     pub(crate) last_store_timestamp: i64,
     pub(crate) failed: Option<String>,
+    /// Lists every append fills and empties (reused, so an append allocates little).
+    pub(crate) scratch: crate::appender::AppendScratch,
 }
 
 type QueueMap = HashMap<String, HashMap<i32, Arc<ConsumeQueue>>>;
@@ -586,6 +588,7 @@ impl MessageStore {
             writer: Mutex::new(WriterState {
                 last_store_timestamp,
                 failed: None,
+                scratch: Default::default(),
             }),
             write_failed: std::sync::atomic::AtomicBool::new(false),
             appends: AppendQueue::default(),

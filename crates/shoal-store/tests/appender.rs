@@ -251,3 +251,58 @@ fn shutdown_fails_puts_still_queued() {
         Poll::Ready(Err(StoreError::Closed))
     ));
 }
+
+#[test]
+fn one_append_over_many_queues_keeps_each_queues_order_and_index() {
+    let be = MemBackend::new();
+    let (store, _) = MessageStore::open(mem_config(&be, FlushMode::Async)).unwrap();
+    // 40 queues (more than an append finds by scanning), three rounds of puts interleaved
+    // across them, all queued before one drain appends them together.
+    let mut futs: Vec<Pin<Box<PutFuture>>> = Vec::new();
+    for round in 0..3 {
+        for q in 0..40 {
+            let topic = if q % 2 == 0 { "Even" } else { "Odd" };
+            futs.push(Box::pin(store.submit(vec![msg(
+                topic,
+                q,
+                &format!("q{q}-r{round}"),
+                40,
+                "",
+            )])));
+        }
+    }
+    for f in &mut futs {
+        assert!(poll_once(f.as_mut()).is_pending());
+    }
+    store.drain_appends();
+    for (n, f) in futs.iter_mut().enumerate() {
+        match poll_once(f.as_mut()) {
+            Poll::Ready(r) => assert_eq!(r.unwrap().messages[0].queue_offset, (n / 40) as u64),
+            Poll::Pending => panic!("put {n} was not appended by the drain"),
+        }
+    }
+    for q in 0..40 {
+        let topic = if q % 2 == 0 { "Even" } else { "Odd" };
+        assert_eq!(store.max_offset(topic, q), 3);
+        let got = store
+            .get_messages(topic, q, 0, 32, 1 << 20, &|_| true)
+            .unwrap();
+        let want: Vec<String> = (0..3).map(|r| format!("q{q}-r{r}")).collect();
+        assert_eq!(ids(&got.messages), want, "queue {topic}/{q}");
+    }
+    // Keys and unique keys went to the index, under each message's own topic.
+    let by_key = store
+        .query_by_key("Even", "k-q4-r2", 10, i64::MIN, i64::MAX)
+        .unwrap();
+    assert_eq!(ids(&by_key.concat()), vec!["q4-r2"]);
+    let uniq = store.query_by_uniq_key("Odd", "Uq7-r1").unwrap();
+    assert_eq!(ids(&uniq.concat()), vec!["q7-r1"]);
+    assert!(store
+        .query_by_uniq_key("Even", "Uq7-r1")
+        .unwrap()
+        .is_empty());
+    let shared = store
+        .query_by_key("Odd", "shared", 100, i64::MIN, i64::MAX)
+        .unwrap();
+    assert_eq!(shared.len(), 60);
+}
