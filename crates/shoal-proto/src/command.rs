@@ -5,6 +5,7 @@
 
 use crate::{ProtoError, Result};
 use bytes::{Buf, BufMut, Bytes, BytesMut};
+use bytestring::ByteString;
 
 pub use crate::ext_fields::ExtFields;
 
@@ -514,7 +515,11 @@ impl RemotingCommand {
                 "header length {header_len} exceeds the {available} bytes left in the frame"
             )));
         }
-        let mut cmd = Self::decode_header(serialize_type, &frame[4..4 + header_len])?;
+        let mut cmd = match serialize_type {
+            // The extFields share the frame's header bytes (see `ExtFields`).
+            SerializeType::Json => decode_json_header_shared(frame.slice(4..4 + header_len))?,
+            SerializeType::RocketMq => decode_rocketmq_header(&frame[4..4 + header_len])?,
+        };
         if frame.len() > 4 + header_len {
             cmd.body = Some(frame.slice(4 + header_len..));
         }
@@ -659,13 +664,18 @@ struct JsonHeaderIn {
     ext_fields: Option<JsonExtFields>,
 }
 
-/// A JSON header: the single-pass decoder for the common shape, else serde (which defines the
-/// meaning of every other input, and every error).
+/// A JSON header given as a slice (copied once, then as [`decode_json_header_shared`]).
 fn decode_json_header(header: &[u8]) -> Result<RemotingCommand> {
-    let text = std::str::from_utf8(header).map_err(|_| ProtoError::Utf8("JSON header"))?;
-    match json_fast::decode(text) {
+    decode_json_header_shared(Bytes::copy_from_slice(header))
+}
+
+/// A JSON header: the single-pass decoder for the common shape (whose extFields share
+/// `header`), else serde (which defines the meaning of every other input, and every error).
+fn decode_json_header_shared(header: Bytes) -> Result<RemotingCommand> {
+    let text = ByteString::try_from(header).map_err(|_| ProtoError::Utf8("JSON header"))?;
+    match json_fast::decode(&text) {
         Some(cmd) => Ok(cmd),
-        None => decode_json_header_serde(text),
+        None => decode_json_header_serde(&text),
     }
 }
 
@@ -673,7 +683,7 @@ fn decode_json_header(header: &[u8]) -> Result<RemotingCommand> {
 /// when it leaves the header to the serde decoder. Not an API.
 #[doc(hidden)]
 pub fn decode_json_header_fast(header: &[u8]) -> Option<RemotingCommand> {
-    json_fast::decode(std::str::from_utf8(header).ok()?)
+    json_fast::decode(&ByteString::try_from(header).ok()?)
 }
 
 /// JSON header decoding by serde alone (what the fast path must agree with), for

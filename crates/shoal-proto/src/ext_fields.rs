@@ -3,10 +3,14 @@
 //!
 //! Every key and value lives in one `String` (`text`), entries are spans into it, so decoding
 //! a header of a dozen fields costs two allocations instead of two per field, and a lookup
-//! compares a few short slices instead of hashing with SipHash. Headers are small (a send has
+//! compares a few short slices instead of hashing with SipHash. A map decoded from a frame
+//! also refers to the frame's header text (`shared`, a [`ByteString`] sharing the frame's
+//! bytes): keys and values written there without escapes are spans into it and are never
+//! copied. Headers are small (a send has
 //! 13 fields); a map that grows past [`INDEX_FROM`] entries gets a hash index (foldhash, seeded
 //! per process) so that a hostile header with many keys stays linear to decode.
 
+use bytestring::ByteString;
 use hashbrown::HashTable;
 use std::fmt;
 use std::hash::BuildHasher;
@@ -15,10 +19,17 @@ use std::ops::Range;
 /// Entries from which lookups go through a hash index instead of a scan.
 pub const INDEX_FROM: usize = 16;
 
+/// The top bit of a span's start: the span is in `shared`, not in `text`.
+const SHARED: usize = 1 << (usize::BITS - 1);
+
+/// Where a key or a value is: `(start, len)` in `text`, or in `shared` when `start` has the
+/// [`SHARED`] bit.
+pub(crate) type Span = (usize, usize);
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Entry {
-    key: (usize, usize),
-    value: (usize, usize),
+    key: Span,
+    value: Span,
 }
 
 #[derive(Clone)]
@@ -39,9 +50,12 @@ impl Index {
 #[derive(Clone, Default)]
 pub struct ExtFields {
     text: String,
+    /// Text shared with the frame the map was decoded from (empty for other maps).
+    shared: ByteString,
     entries: Vec<Entry>,
     index: Option<Box<Index>>,
-    /// Bytes of `text` no entry refers to any more (replaced values, removed entries).
+    /// Bytes of `text` no entry refers to any more (replaced values, removed entries; bytes
+    /// of `shared` are not counted: they are the frame's).
     unused: usize,
     /// One bit per key ever inserted since the last `clear` ([`key_bit`]): a key whose bit is
     /// clear is absent, so most misses (and the duplicate check of every insert) skip the
@@ -59,6 +73,7 @@ impl ExtFields {
     pub fn with_capacity(entries: usize) -> Self {
         Self {
             text: String::with_capacity(entries * 16),
+            shared: ByteString::new(),
             entries: Vec::with_capacity(entries),
             index: None,
             unused: 0,
@@ -71,6 +86,7 @@ impl ExtFields {
     pub fn with_text_capacity(entries: usize, text: usize) -> Self {
         Self {
             text: String::with_capacity(text),
+            shared: ByteString::new(),
             entries: Vec::with_capacity(entries),
             index: None,
             unused: 0,
@@ -88,8 +104,32 @@ impl ExtFields {
         self.entries.is_empty()
     }
 
-    fn slice(&self, (start, len): (usize, usize)) -> &str {
-        &self.text[start..start + len]
+    /// An empty map for a decoder that reads it from `shared` (see [`ExtFields::shared_span`]),
+    /// with room for `entries` entries and no owned text yet.
+    pub(crate) fn decoding(shared: ByteString, entries: usize) -> Self {
+        Self {
+            text: String::new(),
+            shared,
+            entries: Vec::with_capacity(entries),
+            index: None,
+            unused: 0,
+            filter: 0,
+        }
+    }
+
+    /// The first byte of a non-empty span.
+    #[inline]
+    fn first_byte(&self, (start, _): Span) -> u8 {
+        if start & SHARED == 0 {
+            self.text.as_bytes()[start]
+        } else {
+            self.shared.as_bytes()[start & !SHARED]
+        }
+    }
+
+    #[inline]
+    fn slice(&self, span: Span) -> &str {
+        span_str(&self.text, &self.shared, span)
     }
 
     fn position(&self, key: &str) -> Option<usize> {
@@ -105,10 +145,10 @@ impl ExtFields {
                 if self.filter & key_bit(key) == 0 {
                     return None;
                 }
-                let (text, kb) = (self.text.as_bytes(), key.as_bytes());
+                let kb = key.as_bytes();
                 self.entries.iter().position(|e| {
                     e.key.1 == kb.len()
-                        && (kb.is_empty() || text[e.key.0] == kb[0])
+                        && (kb.is_empty() || self.first_byte(e.key) == kb[0])
                         && self.slice(e.key) == key
                 })
             }
@@ -147,18 +187,30 @@ impl ExtFields {
     fn commit(&mut self, key_start: usize, value_start: usize) {
         let key = (key_start, value_start - key_start);
         let value = (value_start, self.text.len() - value_start);
-        let found = self.position(self.slice(key));
+        self.commit_spans(key, value);
+    }
+
+    /// Records the entry `key` -> `value` (spans of `text` or `shared`), replacing the value in
+    /// place when the key is present.
+    pub(crate) fn commit_spans(&mut self, key: Span, value: Span) {
+        let bit = key_bit(self.slice(key));
+        // A key whose filter bit is clear is new: no scan (the common case of a decoded header).
+        let found = if self.index.is_none() && self.filter & bit == 0 {
+            None
+        } else {
+            self.position(self.slice(key))
+        };
         match found {
             // The key keeps its place; the new value's text follows an unused copy of the key,
             // and the old value's bytes stay unused in `text` (bounded by what was inserted).
             Some(i) => {
-                self.unused += key.1 + self.entries[i].value.1;
+                self.unused += owned_len(key) + owned_len(self.entries[i].value);
                 self.entries[i].value = value;
                 self.compact_if_wasteful();
             }
             None => {
                 let at = self.entries.len();
-                self.filter |= key_bit(self.slice(key));
+                self.filter |= bit;
                 self.entries.push(Entry { key, value });
                 self.note_in_index(at);
             }
@@ -168,10 +220,10 @@ impl ExtFields {
     fn note_in_index(&mut self, at: usize) {
         if let Some(index) = &mut self.index {
             let Index { table, state } = &mut **index;
-            let (text, entries) = (&self.text, &self.entries);
-            let hash = index_hash(state, &text[key_range(entries[at].key)]);
+            let (text, shared, entries) = (&self.text, &self.shared, &self.entries);
+            let hash = index_hash(state, span_str(text, shared, entries[at].key));
             table.insert_unique(hash, at, |&i| {
-                index_hash(state, &text[key_range(entries[i].key)])
+                index_hash(state, span_str(text, shared, entries[i].key))
             });
         } else if self.entries.len() > INDEX_FROM {
             self.rebuild_index();
@@ -185,11 +237,11 @@ impl ExtFields {
         }
         let state = foldhash::fast::RandomState::default();
         let mut table = HashTable::with_capacity(self.entries.len());
-        for (i, e) in self.entries.iter().enumerate() {
-            let hash = index_hash(&state, &self.text[key_range(e.key)]);
-            let (text, entries) = (&self.text, &self.entries);
+        let (text, shared, entries) = (&self.text, &self.shared, &self.entries);
+        for (i, e) in entries.iter().enumerate() {
+            let hash = index_hash(&state, span_str(text, shared, e.key));
             table.insert_unique(hash, i, |&j| {
-                index_hash(&state, &text[key_range(entries[j].key)])
+                index_hash(&state, span_str(text, shared, entries[j].key))
             });
         }
         self.index = Some(Box::new(Index { table, state }));
@@ -200,7 +252,7 @@ impl ExtFields {
         let i = self.position(key)?;
         let entry = self.entries.remove(i);
         let value = self.slice(entry.value).to_owned();
-        self.unused += entry.key.1 + entry.value.1;
+        self.unused += owned_len(entry.key) + owned_len(entry.value);
         if self.index.is_some() {
             self.rebuild_index();
         }
@@ -216,12 +268,13 @@ impl ExtFields {
         }
         let mut text = String::with_capacity(self.text.len() - self.unused);
         for e in &mut self.entries {
-            let key_start = text.len();
-            text.push_str(&self.text[key_range(e.key)]);
-            let value_start = text.len();
-            text.push_str(&self.text[key_range(e.value)]);
-            e.key.0 = key_start;
-            e.value.0 = value_start;
+            for span in [&mut e.key, &mut e.value] {
+                if span.0 & SHARED == 0 {
+                    let start = text.len();
+                    text.push_str(&self.text[span.0..span.0 + span.1]);
+                    span.0 = start;
+                }
+            }
         }
         self.text = text;
         self.unused = 0;
@@ -235,12 +288,15 @@ impl ExtFields {
     /// Keeps only the entries for which `keep(key, value)` is true, in order.
     pub fn retain(&mut self, mut keep: impl FnMut(&str, &str) -> bool) {
         let before = self.entries.len();
-        let text = &self.text;
+        let (text, shared) = (&self.text, &self.shared);
         let mut dropped = 0;
         self.entries.retain(|e| {
-            let k = keep(&text[key_range(e.key)], &text[key_range(e.value)]);
+            let k = keep(
+                span_str(text, shared, e.key),
+                span_str(text, shared, e.value),
+            );
             if !k {
-                dropped += e.key.1 + e.value.1;
+                dropped += owned_len(e.key) + owned_len(e.value);
             }
             k
         });
@@ -255,9 +311,9 @@ impl ExtFields {
 
     /// Sorts the entries by key (byte order).
     pub fn sort_keys(&mut self) {
-        let text = &self.text;
+        let (text, shared) = (&self.text, &self.shared);
         self.entries
-            .sort_by(|a, b| text[key_range(a.key)].cmp(&text[key_range(b.key)]));
+            .sort_by(|a, b| span_str(text, shared, a.key).cmp(span_str(text, shared, b.key)));
         if self.index.is_some() {
             self.rebuild_index();
         }
@@ -266,6 +322,7 @@ impl ExtFields {
     /// Removes every entry, keeping the buffers for reuse.
     pub fn clear(&mut self) {
         self.text.clear();
+        self.shared = ByteString::new();
         self.entries.clear();
         self.index = None;
         self.unused = 0;
@@ -290,9 +347,10 @@ impl ExtFields {
         self.iter().map(|(_, v)| v)
     }
 
-    /// Bytes of key and value text held (including values replaced since).
+    /// Bytes of key and value text held (including values replaced since, and the whole
+    /// header text a decoded map shares with its frame): at least the text of every entry.
     pub fn text_len(&self) -> usize {
-        self.text.len()
+        self.text.len() + self.shared.len()
     }
 
     /// The text buffer, for a decoder that appends a key and then its value straight into it.
@@ -311,10 +369,39 @@ impl ExtFields {
     pub(crate) fn truncate_raw(&mut self, at: usize) {
         self.text.truncate(at);
     }
+
+    /// The span of `shared[range]` (for [`ExtFields::commit_spans`]).
+    #[inline]
+    pub(crate) fn shared_span(range: Range<usize>) -> Span {
+        (range.start | SHARED, range.end - range.start)
+    }
+
+    /// The span of the owned text appended from `start` on (for [`ExtFields::commit_spans`]).
+    #[inline]
+    pub(crate) fn owned_span(&self, start: usize) -> Span {
+        (start, self.text.len() - start)
+    }
 }
 
-fn key_range((start, len): (usize, usize)) -> Range<usize> {
-    start..start + len
+/// The text of `span`, in `text` or `shared`.
+#[inline]
+fn span_str<'t>(text: &'t str, shared: &'t str, (start, len): Span) -> &'t str {
+    if start & SHARED == 0 {
+        &text[start..start + len]
+    } else {
+        let start = start & !SHARED;
+        &shared[start..start + len]
+    }
+}
+
+/// Bytes of `text` (not of `shared`) a span holds.
+#[inline]
+fn owned_len((start, len): Span) -> usize {
+    if start & SHARED == 0 {
+        len
+    } else {
+        0
+    }
 }
 
 /// The bit of `key` in `ExtFields::filter`, from its length and first and last bytes. The
@@ -495,10 +582,28 @@ mod tests {
         /// repeated keys and removals.
         #[test]
         fn behaves_like_an_index_map(
+            initial in proptest::collection::vec((0u8..40, any::<bool>(), "[a-c\n]{0,3}"), 0..20),
             ops in proptest::collection::vec((0u8..40, any::<bool>(), "[a-c]{0,3}"), 0..120),
         ) {
-            let mut ours = ExtFields::new();
+            // The map starts as decoded from a frame's JSON header: plain keys and values
+            // shared with the header, escaped ones (a `\n`, a key written with `\u006b`) in
+            // the map's own text.
             let mut model: indexmap::IndexMap<String, String> = indexmap::IndexMap::new();
+            let mut json = String::from(r#"{"extFields":{"#);
+            for (i, (k, escaped, v)) in initial.iter().enumerate() {
+                let key = format!("k{k}");
+                let written = if *escaped { format!("\\u006b{k}") } else { key.clone() };
+                if i > 0 {
+                    json.push(',');
+                }
+                json.push_str(&format!(r#""{written}":"{}""#, v.replace('\n', "\\n")));
+                model.insert(key, v.clone());
+            }
+            json.push_str("}}");
+            let decoded = crate::command::decode_json_header_fast(json.as_bytes())
+                .expect("takes the fast path");
+            let mut ours = decoded.ext_fields.expect("extFields");
+            prop_assert_eq!(ours.len(), model.len());
             for (k, remove, v) in ops {
                 let key = format!("k{k}");
                 if remove {

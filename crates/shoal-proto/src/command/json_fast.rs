@@ -3,8 +3,8 @@
 //! It reads the shape every RocketMQ client writes: one object whose keys are `code`,
 //! `language`, `version`, `opaque`, `flag`, `remark`, `extFields` and others with scalar values
 //! (`serializeTypeCurrentRPC`), `extFields` an object of strings, integers, booleans and `null`s.
-//! It writes extFields keys and values straight into the map's text buffer, sized once from the
-//! header.
+//! Keys and values without escapes are not copied: the map refers to the header's bytes
+//! (shared with the frame), and only strings with escapes are decoded into its own text.
 //!
 //! Whenever the input leaves that shape, or could be read in more than one way, [`decode`]
 //! answers `None` and the caller runs the serde decoder, which stays the definition of what a
@@ -15,18 +15,21 @@
 //! `language`, an integer field out of `i32` range, trailing text) falls back.
 
 use super::{ExtFields, LanguageCode, RemotingCommand, SerializeType};
+use crate::ext_fields::Span;
+use bytestring::ByteString;
 
-/// Most bytes reserved up front for a decoded extFields' text. The text is never longer than
-/// the header bytes after `"extFields":{`, so that is what is reserved, up to this much (a
-/// larger map grows as it is read).
+/// Most bytes reserved at once for the decoded text of extFields strings with escapes (the
+/// rest of the header bounds it; a larger map grows as it is read).
 const EXT_TEXT_RESERVE_MAX: usize = 64 * 1024;
 
 /// Most digits of an integer the fast path reads: any such integer fits `i64` and `u64`, so
 /// serde_json reports it as one (and extFields shows it as written).
 const MAX_DIGITS: usize = 18;
 
-/// Decodes `text` when it has the common shape; `None` means "not handled here" (use serde).
-pub(super) fn decode(text: &str) -> Option<RemotingCommand> {
+/// Decodes `header` when it has the common shape; `None` means "not handled here" (use
+/// serde). The extFields decoded share `header`'s bytes.
+pub(super) fn decode(header: &ByteString) -> Option<RemotingCommand> {
+    let text: &str = header;
     let mut p = Parser {
         text,
         bytes: text.as_bytes(),
@@ -55,15 +58,18 @@ pub(super) fn decode(text: &str) -> Option<RemotingCommand> {
     } else {
         loop {
             p.expect(b'"')?;
-            let field = match p.string(&mut scratch)? {
-                "code" => Field::Code,
-                "extFields" => Field::ExtFields,
-                "flag" => Field::Flag,
-                "language" => Field::Language,
-                "opaque" => Field::Opaque,
-                "remark" => Field::Remark,
-                "version" => Field::Version,
-                _ => Field::Other,
+            let field = match p.known_key() {
+                Some(field) => field,
+                None => match p.string(&mut scratch)? {
+                    "code" => Field::Code,
+                    "extFields" => Field::ExtFields,
+                    "flag" => Field::Flag,
+                    "language" => Field::Language,
+                    "opaque" => Field::Opaque,
+                    "remark" => Field::Remark,
+                    "version" => Field::Version,
+                    _ => Field::Other,
+                },
             };
             p.ws();
             p.expect(b':')?;
@@ -92,7 +98,7 @@ pub(super) fn decode(text: &str) -> Option<RemotingCommand> {
                 }
                 Field::ExtFields => {
                     if !p.null() {
-                        cmd.ext_fields = Some(p.ext_fields()?);
+                        cmd.ext_fields = Some(p.ext_fields(header)?);
                     }
                 }
                 Field::Other => p.skip_scalar(&mut scratch)?,
@@ -177,6 +183,25 @@ impl<'a> Parser<'a> {
         found
     }
 
+    /// A key every client writes, as written (no escapes), with its closing quote: consumed
+    /// and named by its first byte and one comparison. `None` leaves the key to be read as any
+    /// string.
+    #[inline]
+    fn known_key(&mut self) -> Option<Field> {
+        let (key, field): (&[u8], Field) = match self.peek()? {
+            b'c' => (b"code\"", Field::Code),
+            b'e' => (b"extFields\"", Field::ExtFields),
+            b'f' => (b"flag\"", Field::Flag),
+            b'l' => (b"language\"", Field::Language),
+            b'o' => (b"opaque\"", Field::Opaque),
+            b'r' => (b"remark\"", Field::Remark),
+            b's' => (b"serializeTypeCurrentRPC\"", Field::Other),
+            b'v' => (b"version\"", Field::Version),
+            _ => return None,
+        };
+        self.literal(key).then_some(field)
+    }
+
     /// Consumes a `null` when there is one.
     fn null(&mut self) -> bool {
         self.literal(b"null")
@@ -244,52 +269,45 @@ impl<'a> Parser<'a> {
 
     /// The extFields object (at its `{`): string, integer and boolean values as text, `null`s
     /// dropped (keeping an earlier value of the same key), a repeated key's value replacing the
-    /// earlier one in place, as `ExtFields::commit_raw` does for the serde decoder too.
-    fn ext_fields(&mut self) -> Option<ExtFields> {
+    /// earlier one in place, as `ExtFields::commit_raw` does for the serde decoder too. Keys
+    /// and values without escapes stay in `header` (the map shares it); only strings with
+    /// escapes are decoded into the map's own text.
+    fn ext_fields(&mut self, header: &ByteString) -> Option<ExtFields> {
         self.expect(b'{')?;
         self.ws();
         if self.peek() == Some(b'}') {
             self.pos += 1;
             return Some(ExtFields::new());
         }
-        let reserve = (self.bytes.len() - self.pos).min(EXT_TEXT_RESERVE_MAX);
-        // About 16 bytes of header per entry; `with_capacity` gives 16 bytes of text each.
-        let mut out = ExtFields::with_capacity(reserve.div_ceil(16).min(64));
-        out.raw_text().reserve(reserve);
+        // About 16 bytes of header per entry.
+        let entries = (self.bytes.len() - self.pos).div_ceil(16).min(64);
+        let mut out = ExtFields::decoding(header.clone(), entries);
         loop {
             self.expect(b'"')?;
-            let key_start = out.raw_text().len();
-            self.string_into(out.raw_text())?;
+            let mark = out.raw_text().len();
+            let key = self.string_span(&mut out)?;
             self.ws();
             self.expect(b':')?;
             self.ws();
-            let value_start = out.raw_text().len();
-            let keep = match self.peek()? {
+            let start = self.pos;
+            let value = match self.peek()? {
                 b'"' => {
                     self.pos += 1;
-                    self.string_into(out.raw_text())?;
-                    true
+                    Some(self.string_span(&mut out)?)
                 }
                 b'-' | b'0'..=b'9' => {
-                    let (text, _) = self.integer()?;
-                    out.raw_text().push_str(text);
-                    true
+                    self.integer()?;
+                    Some(ExtFields::shared_span(start..self.pos))
                 }
-                _ if self.literal(b"true") => {
-                    out.raw_text().push_str("true");
-                    true
+                _ if self.literal(b"true") || self.literal(b"false") => {
+                    Some(ExtFields::shared_span(start..self.pos))
                 }
-                _ if self.literal(b"false") => {
-                    out.raw_text().push_str("false");
-                    true
-                }
-                _ if self.null() => false,
+                _ if self.null() => None,
                 _ => return None,
             };
-            if keep {
-                out.commit_raw(key_start, value_start);
-            } else {
-                out.truncate_raw(key_start);
+            match value {
+                Some(value) => out.commit_spans(key, value),
+                None => out.truncate_raw(mark),
             }
             self.ws();
             match self.next()? {
@@ -298,6 +316,27 @@ impl<'a> Parser<'a> {
                 _ => return None,
             }
         }
+    }
+
+    /// A string (the opening quote consumed) as a span of the map: of the header when it has
+    /// no escapes, else of the map's own text, where it is decoded.
+    #[inline]
+    fn string_span(&mut self, out: &mut ExtFields) -> Option<Span> {
+        let start = self.pos;
+        let end = find_special(self.bytes, start);
+        if self.bytes.get(end) == Some(&b'"') {
+            self.pos = end + 1;
+            return Some(ExtFields::shared_span(start..end));
+        }
+        let text = out.raw_text();
+        if text.capacity() == 0 {
+            // The first string with escapes: what is decoded from here on is never longer than
+            // the rest of the header, so that is reserved (up to a cap) once.
+            text.reserve((self.bytes.len() - start).min(EXT_TEXT_RESERVE_MAX));
+        }
+        let owned = text.len();
+        self.string_into(text)?;
+        Some(out.owned_span(owned))
     }
 
     /// A string's contents (the opening quote consumed): borrowed from the input when it has
@@ -797,28 +836,38 @@ mod tests {
     }
 
     #[test]
-    fn ext_text_is_sized_from_the_header() {
-        // The text never outgrows what was reserved from the header, and a huge header does
-        // not reserve more than the cap.
+    fn plain_strings_are_shared_with_the_header_and_escaped_ones_decoded() {
+        // Keys and values without escapes (and numbers, booleans) are not copied: the map's
+        // own text stays empty.
         let value = "v".repeat(5000);
-        let header = format!(r#"{{"code":1,"extFields":{{"k":"{value}","n":7}},"flag":0}}"#);
+        let header =
+            format!(r#"{{"code":1,"extFields":{{"k":"{value}","n":7,"t":true}},"flag":0}}"#);
         let mut c = handled(&header);
-        let text = c.ext_fields.as_mut().expect("extFields").raw_text();
-        assert_eq!(text.len(), 5003);
-        assert!(text.capacity() <= header.len(), "{}", text.capacity());
-        let remark = "r".repeat(1 << 20);
-        let header = format!(r#"{{"extFields":{{"k":"v"}},"remark":"{remark}"}}"#);
-        let mut c = handled(&header);
-        let text = c.ext_fields.as_mut().expect("extFields").raw_text();
-        assert!(
-            text.capacity() <= EXT_TEXT_RESERVE_MAX + 16,
-            "{}",
-            text.capacity()
+        let ext = c.ext_fields.as_mut().expect("extFields");
+        assert_eq!(ext.get("k"), Some(value.as_str()));
+        assert_eq!(ext.get("n"), Some("7"));
+        assert_eq!(ext.get("t"), Some("true"));
+        assert_eq!(ext.raw_text().len(), 0);
+        // Only the strings with escapes are decoded into the map's text; a null drops its key
+        // (and any text decoded for it).
+        let header =
+            r#"{"extFields":{"a":"x\u0001y","b":"plain","c\n":"z","d\u0041":null,"e":"1"}}"#;
+        let mut c = handled(header);
+        let ext = c.ext_fields.as_mut().expect("extFields");
+        let got: Vec<(&str, &str)> = ext.iter().collect();
+        assert_eq!(
+            got,
+            [("a", "x\u{1}y"), ("b", "plain"), ("c\n", "z"), ("e", "1")]
         );
-        let small = r#"{"extFields":{"a":"1"}}"#;
-        let mut c = handled(small);
-        let text = c.ext_fields.as_mut().expect("extFields").raw_text();
-        assert!(text.capacity() <= 16, "{}", text.capacity());
+        assert_eq!(ext.raw_text().as_str(), "x\u{1}yc\n");
+        // The map outlives the header text it was decoded from, and changes like any other.
+        let mut owned = ext.clone();
+        drop(c);
+        owned.insert("b", "changed");
+        owned.remove("a");
+        assert_eq!(owned.get("b"), Some("changed"));
+        assert_eq!(owned.get("e"), Some("1"));
+        assert_eq!(owned.len(), 3);
     }
 
     #[test]
