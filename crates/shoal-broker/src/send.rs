@@ -361,28 +361,43 @@ pub async fn send_message(
 /// broker acts on: delay levels, its own cluster, half messages): then the stored properties
 /// are `raw` plus CLUSTER, with no map built.
 fn plain_properties_ok(raw: &str) -> Option<Option<&str>> {
+    // One pass over the bytes: every pair is a non-empty key up to its 0x01, then a non-empty
+    // value up to its 0x02 (a separator anywhere else, or a last pair without its 0x02, is
+    // something decoding would change).
+    let bytes = raw.as_bytes();
     let mut seen: [&str; 24] = [""; 24];
-    let mut len = 0;
+    let mut n = 0;
     let mut uniq = None;
-    for (n, (k, v)) in shoal_proto::message::property::iter_properties(raw).enumerate() {
-        if k.is_empty()
-            || k == property::DELAY
+    let mut pos = 0;
+    while pos < bytes.len() {
+        let key_len = bytes[pos..].iter().position(|&b| b <= 2)?;
+        let value_at = pos + key_len + 1;
+        if key_len == 0 || bytes[value_at - 1] != 1 {
+            return None;
+        }
+        let value_len = bytes[value_at..].iter().position(|&b| b <= 2)?;
+        let end = value_at + value_len;
+        if value_len == 0 || bytes[end] != 2 {
+            return None;
+        }
+        // Separators are ASCII: these are character boundaries.
+        let (k, v) = (&raw[pos..value_at - 1], &raw[value_at..end]);
+        if k == property::DELAY
             || k == property::CLUSTER
             || k == property::TRAN_MSG
             || n == seen.len()
+            || seen[..n].contains(&k)
         {
             return None;
         }
-        if seen[..n].contains(&k) || shoal_proto::message::property::check_property(k, v).is_err() {
-            return None;
-        }
         seen[n] = k;
+        n += 1;
         if k == property::UNIQ_KEY {
             uniq = Some(v);
         }
-        len += k.len() + v.len() + 2;
+        pos = end + 1;
     }
-    (len == raw.len()).then_some(uniq)
+    Some(uniq)
 }
 
 /// The stored properties of a plain send: `raw` (checked by [`plain_properties_ok`]) plus
@@ -477,6 +492,65 @@ fn ensure_topic_for_send(b: &BrokerInner, h: &SendHeaderRef<'_>) -> Result<SendT
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    /// The iterator-based check this module had before the byte pass: the reference.
+    fn plain_properties_ok_reference(raw: &str) -> Option<Option<&str>> {
+        let mut seen: [&str; 24] = [""; 24];
+        let mut len = 0;
+        let mut uniq = None;
+        for (n, (k, v)) in shoal_proto::message::property::iter_properties(raw).enumerate() {
+            if k.is_empty()
+                || k == property::DELAY
+                || k == property::CLUSTER
+                || k == property::TRAN_MSG
+                || n == seen.len()
+            {
+                return None;
+            }
+            if seen[..n].contains(&k)
+                || shoal_proto::message::property::check_property(k, v).is_err()
+            {
+                return None;
+            }
+            seen[n] = k;
+            if k == property::UNIQ_KEY {
+                uniq = Some(v);
+            }
+            len += k.len() + v.len() + 2;
+        }
+        (len == raw.len()).then_some(uniq)
+    }
+
+    proptest! {
+        /// The byte pass agrees with the iterator-based reference on properties made of
+        /// separators, the keys the broker acts on, and short words, also past 24 pairs.
+        #[test]
+        fn the_byte_pass_agrees_with_the_reference(
+            parts in proptest::collection::vec(
+                prop_oneof![
+                    6 => "[a-c]{0,2}",
+                    3 => Just("\u{1}".to_string()),
+                    3 => Just("\u{2}".to_string()),
+                    1 => prop::sample::select(vec!["DELAY", "CLUSTER", "TRAN_MSG", "UNIQ_KEY", "é"])
+                        .prop_map(String::from),
+                ],
+                0..120,
+            ),
+        ) {
+            let raw: String = parts.concat();
+            prop_assert_eq!(plain_properties_ok(&raw), plain_properties_ok_reference(&raw));
+        }
+
+        /// Well-formed properties (distinct keys) are taken, with their UNIQ_KEY.
+        #[test]
+        fn well_formed_properties_are_taken(
+            pairs in proptest::collection::btree_map("[A-Z_]{1,8}", "[ -~]{1,12}", 0..30),
+        ) {
+            let raw: String = pairs.iter().map(|(k, v)| format!("{k}\u{1}{v}\u{2}")).collect();
+            prop_assert_eq!(plain_properties_ok(&raw), plain_properties_ok_reference(&raw));
+        }
+    }
 
     #[test]
     fn plain_properties_match_decode_and_encode() {
