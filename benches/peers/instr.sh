@@ -13,8 +13,9 @@
 #   benches/peers/instr.sh target/release/shoal [INFLIGHT=16] [BATCH=1] [COUNT=20000] [PORT=28600]
 #
 # With TOP=N it also prints the N functions with the most instructions (callgrind_annotate,
-# self cost). KEEP=1 keeps the callgrind output. Needs valgrind (Debian's package). Run by
-# hand, not in CI.
+# self cost). KEEP=1 keeps the callgrind output; BENCH_ARGS adds arguments to the measured
+# `shoal bench produce` (e.g. BENCH_ARGS="--serialize-type rocketmq"). Needs valgrind
+# (Debian's package). Run by hand, not in CI.
 set -euo pipefail
 
 BIN=$(readlink -f "${1:?usage: instr.sh SHOAL_BINARY [INFLIGHT] [BATCH] [COUNT] [PORT]}")
@@ -38,7 +39,7 @@ DEV=$!
 
 bench() {
     "$BIN" bench produce --namesrv "127.0.0.1:$PORT" --producers 8 --inflight "$INFLIGHT" \
-        --batch "$BATCH" "$@"
+        --batch "$BATCH" ${BENCH_ARGS:-} "$@"
 }
 # Ready when a send goes through (the broker registers with the name server first).
 for _ in $(seq 1 120); do
