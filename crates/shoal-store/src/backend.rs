@@ -216,8 +216,9 @@ impl Backend for FsBackend {
     }
 
     /// On Linux with `opts.mmap`: a file written through a shared memory map of space
-    /// reserved with `fallocate` ahead of the writes (falling back to `pwrite` where that
-    /// fails). Elsewhere, or without `opts.mmap`: as [`Backend::open`].
+    /// reserved with `fallocate` ahead of the writes (appends of a page or more, and writes
+    /// where reserving or mapping fails, with `pwrite`). Elsewhere, on a copy-on-write file
+    /// system, or without `opts.mmap`: as [`Backend::open`].
     fn open_segment(
         &self,
         path: &Path,
@@ -226,7 +227,7 @@ impl Backend for FsBackend {
     ) -> io::Result<Arc<dyn StoreFile>> {
         let file = Self::open_file(path, create)?;
         #[cfg(target_os = "linux")]
-        if opts.mmap {
+        if opts.mmap && crate::mapped::may_map(&file, path) {
             return Ok(Arc::new(crate::mapped::MappedFile::new(
                 file,
                 path.to_path_buf(),

@@ -6,6 +6,10 @@
 //! reads with `pread` see the bytes at once, and `fdatasync` writes them back like any other
 //! dirty page.
 //!
+//! Only small appends go through the map: an append of [`PWRITE_FROM`] bytes or more (a page:
+//! a batch) is one `pwrite`, which fills whole new pages more cheaply than they fault into a
+//! map, while the system call it costs is shared by many messages.
+//!
 //! The file is mapped one chunk at a time ([`SegmentOptions::chunk`], a few MiB). Before a
 //! chunk is mapped its blocks are reserved with `fallocate` (which also extends the file to
 //! the chunk's end): a store into a page of a sparse file needs a block at fault time, and a
@@ -46,6 +50,9 @@ pub(crate) struct MappedFile {
     state: Mutex<MapState>,
     /// Reserves blocks and extends the file (`fallocate`; replaced in tests to inject errors).
     reserve: ReserveFn,
+    /// Appends of at least this many bytes go through `pwrite` ([`PWRITE_FROM`]; tests of the
+    /// map itself raise it).
+    pwrite_from: usize,
 }
 
 type ReserveFn = fn(&File, u64, u64) -> rustix::io::Result<()>;
@@ -70,6 +77,33 @@ struct MapState {
 /// Pages populated for writing at a time, ahead of the writes.
 const POPULATE_STEP: u64 = 256 << 10;
 
+/// Appends of at least this many bytes go through `pwrite` rather than the map: the map
+/// saves a system call per append, which pays for small appends (one message, a few
+/// pipelined sends) but not for a page or more (a batch), where faulting the new pages into
+/// the map costs more than `pwrite` filling them (docs/benchmarks.md, session 12).
+pub(crate) const PWRITE_FROM: usize = 4096;
+
+/// File systems where `fallocate` does not guarantee room for later stores into the map
+/// (copy on write: every write allocates anew), so a full disk would be a SIGBUS: btrfs, ZFS,
+/// bcachefs (`statfs` magic numbers).
+const COPY_ON_WRITE_FS: [u64; 3] = [0x9123_683E, 0x2FC1_2FC1, 0xCA45_1A4E];
+
+/// Whether appends to `file` may go through a map: not on a copy-on-write file system (see
+/// [`COPY_ON_WRITE_FS`]; logged once per process), and not where `fstatfs` fails.
+pub(crate) fn may_map(file: &File, path: &std::path::Path) -> bool {
+    static LOGGED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    let fs_type = match rustix::fs::fstatfs(file) {
+        Ok(st) => st.f_type as u64 & 0xFFFF_FFFF,
+        Err(_) => return false,
+    };
+    let copy_on_write = COPY_ON_WRITE_FS.contains(&fs_type);
+    if copy_on_write && !LOGGED.swap(true, Ordering::Relaxed) {
+        tracing::info!(path = %path.display(), fs_type = format_args!("{fs_type:#x}"),
+            "commit log on a copy-on-write file system: appending with pwrite, not through a map");
+    }
+    !copy_on_write
+}
+
 impl MappedFile {
     /// Wraps an open segment file; nothing is mapped until the first write.
     pub(crate) fn new(file: File, path: PathBuf, opts: &SegmentOptions) -> io::Result<Self> {
@@ -82,6 +116,7 @@ impl MappedFile {
             len: AtomicU64::new(len),
             state: Mutex::new(MapState::default()),
             reserve: fallocate,
+            pwrite_from: PWRITE_FROM,
         })
     }
 
@@ -202,6 +237,17 @@ impl StoreFile for MappedFile {
 
     fn write_all_at(&self, offset: u64, data: &[u8]) -> io::Result<()> {
         let mut st = self.state.lock();
+        if data.len() >= self.pwrite_from {
+            // A large append: one system call for a page or more, and the kernel fills whole
+            // new pages more cheaply than they fault into the map. Both write the page cache,
+            // so the map, `pread` and `fdatasync` see the same bytes.
+            let result = self.file.write_all_at(data, offset);
+            if result.is_ok() {
+                self.len
+                    .fetch_max(offset + data.len() as u64, Ordering::AcqRel);
+            }
+            return result;
+        }
         let mut pos = offset;
         let mut rest = data;
         let mut result = Ok(());
@@ -282,7 +328,51 @@ mod tests {
             mmap: true,
             chunk,
         };
-        MappedFile::new(file, path.to_path_buf(), &opts).unwrap()
+        let mut f = MappedFile::new(file, path.to_path_buf(), &opts).unwrap();
+        // These tests are about the map: every write goes through it, whatever its size.
+        f.pwrite_from = usize::MAX;
+        f
+    }
+
+    #[test]
+    fn large_appends_go_through_pwrite_between_mapped_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("seg");
+        let mut f = open(&p, 1 << 20, 64 << 10);
+        f.pwrite_from = PWRITE_FROM;
+        let mut want = Vec::new();
+        // Small, large, small, a large one across the chunk boundary, small: in order, at
+        // their offsets, whichever way each went.
+        for (i, size) in [100usize, 5000, 300, 70_000, 10, 4095, 4096]
+            .into_iter()
+            .enumerate()
+        {
+            let rec: Vec<u8> = (0..size).map(|k| (k + 7 * i) as u8 | 1).collect();
+            f.write_all_at(want.len() as u64, &rec).unwrap();
+            want.extend_from_slice(&rec);
+            assert_eq!(f.len().unwrap(), want.len() as u64);
+        }
+        // The small writes mapped a chunk; the large ones did not need it.
+        assert!(is_mapped(&f));
+        let mut back = vec![0u8; want.len()];
+        f.read_exact_at(0, &mut back).unwrap();
+        assert_eq!(back, want);
+        f.sync().unwrap();
+        assert_eq!(&on_disk(&p)[..want.len()], &want[..]);
+        // Sealed, the file is exactly the data.
+        f.seal().unwrap();
+        assert_eq!(on_disk(&p), want);
+    }
+
+    #[test]
+    fn copy_on_write_file_systems_are_told_apart_by_magic() {
+        // This machine's file system (where the tests run) is not one of them, and the
+        // check does not fail on a regular file.
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("seg");
+        let file = std::fs::File::create(&p).unwrap();
+        let fs_type = rustix::fs::fstatfs(&file).unwrap().f_type as u64 & 0xFFFF_FFFF;
+        assert_eq!(may_map(&file, &p), !COPY_ON_WRITE_FS.contains(&fs_type));
     }
 
     fn on_disk(path: &std::path::Path) -> Vec<u8> {
