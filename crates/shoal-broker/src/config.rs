@@ -44,9 +44,9 @@ pub struct BrokerConfig {
     /// Commit log segment size in bytes (1 GiB).
     pub commit_log_segment_bytes: u64,
     /// Append to the commit log through a memory map of space reserved ahead of the writes,
-    /// instead of one `pwrite` per append (on by default, as RocketMQ's `MappedFile`; Linux
-    /// only, ignored elsewhere; appends of a page or more and copy-on-write file systems use
-    /// `pwrite`). See docs/storage.md.
+    /// instead of one `pwrite` per append, as RocketMQ's `MappedFile` (off by default: the
+    /// sends' p99 rose with it, see docs/benchmarks.md; Linux only, ignored elsewhere; appends
+    /// of a page or more and copy-on-write file systems use `pwrite`). See docs/storage.md.
     pub mmap_commit_log: bool,
     /// Bytes reserved and mapped at a time with `mmap_commit_log` (4 MiB).
     pub mmap_chunk_bytes: u64,
@@ -356,7 +356,7 @@ impl Default for BrokerConfig {
             flush_interval_ms: 500,
             sync_flush_timeout_ms: 5_000,
             commit_log_segment_bytes: 1 << 30,
-            mmap_commit_log: true,
+            mmap_commit_log: false,
             mmap_chunk_bytes: 4 << 20,
             retention_hours: 72,
             max_message_bytes: 4 * 1024 * 1024,
@@ -631,15 +631,15 @@ mod tests {
     #[test]
     fn mmap_commit_log_keys() {
         let d = BrokerConfig::default();
-        assert!(d.mmap_commit_log);
+        assert!(!d.mmap_commit_log);
         assert_eq!(d.mmap_chunk_bytes, 4 << 20);
         let c = BrokerConfig::from_toml(
-            "mmap_commit_log = false
+            "mmap_commit_log = true
 mmap_chunk_bytes = 1048576
 ",
         )
         .unwrap();
-        assert!(!c.mmap_commit_log);
+        assert!(c.mmap_commit_log);
         assert_eq!(c.mmap_chunk_bytes, 1 << 20);
         assert!(BrokerConfig::from_toml("mmap_chunk_bytes = 4096").is_err());
     }

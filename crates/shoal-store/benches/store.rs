@@ -3,9 +3,9 @@
 //!
 //! Run: `cargo bench -p shoal-store --bench store -- --warm-up-time 1 --measurement-time 3`
 //!
-//! Appends go as the store's defaults say (`StoreConfig::mmap_commit_log`: small appends
-//! through a memory map, a page or more with `pwrite`); `SHOAL_BENCH_MMAP=0` makes every
-//! append a `pwrite`, to compare the two in one session.
+//! `SHOAL_BENCH_MMAP=1` appends through a memory map instead of one `pwrite` per append
+//! (`StoreConfig::mmap_commit_log`: appends under a page through the map, larger ones still
+//! with `pwrite`), to compare the two in one session.
 
 use std::hint::black_box;
 use std::net::SocketAddr;
@@ -38,9 +38,8 @@ fn open(dir: &std::path::Path, mode: FlushMode) -> MessageStore {
     let mut cfg = StoreConfig::new(dir);
     cfg.flush_mode = mode;
     cfg.commit_log_segment_size = 256 << 20;
-    if std::env::var("SHOAL_BENCH_MMAP").is_ok_and(|v| v == "0") {
-        cfg.mmap_commit_log = false;
-    }
+    cfg.mmap_commit_log =
+        cfg!(target_os = "linux") && std::env::var("SHOAL_BENCH_MMAP").is_ok_and(|v| v == "1");
     match MessageStore::open(cfg) {
         Ok((s, _)) => s,
         Err(e) => panic!("open store: {e}"),

@@ -39,14 +39,16 @@ pub struct StoreConfig {
     /// Size of one commit log segment file in bytes (1 GiB by default).
     pub commit_log_segment_size: u64,
     /// Append to commit log segments through a shared memory map instead of one `pwrite` per
-    /// append (on by default; Linux only, ignored elsewhere). Space is reserved with
-    /// `fallocate` [`Self::mmap_chunk_size`] bytes at a time ahead of the writes, so a segment
-    /// being written is longer on disk than its data (zeros, given back when the segment is
-    /// full or the store shuts down). Appends of a page or more (batches) still go through
-    /// `pwrite`, which fills whole new pages more cheaply. A file system without `fallocate`
-    /// gets `pwrite` (logged once per segment), and so do copy-on-write file systems (btrfs,
-    /// ZFS, bcachefs; see docs/storage.md). Durability is the same either way: bytes are
-    /// durable after the flush's `fdatasync`.
+    /// append (Linux only, ignored elsewhere). Space is reserved with `fallocate`
+    /// [`Self::mmap_chunk_size`] bytes at a time ahead of the writes, so a segment being
+    /// written is longer on disk than its data (zeros, given back when the segment is full or
+    /// the store shuts down). Appends of a page or more (batches) still go through `pwrite`,
+    /// which fills whole new pages more cheaply. A file system without `fallocate` gets
+    /// `pwrite` (logged once per segment), and so do copy-on-write file systems (btrfs, ZFS,
+    /// bcachefs; see docs/storage.md). Durability is the same either way: bytes are durable
+    /// after the flush's `fdatasync`. Off by default: it saves CPU per small append, but the
+    /// sends' p99 rose with it in every measurement so far (docs/benchmarks.md, sessions 8
+    /// and 12).
     pub mmap_commit_log: bool,
     /// Bytes reserved and mapped at a time with [`Self::mmap_commit_log`] (4 MiB by default):
     /// the most a segment's file is longer than its data.
@@ -121,7 +123,7 @@ impl StoreConfig {
         StoreConfig {
             data_dir: data_dir.into(),
             commit_log_segment_size: 1 << 30,
-            mmap_commit_log: true,
+            mmap_commit_log: false,
             mmap_chunk_size: 4 << 20,
             consume_queue_file_entries: 300_000,
             index_file_entries: 4_000_000,
