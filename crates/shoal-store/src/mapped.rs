@@ -166,7 +166,10 @@ impl MappedFile {
         match mapped {
             Ok(map) => {
                 st.map = Some((start, map));
-                st.populated_to = start;
+                // Pages below the bytes written (by `pwrite` too) are never stored to again,
+                // but the last, partly written one: no need to populate them.
+                let written = self.len.load(Ordering::Acquire);
+                st.populated_to = start.max(written - written % 4096);
             }
             Err(e) => self.fall_back(st, "map", &e),
         }
@@ -243,8 +246,12 @@ impl StoreFile for MappedFile {
             // so the map, `pread` and `fdatasync` see the same bytes.
             let result = self.file.write_all_at(data, offset);
             if result.is_ok() {
-                self.len
-                    .fetch_max(offset + data.len() as u64, Ordering::AcqRel);
+                let end = offset + data.len() as u64;
+                self.len.fetch_max(end, Ordering::AcqRel);
+                // The pages written are in the page cache already and never stored to through
+                // the map again (but the last, partly written one): the next small append must
+                // not populate them for writing.
+                st.populated_to = st.populated_to.max(end - end % 4096);
             }
             return result;
         }
@@ -352,8 +359,11 @@ mod tests {
             want.extend_from_slice(&rec);
             assert_eq!(f.len().unwrap(), want.len() as u64);
         }
-        // The small writes mapped a chunk; the large ones did not need it.
+        // The small writes mapped a chunk; the large ones did not need it, and the pages they
+        // wrote are not populated again for the small writes after them.
         assert!(is_mapped(&f));
+        let end = want.len() as u64;
+        assert!(f.state.lock().populated_to >= end - end % 4096);
         let mut back = vec![0u8; want.len()];
         f.read_exact_at(0, &mut back).unwrap();
         assert_eq!(back, want);
