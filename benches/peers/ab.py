@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Interleaved A/B runs of `shoal bench produce` against a fresh `shoal dev` per run.
 
-Each round runs every build once; each run starts `shoal dev` on a new data directory, creates
-the topic, runs `shoal bench produce` and stops the server. It reports msgs/s, the broker's
+Each round runs every build once, starting with a different build each round (the order
+rotates); each run starts `shoal dev` on a new data directory, creates the topic, runs
+`shoal bench produce` and stops the server. It reports msgs/s, the broker's
 CPU per acknowledged message (utime+stime from /proc/PID/stat), the client's (getrusage of
 the finished bench process) and the send p99, per run and as medians. A fresh data directory
 per run keeps the page cache the broker writes into warm (see docs/benchmarks.md, session 9).
@@ -89,7 +90,11 @@ def main():
     results = {b: [] for b in a.builds}
     try:
         for rnd in range(a.rounds):
-            for build in a.builds:
+            # The order rotates from round to round: a machine that drifts within a round
+            # (the first run of a round came out ahead in every round of one sitting) then
+            # favours no build.
+            shift = rnd % len(a.builds)
+            for build in a.builds[shift:] + a.builds[:shift]:
                 env, binary, extra = parse_build(build)
                 r = one_run(binary, extra, a, os.path.join(work, "data"), env)
                 results[build].append(r)

@@ -4,8 +4,9 @@
 Runs `shoal bench produce` against `shoal dev` (one or more Shoal builds, e.g. a "before" and
 an "after" binary, for A/B comparisons) and `redis-benchmark XADD` against a local
 `redis-server` (AOF, `appendfsync everysec`) at the same client concurrency, round after
-round, each round running every case once on every target, so a noisy machine hits every
-target alike. Reports medians of msgs/s, p50/p99 and the **server CPU per message**
+round, each round running every case once on every target (the Shoal targets in an order
+that rotates from round to round), so a noisy machine hits every target alike. Reports
+medians of msgs/s, p50/p99 and the **server CPU per message**
 (utime+stime of the server process from /proc/PID/stat, before and after each run) and the
 client's CPU per message (getrusage of the finished client process), with ratios.
 
@@ -292,7 +293,11 @@ def main():
             for size in sizes:
                 for case in cases:
                     inflight, batch = case_params(case)
-                    for label, s in servers.items():
+                    # The Shoal targets' order rotates from round to round, so that a machine
+                    # drifting within a round favours none of them.
+                    shoal_targets = list(servers.items())
+                    shift = rnd % len(shoal_targets)
+                    for label, s in shoal_targets[shift:] + shoal_targets[:shift]:
                         fresh(s)
                         r = produce_case(s, case, size, a.producers, a.duration, f"Vs{size}c{case}r{rnd}")
                         r.update(target=label, size=size, case=case, round=rnd, load=load())
