@@ -1,14 +1,14 @@
 //! Transport limits of a real `shoal namesrv` process, set by its configuration file's `[net]`
 //! table (the broker's keys): connections per IP address and the idle timeout are enforced and
 //! counted at `/metrics`; a bad file stops the start with an error naming it. Waits are
-//! generous liveness bounds only; every check is on evidence (an answer, a closed socket, a
-//! counter).
+//! generous liveness bounds only; every check is on evidence (the process saying it listens,
+//! an answer, a closed socket, a counter).
 
 mod support;
 
 use shoal_proto::code::request_code as rc;
 use shoal_proto::RemotingCommand;
-use std::io::{Read, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -17,42 +17,73 @@ use support::{closed_within, free_port, http_request, sample, shoal, Proc};
 const LIMIT: Duration = Duration::from_secs(20);
 
 struct Namesrv {
-    _proc: Proc,
+    process: Proc,
     addr: String,
     http: String,
     _dir: tempfile::TempDir,
 }
 
+/// Starts a name server with `config` on ports chosen now. Ready when the process itself says
+/// both listeners are bound ("listening on" for requests, "metrics at" for HTTP, printed in
+/// that order). A process that exits before (a port taken by another process between
+/// `free_port` and the bind) is started again on other ports.
 fn start(config: &str) -> Namesrv {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("namesrv.toml");
     std::fs::write(&file, config).unwrap();
-    let addr = format!("127.0.0.1:{}", free_port());
-    let http = format!("127.0.0.1:{}", free_port());
-    let child = Command::new(shoal())
-        .args(["namesrv", "--listen", &addr, "--http-listen", &http])
-        .arg("--config")
-        .arg(&file)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let proc = Proc { child };
-    let deadline = Instant::now() + LIMIT;
-    while http_ready(&http).is_none() {
-        assert!(Instant::now() < deadline, "name server did not start");
-        std::thread::sleep(Duration::from_millis(50));
+    for _ in 0..3 {
+        let addr = format!("127.0.0.1:{}", free_port());
+        let http = format!("127.0.0.1:{}", free_port());
+        let mut child = Command::new(shoal())
+            .args(["namesrv", "--listen", &addr, "--http-listen", &http])
+            .arg("--config")
+            .arg(&file)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let proc = Proc { child };
+        let (tx, rx) = std::sync::mpsc::channel();
+        // Reads every line (the pipe must not fill), telling the test when HTTP is up.
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if line.starts_with("metrics at ") {
+                    let _ = tx.send(());
+                }
+            }
+        });
+        match rx.recv_timeout(LIMIT) {
+            Ok(()) => {
+                return Namesrv {
+                    process: proc,
+                    addr,
+                    http,
+                    _dir: dir,
+                }
+            }
+            // The process ended (its stdout closed) before both listeners were up.
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => continue,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => panic!("name server did not start"),
+        }
     }
-    Namesrv {
-        _proc: proc,
-        addr,
-        http,
-        _dir: dir,
-    }
+    panic!("name server exited before listening, three times")
 }
 
-fn http_ready(http: &str) -> Option<()> {
-    TcpStream::connect(http).ok().map(|_| ())
+/// Connects to the name server's request port; the message says whether the process is
+/// still running.
+fn connect(ns: &mut Namesrv) -> TcpStream {
+    match TcpStream::connect(&ns.addr) {
+        Ok(sock) => sock,
+        Err(e) => {
+            let status = ns.process.child.try_wait();
+            panic!(
+                "connecting to {}: {e} (name server process: {status:?})",
+                ns.addr
+            )
+        }
+    }
 }
 
 impl Namesrv {
@@ -92,11 +123,11 @@ fn served(sock: &mut TcpStream) -> bool {
 
 #[test]
 fn connections_per_address_are_limited_by_the_config_file() {
-    let ns = start("[net]\nmax_connections_per_ip = 2\n");
-    let mut first = TcpStream::connect(&ns.addr).unwrap();
-    let mut second = TcpStream::connect(&ns.addr).unwrap();
+    let mut ns = start("[net]\nmax_connections_per_ip = 2\n");
+    let mut first = connect(&mut ns);
+    let mut second = connect(&mut ns);
     assert!(served(&mut first) && served(&mut second));
-    let mut third = TcpStream::connect(&ns.addr).unwrap();
+    let mut third = connect(&mut ns);
     assert!(
         closed_within(&mut third, LIMIT),
         "a third connection from 127.0.0.1 was served with max_connections_per_ip = 2"
@@ -110,7 +141,7 @@ fn connections_per_address_are_limited_by_the_config_file() {
     drop(first);
     let deadline = Instant::now() + LIMIT;
     loop {
-        let mut again = TcpStream::connect(&ns.addr).unwrap();
+        let mut again = connect(&mut ns);
         if served(&mut again) {
             break;
         }
@@ -128,8 +159,8 @@ fn connections_per_address_are_limited_by_the_config_file() {
 
 #[test]
 fn idle_connections_are_closed_after_the_configured_timeout() {
-    let ns = start("[net]\nidle_timeout_secs = 1\n");
-    let mut sock = TcpStream::connect(&ns.addr).unwrap();
+    let mut ns = start("[net]\nidle_timeout_secs = 1\n");
+    let mut sock = connect(&mut ns);
     assert!(served(&mut sock));
     assert!(
         closed_within(&mut sock, LIMIT),
