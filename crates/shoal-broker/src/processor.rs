@@ -158,6 +158,10 @@ impl Processor for BrokerProcessor {
         self.inner.store.drain_appends();
     }
 
+    fn batch_waiting(&self) -> bool {
+        self.inner.store.appends_queued()
+    }
+
     fn on_connection_open(&self, _conn: &Connection) {
         self.inner.metrics.connections.inc();
         self.inner.metrics.connections_opened.inc();
@@ -212,6 +216,10 @@ impl Processor for LateProcessor {
         if let Some(p) = self.target.get() {
             p.end_of_batch();
         }
+    }
+
+    fn batch_waiting(&self) -> bool {
+        self.target.get().is_some_and(|p| p.batch_waiting())
     }
 
     fn on_connection_open(&self, conn: &Connection) {

@@ -130,9 +130,19 @@ where
                 Ok(p) => p,
                 Err(c) => return Poll::Ready(c),
             };
-            match self.decode_and_dispatch() {
-                Ok(n) => progress |= n > 0,
+            let started = match self.decode_and_dispatch() {
+                Ok(n) => n,
                 Err(c) => return Poll::Ready(c),
+            };
+            progress |= started > 0;
+            if started > 0 && self.yield_for_batch(cx) {
+                // Answers already complete go out now; the rest after the other connections'
+                // requests of this moment joined the batch.
+                if let Err(e) = self.poll_write(cx) {
+                    return Poll::Ready(Close::Io(e));
+                }
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
             }
             progress |= self.poll_requests(cx);
             match self.poll_write(cx) {
@@ -337,6 +347,15 @@ where
                 _ticket: ticket,
             }
         }));
+    }
+
+    /// Polls the requests just started once; true when some wait for the end of the batch
+    /// ([`Processor::batch_waiting`]): the caller then yields to the runtime before ending it,
+    /// letting the connections woken at the same moment add their requests. Progress does not
+    /// depend on it: a queued put appends on its own next poll, and this task is polled again.
+    fn yield_for_batch(&mut self, cx: &mut Context<'_>) -> bool {
+        self.drain_requests(cx);
+        !self.requests.is_empty() && self.processor.batch_waiting()
     }
 
     /// Polls the request futures, lets the processor finish the batch, polls again; queues

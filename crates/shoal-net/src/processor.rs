@@ -30,7 +30,9 @@ pub type ProcessResult = std::result::Result<Option<RemotingCommand>, ProcessErr
 /// blocking work belongs on a thread of its own). Requests that arrive together are handed
 /// over together: the connection decodes every complete frame it has read, calls `process` for
 /// each, polls the futures, then calls [`Processor::end_of_batch`] once, polls again, and writes
-/// every answer ready by then with one write.
+/// every answer ready by then with one write. When the processor reports work waiting for the
+/// end of the batch ([`Processor::batch_waiting`]), the connection first yields to the runtime
+/// once, so that other connections' requests of the same moment join the batch.
 ///
 /// The response's `opaque` and response flag are set by the connection; a response to a oneway
 /// request is never sent. A processor that returns an error or panics gets SYSTEM_ERROR (1)
@@ -51,6 +53,14 @@ pub trait Processor: Send + Sync + 'static {
     /// work from several requests (appends to a log) does it here, once for all of them. Must
     /// not block for long.
     fn end_of_batch(&self) {}
+
+    /// Whether work collected for [`Processor::end_of_batch`] is waiting (appends queued). A
+    /// connection that has just started requests and sees this yields to the runtime once
+    /// before it ends its batch, so that the requests other connections received at the same
+    /// moment join the batch (one append for all of them instead of one per connection).
+    fn batch_waiting(&self) -> bool {
+        false
+    }
 
     /// Called once when a connection opens, before its first request is processed.
     /// Must not block; it runs on the connection's task.

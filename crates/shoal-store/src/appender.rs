@@ -377,6 +377,12 @@ impl MessageStore {
     pub fn drain_appends(&self) {
         self.inner.drain();
     }
+
+    /// Whether puts are queued for the appender (waiting for a poll of their future or for
+    /// [`MessageStore::drain_appends`]). One atomic load.
+    pub fn appends_queued(&self) -> bool {
+        self.inner.appends.queued.load(Ordering::Acquire) > 0
+    }
 }
 
 /// The writer locked for something other than appending. A put that finds the writer busy

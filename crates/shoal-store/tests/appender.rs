@@ -153,9 +153,12 @@ fn drain_and_blocking_puts_take_queued_puts_along() {
     let be = MemBackend::new();
     let (store, _) = MessageStore::open(mem_config(&be, FlushMode::Async)).unwrap();
     let mut a = Box::pin(store.submit(vec![msg("T", 1, "a", 40, "")]));
+    assert!(!store.appends_queued(), "queued on its first poll, not before");
     assert!(poll_once(a.as_mut()).is_pending());
+    assert!(store.appends_queued());
     // An explicit drain (a connection ending its batch) appends it.
     store.drain_appends();
+    assert!(!store.appends_queued());
     assert_eq!(store.max_offset("T", 1), 1);
     assert!(matches!(poll_once(a.as_mut()), Poll::Ready(Ok(_))));
 
