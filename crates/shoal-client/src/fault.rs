@@ -6,7 +6,6 @@
 //! failed, then reachable ones, then any queue (round-robin). Sans-IO: callers pass the time.
 
 use shoal_proto::MessageQueue;
-use std::collections::HashMap;
 
 /// Latency thresholds (ms) and, index for index, how long a broker that reached them is not
 /// available (ms). RocketMQ 5's defaults.
@@ -55,7 +54,7 @@ struct FaultItem {
 pub struct LatencyFaultTolerance {
     enabled: bool,
     table: FaultTable,
-    items: HashMap<String, FaultItem>,
+    items: foldhash::HashMap<String, FaultItem>,
     next_index: usize,
 }
 
@@ -66,7 +65,7 @@ impl LatencyFaultTolerance {
         Self {
             enabled,
             table,
-            items: HashMap::new(),
+            items: foldhash::HashMap::default(),
             next_index: 0,
         }
     }

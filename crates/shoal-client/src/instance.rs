@@ -337,9 +337,9 @@ struct Inner {
     routes: Mutex<HashMap<String, TopicRouteData>>,
     /// Topic -> its write queues, computed when its route is stored and shared by every send
     /// (no route copy and no queue list built per send).
-    publish_queues: Mutex<HashMap<String, Arc<[MessageQueue]>>>,
+    publish_queues: Mutex<foldhash::HashMap<String, Arc<[MessageQueue]>>>,
     /// Broker name -> broker id -> address.
-    brokers: Mutex<HashMap<String, BTreeMap<i64, String>>>,
+    brokers: Mutex<foldhash::HashMap<String, BTreeMap<i64, String>>>,
     producer_groups: Mutex<BTreeSet<String>>,
     namesrv_index: AtomicUsize,
     shutdown: CancellationToken,
@@ -411,8 +411,8 @@ impl ClientInstance {
             net,
             registry,
             routes: Mutex::new(HashMap::new()),
-            publish_queues: Mutex::new(HashMap::new()),
-            brokers: Mutex::new(HashMap::new()),
+            publish_queues: Mutex::new(foldhash::HashMap::default()),
+            brokers: Mutex::new(foldhash::HashMap::default()),
             producer_groups: Mutex::new(BTreeSet::new()),
             namesrv_index: AtomicUsize::new(start_index),
             stamps: Mutex::new(HashMap::new()),

@@ -8,7 +8,6 @@ use crate::{NetError, Result};
 use futures::FutureExt;
 use parking_lot::Mutex;
 use shoal_proto::RemotingCommand;
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,7 +25,7 @@ struct ClientInner {
     config: NetConfig,
     tls: Option<ClientTls>,
     processor: Arc<dyn Processor>,
-    slots: Mutex<HashMap<String, Slot>>,
+    slots: Mutex<foldhash::HashMap<String, Slot>>,
     shutdown: CancellationToken,
     stats: Arc<NetStats>,
 }
@@ -89,7 +88,7 @@ impl RemotingClient {
                 config,
                 tls,
                 processor,
-                slots: Mutex::new(HashMap::new()),
+                slots: Mutex::new(foldhash::HashMap::default()),
                 shutdown: CancellationToken::new(),
                 stats: Arc::default(),
             }),

@@ -153,7 +153,10 @@ fn drain_and_blocking_puts_take_queued_puts_along() {
     let be = MemBackend::new();
     let (store, _) = MessageStore::open(mem_config(&be, FlushMode::Async)).unwrap();
     let mut a = Box::pin(store.submit(vec![msg("T", 1, "a", 40, "")]));
-    assert!(!store.appends_queued(), "queued on its first poll, not before");
+    assert!(
+        !store.appends_queued(),
+        "queued on its first poll, not before"
+    );
     assert!(poll_once(a.as_mut()).is_pending());
     assert!(store.appends_queued());
     // An explicit drain (a connection ending its batch) appends it.
