@@ -1153,6 +1153,28 @@ mod tests {
     }
 
     #[test]
+    fn json_headers_with_escapes_beyond_the_room_asked_for() {
+        // Every byte of these strings needs an escape (6 bytes for a control character, 2 for
+        // a quote): the header outgrows the room reserved for plain strings many times over.
+        let mut ext = ExtFields::new();
+        ext.insert("\u{1}\"key", "\u{2}".repeat(5000));
+        ext.insert("plain", "value");
+        let mut cmd = RemotingCommand::request(310).with_ext_fields(ext);
+        cmd.remark = Some("\"\\\n".repeat(700));
+        let mut header = BytesMut::from(&b"before"[..]);
+        cmd.encode_header(&mut header).unwrap();
+        assert_eq!(&header[..6], b"before");
+        let text = std::str::from_utf8(&header[6..]).unwrap();
+        assert!(text.ends_with('}'), "no bytes left over after the header");
+        let back: serde_json::Value = serde_json::from_str(text).unwrap();
+        assert_eq!(back["remark"], cmd.remark.clone().unwrap());
+        assert_eq!(back["extFields"]["\u{1}\"key"], "\u{2}".repeat(5000));
+        assert_eq!(back["extFields"]["plain"], "value");
+        let frame = cmd.to_frame().unwrap();
+        assert_eq!(decode_whole(&frame).unwrap(), cmd);
+    }
+
+    #[test]
     fn spec_json_response_both_ways() {
         let mut header = BytesMut::new();
         spec_send_response().encode_header(&mut header).unwrap();
