@@ -4,22 +4,26 @@
 
 use crate::api::{code, RequestCtx};
 use crate::convert::record_to_message;
-use crate::producer::SeqCheck;
+use crate::producer::{ProducerEntry, SeqCheck};
 use crate::records::BatchError;
 use crate::state::{wall_ms, State};
 use bytes::Bytes;
+use futures::future::join_all;
 use kafka_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
 use kafka_protocol::messages::{ProduceRequest, ProduceResponse, TopicName};
 use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::records::Record;
 use kafka_protocol::ResponseError;
+use parking_lot::Mutex;
 use shoal_store::{FlushStatus, MessageExtBrokerInner};
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-/// A topic's partitions and their record bytes.
-type TopicWork = (TopicName, Vec<(i32, Option<Bytes>)>);
+/// Largest record set (per partition) checked and converted on the connection's own task;
+/// larger ones, and every compressed one (inflating may cost far more than its bytes), are
+/// handed to the blocking pool, where the thread hop is small next to the work.
+const INLINE_SET_BYTES: usize = 64 * 1024;
 
 struct Outcome {
     error: Option<(ResponseError, String)>,
@@ -38,6 +42,10 @@ impl Outcome {
 }
 
 /// Handles a Produce request; `None` for acks=0.
+///
+/// Every partition of the request is checked, converted and queued for the store's appender
+/// together (their appends share one write), on the connection's task: no thread hop unless a
+/// partition's records are compressed or large (see [`INLINE_SET_BYTES`]).
 pub(crate) async fn produce(
     state: &Arc<State>,
     ctx: &RequestCtx,
@@ -58,78 +66,77 @@ pub(crate) async fn produce(
     } else {
         None
     };
-    let work: Vec<TopicWork> = req
-        .topic_data
-        .into_iter()
-        .map(|t| {
-            (
-                t.name,
-                t.partition_data
-                    .into_iter()
-                    .map(|p| (p.index, p.records))
-                    .collect(),
-            )
-        })
-        .collect();
-    let st = state.clone();
-    let peer = ctx.peer;
-    let ge = global_error.clone();
-    let done = tokio::task::spawn_blocking(move || {
-        work.into_iter()
-            .map(|(topic, parts)| {
-                let outcomes: Vec<(i32, Outcome)> = parts
-                    .into_iter()
-                    .map(|(index, records)| {
-                        let o = match &ge {
-                            Some((e, m)) => Outcome::err(*e, m.clone()),
-                            None => partition(&st, topic.0.as_str(), index, records, peer),
-                        };
-                        (index, o)
-                    })
-                    .collect();
-                (topic, outcomes)
-            })
-            .collect::<Vec<_>>()
-    })
-    .await;
-    let done = match done {
-        Ok(d) => d,
-        Err(e) => {
-            tracing::error!(error = %e, "produce task failed");
-            Vec::new()
+    let mut names: Vec<TopicName> = Vec::with_capacity(req.topic_data.len());
+    let mut work = Vec::new();
+    for t in req.topic_data {
+        for p in t.partition_data {
+            work.push((names.len(), p.index, p.records));
         }
-    };
+        names.push(t.name);
+    }
+    let peer = ctx.peer;
+    let names_ref = &names;
+    let ge = &global_error;
+    let outcomes = join_all(work.into_iter().map(|(t, index, records)| async move {
+        let o = match ge {
+            Some((e, m)) => Outcome::err(*e, m.clone()),
+            None => partition(state, names_ref[t].0.as_str(), index, records, peer).await,
+        };
+        (t, index, o)
+    }))
+    .await;
     if acks == 0 {
         return None;
     }
     let mut resp = ProduceResponse::default();
-    for (topic, outcomes) in done {
-        let mut t = TopicProduceResponse::default();
-        t.name = topic;
-        for (index, o) in outcomes {
-            let mut p = PartitionProduceResponse::default();
-            p.index = index;
-            p.base_offset = o.base_offset;
-            p.log_append_time_ms = -1;
-            if version >= 5 {
-                p.log_start_offset = o.log_start;
-            }
-            if let Some((e, m)) = o.error {
-                p.error_code = code(e);
-                if version >= 8 {
-                    p.error_message = Some(StrBytes::from_string(m));
-                }
-            }
-            t.partition_responses.push(p);
+    resp.responses = names
+        .into_iter()
+        .map(|name| {
+            let mut t = TopicProduceResponse::default();
+            t.name = name;
+            t
+        })
+        .collect();
+    for (t, index, o) in outcomes {
+        let mut p = PartitionProduceResponse::default();
+        p.index = index;
+        p.base_offset = o.base_offset;
+        p.log_append_time_ms = -1;
+        if version >= 5 {
+            p.log_start_offset = o.log_start;
         }
-        resp.responses.push(t);
+        if let Some((e, m)) = o.error {
+            p.error_code = code(e);
+            if version >= 8 {
+                p.error_message = Some(StrBytes::from_string(m));
+            }
+        }
+        resp.responses[t].partition_responses.push(p);
     }
     Some(resp)
 }
 
-/// Decodes, checks and stores one partition's batches (blocking).
-fn partition(
-    state: &State,
+/// One partition's records, checked and converted, ready for the store.
+enum Prepared {
+    /// Records of no idempotent producer: stored as one put.
+    Plain(Vec<MessageExtBrokerInner>),
+    /// An idempotent producer's batches, each checked against its sequences before it is put.
+    Idempotent {
+        producer_id: i64,
+        batches: Vec<IdempotentBatch>,
+    },
+}
+
+struct IdempotentBatch {
+    epoch: i16,
+    first_seq: i32,
+    last_seq: i32,
+    msgs: Vec<MessageExtBrokerInner>,
+}
+
+/// Checks, converts and stores one partition's batches.
+async fn partition(
+    state: &Arc<State>,
     topic: &str,
     index: i32,
     records: Option<Bytes>,
@@ -159,6 +166,52 @@ fn partition(
     let Some(bytes) = records else {
         return Outcome::err(ResponseError::CorruptMessage, "no records");
     };
+    let prepared = if bytes.len() <= INLINE_SET_BYTES && !crate::records::any_compressed(&bytes) {
+        prepare(state, topic, index, bytes, peer)
+    } else {
+        let st = Arc::clone(state);
+        let t = topic.to_string();
+        match tokio::task::spawn_blocking(move || prepare(&st, &t, index, bytes, peer)).await {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::error!(error = %e, "produce decode task failed");
+                Err(Outcome::err(
+                    ResponseError::UnknownServerError,
+                    "the record set could not be decoded (internal error)",
+                ))
+            }
+        }
+    };
+    let prepared = match prepared {
+        Ok(p) => p,
+        Err(o) => return o,
+    };
+    let log_start = state.store.min_offset(topic, index) as i64;
+    let stored = match prepared {
+        Prepared::Plain(msgs) => store(state, msgs).await,
+        Prepared::Idempotent {
+            producer_id,
+            batches,
+        } => store_idempotent(state, topic, index, producer_id, batches).await,
+    };
+    match stored {
+        Ok(base_offset) => Outcome {
+            error: None,
+            base_offset,
+            log_start,
+        },
+        Err(o) => o,
+    }
+}
+
+/// Decodes one partition's record set and converts its records to messages (CPU only).
+fn prepare(
+    state: &State,
+    topic: &str,
+    index: i32,
+    bytes: Bytes,
+    peer: SocketAddr,
+) -> Result<Prepared, Outcome> {
     let sets =
         match crate::records::decode_record_set(bytes, state.config.max_batch_decompressed_bytes) {
             Ok(s) => s,
@@ -174,7 +227,7 @@ fn partition(
                         .batches_malformed
                         .fetch_add(1, Ordering::Relaxed);
                 }
-                return Outcome::err(err, format!("record batch rejected: {e}"));
+                return Err(Outcome::err(err, format!("record batch rejected: {e}")));
             }
         };
     let max = state.host.max_message_bytes();
@@ -201,65 +254,102 @@ fn partition(
     };
     for s in &sets {
         if s.records.iter().any(|r| r.transactional || r.control) {
-            return Outcome::err(
+            return Err(Outcome::err(
                 ResponseError::InvalidRecord,
                 "transactional and control batches are not supported",
-            );
+            ));
         }
     }
-    let log_start = state.store.min_offset(topic, index) as i64;
-    let idempotent = sets
-        .first()
-        .and_then(|s| s.records.first())
-        .is_some_and(|r| r.producer_id >= 0);
-    if !idempotent {
+    let first = sets.iter().find_map(|s| s.records.first());
+    let Some(producer_id) = first.map(|r| r.producer_id).filter(|&id| id >= 0) else {
         let all: Vec<Record> = sets.into_iter().flat_map(|s| s.records).collect();
         if all.is_empty() {
-            return Outcome::err(ResponseError::CorruptMessage, "empty record batch");
+            return Err(Outcome::err(
+                ResponseError::CorruptMessage,
+                "empty record batch",
+            ));
         }
-        let msgs = match convert(&all) {
-            Ok(m) => m,
-            Err(o) => return o,
-        };
-        return match store(state, &msgs) {
-            Ok(base) => Outcome {
-                error: None,
-                base_offset: base,
-                log_start,
-            },
-            Err(o) => o,
-        };
-    }
-    // Idempotent: check each batch's sequence range against the producer's state.
-    let first = &sets[0].records[0];
-    let Some(entry) = state.producers.get(first.producer_id) else {
-        return Outcome::err(
-            ResponseError::UnknownProducerId,
-            format!(
-                "producer id {} is not known (expired or from before a restart)",
-                first.producer_id
-            ),
-        );
+        return convert(&all).map(Prepared::Plain);
     };
-    let mut entry = entry.lock();
-    let mut base_offset: Option<i64> = None;
+    let mut batches = Vec::with_capacity(sets.len());
     for s in &sets {
         let (Some(head), Some(tail)) = (s.records.first(), s.records.last()) else {
             continue;
         };
-        if head.producer_id != first.producer_id {
-            return Outcome::err(
+        if head.producer_id != producer_id {
+            return Err(Outcome::err(
                 ResponseError::InvalidRecord,
                 "batches of different producers in one partition",
-            );
+            ));
         }
-        match entry.check(
-            topic,
-            index,
-            head.producer_epoch,
-            head.sequence,
-            tail.sequence,
-        ) {
+        batches.push(IdempotentBatch {
+            epoch: head.producer_epoch,
+            first_seq: head.sequence,
+            last_seq: tail.sequence,
+            msgs: convert(&s.records)?,
+        });
+    }
+    Ok(Prepared::Idempotent {
+        producer_id,
+        batches,
+    })
+}
+
+/// The mark that a request is writing an idempotent producer's partition, removed when the
+/// request is done with it (answered, or dropped with its connection).
+struct Writing<'a> {
+    entry: &'a Mutex<ProducerEntry>,
+    topic: &'a str,
+    partition: i32,
+}
+
+impl Drop for Writing<'_> {
+    fn drop(&mut self) {
+        self.entry.lock().end_write(self.topic, self.partition);
+    }
+}
+
+/// Stores an idempotent producer's batches of one partition: each is checked against the
+/// producer's sequences (a repeat answered with its first offset and not stored again) and
+/// put; the producer's state is locked only to check and to record, never across the put.
+async fn store_idempotent(
+    state: &State,
+    topic: &str,
+    index: i32,
+    producer_id: i64,
+    batches: Vec<IdempotentBatch>,
+) -> Result<i64, Outcome> {
+    let Some(entry) = state.producers.get(producer_id) else {
+        return Err(Outcome::err(
+            ResponseError::UnknownProducerId,
+            format!("producer id {producer_id} is not known (expired or from before a restart)"),
+        ));
+    };
+    let began = entry.lock().begin_write(topic, index);
+    if !began {
+        state
+            .counters
+            .concurrent_writes_refused
+            .fetch_add(1, Ordering::Relaxed);
+        return Err(Outcome::err(
+            ResponseError::RequestTimedOut,
+            format!(
+                "another request of producer {producer_id} is still writing {topic}-{index}; \
+                 retry once it is answered"
+            ),
+        ));
+    }
+    let _writing = Writing {
+        entry: &entry,
+        topic,
+        partition: index,
+    };
+    let mut base_offset: Option<i64> = None;
+    for b in batches {
+        let check = entry
+            .lock()
+            .check(topic, index, b.epoch, b.first_seq, b.last_seq);
+        match check {
             SeqCheck::Duplicate(at) => {
                 state
                     .counters
@@ -272,54 +362,31 @@ fn partition(
                     .counters
                     .sequence_errors
                     .fetch_add(1, Ordering::Relaxed);
-                return Outcome::err(
+                return Err(Outcome::err(
                     e,
                     format!(
                         "batch with sequence {}..={} (epoch {}) refused",
-                        head.sequence, tail.sequence, head.producer_epoch
+                        b.first_seq, b.last_seq, b.epoch
                     ),
-                );
+                ));
             }
             SeqCheck::Append => {
-                let msgs = match convert(&s.records) {
-                    Ok(m) => m,
-                    Err(o) => return o,
-                };
-                match store(state, &msgs) {
-                    Ok(at) => {
-                        entry.record(
-                            topic,
-                            index,
-                            head.producer_epoch,
-                            head.sequence,
-                            tail.sequence,
-                            at,
-                        );
-                        base_offset.get_or_insert(at);
-                    }
-                    Err(o) => return o,
-                }
+                let at = store(state, b.msgs).await?;
+                entry
+                    .lock()
+                    .record(topic, index, b.epoch, b.first_seq, b.last_seq, at);
+                base_offset.get_or_insert(at);
             }
         }
     }
-    match base_offset {
-        Some(b) => Outcome {
-            error: None,
-            base_offset: b,
-            log_start,
-        },
-        None => Outcome::err(ResponseError::CorruptMessage, "empty record batch"),
-    }
+    base_offset.ok_or_else(|| Outcome::err(ResponseError::CorruptMessage, "empty record batch"))
 }
 
-/// Appends messages; returns the first one's queue offset.
-fn store(state: &State, msgs: &[MessageExtBrokerInner]) -> Result<i64, Outcome> {
-    let r = if msgs.len() == 1 {
-        state.store.put_message(&msgs[0])
-    } else {
-        state.store.put_messages(msgs)
-    };
-    let r = r.map_err(|e| match e {
+/// Appends messages through the store's appender (together with every put waiting then);
+/// returns the first one's queue offset once they are written (fsynced under sync flush).
+async fn store(state: &State, msgs: Vec<MessageExtBrokerInner>) -> Result<i64, Outcome> {
+    let count = msgs.len() as u64;
+    let r = state.store.submit(msgs).await.map_err(|e| match e {
         shoal_store::StoreError::MessageTooLarge { size, max } => Outcome::err(
             ResponseError::MessageTooLarge,
             format!("message of {size} bytes exceeds the store limit of {max}"),
@@ -347,7 +414,7 @@ fn store(state: &State, msgs: &[MessageExtBrokerInner]) -> Result<i64, Outcome> 
     state
         .counters
         .records_produced
-        .fetch_add(msgs.len() as u64, Ordering::Relaxed);
+        .fetch_add(count, Ordering::Relaxed);
     r.messages
         .first()
         .map(|m| m.queue_offset as i64)

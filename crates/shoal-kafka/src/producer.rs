@@ -11,7 +11,7 @@ use crate::state::{wall_ms, State};
 use kafka_protocol::messages::{InitProducerIdRequest, InitProducerIdResponse, ProducerId};
 use kafka_protocol::ResponseError;
 use parking_lot::Mutex;
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -36,6 +36,12 @@ struct PartitionSeq {
 pub(crate) struct ProducerEntry {
     pub epoch: i16,
     partitions: HashMap<(String, i32), PartitionSeq>,
+    /// Partitions a Produce request of this producer is writing now (checked, being appended,
+    /// not yet recorded). The entry is not locked while the append runs, so a second request
+    /// for the same partition (a retry on a new connection while the first is still being
+    /// written) is turned away until the first is recorded: its sequence check would not see
+    /// the batch in flight.
+    writing: HashSet<(String, i32)>,
 }
 
 /// The outcome of checking one batch.
@@ -105,6 +111,11 @@ impl ProducerEntry {
         last: i32,
         base_offset: i64,
     ) {
+        if epoch < self.epoch {
+            // The producer re-initialised (bumping its epoch) while this batch was written:
+            // its sequences start over, so the old epoch's batch is not one to compare with.
+            return;
+        }
         if epoch > self.epoch {
             self.epoch = epoch;
             self.partitions.clear();
@@ -121,6 +132,17 @@ impl ProducerEntry {
         while seq.recent.len() > RECENT_BATCHES {
             seq.recent.pop_front();
         }
+    }
+
+    /// Marks `(topic, partition)` as being written by a request of this producer; false when
+    /// another request of the producer is writing it already (see `writing`).
+    pub fn begin_write(&mut self, topic: &str, partition: i32) -> bool {
+        self.writing.insert((topic.to_string(), partition))
+    }
+
+    /// Ends what [`ProducerEntry::begin_write`] began.
+    pub fn end_write(&mut self, topic: &str, partition: i32) {
+        self.writing.remove(&(topic.to_string(), partition));
     }
 }
 
@@ -199,6 +221,7 @@ impl ProducerTable {
                 entry: Arc::new(Mutex::new(ProducerEntry {
                     epoch: 0,
                     partitions: HashMap::new(),
+                    writing: HashSet::new(),
                 })),
                 last_used: tick,
             },
@@ -261,6 +284,7 @@ mod tests {
         ProducerEntry {
             epoch: 0,
             partitions: HashMap::new(),
+            writing: HashSet::new(),
         }
     }
 
@@ -315,6 +339,36 @@ mod tests {
         assert_eq!(
             t.init(Some((id, 0))).unwrap_err(),
             ResponseError::ProducerFenced
+        );
+    }
+
+    #[test]
+    fn one_request_at_a_time_writes_a_partition() {
+        let mut e = entry();
+        assert!(e.begin_write("T", 0));
+        assert!(
+            !e.begin_write("T", 0),
+            "a second writer of the partition is turned away"
+        );
+        assert!(e.begin_write("T", 1), "other partitions are independent");
+        e.end_write("T", 0);
+        assert!(e.begin_write("T", 0));
+    }
+
+    #[test]
+    fn a_batch_written_across_an_epoch_bump_is_not_recorded() {
+        let t = ProducerTable::new(10);
+        let ((id, _), _) = t.init(None).unwrap();
+        let e = t.get(id).unwrap();
+        assert_eq!(e.lock().check("T", 0, 0, 0, 9), SeqCheck::Append);
+        // The producer re-initialises while the batch is appended.
+        assert_eq!(t.init(Some((id, 0))).unwrap().0, (id, 1));
+        e.lock().record("T", 0, 0, 0, 9, 500);
+        // The new epoch starts at sequence 0, and the old batch is no duplicate of it.
+        assert_eq!(e.lock().check("T", 0, 1, 0, 9), SeqCheck::Append);
+        assert_eq!(
+            e.lock().check("T", 0, 1, 10, 12),
+            SeqCheck::Refuse(ResponseError::OutOfOrderSequenceNumber)
         );
     }
 

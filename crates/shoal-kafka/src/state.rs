@@ -45,6 +45,9 @@ pub struct Counters {
     pub duplicate_batches: AtomicU64,
     /// Batches refused for a sequence gap or a stale producer epoch.
     pub sequence_errors: AtomicU64,
+    /// Idempotent batches answered REQUEST_TIMED_OUT (retriable) because another request of
+    /// the same producer was still writing the same partition (a retry on a new connection).
+    pub concurrent_writes_refused: AtomicU64,
     /// Idempotent producer states forgotten because `max_producer_states` was reached.
     pub producer_states_evicted: AtomicU64,
     /// Classic group rebalances completed (generations started).

@@ -558,6 +558,157 @@ async fn idempotent_batches_are_stored_once_and_gaps_refused() {
     );
 }
 
+/// The same idempotent batch sent at once on eight connections (a retry storm after
+/// reconnects): it is stored once; every answer is its offset or the retriable
+/// REQUEST_TIMED_OUT of a request that found another one writing the partition, and retrying
+/// those answers the same offset.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_idempotent_batch_sent_on_many_connections_at_once_is_stored_once() {
+    let f = Fixture::start(KafkaConfig::default()).await;
+    let mut c = f.client().await;
+    let _: CreateTopicsResponse = c.call(ApiKey::CreateTopics, 7, &create_req("T5", 1)).await;
+    let init: InitProducerIdResponse = c
+        .call(
+            ApiKey::InitProducerId,
+            4,
+            &InitProducerIdRequest::default()
+                .with_transactional_id(None)
+                .with_producer_id(ProducerId(-1))
+                .with_producer_epoch(-1)
+                .with_transaction_timeout_ms(60000),
+        )
+        .await;
+    assert_eq!(init.error_code, 0);
+    let recs: Vec<Record> = (0..3)
+        .map(|i| Record {
+            producer_id: init.producer_id.0,
+            producer_epoch: init.producer_epoch,
+            sequence: i as i32,
+            ..record(i, "k", "v")
+        })
+        .collect();
+    let req = produce_req("T5", 0, -1, batch(&recs, Compression::None));
+    let mut clients = Vec::new();
+    for _ in 0..8 {
+        clients.push(f.client().await);
+    }
+    let mut ids = Vec::new();
+    for c in &mut clients {
+        ids.push(c.send(ApiKey::Produce, 9, &req).await);
+    }
+    let mut retry = Vec::new();
+    for (c, id) in clients.iter_mut().zip(ids) {
+        let r: ProduceResponse = c.recv(ApiKey::Produce, 9, id).await;
+        let p = &r.responses[0].partition_responses[0];
+        match p.error_code {
+            0 => assert_eq!(p.base_offset, 0),
+            7 => {
+                let m = p.error_message.as_ref().expect("a message at v9");
+                assert!(m.contains("still writing T5-0"), "{m}");
+                retry.push(c);
+            }
+            e => panic!("unexpected error code {e}"),
+        }
+    }
+    let counters = f.server.as_ref().unwrap().counters();
+    let load = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(
+        load(&counters.duplicate_batches) + load(&counters.concurrent_writes_refused),
+        7,
+        "one request appended, the other seven were duplicates or turned away"
+    );
+    assert_eq!(
+        load(&counters.concurrent_writes_refused),
+        retry.len() as u64
+    );
+    for c in retry {
+        let r: ProduceResponse = c.call(ApiKey::Produce, 9, &req).await;
+        let p = &r.responses[0].partition_responses[0];
+        assert_eq!(
+            (p.error_code, p.base_offset),
+            (0, 0),
+            "a retry is a duplicate"
+        );
+    }
+    assert_eq!(f.broker.store.max_offset("T5", 0), 3, "stored once");
+}
+
+/// A partition's answer: index, error code, base offset.
+type Answer = (i32, i16, i64);
+
+/// One request for several topics and partitions: every partition is answered in the
+/// request's order, a bad partition only fails itself, and each stored its own records.
+#[tokio::test]
+async fn a_request_for_many_partitions_answers_each_in_order() {
+    let f = Fixture::start(KafkaConfig::default()).await;
+    let mut c = f.client().await;
+    let _: CreateTopicsResponse = c.call(ApiKey::CreateTopics, 7, &create_req("M1", 3)).await;
+    let _: CreateTopicsResponse = c.call(ApiKey::CreateTopics, 7, &create_req("M2", 2)).await;
+    let recs = |n: i64| -> Bytes {
+        let r: Vec<Record> = (0..n).map(|i| record(i, "k", "v")).collect();
+        batch(&r, Compression::None)
+    };
+    let part = |index: i32, n: i64| {
+        let mut p = produce_request::PartitionProduceData::default();
+        p.index = index;
+        p.records = Some(recs(n));
+        p
+    };
+    let mut t1 = produce_request::TopicProduceData::default();
+    t1.name = TopicName(StrBytes::from_static_str("M1"));
+    t1.partition_data = vec![part(2, 1), part(0, 2), part(7, 1), part(1, 3)];
+    let mut t2 = produce_request::TopicProduceData::default();
+    t2.name = TopicName(StrBytes::from_static_str("M2"));
+    t2.partition_data = vec![part(1, 4)];
+    let mut req = ProduceRequest::default();
+    req.acks = -1;
+    req.timeout_ms = 5000;
+    req.topic_data = vec![t1, t2];
+    for round in 0..2i64 {
+        let r: ProduceResponse = c.call(ApiKey::Produce, 9, &req).await;
+        let got: Vec<(String, Vec<Answer>)> = r
+            .responses
+            .iter()
+            .map(|t| {
+                (
+                    t.name.0.to_string(),
+                    t.partition_responses
+                        .iter()
+                        .map(|p| (p.index, p.error_code, p.base_offset))
+                        .collect(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (
+                    "M1".to_string(),
+                    vec![
+                        (2, 0, round),
+                        (0, 0, 2 * round),
+                        (7, 3, -1), // UNKNOWN_TOPIC_OR_PARTITION
+                        (1, 0, 3 * round)
+                    ]
+                ),
+                ("M2".to_string(), vec![(1, 0, 4 * round)]),
+            ],
+            "round {round}"
+        );
+    }
+    let store = &f.broker.store;
+    assert_eq!(
+        [
+            store.max_offset("M1", 0),
+            store.max_offset("M1", 1),
+            store.max_offset("M1", 2),
+            store.max_offset("M2", 0),
+            store.max_offset("M2", 1)
+        ],
+        [4, 6, 2, 0, 8]
+    );
+}
+
 #[tokio::test]
 async fn an_oversized_request_closes_the_connection() {
     let f = Fixture::start(KafkaConfig {

@@ -104,6 +104,24 @@ pub(crate) fn decode_record_set(set: Bytes, limit: usize) -> Result<Vec<RecordSe
     Ok(out)
 }
 
+/// Whether some batch of `set` is compressed (its attributes name a codec), read from the batch
+/// headers alone. A set that is not well framed answers false: it is refused as cheaply as it is
+/// read, by [`decode_record_set`].
+pub(crate) fn any_compressed(set: &[u8]) -> bool {
+    let mut pos = 0;
+    while let Some(rest) = set.get(pos..).filter(|r| r.len() >= HEADER) {
+        if i16::from_be_bytes([rest[21], rest[22]]) & 0x7 != 0 {
+            return true;
+        }
+        let declared = i32::from_be_bytes([rest[8], rest[9], rest[10], rest[11]]);
+        match usize::try_from(declared) {
+            Ok(len) if len >= HEADER - 12 => pos += len + 12,
+            _ => return false,
+        }
+    }
+    false
+}
+
 fn inflate(r: impl Read, limit: usize, what: &str) -> Result<Bytes, BatchError> {
     let mut out = Vec::new();
     let cap = u64::try_from(limit).unwrap_or(u64::MAX).saturating_add(1);

@@ -50,6 +50,32 @@ fn well_formed_sets_decode_as_kafka_protocol_decodes_them() {
 }
 
 #[test]
+fn compressed_batches_are_found_from_their_headers() {
+    let plain = batch(&[record(0, b"x".to_vec())], Compression::None);
+    assert!(!any_compressed(&plain));
+    assert!(!any_compressed(&[]));
+    for c in &COMPRESSIONS[1..] {
+        let packed = batch(&[record(1, b"y".to_vec())], *c);
+        assert!(any_compressed(&packed), "{c:?}");
+        // Behind a plain batch, and ahead of one.
+        let mut set = BytesMut::from(&plain[..]);
+        set.extend_from_slice(&packed);
+        assert!(any_compressed(&set), "{c:?} second");
+        let mut set = BytesMut::from(&packed[..]);
+        set.extend_from_slice(&plain);
+        assert!(any_compressed(&set), "{c:?} first");
+    }
+    let mut two = BytesMut::from(&plain[..]);
+    two.extend_from_slice(&plain);
+    assert!(!any_compressed(&two));
+    // A set that is not well framed is left to the decoder, which refuses it.
+    let mut bad = BytesMut::from(&plain[..]);
+    bad[8..12].copy_from_slice(&(-1i32).to_be_bytes());
+    assert!(!any_compressed(&bad));
+    assert!(!any_compressed(&plain[..30]));
+}
+
+#[test]
 fn declared_counts_past_the_end_are_refused() {
     let one = batch(&[record(0, b"x".to_vec())], Compression::None);
     // Record count.
