@@ -20,6 +20,11 @@ use uuid::Uuid;
 /// Consume-queue entries read per store call; several calls fill a partition's byte budget.
 const MAX_MESSAGES_PER_READ: usize = 512;
 
+/// Most messages waiting past the fetch offsets (all partitions) for a fetch to be read on the
+/// connection's task; a fetch that may return more is read on the blocking pool, where the
+/// thread hop is small next to the reading and converting.
+const INLINE_FETCH_MESSAGES: u64 = 128;
+
 #[derive(Debug, Clone)]
 struct Wanted {
     name: Option<String>,
@@ -81,11 +86,15 @@ pub(crate) async fn fetch(
     let all: Vec<Wanted> = topics.iter().flat_map(|(_, _, w)| w.clone()).collect();
     let mut held = false;
     let reads = loop {
-        let st = state.clone();
-        let list = all.clone();
-        let reads = tokio::task::spawn_blocking(move || read_all(&st, &list, max_bytes))
-            .await
-            .unwrap_or_default();
+        let reads = if waiting_messages(state, &all) <= INLINE_FETCH_MESSAGES {
+            read_all(state, &all, max_bytes)
+        } else {
+            let st = state.clone();
+            let list = all.clone();
+            tokio::task::spawn_blocking(move || read_all(&st, &list, max_bytes))
+                .await
+                .unwrap_or_default()
+        };
         let bytes: usize = reads.iter().map(|r| r.records.len()).sum();
         let any_error = reads.iter().any(|r| r.error.is_some());
         let now = Instant::now();
@@ -163,6 +172,19 @@ pub(crate) async fn fetch(
         .records_fetched
         .fetch_add(fetched, Ordering::Relaxed);
     resp
+}
+
+/// Messages stored past the fetch offsets of `wanted` (what a read could return at most; a
+/// partition that does not exist counts none). One consume-queue bound per partition.
+fn waiting_messages(state: &State, wanted: &[Wanted]) -> u64 {
+    wanted
+        .iter()
+        .filter(|w| w.partition >= 0)
+        .filter_map(|w| {
+            let max = state.store.max_offset(w.name.as_deref()?, w.partition);
+            Some(max.saturating_sub(w.offset.max(0) as u64))
+        })
+        .fold(0u64, u64::saturating_add)
 }
 
 fn read_all(state: &State, wanted: &[Wanted], max_bytes: usize) -> Vec<Read> {

@@ -454,6 +454,49 @@ async fn produce_then_fetch_round_trips_compressed_records() {
     );
 }
 
+/// Large and small sets take different paths (a large plain set and a fetch of many waiting
+/// messages are worked on the blocking pool, small ones on the connection's task): both store
+/// and read back the same records.
+#[tokio::test]
+async fn large_and_small_produces_and_fetches_agree() {
+    let f = Fixture::start(KafkaConfig::default()).await;
+    let mut c = f.client().await;
+    let _: CreateTopicsResponse = c.call(ApiKey::CreateTopics, 7, &create_req("L1", 1)).await;
+    let value = "v".repeat(300);
+    // 300 records of about 320 bytes (past 64 KiB), then 20 (a few KiB).
+    for (first, n) in [(0i64, 300i64), (300, 20)] {
+        let recs: Vec<Record> = (first..first + n)
+            .map(|i| record(i, &format!("k{i}"), &value))
+            .collect();
+        let r: ProduceResponse = c
+            .call(
+                ApiKey::Produce,
+                9,
+                &produce_req("L1", 0, 1, batch(&recs, Compression::None)),
+            )
+            .await;
+        let p = &r.responses[0].partition_responses[0];
+        assert_eq!((p.error_code, p.base_offset), (0, first));
+    }
+    // From 0: 320 messages wait (a read on the blocking pool); from 250: 70 (on the task).
+    for from in [0i64, 250] {
+        let r: FetchResponse = c
+            .call(ApiKey::Fetch, 12, &fetch_req("L1", 0, from, 0, 1))
+            .await;
+        let p = &r.responses[0].partitions[0];
+        assert_eq!((p.error_code, p.high_watermark), (0, 320));
+        let mut bytes = p.records.clone().unwrap();
+        let sets = RecordBatchDecoder::decode_all(&mut bytes).unwrap();
+        let got: Vec<&Record> = sets.iter().flat_map(|s| s.records.iter()).collect();
+        assert_eq!(got.len() as i64, 320 - from, "from {from}");
+        for (r, i) in got.iter().zip(from..) {
+            assert_eq!(r.offset, i);
+            assert_eq!(r.key.as_deref(), Some(format!("k{i}").as_bytes()));
+            assert_eq!(r.value.as_deref(), Some(value.as_bytes()));
+        }
+    }
+}
+
 #[tokio::test]
 async fn a_fetch_waits_for_data_and_acks_zero_gets_no_answer() {
     let f = Fixture::start(KafkaConfig::default()).await;
