@@ -8,14 +8,11 @@
 
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine as _;
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use indexmap::IndexMap;
 use kafka_protocol::protocol::StrBytes;
-use kafka_protocol::records::{
-    Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
-};
+use kafka_protocol::records::{Record, TimestampType};
 use shoal_proto::message::property::{self, Properties};
-use shoal_proto::message::record::{decode_records, DecodeOptions};
 use shoal_proto::message::{encode_properties, MessageExt};
 use shoal_store::MessageExtBrokerInner;
 use std::net::SocketAddr;
@@ -25,7 +22,7 @@ pub const PROP_ORIGIN: &str = "KAFKA";
 /// Base64 of a record key that is not plain text.
 pub const PROP_KEY_B64: &str = "KAFKA_KEY_B64";
 /// [`PROP_KEY_B64`] of an empty key (a property value cannot be empty).
-const EMPTY_KEY: &str = "-";
+pub(crate) const EMPTY_KEY: &str = "-";
 /// Set when the record value was null (a tombstone); the body is empty.
 pub const PROP_NULL_VALUE: &str = "KAFKA_NULL_VALUE";
 /// Headers that cannot be user properties: JSON array of `[name, base64 value or null]`.
@@ -33,7 +30,7 @@ pub const PROP_HEADERS: &str = "KAFKA_HEADERS";
 
 /// Properties the broker and RocketMQ clients use for bookkeeping; never shown as headers,
 /// and a Kafka header with one of these names goes into [`PROP_HEADERS`].
-const HIDDEN: &[&str] = &[
+pub(crate) const HIDDEN: &[&str] = &[
     PROP_ORIGIN,
     PROP_KEY_B64,
     PROP_NULL_VALUE,
@@ -205,9 +202,24 @@ pub struct BuiltBatch {
     pub next_offset: Option<i64>,
 }
 
-/// Rebuilds one record batch from stored message records (a `get_messages` answer). Bodies
-/// compressed by RocketMQ producers are decompressed (up to `max_decompressed` bytes each).
+/// Rebuilds one record batch from stored message records (a `get_messages` answer): each
+/// record is shown as [`message_to_record`] shows its message, read from the stored bytes
+/// without decoding them into messages where it can be (see `batch_writer`). Bodies compressed
+/// by RocketMQ producers are decompressed (up to `max_decompressed` bytes each).
 pub fn stored_to_batch(stored: &Bytes, max_decompressed: usize) -> Result<BuiltBatch, String> {
+    crate::batch_writer::write_batch(stored, max_decompressed)
+}
+
+/// The conversion [`stored_to_batch`] replaced, kept as its reference: every record decoded
+/// into a message, converted by [`message_to_record`] and encoded by kafka-protocol.
+#[cfg(test)]
+pub(crate) fn stored_to_batch_via_messages(
+    stored: &Bytes,
+    max_decompressed: usize,
+) -> Result<BuiltBatch, String> {
+    use bytes::BytesMut;
+    use kafka_protocol::records::{Compression, RecordBatchEncoder, RecordEncodeOptions};
+    use shoal_proto::message::record::{decode_records, DecodeOptions};
     let run = decode_records(
         stored,
         &DecodeOptions {

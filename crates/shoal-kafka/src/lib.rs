@@ -12,6 +12,7 @@
 #![warn(missing_docs)]
 
 mod api;
+mod batch_writer;
 mod config;
 mod consumer_group;
 pub mod convert;
