@@ -1,6 +1,6 @@
 """Kafka-protocol throughput and rebalance on Shoal (see benches/kafka/run.sh).
 
-kafka_bench.py BOOTSTRAP SHOAL_PID produce|fetch|rebalance [options as env]
+kafka_bench.py BOOTSTRAP SHOAL_PID produce|fetch|rebalance|sync|e2e [options as env]
 Prints one JSON line per run: throughput, and the broker process's CPU per message
 (utime+stime of SHOAL_PID, or of a peer broker's PID, from /proc/PID/stat over the run).
 """
@@ -196,4 +196,101 @@ def rebalance():
                       "broker_cpu_s": round(cpu_s() - c0, 2)}), flush=True)
 
 
-{"produce": produce, "fetch": fetch, "rebalance": rebalance}[WHAT]()
+def ctx_switches():
+    """Context switches (voluntary and not) of every thread of the broker process."""
+    n = 0
+    for t in os.listdir(f"/proc/{PID}/task"):
+        try:
+            with open(f"/proc/{PID}/task/{t}/status") as f:
+                n += sum(int(l.split()[1]) for l in f if "ctxt_switches" in l)
+        except FileNotFoundError:  # a thread that ended meanwhile
+            pass
+    return n
+
+
+def wait_for_partitions(client, topic):
+    for _ in range(100):
+        md = client.list_topics(topic, timeout=5).topics.get(topic)
+        if md is not None and md.error is None and len(md.partitions) == PARTS:
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"{topic}: {PARTS} partitions not in the metadata")
+
+
+def sync():
+    """One record per request: idempotent, acks=all, linger.ms=0, produce then flush per record
+    (COUNT records over the partitions). Reports the broker's CPU and context switches per
+    request and the produce latency."""
+    create(TOPIC, PARTS)
+    p = Producer({"bootstrap.servers": BS, "linger.ms": 0, "acks": "all", "enable.idempotence": True})
+    wait_for_partitions(p, TOPIC)
+    body = b"x" * SIZE
+    for i in range(200):  # warm-up: connections, producer id, every partition's leader
+        p.produce(TOPIC, value=body, partition=i % PARTS)
+        p.flush(10)
+    failed = [0]
+
+    def done(err, _msg):
+        if err:
+            failed[0] += 1
+
+    lat = []
+    c0, s0, t0 = cpu_s(), ctx_switches(), time.time()
+    for i in range(COUNT):
+        s = time.perf_counter()
+        p.produce(TOPIC, value=body, partition=i % PARTS, on_delivery=done)
+        p.flush(10)
+        lat.append(time.perf_counter() - s)
+    secs, cpu, switches = time.time() - t0, cpu_s() - c0, ctx_switches() - s0
+    lat.sort()
+    report("kafka-sync-produce", COUNT, secs, cpu, {
+        "failed": failed[0], "ctx_switches_per_msg": round(switches / COUNT, 2),
+        "p50_ms": round(lat[len(lat) // 2] * 1e3, 3), "p99_ms": round(lat[int(len(lat) * 0.99)] * 1e3, 3)})
+
+
+def e2e():
+    """End to end at RATE records/s: a producer (linger.ms=0, acks=all) and a group consumer
+    (fetch.wait.max.ms=500) in this process; latency from the timestamp in each record's value
+    to its delivery, and the broker's CPU and context switches per record."""
+    rate = int(os.environ.get("RATE", "2000"))
+    create(TOPIC, PARTS)
+    c = Consumer({"bootstrap.servers": BS, "group.id": "e2e-" + uuid.uuid4().hex[:8],
+                  "auto.offset.reset": "latest", "fetch.wait.max.ms": 500})
+    c.subscribe([TOPIC])
+    while not c.assignment():
+        c.poll(0.1)
+    time.sleep(1)
+    p = Producer({"bootstrap.servers": BS, "linger.ms": 0, "acks": "all"})
+    wait_for_partitions(p, TOPIC)
+    lat = []
+    finished = threading.Event()
+
+    def consume():
+        while len(lat) < COUNT:
+            m = c.poll(1.0)
+            if m is not None and not m.error():
+                lat.append(time.time() - float(m.value()))
+        finished.set()
+
+    th = threading.Thread(target=consume)
+    th.start()
+    c0, s0, t0 = cpu_s(), ctx_switches(), time.time()
+    for i in range(COUNT):
+        p.produce(TOPIC, value=b"%.6f" % time.time())
+        p.poll(0)
+        d = t0 + (i + 1) / rate - time.time()
+        if d > 0:
+            time.sleep(d)
+    p.flush(30)
+    finished.wait(60)
+    secs, cpu, switches = time.time() - t0, cpu_s() - c0, ctx_switches() - s0
+    c.close()
+    lat.sort()
+    n = len(lat)
+    report("kafka-e2e", n, secs, cpu, {
+        "rate": rate, "ctx_switches_per_msg": round(switches / max(n, 1), 2),
+        "p50_ms": round(lat[n // 2] * 1e3, 2), "p99_ms": round(lat[int(n * 0.99)] * 1e3, 2),
+        "over_20ms": sum(1 for x in lat if x > 0.02)})
+
+
+{"produce": produce, "fetch": fetch, "rebalance": rebalance, "sync": sync, "e2e": e2e}[WHAT]()
