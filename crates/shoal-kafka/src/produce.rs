@@ -20,10 +20,11 @@ use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-/// Largest record set (per partition) checked and converted on the connection's own task;
-/// larger ones, and every compressed one (inflating may cost far more than its bytes), are
-/// handed to the blocking pool, where the thread hop is small next to the work.
-const INLINE_SET_BYTES: usize = 64 * 1024;
+/// Most record bytes (all partitions of a request together) checked and converted on the
+/// connection's own task; the partitions of a larger request, and every compressed set
+/// (inflating may cost far more than its bytes), are handed to the blocking pool, where the
+/// thread hop is small next to the work.
+const INLINE_REQUEST_BYTES: usize = 64 * 1024;
 
 struct Outcome {
     error: Option<(ResponseError, String)>,
@@ -45,7 +46,7 @@ impl Outcome {
 ///
 /// Every partition of the request is checked, converted and queued for the store's appender
 /// together (their appends share one write), on the connection's task: no thread hop unless a
-/// partition's records are compressed or large (see [`INLINE_SET_BYTES`]).
+/// partition's records are compressed or the request is large (see [`INLINE_REQUEST_BYTES`]).
 pub(crate) async fn produce(
     state: &Arc<State>,
     ctx: &RequestCtx,
@@ -75,12 +76,17 @@ pub(crate) async fn produce(
         names.push(t.name);
     }
     let peer = ctx.peer;
+    let total: usize = work
+        .iter()
+        .map(|(_, _, r)| r.as_ref().map_or(0, Bytes::len))
+        .sum();
+    let small = total <= INLINE_REQUEST_BYTES;
     let names_ref = &names;
     let ge = &global_error;
     let outcomes = join_all(work.into_iter().map(|(t, index, records)| async move {
         let o = match ge {
             Some((e, m)) => Outcome::err(*e, m.clone()),
-            None => partition(state, names_ref[t].0.as_str(), index, records, peer).await,
+            None => partition(state, names_ref[t].0.as_str(), index, records, peer, small).await,
         };
         (t, index, o)
     }))
@@ -134,13 +140,15 @@ struct IdempotentBatch {
     msgs: Vec<MessageExtBrokerInner>,
 }
 
-/// Checks, converts and stores one partition's batches.
+/// Checks, converts and stores one partition's batches; `small`: the request's records are
+/// few enough to be worked on the connection's task.
 async fn partition(
     state: &Arc<State>,
     topic: &str,
     index: i32,
     records: Option<Bytes>,
     peer: SocketAddr,
+    small: bool,
 ) -> Outcome {
     let Some(info) = state.host.topic(topic) else {
         return Outcome::err(
@@ -166,7 +174,7 @@ async fn partition(
     let Some(bytes) = records else {
         return Outcome::err(ResponseError::CorruptMessage, "no records");
     };
-    let prepared = if bytes.len() <= INLINE_SET_BYTES && !crate::records::any_compressed(&bytes) {
+    let prepared = if small && !crate::records::any_compressed(&bytes) {
         prepare(state, topic, index, bytes, peer)
     } else {
         let st = Arc::clone(state);
