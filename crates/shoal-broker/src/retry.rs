@@ -2,7 +2,7 @@
 //! topic after a delay, or to its dead-letter topic after too many attempts.
 
 use crate::broker::{wall_ms, BrokerInner};
-use crate::reply::{blocking, ok, Handled, Reject};
+use crate::reply::{ok, Handled, Reject};
 use crate::send::{apply_delay, put};
 use shoal_net::RequestContext;
 use shoal_proto::code::response_code as resp;
@@ -38,20 +38,18 @@ pub async fn consumer_send_msg_back(
             format!("look message by offset failed, {}", h.offset),
         ));
     }
-    let store = b.store.clone();
-    let offset = h.offset as u64;
-    let record = blocking(move || {
-        store
-            .message_by_physical_offset(offset)
-            .map_err(Reject::system)
-    })
-    .await?
-    .ok_or_else(|| {
-        Reject::new(
-            resp::SYSTEM_ERROR,
-            format!("look message by offset failed, {}", h.offset),
-        )
-    })?;
+    // One record read from the commit log (the page cache, as pulls read it): on this task,
+    // not handed to the blocking pool.
+    let record = b
+        .store
+        .message_by_physical_offset(h.offset as u64)
+        .map_err(Reject::system)?
+        .ok_or_else(|| {
+            Reject::new(
+                resp::SYSTEM_ERROR,
+                format!("look message by offset failed, {}", h.offset),
+            )
+        })?;
     let (mut msg, _) = decode_record(&record, 0, &DecodeOptions::default())?;
 
     let original_topic = msg.topic.clone();
