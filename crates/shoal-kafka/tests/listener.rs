@@ -539,11 +539,8 @@ async fn a_fetch_waits_for_data_and_acks_zero_gets_no_answer() {
     );
 }
 
-#[tokio::test]
-async fn idempotent_batches_are_stored_once_and_gaps_refused() {
-    let f = Fixture::start(KafkaConfig::default()).await;
-    let mut c = f.client().await;
-    let _: CreateTopicsResponse = c.call(ApiKey::CreateTopics, 7, &create_req("T3", 1)).await;
+/// A new idempotent producer id (InitProducerId without a transactional id).
+async fn init_producer(c: &mut Client) -> InitProducerIdResponse {
     let init: InitProducerIdResponse = c
         .call(
             ApiKey::InitProducerId,
@@ -556,6 +553,15 @@ async fn idempotent_batches_are_stored_once_and_gaps_refused() {
         )
         .await;
     assert_eq!(init.error_code, 0);
+    init
+}
+
+#[tokio::test]
+async fn idempotent_batches_are_stored_once_and_gaps_refused() {
+    let f = Fixture::start(KafkaConfig::default()).await;
+    let mut c = f.client().await;
+    let _: CreateTopicsResponse = c.call(ApiKey::CreateTopics, 7, &create_req("T3", 1)).await;
+    let init = init_producer(&mut c).await;
     let idem = |first: i32, n: i64| -> Bytes {
         let recs: Vec<Record> = (0..n)
             .map(|i| Record {
@@ -610,18 +616,7 @@ async fn one_idempotent_batch_sent_on_many_connections_at_once_is_stored_once() 
     let f = Fixture::start(KafkaConfig::default()).await;
     let mut c = f.client().await;
     let _: CreateTopicsResponse = c.call(ApiKey::CreateTopics, 7, &create_req("T5", 1)).await;
-    let init: InitProducerIdResponse = c
-        .call(
-            ApiKey::InitProducerId,
-            4,
-            &InitProducerIdRequest::default()
-                .with_transactional_id(None)
-                .with_producer_id(ProducerId(-1))
-                .with_producer_epoch(-1)
-                .with_transaction_timeout_ms(60000),
-        )
-        .await;
-    assert_eq!(init.error_code, 0);
+    let init = init_producer(&mut c).await;
     let recs: Vec<Record> = (0..3)
         .map(|i| Record {
             producer_id: init.producer_id.0,
