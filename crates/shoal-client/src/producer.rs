@@ -13,7 +13,7 @@ use shoal_proto::code::{request_code as rc, response_code as resp};
 use shoal_proto::command::ExtFields;
 use shoal_proto::constants::{is_retry_topic, AUTO_CREATE_TOPIC_KEY_TOPIC};
 use shoal_proto::hash::java_string_hash;
-use shoal_proto::header::{HeaderValue, SendMessageRequestHeaderV2, SendMessageResponseHeader};
+use shoal_proto::header::{HeaderValue, SendMessageRequestHeaderV2, SendResponseRef};
 use shoal_proto::message::{
     compress_for_send, encode_batch, encode_properties, property, property::encode_properties_into,
     CompressionType, Message, Properties, UniqKeyGenerator, DEFAULT_COMPRESS_BODY_OVER,
@@ -454,11 +454,11 @@ impl Producer {
             resp::SLAVE_NOT_AVAILABLE => SendStatus::SlaveNotAvailable,
             _ => return Err(ClientError::server("SEND_MESSAGE", &r)),
         };
-        let h: SendMessageResponseHeader = r.decode_command_header()?;
+        let h = SendResponseRef::decode(r.ext_fields.as_ref())?;
         Ok(SendResult {
             status,
             msg_id,
-            offset_msg_id: h.msg_id,
+            offset_msg_id: h.msg_id.to_owned(),
             message_queue: MessageQueue::new(mq.topic.clone(), mq.broker_name.clone(), h.queue_id),
             queue_offset: h.queue_offset,
         })

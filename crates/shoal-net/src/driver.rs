@@ -122,8 +122,15 @@ where
     /// Runs the connection until it must close; returns why.
     fn poll_run(&mut self, cx: &mut Context<'_>) -> Poll<Close> {
         self.conn.inner.driver_waker.register(cx.waker());
+        // The close future is polled (its waker registered) once per wake-up; later turns of
+        // the loop only look at the token, so that nothing more is read or started once a
+        // handler has closed the connection.
+        if self.cancelled.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Close::Requested);
+        }
+        let mut first = true;
         loop {
-            if self.cancelled.as_mut().poll(cx).is_ready() {
+            if !std::mem::take(&mut first) && self.conn.inner.closed.is_cancelled() {
                 return Poll::Ready(Close::Requested);
             }
             let mut progress = match self.poll_read(cx) {

@@ -415,7 +415,7 @@ impl RemotingCommand {
         put_decimal(dst, self.code);
         if let Some(ext) = &self.ext_fields {
             dst.extend_from_slice(b",\"extFields\":{");
-            for (i, (k, v)) in ext.iter().enumerate() {
+            for (i, (k, v)) in ext.iter_bytes().enumerate() {
                 if i > 0 {
                     dst.put_u8(b',');
                 }
@@ -433,7 +433,7 @@ impl RemotingCommand {
         put_decimal(dst, self.opaque);
         if let Some(remark) = &self.remark {
             dst.extend_from_slice(b",\"remark\":");
-            put_json_str(dst, remark);
+            put_json_str(dst, remark.as_bytes());
         }
         dst.extend_from_slice(b",\"serializeTypeCurrentRPC\":\"JSON\",\"version\":");
         put_decimal(dst, self.version);
@@ -453,24 +453,13 @@ impl RemotingCommand {
         })?;
         let remark = self.remark.as_deref().unwrap_or("");
         let remark_len = len_i32(remark.len(), "remark")?;
-        let mut ext_len = 0usize;
-        if let Some(ext) = &self.ext_fields {
-            for (k, v) in ext {
-                if k.len() > i16::MAX as usize {
-                    return Err(ProtoError::InvalidField {
-                        field: "extFields",
-                        value: k.chars().take(64).collect(),
-                        reason: format!(
-                            "key of {} bytes exceeds the 32767-byte limit of a ROCKETMQ binary header",
-                            k.len()
-                        ),
-                    });
-                }
-                ext_len += 2 + k.len() + 4 + v.len();
-            }
-        }
-        let ext_len_i32 = len_i32(ext_len, "extFields")?;
-        dst.reserve(ROCKETMQ_HEADER_FIXED_LEN + remark.len() + ext_len);
+        // One pass over the entries: the area's length is written once they are.
+        let ext_room = self
+            .ext_fields
+            .as_ref()
+            .map_or(0, |ext| ext.text_len() + 6 * ext.len());
+        dst.reserve(ROCKETMQ_HEADER_FIXED_LEN + remark.len() + ext_room);
+        let start = dst.len();
         dst.put_i16(code);
         dst.put_u8(self.language.code());
         dst.put_i16(version);
@@ -478,15 +467,42 @@ impl RemotingCommand {
         dst.put_i32(self.flag);
         dst.put_i32(remark_len);
         dst.extend_from_slice(remark.as_bytes());
-        dst.put_i32(ext_len_i32);
+        let ext_at = dst.len();
+        dst.put_i32(0);
         if let Some(ext) = &self.ext_fields {
-            for (k, v) in ext {
-                dst.put_i16(k.len() as i16);
-                dst.extend_from_slice(k.as_bytes());
-                dst.put_i32(v.len() as i32);
-                dst.extend_from_slice(v.as_bytes());
+            for (k, v) in ext.iter_bytes() {
+                let Ok(key_len) = i16::try_from(k.len()) else {
+                    dst.truncate(start);
+                    return Err(ProtoError::InvalidField {
+                        field: "extFields",
+                        value: String::from_utf8_lossy(k).chars().take(64).collect(),
+                        reason: format!(
+                            "key of {} bytes exceeds the 32767-byte limit of a ROCKETMQ binary header",
+                            k.len()
+                        ),
+                    });
+                };
+                let value_len = match len_i32(v.len(), "extFields value") {
+                    Ok(n) => n,
+                    Err(e) => {
+                        dst.truncate(start);
+                        return Err(e);
+                    }
+                };
+                dst.put_i16(key_len);
+                dst.extend_from_slice(k);
+                dst.put_i32(value_len);
+                dst.extend_from_slice(v);
             }
         }
+        let ext_len = match len_i32(dst.len() - ext_at - 4, "extFields") {
+            Ok(n) => n,
+            Err(e) => {
+                dst.truncate(start);
+                return Err(e);
+            }
+        };
+        dst[ext_at..ext_at + 4].copy_from_slice(&ext_len.to_be_bytes());
         Ok(())
     }
 
@@ -584,8 +600,7 @@ const HEX: &[u8; 16] = b"0123456789abcdef";
 /// Writes `s` as a JSON string with standard escaping: `\"`, `\\`, `\b`, `\f`, `\n`, `\r`,
 /// `\t`, other control characters as `\u00XX`, everything else (`/`, DEL, non-ASCII) as is.
 /// Runs without escapes are found eight bytes at a time and copied whole.
-fn put_json_str(dst: &mut BytesMut, s: &str) {
-    let bytes = s.as_bytes();
+fn put_json_str(dst: &mut BytesMut, bytes: &[u8]) {
     dst.reserve(bytes.len() + 2);
     dst.put_u8(b'"');
     let mut start = 0;
@@ -965,14 +980,95 @@ impl<'a> HeaderReader<'a> {
 
     /// A length-prefixed string, borrowed.
     fn str(&mut self, len: i64, what: &'static str) -> Result<&'a str> {
+        let bytes = self.bytes(len, what)?;
+        std::str::from_utf8(bytes).map_err(|_| ProtoError::Utf8(what))
+    }
+
+    /// Length-prefixed bytes, borrowed.
+    fn bytes(&mut self, len: i64, what: &'static str) -> Result<&'a [u8]> {
         if len < 0 {
             return Err(ProtoError::BadLength(format!(
                 "negative {what} length {len}"
             )));
         }
-        let bytes = self.take(len as usize, what)?;
-        std::str::from_utf8(bytes).map_err(|_| ProtoError::Utf8(what))
+        self.take(len as usize, what)
     }
+}
+
+/// One entry of a binary header's extFields area: `int16 keyLen | key | int32 valueLen |
+/// value`, both borrowed and not yet checked as UTF-8.
+fn next_rocketmq_entry<'a>(e: &mut HeaderReader<'a>) -> Result<(&'a [u8], &'a [u8])> {
+    let key_len = e.i16("extFields key length")?;
+    let key = e.bytes(i64::from(key_len), "extFields key")?;
+    let value_len = e.i32("extFields value length")?;
+    let value = e.bytes(i64::from(value_len), "extFields value")?;
+    Ok((key, value))
+}
+
+/// A binary header's extFields area: every entry's key and value are copied into one text,
+/// which is checked as UTF-8 once (not once per string), then recorded as spans of it. Entries
+/// with an empty key or value are dropped; an area left with none is no extFields at all, as
+/// an empty area is (so the command encodes back to itself).
+fn decode_rocketmq_ext_fields(area: &[u8]) -> Result<Option<ExtFields>> {
+    let mut text = Vec::with_capacity(area.len());
+    let mut e = HeaderReader { buf: area };
+    let mut entries = 0usize;
+    while !e.buf.is_empty() {
+        let (key, value) = next_rocketmq_entry(&mut e)?;
+        if !key.is_empty() && !value.is_empty() {
+            text.extend_from_slice(key);
+            text.extend_from_slice(value);
+            entries += 1;
+        }
+    }
+    if entries == 0 {
+        return Ok(None);
+    }
+    let text = match String::from_utf8(text) {
+        Ok(t) => t,
+        // Which string is bad, for the error.
+        Err(_) => return Err(first_bad_rocketmq_string(area)),
+    };
+    let mut ext = ExtFields::with_text(text, entries);
+    let mut e = HeaderReader { buf: area };
+    let mut at = 0usize;
+    while !e.buf.is_empty() {
+        let (key, value) = next_rocketmq_entry(&mut e)?;
+        if key.is_empty() || value.is_empty() {
+            continue;
+        }
+        let value_at = at + key.len();
+        let end = value_at + value.len();
+        // The whole text is UTF-8; each string is when it also starts and ends on a character
+        // boundary (a key could end inside a character its value completes).
+        if !ext.raw_is_char_boundary(value_at) || !ext.raw_is_char_boundary(end) {
+            return Err(first_bad_rocketmq_string(area));
+        }
+        // Spans of the whole text: no compaction until every entry is in.
+        ext.record_spans((at, key.len()), (value_at, value.len()));
+        at = end;
+    }
+    ext.finish_spans();
+    Ok(Some(ext))
+}
+
+/// The error of the first key or value of a binary extFields area that is not UTF-8 by
+/// itself.
+fn first_bad_rocketmq_string(area: &[u8]) -> ProtoError {
+    let mut e = HeaderReader { buf: area };
+    while !e.buf.is_empty() {
+        let (key, value) = match next_rocketmq_entry(&mut e) {
+            Ok(kv) => kv,
+            Err(err) => return err,
+        };
+        if std::str::from_utf8(key).is_err() {
+            return ProtoError::Utf8("extFields key");
+        }
+        if std::str::from_utf8(value).is_err() {
+            return ProtoError::Utf8("extFields value");
+        }
+    }
+    ProtoError::Utf8("extFields value")
 }
 
 fn decode_rocketmq_header(header: &[u8]) -> Result<RemotingCommand> {
@@ -995,25 +1091,7 @@ fn decode_rocketmq_header(header: &[u8]) -> Result<RemotingCommand> {
     let ext_fields = if ext_area.is_empty() {
         None
     } else {
-        // Every non-empty entry takes at least 8 bytes; cap the guess for hostile lengths.
-        let mut ext = ExtFields::with_capacity((ext_area.len() / 8).min(64));
-        let mut e = HeaderReader { buf: ext_area };
-        while !e.buf.is_empty() {
-            let key_len = e.i16("extFields key length")?;
-            let key = e.str(i64::from(key_len), "extFields key")?;
-            let val_len = e.i32("extFields value length")?;
-            let value = e.str(i64::from(val_len), "extFields value")?;
-            if !key.is_empty() && !value.is_empty() {
-                let key_start = ext.raw_text().len();
-                ext.raw_text().push_str(key);
-                let value_start = ext.raw_text().len();
-                ext.raw_text().push_str(value);
-                ext.commit_raw(key_start, value_start);
-            }
-        }
-        // Entries with an empty key or value are dropped; an area left with none is no
-        // extFields at all, as an empty area is (so the command encodes back to itself).
-        (!ext.is_empty()).then_some(ext)
+        decode_rocketmq_ext_fields(ext_area)?
     };
     Ok(RemotingCommand {
         code: i32::from(code),
@@ -1322,6 +1400,73 @@ mod tests {
         assert_eq!(d.language, UNKNOWN_LANGUAGE);
     }
 
+    /// A binary frame (code 10, nothing else) whose extFields area holds `entries` as given,
+    /// bytes not checked.
+    fn binary_frame_with(entries: &[(&[u8], &[u8])]) -> Vec<u8> {
+        let mut area = Vec::new();
+        for (k, v) in entries {
+            area.extend_from_slice(&(k.len() as i16).to_be_bytes());
+            area.extend_from_slice(k);
+            area.extend_from_slice(&(v.len() as i32).to_be_bytes());
+            area.extend_from_slice(v);
+        }
+        let mut header = vec![
+            0x00, 0x0a, 12, 0x01, 0xdf, 0, 0, 0, 7, 0, 0, 0, 0, 0, 0, 0, 0,
+        ];
+        header.extend_from_slice(&(area.len() as i32).to_be_bytes());
+        header.extend_from_slice(&area);
+        let mut v = Vec::new();
+        v.extend_from_slice(&((4 + header.len()) as i32).to_be_bytes());
+        v.extend_from_slice(&(0x0100_0000 | header.len() as u32).to_be_bytes());
+        v.extend_from_slice(&header);
+        v
+    }
+
+    #[test]
+    fn binary_ext_fields_are_utf8_string_by_string() {
+        // "é" is 0xc3 0xa9: split between a key and its value, the text as a whole is UTF-8
+        // but neither string is.
+        let split: &[(&[u8], &[u8])] = &[(b"ok", b"fine"), (b"k\xc3", b"\xa9v")];
+        assert!(std::str::from_utf8(b"okfinek\xc3\xa9v").is_ok());
+        assert!(matches!(
+            decode_whole(&binary_frame_with(split)),
+            Err(ProtoError::Utf8("extFields key"))
+        ));
+        let bad_value: &[(&[u8], &[u8])] = &[(b"k", b"\xff")];
+        assert!(matches!(
+            decode_whole(&binary_frame_with(bad_value)),
+            Err(ProtoError::Utf8("extFields value"))
+        ));
+        // Whole characters anywhere are fine.
+        let fine: &[(&[u8], &[u8])] = &[("ké".as_bytes(), "é".as_bytes()), (b"x", b"y")];
+        let d = decode_whole(&binary_frame_with(fine)).unwrap();
+        assert_eq!(d.ext_fields, Some(ext(&[("ké", "é"), ("x", "y")])));
+    }
+
+    #[test]
+    fn binary_ext_fields_repeated_keys_keep_the_last_value() {
+        // Replaced values are most of the text (it is compacted once every entry is in).
+        let big: Vec<Vec<u8>> = (0..6).map(|i| vec![b'a' + i; 3000]).collect();
+        let mut entries: Vec<(&[u8], &[u8])> = Vec::new();
+        for v in &big {
+            entries.push((b"k", v));
+            entries.push((b"other", b"o"));
+        }
+        entries.push((b"last", b"z"));
+        let d = decode_whole(&binary_frame_with(&entries)).unwrap();
+        let ext_fields = d.ext_fields.unwrap();
+        let want = "f".repeat(3000);
+        assert_eq!(
+            ext_fields.iter().collect::<Vec<_>>(),
+            vec![("k", want.as_str()), ("other", "o"), ("last", "z")]
+        );
+        assert!(
+            ext_fields.text_len() < 2 * 3000 + 100,
+            "{}",
+            ext_fields.text_len()
+        );
+    }
+
     #[test]
     fn binary_encoding_refuses_what_does_not_fit() {
         let mut cmd = RemotingCommand::request(200_050); // POP family
@@ -1563,7 +1708,7 @@ mod tests {
         #[test]
         fn json_strings_escape_like_serde_json(s in any::<String>()) {
             let mut out = BytesMut::new();
-            put_json_str(&mut out, &s);
+            put_json_str(&mut out, s.as_bytes());
             let expected = serde_json::to_string(&s).unwrap();
             prop_assert_eq!(&out[..], expected.as_bytes());
         }
@@ -1581,7 +1726,7 @@ mod tests {
             before in "[a-z]{0,3}",
         ) {
             let mut new = BytesMut::from(before.as_bytes());
-            put_json_str(&mut new, &s);
+            put_json_str(&mut new, s.as_bytes());
             let mut old = BytesMut::from(before.as_bytes());
             put_json_str_reference(&mut old, &s);
             prop_assert_eq!(&new[..], &old[..]);

@@ -117,6 +117,24 @@ impl ExtFields {
         }
     }
 
+    /// A map whose owned text is `text`, for a decoder that then records entries as spans of
+    /// it ([`ExtFields::commit_spans`]), with room for `entries` entries.
+    pub(crate) fn with_text(text: String, entries: usize) -> Self {
+        Self {
+            text,
+            shared: ByteString::new(),
+            entries: Vec::with_capacity(entries),
+            index: None,
+            unused: 0,
+            filter: 0,
+        }
+    }
+
+    /// Whether `at` is a character boundary of the owned text (see [`ExtFields::with_text`]).
+    pub(crate) fn raw_is_char_boundary(&self, at: usize) -> bool {
+        self.text.is_char_boundary(at)
+    }
+
     /// The first byte of a non-empty span.
     #[inline]
     fn first_byte(&self, (start, _): Span) -> u8 {
@@ -193,6 +211,15 @@ impl ExtFields {
     /// Records the entry `key` -> `value` (spans of `text` or `shared`), replacing the value in
     /// place when the key is present.
     pub(crate) fn commit_spans(&mut self, key: Span, value: Span) {
+        if self.record_spans(key, value) {
+            self.compact_if_wasteful();
+        }
+    }
+
+    /// As [`ExtFields::commit_spans`] but never compacts the text (spans of `text` computed
+    /// before the call stay valid); true when a value was replaced. A decoder recording
+    /// precomputed spans ends with [`ExtFields::finish_spans`].
+    pub(crate) fn record_spans(&mut self, key: Span, value: Span) -> bool {
         let bit = key_bit(self.slice(key));
         // A key whose filter bit is clear is new: no scan (the common case of a decoded header).
         let found = if self.index.is_none() && self.filter & bit == 0 {
@@ -206,15 +233,22 @@ impl ExtFields {
             Some(i) => {
                 self.unused += owned_len(key) + owned_len(self.entries[i].value);
                 self.entries[i].value = value;
-                self.compact_if_wasteful();
+                true
             }
             None => {
                 let at = self.entries.len();
                 self.filter |= bit;
                 self.entries.push(Entry { key, value });
                 self.note_in_index(at);
+                false
             }
         }
+    }
+
+    /// Ends a run of [`ExtFields::record_spans`]: drops the text of replaced values if it is
+    /// most of the text.
+    pub(crate) fn finish_spans(&mut self) {
+        self.compact_if_wasteful();
     }
 
     fn note_in_index(&mut self, at: usize) {
@@ -337,6 +371,18 @@ impl ExtFields {
         }
     }
 
+    /// The entries in insertion order as bytes, for encoders: no character-boundary checks
+    /// per slice (every span was cut at boundaries of valid UTF-8 when it was recorded).
+    pub(crate) fn iter_bytes(&self) -> impl ExactSizeIterator<Item = (&[u8], &[u8])> + '_ {
+        let (text, shared) = (self.text.as_bytes(), self.shared.as_bytes());
+        self.entries.iter().map(move |e| {
+            (
+                span_bytes(text, shared, e.key),
+                span_bytes(text, shared, e.value),
+            )
+        })
+    }
+
     /// The keys in insertion order.
     pub fn keys(&self) -> impl Iterator<Item = &str> + '_ {
         self.iter().map(|(k, _)| k)
@@ -386,6 +432,17 @@ impl ExtFields {
 /// The text of `span`, in `text` or `shared`.
 #[inline]
 fn span_str<'t>(text: &'t str, shared: &'t str, (start, len): Span) -> &'t str {
+    if start & SHARED == 0 {
+        &text[start..start + len]
+    } else {
+        let start = start & !SHARED;
+        &shared[start..start + len]
+    }
+}
+
+/// The bytes of `span`, in `text` or `shared`.
+#[inline]
+fn span_bytes<'t>(text: &'t [u8], shared: &'t [u8], (start, len): Span) -> &'t [u8] {
     if start & SHARED == 0 {
         &text[start..start + len]
     } else {

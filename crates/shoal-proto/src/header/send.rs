@@ -261,6 +261,40 @@ impl<'a> SendHeaderRef<'a> {
     }
 }
 
+/// What a producer reads of a send's answer (the fields of [`SendMessageResponseHeader`] a
+/// send result needs), borrowed from the command's extFields: the same rules and errors for
+/// these fields, without a `String` per field or a lookup per optional field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SendResponseRef<'a> {
+    /// Offset message id (`msgId`; comma-joined for a batch).
+    pub msg_id: &'a str,
+    /// Queue the message was stored in (`queueId`).
+    pub queue_id: i32,
+    /// Consume-queue offset of the (first) message (`queueOffset`).
+    pub queue_offset: i64,
+}
+
+impl<'a> SendResponseRef<'a> {
+    /// Reads the answer's header in one pass over `ext` (`None`: the answer had none).
+    pub fn decode(ext: Option<&'a ExtFields>) -> Result<Self> {
+        let mut found: [Option<&'a str>; 3] = [None; 3];
+        for (key, value) in ext.into_iter().flatten() {
+            let i = match key {
+                "msgId" => 0,
+                "queueId" => 1,
+                "queueOffset" => 2,
+                _ => continue,
+            };
+            found[i] = Some(value);
+        }
+        Ok(Self {
+            msg_id: found[0].ok_or(ProtoError::MissingField { field: "msgId" })?,
+            queue_id: i32::read_value(found[1], "queueId")?,
+            queue_offset: i64::read_value(found[2], "queueOffset")?,
+        })
+    }
+}
+
 /// The extFields of a send's answer, written straight from borrowed values: the entries
 /// [`SendMessageResponseHeader`] writes for the same values, in its order (no batch unique id
 /// or recall handle), without a `String` per field.

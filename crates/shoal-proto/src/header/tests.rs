@@ -524,6 +524,31 @@ proptest! {
     }
 
     #[test]
+    fn the_borrowed_send_answer_reads_what_the_typed_header_reads(
+        entries in proptest::collection::vec(
+            (prop_oneof![
+                Just("msgId"), Just("queueId"), Just("queueOffset"), Just("transactionId"),
+                Just("MSG_REGION"), Just("TRACE_ON"), Just("x"),
+            ], prop_oneof![
+                Just("0".to_owned()), Just("-1".to_owned()), Just("7".to_owned()),
+                Just("99999999999".to_owned()), Just("7F0000010000".to_owned()), "\\PC{0,8}",
+            ]),
+            0..10,
+        )
+    ) {
+        let e: ExtFields = entries.into_iter().collect();
+        // The typed header also parses TRACE_ON, which a send result does not use.
+        let mut without_trace = e.clone();
+        without_trace.remove("TRACE_ON");
+        let typed = SendMessageResponseHeader::from_ext_fields(&without_trace)
+            .map(|h| (h.msg_id, h.queue_id, h.queue_offset));
+        let borrowed = SendResponseRef::decode(Some(&e))
+            .map(|r| (r.msg_id.to_owned(), r.queue_id, r.queue_offset));
+        prop_assert_eq!(format!("{typed:?}"), format!("{borrowed:?}"));
+        prop_assert!(SendResponseRef::decode(None).is_err());
+    }
+
+    #[test]
     fn arbitrary_ext_fields_never_panic(
         entries in proptest::collection::vec(
             (prop_oneof![
