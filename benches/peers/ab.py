@@ -15,7 +15,9 @@ Usage:
 A build given as "path,--serialize-type rocketmq" runs its bench client with those global
 flags (the same binary may be listed twice to compare client settings). Leading
 "NAME=VALUE:" parts set environment variables of that build's server only, e.g.
-"TOKIO_WORKER_THREADS=1:target/release/shoal" for a broker with one tokio worker.
+"TOKIO_WORKER_THREADS=1:target/release/shoal" for a broker with one tokio worker; parts
+written "@NAME=VALUE:" set them for the bench client only, e.g.
+"@TOKIO_WORKER_THREADS=1:target/release/shoal".
 """
 import argparse
 import json
@@ -35,16 +37,17 @@ def cpu_seconds(pid):
 
 
 def parse_build(build):
-    """'[NAME=VALUE:]...BINARY[,EXTRA CLIENT FLAGS]' -> (server env, binary, client flags)."""
-    env = {}
-    while (m := re.match(r"([A-Z_][A-Z0-9_]*)=([^:]*):", build)):
-        env[m.group(1)] = m.group(2)
+    """'[[@]NAME=VALUE:]...BINARY[,EXTRA CLIENT FLAGS]' -> (server env, client env, binary,
+    client flags)."""
+    env, client_env = {}, {}
+    while (m := re.match(r"(@?)([A-Z_][A-Z0-9_]*)=([^:]*):", build)):
+        (client_env if m.group(1) else env)[m.group(2)] = m.group(3)
         build = build[m.end():]
     binary, _, extra = build.partition(",")
-    return env, binary, extra.split()
+    return env, client_env, binary, extra.split()
 
 
-def one_run(binary, extra, a, data_dir, env=None):
+def one_run(binary, extra, a, data_dir, env=None, client_env=None):
     ns = f"127.0.0.1:{a.port}"
     shutil.rmtree(data_dir, ignore_errors=True)
     dev = subprocess.Popen([binary, "dev", "--namesrv-port", str(a.port), "--broker-port", str(a.port + 1),
@@ -63,7 +66,8 @@ def one_run(binary, extra, a, data_dir, env=None):
         out = subprocess.run([binary, "--namesrv", ns, "--json"] + extra +
                              ["bench", "produce", "--topic", "AbTopic", "--size", str(a.size), "--producers",
                               str(a.producers), "--duration", f"{a.duration}s", "--inflight", str(a.inflight),
-                              "--batch", str(a.batch)], capture_output=True, text=True, check=True).stdout
+                              "--batch", str(a.batch)], capture_output=True, text=True, check=True,
+                             env={**os.environ, **(client_env or {})}).stdout
         ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
         c1 = cpu_seconds(dev.pid)
     finally:
@@ -77,7 +81,7 @@ def one_run(binary, extra, a, data_dir, env=None):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("builds", nargs="+", help="[NAME=VALUE:]...BINARY[,EXTRA CLIENT FLAGS]")
+    ap.add_argument("builds", nargs="+", help="[[@]NAME=VALUE:]...BINARY[,EXTRA CLIENT FLAGS]")
     ap.add_argument("--inflight", type=int, default=16)
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--size", type=int, default=128)
@@ -95,8 +99,8 @@ def main():
             # favours no build.
             shift = rnd % len(a.builds)
             for build in a.builds[shift:] + a.builds[:shift]:
-                env, binary, extra = parse_build(build)
-                r = one_run(binary, extra, a, os.path.join(work, "data"), env)
+                env, client_env, binary, extra = parse_build(build)
+                r = one_run(binary, extra, a, os.path.join(work, "data"), env, client_env)
                 results[build].append(r)
                 print(f"{build} r{rnd}: {r[0]:,.0f} msgs/s, broker {r[1]:.2f} µs/msg, client {r[2]:.2f} µs/msg, "
                       f"p99 {r[3]} ms", flush=True)
