@@ -8,6 +8,8 @@
 //! - Codecs are the `kafka-protocol` crate's; records are converted to and from RocketMQ's
 //!   stored message format ([`convert`]).
 //! - Classic consumer groups run on `shoal_group::classic_group` (sans-IO), driven here.
+//! - The listener's [`Counters`] are exported to Prometheus by [`KafkaCollector`]
+//!   ([`KafkaServer::metrics_collector`]), read at scrape time.
 
 #![warn(missing_docs)]
 
@@ -22,6 +24,7 @@ mod groups;
 mod guard;
 mod host;
 mod metadata;
+mod metrics;
 mod offsets;
 mod produce;
 mod producer;
@@ -37,6 +40,7 @@ mod unsupported;
 pub use config::KafkaConfig;
 pub use error::KafkaError;
 pub use host::{BrokerHandle, TopicInfo, WaitPosition};
+pub use metrics::KafkaCollector;
 pub use server::KafkaServer;
 pub use state::{topic_id, Counters};
 

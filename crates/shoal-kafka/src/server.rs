@@ -104,6 +104,13 @@ impl KafkaServer {
         &self.state.counters
     }
 
+    /// A Prometheus collector of the listener's counters (`shoal_kafka_*`, read at scrape
+    /// time), to register in the process's registry. It holds the listener weakly and
+    /// reports nothing once the listener is gone.
+    pub fn metrics_collector(&self) -> crate::KafkaCollector {
+        crate::KafkaCollector::new(Arc::downgrade(&self.state))
+    }
+
     /// Stops accepting, closes every connection and the group timers.
     pub async fn shutdown(self) {
         let _ = self.stop.send(true);

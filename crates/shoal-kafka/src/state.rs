@@ -12,7 +12,10 @@ use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::sync::Arc;
 use uuid::Uuid;
 
-/// Counters of the Kafka listener (plain atomics until the metrics module exports them).
+/// Counters of the Kafka listener: plain atomics, updated on the request path without a
+/// registry. The metrics module's `KafkaCollector` reads them at scrape time and exports each
+/// field at `/metrics` as `shoal_kafka_<field>` (`connections_open` a gauge, every other
+/// field a counter, `_total` appended); docs/operations.md lists them.
 #[derive(Debug, Default)]
 pub struct Counters {
     /// Connections open now.

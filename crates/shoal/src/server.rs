@@ -313,6 +313,13 @@ async fn start_kafka(broker: &Broker, cfg: KafkaConfig) -> anyhow::Result<KafkaS
     if broker.inner().listener_groups.set(groups).is_err() {
         tracing::warn!("a listener's classic groups are already described by this broker");
     }
+    // The listener's counters (`shoal_kafka_*`) are served at `/metrics` with the broker's
+    // metrics, read at scrape time; only a process that runs the listener has them.
+    broker
+        .inner()
+        .metrics
+        .registry
+        .collector(server.metrics_collector());
     Ok(server)
 }
 

@@ -109,7 +109,30 @@ pub struct Dev {
 }
 
 impl Dev {
+    /// `shoal dev` without the Kafka listener.
     pub fn start() -> Dev {
+        Self::start_with(&["--no-kafka"])
+    }
+
+    /// `shoal dev` with the Kafka listener on a free port; returns its address too. Nothing
+    /// has connected to the Kafka port yet: readiness is the HTTP port's, which `shoal dev`
+    /// opens after the Kafka listener is bound.
+    pub fn start_with_kafka() -> (Dev, String) {
+        let port = free_port().to_string();
+        let dev = Self::start_with(&["--kafka-port", &port]);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect(&dev.http).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "shoal dev's HTTP port did not open"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        (dev, format!("127.0.0.1:{port}"))
+    }
+
+    /// `shoal dev` on free ports, with `extra` arguments.
+    pub fn start_with(extra: &[&str]) -> Dev {
         let dir = tempfile::tempdir().unwrap();
         let ns = free_port();
         let broker = free_port();
@@ -125,8 +148,8 @@ impl Dev {
                 &http.to_string(),
                 "--data-dir",
                 dir.path().join("data").to_str().unwrap(),
-                "--no-kafka",
             ])
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()

@@ -1,0 +1,253 @@
+//! The Kafka listener's counters on `/metrics`: a live `shoal dev --kafka-port` is sent real
+//! Kafka requests (ApiVersions, Metadata that auto-creates a topic, Produce, Fetch, then an
+//! oversized frame) and the `shoal_kafka_*` series move by exactly what was done. Without the
+//! listener (`--no-kafka`) there are none.
+
+mod support;
+
+#[path = "../../shoal-kafka/tests/support/records.rs"]
+mod records;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use kafka_protocol::messages::*;
+use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, StrBytes};
+use kafka_protocol::records::{Compression, RecordBatchDecoder};
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+use support::{sample, Dev};
+
+/// One Kafka connection, requests answered in order.
+struct Client {
+    stream: TcpStream,
+    next: i32,
+}
+
+impl Client {
+    fn connect(addr: &str) -> Client {
+        let stream = TcpStream::connect(addr).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
+        Client { stream, next: 1 }
+    }
+
+    fn call<Q: Encodable + HeaderVersion, R: Decodable>(
+        &mut self,
+        key: ApiKey,
+        version: i16,
+        req: &Q,
+    ) -> R {
+        let id = self.next;
+        self.next += 1;
+        let mut buf = BytesMut::new();
+        buf.put_i32(0);
+        RequestHeader::default()
+            .with_request_api_key(key as i16)
+            .with_request_api_version(version)
+            .with_correlation_id(id)
+            .with_client_id(Some(StrBytes::from_static_str("kafka-metrics-test")))
+            .encode(&mut buf, key.request_header_version(version))
+            .unwrap();
+        req.encode(&mut buf, version).unwrap();
+        let len = (buf.len() - 4) as i32;
+        buf[0..4].copy_from_slice(&len.to_be_bytes());
+        self.stream.write_all(&buf).unwrap();
+
+        let mut len = [0u8; 4];
+        self.stream.read_exact(&mut len).unwrap();
+        let mut body = vec![0u8; i32::from_be_bytes(len) as usize];
+        self.stream.read_exact(&mut body).unwrap();
+        let mut b = Bytes::from(body);
+        let h = ResponseHeader::decode(&mut b, key.response_header_version(version)).unwrap();
+        assert_eq!(h.correlation_id, id);
+        R::decode(&mut b, version).unwrap()
+    }
+}
+
+fn topic_name(t: &str) -> TopicName {
+    TopicName(StrBytes::from_string(t.to_string()))
+}
+
+/// Scrapes until `series` has the value `want` (the listener updates some counters after it
+/// has written the answer, e.g. a closed connection's `connections_open`).
+fn wait_for(dev: &Dev, series: &str, want: f64) -> String {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status, m) = dev.http_get("/metrics");
+        assert_eq!(status, 200);
+        if sample(&m, series) == Some(want) {
+            return m;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{series} is {:?}, not {want}:\n{m}",
+            sample(&m, series)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn kafka_counters_on_metrics_move_with_real_requests() {
+    const N: i64 = 5;
+    let (dev, kafka) = Dev::start_with_kafka();
+
+    // Registered with the listener, zero before any Kafka client came.
+    let (status, m) = dev.http_get("/metrics");
+    assert_eq!(status, 200);
+    assert!(
+        m.contains("# TYPE shoal_kafka_connections_open gauge\n"),
+        "{m}"
+    );
+    assert!(
+        m.contains("# TYPE shoal_kafka_records_produced_total counter\n"),
+        "{m}"
+    );
+    assert_eq!(sample(&m, "shoal_kafka_connections_open"), Some(0.0));
+    assert_eq!(
+        sample(&m, "shoal_kafka_connections_accepted_total"),
+        Some(0.0)
+    );
+    assert_eq!(sample(&m, "shoal_kafka_requests_total"), Some(0.0));
+    assert_eq!(sample(&m, "shoal_kafka_records_produced_total"), Some(0.0));
+
+    let mut c = Client::connect(&kafka);
+    let r: ApiVersionsResponse = c.call(ApiKey::ApiVersions, 3, &ApiVersionsRequest::default());
+    assert_eq!(r.error_code, 0);
+
+    // Metadata for an unknown topic creates it (shoal dev allows auto-creation) with the
+    // broker's default queue count, 4.
+    let mut t = metadata_request::MetadataRequestTopic::default();
+    t.name = Some(topic_name("KMetrics"));
+    let mut req = MetadataRequest::default();
+    req.topics = Some(vec![t]);
+    req.allow_auto_topic_creation = true;
+    let r: MetadataResponse = c.call(ApiKey::Metadata, 9, &req);
+    assert_eq!(r.topics.len(), 1);
+    assert_eq!(r.topics[0].error_code, 0, "{:?}", r.topics[0]);
+    assert_eq!(r.topics[0].partitions.len(), 4);
+
+    // Produce N records to partition 0.
+    let recs: Vec<_> = (0..N)
+        .map(|i| {
+            let v = format!("v{i}");
+            records::record(i, Some(&b"k"[..]), Some(v.as_bytes()), &[])
+        })
+        .collect();
+    let mut p = produce_request::PartitionProduceData::default();
+    p.index = 0;
+    p.records = Some(records::batch(&recs, Compression::None).freeze());
+    let mut t = produce_request::TopicProduceData::default();
+    t.name = topic_name("KMetrics");
+    t.partition_data = vec![p];
+    let mut req = ProduceRequest::default();
+    req.acks = 1;
+    req.timeout_ms = 5000;
+    req.topic_data = vec![t];
+    let r: ProduceResponse = c.call(ApiKey::Produce, 9, &req);
+    let part = &r.responses[0].partition_responses[0];
+    assert_eq!(part.error_code, 0, "{part:?}");
+    assert_eq!(part.base_offset, 0);
+
+    // Fetch them back.
+    let mut fp = fetch_request::FetchPartition::default();
+    fp.partition = 0;
+    fp.fetch_offset = 0;
+    fp.partition_max_bytes = 1 << 20;
+    let mut ft = fetch_request::FetchTopic::default();
+    ft.topic = topic_name("KMetrics");
+    ft.partitions = vec![fp];
+    let mut req = FetchRequest::default();
+    req.replica_id = BrokerId(-1);
+    req.max_wait_ms = 500;
+    req.min_bytes = 1;
+    req.max_bytes = 1 << 20;
+    req.session_epoch = -1;
+    req.topics = vec![ft];
+    let r: FetchResponse = c.call(ApiKey::Fetch, 11, &req);
+    let part = &r.responses[0].partitions[0];
+    assert_eq!(part.error_code, 0);
+    let mut bytes = part.records.clone().expect("records");
+    let fetched: usize = RecordBatchDecoder::decode_all(&mut bytes)
+        .unwrap()
+        .iter()
+        .map(|b| b.records.len())
+        .sum();
+    assert_eq!(fetched as i64, N);
+
+    // The connection is open and four requests were answered.
+    let m = wait_for(&dev, "shoal_kafka_connections_open", 1.0);
+    assert_eq!(
+        sample(&m, "shoal_kafka_connections_accepted_total"),
+        Some(1.0)
+    );
+    assert_eq!(sample(&m, "shoal_kafka_requests_total"), Some(4.0), "{m}");
+    assert_eq!(
+        sample(&m, "shoal_kafka_records_produced_total"),
+        Some(N as f64)
+    );
+    assert_eq!(
+        sample(&m, "shoal_kafka_records_fetched_total"),
+        Some(N as f64)
+    );
+    assert_eq!(sample(&m, "shoal_kafka_requests_refused_total"), Some(0.0));
+
+    // A frame over max_request_bytes closes the connection and is counted as refused (it is
+    // not read, so not counted in requests).
+    c.stream.write_all(&i32::MAX.to_be_bytes()).unwrap();
+    assert!(support::closed_within(
+        &mut c.stream,
+        Duration::from_secs(10)
+    ));
+    let m = wait_for(&dev, "shoal_kafka_connections_open", 0.0);
+    assert_eq!(sample(&m, "shoal_kafka_requests_refused_total"), Some(1.0));
+    assert_eq!(sample(&m, "shoal_kafka_requests_total"), Some(4.0));
+    assert_eq!(
+        sample(&m, "shoal_kafka_connections_accepted_total"),
+        Some(1.0)
+    );
+    for zero in [
+        "shoal_kafka_connections_refused_total",
+        "shoal_kafka_requests_malformed_total",
+        "shoal_kafka_batches_malformed_total",
+        "shoal_kafka_duplicate_batches_total",
+        "shoal_kafka_sequence_errors_total",
+    ] {
+        assert_eq!(sample(&m, zero), Some(0.0), "{zero}");
+    }
+
+    // Every family the listener exports is in docs/operations.md, as the broker's are.
+    let docs =
+        std::fs::read_to_string(support::external::repo_root().join("docs/operations.md")).unwrap();
+    let mut families = 0;
+    for line in m.lines() {
+        let Some(rest) = line.strip_prefix("# TYPE shoal_kafka_") else {
+            continue;
+        };
+        let mut it = rest.split_whitespace();
+        let (Some(name), Some(kind)) = (it.next(), it.next()) else {
+            continue;
+        };
+        let documented = if kind == "counter" && !name.ends_with("_total") {
+            format!("`shoal_kafka_{name}_total`")
+        } else {
+            format!("`shoal_kafka_{name}`")
+        };
+        assert!(
+            docs.contains(&documented),
+            "{documented} ({kind}) is not documented in docs/operations.md"
+        );
+        families += 1;
+    }
+    assert_eq!(families, 16, "{m}");
+}
+
+#[test]
+fn no_kafka_series_without_the_listener() {
+    let dev = Dev::start();
+    let (status, m) = dev.http_get("/metrics");
+    assert_eq!(status, 200);
+    assert!(m.contains("shoal_broker_connections"), "{m}");
+    assert!(!m.contains("shoal_kafka_"), "{m}");
+}
