@@ -9,11 +9,11 @@ use shoal_proto::command::ExtFields;
 use shoal_proto::constants::{
     dlq_topic, group_of_retry_topic, is_retry_topic, perm, DEFAULT_REGION, SCHEDULE_TOPIC,
 };
-use shoal_proto::header::{send_response_ext_fields, SendHeaderRef};
+use shoal_proto::header::{send_response_ext_fields, send_response_json, SendHeaderRef};
 use shoal_proto::message::{
     decode_batch_raw, decode_properties, encode_properties, property, Properties,
 };
-use shoal_proto::RemotingCommand;
+use shoal_proto::{RemotingCommand, SerializeType};
 use shoal_store::{FlushStatus, MessageExtBrokerInner, PutMessageResult, StoreError};
 use std::sync::atomic::Ordering;
 
@@ -344,15 +344,27 @@ pub async fn send_message(
     };
     let remark = (code == resp::FLUSH_DISK_TIMEOUT).then(|| "flush disk timeout".to_string());
     let mut answer = RemotingCommand::response(code, remark);
-    // SendMessageResponseHeader's entries, written without a `String` per field.
-    answer.ext_fields = Some(send_response_ext_fields(
-        &msg_id,
-        queue_id,
-        queue_offset,
-        uniq,
-        Some(DEFAULT_REGION),
-        Some(true),
-    ));
+    // SendMessageResponseHeader's entries, written without a `String` per field; the answer
+    // to a JSON request (it goes back as JSON) as its JSON text straight away, with no map.
+    if req.serialize_type == SerializeType::Json {
+        answer.ext_fields_json = Some(send_response_json(
+            &msg_id,
+            queue_id,
+            queue_offset,
+            uniq,
+            Some(DEFAULT_REGION),
+            Some(true),
+        ));
+    } else {
+        answer.ext_fields = Some(send_response_ext_fields(
+            &msg_id,
+            queue_id,
+            queue_offset,
+            uniq,
+            Some(DEFAULT_REGION),
+            Some(true),
+        ));
+    }
     Ok(Some(answer))
 }
 

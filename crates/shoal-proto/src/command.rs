@@ -173,6 +173,13 @@ pub struct RemotingCommand {
     /// The custom header. `None` means absent (Java omits it when there is no header object);
     /// `Some(empty)` is written as `{}`.
     pub ext_fields: Option<ExtFields>,
+    /// The custom header already written as a JSON object (`{"key":"value",...}`), for an
+    /// answer built on a hot path: the JSON encoder writes it as is in place of
+    /// [`RemotingCommand::ext_fields`] (which should then be `None`), with no map built and
+    /// no escape scan of strings known not to need one. Decoders never set it; a binary
+    /// header cannot carry it (encoding one is an error). See
+    /// [`send_response_json`](crate::header::send_response_json).
+    pub ext_fields_json: Option<String>,
     /// How the header was decoded, or how it is to be encoded.
     pub serialize_type: SerializeType,
     /// The body, if any.
@@ -190,6 +197,7 @@ impl RemotingCommand {
             flag: 0,
             remark: None,
             ext_fields: None,
+            ext_fields_json: None,
             serialize_type: SerializeType::Json,
             body: None,
         }
@@ -410,10 +418,15 @@ impl RemotingCommand {
             .as_ref()
             .map_or(0, |ext| ext.text_len() + 6 * ext.len());
         let remark_len = self.remark.as_ref().map_or(0, |r| r.len() + 12);
-        dst.reserve(160 + ext_len + remark_len);
+        let json_len = self.ext_fields_json.as_ref().map_or(0, |j| j.len() + 13);
+        dst.reserve(160 + ext_len + remark_len + json_len);
         dst.extend_from_slice(b"{\"code\":");
         put_decimal(dst, self.code);
-        if let Some(ext) = &self.ext_fields {
+        if let Some(json) = &self.ext_fields_json {
+            debug_assert!(self.ext_fields.is_none(), "both extFields forms set");
+            dst.extend_from_slice(b",\"extFields\":");
+            dst.extend_from_slice(json.as_bytes());
+        } else if let Some(ext) = &self.ext_fields {
             dst.extend_from_slice(b",\"extFields\":{");
             for (i, (k, v)) in ext.iter_bytes().enumerate() {
                 if i > 0 {
@@ -451,6 +464,13 @@ impl RemotingCommand {
             value: self.version.to_string(),
             reason: "does not fit the 16-bit version of a ROCKETMQ binary header".into(),
         })?;
+        if self.ext_fields_json.is_some() {
+            return Err(ProtoError::InvalidField {
+                field: "extFields",
+                value: String::new(),
+                reason: "extFields written as JSON cannot go in a ROCKETMQ binary header".into(),
+            });
+        }
         let remark = self.remark.as_deref().unwrap_or("");
         let remark_len = len_i32(remark.len(), "remark")?;
         // One pass over the entries: the area's length is written once they are.
@@ -624,6 +644,33 @@ fn put_json_str(dst: &mut BytesMut, bytes: &[u8]) {
     dst.put_u8(b'"');
 }
 
+/// As [`put_json_str`], into a `String` (escaping keeps UTF-8 text UTF-8).
+pub(crate) fn push_json_str(out: &mut String, s: &str) {
+    out.reserve(s.len() + 2);
+    out.push('"');
+    let bytes = s.as_bytes();
+    let mut start = 0;
+    loop {
+        let i = json_fast::find_special(bytes, start);
+        // `i` is at a special byte (ASCII) or at the end: a character boundary.
+        out.push_str(&s[start..i]);
+        let Some(&b) = bytes.get(i) else { break };
+        match json_fast::ESCAPE[usize::from(b)] {
+            b'u' => {
+                out.push_str("\\u00");
+                out.push(char::from(HEX[usize::from(b >> 4)]));
+                out.push(char::from(HEX[usize::from(b & 0xf)]));
+            }
+            short => {
+                out.push('\\');
+                out.push(char::from(short));
+            }
+        }
+        start = i + 1;
+    }
+    out.push('"');
+}
+
 /// The byte-at-a-time `put_json_str` this module had before, kept as the reference the
 /// current one must match byte for byte.
 #[cfg(test)]
@@ -726,6 +773,7 @@ fn decode_json_header_serde(text: &str) -> Result<RemotingCommand> {
         flag: int(h.flag),
         remark: h.remark,
         ext_fields: h.ext_fields.map(|JsonExtFields(m)| m),
+        ext_fields_json: None,
         serialize_type: SerializeType::Json,
         body: None,
     })
@@ -1101,6 +1149,7 @@ fn decode_rocketmq_header(header: &[u8]) -> Result<RemotingCommand> {
         flag,
         remark,
         ext_fields,
+        ext_fields_json: None,
         serialize_type: SerializeType::RocketMq,
         body: None,
     })
@@ -1172,6 +1221,7 @@ mod tests {
                 ("m", "false"),
                 ("n", "broker-a"),
             ])),
+            ext_fields_json: None,
             serialize_type: SerializeType::Json,
             body: Some(Bytes::from_static(b"hi")),
         }
@@ -1193,6 +1243,7 @@ mod tests {
                 ("MSG_REGION", "DefaultRegion"),
                 ("queueOffset", "0"),
             ])),
+            ext_fields_json: None,
             serialize_type: SerializeType::Json,
             body: None,
         }
@@ -1661,6 +1712,7 @@ mod tests {
                 flag,
                 remark,
                 ext_fields,
+                ext_fields_json: None,
                 serialize_type,
                 body: body.map(Bytes::from),
             }

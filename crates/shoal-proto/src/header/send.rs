@@ -329,6 +329,50 @@ pub fn send_response_ext_fields(
     ext
 }
 
+/// The same entries as [`send_response_ext_fields`], in its order, already written as the
+/// JSON object of a JSON header's `extFields` (for
+/// [`RemotingCommand::ext_fields_json`](crate::RemotingCommand::ext_fields_json)): no map is
+/// built, and only the strings that can need escapes (the message ids, the transaction id,
+/// the region) are scanned for them.
+pub fn send_response_json(
+    msg_id: &str,
+    queue_id: i32,
+    queue_offset: i64,
+    transaction_id: Option<&str>,
+    msg_region: Option<&str>,
+    trace_on: Option<bool>,
+) -> String {
+    let mut out = String::with_capacity(
+        100 + msg_id.len()
+            + transaction_id.map_or(0, |t| t.len() + 20)
+            + msg_region.map_or(0, |r| r.len() + 16),
+    );
+    out.push_str("{\"msgId\":");
+    crate::command::push_json_str(&mut out, msg_id);
+    out.push_str(",\"queueId\":\"");
+    queue_id.push_value(&mut out);
+    out.push_str("\",\"queueOffset\":\"");
+    queue_offset.push_value(&mut out);
+    out.push('"');
+    if let Some(t) = transaction_id {
+        out.push_str(",\"transactionId\":");
+        crate::command::push_json_str(&mut out, t);
+    }
+    if let Some(r) = msg_region {
+        out.push_str(",\"MSG_REGION\":");
+        crate::command::push_json_str(&mut out, r);
+    }
+    if let Some(t) = trace_on {
+        out.push_str(if t {
+            ",\"TRACE_ON\":\"true\""
+        } else {
+            ",\"TRACE_ON\":\"false\""
+        });
+    }
+    out.push('}');
+    out
+}
+
 command_header! {
     /// END_TRANSACTION (37, oneway) request header.
     pub struct EndTransactionRequestHeader [rpc] {

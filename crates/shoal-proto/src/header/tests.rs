@@ -549,6 +549,37 @@ proptest! {
     }
 
     #[test]
+    fn a_send_answer_written_as_json_encodes_as_its_map(
+        msg_id in "[0-9A-F]{0,40}|\\PC{0,10}",
+        queue_id in any::<i32>(),
+        queue_offset in any::<i64>(),
+        transaction_id in proptest::option::of("\\PC{0,12}|[\"\\\\\\x00-\\x1f/é]{0,6}"),
+        msg_region in proptest::option::of("\\PC{0,12}"),
+        trace_on in proptest::option::of(any::<bool>()),
+        opaque in any::<i32>(),
+    ) {
+        let mut with_map = RemotingCommand::response(0, None);
+        with_map.opaque = opaque;
+        let mut with_json = with_map.clone();
+        with_map.ext_fields = Some(send_response_ext_fields(
+            &msg_id, queue_id, queue_offset, transaction_id.as_deref(), msg_region.as_deref(), trace_on,
+        ));
+        with_json.ext_fields_json = Some(send_response_json(
+            &msg_id, queue_id, queue_offset, transaction_id.as_deref(), msg_region.as_deref(), trace_on,
+        ));
+        let (mut a, mut b) = (bytes::BytesMut::new(), bytes::BytesMut::new());
+        with_map.encode_header(&mut a).unwrap();
+        with_json.encode_header(&mut b).unwrap();
+        prop_assert_eq!(&a[..], &b[..]);
+        // What a peer decodes is the map.
+        let decoded = RemotingCommand::decode_header(crate::SerializeType::Json, &b).unwrap();
+        prop_assert_eq!(decoded.ext_fields, with_map.ext_fields);
+        // A binary header cannot carry it.
+        with_json.serialize_type = crate::SerializeType::RocketMq;
+        prop_assert!(with_json.encode_header(&mut bytes::BytesMut::new()).is_err());
+    }
+
+    #[test]
     fn arbitrary_ext_fields_never_panic(
         entries in proptest::collection::vec(
             (prop_oneof![
