@@ -19,7 +19,7 @@ use shoal_proto::message::{
     CompressionType, Message, Properties, UniqKeyGenerator, DEFAULT_COMPRESS_BODY_OVER,
     DEFAULT_COMPRESS_LEVEL, DEFAULT_MAX_MESSAGE_SIZE,
 };
-use shoal_proto::{MessageQueue, RemotingCommand};
+use shoal_proto::{MessageQueue, RemotingCommand, SerializeType};
 use std::future::Future;
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -419,7 +419,7 @@ impl Producer {
         if props.get(property::TRAN_MSG).is_some_and(|v| v == "true") {
             sys_flag |= shoal_proto::message::sys_flag::TRANSACTION_PREPARED_TYPE;
         }
-        let ext = send_v2_ext(&SendV2 {
+        let h = SendV2 {
             group: &self.inner.config.group,
             topic: &msg.topic,
             default_topic_queue_nums: self.inner.config.default_topic_queue_nums,
@@ -431,10 +431,19 @@ impl Producer {
             reconsume_times: reconsume,
             max_reconsume_times: max_reconsume,
             broker_name: &mq.broker_name,
-        })?;
-        Ok(RemotingCommand::request(rc::SEND_MESSAGE_V2)
-            .with_ext_fields(ext)
-            .with_body(body))
+        };
+        let mut req = RemotingCommand::request(rc::SEND_MESSAGE_V2).with_body(body);
+        // A request that goes as JSON unsigned carries its header as JSON text written
+        // straight from the values; signing (ACL) and binary headers need the map.
+        let config = self.inner.instance.config();
+        if config.credentials.is_none()
+            && config.serialize_type.for_request_code(rc::SEND_MESSAGE_V2) == SerializeType::Json
+        {
+            req.ext_fields_json = Some(send_v2_json(&h)?);
+        } else {
+            req.ext_fields = Some(send_v2_ext(&h)?);
+        }
+        Ok(req)
     }
 
     async fn send_request(
@@ -798,10 +807,92 @@ fn send_v2_ext(h: &SendV2<'_>) -> Result<ExtFields> {
     Ok(ext)
 }
 
+/// [`send_v2_ext`]'s entries, in its order, as the JSON object of a JSON header's
+/// `extFields` ([`RemotingCommand::ext_fields_json`]): no map is built, and only strings that
+/// can need escapes are scanned for them.
+fn send_v2_json(h: &SendV2<'_>) -> Result<String> {
+    use shoal_proto::command::push_json_str;
+    let mut props = String::with_capacity(128);
+    encode_properties_into(h.properties, &mut props)?;
+    let mut out = String::with_capacity(
+        200 + h.group.len() + h.topic.len() + h.broker_name.len() + props.len() * 2,
+    );
+    out.push_str("{\"a\":");
+    push_json_str(&mut out, h.group);
+    out.push_str(",\"b\":");
+    push_json_str(&mut out, h.topic);
+    out.push_str(",\"c\":");
+    push_json_str(&mut out, AUTO_CREATE_TOPIC_KEY_TOPIC);
+    for (key, value) in [
+        ("d", i64::from(h.default_topic_queue_nums)),
+        ("e", i64::from(h.queue_id)),
+        ("f", i64::from(h.sys_flag)),
+        ("g", h.born_timestamp),
+        ("h", i64::from(h.flag)),
+    ] {
+        out.push_str(",\"");
+        out.push_str(key);
+        out.push_str("\":\"");
+        value.push_value(&mut out);
+        out.push('"');
+    }
+    out.push_str(",\"i\":");
+    push_json_str(&mut out, &props);
+    if let Some(j) = h.reconsume_times {
+        out.push_str(",\"j\":\"");
+        j.push_value(&mut out);
+        out.push('"');
+    }
+    out.push_str(",\"k\":\"false\"");
+    if let Some(l) = h.max_reconsume_times {
+        out.push_str(",\"l\":\"");
+        l.push_value(&mut out);
+        out.push('"');
+    }
+    out.push_str(",\"m\":\"false\",\"n\":");
+    push_json_str(&mut out, h.broker_name);
+    out.push('}');
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use shoal_proto::header::CommandHeader;
+
+    #[test]
+    fn send_v2_json_encodes_as_send_v2_ext() {
+        let mut props = Properties::default();
+        props.insert(property::UNIQ_KEY.into(), "ABC".into());
+        props.insert(property::TAGS.into(), "t\"ag\\".into());
+        props.insert("KEYS".into(), "k\u{7}é".into());
+        for (j, l) in [(None, None), (Some(3), Some(16)), (Some(-1), None)] {
+            let h = SendV2 {
+                group: "G\"x",
+                topic: "T",
+                default_topic_queue_nums: 4,
+                queue_id: -2,
+                sys_flag: 1,
+                born_timestamp: 1_700_000_000_000,
+                flag: i32::MIN,
+                properties: &props,
+                reconsume_times: j,
+                max_reconsume_times: l,
+                broker_name: "broker-a",
+            };
+            let mut with_map = RemotingCommand::request(rc::SEND_MESSAGE_V2);
+            let mut with_json = with_map.clone();
+            with_map.ext_fields = Some(send_v2_ext(&h).unwrap());
+            with_json.ext_fields_json = Some(send_v2_json(&h).unwrap());
+            let (mut a, mut b) = (bytes::BytesMut::new(), bytes::BytesMut::new());
+            with_map.encode_header(&mut a).unwrap();
+            with_json.encode_header(&mut b).unwrap();
+            assert_eq!(
+                std::str::from_utf8(&a).unwrap(),
+                std::str::from_utf8(&b).unwrap()
+            );
+        }
+    }
 
     #[test]
     fn send_v2_ext_is_the_typed_header() {

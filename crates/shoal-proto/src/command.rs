@@ -644,8 +644,9 @@ fn put_json_str(dst: &mut BytesMut, bytes: &[u8]) {
     dst.put_u8(b'"');
 }
 
-/// As [`put_json_str`], into a `String` (escaping keeps UTF-8 text UTF-8).
-pub(crate) fn push_json_str(out: &mut String, s: &str) {
+/// Appends `s` to `out` as a JSON string (quoted, escaped as the JSON header encoder escapes
+/// strings), for callers writing [`RemotingCommand::ext_fields_json`].
+pub fn push_json_str(out: &mut String, s: &str) {
     out.reserve(s.len() + 2);
     out.push('"');
     let bytes = s.as_bytes();
