@@ -346,24 +346,13 @@ pub async fn send_message(
     let mut answer = RemotingCommand::response(code, remark);
     // SendMessageResponseHeader's entries, written without a `String` per field; the answer
     // to a JSON request (it goes back as JSON) as its JSON text straight away, with no map.
+    let (id, region, trace) = (msg_id.as_str(), Some(DEFAULT_REGION), Some(true));
     if req.serialize_type == SerializeType::Json {
-        answer.ext_fields_json = Some(send_response_json(
-            &msg_id,
-            queue_id,
-            queue_offset,
-            uniq,
-            Some(DEFAULT_REGION),
-            Some(true),
-        ));
+        let json = send_response_json(id, queue_id, queue_offset, uniq, region, trace);
+        answer.ext_fields_json = Some(json);
     } else {
-        answer.ext_fields = Some(send_response_ext_fields(
-            &msg_id,
-            queue_id,
-            queue_offset,
-            uniq,
-            Some(DEFAULT_REGION),
-            Some(true),
-        ));
+        let map = send_response_ext_fields(id, queue_id, queue_offset, uniq, region, trace);
+        answer.ext_fields = Some(map);
     }
     Ok(Some(answer))
 }
