@@ -371,6 +371,12 @@ impl ExtFields {
         }
     }
 
+    /// The value of the `at`th entry (in insertion order), for a reader that found its key
+    /// with [`ExtFields::iter_bytes`].
+    pub(crate) fn value_at(&self, at: usize) -> &str {
+        self.slice(self.entries[at].value)
+    }
+
     /// The entries in insertion order as bytes, for encoders: no character-boundary checks
     /// per slice (every span was cut at boundaries of valid UTF-8 when it was recorded).
     pub(crate) fn iter_bytes(&self) -> impl ExactSizeIterator<Item = (&[u8], &[u8])> + '_ {

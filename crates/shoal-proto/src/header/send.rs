@@ -206,39 +206,41 @@ const SEND_KEYS: [[&str; 13]; 2] = [
 ];
 
 impl<'a> SendHeaderRef<'a> {
-    /// Reads the header from `ext` in one pass: with the one-letter keys of V2 when
+    /// Reads the header from `ext` in one pass over its keys: with the one-letter keys of V2 when
     /// `one_letter`, else with Java's field names. Fails as the owned headers do: a missing
     /// required field is [`ProtoError::MissingField`], a bad number
     /// [`ProtoError::InvalidField`].
     pub fn decode(ext: &'a ExtFields, one_letter: bool) -> Result<Self> {
         let keys = &SEND_KEYS[usize::from(one_letter)];
-        let mut found: [Option<&'a str>; 13] = [None; 13];
-        for (key, value) in ext {
+        // Keys are matched as bytes; only the values of the fields found are sliced as text.
+        let mut at: [Option<usize>; 13] = [None; 13];
+        for (n, (key, _)) in ext.iter_bytes().enumerate() {
             let i = if one_letter {
-                match key.as_bytes() {
+                match key {
                     [c @ b'a'..=b'm'] => usize::from(c - b'a'),
                     _ => continue,
                 }
             } else {
                 match key {
-                    "producerGroup" => 0,
-                    "topic" => 1,
-                    "defaultTopic" => 2,
-                    "defaultTopicQueueNums" => 3,
-                    "queueId" => 4,
-                    "sysFlag" => 5,
-                    "bornTimestamp" => 6,
-                    "flag" => 7,
-                    "properties" => 8,
-                    "reconsumeTimes" => 9,
-                    "unitMode" => 10,
-                    "maxReconsumeTimes" => 11,
-                    "batch" => 12,
+                    b"producerGroup" => 0,
+                    b"topic" => 1,
+                    b"defaultTopic" => 2,
+                    b"defaultTopicQueueNums" => 3,
+                    b"queueId" => 4,
+                    b"sysFlag" => 5,
+                    b"bornTimestamp" => 6,
+                    b"flag" => 7,
+                    b"properties" => 8,
+                    b"reconsumeTimes" => 9,
+                    b"unitMode" => 10,
+                    b"maxReconsumeTimes" => 11,
+                    b"batch" => 12,
                     _ => continue,
                 }
             };
-            found[i] = Some(value);
+            at[i] = Some(n);
         }
+        let found: [Option<&'a str>; 13] = at.map(|n| n.map(|n| ext.value_at(n)));
         fn required<'v>(v: Option<&'v str>, key: &'static str) -> Result<&'v str> {
             v.ok_or(ProtoError::MissingField { field: key })
         }
