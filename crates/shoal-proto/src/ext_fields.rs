@@ -245,6 +245,20 @@ impl ExtFields {
         }
     }
 
+    /// As [`ExtFields::commit_spans`] for a decoder that has the key's bytes at hand (`key` is
+    /// a span of them): a key new to a small map is pushed without slicing it again.
+    #[inline]
+    pub(crate) fn record_decoded(&mut self, key: Span, key_bytes: &[u8], value: Span) {
+        let bit = key_bit_of(key_bytes);
+        // The pushed entry keeps the map at most `INDEX_FROM` long: no index to build.
+        if self.filter & bit == 0 && self.index.is_none() && self.entries.len() < INDEX_FROM {
+            self.filter |= bit;
+            self.entries.push(Entry { key, value });
+        } else {
+            self.commit_spans(key, value);
+        }
+    }
+
     /// Ends a run of [`ExtFields::record_spans`]: drops the text of replaced values if it is
     /// most of the text.
     pub(crate) fn finish_spans(&mut self) {
@@ -371,10 +385,17 @@ impl ExtFields {
         }
     }
 
-    /// The value of the `at`th entry (in insertion order), for a reader that found its key
-    /// with [`ExtFields::iter_bytes`].
-    pub(crate) fn value_at(&self, at: usize) -> &str {
-        self.slice(self.entries[at].value)
+    /// The entries in insertion order, keys as bytes and values as text: for typed readers
+    /// that match keys as bytes and keep the values of the keys they know.
+    #[inline]
+    pub(crate) fn iter_keyed(&self) -> impl ExactSizeIterator<Item = (&[u8], &str)> + '_ {
+        let (text, shared) = (&self.text, &self.shared);
+        self.entries.iter().map(move |e| {
+            (
+                span_bytes(text.as_bytes(), shared.as_bytes(), e.key),
+                span_str(text, shared, e.value),
+            )
+        })
     }
 
     /// The entries in insertion order as bytes, for encoders: no character-boundary checks
@@ -471,7 +492,12 @@ fn owned_len((start, len): Span) -> usize {
 /// odd weight of a one-byte key's byte (3) makes consecutive letters take distinct bits, so
 /// the send header's keys `a`..`n` never share one.
 fn key_bit(key: &str) -> u64 {
-    let b = key.as_bytes();
+    key_bit_of(key.as_bytes())
+}
+
+/// [`key_bit`] of a key's bytes.
+#[inline]
+fn key_bit_of(b: &[u8]) -> u64 {
     let (first, last) = (
         usize::from(b.first().copied().unwrap_or(0)),
         usize::from(b.last().copied().unwrap_or(0)),

@@ -210,32 +210,34 @@ impl<'a> Parser<'a> {
 
     /// An integer as serde_json reads one into `u64`/`i64`: optional minus, no leading zeros,
     /// no fraction or exponent, at most [`MAX_DIGITS`] digits, not `-0` (a float to serde_json).
-    /// Returns its text and value.
-    fn integer(&mut self) -> Option<(&'a str, i64)> {
-        let start = self.pos;
-        let negative = self.peek() == Some(b'-');
-        if negative {
-            self.pos += 1;
-        }
-        let digits = self.pos;
+    /// Consumed only when it is one.
+    #[inline]
+    fn integer(&mut self) -> Option<i64> {
+        let bytes = self.bytes;
+        let negative = bytes.get(self.pos) == Some(&b'-');
+        let digits = self.pos + usize::from(negative);
+        let mut i = digits;
         let mut value: i64 = 0;
-        while let Some(d @ b'0'..=b'9') = self.peek() {
-            if self.pos - digits == MAX_DIGITS {
+        while let Some(&b) = bytes.get(i) {
+            let d = b.wrapping_sub(b'0');
+            if d > 9 {
+                break;
+            }
+            if i - digits == MAX_DIGITS {
                 return None;
             }
-            value = value * 10 + i64::from(d - b'0');
-            self.pos += 1;
+            value = value * 10 + i64::from(d);
+            i += 1;
         }
-        let len = self.pos - digits;
-        let leading_zero = len > 1 && self.bytes.get(digits) == Some(&b'0');
-        if len == 0 || leading_zero || (negative && value == 0) {
+        let len = i - digits;
+        if len == 0 || (len > 1 && bytes[digits] == b'0') || (negative && value == 0) {
             return None;
         }
-        if let Some(b'.' | b'e' | b'E') = self.peek() {
+        if let Some(b'.' | b'e' | b'E') = bytes.get(i) {
             return None;
         }
-        let text = self.text.get(start..self.pos)?;
-        Some((text, if negative { -value } else { value }))
+        self.pos = i;
+        Some(if negative { -value } else { value })
     }
 
     /// An `int` header field (as `JsonInt` reads it): `null` leaves `out` as it is, a JSON
@@ -249,7 +251,7 @@ impl<'a> Parser<'a> {
                 Some(())
             }
             _ => {
-                let (_, v) = self.integer()?;
+                let v = self.integer()?;
                 *out = i32::try_from(v).ok()?;
                 Some(())
             }
@@ -273,6 +275,9 @@ impl<'a> Parser<'a> {
     /// earlier one in place, as `ExtFields::commit_raw` does for the serde decoder too. Keys
     /// and values without escapes stay in `header` (the map shares it); only strings with
     /// escapes are decoded into the map's own text.
+    ///
+    /// The shape every client writes (`"key":"value"` pairs without whitespace or escapes) is
+    /// read by the first branch of each step; anything else by the general one.
     fn ext_fields(&mut self, header: &ByteString) -> Option<ExtFields> {
         self.expect(b'{')?;
         self.ws();
@@ -286,15 +291,27 @@ impl<'a> Parser<'a> {
         loop {
             self.expect(b'"')?;
             let mark = out.raw_text().len();
-            let key = self.string_span(&mut out)?;
-            self.ws();
-            self.expect(b':')?;
+            let key_start = self.pos;
+            let (key, plain_key) = match self.plain_string() {
+                Some(end) => (ExtFields::shared_span(key_start..end), true),
+                None => (self.string_span(&mut out)?, false),
+            };
+            let key_end = self.pos - 1;
+            if self.peek() == Some(b':') {
+                self.pos += 1;
+            } else {
+                self.ws();
+                self.expect(b':')?;
+            }
             self.ws();
             let start = self.pos;
             let value = match self.peek()? {
                 b'"' => {
                     self.pos += 1;
-                    Some(self.string_span(&mut out)?)
+                    match self.plain_string() {
+                        Some(end) => Some(ExtFields::shared_span(start + 1..end)),
+                        None => Some(self.string_span(&mut out)?),
+                    }
                 }
                 b'-' | b'0'..=b'9' => {
                     self.integer()?;
@@ -307,15 +324,40 @@ impl<'a> Parser<'a> {
                 _ => return None,
             };
             match value {
+                Some(value) if plain_key => {
+                    out.record_decoded(key, &self.bytes[key_start..key_end], value);
+                }
                 Some(value) => out.commit_spans(key, value),
                 None => out.truncate_raw(mark),
             }
-            self.ws();
             match self.next()? {
-                b',' => self.ws(),
+                b',' => {}
                 b'}' => return Some(out),
+                b' ' | b'\n' | b'\t' | b'\r' => {
+                    self.ws();
+                    match self.next()? {
+                        b',' => {}
+                        b'}' => return Some(out),
+                        _ => return None,
+                    }
+                }
                 _ => return None,
             }
+            self.ws();
+        }
+    }
+
+    /// A string without escapes (the opening quote consumed): consumed, and the index of its
+    /// closing quote returned. `None` (nothing consumed) when it has an escape or a control
+    /// character, or does not end.
+    #[inline(always)]
+    fn plain_string(&mut self) -> Option<usize> {
+        let end = find_special(self.bytes, self.pos);
+        if self.bytes.get(end) == Some(&b'"') {
+            self.pos = end + 1;
+            Some(end)
+        } else {
+            None
         }
     }
 
@@ -379,10 +421,24 @@ impl<'a> Parser<'a> {
     #[inline(never)]
     fn string_rest_into(&mut self, out: &mut String) -> Option<()> {
         loop {
-            out.push(self.escape()?);
+            // `\u00XX` below 0x80 (RocketMQ's property separators are `\u0001` and `\u0002`)
+            // is one byte; the other escapes take the general path.
+            match self.bytes.get(self.pos..self.pos + 5) {
+                Some(&[b'u', b'0', b'0', high, low])
+                    if HEX[usize::from(high)] < 8 && HEX[usize::from(low)] < 16 =>
+                {
+                    out.push(char::from(
+                        HEX[usize::from(high)] * 16 + HEX[usize::from(low)],
+                    ));
+                    self.pos += 5;
+                }
+                _ => out.push(self.escape()?),
+            }
             let start = self.pos;
             let end = find_special(self.bytes, start);
-            out.push_str(self.text.get(start..end)?);
+            if end > start {
+                out.push_str(self.text.get(start..end)?);
+            }
             self.pos = end + 1;
             match self.bytes.get(end)? {
                 b'"' => return Some(()),
@@ -429,12 +485,33 @@ impl<'a> Parser<'a> {
         let digits = self.bytes.get(self.pos..self.pos + 4)?;
         let mut n = 0;
         for &d in digits {
-            n = n * 16 + char::from(d).to_digit(16)?;
+            let v = HEX[usize::from(d)];
+            if v > 15 {
+                return None;
+            }
+            n = n * 16 + u32::from(v);
         }
         self.pos += 4;
         Some(n)
     }
 }
+
+/// Per byte, its value as a hex digit (either case), or 255.
+const HEX: [u8; 256] = {
+    let mut table = [255u8; 256];
+    let mut d = 0;
+    while d < 10 {
+        table[b'0' as usize + d] = d as u8;
+        d += 1;
+    }
+    let mut d = 0;
+    while d < 6 {
+        table[b'a' as usize + d] = 10 + d as u8;
+        table[b'A' as usize + d] = 10 + d as u8;
+        d += 1;
+    }
+    table
+};
 
 /// Per byte, how a JSON string writes it: 0 as itself, else the letter after the backslash of
 /// its escape (`u` for `\u00XX`). The bytes with an escape are `"`, `\` and control characters.

@@ -77,8 +77,31 @@ impl HeaderValue for String {
     }
 }
 
+/// `value` as a number when it is 1 to `max_digits` ASCII digits (no sign): what `parse`
+/// answers for it, without its general path. `max_digits` keeps the result in range.
+#[inline]
+fn plain_digits(value: &str, max_digits: usize) -> Option<i64> {
+    let bytes = value.as_bytes();
+    if bytes.is_empty() || bytes.len() > max_digits {
+        return None;
+    }
+    let mut n: i64 = 0;
+    for &b in bytes {
+        let d = b.wrapping_sub(b'0');
+        if d > 9 {
+            return None;
+        }
+        n = n * 10 + i64::from(d);
+    }
+    Some(n)
+}
+
 impl HeaderValue for i32 {
     fn parse_value(field: &'static str, value: &str) -> Result<Self> {
+        if let Some(n) = plain_digits(value, 9) {
+            // Nine digits fit an i32.
+            return Ok(n as i32);
+        }
         value
             .parse()
             .map_err(|e: std::num::ParseIntError| ProtoError::InvalidField {
@@ -94,6 +117,9 @@ impl HeaderValue for i32 {
 
 impl HeaderValue for i64 {
     fn parse_value(field: &'static str, value: &str) -> Result<Self> {
+        if let Some(n) = plain_digits(value, 18) {
+            return Ok(n);
+        }
         value
             .parse()
             .map_err(|e: std::num::ParseIntError| ProtoError::InvalidField {

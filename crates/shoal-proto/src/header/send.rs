@@ -213,8 +213,8 @@ impl<'a> SendHeaderRef<'a> {
     pub fn decode(ext: &'a ExtFields, one_letter: bool) -> Result<Self> {
         let keys = &SEND_KEYS[usize::from(one_letter)];
         // Keys are matched as bytes; only the values of the fields found are sliced as text.
-        let mut at: [Option<usize>; 13] = [None; 13];
-        for (n, (key, _)) in ext.iter_bytes().enumerate() {
+        let mut found: [Option<&'a str>; 13] = [None; 13];
+        for (key, value) in ext.iter_keyed() {
             let i = if one_letter {
                 match key {
                     [c @ b'a'..=b'm'] => usize::from(c - b'a'),
@@ -238,9 +238,8 @@ impl<'a> SendHeaderRef<'a> {
                     _ => continue,
                 }
             };
-            at[i] = Some(n);
+            found[i] = Some(value);
         }
-        let found: [Option<&'a str>; 13] = at.map(|n| n.map(|n| ext.value_at(n)));
         fn required<'v>(v: Option<&'v str>, key: &'static str) -> Result<&'v str> {
             v.ok_or(ProtoError::MissingField { field: key })
         }
@@ -280,11 +279,11 @@ impl<'a> SendResponseRef<'a> {
     /// Reads the answer's header in one pass over `ext` (`None`: the answer had none).
     pub fn decode(ext: Option<&'a ExtFields>) -> Result<Self> {
         let mut found: [Option<&'a str>; 3] = [None; 3];
-        for (key, value) in ext.into_iter().flatten() {
+        for (key, value) in ext.into_iter().flat_map(ExtFields::iter_keyed) {
             let i = match key {
-                "msgId" => 0,
-                "queueId" => 1,
-                "queueOffset" => 2,
+                b"msgId" => 0,
+                b"queueId" => 1,
+                b"queueOffset" => 2,
                 _ => continue,
             };
             found[i] = Some(value);

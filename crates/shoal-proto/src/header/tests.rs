@@ -453,6 +453,16 @@ proptest! {
     }
 
     #[test]
+    fn integer_fields_parse_as_rust_parses(value in prop_oneof![
+        "[0-9]{0,20}", "[+-]?[0-9]{1,20}", "0*[0-9]{1,12}", "[0-9 a+-]{0,10}", "\\PC{0,6}",
+    ]) {
+        // The digits-only fast path of `parse_value` answers as `str::parse` does, up to the
+        // last digit before overflow.
+        prop_assert_eq!(i32::parse_value("f", &value).ok(), value.parse::<i32>().ok());
+        prop_assert_eq!(i64::parse_value("g", &value).ok(), value.parse::<i64>().ok());
+    }
+
+    #[test]
     fn the_borrowed_send_header_reads_what_the_owned_ones_read(
         entries in proptest::collection::vec(
             (prop_oneof![
