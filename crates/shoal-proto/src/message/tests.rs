@@ -113,8 +113,25 @@ fn expected(m: &MessageExt, len: usize) -> MessageExt {
     e
 }
 
+/// Java's property decoding written plainly (split at 0x02, then at the first 0x01; both
+/// halves non-empty): the model [`super::property::iter_properties`] must follow.
+fn model_properties(s: &str) -> Vec<(&str, &str)> {
+    s.split('\u{2}')
+        .filter_map(|segment| segment.split_once('\u{1}'))
+        .filter(|(k, v)| !k.is_empty() && !v.is_empty())
+        .collect()
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(200))]
+
+    #[test]
+    fn property_pairs_follow_the_plain_model(
+        s in "[ab\u{1}\u{2}é]{0,24}"
+    ) {
+        let pairs: Vec<(&str, &str)> = super::property::iter_properties(&s).collect();
+        prop_assert_eq!(pairs, model_properties(&s));
+    }
 
     #[test]
     fn record_round_trip(m in message_ext()) {
