@@ -29,7 +29,7 @@ use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::{Instant, Sleep};
@@ -93,6 +93,11 @@ pub(crate) struct Driver<S> {
     sweep: Option<Pin<Box<Sleep>>>,
     paused: Option<Pause>,
     cancelled: Pin<Box<WaitForCancellationFutureOwned>>,
+    /// The waker of the last wake-up: while the task is woken with the same one, the close
+    /// future (polled at once with every new waker) holds it already and is only looked at.
+    registered: Option<Waker>,
+    /// The idle timer was not polled since the waker changed (it may hold an older one).
+    idle_stale: bool,
 }
 
 impl<S> Driver<S>
@@ -116,16 +121,34 @@ where
             sweep: None,
             paused: None,
             cancelled,
+            registered: None,
+            idle_stale: true,
         }
     }
 
     /// Runs the connection until it must close; returns why.
     fn poll_run(&mut self, cx: &mut Context<'_>) -> Poll<Close> {
         self.conn.inner.driver_waker.register(cx.waker());
-        // The close future is polled (its waker registered) once per wake-up; later turns of
-        // the loop only look at the token, so that nothing more is read or started once a
-        // handler has closed the connection.
-        if self.cancelled.as_mut().poll(cx).is_ready() {
+        // The close future and the idle timer keep the waker they were polled with (until
+        // they fire): with the same waker they are only looked at (the token, the timer's
+        // state). A new waker is registered with the close future now, with the timer when
+        // it is next looked at.
+        let same_waker = self
+            .registered
+            .as_ref()
+            .is_some_and(|w| w.will_wake(cx.waker()));
+        if !same_waker {
+            self.registered = Some(cx.waker().clone());
+            self.idle_stale = true;
+        }
+        // Later turns of the loop look at the token too, so that nothing more is read or
+        // started once a handler has closed the connection.
+        let closed = if same_waker {
+            self.conn.inner.closed.is_cancelled()
+        } else {
+            self.cancelled.as_mut().poll(cx).is_ready()
+        };
+        if closed {
             return Poll::Ready(Close::Requested);
         }
         let mut first = true;
@@ -464,12 +487,29 @@ where
             self.last_activity = Instant::now();
         }
         let deadline = self.last_activity + idle;
-        let sleep = self
-            .idle
-            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
-        if sleep.deadline() != deadline {
-            sleep.as_mut().reset(deadline);
-        }
+        // The timer is not moved on every activity: it stays at an earlier deadline, and when
+        // it fires before the current one, it is set to that one then.
+        let sleep = match &mut self.idle {
+            Some(sleep) => {
+                let fired = if std::mem::take(&mut self.idle_stale) {
+                    sleep.as_mut().poll(cx).is_ready()
+                } else {
+                    sleep.is_elapsed()
+                };
+                if !fired {
+                    return None;
+                }
+                if sleep.deadline() >= deadline {
+                    return Some(Close::Idle);
+                }
+                sleep.as_mut().reset(deadline);
+                sleep
+            }
+            None => self
+                .idle
+                .insert(Box::pin(tokio::time::sleep_until(deadline))),
+        };
+        self.idle_stale = false;
         if sleep.as_mut().poll(cx).is_pending() {
             return None;
         }

@@ -304,6 +304,35 @@ async fn a_connection_is_closed_idle_only_after_its_last_request_is_answered() {
     .await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_used_more_often_than_its_idle_timeout_stays_open() {
+    bounded(async {
+        let config = NetConfig {
+            idle_timeout: Some(Duration::from_millis(1000)),
+            ..NetConfig::default()
+        };
+        let (server, _p, addr) = start_server(config).await;
+        let client = RemotingClient::default();
+        let conn = client.connection(&addr).await.unwrap();
+        // A request every 100 ms for three and a half idle timeouts: the server's idle timer
+        // fires at deadlines that activity has moved since, and is set again each time.
+        let started = tokio::time::Instant::now();
+        while started.elapsed() < Duration::from_millis(3500) {
+            let ok = conn
+                .request(echo(0, "ping"), Duration::from_secs(5))
+                .await
+                .unwrap();
+            assert_eq!(ok.body.as_deref(), Some(&b"ping"[..]));
+            assert!(!conn.is_closed(), "closed while in use");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        // Then idle: the server closes it.
+        wait_until("the idle connection is closed", || conn.is_closed()).await;
+        server.shutdown().await;
+    })
+    .await;
+}
+
 /// The client side's handler for server-initiated requests.
 #[derive(Default)]
 struct ClientHandler {
