@@ -517,7 +517,8 @@ impl Producer {
                 Err(e) => return Err(e),
             };
             now = Instant::now();
-            let latency = now.saturating_duration_since(t0).as_millis() as u64;
+            let took = now.saturating_duration_since(t0);
+            let latency = took.as_millis() as u64;
             match outcome {
                 Ok(r) => {
                     self.inner.fault.lock().record(
@@ -526,9 +527,13 @@ impl Producer {
                         false,
                         crate::mono_ms(now),
                     );
-                    self.inner
-                        .metrics
-                        .sent(now.saturating_duration_since(started));
+                    // The first attempt started with the send.
+                    let total = if t0 == started {
+                        took
+                    } else {
+                        now.saturating_duration_since(started)
+                    };
+                    self.inner.metrics.sent(total);
                     return Ok(r);
                 }
                 Err(e) => {

@@ -152,7 +152,13 @@ pub const CRC32: &str = "__CRC32#";
 
 /// Checks that a key or value contains neither separator.
 fn check_text(what: &str, text: &str, key: &str) -> Result<()> {
-    if text.contains([NAME_VALUE_SEPARATOR, PROPERTY_SEPARATOR]) {
+    // Both separators are ASCII, so a byte comparison finds exactly them (no byte of a
+    // multi-byte character is below 0x80); it needs no decoding of characters, and without
+    // an early exit the compiler compares many bytes at once.
+    if text
+        .bytes()
+        .fold(false, |found, b| found | (b.wrapping_sub(1) < 2))
+    {
         return Err(ProtoError::BadProperty(format!(
             "{what} of property {key:?} contains a separator (\\u0001 or \\u0002)"
         )));
