@@ -5,7 +5,8 @@ Each round runs every build once, starting with a different build each round (th
 rotates); each run starts `shoal dev` on a new data directory, creates the topic, runs
 `shoal bench produce` and stops the server. It reports msgs/s, the broker's
 CPU per acknowledged message (utime+stime from /proc/PID/stat), the client's (getrusage of
-the finished bench process) and the send p99, per run and as medians. A fresh data directory
+the finished bench process) and the send p99, per run and as medians, and for each build after
+the first the median of its per-round ratios to the first build. A fresh data directory
 per run keeps the page cache the broker writes into warm (see docs/benchmarks.md, session 9).
 
 Usage:
@@ -112,6 +113,19 @@ def main():
     for build, runs in results.items():
         med = [statistics.median(r[i] for r in runs) for i in range(4)]
         print(f"| {build} | {med[0]:,.0f} | {med[1]:.2f} | {med[2]:.2f} | {med[3]:.2f} |")
+    # Ratios of runs of the same round (neighbours in time) are steadier on a noisy machine than
+    # ratios of medians: each build against the first, the median of its per-round ratios.
+    first = a.builds[0]
+    if len(a.builds) > 1:
+        print(f"\nPer-round ratios to {first}, medians (and the range over rounds):")
+        print("| build | msgs/s | broker µs/msg | client µs/msg |\n|---|---|---|---|")
+        for build in a.builds[1:]:
+            cells = []
+            for i in range(3):
+                ratios = sorted(r[i] / b[i] for r, b in zip(results[build], results[first]) if b[i])
+                cells.append(f"{statistics.median(ratios):.3f}x ({ratios[0]:.3f}-{ratios[-1]:.3f})"
+                             if ratios else "-")
+            print(f"| {build} | {' | '.join(cells)} |")
 
 
 if __name__ == "__main__":
