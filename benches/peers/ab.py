@@ -18,7 +18,9 @@ flags (the same binary may be listed twice to compare client settings). Leading
 "NAME=VALUE:" parts set environment variables of that build's server only, e.g.
 "TOKIO_WORKER_THREADS=1:target/release/shoal" for a broker with one tokio worker; parts
 written "@NAME=VALUE:" set them for the bench client only, e.g.
-"@TOKIO_WORKER_THREADS=1:target/release/shoal".
+"@TOKIO_WORKER_THREADS=1:target/release/shoal". Leading "+ARG:" parts are added to that
+build's `shoal dev` command line, e.g. "+--config=mmap.toml:target/release/shoal" for a broker
+with the keys of mmap.toml.
 """
 import argparse
 import json
@@ -38,21 +40,26 @@ def cpu_seconds(pid):
 
 
 def parse_build(build):
-    """'[[@]NAME=VALUE:]...BINARY[,EXTRA CLIENT FLAGS]' -> (server env, client env, binary,
-    client flags)."""
-    env, client_env = {}, {}
-    while (m := re.match(r"(@?)([A-Z_][A-Z0-9_]*)=([^:]*):", build)):
-        (client_env if m.group(1) else env)[m.group(2)] = m.group(3)
+    """'[[@]NAME=VALUE:|+ARG:]...BINARY[,EXTRA CLIENT FLAGS]' -> (server env, client env,
+    binary, client flags, server flags)."""
+    env, client_env, dev_args = {}, {}, []
+    while True:
+        if (m := re.match(r"(@?)([A-Z_][A-Z0-9_]*)=([^:]*):", build)):
+            (client_env if m.group(1) else env)[m.group(2)] = m.group(3)
+        elif (m := re.match(r"\+([^:]+):", build)):
+            dev_args.append(m.group(1))
+        else:
+            break
         build = build[m.end():]
     binary, _, extra = build.partition(",")
-    return env, client_env, binary, extra.split()
+    return env, client_env, binary, extra.split(), dev_args
 
 
-def one_run(binary, extra, a, data_dir, env=None, client_env=None):
+def one_run(binary, extra, a, data_dir, env=None, client_env=None, dev_args=()):
     ns = f"127.0.0.1:{a.port}"
     shutil.rmtree(data_dir, ignore_errors=True)
     dev = subprocess.Popen([binary, "dev", "--namesrv-port", str(a.port), "--broker-port", str(a.port + 1),
-                            "--data-dir", data_dir, "--flush", "async"],
+                            "--data-dir", data_dir, "--flush", "async", *dev_args],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                            env={**os.environ, **(env or {})})
     try:
@@ -82,7 +89,7 @@ def one_run(binary, extra, a, data_dir, env=None, client_env=None):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("builds", nargs="+", help="[[@]NAME=VALUE:]...BINARY[,EXTRA CLIENT FLAGS]")
+    ap.add_argument("builds", nargs="+", help="[[@]NAME=VALUE:|+ARG:]...BINARY[,EXTRA CLIENT FLAGS]")
     ap.add_argument("--inflight", type=int, default=16)
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--size", type=int, default=128)
@@ -100,8 +107,8 @@ def main():
             # favours no build.
             shift = rnd % len(a.builds)
             for build in a.builds[shift:] + a.builds[:shift]:
-                env, client_env, binary, extra = parse_build(build)
-                r = one_run(binary, extra, a, os.path.join(work, "data"), env, client_env)
+                env, client_env, binary, extra, dev_args = parse_build(build)
+                r = one_run(binary, extra, a, os.path.join(work, "data"), env, client_env, dev_args)
                 results[build].append(r)
                 print(f"{build} r{rnd}: {r[0]:,.0f} msgs/s, broker {r[1]:.2f} µs/msg, client {r[2]:.2f} µs/msg, "
                       f"p99 {r[3]} ms", flush=True)

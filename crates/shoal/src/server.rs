@@ -163,9 +163,13 @@ pub struct DevArgs {
     /// Broker port.
     #[arg(long, default_value_t = 10911)]
     pub broker_port: u16,
-    /// Flush mode.
-    #[arg(long, value_enum, default_value = "async")]
-    pub flush: FlushArg,
+    /// Flush mode (default `async`, or the config file's `flush_mode`).
+    #[arg(long, value_enum)]
+    pub flush: Option<FlushArg>,
+    /// TOML file of broker keys (docs/configuration.md), e.g. `mmap_commit_log`; the flags
+    /// above and dev's own settings (ports, data directory, auto-create) take precedence.
+    #[arg(long, short = 'c', value_name = "FILE")]
+    pub config: Option<PathBuf>,
     /// HTTP port for metrics (`/metrics`) and the dashboard (0 picks a free port).
     #[arg(long, default_value_t = DEV_HTTP_PORT)]
     pub http_port: u16,
@@ -202,20 +206,23 @@ fn split_addrs(s: &str) -> Vec<String> {
         .collect()
 }
 
+/// The broker keys of a TOML config file, or the defaults without one.
+fn broker_file(path: Option<&std::path::Path>) -> anyhow::Result<BrokerConfig> {
+    let Some(path) = path else {
+        return Ok(BrokerConfig::default());
+    };
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read config file {}", path.display()))?;
+    BrokerConfig::from_toml(&text).with_context(|| format!("in {}", path.display()))
+}
+
 /// Builds the broker configuration from defaults, the file and the flags (`common`: the
 /// client options, whose TLS settings apply to the connections to the name servers).
 pub fn broker_config(
     args: &BrokerArgs,
     common: &crate::admin_cmd::Common,
 ) -> anyhow::Result<BrokerConfig> {
-    let mut cfg = match &args.config {
-        Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("cannot read config file {}", path.display()))?;
-            BrokerConfig::from_toml(&text).with_context(|| format!("in {}", path.display()))?
-        }
-        None => BrokerConfig::default(),
-    };
+    let mut cfg = broker_file(args.config.as_deref())?;
     if let Some(v) = &args.listen {
         cfg.listen_addr = v.clone();
     }
@@ -465,6 +472,40 @@ pub async fn run_broker(args: BrokerArgs, common: crate::admin_cmd::Common) -> a
 }
 
 /// `shoal dev`: a name server and a broker in one process, auto-create on.
+/// The broker configuration of `shoal dev`: the `--config` file's keys (or the defaults), then
+/// dev's own settings (its ports, data directory, name server, auto-create, flush and TLS flags).
+fn dev_broker_config(
+    args: &DevArgs,
+    namesrv: &str,
+    tls: Option<&(shoal_net::TlsMode, PathBuf, PathBuf)>,
+) -> anyhow::Result<BrokerConfig> {
+    let mut cfg = broker_file(args.config.as_deref())?;
+    cfg.listen_addr = format!("127.0.0.1:{}", args.broker_port);
+    cfg.namesrv_addrs = vec![namesrv.to_string()];
+    cfg.data_dir = args.data_dir.join("broker");
+    cfg.auto_create_topic = true;
+    if let Some(flush) = args.flush {
+        cfg.flush_mode = match flush {
+            FlushArg::Async => FlushMode::Async,
+            FlushArg::Sync => FlushMode::Sync,
+        };
+    }
+    if let Some((mode, cert, key)) = tls {
+        let enforcing = *mode == shoal_net::TlsMode::Enforcing;
+        cfg.tls = shoal_broker::config::TlsSettings {
+            mode: *mode,
+            cert_path: Some(cert.clone()),
+            key_path: Some(key.clone()),
+            // The name server is in this process, on loopback.
+            namesrv_tls: enforcing,
+            insecure: enforcing,
+            ..shoal_broker::config::TlsSettings::default()
+        };
+    }
+    cfg.validate()?;
+    Ok(cfg)
+}
+
 pub async fn run_dev(args: DevArgs) -> anyhow::Result<()> {
     let stop = shutdown_signal();
     let tls = args.tls.settings()?;
@@ -478,32 +519,7 @@ pub async fn run_dev(args: DevArgs) -> anyhow::Result<()> {
         "starting the name server (is another Shoal or RocketMQ running? try --namesrv-port)",
     )?;
     let namesrv = ns.local_addr().to_string();
-    let cfg = BrokerConfig {
-        listen_addr: format!("127.0.0.1:{}", args.broker_port),
-        namesrv_addrs: vec![namesrv.clone()],
-        data_dir: args.data_dir.join("broker"),
-        auto_create_topic: true,
-        flush_mode: match args.flush {
-            FlushArg::Async => FlushMode::Async,
-            FlushArg::Sync => FlushMode::Sync,
-        },
-        tls: match &tls {
-            None => shoal_broker::config::TlsSettings::default(),
-            Some((mode, cert, key)) => {
-                let enforcing = *mode == shoal_net::TlsMode::Enforcing;
-                shoal_broker::config::TlsSettings {
-                    mode: *mode,
-                    cert_path: Some(cert.clone()),
-                    key_path: Some(key.clone()),
-                    // The name server is in this process, on loopback.
-                    namesrv_tls: enforcing,
-                    insecure: enforcing,
-                    ..shoal_broker::config::TlsSettings::default()
-                }
-            }
-        },
-        ..BrokerConfig::default()
-    };
+    let cfg = dev_broker_config(&args, &namesrv, tls.as_ref())?;
     let broker = match Broker::start(cfg.clone()).await {
         Ok(b) => b,
         Err(e) => {
@@ -623,4 +639,59 @@ pub async fn run_dev(args: DevArgs) -> anyhow::Result<()> {
     ns.shutdown().await;
     println!("stopped");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Dev {
+        #[command(flatten)]
+        args: DevArgs,
+    }
+
+    fn dev(args: &[&str]) -> DevArgs {
+        Dev::try_parse_from(std::iter::once("dev").chain(args.iter().copied()))
+            .unwrap()
+            .args
+    }
+
+    #[test]
+    fn dev_takes_broker_keys_from_its_config_file_and_keeps_its_own_settings() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("broker.toml");
+        std::fs::write(
+            &file,
+            "mmap_commit_log = true\nflush_mode = \"sync\"\nlisten_addr = \"127.0.0.1:1\"\n\
+             auto_create_topic = false\n",
+        )
+        .unwrap();
+        let path = file.to_str().unwrap();
+        let cfg = dev_broker_config(
+            &dev(&["--config", path, "--broker-port", "4242"]),
+            "127.0.0.1:9",
+            None,
+        )
+        .unwrap();
+        assert!(cfg.mmap_commit_log);
+        assert_eq!(cfg.flush_mode, FlushMode::Sync);
+        // dev's own settings win over the file's.
+        assert_eq!(cfg.listen_addr, "127.0.0.1:4242");
+        assert_eq!(cfg.namesrv_addrs, vec!["127.0.0.1:9".to_string()]);
+        assert_eq!(cfg.data_dir, PathBuf::from("shoal-data").join("broker"));
+        assert!(cfg.auto_create_topic);
+        // A flag beats the file.
+        let cfg = dev_broker_config(&dev(&["-c", path, "--flush", "async"]), "n:1", None).unwrap();
+        assert_eq!(cfg.flush_mode, FlushMode::Async);
+        // Without a file: the broker's defaults, async flush.
+        let cfg = dev_broker_config(&dev(&[]), "n:1", None).unwrap();
+        assert_eq!(cfg.flush_mode, FlushMode::Async);
+        assert_eq!(cfg.mmap_commit_log, BrokerConfig::default().mmap_commit_log);
+        // A bad key is an error that names the file.
+        std::fs::write(&file, "no_such_key = 1\n").unwrap();
+        let err = dev_broker_config(&dev(&["--config", path]), "n:1", None).unwrap_err();
+        assert!(format!("{err:#}").contains(path), "{err:#}");
+    }
 }
