@@ -32,6 +32,8 @@ mod index;
 #[cfg(target_os = "linux")]
 mod mapped;
 mod offsets;
+#[cfg(target_os = "linux")]
+mod prefetch;
 mod store;
 
 pub use appender::PutFuture;

@@ -32,10 +32,13 @@ use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use memmap2::{MmapMut, MmapOptions};
+use std::sync::Arc;
+
+use memmap2::{MmapOptions, MmapRaw};
 use parking_lot::Mutex;
 
 use crate::backend::{SegmentOptions, StoreFile};
+use crate::prefetch::{Populate, Prefetcher};
 
 /// A segment file appended to through a memory map of reserved space.
 #[derive(Debug)]
@@ -53,6 +56,11 @@ pub(crate) struct MappedFile {
     /// Appends of at least this many bytes go through `pwrite` ([`PWRITE_FROM`]; tests of the
     /// map itself raise it).
     pwrite_from: usize,
+    /// Makes the map's next pages writable ahead of the writes (`None`: they fault in on the
+    /// stores that reach them).
+    prefetch: Option<&'static Prefetcher>,
+    /// File offset below which the prefetcher has made the pages writable (for tests).
+    populated: Arc<AtomicU64>,
 }
 
 type ReserveFn = fn(&File, u64, u64) -> rustix::io::Result<()>;
@@ -65,17 +73,20 @@ fn fallocate(file: &File, offset: u64, len: u64) -> rustix::io::Result<()> {
 
 #[derive(Debug, Default)]
 struct MapState {
-    /// The mapped chunk: file offset of its first byte, and the map.
-    map: Option<(u64, MmapMut)>,
+    /// The mapped chunk: file offset of its first byte, and the map (shared with the
+    /// prefetcher's requests, which keep it mapped until they are done).
+    map: Option<(u64, Arc<MmapRaw>)>,
     /// Writes below this offset go through `pwrite`: set after reserving or mapping failed
     /// (to the chunk's end for a full disk, to `u64::MAX` for errors that do not go away).
     pwrite_below: u64,
-    /// The map's pages below this file offset are populated for writing (see `populate`).
-    populated_to: u64,
+    /// The prefetcher was asked to make the map's pages below this file offset writable (see
+    /// `prefetch`); pages written by `pwrite` count as done.
+    requested_to: u64,
 }
 
-/// Pages populated for writing at a time, ahead of the writes.
-const POPULATE_STEP: u64 = 256 << 10;
+/// How far ahead of the writes the prefetcher keeps the map's pages writable: it is asked
+/// again when the writes come within half of it.
+const PREFETCH_LEAD: u64 = 1 << 20;
 
 /// Appends of at least this many bytes go through `pwrite` rather than the map: the map
 /// saves a system call per append, which pays for small appends (one message, a few
@@ -117,12 +128,14 @@ impl MappedFile {
             state: Mutex::new(MapState::default()),
             reserve: fallocate,
             pwrite_from: PWRITE_FROM,
+            prefetch: Prefetcher::get(),
+            populated: Arc::new(AtomicU64::new(0)),
         })
     }
 
     /// Whether `pos` is inside the current map: (offset in the map, map).
-    fn covering(st: &mut MapState, pos: u64) -> Option<(usize, &mut MmapMut)> {
-        let (start, map) = st.map.as_mut()?;
+    fn covering(st: &MapState, pos: u64) -> Option<(usize, &MmapRaw)> {
+        let (start, map) = st.map.as_ref()?;
         let off = pos.checked_sub(*start)?;
         (off < map.len() as u64).then_some((off as usize, map))
     }
@@ -154,22 +167,21 @@ impl MappedFile {
         // the end of the file or needs a block the disk may not have. This handle shortens the
         // file only after dropping the map (`set_len`, `seal`), and the store's directory lock
         // keeps other stores off the file. The memory is only accessed through the `MmapMut`,
-        // under `state`'s lock, as plain bytes. (Another process truncating a segment under a
-        // running store would make a store into the map raise SIGBUS, as with any mapped file;
-        // that is outside what the store defends against.)
-        let mapped = unsafe {
-            MmapOptions::new()
-                .offset(start)
-                .len((end - start) as usize)
-                .map_mut(&self.file)
-        };
+        // under `state`'s lock, as plain bytes (the prefetcher only advises the kernel about
+        // its pages). (Another process truncating a segment under a running store would make a
+        // store into the map raise SIGBUS, as with any mapped file; that is outside what the
+        // store defends against.)
+        let mapped = MmapOptions::new()
+            .offset(start)
+            .len((end - start) as usize)
+            .map_raw(&self.file);
         match mapped {
             Ok(map) => {
-                st.map = Some((start, map));
+                st.map = Some((start, Arc::new(map)));
                 // Pages below the bytes written (by `pwrite` too) are never stored to again,
                 // but the last, partly written one: no need to populate them.
                 let written = self.len.load(Ordering::Acquire);
-                st.populated_to = start.max(written - written % 4096);
+                st.requested_to = start.max(written - written % 4096);
             }
             Err(e) => self.fall_back(st, "map", &e),
         }
@@ -194,35 +206,44 @@ impl MappedFile {
             return 0;
         };
         let n = data.len().min(map.len() - off);
-        Self::populate(st, pos + n as u64);
-        let Some((off, map)) = Self::covering(st, pos) else {
-            return 0;
-        };
-        map[off..off + n].copy_from_slice(&data[..n]);
+        #[allow(unsafe_code)]
+        // SAFETY: `off + n` is inside the map (`covering`, and `n` is capped at its end), which
+        // is mapped readable and writable while `st.map` holds it. Only this handle stores into
+        // it, under `state`'s lock (the prefetcher advises the kernel, reads go through
+        // `pread`), and `data` is the caller's memory, not the map's.
+        unsafe {
+            std::ptr::copy_nonoverlapping(data.as_ptr(), map.as_mut_ptr().add(off), n);
+        }
+        self.prefetch(st, pos + n as u64);
         n
     }
 
-    /// Makes the map's pages up to `end` (and a step beyond) writable in one call
-    /// (`MADV_POPULATE_WRITE`) instead of one page fault per page on its first store: a fault
-    /// costs more than the 4 KiB it zeroes, and appends of small records would take one every
-    /// few dozen records. Best effort: where the kernel refuses (before Linux 5.14), the pages
-    /// fault in as before.
-    fn populate(st: &mut MapState, end: u64) {
-        if end <= st.populated_to {
+    /// Asks the prefetcher to make the map's pages writable up to [`PREFETCH_LEAD`] beyond
+    /// `written` when the writes have come within half of that of what it was asked before. A
+    /// full queue leaves the request to a later write.
+    fn prefetch(&self, st: &mut MapState, written: u64) {
+        if written + PREFETCH_LEAD / 2 <= st.requested_to {
             return;
         }
-        let Some((start, map)) = st.map.as_ref() else {
+        let (Some(prefetch), Some((start, map))) = (self.prefetch, st.map.as_ref()) else {
             return;
         };
         let map_end = start + map.len() as u64;
-        let from = st.populated_to.max(*start);
-        let to = end.saturating_add(POPULATE_STEP).min(map_end);
-        let _ = map.advise_range(
-            memmap2::Advice::PopulateWrite,
-            (from - start) as usize,
-            (to - from) as usize,
-        );
-        st.populated_to = to;
+        let from = st.requested_to.max(*start);
+        let to = written.saturating_add(PREFETCH_LEAD).min(map_end);
+        if from >= to {
+            return;
+        }
+        let asked = prefetch.request(Populate {
+            map: Arc::clone(map),
+            map_start: *start,
+            from,
+            to,
+            done: Arc::clone(&self.populated),
+        });
+        if asked {
+            st.requested_to = to;
+        }
     }
 }
 
@@ -249,9 +270,9 @@ impl StoreFile for MappedFile {
                 let end = offset + data.len() as u64;
                 self.len.fetch_max(end, Ordering::AcqRel);
                 // The pages written are in the page cache already and never stored to through
-                // the map again (but the last, partly written one): the next small append must
-                // not populate them for writing.
-                st.populated_to = st.populated_to.max(end - end % 4096);
+                // the map again (but the last, partly written one): the prefetcher need not
+                // populate them for writing.
+                st.requested_to = st.requested_to.max(end - end % 4096);
             }
             return result;
         }
@@ -363,7 +384,7 @@ mod tests {
         // wrote are not populated again for the small writes after them.
         assert!(is_mapped(&f));
         let end = want.len() as u64;
-        assert!(f.state.lock().populated_to >= end - end % 4096);
+        assert!(f.state.lock().requested_to >= end - end % 4096);
         let mut back = vec![0u8; want.len()];
         f.read_exact_at(0, &mut back).unwrap();
         assert_eq!(back, want);
@@ -427,15 +448,16 @@ mod tests {
     }
 
     #[test]
-    fn small_writes_across_populate_steps_read_back() {
+    fn small_writes_across_prefetch_steps_read_back_and_are_prefetched_ahead() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("seg");
-        let chunk = 4 * POPULATE_STEP;
+        let chunk = 4 * PREFETCH_LEAD;
         let f = open(&p, 2 * chunk, chunk);
+        let prefetch = f.prefetch.expect("the prefetch thread starts");
         let mut want = Vec::new();
         let mut pos = 0u64;
         let mut i = 0u32;
-        // Records of odd sizes over two chunks: every populate step and the chunk boundary
+        // Records of odd sizes over two chunks: every prefetch step and the chunk boundary
         // fall inside some record.
         while pos + 300 < 2 * chunk {
             let rec: Vec<u8> = (0..(97 + i % 200)).map(|k| (k + i) as u8).collect();
@@ -443,16 +465,57 @@ mod tests {
             pos += rec.len() as u64;
             want.extend_from_slice(&rec);
             i += 1;
-            let populated = f.state.lock().populated_to;
+            // The prefetcher was asked to stay at least half its lead ahead (or to the end of
+            // the map).
+            let (requested, map_end) = {
+                let st = f.state.lock();
+                let (start, map) = st.map.as_ref().unwrap();
+                (st.requested_to, start + map.len() as u64)
+            };
             assert!(
-                populated >= pos.min(2 * chunk),
-                "populated {populated} < written {pos}"
+                requested >= (pos + PREFETCH_LEAD / 2).min(map_end),
+                "asked up to {requested}, written {pos}"
             );
         }
+        // What it was asked is done once it has worked through its queue.
+        prefetch.barrier();
+        let requested = f.state.lock().requested_to;
+        assert!(f.populated.load(Ordering::Acquire) >= requested);
         let mut back = vec![0u8; want.len()];
         f.read_exact_at(0, &mut back).unwrap();
         assert_eq!(back, want);
         assert_eq!(&on_disk(&p)[..want.len()], &want[..]);
+    }
+
+    #[test]
+    fn a_prefetch_of_a_map_the_file_left_behind_is_harmless() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("seg");
+        let chunk = 4 * PREFETCH_LEAD;
+        let f = open(&p, chunk, chunk);
+        let prefetch = f.prefetch.expect("the prefetch thread starts");
+        f.write_all_at(0, b"abc").unwrap();
+        // A request for pages the file no longer has by the time it runs (the file is sealed
+        // and truncated right after it was queued): the kernel refuses it, nothing faults.
+        let (start, map) = f.state.lock().map.clone().unwrap();
+        f.seal().unwrap();
+        assert!(!is_mapped(&f));
+        let done = Arc::new(AtomicU64::new(0));
+        assert!(prefetch.request(Populate {
+            map,
+            map_start: start,
+            from: 4096,
+            to: chunk,
+            done: Arc::clone(&done),
+        }));
+        prefetch.barrier();
+        assert!(done.load(Ordering::Acquire) < chunk);
+        assert_eq!(on_disk(&p), b"abc");
+        // The file goes on as before.
+        f.write_all_at(3, b"def").unwrap();
+        let mut buf = [0u8; 6];
+        f.read_exact_at(0, &mut buf).unwrap();
+        assert_eq!(&buf, b"abcdef");
     }
 
     #[test]
