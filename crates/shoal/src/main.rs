@@ -2,13 +2,11 @@
 
 use clap::{Parser, Subcommand};
 
-/// mimalloc instead of glibc's malloc: the broker allocates and frees small buffers per request
-/// (frames, headers, answers) on several threads; with 16 sends in flight per producer glibc's
-/// malloc/free took 30% of the broker's CPU. Measured A/B (docs/benchmarks.md, "Performance"):
-/// broker CPU per message 4-13% lower pipelined and batched (unchanged at 1 in flight), the
-/// client's (`shoal bench`) 4-24% lower.
+/// mimalloc instead of glibc's malloc (see [`alloc`]).
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: alloc::Mimalloc = alloc::Mimalloc;
+
+mod alloc;
 
 mod admin_cmd;
 mod bench;
