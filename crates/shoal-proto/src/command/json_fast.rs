@@ -172,11 +172,13 @@ impl<'a> Parser<'a> {
         }
     }
 
-    /// Consumes `lit` when the input continues with it.
-    fn literal(&mut self, lit: &[u8]) -> bool {
+    /// Consumes `lit` when the input continues with it. The length is a constant, so the
+    /// comparison is a few loads, not a call to `memcmp`.
+    #[inline(always)]
+    fn literal<const N: usize>(&mut self, lit: &[u8; N]) -> bool {
         let found = self
             .bytes
-            .get(self.pos..self.pos + lit.len())
+            .get(self.pos..self.pos + N)
             .is_some_and(|b| b == lit);
         if found {
             self.pos += lit.len();
@@ -189,18 +191,18 @@ impl<'a> Parser<'a> {
     /// string.
     #[inline]
     fn known_key(&mut self) -> Option<Field> {
-        let (key, field): (&[u8], Field) = match self.peek()? {
-            b'c' => (b"code\"", Field::Code),
-            b'e' => (b"extFields\"", Field::ExtFields),
-            b'f' => (b"flag\"", Field::Flag),
-            b'l' => (b"language\"", Field::Language),
-            b'o' => (b"opaque\"", Field::Opaque),
-            b'r' => (b"remark\"", Field::Remark),
-            b's' => (b"serializeTypeCurrentRPC\"", Field::Other),
-            b'v' => (b"version\"", Field::Version),
+        let (found, field) = match self.peek()? {
+            b'c' => (self.literal(b"code\""), Field::Code),
+            b'e' => (self.literal(b"extFields\""), Field::ExtFields),
+            b'f' => (self.literal(b"flag\""), Field::Flag),
+            b'l' => (self.literal(b"language\""), Field::Language),
+            b'o' => (self.literal(b"opaque\""), Field::Opaque),
+            b'r' => (self.literal(b"remark\""), Field::Remark),
+            b's' => (self.literal(b"serializeTypeCurrentRPC\""), Field::Other),
+            b'v' => (self.literal(b"version\""), Field::Version),
             _ => return None,
         };
-        self.literal(key).then_some(field)
+        found.then_some(field)
     }
 
     /// Consumes a `null` when there is one.
