@@ -83,10 +83,12 @@ pub(crate) struct Driver<S> {
     writing: Writing,
     /// Bytes of this connection counted in the shared partial-frame total.
     partial_held: usize,
+    /// When the connection was last found idle after some activity (see `unstamped`).
     last_activity: Instant,
-    /// Busy when last looked at: `last_activity` is read from the clock when that ends, not
-    /// on every turn.
-    was_busy: bool,
+    /// Something happened (a read, a write, a request or answer in flight) since
+    /// `last_activity` was read from the clock: it is read once the connection is found idle,
+    /// at the end of the turn that ended the activity, not on every read and write.
+    unstamped: bool,
     idle: Option<Pin<Box<Sleep>>>,
     /// Fires at the pending table's `sweep_at`: requests sent on this connection that are
     /// past their deadline are answered with a timeout.
@@ -116,7 +118,7 @@ where
             writing: Writing::default(),
             partial_held: 0,
             last_activity: Instant::now(),
-            was_busy: false,
+            unstamped: false,
             idle: None,
             sweep: None,
             paused: None,
@@ -246,7 +248,7 @@ where
             }
             Poll::Ready(Ok(_)) => {
                 bump(&self.conn.inner.stats.read_calls);
-                self.last_activity = Instant::now();
+                self.unstamped = true;
                 Ok(true)
             }
             Poll::Ready(Err(e)) => Err(Close::Io(e)),
@@ -456,7 +458,7 @@ where
             }
         }
         if wrote {
-            self.last_activity = Instant::now();
+            self.unstamped = true;
             if let Poll::Ready(Err(e)) = Pin::new(&mut self.io).poll_flush(cx) {
                 return Err(e);
             }
@@ -480,10 +482,10 @@ where
             || !self.writing.is_empty();
         if busy {
             // Not idle while busy: the clock is read when that ends.
-            self.was_busy = true;
+            self.unstamped = true;
             return None;
         }
-        if std::mem::take(&mut self.was_busy) {
+        if std::mem::take(&mut self.unstamped) {
             self.last_activity = Instant::now();
         }
         let deadline = self.last_activity + idle;
