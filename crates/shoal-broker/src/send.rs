@@ -371,12 +371,12 @@ fn plain_properties_ok(raw: &str) -> Option<Option<&str>> {
     let mut uniq = None;
     let mut pos = 0;
     while pos < bytes.len() {
-        let key_len = bytes[pos..].iter().position(|&b| b <= 2)?;
+        let key_len = property::find_separator(&bytes[pos..])?;
         let value_at = pos + key_len + 1;
         if key_len == 0 || bytes[value_at - 1] != 1 {
             return None;
         }
-        let value_len = bytes[value_at..].iter().position(|&b| b <= 2)?;
+        let value_len = property::find_separator(&bytes[value_at..])?;
         let end = value_at + value_len;
         if value_len == 0 || bytes[end] != 2 {
             return None;

@@ -247,6 +247,28 @@ impl<'a> Iterator for PropertyIter<'a> {
     }
 }
 
+/// The index of the first byte of `bytes` that is 0x00, 0x01 or 0x02 (a NUL or one of the two
+/// separators), looking at eight bytes at a time: for checks that walk a properties string's
+/// pairs.
+pub fn find_separator(bytes: &[u8]) -> Option<usize> {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGH_BITS: u64 = 0x8080_8080_8080_8080;
+    let mut i = 0;
+    while let Some(chunk) = bytes.get(i..i + 8) {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(chunk);
+        let w = u64::from_le_bytes(word);
+        // Per byte: the high bit is set in (x - 3) & !x when x < 3. Borrows only run upwards
+        // from a byte that matches, so the lowest flagged byte is the first match.
+        let found = w.wrapping_sub(ONES * 3) & !w & HIGH_BITS;
+        if found != 0 {
+            return Some(i + (found.trailing_zeros() / 8) as usize);
+        }
+        i += 8;
+    }
+    bytes[i..].iter().position(|&b| b <= 2).map(|p| i + p)
+}
+
 /// Decodes a properties string with Java's rules (see the module documentation).
 ///
 /// Never fails: like Java, malformed segments are skipped.
@@ -290,6 +312,21 @@ pub fn decode_properties_bytes(bytes: &[u8]) -> Result<Properties> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The word-at-a-time search finds what a byte loop finds, wherever the first
+        /// separator falls (separators and bytes just above them are likely).
+        #[test]
+        fn find_separator_is_the_first_byte_up_to_2(
+            bytes in proptest::collection::vec(
+                prop_oneof![4 => 3u8..=255, 1 => 0u8..=4, 1 => Just(0x82u8)],
+                0..40,
+            ),
+        ) {
+            prop_assert_eq!(find_separator(&bytes), bytes.iter().position(|&b| b <= 2));
+        }
+    }
 
     fn props(pairs: &[(&str, &str)]) -> Properties {
         pairs
