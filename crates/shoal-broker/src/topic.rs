@@ -21,6 +21,18 @@ pub enum TopicError {
     InvalidConfig(String, String),
 }
 
+/// Per byte, whether a topic name may hold it: ASCII letters and digits, `%`, `|`, `_`, `-`.
+const TOPIC_BYTE: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut b = 0;
+    while b < 256 {
+        let c = b as u8;
+        table[b] = c.is_ascii_alphanumeric() || matches!(c, b'%' | b'|' | b'_' | b'-');
+        b += 1;
+    }
+    table
+};
+
 /// Checks a topic name as RocketMQ does: 1..=127 characters of `[%|a-zA-Z0-9_-]`.
 pub fn validate_topic_name(name: &str) -> Result<(), TopicError> {
     if name.is_empty() {
@@ -32,10 +44,9 @@ pub fn validate_topic_name(name: &str) -> Result<(), TopicError> {
             "it is longer than 127 characters",
         ));
     }
-    if !name
-        .chars()
-        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '%' | '|' | '_' | '-'))
-    {
+    // By byte (every send checks its topic): a byte of a non-ASCII character is never allowed,
+    // as the character is not.
+    if !name.bytes().all(|b| TOPIC_BYTE[usize::from(b)]) {
         return Err(TopicError::InvalidName(
             name.into(),
             "only letters, digits and % | _ - are allowed",
@@ -254,6 +265,22 @@ mod tests {
         assert!(validate_topic_name("Topic_1-%RETRY%|x").is_ok());
         assert!(validate_topic_name("").is_err());
         assert!(validate_topic_name("a b").is_err());
+        assert!(validate_topic_name("caf\u{e9}").is_err());
+        // Every character below U+0300, alone and after a valid one, as the character class
+        // says.
+        for c in (0u32..0x300).filter_map(char::from_u32) {
+            let allowed = c.is_ascii_alphanumeric() || matches!(c, '%' | '|' | '_' | '-');
+            assert_eq!(
+                validate_topic_name(&c.to_string()).is_ok(),
+                allowed,
+                "{c:?}"
+            );
+            assert_eq!(
+                validate_topic_name(&format!("a{c}")).is_ok(),
+                allowed,
+                "{c:?}"
+            );
+        }
         assert!(validate_topic_name(&"x".repeat(128)).is_err());
     }
 
