@@ -18,7 +18,10 @@ BATCH=${3:-1}
 COUNT=${4:-100000}
 PORT=${5:-27600}
 DATA=$(mktemp -d /tmp/shoal-allocs.XXXXXX)
-PROBES=(mi_malloc_aligned mi_zalloc_aligned mi_realloc_aligned)
+# The `shoal` binary's allocator enters mimalloc through the plain entry points for alignments
+# up to a word and through the aligned ones above (crates/shoal/src/alloc.rs): each allocation
+# is one call of one of these.
+PROBES=(mi_malloc mi_zalloc mi_realloc mi_malloc_aligned mi_zalloc_aligned mi_realloc_aligned)
 
 GROUP=shoal_allocs_$$
 cleanup() {
