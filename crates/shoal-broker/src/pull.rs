@@ -28,7 +28,9 @@ pub async fn pull_message(
     let h: PullMessageRequestHeader = req.decode_command_header()?;
     let plan = validate(b, ctx, h)?;
     // A group auto-created by this pull is durable before the answer.
-    b.persist_tables().await?;
+    if b.tables_dirty() {
+        Box::pin(b.persist_tables()).await?;
+    }
     let h = &plan.header;
     let mq = shoal_proto::MessageQueue::new(&h.topic, &b.config.broker_name, h.queue_id);
     crate::coordinated::check_stamp(&b.group_ctx(), &h.consumer_group, &[mq], req)?;

@@ -65,8 +65,15 @@ pub struct ExtFields {
 
 impl ExtFields {
     /// An empty map (no allocation).
-    pub fn new() -> Self {
-        Self::default()
+    pub const fn new() -> Self {
+        Self {
+            text: String::new(),
+            shared: ByteString::new(),
+            entries: Vec::new(),
+            index: None,
+            unused: 0,
+            filter: 0,
+        }
     }
 
     /// An empty map with room for `entries` entries of about 16 bytes of text each.

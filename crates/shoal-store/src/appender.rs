@@ -266,7 +266,8 @@ enum PutState {
     /// Encoded, not yet queued (queued on the first poll).
     Ready(Box<Job<'static>>),
     Queued(Arc<Slot>),
-    Failed(Option<StoreError>),
+    /// Refused before queueing (boxed: rare, and it would double the future's size).
+    Failed(Option<Box<StoreError>>),
     Done,
 }
 
@@ -302,7 +303,7 @@ impl Future for PutFuture {
             PutState::Done => Poll::Ready(Err(StoreError::InvalidArgument(
                 "put future polled after completion".into(),
             ))),
-            PutState::Failed(e) => Poll::Ready(Err(e.unwrap_or(StoreError::Closed))),
+            PutState::Failed(e) => Poll::Ready(Err(e.map_or(StoreError::Closed, |e| *e))),
             PutState::Ready(mut job) => {
                 let slot = Arc::new(Slot::default());
                 slot.state.lock().waker = Some(cx.waker().clone());
@@ -358,15 +359,15 @@ impl MessageStore {
     pub fn submit(&self, msgs: Vec<MessageExtBrokerInner>) -> PutFuture {
         let inner = Arc::clone(&self.inner);
         let state = if inner.closed.load(Ordering::Acquire) {
-            PutState::Failed(Some(StoreError::Closed))
+            PutState::Failed(Some(Box::new(StoreError::Closed)))
         } else if msgs.is_empty() {
-            PutState::Failed(Some(StoreError::InvalidArgument(
+            PutState::Failed(Some(Box::new(StoreError::InvalidArgument(
                 "a put needs at least one message".into(),
-            )))
+            ))))
         } else {
             match Job::encode(&inner, Cow::Owned(msgs)) {
                 Ok(job) => PutState::Ready(Box::new(job)),
-                Err(e) => PutState::Failed(Some(e)),
+                Err(e) => PutState::Failed(Some(Box::new(e))),
             }
         };
         PutFuture { inner, state }
