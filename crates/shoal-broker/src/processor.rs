@@ -48,25 +48,32 @@ impl BrokerProcessor {
         Self { inner }
     }
 
-    /// Runs one request. Sends and pulls run inline; every other request runs boxed, so a
-    /// send's future (allocated and moved once per request) is not as large as the largest
-    /// admin handler's.
-    async fn dispatch(&self, ctx: &RequestContext, req: &RemotingCommand) -> Option<Handled> {
-        let b = &self.inner;
+    /// Runs one request. Sends run inline; every other request runs boxed, so a send's
+    /// future (allocated and moved once per request) is not as large as a pull's or the
+    /// largest admin handler's.
+    async fn dispatch(
+        b: &Arc<BrokerInner>,
+        ctx: &RequestContext,
+        req: &RemotingCommand,
+    ) -> Option<Handled> {
         match req.code {
             rc::SEND_MESSAGE | rc::SEND_MESSAGE_V2 | rc::SEND_BATCH_MESSAGE => {
                 Some(crate::send::send_message(b, ctx, req).await)
             }
+            // Boxed: a pull's future is twice a send's, and one pull answers up to 32 messages.
             rc::PULL_MESSAGE | rc::LITE_PULL_MESSAGE => {
-                Some(crate::pull::pull_message(b, ctx, req).await)
+                Some(Box::pin(crate::pull::pull_message(b, ctx, req)).await)
             }
-            _ => Box::pin(self.dispatch_other(ctx, req)).await,
+            _ => Box::pin(Self::dispatch_other(b, ctx, req)).await,
         }
     }
 
     /// Every request but sends and pulls.
-    async fn dispatch_other(&self, ctx: &RequestContext, req: &RemotingCommand) -> Option<Handled> {
-        let b = &self.inner;
+    async fn dispatch_other(
+        b: &Arc<BrokerInner>,
+        ctx: &RequestContext,
+        req: &RemotingCommand,
+    ) -> Option<Handled> {
         Some(match req.code {
             rc::END_TRANSACTION => crate::transaction::end::end_transaction(b, ctx, req).await,
             rc::HEART_BEAT => {
@@ -125,17 +132,18 @@ impl BrokerProcessor {
 }
 
 impl Processor for BrokerProcessor {
-    fn process<'a>(
-        &'a self,
+    fn process(
+        &self,
         ctx: RequestContext,
         request: RemotingCommand,
-    ) -> BoxFuture<'a, ProcessResult> {
+    ) -> BoxFuture<'static, ProcessResult> {
+        let b = Arc::clone(&self.inner);
         Box::pin(async move {
-            if let Some(refusal) = acl_refusal(&self.inner, &ctx, &request) {
+            if let Some(refusal) = acl_refusal(&b, &ctx, &request) {
                 return Ok(Some(refusal));
             }
             let start = std::time::Instant::now();
-            let response = match self.dispatch(&ctx, &request).await {
+            let response = match Self::dispatch(&b, &ctx, &request).await {
                 None => Some(request_code_not_supported(&request)),
                 Some(Ok(r)) => r,
                 Some(Err(reject)) => {
@@ -145,8 +153,7 @@ impl Processor for BrokerProcessor {
             let code = response
                 .as_ref()
                 .map_or(shoal_metrics::request::DEFERRED, |r| r.code);
-            self.inner
-                .metrics
+            b.metrics
                 .requests
                 .observe(request.code, code, start.elapsed());
             Ok(response)
@@ -196,11 +203,11 @@ impl LateProcessor {
 }
 
 impl Processor for LateProcessor {
-    fn process<'a>(
-        &'a self,
+    fn process(
+        &self,
         ctx: RequestContext,
         request: RemotingCommand,
-    ) -> BoxFuture<'a, ProcessResult> {
+    ) -> BoxFuture<'static, ProcessResult> {
         match self.target.get() {
             Some(p) => p.process(ctx, request),
             None => Box::pin(async move {

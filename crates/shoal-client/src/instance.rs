@@ -111,17 +111,18 @@ struct ClientProcessor {
 }
 
 impl Processor for ClientProcessor {
-    fn process<'a>(
-        &'a self,
+    fn process(
+        &self,
         _ctx: RequestContext,
         request: RemotingCommand,
-    ) -> BoxFuture<'a, shoal_net::ProcessResult> {
+    ) -> BoxFuture<'static, shoal_net::ProcessResult> {
+        let registry = Arc::clone(&self.registry);
         Box::pin(async move {
             match request.code {
                 shoal_proto::coordinated::request_code::GROUP_ASSIGNMENT_CHANGED => {
                     let n: shoal_proto::coordinated::AssignmentChangedNotice =
                         request.decode_json_body()?;
-                    if let Some(c) = self.registry.get(&n.group) {
+                    if let Some(c) = registry.get(&n.group) {
                         c.assignment_changed();
                     }
                     Ok(None)
@@ -136,7 +137,7 @@ impl Processor for ClientProcessor {
                         .as_ref()
                         .and_then(|_| request.decode_json_body::<ConsumerIdsNotice>().ok());
                     debug!(group = %h.consumer_group, members = ?list.as_ref().map(|n| n.consumer_id_list.len()), "consumer ids changed");
-                    if let Some(c) = self.registry.get(&h.consumer_group) {
+                    if let Some(c) = registry.get(&h.consumer_group) {
                         match list {
                             Some(n) => {
                                 c.members_changed(&_ctx.connection().peer_addr().to_string(), n)
@@ -148,7 +149,7 @@ impl Processor for ClientProcessor {
                 }
                 shoal_proto::ext::request_code::NOTIFY_LOCK_FREED => {
                     let body: shoal_proto::ext::LockFreedBody = request.decode_json_body()?;
-                    if let Some(c) = self.registry.get(&body.consumer_group) {
+                    if let Some(c) = registry.get(&body.consumer_group) {
                         c.lock_freed(body.mq_set);
                     }
                     Ok(None)
@@ -159,14 +160,14 @@ impl Processor for ClientProcessor {
                         Some(_) => request.decode_json_body()?,
                         None => ResetOffsetBody::default(),
                     };
-                    if let Some(c) = self.registry.get(&h.group) {
+                    if let Some(c) = registry.get(&h.group) {
                         c.reset_offset(&h.topic, body.offset_table);
                     }
                     Ok(None)
                 }
                 rc::GET_CONSUMER_RUNNING_INFO => {
                     let h: GetConsumerRunningInfoRequestHeader = request.decode_command_header()?;
-                    Ok(Some(match self.registry.get(&h.consumer_group) {
+                    Ok(Some(match registry.get(&h.consumer_group) {
                         Some(c) => RemotingCommand::response(resp::SUCCESS, None)
                             .with_json_body(&c.running_info())?,
                         None => RemotingCommand::response(
@@ -180,7 +181,7 @@ impl Processor for ClientProcessor {
                 }
                 rc::CONSUME_MESSAGE_DIRECTLY => {
                     let h: ConsumeMessageDirectlyRequestHeader = request.decode_command_header()?;
-                    let Some(c) = self.registry.get(&h.consumer_group) else {
+                    let Some(c) = registry.get(&h.consumer_group) else {
                         return Ok(Some(RemotingCommand::response(
                             resp::SYSTEM_ERROR,
                             Some(format!(
@@ -208,7 +209,6 @@ impl Processor for ClientProcessor {
                 rc::CHECK_TRANSACTION_STATE => {
                     // Answered with END_TRANSACTION on the same connection, off this task (the
                     // listener may take its time).
-                    let registry = Arc::clone(&self.registry);
                     let conn = _ctx.connection().clone();
                     tokio::spawn(async move {
                         match crate::transaction::answer_check(&request, |g| registry.checker(g))

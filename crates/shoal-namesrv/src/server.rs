@@ -501,26 +501,26 @@ fn write_fastjson(v: &serde_json::Value, bare_keys: bool, out: &mut Vec<u8>) {
 }
 
 impl Processor for NamesrvProcessor {
-    fn process<'a>(
-        &'a self,
+    /// Every name server request is answered from its tables at once: handled here, before
+    /// the (ready) future is returned.
+    fn process(
+        &self,
         ctx: RequestContext,
         request: RemotingCommand,
-    ) -> BoxFuture<'a, ProcessResult> {
-        Box::pin(async move {
-            if let Some(refusal) = self.refused(&ctx, &request) {
-                return Ok(Some(refusal));
-            }
-            let start = Instant::now();
-            let response = match self.handle(ctx.connection(), &request) {
-                None => request_code_not_supported(&request),
-                Some(Ok(r)) => r,
-                Some(Err((code, remark))) => RemotingCommand::response(code, Some(remark)),
-            };
-            self.metrics
-                .requests
-                .observe(request.code, response.code, start.elapsed());
-            Ok(Some(response))
-        })
+    ) -> BoxFuture<'static, ProcessResult> {
+        if let Some(refusal) = self.refused(&ctx, &request) {
+            return Box::pin(std::future::ready(Ok(Some(refusal))));
+        }
+        let start = Instant::now();
+        let response = match self.handle(ctx.connection(), &request) {
+            None => request_code_not_supported(&request),
+            Some(Ok(r)) => r,
+            Some(Err((code, remark))) => RemotingCommand::response(code, Some(remark)),
+        };
+        self.metrics
+            .requests
+            .observe(request.code, response.code, start.elapsed());
+        Box::pin(std::future::ready(Ok(Some(response))))
     }
 
     fn on_connection_open(&self, _conn: &Connection) {

@@ -15,7 +15,7 @@
 use crate::codec::check_frame_length;
 use crate::connection::Connection;
 use crate::outbuf::Writing;
-use crate::processor::{Processor, RequestContext, Ticket};
+use crate::processor::{ProcessResult, Processor, RequestContext, Ticket};
 use crate::stats::bump;
 use bytes::{Buf, BytesMut};
 use futures::future::BoxFuture;
@@ -46,14 +46,44 @@ const MIN_READ_SPACE: usize = 4 * 1024;
 /// Most frames decoded before the requests they carry are run (the rest wait a turn).
 const MAX_FRAMES_PER_TURN: usize = 256;
 
-/// One request run to its end: what to send back, and the in-flight ticket to release after.
-struct Done {
+/// One request being run: its handler's future with what its answer needs. Polled by the
+/// connection's task inside `catch_unwind` (a panicking handler is answered SYSTEM_ERROR).
+/// Kept unboxed in the set of running requests: only the handler's own future is allocated.
+struct InFlight {
     opaque: i32,
     oneway: bool,
     /// The request's header encoding: the answer is written in it.
     serialize_type: shoal_proto::SerializeType,
-    response: Option<RemotingCommand>,
-    _ticket: Arc<Ticket>,
+    future: BoxFuture<'static, ProcessResult>,
+    _ticket: Ticket,
+}
+
+impl Future for InFlight {
+    type Output = Done;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Done> {
+        let this = self.get_mut();
+        let outcome =
+            match std::panic::catch_unwind(AssertUnwindSafe(|| this.future.poll_unpin(cx))) {
+                Ok(Poll::Pending) => return Poll::Pending,
+                Ok(Poll::Ready(result)) => Ok(result),
+                Err(panic) => Err(panic),
+            };
+        Poll::Ready(Done {
+            opaque: this.opaque,
+            oneway: this.oneway,
+            serialize_type: this.serialize_type,
+            outcome,
+        })
+    }
+}
+
+/// One request run to its end: what its handler returned (or how it panicked).
+struct Done {
+    opaque: i32,
+    oneway: bool,
+    serialize_type: shoal_proto::SerializeType,
+    outcome: std::thread::Result<ProcessResult>,
 }
 
 /// Why a connection ends.
@@ -79,7 +109,7 @@ pub(crate) struct Driver<S> {
     processor: Arc<dyn Processor>,
     rbuf: BytesMut,
     eof: bool,
-    requests: FuturesUnordered<BoxFuture<'static, Done>>,
+    requests: FuturesUnordered<InFlight>,
     writing: Writing,
     /// Bytes of this connection counted in the shared partial-frame total.
     partial_held: usize,
@@ -339,6 +369,7 @@ where
     /// Starts one incoming request: its future runs on this task.
     fn dispatch(&mut self, request: RemotingCommand) {
         bump(&self.conn.inner.stats.requests_received);
+        // Counted from now until its future ends (then its responders count it, if any).
         let ticket = Ticket::new(Arc::clone(&self.conn.inner));
         let opaque = request.opaque;
         let oneway = request.is_oneway();
@@ -348,37 +379,30 @@ where
             opaque,
             oneway,
             serialize_type,
-            ticket: Arc::clone(&ticket),
         };
-        let processor = Arc::clone(&self.processor);
-        let peer = self.conn.peer_addr();
-        self.requests.push(Box::pin(async move {
-            let outcome = AssertUnwindSafe(processor.process(ctx, request))
-                .catch_unwind()
-                .await;
-            let response = match outcome {
-                Ok(Ok(response)) => response,
-                Ok(Err(e)) => {
-                    warn!(%peer, error = %e, "processor failed");
-                    Some(RemotingCommand::response(SYSTEM_ERROR, Some(e.to_string())))
-                }
+        let processor = &self.processor;
+        // Starting the handler runs its synchronous part: a panic there is answered at once.
+        let future =
+            match std::panic::catch_unwind(AssertUnwindSafe(|| processor.process(ctx, request))) {
+                Ok(future) => future,
                 Err(panic) => {
                     let text = panic_text(panic.as_ref());
-                    error!(%peer, panic = %text, "processor panicked");
-                    Some(RemotingCommand::response(
-                        SYSTEM_ERROR,
-                        Some(format!("processor panicked: {text}")),
-                    ))
+                    self.answer(
+                        opaque,
+                        oneway,
+                        serialize_type,
+                        Some(panicked(self.conn.peer_addr(), &text)),
+                    );
+                    return;
                 }
             };
-            Done {
-                opaque,
-                oneway,
-                serialize_type,
-                response,
-                _ticket: ticket,
-            }
-        }));
+        self.requests.push(InFlight {
+            opaque,
+            oneway,
+            serialize_type,
+            future,
+            _ticket: ticket,
+        });
     }
 
     /// Polls the requests just started once; true when some wait for the end of the batch
@@ -406,19 +430,38 @@ where
         let mut progress = false;
         while let Poll::Ready(Some(done)) = self.requests.poll_next_unpin(cx) {
             progress = true;
-            if done.oneway {
-                continue;
-            }
-            if let Some(mut response) = done.response {
-                response.opaque = done.opaque;
-                response.serialize_type = done.serialize_type;
-                response.flag |= shoal_proto::command::FLAG_RESPONSE;
-                if let Err(e) = self.conn.push_response(&response) {
-                    debug!(error = %e, "could not queue an answer");
+            let response = match done.outcome {
+                Ok(Ok(response)) => response,
+                Ok(Err(e)) => {
+                    warn!(peer = %self.conn.peer_addr(), error = %e, "processor failed");
+                    Some(RemotingCommand::response(SYSTEM_ERROR, Some(e.to_string())))
                 }
-            }
+                Err(panic) => Some(panicked(self.conn.peer_addr(), &panic_text(panic.as_ref()))),
+            };
+            self.answer(done.opaque, done.oneway, done.serialize_type, response);
         }
         progress
+    }
+
+    /// Queues the answer to a request (none to a oneway request).
+    fn answer(
+        &self,
+        opaque: i32,
+        oneway: bool,
+        serialize_type: shoal_proto::SerializeType,
+        response: Option<RemotingCommand>,
+    ) {
+        if oneway {
+            return;
+        }
+        if let Some(mut response) = response {
+            response.opaque = opaque;
+            response.serialize_type = serialize_type;
+            response.flag |= shoal_proto::command::FLAG_RESPONSE;
+            if let Err(e) = self.conn.push_response(&response) {
+                debug!(error = %e, "could not queue an answer");
+            }
+        }
     }
 
     /// Writes what is queued: everything ready goes out in vectored writes. `Ok(true)` when
@@ -638,6 +681,12 @@ fn notify(conn: &Connection, what: &'static str, f: impl FnOnce()) {
             "processor {what} panicked"
         );
     }
+}
+
+/// The answer to a request whose handler panicked (logged).
+fn panicked(peer: std::net::SocketAddr, text: &str) -> RemotingCommand {
+    error!(%peer, panic = %text, "processor panicked");
+    RemotingCommand::response(SYSTEM_ERROR, Some(format!("processor panicked: {text}")))
 }
 
 fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {

@@ -38,15 +38,16 @@ pub type ProcessResult = std::result::Result<Option<RemotingCommand>, ProcessErr
 /// request is never sent. A processor that returns an error or panics gets SYSTEM_ERROR (1)
 /// sent back with the error text; the connection and server carry on.
 ///
-/// Implement `process` with `Box::pin(async move { ... })`.
+/// Implement `process` with `Box::pin(async move { ... })`; the future owns what it uses (clone
+/// the processor's shared state into it), so the connection keeps it without the processor.
 pub trait Processor: Send + Sync + 'static {
     /// Processes one request (never a response). `ctx` holds the connection (to remember the
     /// peer's channel and send it requests later) and a [`Responder`] (to answer later).
-    fn process<'a>(
-        &'a self,
+    fn process(
+        &self,
         ctx: RequestContext,
         request: RemotingCommand,
-    ) -> BoxFuture<'a, ProcessResult>;
+    ) -> BoxFuture<'static, ProcessResult>;
 
     /// Called on a connection's task after it has polled the requests that arrived together
     /// (and again whenever it polled requests that made progress). A processor that collects
@@ -98,11 +99,11 @@ where
     F: Fn(RequestContext, RemotingCommand) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = ProcessResult> + Send + 'static,
 {
-    fn process<'a>(
-        &'a self,
+    fn process(
+        &self,
         ctx: RequestContext,
         request: RemotingCommand,
-    ) -> BoxFuture<'a, ProcessResult> {
+    ) -> BoxFuture<'static, ProcessResult> {
         Box::pin((self.f)(ctx, request))
     }
 }
@@ -113,12 +114,14 @@ where
 pub struct NotSupportedProcessor;
 
 impl Processor for NotSupportedProcessor {
-    fn process<'a>(
-        &'a self,
+    fn process(
+        &self,
         _ctx: RequestContext,
         request: RemotingCommand,
-    ) -> BoxFuture<'a, ProcessResult> {
-        Box::pin(async move { Ok(Some(request_code_not_supported(&request))) })
+    ) -> BoxFuture<'static, ProcessResult> {
+        Box::pin(std::future::ready(Ok(Some(request_code_not_supported(
+            &request,
+        )))))
     }
 }
 
@@ -132,16 +135,17 @@ pub fn request_code_not_supported(request: &RemotingCommand) -> RemotingCommand 
     )
 }
 
-/// One incoming request counted against the connection's `max_inflight_requests` until every
-/// holder (the request's future, its [`Responder`]s) is gone.
+/// One incoming request counted against the connection's `max_inflight_requests` while its
+/// future runs or one of its [`Responder`]s lives (each holds a ticket of its own, so a
+/// request is counted once or more while it is unanswered, never zero times).
 pub(crate) struct Ticket {
     inner: Arc<Inner>,
 }
 
 impl Ticket {
-    pub(crate) fn new(inner: Arc<Inner>) -> Arc<Ticket> {
+    pub(crate) fn new(inner: Arc<Inner>) -> Ticket {
         inner.inflight.fetch_add(1, Ordering::AcqRel);
-        Arc::new(Ticket { inner })
+        Ticket { inner }
     }
 }
 
@@ -161,7 +165,6 @@ pub struct RequestContext {
     pub(crate) oneway: bool,
     /// The request's header encoding; its answer is written in the same one.
     pub(crate) serialize_type: SerializeType,
-    pub(crate) ticket: Arc<Ticket>,
 }
 
 impl fmt::Debug for RequestContext {
@@ -212,7 +215,7 @@ impl RequestContext {
             opaque: self.opaque,
             oneway: self.oneway,
             serialize_type: self.serialize_type,
-            _ticket: Arc::clone(&self.ticket),
+            _ticket: Ticket::new(Arc::clone(&self.connection.inner)),
         }
     }
 }
@@ -223,7 +226,7 @@ pub struct Responder {
     opaque: i32,
     oneway: bool,
     serialize_type: SerializeType,
-    _ticket: Arc<Ticket>,
+    _ticket: Ticket,
 }
 
 impl fmt::Debug for Responder {

@@ -52,11 +52,11 @@ impl Future for Wait {
 }
 
 impl Processor for Batcher {
-    fn process<'a>(
-        &'a self,
+    fn process(
+        &self,
         _ctx: RequestContext,
         request: RemotingCommand,
-    ) -> BoxFuture<'a, ProcessResult> {
+    ) -> BoxFuture<'static, ProcessResult> {
         let slot = Arc::new(Mutex::new(Slot::default()));
         self.queued.lock().push(Arc::clone(&slot));
         Box::pin(async move {

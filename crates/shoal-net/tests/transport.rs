@@ -26,6 +26,7 @@ const NEVER: i32 = 101; // never answers
 const HOLD: i32 = 102; // hands its responder to the test (long polling)
 const FAIL: i32 = 103; // returns an error
 const PANIC: i32 = 104; // panics
+const PANIC_EARLY: i32 = 108; // panics in `process` itself, before returning its future
 const ONEWAY_SEEN: i32 = 105; // counts oneway requests and returns a response anyway
 const NOTIFY: i32 = 40; // NOTIFY_CONSUMER_IDS_CHANGED, server -> client, oneway
 const RUNNING_INFO: i32 = 307; // GET_CONSUMER_RUNNING_INFO, server -> client
@@ -52,11 +53,21 @@ struct TestServer {
 }
 
 impl Processor for TestServer {
-    fn process<'a>(
-        &'a self,
+    fn process(
+        &self,
         ctx: RequestContext,
         request: RemotingCommand,
-    ) -> BoxFuture<'a, ProcessResult> {
+    ) -> BoxFuture<'static, ProcessResult> {
+        // What the future needs of the server's state, taken now (it must own what it uses).
+        let held = (request.code == HOLD)
+            .then(|| self.held.lock().clone())
+            .flatten();
+        if request.code == ONEWAY_SEEN {
+            self.oneways.fetch_add(1, Ordering::SeqCst);
+        }
+        if request.code == PANIC_EARLY {
+            panic!("processor bug before its future");
+        }
         Box::pin(async move {
             match request.code {
                 ECHO => {
@@ -68,8 +79,7 @@ impl Processor for TestServer {
                 }
                 NEVER => Ok(None),
                 HOLD => {
-                    let tx = self.held.lock().clone();
-                    if let Some(tx) = tx {
+                    if let Some(tx) = held {
                         let _ = tx.send((ctx.responder(), request));
                     }
                     Ok(None)
@@ -78,7 +88,6 @@ impl Processor for TestServer {
                 PANIC => panic!("processor bug"),
                 ONEWAY_SEEN => {
                     assert!(ctx.is_oneway());
-                    self.oneways.fetch_add(1, Ordering::SeqCst);
                     Ok(Some(RemotingCommand::response(
                         SUCCESS,
                         Some("must not be sent".into()),
@@ -340,18 +349,18 @@ struct ClientHandler {
 }
 
 impl Processor for ClientHandler {
-    fn process<'a>(
-        &'a self,
+    fn process(
+        &self,
         _ctx: RequestContext,
         request: RemotingCommand,
-    ) -> BoxFuture<'a, ProcessResult> {
+    ) -> BoxFuture<'static, ProcessResult> {
+        if request.code == NOTIFY {
+            let group = request.ext("consumerGroup").unwrap_or_default().to_owned();
+            self.notified.lock().push(group);
+        }
         Box::pin(async move {
             match request.code {
-                NOTIFY => {
-                    let group = request.ext("consumerGroup").unwrap_or_default().to_owned();
-                    self.notified.lock().push(group);
-                    Ok(None)
-                }
+                NOTIFY => Ok(None),
                 RUNNING_INFO => Ok(Some(
                     RemotingCommand::response(SUCCESS, None).with_body(&b"{\"running\":true}"[..]),
                 )),
@@ -707,6 +716,14 @@ async fn failing_and_panicking_processors_answer_system_error() {
             .unwrap();
         assert_eq!(resp.code, SYSTEM_ERROR);
         assert!(resp.remark.unwrap().contains("processor bug"));
+        let resp = client.invoke(&addr, echo(0, "alive"), t).await.unwrap();
+        assert_eq!(resp.body.as_deref(), Some(&b"alive"[..]));
+        let resp = client
+            .invoke(&addr, RemotingCommand::request(PANIC_EARLY), t)
+            .await
+            .unwrap();
+        assert_eq!(resp.code, SYSTEM_ERROR);
+        assert!(resp.remark.unwrap().contains("before its future"));
         let resp = client.invoke(&addr, echo(0, "alive"), t).await.unwrap();
         assert_eq!(resp.body.as_deref(), Some(&b"alive"[..]));
         let mut bad_header = echo(0, "x");
