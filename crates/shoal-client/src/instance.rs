@@ -881,17 +881,19 @@ impl ClientInstance {
     ///
     /// # Errors
     /// Transport errors.
-    pub async fn invoke(
+    /// On an established connection the request is sent at once and the future only waits
+    /// for the answer (see [`RemotingClient::invoke`](shoal_net::RemotingClient::invoke)).
+    pub fn invoke(
         &self,
         addr: &str,
         request: RemotingCommand,
         timeout: Duration,
-    ) -> Result<RemotingCommand> {
-        Ok(self
-            .inner
+    ) -> impl std::future::Future<Output = Result<RemotingCommand>> + Send + 'static {
+        use futures::FutureExt;
+        self.inner
             .net
             .invoke(addr, self.signed(request), timeout)
-            .await?)
+            .map(|r| Ok(r?))
     }
 
     /// Sends a oneway request to a broker address.

@@ -5,10 +5,12 @@ use crate::processor::{NotSupportedProcessor, Processor};
 use crate::stats::NetStats;
 use crate::tls::ClientTls;
 use crate::{NetError, Result};
+use futures::future::Either;
 use futures::FutureExt;
 use parking_lot::Mutex;
 use shoal_proto::RemotingCommand;
 use std::fmt;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpStream;
@@ -238,23 +240,30 @@ impl RemotingClient {
     ///
     /// # Errors
     /// Those of [`RemotingClient::connection`] and [`Connection::request`].
-    pub async fn invoke(
+    ///
+    /// On an established connection the request is sent when this is called (see
+    /// [`Connection::start_request`]), and the future returned only waits for the answer; it
+    /// is small and owns what it needs.
+    pub fn invoke(
         &self,
         addr: &str,
         request: RemotingCommand,
         timeout: Duration,
-    ) -> Result<RemotingCommand> {
+    ) -> impl Future<Output = Result<RemotingCommand>> + Send + 'static {
         // An established connection is used at once, with the whole timeout (and no clock
         // read); a connection being made takes its time out of the timeout.
         if let Some(conn) = self.established(addr) {
-            return conn.request(request, timeout).await;
+            return Either::Left(conn.start_request(request, timeout));
         }
-        let deadline = Instant::now() + timeout;
-        let conn = self
-            .connection_within(addr, timeout.min(self.inner.config.connect_timeout))
-            .await?;
-        let remaining = deadline.saturating_duration_since(Instant::now());
-        conn.request(request, remaining).await
+        let (this, addr) = (self.clone(), addr.to_owned());
+        Either::Right(Box::pin(async move {
+            let deadline = Instant::now() + timeout;
+            let conn = this
+                .connection_within(&addr, timeout.min(this.inner.config.connect_timeout))
+                .await?;
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            conn.request(request, remaining).await
+        }))
     }
 
     /// Sends `request` to `addr` as a oneway request (connecting first if needed).

@@ -323,35 +323,66 @@ impl Connection {
     /// per-connection counter; the one in `request` is overwritten) and the response and
     /// oneway flags are cleared. The timeout covers queueing, sending and waiting. When the
     /// call times out or its future is dropped, the pending entry is removed; a late response
-    /// is then dropped.
+    /// is then dropped. Nothing is sent until the future is polled; see
+    /// [`Connection::start_request`] for a request sent at once.
     ///
     /// # Errors
     /// [`NetError::Timeout`], [`NetError::ConnectionClosed`] (also when the connection closes
     /// while waiting), [`NetError::Protocol`] when the request cannot be encoded.
     pub async fn request(
         &self,
-        mut request: RemotingCommand,
+        request: RemotingCommand,
         timeout: Duration,
     ) -> Result<RemotingCommand> {
+        self.start_request(request, timeout).await
+    }
+
+    /// Sends `request` now (as [`Connection::request`] does when first polled) and returns
+    /// the wait for its response: the request is encoded into the write queue before this
+    /// returns, unless the queue is over its limit (then the returned future waits for room,
+    /// within the timeout). The future is small and owns what it needs, so callers that keep
+    /// it across their own awaits stay small too.
+    pub fn start_request(
+        &self,
+        mut request: RemotingCommand,
+        timeout: Duration,
+    ) -> PendingResponse {
         let deadline = Instant::now() + timeout;
         let (tx, rx) = oneshot::channel();
-        let opaque = self.register(Waiter {
+        let opaque = match self.register(Waiter {
             tx,
             deadline,
             timeout,
-        })?;
-        let _guard = PendingGuard { conn: self, opaque };
+        }) {
+            Ok(opaque) => opaque,
+            Err(e) => return PendingResponse(Pending::Failed(Some(e))),
+        };
         request.opaque = opaque;
         request.flag &= !(FLAG_RESPONSE | FLAG_ONEWAY);
         // The deadline is kept by the driver's sweep (it answers the waiter with the
         // timeout), not by a timer per request; only a wait for room in the write queue has
         // a timer of its own.
-        self.queue_command(&request, Some((deadline, opaque, timeout)))
-            .await?;
-        match rx.await {
-            Ok(result) => result,
-            Err(_) => Err(self.closed_error()),
-        }
+        let queueing = match self.try_queue(&request) {
+            Ok(true) => None,
+            Ok(false) => {
+                let conn = self.clone();
+                Some(Box::pin(async move {
+                    conn.queue_command(&request, Some((deadline, opaque, timeout)))
+                        .await
+                })
+                    as futures::future::BoxFuture<'static, Result<()>>)
+            }
+            Err(e) => {
+                self.inner.pending.lock().waiting.remove(&opaque);
+                return PendingResponse(Pending::Failed(Some(e)));
+            }
+        };
+        PendingResponse(Pending::Waiting {
+            conn: self.clone(),
+            opaque,
+            rx,
+            queueing,
+        })
     }
 
     /// Sends `request` as a oneway request (flag bit 1 set, opaque from the connection's
@@ -374,6 +405,24 @@ impl Connection {
     pub async fn send_response(&self, mut response: RemotingCommand) -> Result<()> {
         response.flag |= FLAG_RESPONSE;
         self.queue_command(&response, None).await
+    }
+
+    /// Queues one command when the write queue has room (and wakes the driver): `Ok(false)`
+    /// when it is over its limit.
+    fn try_queue(&self, cmd: &RemotingCommand) -> Result<bool> {
+        let inner = &*self.inner;
+        if self.is_closed() {
+            return Err(self.closed_error());
+        }
+        {
+            let mut out = inner.out.lock();
+            if !(out.is_empty() || out.len() < inner.config.max_pending_write_bytes) {
+                return Ok(false);
+            }
+            out.push_command(cmd, inner.config.max_frame_len)?;
+        }
+        inner.driver_waker.wake();
+        Ok(true)
     }
 
     /// Queues one command exactly as given, waiting while the write queue is over its limit
@@ -511,13 +560,88 @@ impl Connection {
 }
 
 /// Removes a pending entry when its request completes, times out or is cancelled.
-struct PendingGuard<'a> {
-    conn: &'a Connection,
-    opaque: i32,
+/// The wait for the response to a request sent with [`Connection::start_request`]. Dropping
+/// it before the response arrives forgets the request (a late response is dropped).
+#[must_use = "the response is lost unless the future is awaited"]
+pub struct PendingResponse(Pending);
+
+enum Pending {
+    /// Refused before it was sent (connection closed, request not encodable).
+    Failed(Option<NetError>),
+    Waiting {
+        conn: Connection,
+        opaque: i32,
+        rx: oneshot::Receiver<Result<RemotingCommand>>,
+        /// Waiting for room in the write queue (rare: the queue was over its limit).
+        queueing: Option<futures::future::BoxFuture<'static, Result<()>>>,
+    },
+    Done,
 }
 
-impl Drop for PendingGuard<'_> {
+impl fmt::Debug for PendingResponse {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match &self.0 {
+            Pending::Failed(_) => "failed",
+            Pending::Waiting {
+                queueing: Some(_), ..
+            } => "queueing",
+            Pending::Waiting { .. } => "waiting",
+            Pending::Done => "done",
+        };
+        f.debug_tuple("PendingResponse").field(&state).finish()
+    }
+}
+
+impl Future for PendingResponse {
+    type Output = Result<RemotingCommand>;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        use std::task::Poll;
+        let this = self.get_mut();
+        let outcome = match &mut this.0 {
+            Pending::Failed(e) => {
+                let e = e.take();
+                this.0 = Pending::Done;
+                return Poll::Ready(Err(e.unwrap_or(NetError::Shutdown)));
+            }
+            Pending::Done => panic!("PendingResponse polled after completion"),
+            Pending::Waiting {
+                conn,
+                opaque,
+                rx,
+                queueing,
+            } => 'wait: {
+                if let Some(q) = queueing {
+                    match q.as_mut().poll(cx) {
+                        Poll::Pending => return Poll::Pending,
+                        Poll::Ready(Ok(())) => *queueing = None,
+                        Poll::Ready(Err(e)) => {
+                            conn.inner.pending.lock().waiting.remove(opaque);
+                            break 'wait Err(e);
+                        }
+                    }
+                }
+                match std::pin::Pin::new(rx).poll(cx) {
+                    Poll::Pending => return Poll::Pending,
+                    // Whoever completed the waiter (the driver: an answer, its deadline, the
+                    // connection closing) removed its entry.
+                    Poll::Ready(Ok(result)) => result,
+                    Poll::Ready(Err(_)) => Err(conn.closed_error()),
+                }
+            }
+        };
+        this.0 = Pending::Done;
+        Poll::Ready(outcome)
+    }
+}
+
+impl Drop for PendingResponse {
     fn drop(&mut self) {
-        self.conn.inner.pending.lock().waiting.remove(&self.opaque);
+        if let Pending::Waiting { conn, opaque, .. } = &self.0 {
+            conn.inner.pending.lock().waiting.remove(opaque);
+        }
     }
 }

@@ -31,7 +31,7 @@ pub mod tls;
 
 pub use client::RemotingClient;
 pub use codec::RemotingCodec;
-pub use connection::{Connection, NetConfig};
+pub use connection::{Connection, NetConfig, PendingResponse};
 pub use error::{NetError, Result};
 pub use processor::{
     processor_fn, request_code_not_supported, FnProcessor, NotSupportedProcessor, ProcessError,
