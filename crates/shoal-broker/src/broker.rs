@@ -274,6 +274,10 @@ pub struct BrokerInner {
     pub listener_groups: std::sync::OnceLock<ListenerGroups>,
     /// Monotonic and coordinator clocks.
     pub clock: crate::group_ctx::BrokerClock,
+    /// The CLUSTER property a plain send's stored properties end with (`CLUSTER`, the
+    /// cluster name and the separators), written once; `None` when the name holds a
+    /// separator and cannot be stored verbatim.
+    pub cluster_property: Option<String>,
 }
 
 /// Wall-clock milliseconds since the Unix epoch.
@@ -882,6 +886,7 @@ impl Broker {
             namesrv_credentials,
             listener_groups: std::sync::OnceLock::new(),
             clock: crate::group_ctx::BrokerClock::starting_at(now),
+            cluster_property: crate::send::cluster_property(&config.cluster_name),
             config,
         });
         inner.persist_configs();

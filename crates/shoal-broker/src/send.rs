@@ -323,7 +323,7 @@ fn prepare<'r>(
             // As a plain send: stored as they came plus CLUSTER when decoding and encoding
             // would give the same text, else through a map.
             let stored = match plain_properties_ok(raw)
-                .and_then(|_| with_cluster(raw, &b.config.cluster_name))
+                .and_then(|_| with_cluster(raw, b.cluster_property.as_deref()))
             {
                 Some(stored) => stored,
                 None => {
@@ -342,7 +342,7 @@ fn prepare<'r>(
         }
         out
     } else if let Some(stored) = plain
-        .then(|| with_cluster(raw_props, &b.config.cluster_name))
+        .then(|| with_cluster(raw_props, b.cluster_property.as_deref()))
         .flatten()
     {
         // The common case: the client's properties are stored as they came, plus CLUSTER.
@@ -469,18 +469,23 @@ fn plain_properties_ok(raw: &str) -> Option<Option<&str>> {
     Some(uniq)
 }
 
-/// The stored properties of a plain send: `raw` (checked by [`plain_properties_ok`]) plus
-/// CLUSTER; `None` when the cluster name cannot be stored verbatim.
-fn with_cluster(raw: &str, cluster: &str) -> Option<String> {
+/// The CLUSTER pair a plain send's stored properties end with (see
+/// [`BrokerInner::cluster_property`](crate::broker::BrokerInner::cluster_property)); `None`
+/// when the cluster name holds a separator and cannot be stored verbatim.
+pub(crate) fn cluster_property(cluster: &str) -> Option<String> {
     if cluster.contains(['\u{1}', '\u{2}']) {
         return None;
     }
-    let mut out = String::with_capacity(raw.len() + property::CLUSTER.len() + cluster.len() + 2);
+    Some(format!("{}\u{1}{cluster}\u{2}", property::CLUSTER))
+}
+
+/// The stored properties of a plain send: `raw` (checked by [`plain_properties_ok`]) plus
+/// `cluster` (from [`cluster_property`]); `None` when there is no such pair.
+fn with_cluster(raw: &str, cluster: Option<&str>) -> Option<String> {
+    let cluster = cluster?;
+    let mut out = String::with_capacity(raw.len() + cluster.len());
     out.push_str(raw);
-    out.push_str(property::CLUSTER);
-    out.push('\u{1}');
     out.push_str(cluster);
-    out.push('\u{2}');
     Some(out)
 }
 
@@ -632,12 +637,15 @@ mod tests {
             props.insert(property::CLUSTER.into(), "C".into());
             assert_eq!(
                 plain_properties_ok(raw)
-                    .and_then(|_| with_cluster(raw, "C"))
+                    .and_then(|_| with_cluster(raw, cluster_property("C").as_deref()))
                     .as_deref(),
                 Some(encode_properties(&props).unwrap().as_str()),
                 "{raw:?}"
             );
         }
+        // A cluster name holding a separator cannot be appended verbatim.
+        assert_eq!(cluster_property("a\u{1}b"), None);
+        assert_eq!(with_cluster("TAGS\u{1}a\u{2}", None), None);
         // The answer's transaction id comes from the same pass.
         assert_eq!(
             plain_properties_ok("TAGS\u{1}a\u{2}UNIQ_KEY\u{1}U1\u{2}"),
@@ -655,7 +663,8 @@ mod tests {
             "TAGS\u{1}a\u{1}b\u{2}",
         ] {
             assert_eq!(
-                plain_properties_ok(raw).and_then(|_| with_cluster(raw, "C")),
+                plain_properties_ok(raw)
+                    .and_then(|_| with_cluster(raw, cluster_property("C").as_deref())),
                 None,
                 "{raw:?}"
             );

@@ -333,8 +333,10 @@ pub fn send_response_ext_fields(
 /// The same entries as [`send_response_ext_fields`], in its order, already written as the
 /// JSON object of a JSON header's `extFields` (for
 /// [`RemotingCommand::ext_fields_json`](crate::RemotingCommand::ext_fields_json)): no map is
-/// built, and only the strings that can need escapes (the message ids, the transaction id,
-/// the region) are scanned for them.
+/// built, and only the transaction id (the producer's unique key) is scanned for characters
+/// that need escapes. `msg_id` (offset message ids: hex digits, commas between a batch's) and
+/// `msg_region` (the broker's region name) are the broker's own text and are written as they
+/// are: they must need no escapes (checked in debug builds).
 pub fn send_response_json(
     msg_id: &str,
     queue_id: i32,
@@ -348,8 +350,10 @@ pub fn send_response_json(
             + transaction_id.map_or(0, |t| t.len() + 20)
             + msg_region.map_or(0, |r| r.len() + 16),
     );
-    out.push_str("{\"msgId\":");
-    crate::command::push_json_str(&mut out, msg_id);
+    debug_assert!(!needs_escape(msg_id), "{msg_id:?}");
+    out.push_str("{\"msgId\":\"");
+    out.push_str(msg_id);
+    out.push('"');
     out.push_str(",\"queueId\":\"");
     queue_id.push_value(&mut out);
     out.push_str("\",\"queueOffset\":\"");
@@ -360,8 +364,10 @@ pub fn send_response_json(
         crate::command::push_json_str(&mut out, t);
     }
     if let Some(r) = msg_region {
-        out.push_str(",\"MSG_REGION\":");
-        crate::command::push_json_str(&mut out, r);
+        debug_assert!(!needs_escape(r), "{r:?}");
+        out.push_str(",\"MSG_REGION\":\"");
+        out.push_str(r);
+        out.push('"');
     }
     if let Some(t) = trace_on {
         out.push_str(if t {
@@ -372,6 +378,11 @@ pub fn send_response_json(
     }
     out.push('}');
     out
+}
+
+/// True when `s` holds a character a JSON string must escape.
+fn needs_escape(s: &str) -> bool {
+    s.bytes().any(|b| b == b'"' || b == b'\\' || b < 0x20)
 }
 
 command_header! {

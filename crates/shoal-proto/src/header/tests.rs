@@ -560,11 +560,13 @@ proptest! {
 
     #[test]
     fn a_send_answer_written_as_json_encodes_as_its_map(
-        msg_id in "[0-9A-F]{0,40}|\\PC{0,10}",
+        // Offset message ids and the region are the broker's own text, written as is: never
+        // a character that needs an escape.
+        msg_id in "[0-9A-F,]{0,40}|[^\"\\\\\\p{C}]{0,10}",
         queue_id in any::<i32>(),
         queue_offset in any::<i64>(),
         transaction_id in proptest::option::of("\\PC{0,12}|[\"\\\\\\x00-\\x1f/é]{0,6}"),
-        msg_region in proptest::option::of("\\PC{0,12}"),
+        msg_region in proptest::option::of("[^\"\\\\\\p{C}]{0,12}"),
         trace_on in proptest::option::of(any::<bool>()),
         opaque in any::<i32>(),
     ) {
