@@ -117,6 +117,7 @@ pub async fn consumer_send_msg_back(
         prepared_transaction_offset: 0,
         body: msg.body.clone(),
         properties: String::new(),
+        known: None,
     };
     apply_delay(b, &mut inner, &mut props);
     inner.properties = encode_properties(&props)?;

@@ -106,6 +106,7 @@ async fn deliver_due(b: &Arc<BrokerInner>, level: i32) -> Result<Step, Reject> {
                     prepared_transaction_offset: 0,
                     body: msg.body.clone(),
                     properties: encode_properties(&props)?,
+                    known: None,
                 };
                 put(b, vec![inner]).await?;
                 debug!(level, msg_id = %msg.msg_id(), "delayed message delivered");

@@ -14,7 +14,9 @@ use shoal_proto::message::{
     decode_batch_raw, decode_properties, encode_properties, property, Properties,
 };
 use shoal_proto::{RemotingCommand, SerializeType};
-use shoal_store::{FlushStatus, MessageExtBrokerInner, PutMessageResult, StoreError};
+use shoal_store::{
+    FlushStatus, KnownProperties, MessageExtBrokerInner, PutMessageResult, StoreError,
+};
 use std::sync::atomic::Ordering;
 
 /// The client version from which `maxReconsumeTimes` in a send header is honoured (V3_4_9).
@@ -238,13 +240,13 @@ fn prepare<'r>(
 
     let raw_props = h.properties.unwrap_or("");
     // Decoded into a map only when something has to change in them (retry, delay, batch).
-    let plain_uniq = if !is_batch && !is_retry_topic(&topic) {
+    // (A cluster name that cannot be appended verbatim takes the map as well.)
+    let plain_found = if !is_batch && !is_retry_topic(&topic) && b.cluster_property.is_some() {
         plain_properties_ok(raw_props)
     } else {
         None
     };
-    let plain = plain_uniq.is_some();
-    let mut props = if plain {
+    let mut props = if plain_found.is_some() {
         Properties::default()
     } else {
         decode_properties(raw_props)
@@ -295,6 +297,7 @@ fn prepare<'r>(
         prepared_transaction_offset: 0,
         body: body.clone(),
         properties: String::new(),
+        known: None,
     };
 
     let msgs = if is_batch {
@@ -322,31 +325,41 @@ fn prepare<'r>(
                 .map_err(|_| bad(shoal_proto::ProtoError::Utf8("message properties")))?;
             // As a plain send: stored as they came plus CLUSTER when decoding and encoding
             // would give the same text, else through a map.
-            let stored = match plain_properties_ok(raw)
-                .and_then(|_| with_cluster(raw, b.cluster_property.as_deref()))
-            {
-                Some(stored) => stored,
+            let plain = plain_properties_ok(raw).and_then(|found| {
+                Some((
+                    with_cluster(raw, b.cluster_property.as_deref())?,
+                    found.known,
+                ))
+            });
+            let (stored, known) = match plain {
+                Some((stored, known)) => (stored, Some(known)),
                 None => {
                     let mut item_props = decode_properties(raw);
                     item_props.insert(property::CLUSTER.into(), b.config.cluster_name.clone());
-                    encode_properties(&item_props)
-                        .map_err(|e| Reject::new(resp::MESSAGE_ILLEGAL, e.to_string()))?
+                    let stored = encode_properties(&item_props)
+                        .map_err(|e| Reject::new(resp::MESSAGE_ILLEGAL, e.to_string()))?;
+                    (stored, None)
                 }
             };
             out.push(MessageExtBrokerInner {
                 flag: item.flag,
                 body: item.body,
                 properties: stored,
+                known,
                 ..inner.clone()
             });
         }
         out
-    } else if let Some(stored) = plain
-        .then(|| with_cluster(raw_props, b.cluster_property.as_deref()))
-        .flatten()
-    {
-        // The common case: the client's properties are stored as they came, plus CLUSTER.
+    } else if let Some((stored, found)) = plain_found.and_then(|found| {
+        Some((
+            with_cluster(raw_props, b.cluster_property.as_deref())?,
+            found,
+        ))
+    }) {
+        // The common case: the client's properties are stored as they came, plus CLUSTER
+        // (and the store is told where its properties are: they did not move).
         inner.properties = stored;
+        inner.known = Some(found.known);
         vec![inner]
     } else {
         props.insert(property::CLUSTER.into(), b.config.cluster_name.clone());
@@ -373,8 +386,8 @@ fn prepare<'r>(
             .map_err(|e| Reject::new(resp::MESSAGE_ILLEGAL, e.to_string()))?;
         vec![inner]
     };
-    let uniq = if let Some(uniq) = plain_uniq {
-        uniq.map(std::borrow::Cow::Borrowed)
+    let uniq = if let Some(found) = plain_found {
+        found.uniq.map(std::borrow::Cow::Borrowed)
     } else if props.is_empty() {
         property::find_property(raw_props, property::UNIQ_KEY).map(std::borrow::Cow::Borrowed)
     } else {
@@ -425,18 +438,35 @@ fn answer(
     Ok(Some(answer))
 }
 
-/// `Some(UNIQ_KEY's value)` when `raw` is exactly what decoding and re-encoding it would give (every pair
-/// well formed, no key twice) and holds none of DELAY, CLUSTER and TRAN_MSG (the keys the
-/// broker acts on: delay levels, its own cluster, half messages): then the stored properties
-/// are `raw` plus CLUSTER, with no map built.
-fn plain_properties_ok(raw: &str) -> Option<Option<&str>> {
+/// What [`plain_properties_ok`] found in properties it took.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct PlainProperties<'a> {
+    /// UNIQ_KEY's value.
+    uniq: Option<&'a str>,
+    /// Where the properties the store reads are (they stay where they are when CLUSTER is
+    /// appended), so that the store does not look for them again.
+    known: KnownProperties,
+}
+
+/// `Some` (with UNIQ_KEY's value and where the store's properties are) when `raw` is exactly
+/// what decoding and re-encoding it would give (every pair well formed, no key twice) and
+/// holds none of DELAY, CLUSTER and TRAN_MSG (the keys the broker acts on: delay levels, its
+/// own cluster, half messages): then the stored properties are `raw` plus CLUSTER, with no
+/// map built.
+fn plain_properties_ok(raw: &str) -> Option<PlainProperties<'_>> {
     // One pass over the bytes: every pair is a non-empty key up to its 0x01, then a non-empty
     // value up to its 0x02 (a separator anywhere else, or a last pair without its 0x02, is
     // something decoding would change).
     let bytes = raw.as_bytes();
+    if bytes.len() > u32::MAX as usize {
+        return None;
+    }
     let mut seen: [&str; 24] = [""; 24];
     let mut n = 0;
-    let mut uniq = None;
+    let mut found = PlainProperties {
+        uniq: None,
+        known: KnownProperties::default(),
+    };
     let mut pos = 0;
     while pos < bytes.len() {
         let key_len = property::find_separator(&bytes[pos..])?;
@@ -451,22 +481,27 @@ fn plain_properties_ok(raw: &str) -> Option<Option<&str>> {
         }
         // Separators are ASCII: these are character boundaries.
         let (k, v) = (&raw[pos..value_at - 1], &raw[value_at..end]);
-        if k == property::DELAY
-            || k == property::CLUSTER
-            || k == property::TRAN_MSG
-            || n == seen.len()
-            || seen[..n].contains(&k)
-        {
+        if n == seen.len() || seen[..n].contains(&k) {
             return None;
         }
         seen[n] = k;
         n += 1;
-        if k == property::UNIQ_KEY {
-            uniq = Some(v);
+        // Checked above: the string's length fits a u32.
+        let at = Some((value_at as u32, end as u32));
+        match k {
+            property::DELAY | property::CLUSTER | property::TRAN_MSG => return None,
+            property::UNIQ_KEY => {
+                found.uniq = Some(v);
+                found.known.uniq = at;
+            }
+            property::TAGS => found.known.tags = at,
+            property::KEYS => found.known.keys = at,
+            property::WAIT => found.known.wait = at,
+            _ => {}
         }
         pos = end + 1;
     }
-    Some(uniq)
+    Some(found)
 }
 
 /// The CLUSTER pair a plain send's stored properties end with (see
@@ -587,13 +622,18 @@ mod tests {
         )
     }
 
+    /// UNIQ_KEY's value as [`plain_properties_ok`] finds it, when it takes `raw`.
+    fn uniq_of(raw: &str) -> Option<Option<&str>> {
+        plain_properties_ok(raw).map(|found| found.uniq)
+    }
+
     #[test]
     fn a_missing_last_separator_is_not_made_up_by_an_empty_pair() {
         // The iterator-based check this replaced counted the bytes of the pairs it read: an
         // empty pair (two separators in a row) made up for a missing last separator, and the
         // CLUSTER property appended to such properties ran into the last value.
         assert_eq!(plain_properties_ok("a\u{1}a\u{2}\u{2}b\u{1}a"), None);
-        assert_eq!(plain_properties_ok("a\u{1}a\u{2}b\u{1}a\u{2}"), Some(None));
+        assert_eq!(uniq_of("a\u{1}a\u{2}b\u{1}a\u{2}"), Some(None));
     }
 
     proptest! {
@@ -613,16 +653,40 @@ mod tests {
             ),
         ) {
             let raw: String = parts.concat();
-            prop_assert_eq!(plain_properties_ok(&raw), plain_properties_ok_reference(&raw));
+            prop_assert_eq!(uniq_of(&raw), plain_properties_ok_reference(&raw));
         }
 
-        /// Well-formed properties (distinct keys) are taken, with their UNIQ_KEY.
+        /// Well-formed properties (distinct keys) are taken, with their UNIQ_KEY and where
+        /// the values of the properties the store reads are.
         #[test]
         fn well_formed_properties_are_taken(
-            pairs in proptest::collection::btree_map("[A-Z_]{1,8}", "[ -~]{1,12}", 0..30),
+            pairs in proptest::collection::btree_map(
+                prop_oneof![
+                    3 => "[A-Z_]{1,8}",
+                    1 => prop::sample::select(vec!["TAGS", "WAIT", "KEYS", "UNIQ_KEY", "XTAGS"])
+                        .prop_map(String::from),
+                ],
+                "[ -~]{1,12}",
+                0..30,
+            ),
         ) {
             let raw: String = pairs.iter().map(|(k, v)| format!("{k}\u{1}{v}\u{2}")).collect();
-            prop_assert_eq!(plain_properties_ok(&raw), plain_properties_ok_reference(&raw));
+            prop_assert_eq!(uniq_of(&raw), plain_properties_ok_reference(&raw));
+            if let Some(found) = plain_properties_ok(&raw) {
+                let k = found.known;
+                for (at, key) in [
+                    (k.tags, property::TAGS),
+                    (k.wait, property::WAIT),
+                    (k.keys, property::KEYS),
+                    (k.uniq, property::UNIQ_KEY),
+                ] {
+                    prop_assert_eq!(
+                        at.map(|(s, e)| &raw[s as usize..e as usize]),
+                        property::find_property(&raw, key),
+                        "{}", key
+                    );
+                }
+            }
         }
     }
 
@@ -648,10 +712,10 @@ mod tests {
         assert_eq!(with_cluster("TAGS\u{1}a\u{2}", None), None);
         // The answer's transaction id comes from the same pass.
         assert_eq!(
-            plain_properties_ok("TAGS\u{1}a\u{2}UNIQ_KEY\u{1}U1\u{2}"),
+            uniq_of("TAGS\u{1}a\u{2}UNIQ_KEY\u{1}U1\u{2}"),
             Some(Some("U1"))
         );
-        assert_eq!(plain_properties_ok("KEYS\u{1}k\u{2}"), Some(None));
+        assert_eq!(uniq_of("KEYS\u{1}k\u{2}"), Some(None));
         // Anything that decoding would change takes the slow path.
         for raw in [
             "TAGS\u{1}a\u{2}TAGS\u{1}b\u{2}",

@@ -123,6 +123,7 @@ pub fn record_to_message(
         prepared_transaction_offset: 0,
         body: record.value.clone().unwrap_or_default(),
         properties,
+        known: None,
     })
 }
 
@@ -360,6 +361,7 @@ mod tests {
             prepared_transaction_offset: 0,
             body: Bytes::from_static(b"hello"),
             properties: encode_properties(&props).unwrap(),
+            known: None,
         };
         let r = message_to_record(&stored(&m, 0));
         assert_eq!(r.key.as_deref(), Some(&b"k1"[..]));

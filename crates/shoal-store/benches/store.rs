@@ -31,6 +31,7 @@ fn message(topic: &str, queue_id: i32, body_size: usize, n: u64) -> MessageExtBr
         properties: format!(
             "TAGS\u{1}tagA\u{2}UNIQ_KEY\u{1}C0A800020F8A18B4AAC27E0E{n:08X}\u{2}WAIT\u{1}true\u{2}"
         ),
+        known: None,
     }
 }
 

@@ -103,8 +103,12 @@ impl<'a> Job<'a> {
                 });
             }
             let layout = encode_record(&fields, &mut encoded)?;
-            let [tags, wait_prop, keys, uniq] =
-                find_properties(&m.properties, [TAGS, WAIT, KEYS, UNIQ_KEY]);
+            // Found by the sender when it could say (see `KnownProperties`), else here.
+            let [tags, wait_prop, keys, uniq] = match m.known.and_then(|k| k.resolve(&m.properties))
+            {
+                Some(found) => found,
+                None => find_properties(&m.properties, [TAGS, WAIT, KEYS, UNIQ_KEY]),
+            };
             records.push(Record {
                 layout,
                 tag_code: shoal_proto::hash::tags_code(tags),

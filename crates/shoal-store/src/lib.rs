@@ -44,8 +44,8 @@ pub use error::{Result, StoreError};
 pub use index::INDEX_ENTRY_SIZE;
 pub use store::{
     AppendedMessage, ArrivalListener, BoundaryType, FlushStatus, GetMessageResult,
-    GetMessageStatus, MessageArrival, MessageExtBrokerInner, MessageStore, PutMessageResult,
-    RecoveryReport, RetentionReport, LOCK_FILE,
+    GetMessageStatus, KnownProperties, MessageArrival, MessageExtBrokerInner, MessageStore,
+    PutMessageResult, RecoveryReport, RetentionReport, LOCK_FILE,
 };
 
 #[cfg(test)]

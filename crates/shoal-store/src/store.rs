@@ -53,6 +53,57 @@ pub struct MessageExtBrokerInner {
     pub body: Bytes,
     /// Encoded properties string (spec section 4.4).
     pub properties: String,
+    /// Where the properties the store reads are in `properties`, when whoever wrote them
+    /// found them already (`None`: the store finds them). Whoever replaces `properties`
+    /// must reset it.
+    pub known: Option<KnownProperties>,
+}
+
+/// Where the values of the properties the store reads (TAGS, WAIT, KEYS, UNIQ_KEY) are in a
+/// message's properties string, as byte ranges, for a sender that went over the pairs
+/// already (the broker's send handler checks every pair): the store then skips its own pass.
+///
+/// A range must be the value of a whole `KEY\u{1}value\u{2}` pair of its key, and a key given
+/// as absent must not be in the string. A range that is not (a stale or wrong one) makes the
+/// store find the properties itself; absence cannot be checked, so it must be right.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KnownProperties {
+    /// TAGS's value.
+    pub tags: Option<(u32, u32)>,
+    /// WAIT's value.
+    pub wait: Option<(u32, u32)>,
+    /// KEYS's value.
+    pub keys: Option<(u32, u32)>,
+    /// UNIQ_KEY's value.
+    pub uniq: Option<(u32, u32)>,
+}
+
+impl KnownProperties {
+    /// The values in `properties` of TAGS, WAIT, KEYS and UNIQ_KEY, in that order; `None` when
+    /// a range is not the value of its key's pair there.
+    pub(crate) fn resolve<'a>(&self, properties: &'a str) -> Option<[Option<&'a str>; 4]> {
+        use shoal_proto::message::property::{TAGS, WAIT};
+        let one = |at: Option<(u32, u32)>, key: &str| -> Option<Option<&'a str>> {
+            let Some((start, end)) = at else {
+                return Some(None);
+            };
+            let (start, end) = (start as usize, end as usize);
+            let value = properties.get(start..end)?;
+            let bytes = properties.as_bytes();
+            let pair_start = start.checked_sub(key.len() + 1)?;
+            let whole = bytes.get(pair_start..start - 1) == Some(key.as_bytes())
+                && bytes.get(start - 1) == Some(&1)
+                && (pair_start == 0 || bytes.get(pair_start - 1) == Some(&2))
+                && bytes.get(end) == Some(&2);
+            whole.then_some(Some(value))
+        };
+        Some([
+            one(self.tags, TAGS)?,
+            one(self.wait, WAIT)?,
+            one(self.keys, KEYS)?,
+            one(self.uniq, UNIQ_KEY)?,
+        ])
+    }
 }
 
 /// Where and how one message was appended.
@@ -1907,6 +1958,88 @@ impl Inner {
                     tracing::error!(error = %e, "retention failed");
                 }
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod known_properties_tests {
+    use super::*;
+    use proptest::prelude::*;
+    use shoal_proto::message::property::{TAGS, WAIT};
+
+    /// The ranges a sender that went over the pairs would give.
+    fn known_of(properties: &str) -> KnownProperties {
+        let mut known = KnownProperties::default();
+        let mut pos = 0;
+        for pair in properties.split_terminator('\u{2}') {
+            let (key, value) = pair.split_once('\u{1}').unwrap_or((pair, ""));
+            let start = (pos + key.len() + 1) as u32;
+            let at = Some((start, start + value.len() as u32));
+            match key {
+                k if k == TAGS => known.tags = at,
+                k if k == WAIT => known.wait = at,
+                k if k == KEYS => known.keys = at,
+                k if k == UNIQ_KEY => known.uniq = at,
+                _ => {}
+            }
+            pos += pair.len() + 1;
+        }
+        known
+    }
+
+    proptest! {
+        /// Ranges of a pass over the pairs resolve to what the store's own search finds.
+        #[test]
+        fn known_ranges_give_what_the_search_finds(
+            pairs in proptest::collection::btree_map(
+                prop_oneof![
+                    Just("TAGS".to_owned()), Just("WAIT".to_owned()), Just("KEYS".to_owned()),
+                    Just("UNIQ_KEY".to_owned()), Just("XTAGS".to_owned()), Just("AGS".to_owned()),
+                    "[A-Z_]{1,8}",
+                ],
+                "[ -~]{1,12}",
+                0..8,
+            ),
+        ) {
+            let properties: String =
+                pairs.iter().map(|(k, v)| format!("{k}\u{1}{v}\u{2}")).collect();
+            let known = known_of(&properties);
+            prop_assert_eq!(
+                known.resolve(&properties),
+                Some(find_properties(&properties, [TAGS, WAIT, KEYS, UNIQ_KEY]))
+            );
+        }
+    }
+
+    #[test]
+    fn ranges_that_are_not_their_keys_values_are_refused() {
+        let p = "TAGS\u{1}a\u{2}KEYS\u{1}k1 k2\u{2}XUNIQ_KEY\u{1}U\u{2}";
+        let good = known_of("TAGS\u{1}a\u{2}KEYS\u{1}k1 k2\u{2}");
+        assert_eq!(
+            good.resolve(p),
+            Some([Some("a"), None, Some("k1 k2"), None])
+        );
+        // The value of another key, part of a value, past the end, a key's tail.
+        for bad in [
+            KnownProperties {
+                tags: Some((12, 17)),
+                ..good
+            },
+            KnownProperties {
+                keys: Some((12, 14)),
+                ..good
+            },
+            KnownProperties {
+                keys: Some((12, 99)),
+                ..good
+            },
+            KnownProperties {
+                uniq: Some((28, 29)),
+                ..good
+            },
+        ] {
+            assert_eq!(bad.resolve(p), None, "{bad:?}");
         }
     }
 }

@@ -54,6 +54,7 @@ fn inner_from(
         prepared_transaction_offset: 0,
         body: m.body.clone(),
         properties: encode_properties(props)?,
+        known: None,
     })
 }
 
@@ -148,6 +149,7 @@ pub fn op_message(
         prepared_transaction_offset: 0,
         body: format!("{half_queue_offset},").into_bytes().into(),
         properties: encode_properties(&props)?,
+        known: None,
     })
 }
 
@@ -210,6 +212,7 @@ mod tests {
             prepared_transaction_offset: 0,
             body: bytes::Bytes::from_static(b"x"),
             properties: String::new(),
+            known: None,
         };
         let mut p = props(&[("TRAN_MSG", "true"), ("UNIQ_KEY", "ABC"), ("PGROUP", "PG")]);
         to_half(&mut m, &mut p);

@@ -52,6 +52,7 @@ pub fn msg(topic: &str, queue_id: i32, id: &str, size: usize, tag: &str) -> Mess
         prepared_transaction_offset: 0,
         body: Bytes::from(body),
         properties,
+        known: None,
     }
 }
 
