@@ -410,29 +410,32 @@ fn answer(
     put_result: PutMessageResult,
 ) -> Handled {
     let code = flush_code(put_result.flush)?;
-    let mut stored = put_result.messages;
+    let stored = put_result.messages;
     let queue_offset = stored
         .first()
         .ok_or_else(|| Reject::system("the store stored nothing"))?
         .queue_offset as i64;
-    let msg_id = match &mut stored[..] {
-        [one] => std::mem::take(&mut one.offset_msg_id),
-        many => many
-            .iter()
-            .map(|m| m.offset_msg_id.as_str())
-            .collect::<Vec<_>>()
-            .join(","),
+    // The offset message ids, comma-separated, written where they go (no `String` each).
+    let msg_ids = |out: &mut String| {
+        for (i, m) in stored.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            m.push_offset_msg_id(out);
+        }
     };
     let remark = (code == resp::FLUSH_DISK_TIMEOUT).then(|| "flush disk timeout".to_string());
     let mut answer = RemotingCommand::response(code, remark);
     // SendMessageResponseHeader's entries, written without a `String` per field; the answer
     // to a JSON request (it goes back as JSON) as its JSON text straight away, with no map.
-    let (id, region, trace) = (msg_id.as_str(), Some(DEFAULT_REGION), Some(true));
+    let (region, trace) = (Some(DEFAULT_REGION), Some(true));
     if serialize_type == SerializeType::Json {
-        let json = send_response_json(id, queue_id, queue_offset, uniq, region, trace);
+        let json = send_response_json(msg_ids, queue_id, queue_offset, uniq, region, trace);
         answer.ext_fields_json = Some(json);
     } else {
-        let map = send_response_ext_fields(id, queue_id, queue_offset, uniq, region, trace);
+        let mut ids = String::new();
+        msg_ids(&mut ids);
+        let map = send_response_ext_fields(&ids, queue_id, queue_offset, uniq, region, trace);
         answer.ext_fields = Some(map);
     }
     Ok(Some(answer))

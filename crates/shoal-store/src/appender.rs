@@ -26,7 +26,6 @@ use std::task::{Context, Poll, Waker};
 use std::time::Instant;
 
 use parking_lot::{Mutex, MutexGuard};
-use shoal_proto::message::msg_id::offset_msg_id;
 use shoal_proto::message::property::{find_properties, KEYS, TAGS, UNIQ_KEY, WAIT};
 use shoal_proto::message::record::{encode_record, patch_record, RecordFields, RecordLayout};
 
@@ -668,7 +667,7 @@ impl Inner {
                 queue_offset: queue_offsets[i],
                 store_timestamp: ts,
                 size: sizes[i] as u32,
-                offset_msg_id: offset_msg_id(store_host, phys[i] as i64),
+                store_host,
             });
             done.end = phys[i] + sizes[i] as u64;
             arrivals.push(MessageArrival {

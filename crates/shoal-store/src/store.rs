@@ -117,8 +117,21 @@ pub struct AppendedMessage {
     pub store_timestamp: i64,
     /// Size of the stored record.
     pub size: u32,
-    /// Offset message id (store host + physical offset, spec section 4.5).
-    pub offset_msg_id: String,
+    /// The store host written into the record (with the physical offset, the offset message
+    /// id: see [`AppendedMessage::offset_msg_id`]).
+    pub store_host: SocketAddr,
+}
+
+impl AppendedMessage {
+    /// The offset message id (store host + physical offset, spec section 4.5).
+    pub fn offset_msg_id(&self) -> String {
+        shoal_proto::message::offset_msg_id(self.store_host, self.physical_offset as i64)
+    }
+
+    /// Appends the offset message id to `out` (32 or 56 uppercase hex digits).
+    pub fn push_offset_msg_id(&self, out: &mut String) {
+        shoal_proto::message::push_offset_msg_id(out, self.store_host, self.physical_offset as i64);
+    }
 }
 
 /// Durability of an append, for the broker's answer (FLUSH_DISK_TIMEOUT under sync flush).

@@ -36,7 +36,7 @@ fn put_and_pull_with_status_rules() {
             .unwrap();
         assert_eq!(res.flush, FlushStatus::NotFlushed);
         assert_eq!(res.messages[0].queue_offset, i);
-        assert_eq!(res.messages[0].offset_msg_id.len(), 32);
+        assert_eq!(res.messages[0].offset_msg_id().len(), 32);
     }
     assert_eq!(arrivals.lock().unwrap().len(), 10);
     assert_eq!(arrivals.lock().unwrap()[3].tag_code, tags_code(Some("odd")));

@@ -269,7 +269,7 @@ async fn send_check(b: &Arc<BrokerInner>, m: &MessageExt, check_times: i32) -> R
         commit_log_offset: copy.physical_offset as i64,
         msg_id: uniq.clone(),
         transaction_id: uniq,
-        offset_msg_id: Some(copy.offset_msg_id.clone()),
+        offset_msg_id: Some(copy.offset_msg_id()),
         ..Default::default()
     };
     let (real_topic, real_qid) = half::real_destination(m)?;

@@ -334,11 +334,12 @@ pub fn send_response_ext_fields(
 /// JSON object of a JSON header's `extFields` (for
 /// [`RemotingCommand::ext_fields_json`](crate::RemotingCommand::ext_fields_json)): no map is
 /// built, and only the transaction id (the producer's unique key) is scanned for characters
-/// that need escapes. `msg_id` (offset message ids: hex digits, commas between a batch's) and
-/// `msg_region` (the broker's region name) are the broker's own text and are written as they
-/// are: they must need no escapes (checked in debug builds).
+/// that need escapes. `msg_id` writes the offset message ids (hex digits, commas between a
+/// batch's) straight into the text, and `msg_region` (the broker's region name) is written
+/// as it is: both are the broker's own text and must need no escapes (checked in debug
+/// builds).
 pub fn send_response_json(
-    msg_id: &str,
+    msg_id: impl FnOnce(&mut String),
     queue_id: i32,
     queue_offset: i64,
     transaction_id: Option<&str>,
@@ -346,13 +347,12 @@ pub fn send_response_json(
     trace_on: Option<bool>,
 ) -> String {
     let mut out = String::with_capacity(
-        100 + msg_id.len()
-            + transaction_id.map_or(0, |t| t.len() + 20)
-            + msg_region.map_or(0, |r| r.len() + 16),
+        140 + transaction_id.map_or(0, |t| t.len() + 20) + msg_region.map_or(0, |r| r.len() + 16),
     );
-    debug_assert!(!needs_escape(msg_id), "{msg_id:?}");
     out.push_str("{\"msgId\":\"");
-    out.push_str(msg_id);
+    let id_at = out.len();
+    msg_id(&mut out);
+    debug_assert!(!needs_escape(&out[id_at..]), "{:?}", &out[id_at..]);
     out.push('"');
     out.push_str(",\"queueId\":\"");
     queue_id.push_value(&mut out);

@@ -577,7 +577,7 @@ proptest! {
             &msg_id, queue_id, queue_offset, transaction_id.as_deref(), msg_region.as_deref(), trace_on,
         ));
         with_json.ext_fields_json = Some(send_response_json(
-            &msg_id, queue_id, queue_offset, transaction_id.as_deref(), msg_region.as_deref(), trace_on,
+            |out: &mut String| out.push_str(&msg_id), queue_id, queue_offset, transaction_id.as_deref(), msg_region.as_deref(), trace_on,
         ));
         let (mut a, mut b) = (bytes::BytesMut::new(), bytes::BytesMut::new());
         with_map.encode_header(&mut a).unwrap();

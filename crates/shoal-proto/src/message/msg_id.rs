@@ -54,13 +54,20 @@ pub(crate) fn parse_hex(s: &str, what: &str) -> Result<Vec<u8>> {
 /// 32 hex chars for an IPv4 host, 56 for IPv6.
 pub fn offset_msg_id(store_host: SocketAddr, commit_log_offset: i64) -> String {
     let mut out = String::with_capacity(OFFSET_MSG_ID_V6_LEN);
-    match store_host.ip() {
-        IpAddr::V4(ip) => push_hex(&mut out, &ip.octets()),
-        IpAddr::V6(ip) => push_hex(&mut out, &ip.octets()),
-    }
-    push_hex(&mut out, &i32::from(store_host.port()).to_be_bytes());
-    push_hex(&mut out, &commit_log_offset.to_be_bytes());
+    push_offset_msg_id(&mut out, store_host, commit_log_offset);
     out
+}
+
+/// Appends the offset message id of the record stored at `commit_log_offset` by
+/// `store_host` to `out` ([`offset_msg_id`] without a `String` of its own).
+pub fn push_offset_msg_id(out: &mut String, store_host: SocketAddr, commit_log_offset: i64) {
+    out.reserve(OFFSET_MSG_ID_V6_LEN);
+    match store_host.ip() {
+        IpAddr::V4(ip) => push_hex(out, &ip.octets()),
+        IpAddr::V6(ip) => push_hex(out, &ip.octets()),
+    }
+    push_hex(out, &i32::from(store_host.port()).to_be_bytes());
+    push_hex(out, &commit_log_offset.to_be_bytes());
 }
 
 /// A parsed offset message id.
