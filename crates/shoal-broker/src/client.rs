@@ -133,7 +133,10 @@ pub fn heartbeat(cx: &GroupCtx<'_>, ctx: &RequestContext, req: &RemotingCommand)
                 .map(|s| (s.topic.clone(), s.clone()))
                 .collect()
         };
-        if speaks_coordinated(req, &group) {
+        // A broker without a coordinator has no coordinated groups: a client's claim (an Auto
+        // consumer announces itself before it has asked every broker what it offers) must
+        // not hide its classic membership, or GROUP_DESCRIBE would call the group coordinated.
+        if cx.config.coordinator.enabled && speaks_coordinated(req, &group) {
             cx.state
                 .with(|g, t| g.mark_coordinated(&group, &data.client_id, conn_id, t));
         }

@@ -323,3 +323,29 @@ async fn a_coordinator_restart_keeps_assignments_and_epochs_move_on() {
     assert!(ra.member_epoch > epoch && rb.member_epoch > epoch);
     c.stop().await;
 }
+
+/// A broker without a coordinator ignores a heartbeat's claim that a group speaks coordinated
+/// mode (an Auto consumer announces itself before it knows what every broker offers): the
+/// group is classic there, and GROUP_DESCRIBE says so. (It called such a group coordinated,
+/// with no members, for the claim's session timeout.)
+#[tokio::test]
+async fn a_broker_without_a_coordinator_ignores_coordinated_claims() {
+    let c = Cluster::start_with(|b| b.coordinator.enabled = false).await;
+    let raw = RawClient::new(&c.broker_addr);
+    ok(&raw.call(create_topic_req("T", 4)).await);
+    let mut hb = heartbeat_req(
+        "auto-client",
+        "G",
+        &[("T", "*")],
+        shoal_proto::body::MessageModel::Clustering,
+    );
+    hb.ext_fields
+        .get_or_insert_with(Default::default)
+        .insert("shoalCoordinatedGroups", "G");
+    ok(&raw.call(hb).await);
+    let d: serde_json::Value = raw.call(describe_req()).await.decode_json_body().unwrap();
+    assert_eq!(d["mode"], "classic", "{d}");
+    assert_eq!(d["classicClients"][0], "auto-client", "{d}");
+    raw.shutdown();
+    c.stop().await;
+}
