@@ -392,6 +392,26 @@ impl ExtFields {
         }
     }
 
+    /// The values of the one-letter keys `first ..= first + N - 1` (a later entry of a key
+    /// wins, as in [`ExtFields::iter_keyed`]; the map keeps one entry per key anyway), for
+    /// headers written with one-letter keys (SEND_MESSAGE_V2). Keys of other lengths are
+    /// skipped by their span's length, without slicing them.
+    #[inline]
+    pub(crate) fn letter_values<const N: usize>(&self, first: u8) -> [Option<&str>; N] {
+        let mut found = [None; N];
+        let (text, shared) = (&self.text, &self.shared);
+        for e in &self.entries {
+            if e.key.1 != 1 {
+                continue;
+            }
+            let key = span_bytes(text.as_bytes(), shared.as_bytes(), e.key)[0];
+            if let Some(slot) = found.get_mut(usize::from(key.wrapping_sub(first))) {
+                *slot = Some(span_str(text, shared, e.value));
+            }
+        }
+        found
+    }
+
     /// The entries in insertion order, keys as bytes and values as text: for typed readers
     /// that match keys as bytes and keep the values of the keys they know.
     #[inline]
@@ -616,6 +636,21 @@ impl fmt::Debug for ExtFields {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn letter_values_reads_one_letter_keys_shared_or_decoded() {
+        use crate::command::{RemotingCommand, SerializeType};
+        // `a` plain (a span of the frame), `b` written with an escape (decoded into the map's
+        // own text), `bb` and `n` not among the letters asked for, `c` replaced by a later entry.
+        let header = br#"{"code":310,"extFields":{"a":"G","\u0062":"T\u0001x","bb":"no","c":"1","n":"broker","c":"2"}}"#;
+        let cmd = RemotingCommand::decode_header(SerializeType::Json, header).unwrap();
+        let ext = cmd.ext_fields.as_ref().unwrap();
+        let found: [Option<&str>; 4] = ext.letter_values(b'a');
+        assert_eq!(found, [Some("G"), Some("T\u{1}x"), Some("2"), None]);
+        // Letters below `first` are not folded into the table.
+        let found: [Option<&str>; 2] = ext.letter_values(b'b');
+        assert_eq!(found, [Some("T\u{1}x"), Some("2")]);
+    }
 
     #[test]
     fn insert_replaces_in_place_and_keeps_order() {

@@ -294,17 +294,29 @@ impl<'a> Parser<'a> {
             self.expect(b'"')?;
             let mark = out.raw_text().len();
             let key_start = self.pos;
-            let (key, plain_key) = match self.plain_string() {
-                Some(end) => (ExtFields::shared_span(key_start..end), true),
-                None => (self.string_span(&mut out)?, false),
+            // A one-letter key with its colon (SEND_MESSAGE_V2's `"a":` to `"n":`) is taken as
+            // it is, without a search for its closing quote.
+            let (key, plain_key, key_end) = match self.bytes.get(key_start..key_start + 3) {
+                Some(&[k, b'"', b':']) if !is_special(k) => {
+                    self.pos += 3;
+                    let key_end = key_start + 1;
+                    (ExtFields::shared_span(key_start..key_end), true, key_end)
+                }
+                _ => {
+                    let (key, plain_key) = match self.plain_string() {
+                        Some(end) => (ExtFields::shared_span(key_start..end), true),
+                        None => (self.string_span(&mut out)?, false),
+                    };
+                    let key_end = self.pos - 1;
+                    if self.peek() == Some(b':') {
+                        self.pos += 1;
+                    } else {
+                        self.ws();
+                        self.expect(b':')?;
+                    }
+                    (key, plain_key, key_end)
+                }
             };
-            let key_end = self.pos - 1;
-            if self.peek() == Some(b':') {
-                self.pos += 1;
-            } else {
-                self.ws();
-                self.expect(b':')?;
-            }
             self.ws();
             let start = self.pos;
             let value = match self.peek()? {
@@ -641,6 +653,31 @@ mod tests {
         p.iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()
+    }
+
+    #[test]
+    fn one_letter_keys_are_read_as_any_key() {
+        // The shortcut for `"x":` must not take a quote, a backslash or a multi-byte character
+        // for a key, nor miss a key followed by whitespace.
+        assert_eq!(
+            ext_of(
+                r#"{"extFields":{"a":"1","é":"2","b" :"3","c":4,"d":null,"\\":"5","\"":"6","e":"7"}}"#
+            ),
+            pairs(&[
+                ("a", "1"),
+                ("é", "2"),
+                ("b", "3"),
+                ("c", "4"),
+                ("\\", "5"),
+                ("\"", "6"),
+                ("e", "7")
+            ])
+        );
+        assert_eq!(
+            ext_of(r#"{"extFields":{"a":"1","a":"2","":"3"}}"#),
+            pairs(&[("a", "2"), ("", "3")])
+        );
+        falls_back(r#"{"extFields":{"a":"1",""#);
     }
 
     #[test]

@@ -80,7 +80,7 @@ impl HeaderValue for String {
 /// `value` as a number when it is 1 to `max_digits` ASCII digits (no sign): what `parse`
 /// answers for it, without its general path. `max_digits` keeps the result in range.
 #[inline]
-fn plain_digits(value: &str, max_digits: usize) -> Option<i64> {
+pub(super) fn plain_digits(value: &str, max_digits: usize) -> Option<i64> {
     let bytes = value.as_bytes();
     if bytes.is_empty() || bytes.len() > max_digits {
         return None;

@@ -1,7 +1,9 @@
 //! Producer headers: SEND_MESSAGE (10) and its V2 form (310, 320, 325), END_TRANSACTION (37),
 //! CHECK_TRANSACTION_STATE (39). Spec section 2.2.
 
-use super::{command_header, EmptyHeader, HeaderField, HeaderValue, RpcFields};
+use super::{
+    command_header, parse_java_bool, plain_digits, EmptyHeader, HeaderField, HeaderValue, RpcFields,
+};
 use crate::command::ExtFields;
 use crate::{ProtoError, Result};
 
@@ -212,16 +214,14 @@ impl<'a> SendHeaderRef<'a> {
     /// [`ProtoError::InvalidField`].
     pub fn decode(ext: &'a ExtFields, one_letter: bool) -> Result<Self> {
         let keys = &SEND_KEYS[usize::from(one_letter)];
-        // Keys are matched as bytes; only the values of the fields found are sliced as text.
-        let mut found: [Option<&'a str>; 13] = [None; 13];
-        for (key, value) in ext.iter_keyed() {
-            let i = if one_letter {
-                match key {
-                    [c @ b'a'..=b'm'] => usize::from(c - b'a'),
-                    _ => continue,
-                }
-            } else {
-                match key {
+        let found: [Option<&'a str>; 13] = if one_letter {
+            // Keys `a` to `m`, in the order of `SEND_KEYS`.
+            ext.letter_values(b'a')
+        } else {
+            // Keys are matched as bytes; only the values of the fields found are sliced as text.
+            let mut found = [None; 13];
+            for (key, value) in ext.iter_keyed() {
+                let i = match key {
                     b"producerGroup" => 0,
                     b"topic" => 1,
                     b"defaultTopic" => 2,
@@ -236,10 +236,11 @@ impl<'a> SendHeaderRef<'a> {
                     b"maxReconsumeTimes" => 11,
                     b"batch" => 12,
                     _ => continue,
-                }
-            };
-            found[i] = Some(value);
-        }
+                };
+                found[i] = Some(value);
+            }
+            found
+        };
         fn required<'v>(v: Option<&'v str>, key: &'static str) -> Result<&'v str> {
             v.ok_or(ProtoError::MissingField { field: key })
         }
@@ -248,18 +249,50 @@ impl<'a> SendHeaderRef<'a> {
             producer_group: required(found[0], keys[0])?,
             topic: required(found[1], keys[1])?,
             default_topic: required(found[2], keys[2])?,
-            default_topic_queue_nums: i32::read_value(found[3], keys[3])?,
-            queue_id: i32::read_value(found[4], keys[4])?,
-            sys_flag: i32::read_value(found[5], keys[5])?,
-            born_timestamp: i64::read_value(found[6], keys[6])?,
-            flag: i32::read_value(found[7], keys[7])?,
+            default_topic_queue_nums: int(required(found[3], keys[3])?, keys[3])?,
+            queue_id: int(required(found[4], keys[4])?, keys[4])?,
+            sys_flag: int(required(found[5], keys[5])?, keys[5])?,
+            born_timestamp: long(required(found[6], keys[6])?, keys[6])?,
+            flag: int(required(found[7], keys[7])?, keys[7])?,
             properties: found[8],
-            reconsume_times: Option::<i32>::read_value(found[9], keys[9])?,
-            unit_mode: Option::<bool>::read_value(found[10], keys[10])?,
-            max_reconsume_times: Option::<i32>::read_value(found[11], keys[11])?,
-            batch: Option::<bool>::read_value(found[12], keys[12])?,
+            reconsume_times: found[9].map(|v| int(v, keys[9])).transpose()?,
+            unit_mode: found[10].map(parse_java_bool),
+            max_reconsume_times: found[11].map(|v| int(v, keys[11])).transpose()?,
+            batch: found[12].map(parse_java_bool),
         })
     }
+}
+
+/// An `int` field: plain digits read here, anything else (a sign, an overflow, text) by
+/// [`HeaderValue::parse_value`], which decides it and words its error.
+#[inline(always)]
+fn int(value: &str, key: &'static str) -> Result<i32> {
+    match plain_digits(value, 9) {
+        // Nine digits fit an i32.
+        Some(n) => Ok(n as i32),
+        None => int_general(value, key),
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn int_general(value: &str, key: &'static str) -> Result<i32> {
+    i32::parse_value(key, value)
+}
+
+/// A `long` field, as [`int`].
+#[inline(always)]
+fn long(value: &str, key: &'static str) -> Result<i64> {
+    match plain_digits(value, 18) {
+        Some(n) => Ok(n),
+        None => long_general(value, key),
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn long_general(value: &str, key: &'static str) -> Result<i64> {
+    i64::parse_value(key, value)
 }
 
 /// What a producer reads of a send's answer (the fields of [`SendMessageResponseHeader`] a
