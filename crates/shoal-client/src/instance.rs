@@ -339,7 +339,7 @@ struct Inner {
     /// (no route copy and no queue list built per send).
     publish_queues: Mutex<foldhash::HashMap<String, Arc<[MessageQueue]>>>,
     /// Broker name -> broker id -> address.
-    brokers: Mutex<foldhash::HashMap<String, BTreeMap<i64, String>>>,
+    brokers: Mutex<foldhash::HashMap<String, BTreeMap<i64, Arc<str>>>>,
     producer_groups: Mutex<BTreeSet<String>>,
     namesrv_index: AtomicUsize,
     shutdown: CancellationToken,
@@ -589,7 +589,12 @@ impl ClientInstance {
         {
             let mut brokers = self.inner.brokers.lock();
             for b in &route.broker_datas {
-                brokers.insert(b.broker_name.clone(), b.broker_addrs.clone());
+                let addrs = b
+                    .broker_addrs
+                    .iter()
+                    .map(|(&id, addr)| (id, Arc::from(addr.as_str())))
+                    .collect();
+                brokers.insert(b.broker_name.clone(), addrs);
             }
         }
         let queues: Arc<[MessageQueue]> = route.publish_queues(topic).into();
@@ -651,6 +656,12 @@ impl ClientInstance {
 
     /// The master address of a broker, if known.
     pub fn master_addr(&self, broker_name: &str) -> Option<String> {
+        self.master_addr_shared(broker_name).map(|a| a.to_string())
+    }
+
+    /// [`ClientInstance::master_addr`] without a copy of the text (a send looks it up each
+    /// time).
+    pub(crate) fn master_addr_shared(&self, broker_name: &str) -> Option<Arc<str>> {
         self.inner
             .brokers
             .lock()
@@ -679,7 +690,10 @@ impl ClientInstance {
             .brokers
             .lock()
             .values()
-            .filter_map(|ids| ids.get(&shoal_proto::constants::MASTER_ID).cloned())
+            .filter_map(|ids| {
+                ids.get(&shoal_proto::constants::MASTER_ID)
+                    .map(|a| a.to_string())
+            })
             .collect();
         v.sort();
         v.dedup();
@@ -804,7 +818,7 @@ impl ClientInstance {
             .iter()
             .filter_map(|(name, ids)| {
                 ids.get(&shoal_proto::constants::MASTER_ID)
-                    .map(|a| (name.clone(), a.clone()))
+                    .map(|a| (name.clone(), a.to_string()))
             })
             .collect();
         v.sort();

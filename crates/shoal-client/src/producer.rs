@@ -458,7 +458,7 @@ impl Producer {
         timeout: Duration,
     ) -> impl Future<Output = Result<SendResult>> + Send + 'static {
         let inst = &self.inner.instance;
-        let answer = match inst.master_addr(&mq.broker_name) {
+        let answer = match inst.master_addr_shared(&mq.broker_name) {
             Some(addr) => Either::Left(inst.invoke(&addr, req, timeout)),
             None => {
                 // Rare (the route is refreshed first): boxed, with what it needs.

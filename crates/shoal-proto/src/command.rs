@@ -662,6 +662,15 @@ fn put_json_str(dst: &mut BytesMut, bytes: &[u8]) {
     dst.put_u8(b'"');
 }
 
+/// `\u00XX` for each control character (one `push_str` per escape: RocketMQ's property
+/// separators 0x01 and 0x02 are escaped several times in every send's header).
+const CONTROL_ESCAPES: [&str; 32] = [
+    "\\u0000", "\\u0001", "\\u0002", "\\u0003", "\\u0004", "\\u0005", "\\u0006", "\\u0007",
+    "\\u0008", "\\u0009", "\\u000a", "\\u000b", "\\u000c", "\\u000d", "\\u000e", "\\u000f",
+    "\\u0010", "\\u0011", "\\u0012", "\\u0013", "\\u0014", "\\u0015", "\\u0016", "\\u0017",
+    "\\u0018", "\\u0019", "\\u001a", "\\u001b", "\\u001c", "\\u001d", "\\u001e", "\\u001f",
+];
+
 /// Appends `s` to `out` as a JSON string (quoted, escaped as the JSON header encoder escapes
 /// strings), for callers writing [`RemotingCommand::ext_fields_json`].
 pub fn push_json_str(out: &mut String, s: &str) {
@@ -675,11 +684,7 @@ pub fn push_json_str(out: &mut String, s: &str) {
         out.push_str(&s[start..i]);
         let Some(&b) = bytes.get(i) else { break };
         match json_fast::ESCAPE[usize::from(b)] {
-            b'u' => {
-                out.push_str("\\u00");
-                out.push(char::from(HEX[usize::from(b >> 4)]));
-                out.push(char::from(HEX[usize::from(b & 0xf)]));
-            }
+            b'u' => out.push_str(CONTROL_ESCAPES[usize::from(b)]),
             short => {
                 out.push('\\');
                 out.push(char::from(short));

@@ -10,7 +10,7 @@
 
 use std::hash::BuildHasher;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::msg_id::{parse_hex, push_hex};
@@ -66,6 +66,10 @@ pub struct UniqKeyGenerator {
     /// Hex of IP + pid + process hash.
     prefix: String,
     counter: AtomicU32,
+    /// The month of the last key: the days (since the epoch) of its first day in the high
+    /// half and of the next month's first day in the low half, one word so that a reader
+    /// sees both of the same month (0: none yet). Spares the calendar per key.
+    month: AtomicU64,
 }
 
 impl UniqKeyGenerator {
@@ -88,6 +92,7 @@ impl UniqKeyGenerator {
         UniqKeyGenerator {
             prefix,
             counter: AtomicU32::new(0),
+            month: AtomicU64::new(0),
         }
     }
 
@@ -96,11 +101,31 @@ impl UniqKeyGenerator {
         self.next_key_at(now_ms())
     }
 
+    /// [`month_start_ms`] of `now_ms`, from the month of the last key when `now_ms` is in it.
+    fn month_start(&self, now_ms: i64) -> i64 {
+        let cached = self.month.load(Ordering::Relaxed);
+        let (start, next) = (
+            (cached >> 32) as i64 * DAY_MS,
+            (cached as u32) as i64 * DAY_MS,
+        );
+        if start <= now_ms && now_ms < next {
+            return start;
+        }
+        let start = month_start_ms(now_ms, 0);
+        let next = month_start_ms(now_ms, 1);
+        // Months of years 1970 to about 11 million fit; others are not cached.
+        if let (Ok(s), Ok(n)) = (u32::try_from(start / DAY_MS), u32::try_from(next / DAY_MS)) {
+            self.month
+                .store((u64::from(s) << 32) | u64::from(n), Ordering::Relaxed);
+        }
+        start
+    }
+
     /// The next key for the time `now_ms` (ms since the epoch).
     pub fn next_key_at(&self, now_ms: i64) -> String {
         // A month can exceed i32::MAX ms; Java casts to int (wrapping), which is the same bits
         // as this u32. The parser reads it back unsigned.
-        let span = (now_ms - month_start_ms(now_ms, 0)) as u32;
+        let span = (now_ms - self.month_start(now_ms)) as u32;
         let counter = self.counter.fetch_add(1, Ordering::Relaxed) as u16;
         let mut out = String::with_capacity(self.prefix.len() + 12);
         out.push_str(&self.prefix);
@@ -236,6 +261,33 @@ mod tests {
             UniqKey::parse(&k6).unwrap().ip,
             "fe80::1".parse::<IpAddr>().unwrap()
         );
+    }
+
+    proptest::proptest! {
+        /// The month kept from the last key never changes a key's time: any order of times
+        /// (across month ends, backwards, before 1970) gives the calendar's offset.
+        #[test]
+        fn the_kept_month_gives_the_calendars_offset(
+            times in proptest::collection::vec(
+                proptest::prop_oneof![
+                    // Around the end of November 2026 and of February 2024.
+                    1_796_083_200_000i64 - 5_000..1_796_083_200_000 + 5_000,
+                    1_709_251_200_000i64 - 5_000..1_709_251_200_000 + 5_000,
+                    -100 * DAY_MS..4_000_000_000_000,
+                ],
+                1..40,
+            )
+        ) {
+            let g = UniqKeyGenerator::with_parts(IpAddr::V4(Ipv4Addr::LOCALHOST), 1, 2);
+            for now in times {
+                let key = UniqKey::parse(&g.next_key_at(now)).unwrap();
+                proptest::prop_assert_eq!(
+                    key.month_offset_ms,
+                    (now - month_start_ms(now, 0)) as u32,
+                    "at {}", now
+                );
+            }
+        }
     }
 
     #[test]
