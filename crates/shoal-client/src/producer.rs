@@ -17,8 +17,8 @@ use shoal_proto::hash::java_string_hash;
 use shoal_proto::header::{HeaderValue, SendMessageRequestHeaderV2, SendResponseRef};
 use shoal_proto::message::{
     compress_for_send, encode_batch, encode_properties, property, property::encode_properties_into,
-    CompressionType, Message, Properties, UniqKeyGenerator, DEFAULT_COMPRESS_BODY_OVER,
-    DEFAULT_COMPRESS_LEVEL, DEFAULT_MAX_MESSAGE_SIZE,
+    property::push_properties_json, CompressionType, Message, Properties, UniqKeyGenerator,
+    DEFAULT_COMPRESS_BODY_OVER, DEFAULT_COMPRESS_LEVEL, DEFAULT_MAX_MESSAGE_SIZE,
 };
 use shoal_proto::{MessageQueue, RemotingCommand, SerializeType};
 use std::future::Future;
@@ -835,10 +835,13 @@ fn send_v2_ext(h: &SendV2<'_>) -> Result<ExtFields> {
 /// can need escapes are scanned for them.
 fn send_v2_json(h: &SendV2<'_>) -> Result<String> {
     use shoal_proto::command::push_json_str;
-    let mut props = String::with_capacity(128);
-    encode_properties_into(h.properties, &mut props)?;
+    let props_len: usize = h
+        .properties
+        .iter()
+        .map(|(k, v)| k.len() + v.len() + 12)
+        .sum();
     let mut out = String::with_capacity(
-        200 + h.group.len() + h.topic.len() + h.broker_name.len() + props.len() * 2,
+        200 + h.group.len() + h.topic.len() + h.broker_name.len() + props_len,
     );
     out.push_str("{\"a\":");
     push_json_str(&mut out, h.group);
@@ -860,7 +863,7 @@ fn send_v2_json(h: &SendV2<'_>) -> Result<String> {
         out.push('"');
     }
     out.push_str(",\"i\":");
-    push_json_str(&mut out, &props);
+    push_properties_json(h.properties, &mut out)?;
     if let Some(j) = h.reconsume_times {
         out.push_str(",\"j\":\"");
         j.push_value(&mut out);

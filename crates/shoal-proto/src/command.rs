@@ -676,6 +676,12 @@ const CONTROL_ESCAPES: [&str; 32] = [
 pub fn push_json_str(out: &mut String, s: &str) {
     out.reserve(s.len() + 2);
     out.push('"');
+    push_json_str_contents(out, s);
+    out.push('"');
+}
+
+/// [`push_json_str`] without the quotes, for writers of a string in pieces.
+pub(crate) fn push_json_str_contents(out: &mut String, s: &str) {
     let bytes = s.as_bytes();
     let mut start = 0;
     loop {
@@ -692,7 +698,6 @@ pub fn push_json_str(out: &mut String, s: &str) {
         }
         start = i + 1;
     }
-    out.push('"');
 }
 
 /// The byte-at-a-time `put_json_str` this module had before, kept as the reference the

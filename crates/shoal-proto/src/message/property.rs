@@ -198,6 +198,28 @@ pub fn encode_properties_into(properties: &Properties, out: &mut String) -> Resu
     Ok(())
 }
 
+/// Appends the string [`encode_properties`] makes as a JSON string (what
+/// [`crate::command::push_json_str`] writes for it) in one pass, without the encoded string.
+///
+/// Errors with [`ProtoError::BadProperty`] if a key or value contains a separator; `out` is
+/// left unchanged then.
+pub fn push_properties_json(properties: &Properties, out: &mut String) -> Result<()> {
+    for (k, v) in properties {
+        check_property(k, v)?;
+    }
+    // Each separator is written as a six-byte escape.
+    out.reserve(encoded_properties_len(properties) + 10 * properties.len() + 2);
+    out.push('"');
+    for (k, v) in properties {
+        crate::command::push_json_str_contents(out, k);
+        out.push_str("\\u0001");
+        crate::command::push_json_str_contents(out, v);
+        out.push_str("\\u0002");
+    }
+    out.push('"');
+    Ok(())
+}
+
 /// Encodes properties as the `key \u0001 value \u0002 ...` string.
 ///
 /// Errors with [`ProtoError::BadProperty`] if a key or value contains a separator.
@@ -315,6 +337,32 @@ mod tests {
     use proptest::prelude::*;
 
     proptest! {
+        /// Properties written as a JSON string in one pass are the encoded string escaped,
+        /// and a bad pair is refused the same way, leaving the output as it was.
+        #[test]
+        fn properties_as_json_are_the_encoded_string_escaped(
+            pairs in proptest::collection::vec(
+                ("[a-zA-Z\"\\\\\u{1}\u{2}\u{7}é]{0,6}", "[a-z0-9\"\\\\\n\u{1f}\u{2}é]{0,8}"),
+                0..6,
+            ),
+        ) {
+            let props: Properties = pairs.into_iter().collect();
+            let mut out = String::from("x");
+            let direct = push_properties_json(&props, &mut out);
+            match encode_properties(&props) {
+                Ok(encoded) => {
+                    let mut expected = String::from("x");
+                    crate::command::push_json_str(&mut expected, &encoded);
+                    prop_assert!(direct.is_ok());
+                    prop_assert_eq!(out, expected);
+                }
+                Err(e) => {
+                    prop_assert_eq!(direct.unwrap_err().to_string(), e.to_string());
+                    prop_assert_eq!(out, "x");
+                }
+            }
+        }
+
         /// The word-at-a-time search finds what a byte loop finds, wherever the first
         /// separator falls (separators and bytes just above them are likely).
         #[test]
