@@ -544,7 +544,7 @@ impl Inner {
                 match crate::rebalance::start_offset(&self.instance, &self.driver_cfg, mq, None)
                     .await
                 {
-                    Ok(o) => o,
+                    Ok(o) => o.offset(),
                     Err(e) => {
                         warn!(queue = %mq, error = %e, "no start offset; retry at next rebalance");
                         continue;

@@ -28,6 +28,7 @@ use futures::future::BoxFuture;
 use parking_lot::Mutex;
 use shoal_group::rebalance::{
     Action, Handover, Lease, LockAnswer, QueuePhase, RebalanceStats, Rebalancer, RebalancerConfig,
+    StartOffset,
 };
 use shoal_group::AllocateStrategy;
 use shoal_proto::body::ConsumeFromWhere;
@@ -93,7 +94,7 @@ enum Cmd {
         answer: LockAnswer,
     },
     Lease(String, Lease),
-    StartOffset(MessageQueue, Option<i64>),
+    StartOffset(MessageQueue, Option<StartOffset>),
     Drained(MessageQueue, Option<i64>),
     Committed(MessageQueue, bool),
     Unlocked(Vec<MessageQueue>, bool),
@@ -732,14 +733,25 @@ pub(crate) async fn start_offset(
     cfg: &DriverConfig,
     mq: &MessageQueue,
     local: Option<i64>,
-) -> Result<i64> {
+) -> Result<StartOffset> {
     if cfg.clustering {
         if let Some(o) = instance.query_consumer_offset(&cfg.group, mq).await? {
-            return Ok(o);
+            return Ok(StartOffset::Committed(o));
         }
     } else if let Some(o) = local {
-        return Ok(o);
+        return Ok(StartOffset::Committed(o));
     }
+    resolve_from_where(instance, cfg, mq)
+        .await
+        .map(StartOffset::Resolved)
+}
+
+/// Where consume-from-where puts a queue the group has no offset for.
+async fn resolve_from_where(
+    instance: &ClientInstance,
+    cfg: &DriverConfig,
+    mq: &MessageQueue,
+) -> Result<i64> {
     let retry = is_retry_topic(&mq.topic);
     match cfg.from_where {
         ConsumeFromWhere::ConsumeFromFirstOffset => instance.min_offset(mq).await,

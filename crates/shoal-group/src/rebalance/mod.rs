@@ -214,6 +214,28 @@ pub enum Action {
     },
 }
 
+/// Where a queue starts, as the driver found it: the answer to [`Action::QueryStartOffset`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StartOffset {
+    /// The group's committed offset.
+    Committed(i64),
+    /// The group has no offset for the queue: where consume-from-where puts it. The position
+    /// is this member's choice until it is committed: a queue released before it started
+    /// commits it (as a Kafka consumer commits the reset position of an assigned partition on
+    /// close), so the group keeps it rather than leaving the next owner's consume-from-where
+    /// to decide.
+    Resolved(i64),
+}
+
+impl StartOffset {
+    /// The offset, whatever its origin.
+    pub fn offset(self) -> i64 {
+        match self {
+            StartOffset::Committed(o) | StartOffset::Resolved(o) => o,
+        }
+    }
+}
+
 /// A broker's answer to an [`Action::Lock`], for [`Rebalancer::handle_lock_answer`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LockAnswer {
@@ -734,9 +756,13 @@ impl Rebalancer {
     }
 
     /// The answer to an [`Action::QueryStartOffset`] (`None`: the query failed).
-    pub fn handle_start_offset(&mut self, now: Instant, mq: &MessageQueue, offset: Option<i64>) {
+    pub fn handle_start_offset(
+        &mut self,
+        now: Instant,
+        mq: &MessageQueue,
+        start: Option<StartOffset>,
+    ) {
         let in_target = self.target.contains(mq) && !self.shutting_down;
-        let locks = self.config.handover == Handover::Locks;
         let retry = self.config.start_retry;
         let Some(q) = self.queues.get_mut(mq) else {
             return;
@@ -744,15 +770,16 @@ impl Rebalancer {
         if !matches!(q.state, QState::Starting { retry_at: None }) {
             return;
         }
+        q.unsaved_start = match start {
+            Some(StartOffset::Resolved(o)) => Some(o),
+            _ => None,
+        };
         if !in_target {
-            if locks {
-                q.state = QState::Unlocking { retry_at: None };
-                self.actions.push_back(unlock(mq));
-            } else {
-                self.queues.remove(mq);
-            }
-        } else if let Some(offset) = offset {
-            self.begin(now, mq, offset);
+            // Released before it started: a position this member chose is kept for the group.
+            let keep = q.unsaved_start;
+            self.release(now, mq, keep);
+        } else if let Some(start) = start {
+            self.begin(now, mq, start.offset());
         } else {
             q.state = QState::Starting {
                 retry_at: Some(now + retry),
@@ -767,7 +794,6 @@ impl Rebalancer {
     pub fn handle_drained(&mut self, now: Instant, mq: &MessageQueue, offset: Option<i64>) {
         let locks = self.config.handover == Handover::Locks;
         let in_target = self.target.contains(mq) && !self.shutting_down;
-        let classic = self.source == Source::Classic;
         let Some(q) = self.queues.get_mut(mq) else {
             return;
         };
@@ -775,28 +801,7 @@ impl Rebalancer {
             return;
         };
         match after {
-            After::Release => match offset {
-                // Not in coordinated mode: there the final commit must be acknowledged while
-                // the heartbeat still reports the queue (see the driver's `held`).
-                Some(offset) if locks && q.commit_on_unlock && classic && q.lease_valid(now) => {
-                    q.state = QState::Unlocking { retry_at: None };
-                    q.final_offset = Some(offset);
-                    self.actions.push_back(Action::CommitAndUnlock {
-                        broker: mq.broker_name.clone(),
-                        mq: mq.clone(),
-                        offset,
-                    });
-                }
-                Some(offset) if !locks || q.lease_valid(now) => {
-                    q.state = QState::Committing { after };
-                    self.actions.push_back(Action::Commit {
-                        mq: mq.clone(),
-                        offset,
-                        rewind: false,
-                    });
-                }
-                _ => self.finish_release(now, mq),
-            },
+            After::Release => self.release(now, mq, offset),
             After::Restart(reset) => {
                 if q.lease_valid(now) || !locks {
                     q.state = QState::Committing { after };
@@ -1036,6 +1041,43 @@ impl Rebalancer {
         }
     }
 
+    /// Releases a queue whose lock is held and that delivers nothing (drained, or never
+    /// started): `offset`, when known, is committed first (on the unlock when the broker
+    /// takes it there), unless the lease ran out, in which case the lock may already be
+    /// someone else's and nothing is committed.
+    fn release(&mut self, now: Instant, mq: &MessageQueue, offset: Option<i64>) {
+        let locks = self.config.handover == Handover::Locks;
+        let classic = self.source == Source::Classic;
+        let Some(q) = self.queues.get_mut(mq) else {
+            return;
+        };
+        q.unsaved_start = None;
+        match offset {
+            // Not in coordinated mode: there the final commit must be acknowledged while
+            // the heartbeat still reports the queue (see the driver's `held`).
+            Some(offset) if locks && q.commit_on_unlock && classic && q.lease_valid(now) => {
+                q.state = QState::Unlocking { retry_at: None };
+                q.final_offset = Some(offset);
+                self.actions.push_back(Action::CommitAndUnlock {
+                    broker: mq.broker_name.clone(),
+                    mq: mq.clone(),
+                    offset,
+                });
+            }
+            Some(offset) if !locks || q.lease_valid(now) => {
+                q.state = QState::Committing {
+                    after: After::Release,
+                };
+                self.actions.push_back(Action::Commit {
+                    mq: mq.clone(),
+                    offset,
+                    rewind: false,
+                });
+            }
+            _ => self.finish_release(now, mq),
+        }
+    }
+
     fn finish_release(&mut self, _now: Instant, mq: &MessageQueue) {
         if self.config.handover == Handover::Locks {
             if let Some(q) = self.queues.get_mut(mq) {
@@ -1062,11 +1104,13 @@ impl Rebalancer {
                 retry_at: Some(now),
             };
             q.lease = None;
+            q.unsaved_start = None;
         } else if stale {
             q.state = QState::Ready { offset };
             self.stats.held_for_view += 1;
         } else {
             q.state = QState::Owned;
+            q.unsaved_start = None;
             self.stats.started += 1;
             self.actions.push_back(Action::Start {
                 mq: mq.clone(),
@@ -1138,6 +1182,7 @@ impl Rebalancer {
         }
         let mut lock_requests: BTreeMap<String, Vec<MessageQueue>> = BTreeMap::new();
         let mut remove = Vec::new();
+        let mut release = Vec::new();
         for (mq, q) in self.queues.iter_mut() {
             let in_target = self.target.contains(mq);
             // Leases.
@@ -1195,11 +1240,11 @@ impl Rebalancer {
                 }
                 QState::Ready { offset } => {
                     if !in_target {
-                        q.state = QState::Unlocking { retry_at: None };
-                        self.actions.push_back(unlock(mq));
+                        release.push((mq.clone(), q.unsaved_start));
                     } else if !stale_topics.contains(&mq.topic) {
                         if q.lease_valid(now) {
                             q.state = QState::Owned;
+                            q.unsaved_start = None;
                             self.stats.started += 1;
                             self.actions.push_back(Action::Start {
                                 mq: mq.clone(),
@@ -1211,6 +1256,7 @@ impl Rebalancer {
                                 retry_at: Some(now),
                             };
                             q.lease = None;
+                            q.unsaved_start = None;
                         }
                     }
                 }
@@ -1246,6 +1292,9 @@ impl Rebalancer {
         }
         for mq in remove {
             self.queues.remove(&mq);
+        }
+        for (mq, offset) in release {
+            self.release(now, &mq, offset);
         }
         for (broker, mut queues) in lock_requests {
             queues.sort();

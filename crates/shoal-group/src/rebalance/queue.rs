@@ -106,6 +106,10 @@ pub(super) struct Queue {
     /// A renewal answered "granted" while the unlock was in flight: the broker may have
     /// processed the renewal after the unlock, so another unlock follows.
     pub(super) unlock_again: bool,
+    /// The start offset was resolved by consume-from-where (the group has none) and the queue
+    /// has not started: a release commits it (see
+    /// [`StartOffset::Resolved`](super::StartOffset::Resolved)).
+    pub(super) unsaved_start: Option<i64>,
 }
 
 impl Queue {
@@ -123,6 +127,7 @@ impl Queue {
             commit_on_unlock: false,
             final_offset: None,
             unlock_again: false,
+            unsaved_start: None,
         }
     }
 
@@ -211,6 +216,7 @@ impl Queue {
     /// The lock is no longer ours (lease ran out, renewal refused, session ended).
     pub(super) fn lose_lease(&mut self, now: Instant) {
         self.lease = None;
+        self.unsaved_start = None;
         match self.state {
             QState::Owned => self.fence_now = true,
             QState::Starting { .. } | QState::Ready { .. } => {

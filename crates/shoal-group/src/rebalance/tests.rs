@@ -76,7 +76,9 @@ fn own_all(r: &mut Rebalancer, t: Instant, n: i32, locks: &mut Locks, members: &
                     let g = locks.lock(&me, &queues);
                     r.handle_lock_result(t, &queues, &g, Some(lease(t, Some(1))), true)
                 }
-                Action::QueryStartOffset { mq } => r.handle_start_offset(t, &mq, Some(0)),
+                Action::QueryStartOffset { mq } => {
+                    r.handle_start_offset(t, &mq, Some(StartOffset::Committed(0)))
+                }
                 Action::Start { .. } => {}
                 other => panic!("unexpected {other:?}"),
             }
@@ -181,7 +183,7 @@ fn a_gain_waits_for_the_former_owner_to_commit_and_unlock() {
         true,
     );
     assert_eq!(drain(&mut b), vec![Action::QueryStartOffset { mq: q(2) }]);
-    b.handle_start_offset(ms(t0, 429), &q(2), Some(397));
+    b.handle_start_offset(ms(t0, 429), &q(2), Some(StartOffset::Committed(397)));
     assert_eq!(
         drain(&mut b),
         vec![Action::Start {
@@ -386,6 +388,118 @@ fn shutdown_releases_everything_in_order() {
     assert!(a.poll_timeout().is_none());
 }
 
+/// A lone member subscribed to 2 queues with both locks granted: the start offsets are asked.
+fn locked_not_started(a: &mut Rebalancer, t: Instant, locks: &mut Locks) {
+    a.handle_subscribe(t, "T");
+    assert_eq!(drain(a), vec![Action::FetchView { topic: "T".into() }]);
+    a.handle_view(t, "T", qs(&[0, 1]), vec!["a".into()]);
+    let acts = drain(a);
+    let [Action::Lock { queues, .. }] = acts.as_slice() else {
+        panic!("{acts:?}")
+    };
+    let g = locks.lock("a", queues);
+    a.handle_lock_result(t, queues, &g, Some(lease(t, Some(1))), true);
+    assert_eq!(
+        drain(a),
+        vec![
+            Action::QueryStartOffset { mq: q(0) },
+            Action::QueryStartOffset { mq: q(1) }
+        ]
+    );
+}
+
+#[test]
+fn a_queue_released_before_it_started_keeps_the_position_it_resolved() {
+    // The group has no offset for queue 0: consume-from-where put it at 0. The member shuts
+    // down before the answer comes; the position it chose is committed before the unlock, so
+    // a next owner with another consume-from-where does not skip what it would have read.
+    let t0 = Instant::now();
+    let mut locks = Locks::default();
+    let mut a = rb("a");
+    locked_not_started(&mut a, t0, &mut locks);
+    a.handle_shutdown(ms(t0, 1));
+    assert!(drain(&mut a).is_empty(), "the queries are in flight");
+    a.handle_start_offset(ms(t0, 2), &q(0), Some(StartOffset::Resolved(0)));
+    // A committed start is the group's already: nothing to commit.
+    a.handle_start_offset(ms(t0, 2), &q(1), Some(StartOffset::Committed(4)));
+    assert_eq!(
+        drain(&mut a),
+        vec![
+            Action::Commit {
+                mq: q(0),
+                offset: 0,
+                rewind: false
+            },
+            Action::Unlock {
+                broker: "b".into(),
+                queues: vec![q(1)]
+            }
+        ]
+    );
+    assert_eq!(a.phase(&q(0)), Some(QueuePhase::Committing));
+    a.handle_committed(ms(t0, 3), &q(0), true);
+    assert_eq!(
+        drain(&mut a),
+        vec![Action::Unlock {
+            broker: "b".into(),
+            queues: vec![q(0)]
+        }]
+    );
+    a.handle_unlocked(ms(t0, 4), &q(0), true);
+    a.handle_unlocked(ms(t0, 4), &q(1), true);
+    assert!(a.is_idle());
+}
+
+#[test]
+fn a_resolved_start_is_not_committed_without_the_lock() {
+    let t0 = Instant::now();
+    let mut locks = Locks::default();
+    let mut a = rb("a");
+    locked_not_started(&mut a, t0, &mut locks);
+    a.handle_shutdown(ms(t0, 1));
+    // The answer comes after the lease ran out: the queue may be someone else's by now.
+    a.handle_start_offset(ms(t0, 20_000), &q(0), Some(StartOffset::Resolved(0)));
+    assert_eq!(
+        drain(&mut a),
+        vec![Action::Unlock {
+            broker: "b".into(),
+            queues: vec![q(0)]
+        }]
+    );
+}
+
+#[test]
+fn a_queue_held_for_a_fresh_view_commits_its_resolved_start_when_the_view_takes_it() {
+    let t0 = Instant::now();
+    let mut locks = Locks::default();
+    let mut a = rb("a");
+    locked_not_started(&mut a, t0, &mut locks);
+    // A notice after the view: started queues wait for a fresh view (held, locked).
+    a.handle_notice(ms(t0, 1));
+    assert_eq!(drain(&mut a), vec![Action::FetchView { topic: "T".into() }]);
+    a.handle_start_offset(ms(t0, 2), &q(0), Some(StartOffset::Resolved(3)));
+    a.handle_start_offset(ms(t0, 2), &q(1), Some(StartOffset::Resolved(5)));
+    assert!(drain(&mut a).is_empty());
+    assert_eq!(a.phase(&q(1)), Some(QueuePhase::Starting));
+    // The fresh view gives queue 1 to b.
+    a.handle_view(ms(t0, 3), "T", qs(&[0, 1]), vec!["a".into(), "b".into()]);
+    assert_eq!(
+        drain(&mut a),
+        vec![
+            Action::Start {
+                mq: q(0),
+                offset: 3,
+                lease_until: Some(lease(t0, Some(1)).until)
+            },
+            Action::Commit {
+                mq: q(1),
+                offset: 5,
+                rewind: false
+            }
+        ]
+    );
+}
+
 #[test]
 fn a_lease_lost_while_draining_commits_nothing() {
     let t0 = Instant::now();
@@ -428,7 +542,7 @@ fn an_offset_reset_restarts_the_queue_from_the_new_offset() {
     );
     a.handle_committed(t0, &q(0), true);
     assert_eq!(drain(&mut a), vec![Action::QueryStartOffset { mq: q(0) }]);
-    a.handle_start_offset(t0, &q(0), Some(5));
+    a.handle_start_offset(t0, &q(0), Some(StartOffset::Committed(5)));
     assert!(matches!(
         drain(&mut a).as_slice(),
         [Action::Start { offset: 5, .. }]
@@ -449,7 +563,7 @@ fn a_delay_hand_over_starts_without_locks_after_the_delay() {
     assert_eq!(a.poll_timeout(), Some(ms(t0, 200)));
     a.handle_timeout(ms(t0, 200));
     assert_eq!(drain(&mut a), vec![Action::QueryStartOffset { mq: q(0) }]);
-    a.handle_start_offset(ms(t0, 201), &q(0), Some(7));
+    a.handle_start_offset(ms(t0, 201), &q(0), Some(StartOffset::Committed(7)));
     assert_eq!(
         drain(&mut a),
         vec![Action::Start {
@@ -568,7 +682,9 @@ fn own_by_target(r: &mut Rebalancer, t: Instant, epoch: i64, ids: &[i32], locks:
                     let g = locks.lock(&me, &queues);
                     r.handle_lock_result(t, &queues, &g, Some(lease(t, Some(1))), true)
                 }
-                Action::QueryStartOffset { mq } => r.handle_start_offset(t, &mq, Some(0)),
+                Action::QueryStartOffset { mq } => {
+                    r.handle_start_offset(t, &mq, Some(StartOffset::Committed(0)))
+                }
                 Action::Start { .. } | Action::FetchView { .. } => {}
                 other => panic!("unexpected {other:?}"),
             }
@@ -805,7 +921,7 @@ fn a_grant_with_the_committed_offset_starts_without_a_query() {
         ]
     );
     assert_eq!(a.stats().offsets_on_grant, 1);
-    a.handle_start_offset(t, &q(1), Some(7));
+    a.handle_start_offset(t, &q(1), Some(StartOffset::Committed(7)));
     assert!(a.is_settled());
 }
 

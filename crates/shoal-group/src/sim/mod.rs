@@ -29,7 +29,9 @@
 mod broker;
 mod coordinated;
 
-use crate::rebalance::{Action, Handover, Lease, LockAnswer, Rebalancer, RebalancerConfig};
+use crate::rebalance::{
+    Action, Handover, Lease, LockAnswer, Rebalancer, RebalancerConfig, StartOffset,
+};
 use crate::strategy_by_name;
 use broker::{mq, Outbox, SimBroker, BROKER, GROUP, TOPIC};
 use coordinated::{GroupAnswer, Membership};
@@ -412,7 +414,7 @@ enum Reply {
     /// Granted, session, committed offsets of granted queues ([`SimConfig::extensions`]).
     Lock(Vec<MessageQueue>, Option<u64>, BTreeMap<MessageQueue, i64>),
     Unlocked,
-    Offset(i64),
+    Offset(StartOffset),
     Committed(bool),
     Pull(Vec<i64>),
     Done,
@@ -1137,7 +1139,10 @@ impl World {
                 self.broker.coordinator_effects(&mut out);
                 Reply::Done
             }
-            Req::QueryOffset(q) => Reply::Offset(self.broker.offsets.get(&q).copied().unwrap_or(0)),
+            Req::QueryOffset(q) => Reply::Offset(match self.broker.offsets.get(&q) {
+                Some(&o) => StartOffset::Committed(o),
+                None => StartOffset::Resolved(0),
+            }),
             Req::Commit(q, o) => match self.broker.commit(conn, &q, o, now) {
                 Ok(back) => {
                     if let Some(from) = back {

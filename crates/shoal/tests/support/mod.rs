@@ -186,6 +186,53 @@ impl Dev {
             .unwrap()
     }
 
+    /// Runs a command that must end within `limit`: one that does not is killed and the test
+    /// fails with what it printed (a hang is a failure, not a stuck test run).
+    pub fn cmd_within(&self, args: &[&str], limit: Duration) -> Output {
+        let mut child = Command::new(shoal())
+            .args(args)
+            .env("SHOAL_NAMESRV", &self.namesrv)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let read = |mut r: Box<dyn std::io::Read + Send>| {
+            std::thread::spawn(move || {
+                let mut buf = Vec::new();
+                let _ = r.read_to_end(&mut buf);
+                buf
+            })
+        };
+        let out = read(Box::new(child.stdout.take().unwrap()));
+        let err = read(Box::new(child.stderr.take().unwrap()));
+        let deadline = Instant::now() + limit;
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break Some(status);
+            }
+            if Instant::now() >= deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let (stdout, stderr) = (out.join().unwrap(), err.join().unwrap());
+        match status {
+            Some(status) => Output {
+                status,
+                stdout,
+                stderr,
+            },
+            None => panic!(
+                "{args:?} did not end within {limit:?}; it printed:\n{}\n{}",
+                String::from_utf8_lossy(&stdout),
+                String::from_utf8_lossy(&stderr)
+            ),
+        }
+    }
+
     /// Runs a command and parses its stdout as JSON.
     pub fn json(&self, args: &[&str]) -> Value {
         let out = self.cmd(args);
