@@ -9,11 +9,11 @@ use shoal_proto::command::ExtFields;
 use shoal_proto::constants::{
     dlq_topic, group_of_retry_topic, is_retry_topic, perm, DEFAULT_REGION, SCHEDULE_TOPIC,
 };
-use shoal_proto::header::{send_response_ext_fields, send_response_json, SendHeaderRef};
+use shoal_proto::header::{send_response_binary, send_response_json, SendHeaderRef};
 use shoal_proto::message::{
     decode_batch_raw, decode_properties, encode_properties, property, Properties,
 };
-use shoal_proto::{RemotingCommand, SerializeType};
+use shoal_proto::{RawExtFields, RemotingCommand, SerializeType};
 use shoal_store::{
     FlushStatus, KnownProperties, MessageExtBrokerInner, PutMessageResult, StoreError,
 };
@@ -431,12 +431,13 @@ fn answer(
     let (region, trace) = (Some(DEFAULT_REGION), Some(true));
     if serialize_type == SerializeType::Json {
         let json = send_response_json(msg_ids, queue_id, queue_offset, uniq, region, trace);
-        answer.ext_fields_json = Some(json);
+        answer.ext_fields_raw = Some(RawExtFields::Json(json));
     } else {
-        let mut ids = String::new();
+        let mut ids = String::with_capacity(33 * stored.len());
         msg_ids(&mut ids);
-        let map = send_response_ext_fields(&ids, queue_id, queue_offset, uniq, region, trace);
-        answer.ext_fields = Some(map);
+        let area = send_response_binary(&ids, queue_id, queue_offset, uniq, region, trace)
+            .map_err(|e| Reject::system(format!("cannot write the answer: {e}")))?;
+        answer.ext_fields_raw = Some(RawExtFields::Binary(area));
     }
     Ok(Some(answer))
 }

@@ -30,6 +30,12 @@ pub struct ClientConfig {
     /// name servers decode too and which costs both sides less per request. Codes above 32767
     /// are always sent as JSON (the binary header has no room for them).
     pub serialize_type: shoal_proto::SerializeType,
+    /// Sends (SEND_MESSAGE_V2, SEND_BATCH_MESSAGE) to a broker that said it is Shoal's
+    /// (GET_BROKER_FEATURES, asked once per broker in the background) carry ROCKETMQ binary
+    /// headers whatever [`Self::serialize_type`] says: a Shoal broker reads them with fewer
+    /// instructions than JSON (docs/benchmarks.md, session 22). Until a broker's kind is known,
+    /// and to any other broker, sends use [`Self::serialize_type`]. On by default.
+    pub binary_sends_to_shoal: bool,
 }
 
 impl Default for ClientConfig {
@@ -48,6 +54,7 @@ impl Default for ClientConfig {
             credentials: None,
             tls: None,
             serialize_type: shoal_proto::SerializeType::Json,
+            binary_sends_to_shoal: true,
         }
     }
 }

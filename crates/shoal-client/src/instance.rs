@@ -21,7 +21,7 @@ use shoal_proto::code::{request_code as rc, response_code as resp};
 use shoal_proto::ext::ConsumerIdsNotice;
 use shoal_proto::header::*;
 use shoal_proto::message::{decode_records, DecodeOptions, MessageExt};
-use shoal_proto::{MessageQueue, RemotingCommand};
+use shoal_proto::{MessageQueue, RemotingCommand, SerializeType};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
@@ -329,6 +329,9 @@ struct Inner {
     config: ClientConfig,
     /// Broker address -> kind, once known.
     kinds: Mutex<HashMap<String, BrokerKind>>,
+    /// Broker addresses whose kind a send asked for in the background (not asked again
+    /// while the question is open; a failed one is forgotten, so a later send asks again).
+    kinds_asked: Mutex<foldhash::HashSet<Arc<str>>>,
     /// Session timeout announced in heartbeats (Shoal members), ms.
     session_timeout_ms: Mutex<Option<u64>>,
     client_id: String,
@@ -407,6 +410,7 @@ impl ClientInstance {
             client_id: format!("{ip}@{instance_name}"),
             config,
             kinds: Mutex::new(HashMap::new()),
+            kinds_asked: Mutex::new(foldhash::HashSet::default()),
             session_timeout_ms: Mutex::new(None),
             net,
             registry,
@@ -809,6 +813,32 @@ impl ClientInstance {
         Ok(kind)
     }
 
+    /// True when sends to `broker_name`'s master go with binary headers
+    /// ([`ClientConfig::binary_sends_to_shoal`]): the master is known to be a Shoal broker. A
+    /// master whose kind is not known yet is asked about in the background (once), and sends
+    /// use the configured encoding meanwhile.
+    pub(crate) fn binary_sends_to(&self, broker_name: &str) -> bool {
+        if !self.inner.config.binary_sends_to_shoal {
+            return false;
+        }
+        let Some(addr) = self.master_addr_shared(broker_name) else {
+            return false;
+        };
+        if let Some(k) = self.inner.kinds.lock().get(&*addr) {
+            return matches!(k, BrokerKind::Shoal(_));
+        }
+        if self.inner.kinds_asked.lock().insert(Arc::clone(&addr)) {
+            let this = self.clone();
+            tokio::spawn(async move {
+                if let Err(e) = this.broker_kind(&addr).await {
+                    debug!(addr = %addr, error = %e, "broker kind not known; asked again later");
+                }
+                this.inner.kinds_asked.lock().remove(&addr);
+            });
+        }
+        false
+    }
+
     /// Every known broker master as (broker name, address), sorted.
     pub fn masters(&self) -> Vec<(String, String)> {
         let mut v: Vec<(String, String)> = self
@@ -926,11 +956,12 @@ impl ClientInstance {
     /// ([`ClientConfig::serialize_type`]), and it is signed with the configured ACL
     /// credentials (unsigned without them).
     pub fn signed(&self, mut request: RemotingCommand) -> RemotingCommand {
-        request.serialize_type = self
-            .inner
-            .config
-            .serialize_type
-            .for_request_code(request.code);
+        // A request its maker marked binary stays binary (sends to a Shoal broker).
+        let chosen = match request.serialize_type {
+            SerializeType::RocketMq => SerializeType::RocketMq,
+            SerializeType::Json => self.inner.config.serialize_type,
+        };
+        request.serialize_type = chosen.for_request_code(request.code);
         if let Some(c) = &self.inner.config.credentials {
             shoal_proto::acl::sign_request(&mut request, c);
         }

@@ -20,7 +20,7 @@ use shoal_proto::message::{
     property::push_properties_json, CompressionType, Message, Properties, UniqKeyGenerator,
     DEFAULT_COMPRESS_BODY_OVER, DEFAULT_COMPRESS_LEVEL, DEFAULT_MAX_MESSAGE_SIZE,
 };
-use shoal_proto::{MessageQueue, RemotingCommand, SerializeType};
+use shoal_proto::{MessageQueue, RawExtFields, RemotingCommand, SerializeType};
 use std::future::Future;
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -436,14 +436,22 @@ impl Producer {
         let mut req = RemotingCommand::request(rc::SEND_MESSAGE_V2).with_body(body);
         // A request that goes as JSON unsigned carries its header as JSON text written
         // straight from the values; signing (ACL) and binary headers need the map.
-        let config = self.inner.instance.config();
-        if config.credentials.is_none()
-            && config.serialize_type.for_request_code(rc::SEND_MESSAGE_V2) == SerializeType::Json
-        {
-            req.ext_fields_json = Some(send_v2_json(&h)?);
-        } else {
-            req.ext_fields = Some(send_v2_ext(&h)?);
+        let instance = &self.inner.instance;
+        let config = instance.config();
+        let binary = instance.binary_sends_to(&mq.broker_name)
+            || config.serialize_type.for_request_code(rc::SEND_MESSAGE_V2)
+                == SerializeType::RocketMq;
+        if binary {
+            req.serialize_type = SerializeType::RocketMq;
         }
+        req.ext_fields_raw = match (config.credentials.is_some(), binary) {
+            (true, _) => {
+                req.ext_fields = Some(send_v2_ext(&h)?);
+                None
+            }
+            (false, true) => Some(RawExtFields::Binary(send_v2_binary(&h)?)),
+            (false, false) => Some(RawExtFields::Json(send_v2_json(&h)?)),
+        };
         Ok(req)
     }
 
@@ -742,8 +750,11 @@ impl Producer {
                 n: Some(mq.broker_name.clone()),
                 ..Default::default()
             };
-            let req = RemotingCommand::request_with_header(rc::SEND_BATCH_MESSAGE, &header)
+            let mut req = RemotingCommand::request_with_header(rc::SEND_BATCH_MESSAGE, &header)
                 .with_body(body.clone());
+            if self.inner.instance.binary_sends_to(&mq.broker_name) {
+                req.serialize_type = SerializeType::RocketMq;
+            }
             let t0 = Instant::now();
             let outcome = self.send_request(req, &mq, msg_id.clone(), left).await;
             let latency = t0.elapsed().as_millis() as u64;
@@ -830,8 +841,60 @@ fn send_v2_ext(h: &SendV2<'_>) -> Result<ExtFields> {
     Ok(ext)
 }
 
+/// [`send_v2_ext`]'s entries, in its order, as a ROCKETMQ binary header's extFields area
+/// ([`RawExtFields::Binary`]): no map is built, and nothing is escaped.
+fn send_v2_binary(h: &SendV2<'_>) -> Result<Vec<u8>> {
+    use shoal_proto::{push_binary_entry as entry, push_binary_entry_with as entry_with};
+    let props_len: usize = h
+        .properties
+        .iter()
+        .map(|(k, v)| k.len() + v.len() + 2)
+        .sum();
+    let mut out =
+        Vec::with_capacity(140 + h.group.len() + h.topic.len() + h.broker_name.len() + props_len);
+    entry(&mut out, "a", h.group)?;
+    entry(&mut out, "b", h.topic)?;
+    entry(&mut out, "c", AUTO_CREATE_TOPIC_KEY_TOPIC)?;
+    for (key, value) in [
+        ("d", i64::from(h.default_topic_queue_nums)),
+        ("e", i64::from(h.queue_id)),
+        ("f", i64::from(h.sys_flag)),
+        ("g", h.born_timestamp),
+        ("h", i64::from(h.flag)),
+    ] {
+        entry_with(&mut out, key, |o| shoal_proto::push_decimal(o, value))?;
+    }
+    // The properties' text, `key 0x01 value 0x02` per pair, written in place once checked
+    // (a separator inside a key or a value is an error, as with the map).
+    for (k, v) in h.properties {
+        property::check_property(k, v)?;
+    }
+    entry_with(&mut out, "i", |o| {
+        for (k, v) in h.properties {
+            o.extend_from_slice(k.as_bytes());
+            o.push(property::NAME_VALUE_SEPARATOR as u8);
+            o.extend_from_slice(v.as_bytes());
+            o.push(property::PROPERTY_SEPARATOR as u8);
+        }
+    })?;
+    if let Some(j) = h.reconsume_times {
+        entry_with(&mut out, "j", |o| {
+            shoal_proto::push_decimal(o, i64::from(j))
+        })?;
+    }
+    entry(&mut out, "k", "false")?;
+    if let Some(l) = h.max_reconsume_times {
+        entry_with(&mut out, "l", |o| {
+            shoal_proto::push_decimal(o, i64::from(l))
+        })?;
+    }
+    entry(&mut out, "m", "false")?;
+    entry(&mut out, "n", h.broker_name)?;
+    Ok(out)
+}
+
 /// [`send_v2_ext`]'s entries, in its order, as the JSON object of a JSON header's
-/// `extFields` ([`RemotingCommand::ext_fields_json`]): no map is built, and only strings that
+/// `extFields` ([`RemotingCommand::ext_fields_raw`]): no map is built, and only strings that
 /// can need escapes are scanned for them.
 fn send_v2_json(h: &SendV2<'_>) -> Result<String> {
     use shoal_proto::command::push_json_str;
@@ -930,8 +993,9 @@ mod tests {
             };
             let mut with_map = RemotingCommand::request(rc::SEND_MESSAGE_V2);
             let mut with_json = with_map.clone();
+            let mut with_binary = with_map.clone();
             with_map.ext_fields = Some(send_v2_ext(&h).unwrap());
-            with_json.ext_fields_json = Some(send_v2_json(&h).unwrap());
+            with_json.ext_fields_raw = Some(RawExtFields::Json(send_v2_json(&h).unwrap()));
             let (mut a, mut b) = (bytes::BytesMut::new(), bytes::BytesMut::new());
             with_map.encode_header(&mut a).unwrap();
             with_json.encode_header(&mut b).unwrap();
@@ -939,6 +1003,14 @@ mod tests {
                 std::str::from_utf8(&a).unwrap(),
                 std::str::from_utf8(&b).unwrap()
             );
+            // The binary area: the map's binary header, byte for byte.
+            with_binary.ext_fields_raw = Some(RawExtFields::Binary(send_v2_binary(&h).unwrap()));
+            with_map.serialize_type = SerializeType::RocketMq;
+            with_binary.serialize_type = SerializeType::RocketMq;
+            let (mut a, mut b) = (bytes::BytesMut::new(), bytes::BytesMut::new());
+            with_map.encode_header(&mut a).unwrap();
+            with_binary.encode_header(&mut b).unwrap();
+            assert_eq!(a, b);
         }
     }
 

@@ -26,24 +26,32 @@ fn recorder() -> (Arc<Mutex<Vec<MessageExt>>>, MessageListener) {
     (got, listener)
 }
 
+/// Every request as JSON, sends included.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn round_trip_tags_keys_delay_batch_async_oneway() {
-    round_trip(SerializeType::Json).await;
+    round_trip(SerializeType::Json, false).await;
+}
+
+/// The default: JSON, but sends go binary once the broker is known to be Shoal's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn round_trip_with_binary_sends_to_shoal() {
+    round_trip(SerializeType::Json, true).await;
 }
 
 /// The same round trip with every request header of producer and consumer in RocketMQ's
 /// binary encoding (`rocketmq.serialize.type=ROCKETMQ`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn round_trip_with_binary_headers() {
-    round_trip(SerializeType::RocketMq).await;
+    round_trip(SerializeType::RocketMq, false).await;
 }
 
-async fn round_trip(serialize_type: SerializeType) {
+async fn round_trip(serialize_type: SerializeType, binary_sends_to_shoal: bool) {
     let cluster = Cluster::start().await;
     cluster.create_topic("RT", 4).await;
     let producer = Producer::builder("PG")
         .client_config(ClientConfig {
             serialize_type,
+            binary_sends_to_shoal,
             ..cluster.client_config()
         })
         .start()
@@ -56,6 +64,7 @@ async fn round_trip(serialize_type: SerializeType) {
         {
             let mut c = cluster.consumer_config("CG-RT");
             c.client.serialize_type = serialize_type;
+            c.client.binary_sends_to_shoal = binary_sends_to_shoal;
             c.subscriptions.insert("RT".into(), "tagA || tagC".into());
             c
         },

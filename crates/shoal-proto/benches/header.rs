@@ -46,7 +46,7 @@ fn send_message_v2() -> RemotingCommand {
             ("n", "broker-a"),
         ])),
         serialize_type: SerializeType::Json,
-        ext_fields_json: None,
+        ext_fields_raw: None,
         body: Some(Bytes::from(vec![b'x'; 128])),
     }
 }
@@ -69,7 +69,7 @@ fn pull_response() -> RemotingCommand {
             ("groupSysFlag", "0"),
         ])),
         serialize_type: SerializeType::Json,
-        ext_fields_json: None,
+        ext_fields_raw: None,
         body: None,
     }
 }
@@ -144,7 +144,7 @@ fn send_v2_request_header() -> RemotingCommand {
             ("m", "false"),
         ])),
         serialize_type: SerializeType::Json,
-        ext_fields_json: None,
+        ext_fields_raw: None,
         body: None,
     }
 }
@@ -166,7 +166,7 @@ fn send_response_header() -> RemotingCommand {
             ("TRACE_ON", "true"),
         ])),
         serialize_type: SerializeType::Json,
-        ext_fields_json: None,
+        ext_fields_raw: None,
         body: None,
     }
 }

@@ -27,7 +27,7 @@ fn command(code: i32, flag: i32, pairs: &[(&str, &str)]) -> RemotingCommand {
         flag,
         remark: None,
         ext_fields: Some(pairs.iter().copied().collect::<ExtFields>()),
-        ext_fields_json: None,
+        ext_fields_raw: None,
         serialize_type: SerializeType::Json,
         body: None,
     }

@@ -3,6 +3,7 @@
 //! The struct here is the contract every plane shares. Encoding and decoding of whole frames
 //! (length prefix, JSON and ROCKETMQ binary headers) live next to it in this module.
 
+use crate::ext_fields::Span;
 use crate::{ProtoError, Result};
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use bytestring::ByteString;
@@ -173,6 +174,85 @@ impl LanguageCode {
     }
 }
 
+/// A command's custom header already encoded ([`RemotingCommand::ext_fields_raw`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RawExtFields {
+    /// A JSON object (`{"key":"value",...}`), for a JSON header; no escape scan of strings
+    /// known not to need one.
+    Json(String),
+    /// A ROCKETMQ binary header's extFields area: `int16 keyLen | key | int32 valueLen |
+    /// value` per entry (see [`push_binary_entry`]), for a binary header.
+    Binary(Vec<u8>),
+}
+
+/// Appends the decimal digits of `v` (and its sign) to `out`, as `i64::to_string` writes them.
+pub fn push_decimal(out: &mut Vec<u8>, v: i64) {
+    let mut buf = [0u8; 20];
+    let mut at = buf.len();
+    let mut n = v.unsigned_abs();
+    loop {
+        at -= 1;
+        buf[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    if v < 0 {
+        out.push(b'-');
+    }
+    out.extend_from_slice(&buf[at..]);
+}
+
+/// Appends one entry of a ROCKETMQ binary extFields area to `out` whose value `write`
+/// appends (UTF-8 text, as every header value is): no copy of the value made first.
+///
+/// # Errors
+/// A key longer than 32767 bytes or a value longer than `i32::MAX` bytes (nothing appended).
+pub fn push_binary_entry_with(
+    out: &mut Vec<u8>,
+    key: &str,
+    write: impl FnOnce(&mut Vec<u8>),
+) -> Result<()> {
+    let start = out.len();
+    push_binary_entry(out, key, "")?;
+    let value_at = out.len();
+    write(out);
+    match len_i32(out.len() - value_at, "extFields value") {
+        Ok(n) => {
+            out[value_at - 4..value_at].copy_from_slice(&n.to_be_bytes());
+            Ok(())
+        }
+        Err(e) => {
+            out.truncate(start);
+            Err(e)
+        }
+    }
+}
+
+/// Appends one entry of a ROCKETMQ binary extFields area to `out`
+/// ([`RawExtFields::Binary`]).
+///
+/// # Errors
+/// A key longer than 32767 bytes or a value longer than `i32::MAX` bytes (nothing appended).
+pub fn push_binary_entry(out: &mut Vec<u8>, key: &str, value: &str) -> Result<()> {
+    let key_len = i16::try_from(key.len()).map_err(|_| ProtoError::InvalidField {
+        field: "extFields",
+        value: key.chars().take(64).collect(),
+        reason: format!(
+            "key of {} bytes exceeds the 32767-byte limit of a ROCKETMQ binary header",
+            key.len()
+        ),
+    })?;
+    let value_len = len_i32(value.len(), "extFields value")?;
+    out.reserve(6 + key.len() + value.len());
+    out.extend_from_slice(&key_len.to_be_bytes());
+    out.extend_from_slice(key.as_bytes());
+    out.extend_from_slice(&value_len.to_be_bytes());
+    out.extend_from_slice(value.as_bytes());
+    Ok(())
+}
+
 /// One remoting command: a request or a response, with its header and optional body.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RemotingCommand {
@@ -191,13 +271,12 @@ pub struct RemotingCommand {
     /// The custom header. `None` means absent (Java omits it when there is no header object);
     /// `Some(empty)` is written as `{}`.
     pub ext_fields: Option<ExtFields>,
-    /// The custom header already written as a JSON object (`{"key":"value",...}`), for an
-    /// answer built on a hot path: the JSON encoder writes it as is in place of
-    /// [`RemotingCommand::ext_fields`] (which should then be `None`), with no map built and
-    /// no escape scan of strings known not to need one. Decoders never set it; a binary
-    /// header cannot carry it (encoding one is an error). See
-    /// [`send_response_json`](crate::header::send_response_json).
-    pub ext_fields_json: Option<String>,
+    /// The custom header already encoded for the wire, for a request or an answer built on a
+    /// hot path: the encoder writes it as is in place of [`RemotingCommand::ext_fields`]
+    /// (which should then be `None`), with no map built. It must be in the command's
+    /// [`RemotingCommand::serialize_type`] (encoding it in the other is an error). Decoders
+    /// never set it. See [`send_response_json`](crate::header::send_response_json).
+    pub ext_fields_raw: Option<RawExtFields>,
     /// How the header was decoded, or how it is to be encoded.
     pub serialize_type: SerializeType,
     /// The body, if any.
@@ -215,7 +294,7 @@ impl RemotingCommand {
             flag: 0,
             remark: None,
             ext_fields: None,
-            ext_fields_json: None,
+            ext_fields_raw: None,
             serialize_type: SerializeType::Json,
             body: None,
         }
@@ -436,11 +515,14 @@ impl RemotingCommand {
             .as_ref()
             .map_or(0, |ext| ext.text_len() + 6 * ext.len());
         let remark_len = self.remark.as_ref().map_or(0, |r| r.len() + 12);
-        let json_len = self.ext_fields_json.as_ref().map_or(0, |j| j.len() + 13);
+        let json_len = match &self.ext_fields_raw {
+            Some(RawExtFields::Json(j)) => j.len() + 13,
+            _ => 0,
+        };
         dst.reserve(160 + ext_len + remark_len + json_len);
         dst.extend_from_slice(b"{\"code\":");
         put_decimal(dst, self.code);
-        if let Some(json) = &self.ext_fields_json {
+        if let Some(RawExtFields::Json(json)) = &self.ext_fields_raw {
             debug_assert!(self.ext_fields.is_none(), "both extFields forms set");
             dst.extend_from_slice(b",\"extFields\":");
             dst.extend_from_slice(json.as_bytes());
@@ -453,6 +535,22 @@ impl RemotingCommand {
                 put_json_str(dst, k);
                 dst.put_u8(b':');
                 put_json_str(dst, v);
+            }
+            dst.put_u8(b'}');
+        } else if let Some(RawExtFields::Binary(area)) = &self.ext_fields_raw {
+            // Written for a binary header, sent as JSON after all: the same entries (their
+            // strings are UTF-8, see `push_binary_entry`).
+            dst.extend_from_slice(b",\"extFields\":{");
+            let mut at = 0;
+            let mut first = true;
+            while let Ok(Some(((k, kl), (v, vl)))) = rocketmq_entry_at(area, &mut at) {
+                if !first {
+                    dst.put_u8(b',');
+                }
+                first = false;
+                put_json_str(dst, &area[k..k + kl]);
+                dst.put_u8(b':');
+                put_json_str(dst, &area[v..v + vl]);
             }
             dst.put_u8(b'}');
         }
@@ -482,13 +580,20 @@ impl RemotingCommand {
             value: self.version.to_string(),
             reason: "does not fit the 16-bit version of a ROCKETMQ binary header".into(),
         })?;
-        if self.ext_fields_json.is_some() {
+        if let Some(RawExtFields::Json(_)) = &self.ext_fields_raw {
             return Err(ProtoError::InvalidField {
                 field: "extFields",
                 value: String::new(),
                 reason: "extFields written as JSON cannot go in a ROCKETMQ binary header".into(),
             });
         }
+        let raw = match &self.ext_fields_raw {
+            Some(RawExtFields::Binary(area)) => {
+                debug_assert!(self.ext_fields.is_none(), "both extFields forms set");
+                Some(area.as_slice())
+            }
+            _ => None,
+        };
         let remark = self.remark.as_deref().unwrap_or("");
         let remark_len = len_i32(remark.len(), "remark")?;
         // One pass over the entries: the area's length is written once they are.
@@ -496,7 +601,8 @@ impl RemotingCommand {
             .ext_fields
             .as_ref()
             .map_or(0, |ext| ext.text_len() + 6 * ext.len());
-        dst.reserve(ROCKETMQ_HEADER_FIXED_LEN + remark.len() + ext_room);
+        let raw_len = raw.map_or(0, <[u8]>::len);
+        dst.reserve(ROCKETMQ_HEADER_FIXED_LEN + remark.len() + ext_room + raw_len);
         let start = dst.len();
         dst.put_i16(code);
         dst.put_u8(self.language.code());
@@ -507,7 +613,9 @@ impl RemotingCommand {
         dst.extend_from_slice(remark.as_bytes());
         let ext_at = dst.len();
         dst.put_i32(0);
-        if let Some(ext) = &self.ext_fields {
+        if let Some(area) = raw {
+            dst.extend_from_slice(area);
+        } else if let Some(ext) = &self.ext_fields {
             for (k, v) in ext.iter_bytes() {
                 let Ok(key_len) = i16::try_from(k.len()) else {
                     dst.truncate(start);
@@ -672,7 +780,7 @@ const CONTROL_ESCAPES: [&str; 32] = [
 ];
 
 /// Appends `s` to `out` as a JSON string (quoted, escaped as the JSON header encoder escapes
-/// strings), for callers writing [`RemotingCommand::ext_fields_json`].
+/// strings), for callers writing [`RemotingCommand::ext_fields_raw`].
 pub fn push_json_str(out: &mut String, s: &str) {
     out.reserve(s.len() + 2);
     out.push('"');
@@ -802,7 +910,7 @@ fn decode_json_header_serde(text: &str) -> Result<RemotingCommand> {
         flag: int(h.flag),
         remark: h.remark,
         ext_fields: h.ext_fields.map(|JsonExtFields(m)| m),
-        ext_fields_json: None,
+        ext_fields_raw: None,
         serialize_type: SerializeType::Json,
         body: None,
     })
@@ -1082,20 +1190,57 @@ fn next_rocketmq_entry<'a>(e: &mut HeaderReader<'a>) -> Result<(&'a [u8], &'a [u
     Ok((key, value))
 }
 
-/// A binary header's extFields area: every entry's key and value are copied into one text,
-/// which is checked as UTF-8 once (not once per string), then recorded as spans of it. Entries
-/// with an empty key or value are dropped; an area left with none is no extFields at all, as
-/// an empty area is (so the command encodes back to itself).
+/// Where the entries of a binary extFields area are: `(key, value)` ranges of the area, in
+/// order, or `None` once it ends; `Err(())` for a malformed entry (a length that is negative
+/// or runs past the area: [`next_rocketmq_entry`] says which).
+#[inline]
+fn rocketmq_entry_at(area: &[u8], at: &mut usize) -> std::result::Result<Option<(Span, Span)>, ()> {
+    let rest = &area[*at..];
+    if rest.is_empty() {
+        return Ok(None);
+    }
+    let (key_len, rest) = rest.split_first_chunk::<2>().ok_or(())?;
+    let key_len = usize::try_from(i16::from_be_bytes(*key_len)).map_err(|_| ())?;
+    let value_len = rest
+        .get(key_len..)
+        .and_then(<[u8]>::first_chunk::<4>)
+        .ok_or(())?;
+    let value_len = usize::try_from(i32::from_be_bytes(*value_len)).map_err(|_| ())?;
+    let key_start = *at + 2;
+    let value_start = key_start + key_len + 4;
+    let end = value_start + value_len;
+    if end > area.len() {
+        return Err(());
+    }
+    *at = end;
+    Ok(Some(((key_start, key_len), (value_start, value_len))))
+}
+
+/// A binary header's extFields area: copied once into the map's text with every length field
+/// (and every dropped entry) overwritten by spaces, so the text is UTF-8 exactly when each key
+/// and value is by itself
+/// (an ASCII byte sits before every string and after every one but the last, so no character
+/// can straddle two strings), and checked once; entries are spans of it. Entries with an empty
+/// key or value are dropped; an area left with none is no extFields at all, as an empty area
+/// is (so the command encodes back to itself).
 fn decode_rocketmq_ext_fields(area: &[u8]) -> Result<Option<ExtFields>> {
-    let mut text = Vec::with_capacity(area.len());
-    let mut e = HeaderReader { buf: area };
+    let mut text = area.to_vec();
     let mut entries = 0usize;
-    while !e.buf.is_empty() {
-        let (key, value) = next_rocketmq_entry(&mut e)?;
-        if !key.is_empty() && !value.is_empty() {
-            text.extend_from_slice(key);
-            text.extend_from_slice(value);
-            entries += 1;
+    let mut at = 0usize;
+    loop {
+        match rocketmq_entry_at(area, &mut at) {
+            Ok(Some(((k, klen), (v, vlen)))) => {
+                if klen != 0 && vlen != 0 {
+                    text[k - 2..k].fill(b' ');
+                    text[v - 4..v].fill(b' ');
+                    entries += 1;
+                } else {
+                    // Dropped: its bytes are not checked either.
+                    text[k - 2..v + vlen].fill(b' ');
+                }
+            }
+            Ok(None) => break,
+            Err(()) => return Err(rocketmq_area_error(area)),
         }
     }
     if entries == 0 {
@@ -1107,29 +1252,29 @@ fn decode_rocketmq_ext_fields(area: &[u8]) -> Result<Option<ExtFields>> {
         Err(_) => return Err(first_bad_rocketmq_string(area)),
     };
     let mut ext = ExtFields::with_text(text, entries);
-    let mut e = HeaderReader { buf: area };
     let mut at = 0usize;
-    while !e.buf.is_empty() {
-        let (key, value) = next_rocketmq_entry(&mut e)?;
-        if key.is_empty() || value.is_empty() {
-            continue;
+    while let Ok(Some((key, value))) = rocketmq_entry_at(area, &mut at) {
+        if key.1 != 0 && value.1 != 0 {
+            ext.record_spans_of(key, &area[key.0..key.0 + key.1], value);
         }
-        let value_at = at + key.len();
-        let end = value_at + value.len();
-        // The whole text is UTF-8; each string is when it also starts and ends on a character
-        // boundary (a key could end inside a character its value completes).
-        if !ext.raw_is_char_boundary(value_at) || !ext.raw_is_char_boundary(end) {
-            return Err(first_bad_rocketmq_string(area));
-        }
-        // Spans of the whole text: no compaction until every entry is in.
-        ext.record_spans((at, key.len()), (value_at, value.len()));
-        at = end;
     }
     ext.finish_spans();
     Ok(Some(ext))
 }
 
-/// The error of the first key or value of a binary extFields area that is not UTF-8 by
+/// The error of the first malformed entry of a binary extFields area.
+#[cold]
+fn rocketmq_area_error(area: &[u8]) -> ProtoError {
+    let mut e = HeaderReader { buf: area };
+    while !e.buf.is_empty() {
+        if let Err(err) = next_rocketmq_entry(&mut e) {
+            return err;
+        }
+    }
+    ProtoError::BadLength("malformed extFields area".into())
+}
+
+/// The error of the first kept key or value of a binary extFields area that is not UTF-8 by
 /// itself.
 fn first_bad_rocketmq_string(area: &[u8]) -> ProtoError {
     let mut e = HeaderReader { buf: area };
@@ -1138,6 +1283,9 @@ fn first_bad_rocketmq_string(area: &[u8]) -> ProtoError {
             Ok(kv) => kv,
             Err(err) => return err,
         };
+        if key.is_empty() || value.is_empty() {
+            continue;
+        }
         if std::str::from_utf8(key).is_err() {
             return ProtoError::Utf8("extFields key");
         }
@@ -1178,7 +1326,7 @@ fn decode_rocketmq_header(header: &[u8]) -> Result<RemotingCommand> {
         flag,
         remark,
         ext_fields,
-        ext_fields_json: None,
+        ext_fields_raw: None,
         serialize_type: SerializeType::RocketMq,
         body: None,
     })
@@ -1250,7 +1398,7 @@ mod tests {
                 ("m", "false"),
                 ("n", "broker-a"),
             ])),
-            ext_fields_json: None,
+            ext_fields_raw: None,
             serialize_type: SerializeType::Json,
             body: Some(Bytes::from_static(b"hi")),
         }
@@ -1272,7 +1420,7 @@ mod tests {
                 ("MSG_REGION", "DefaultRegion"),
                 ("queueOffset", "0"),
             ])),
-            ext_fields_json: None,
+            ext_fields_raw: None,
             serialize_type: SerializeType::Json,
             body: None,
         }
@@ -1741,7 +1889,7 @@ mod tests {
                 flag,
                 remark,
                 ext_fields,
-                ext_fields_json: None,
+                ext_fields_raw: None,
                 serialize_type,
                 body: body.map(Bytes::from),
             }
@@ -1784,6 +1932,67 @@ mod tests {
         fn binary_round_trip(cmd in arb_command(SerializeType::RocketMq)) {
             let frame = cmd.to_frame().unwrap();
             prop_assert_eq!(decode_whole(&frame).unwrap(), normalised(cmd));
+        }
+
+        #[test]
+        fn binary_ext_fields_decode_as_entry_by_entry(
+            entries in proptest::collection::vec(
+                (
+                    proptest::collection::vec(prop_oneof![Just(b'k'), Just(0xc3u8), Just(0xa9u8), any::<u8>()], 0..4),
+                    proptest::collection::vec(prop_oneof![Just(b'v'), Just(0xc3u8), Just(0xa9u8), any::<u8>()], 0..6),
+                ),
+                0..6,
+            ),
+            cut in any::<Option<proptest::sample::Index>>(),
+            bad_len in any::<Option<(proptest::sample::Index, i32)>>(),
+        ) {
+            let mut area = Vec::new();
+            let mut len_fields = Vec::new();
+            for (k, v) in &entries {
+                len_fields.push((area.len(), 2));
+                area.extend_from_slice(&(k.len() as i16).to_be_bytes());
+                area.extend_from_slice(k);
+                len_fields.push((area.len(), 4));
+                area.extend_from_slice(&(v.len() as i32).to_be_bytes());
+                area.extend_from_slice(v);
+            }
+            // Malformed areas: a length field rewritten (negative, too long), or cut short.
+            if let (Some((i, n)), false) = (bad_len, len_fields.is_empty()) {
+                let (at, width) = len_fields[i.index(len_fields.len())];
+                if width == 2 {
+                    area[at..at + 2].copy_from_slice(&(n as i16).to_be_bytes());
+                } else {
+                    area[at..at + 4].copy_from_slice(&n.to_be_bytes());
+                }
+            }
+            if let (Some(c), false) = (cut, area.is_empty()) {
+                area.truncate(c.index(area.len()));
+            }
+            // The model: the area's layout first (its first malformed entry is the error),
+            // then entry by entry, each string checked by itself.
+            let model = (|| -> Result<Option<ExtFields>> {
+                let mut e = HeaderReader { buf: &area };
+                let mut all = Vec::new();
+                while !e.buf.is_empty() {
+                    all.push(next_rocketmq_entry(&mut e)?);
+                }
+                let mut map = ExtFields::new();
+                for (k, v) in all {
+                    if k.is_empty() || v.is_empty() {
+                        continue;
+                    }
+                    let k = std::str::from_utf8(k).map_err(|_| ProtoError::Utf8("extFields key"))?;
+                    let v = std::str::from_utf8(v).map_err(|_| ProtoError::Utf8("extFields value"))?;
+                    map.insert(k, v);
+                }
+                Ok((!map.is_empty()).then_some(map))
+            })();
+            let got = decode_rocketmq_ext_fields(&area);
+            match (got, model) {
+                (Ok(g), Ok(m)) => prop_assert_eq!(g, m),
+                (Err(g), Err(m)) => prop_assert_eq!(g.to_string(), m.to_string()),
+                (g, m) => prop_assert!(false, "decoder {:?}, model {:?}", g, m),
+            }
         }
 
         #[test]

@@ -137,11 +137,6 @@ impl ExtFields {
         }
     }
 
-    /// Whether `at` is a character boundary of the owned text (see [`ExtFields::with_text`]).
-    pub(crate) fn raw_is_char_boundary(&self, at: usize) -> bool {
-        self.text.is_char_boundary(at)
-    }
-
     /// The first byte of a non-empty span.
     #[inline]
     fn first_byte(&self, (start, _): Span) -> u8 {
@@ -263,6 +258,19 @@ impl ExtFields {
             self.entries.push(Entry { key, value });
         } else {
             self.commit_spans(key, value);
+        }
+    }
+
+    /// As [`ExtFields::record_spans`] for a decoder that has the key's bytes at hand (`key` is
+    /// a span of them): a key new to a small map is pushed without slicing it again.
+    #[inline]
+    pub(crate) fn record_spans_of(&mut self, key: Span, key_bytes: &[u8], value: Span) {
+        let bit = key_bit_of(key_bytes);
+        if self.filter & bit == 0 && self.index.is_none() && self.entries.len() < INDEX_FROM {
+            self.filter |= bit;
+            self.entries.push(Entry { key, value });
+        } else {
+            self.record_spans(key, value);
         }
     }
 

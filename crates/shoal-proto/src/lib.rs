@@ -25,6 +25,9 @@ pub mod header;
 pub mod message;
 pub mod mq;
 
-pub use command::{LanguageCode, RemotingCommand, SerializeType};
+pub use command::{
+    push_binary_entry, push_binary_entry_with, push_decimal, LanguageCode, RawExtFields,
+    RemotingCommand, SerializeType,
+};
 pub use error::{ProtoError, Result};
 pub use mq::MessageQueue;

@@ -59,17 +59,46 @@ pub struct Common {
         value_name = "NAME"
     )]
     pub tls_server_name: Option<String>,
-    /// How the client encodes request headers: `json` (RocketMQ's default) or `rocketmq`
-    /// (RocketMQ's binary headers, decoded by Shoal's and Apache RocketMQ's servers; cheaper
-    /// for both sides). Answers from a Shoal server come in the request's encoding.
+    /// How the client encodes request headers: `auto` (JSON, as RocketMQ's clients, except
+    /// sends to a broker that said it is Shoal's, which go binary), `json` (always) or
+    /// `rocketmq` (RocketMQ's binary headers for every request, decoded by Shoal's and Apache
+    /// RocketMQ's servers; cheaper for both sides). Answers from a Shoal server come in the
+    /// request's encoding.
     #[arg(
         long,
         env = "SHOAL_SERIALIZE_TYPE",
         global = true,
-        value_name = "json|rocketmq",
-        default_value = "json"
+        value_name = "auto|json|rocketmq",
+        default_value = "auto"
     )]
-    pub serialize_type: shoal_proto::SerializeType,
+    pub serialize_type: HeaderEncoding,
+}
+
+/// `--serialize-type`: the client's header encodings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum HeaderEncoding {
+    /// JSON, but binary for sends to Shoal brokers.
+    Auto,
+    /// JSON for every request.
+    Json,
+    /// ROCKETMQ binary for every request (codes above 32767 still go as JSON).
+    #[value(name = "rocketmq")]
+    RocketMq,
+}
+
+impl HeaderEncoding {
+    /// The encoding of requests other than sends to Shoal brokers.
+    pub fn serialize_type(self) -> shoal_proto::SerializeType {
+        match self {
+            HeaderEncoding::RocketMq => shoal_proto::SerializeType::RocketMq,
+            HeaderEncoding::Auto | HeaderEncoding::Json => shoal_proto::SerializeType::Json,
+        }
+    }
+
+    /// [`shoal_client::ClientConfig::binary_sends_to_shoal`].
+    pub fn binary_sends_to_shoal(self) -> bool {
+        self != HeaderEncoding::Json
+    }
 }
 
 impl Common {
@@ -144,7 +173,8 @@ impl Common {
         Ok(shoal_client::ClientConfig {
             credentials: self.credentials()?,
             tls: self.client_tls()?,
-            serialize_type: self.serialize_type,
+            serialize_type: self.serialize_type.serialize_type(),
+            binary_sends_to_shoal: self.serialize_type.binary_sends_to_shoal(),
             ..shoal_client::ClientConfig::new(&self.namesrv)
         })
     }
@@ -160,7 +190,7 @@ impl Common {
                 .collect(),
         )
         .with_timeout(Duration::from_secs(5))
-        .with_serialize_type(self.serialize_type);
+        .with_serialize_type(self.serialize_type.serialize_type());
         let admin = match self.client_tls()? {
             Some(tls) => admin.with_tls(tls),
             None => admin,

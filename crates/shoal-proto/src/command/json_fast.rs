@@ -43,7 +43,7 @@ pub(super) fn decode(header: &ByteString) -> Option<RemotingCommand> {
         flag: 0,
         remark: None,
         ext_fields: None,
-        ext_fields_json: None,
+        ext_fields_raw: None,
         serialize_type: SerializeType::Json,
         body: None,
     };
@@ -1320,7 +1320,7 @@ mod tests {
                 flag,
                 remark,
                 ext_fields: ext.map(|e| e.into_iter().collect()),
-                ext_fields_json: None,
+                ext_fields_raw: None,
                 serialize_type: SerializeType::Json,
                 body: None,
             }

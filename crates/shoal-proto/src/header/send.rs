@@ -363,9 +363,41 @@ pub fn send_response_ext_fields(
     ext
 }
 
+/// The same entries as [`send_response_ext_fields`], in its order, already written as a
+/// ROCKETMQ binary extFields area (for [`RawExtFields::Binary`](crate::RawExtFields::Binary)):
+/// no map is built.
+pub fn send_response_binary(
+    msg_id: &str,
+    queue_id: i32,
+    queue_offset: i64,
+    transaction_id: Option<&str>,
+    msg_region: Option<&str>,
+    trace_on: Option<bool>,
+) -> crate::Result<Vec<u8>> {
+    use crate::command::{push_binary_entry, push_binary_entry_with, push_decimal};
+    let mut out = Vec::with_capacity(
+        110 + msg_id.len() + transaction_id.map_or(0, str::len) + msg_region.map_or(0, str::len),
+    );
+    push_binary_entry(&mut out, "msgId", msg_id)?;
+    push_binary_entry_with(&mut out, "queueId", |o| {
+        push_decimal(o, i64::from(queue_id))
+    })?;
+    push_binary_entry_with(&mut out, "queueOffset", |o| push_decimal(o, queue_offset))?;
+    if let Some(t) = transaction_id {
+        push_binary_entry(&mut out, "transactionId", t)?;
+    }
+    if let Some(r) = msg_region {
+        push_binary_entry(&mut out, "MSG_REGION", r)?;
+    }
+    if let Some(t) = trace_on {
+        push_binary_entry(&mut out, "TRACE_ON", if t { "true" } else { "false" })?;
+    }
+    Ok(out)
+}
+
 /// The same entries as [`send_response_ext_fields`], in its order, already written as the
 /// JSON object of a JSON header's `extFields` (for
-/// [`RemotingCommand::ext_fields_json`](crate::RemotingCommand::ext_fields_json)): no map is
+/// [`RemotingCommand::ext_fields_raw`](crate::RemotingCommand::ext_fields_raw)): no map is
 /// built, and only the transaction id (the producer's unique key) is scanned for characters
 /// that need escapes. `msg_id` writes the offset message ids (hex digits, commas between a
 /// batch's) straight into the text, and `msg_region` (the broker's region name) is written

@@ -576,19 +576,34 @@ proptest! {
         with_map.ext_fields = Some(send_response_ext_fields(
             &msg_id, queue_id, queue_offset, transaction_id.as_deref(), msg_region.as_deref(), trace_on,
         ));
-        with_json.ext_fields_json = Some(send_response_json(
+        with_json.ext_fields_raw = Some(crate::RawExtFields::Json(send_response_json(
             |out: &mut String| out.push_str(&msg_id), queue_id, queue_offset, transaction_id.as_deref(), msg_region.as_deref(), trace_on,
-        ));
+        )));
         let (mut a, mut b) = (bytes::BytesMut::new(), bytes::BytesMut::new());
         with_map.encode_header(&mut a).unwrap();
         with_json.encode_header(&mut b).unwrap();
         prop_assert_eq!(&a[..], &b[..]);
         // What a peer decodes is the map.
         let decoded = RemotingCommand::decode_header(crate::SerializeType::Json, &b).unwrap();
-        prop_assert_eq!(decoded.ext_fields, with_map.ext_fields);
+        prop_assert_eq!(&decoded.ext_fields, &with_map.ext_fields);
         // A binary header cannot carry it.
         with_json.serialize_type = crate::SerializeType::RocketMq;
         prop_assert!(with_json.encode_header(&mut bytes::BytesMut::new()).is_err());
+        // Written as a binary area, it encodes as the map does in a binary header, and as the
+        // map does in a JSON header too.
+        let mut with_binary = with_map.clone();
+        with_binary.ext_fields = None;
+        with_binary.ext_fields_raw = Some(crate::RawExtFields::Binary(send_response_binary(
+            &msg_id, queue_id, queue_offset, transaction_id.as_deref(), msg_region.as_deref(), trace_on,
+        ).unwrap()));
+        for st in [crate::SerializeType::RocketMq, crate::SerializeType::Json] {
+            with_map.serialize_type = st;
+            with_binary.serialize_type = st;
+            let (mut a, mut b) = (bytes::BytesMut::new(), bytes::BytesMut::new());
+            with_map.encode_header(&mut a).unwrap();
+            with_binary.encode_header(&mut b).unwrap();
+            prop_assert_eq!(&a[..], &b[..]);
+        }
     }
 
     #[test]

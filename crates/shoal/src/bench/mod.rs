@@ -321,7 +321,8 @@ fn client_config(common: &Common, instance: String) -> ClientConfig {
         // Checked when the command starts (`run`).
         credentials: common.credentials().ok().flatten(),
         tls: common.client_tls().ok().flatten(),
-        serialize_type: common.serialize_type,
+        serialize_type: common.serialize_type.serialize_type(),
+        binary_sends_to_shoal: common.serialize_type.binary_sends_to_shoal(),
         ..ClientConfig::new(&common.namesrv)
     }
 }
