@@ -69,7 +69,8 @@ pub struct Common {
         env = "SHOAL_SERIALIZE_TYPE",
         global = true,
         value_name = "auto|json|rocketmq",
-        default_value = "auto"
+        default_value = "auto",
+        ignore_case = true
     )]
     pub serialize_type: HeaderEncoding,
 }
@@ -1149,5 +1150,37 @@ mod tests {
         assert!((now_ms() - ago - 600_000).abs() < 5_000);
         assert!(parse_time("yesterday-ish").is_err());
         assert!(parse_time("-5").is_err());
+    }
+
+    #[test]
+    fn header_encodings() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            common: Common,
+        }
+        use clap::Parser;
+        let parse = |args: &[&str]| {
+            Cli::try_parse_from(std::iter::once("shoal").chain(args.iter().copied()))
+                .map(|c| c.common.serialize_type)
+        };
+        if std::env::var_os("SHOAL_SERIALIZE_TYPE").is_none() {
+            assert_eq!(parse(&[]).unwrap(), HeaderEncoding::Auto);
+        }
+        // Any case, as RocketMQ's `rocketmq.serialize.type` values.
+        assert_eq!(
+            parse(&["--serialize-type", "ROCKETMQ"]).unwrap(),
+            HeaderEncoding::RocketMq
+        );
+        assert_eq!(
+            parse(&["--serialize-type", "json"]).unwrap(),
+            HeaderEncoding::Json
+        );
+        assert!(parse(&["--serialize-type", "xml"]).is_err());
+        let settings = |e: HeaderEncoding| (e.serialize_type(), e.binary_sends_to_shoal());
+        use shoal_proto::SerializeType::{Json, RocketMq};
+        assert_eq!(settings(HeaderEncoding::Auto), (Json, true));
+        assert_eq!(settings(HeaderEncoding::Json), (Json, false));
+        assert_eq!(settings(HeaderEncoding::RocketMq), (RocketMq, true));
     }
 }
