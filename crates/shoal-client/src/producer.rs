@@ -813,6 +813,19 @@ struct SendV2<'a> {
     broker_name: &'a str,
 }
 
+impl SendV2<'_> {
+    /// The integer entries `d` to `h`, in order.
+    fn numbers(&self) -> [(&'static str, i64); 5] {
+        [
+            ("d", i64::from(self.default_topic_queue_nums)),
+            ("e", i64::from(self.queue_id)),
+            ("f", i64::from(self.sys_flag)),
+            ("g", self.born_timestamp),
+            ("h", i64::from(self.flag)),
+        ]
+    }
+}
+
 /// The extFields of [`SendMessageRequestHeaderV2`] for a single send, written straight into
 /// the map's buffer (the typed header would copy every string twice): the same entries in the
 /// same order, with `k` and `m` false and `c` `TBW102`.
@@ -855,13 +868,7 @@ fn send_v2_binary(h: &SendV2<'_>) -> Result<Vec<u8>> {
     entry(&mut out, "a", h.group)?;
     entry(&mut out, "b", h.topic)?;
     entry(&mut out, "c", AUTO_CREATE_TOPIC_KEY_TOPIC)?;
-    for (key, value) in [
-        ("d", i64::from(h.default_topic_queue_nums)),
-        ("e", i64::from(h.queue_id)),
-        ("f", i64::from(h.sys_flag)),
-        ("g", h.born_timestamp),
-        ("h", i64::from(h.flag)),
-    ] {
+    for (key, value) in h.numbers() {
         entry_with(&mut out, key, |o| shoal_proto::push_decimal(o, value))?;
     }
     // The properties' text, `key 0x01 value 0x02` per pair, written in place once checked
@@ -912,13 +919,7 @@ fn send_v2_json(h: &SendV2<'_>) -> Result<String> {
     push_json_str(&mut out, h.topic);
     out.push_str(",\"c\":");
     push_json_str(&mut out, AUTO_CREATE_TOPIC_KEY_TOPIC);
-    for (key, value) in [
-        ("d", i64::from(h.default_topic_queue_nums)),
-        ("e", i64::from(h.queue_id)),
-        ("f", i64::from(h.sys_flag)),
-        ("g", h.born_timestamp),
-        ("h", i64::from(h.flag)),
-    ] {
+    for (key, value) in h.numbers() {
         out.push_str(",\"");
         out.push_str(key);
         out.push_str("\":\"");

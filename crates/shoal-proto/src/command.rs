@@ -188,6 +188,12 @@ pub enum RawExtFields {
 /// Appends the decimal digits of `v` (and its sign) to `out`, as `i64::to_string` writes them.
 pub fn push_decimal(out: &mut Vec<u8>, v: i64) {
     let mut buf = [0u8; 20];
+    out.extend_from_slice(decimal(v, &mut buf));
+}
+
+/// `v` in decimal (sign included), written at the end of `buf`, without going through `fmt`.
+#[inline]
+fn decimal(v: i64, buf: &mut [u8; 20]) -> &[u8] {
     let mut at = buf.len();
     let mut n = v.unsigned_abs();
     loop {
@@ -199,9 +205,10 @@ pub fn push_decimal(out: &mut Vec<u8>, v: i64) {
         }
     }
     if v < 0 {
-        out.push(b'-');
+        at -= 1;
+        buf[at] = b'-';
     }
-    out.extend_from_slice(&buf[at..]);
+    &buf[at..]
 }
 
 /// Appends one entry of a ROCKETMQ binary extFields area to `out` whose value `write`
@@ -723,22 +730,8 @@ fn len_i32(len: usize, what: &'static str) -> Result<i32> {
 
 /// Writes `v` in decimal without going through `fmt`.
 fn put_decimal(dst: &mut BytesMut, v: i32) {
-    let mut buf = [0u8; 11];
-    let mut pos = buf.len();
-    let mut n = v.unsigned_abs();
-    loop {
-        pos -= 1;
-        buf[pos] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    if v < 0 {
-        pos -= 1;
-        buf[pos] = b'-';
-    }
-    dst.extend_from_slice(&buf[pos..]);
+    let mut buf = [0u8; 20];
+    dst.extend_from_slice(decimal(i64::from(v), &mut buf));
 }
 
 const HEX: &[u8; 16] = b"0123456789abcdef";
@@ -1992,6 +1985,21 @@ mod tests {
                 (Ok(g), Ok(m)) => prop_assert_eq!(g, m),
                 (Err(g), Err(m)) => prop_assert_eq!(g.to_string(), m.to_string()),
                 (g, m) => prop_assert!(false, "decoder {:?}, model {:?}", g, m),
+            }
+        }
+
+        #[test]
+        fn decimals_are_written_as_to_string_writes_them(v in any::<i64>(), w in any::<i32>()) {
+            let mut out = Vec::new();
+            push_decimal(&mut out, v);
+            prop_assert_eq!(out, v.to_string().into_bytes());
+            let mut dst = BytesMut::new();
+            put_decimal(&mut dst, w);
+            prop_assert_eq!(&dst[..], w.to_string().as_bytes());
+            for edge in [i64::MIN, i64::MAX, 0, -1] {
+                let mut out = Vec::new();
+                push_decimal(&mut out, edge);
+                prop_assert_eq!(out, edge.to_string().into_bytes());
             }
         }
 

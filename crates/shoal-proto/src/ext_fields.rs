@@ -251,12 +251,7 @@ impl ExtFields {
     /// a span of them): a key new to a small map is pushed without slicing it again.
     #[inline]
     pub(crate) fn record_decoded(&mut self, key: Span, key_bytes: &[u8], value: Span) {
-        let bit = key_bit_of(key_bytes);
-        // The pushed entry keeps the map at most `INDEX_FROM` long: no index to build.
-        if self.filter & bit == 0 && self.index.is_none() && self.entries.len() < INDEX_FROM {
-            self.filter |= bit;
-            self.entries.push(Entry { key, value });
-        } else {
+        if !self.push_if_new(key, key_bytes, value) {
             self.commit_spans(key, value);
         }
     }
@@ -265,13 +260,22 @@ impl ExtFields {
     /// a span of them): a key new to a small map is pushed without slicing it again.
     #[inline]
     pub(crate) fn record_spans_of(&mut self, key: Span, key_bytes: &[u8], value: Span) {
-        let bit = key_bit_of(key_bytes);
-        if self.filter & bit == 0 && self.index.is_none() && self.entries.len() < INDEX_FROM {
-            self.filter |= bit;
-            self.entries.push(Entry { key, value });
-        } else {
+        if !self.push_if_new(key, key_bytes, value) {
             self.record_spans(key, value);
         }
+    }
+
+    /// Pushes the entry when its key's filter bit says it is new and the map is small (the
+    /// pushed entry keeps it at most `INDEX_FROM` long: no index to build); false otherwise.
+    #[inline]
+    fn push_if_new(&mut self, key: Span, key_bytes: &[u8], value: Span) -> bool {
+        let bit = key_bit_of(key_bytes);
+        let new = self.filter & bit == 0 && self.index.is_none() && self.entries.len() < INDEX_FROM;
+        if new {
+            self.filter |= bit;
+            self.entries.push(Entry { key, value });
+        }
+        new
     }
 
     /// Ends a run of [`ExtFields::record_spans`]: drops the text of replaced values if it is
