@@ -1995,7 +1995,8 @@ mod tests {
             prop_assert_eq!(out, v.to_string().into_bytes());
             let mut dst = BytesMut::new();
             put_decimal(&mut dst, w);
-            prop_assert_eq!(&dst[..], w.to_string().as_bytes());
+            let want = w.to_string();
+            prop_assert_eq!(&dst[..], want.as_bytes());
             for edge in [i64::MIN, i64::MAX, 0, -1] {
                 let mut out = Vec::new();
                 push_decimal(&mut out, edge);
