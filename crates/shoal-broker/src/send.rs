@@ -433,9 +433,15 @@ fn answer(
         let json = send_response_json(msg_ids, queue_id, queue_offset, uniq, region, trace);
         answer.ext_fields_raw = Some(RawExtFields::Json(json));
     } else {
-        let mut ids = String::with_capacity(33 * stored.len());
-        msg_ids(&mut ids);
-        let area = send_response_binary(&ids, queue_id, queue_offset, uniq, region, trace)
+        let msg_ids = |out: &mut Vec<u8>| {
+            for (i, m) in stored.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                m.push_offset_msg_id_bytes(out);
+            }
+        };
+        let area = send_response_binary(msg_ids, queue_id, queue_offset, uniq, region, trace)
             .map_err(|e| Reject::system(format!("cannot write the answer: {e}")))?;
         answer.ext_fields_raw = Some(RawExtFields::Binary(area));
     }

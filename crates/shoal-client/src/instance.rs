@@ -328,7 +328,7 @@ pub struct LockGrant {
 struct Inner {
     config: ClientConfig,
     /// Broker address -> kind, once known.
-    kinds: Mutex<HashMap<String, BrokerKind>>,
+    kinds: Mutex<foldhash::HashMap<String, BrokerKind>>,
     /// Broker addresses whose kind a send asked for in the background (not asked again
     /// while the question is open; a failed one is forgotten, so a later send asks again).
     kinds_asked: Mutex<foldhash::HashSet<Arc<str>>>,
@@ -409,7 +409,7 @@ impl ClientInstance {
         let inner = Arc::new(Inner {
             client_id: format!("{ip}@{instance_name}"),
             config,
-            kinds: Mutex::new(HashMap::new()),
+            kinds: Mutex::new(foldhash::HashMap::default()),
             kinds_asked: Mutex::new(foldhash::HashSet::default()),
             session_timeout_ms: Mutex::new(None),
             net,
@@ -818,17 +818,28 @@ impl ClientInstance {
     /// master whose kind is not known yet is asked about in the background (once), and sends
     /// use the configured encoding meanwhile.
     pub(crate) fn binary_sends_to(&self, broker_name: &str) -> bool {
-        if !self.inner.config.binary_sends_to_shoal {
-            return false;
-        }
+        self.send_target(broker_name).1
+    }
+
+    /// A send's target: `broker_name`'s master address, if known, and whether sends to it
+    /// go with binary headers (as [`ClientInstance::binary_sends_to`]), found with one
+    /// lookup of each table.
+    pub(crate) fn send_target(&self, broker_name: &str) -> (Option<Arc<str>>, bool) {
         let Some(addr) = self.master_addr_shared(broker_name) else {
-            return false;
+            return (None, false);
         };
-        if let Some(k) = self.inner.kinds.lock().get(&*addr) {
+        let binary = self.inner.config.binary_sends_to_shoal && self.is_shoal_broker(&addr);
+        (Some(addr), binary)
+    }
+
+    /// Whether `addr` is known to be a Shoal broker; when its kind is not known, it is asked
+    /// about in the background (once at a time) and this says no meanwhile.
+    fn is_shoal_broker(&self, addr: &Arc<str>) -> bool {
+        if let Some(k) = self.inner.kinds.lock().get(&**addr) {
             return matches!(k, BrokerKind::Shoal(_));
         }
-        if self.inner.kinds_asked.lock().insert(Arc::clone(&addr)) {
-            let this = self.clone();
+        if self.inner.kinds_asked.lock().insert(Arc::clone(addr)) {
+            let (this, addr) = (self.clone(), Arc::clone(addr));
             tokio::spawn(async move {
                 if let Err(e) = this.broker_kind(&addr).await {
                     debug!(addr = %addr, error = %e, "broker kind not known; asked again later");

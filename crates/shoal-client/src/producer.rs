@@ -16,8 +16,8 @@ use shoal_proto::constants::{is_retry_topic, AUTO_CREATE_TOPIC_KEY_TOPIC};
 use shoal_proto::hash::java_string_hash;
 use shoal_proto::header::{HeaderValue, SendMessageRequestHeaderV2, SendResponseRef};
 use shoal_proto::message::{
-    compress_for_send, encode_batch, encode_properties, property, property::encode_properties_into,
-    property::push_properties_json, CompressionType, Message, Properties, UniqKeyGenerator,
+    compress_for_send, encode_batch, encode_properties, property, property::encode_pairs_into,
+    property::push_pairs_json, CompressionType, Message, Properties, UniqKeyGenerator,
     DEFAULT_COMPRESS_BODY_OVER, DEFAULT_COMPRESS_LEVEL, DEFAULT_MAX_MESSAGE_SIZE,
 };
 use shoal_proto::{MessageQueue, RawExtFields, RemotingCommand, SerializeType};
@@ -371,8 +371,28 @@ impl Producer {
         Ok(queues)
     }
 
-    /// Checks and completes a message before sending: topic, body size, UNIQ_KEY.
+    /// Checks and completes a message of a batch before sending: as [`Producer::check`],
+    /// and a UNIQ_KEY added to it when it has none.
     fn prepare(&self, msg: &mut Message) -> Result<()> {
+        self.check(msg)?;
+        if msg.uniq_key().is_none() {
+            msg.set_uniq_key(self.inner.uniq.next_key())?;
+        }
+        Ok(())
+    }
+
+    /// The UNIQ_KEY a single send carries, and whether it must be added to what is sent:
+    /// the message's own, or a new one written after its properties without being put into
+    /// them (no map entry per send).
+    fn uniq_for(&self, msg: &Message) -> (String, bool) {
+        match msg.uniq_key() {
+            Some(k) => (k.to_owned(), false),
+            None => (self.inner.uniq.next_key(), true),
+        }
+    }
+
+    /// Checks a message before sending: topic and body size.
+    fn check(&self, msg: &Message) -> Result<()> {
         validate_topic(&msg.topic)?;
         if msg.body.is_empty() {
             return Err(ClientError::InvalidArgument("message body is empty".into()));
@@ -384,14 +404,18 @@ impl Producer {
                 self.inner.config.max_message_size
             )));
         }
-        if msg.uniq_key().is_none() {
-            msg.set_uniq_key(self.inner.uniq.next_key())?;
-        }
         Ok(())
     }
 
-    /// Encodes the SEND_MESSAGE_V2 request for one message to `mq`.
-    fn single_request(&self, msg: &Message, mq: &MessageQueue) -> Result<RemotingCommand> {
+    /// Encodes the SEND_MESSAGE_V2 request for one message to `mq`, with `uniq_key` added
+    /// after its properties when given, and a binary header when `binary`.
+    fn single_request(
+        &self,
+        msg: &Message,
+        uniq_key: Option<&str>,
+        mq: &MessageQueue,
+        binary: bool,
+    ) -> Result<RemotingCommand> {
         let mut sys_flag = 0;
         let mut body: Bytes = msg.body.clone();
         if let Some((compressed, bits)) = compress_for_send(
@@ -429,16 +453,16 @@ impl Producer {
             born_timestamp: now_ms(),
             flag: msg.flag,
             properties: props,
+            uniq_key,
             reconsume_times: reconsume,
             max_reconsume_times: max_reconsume,
             broker_name: &mq.broker_name,
         };
         let mut req = RemotingCommand::request(rc::SEND_MESSAGE_V2).with_body(body);
-        // A request that goes as JSON unsigned carries its header as JSON text written
-        // straight from the values; signing (ACL) and binary headers need the map.
-        let instance = &self.inner.instance;
-        let config = instance.config();
-        let binary = instance.binary_sends_to(&mq.broker_name)
+        // A request that goes unsigned carries its header as JSON text or binary entries
+        // written straight from the values; signing (ACL) needs the map.
+        let config = self.inner.instance.config();
+        let binary = binary
             || config.serialize_type.for_request_code(rc::SEND_MESSAGE_V2)
                 == SerializeType::RocketMq;
         if binary {
@@ -455,18 +479,19 @@ impl Producer {
         Ok(req)
     }
 
-    /// Sends `req` to `mq`'s broker and reads its answer as a send's. The request is handed
-    /// over when this is called when the broker's address is known (the usual case), so the
-    /// future returned keeps only the wait for the answer and what the result needs.
+    /// Sends `req` to `mq`'s broker (at `addr` when known) and reads its answer as a send's,
+    /// with an empty `msg_id` for the caller to fill. The request is handed over when this is
+    /// called when the broker's address is known (the usual case), so the future returned
+    /// keeps only the wait for the answer and what the result needs.
     fn send_request(
         &self,
         req: RemotingCommand,
         mq: &MessageQueue,
-        msg_id: String,
+        addr: Option<Arc<str>>,
         timeout: Duration,
     ) -> impl Future<Output = Result<SendResult>> + Send + 'static {
         let inst = &self.inner.instance;
-        let answer = match inst.master_addr_shared(&mq.broker_name) {
+        let answer = match addr {
             Some(addr) => Either::Left(inst.invoke(&addr, req, timeout)),
             None => {
                 // Rare (the route is refreshed first): boxed, with what it needs.
@@ -491,7 +516,7 @@ impl Producer {
             let h = SendResponseRef::decode(r.ext_fields.as_ref())?;
             Ok(SendResult {
                 status,
-                msg_id,
+                msg_id: String::new(),
                 offset_msg_id: h.msg_id.to_owned(),
                 message_queue: MessageQueue::new(topic, broker_name, h.queue_id),
                 queue_offset: h.queue_offset,
@@ -506,10 +531,10 @@ impl Producer {
     /// # Errors
     /// [`ClientError::InvalidArgument`] for a bad message, [`ClientError::NoRoute`], or
     /// [`ClientError::SendFailed`] with the last attempt's error.
-    pub async fn send(&self, mut msg: Message) -> Result<SendResult> {
-        self.prepare(&mut msg)?;
+    pub async fn send(&self, msg: Message) -> Result<SendResult> {
+        self.check(&msg)?;
         let queues = self.send_queues(&msg.topic).await?;
-        let msg_id = msg.uniq_key().unwrap_or_default().to_owned();
+        let (msg_id, added) = self.uniq_for(&msg);
         let started = Instant::now();
         let timeout = self.inner.config.send_timeout;
         let attempts = 1 + self.inner.config.retries;
@@ -538,15 +563,15 @@ impl Producer {
             };
             made += 1;
             let t0 = now;
-            let outcome = match self.single_request(&msg, mq) {
-                Ok(req) => self.send_request(req, mq, msg_id.clone(), left).await,
-                Err(e) => return Err(e),
-            };
+            let (addr, binary) = self.inner.instance.send_target(&mq.broker_name);
+            let req = self.single_request(&msg, added.then_some(&*msg_id), mq, binary)?;
+            let outcome = self.send_request(req, mq, addr, left).await;
             now = Instant::now();
             let took = now.saturating_duration_since(t0);
             let latency = took.as_millis() as u64;
             match outcome {
-                Ok(r) => {
+                Ok(mut r) => {
+                    r.msg_id = msg_id;
                     self.inner.fault.lock().record(
                         &mq.broker_name,
                         latency,
@@ -606,8 +631,9 @@ impl Producer {
     ///
     /// # Errors
     /// A bad message, no route, or a transport error while writing.
-    pub async fn send_oneway(&self, mut msg: Message) -> Result<()> {
-        self.prepare(&mut msg)?;
+    pub async fn send_oneway(&self, msg: Message) -> Result<()> {
+        self.check(&msg)?;
+        let (uniq, added) = self.uniq_for(&msg);
         let queues = self.send_queues(&msg.topic).await?;
         let mq = self
             .inner
@@ -616,7 +642,8 @@ impl Producer {
             .select_index(&queues, None, crate::mono_ms(Instant::now()))
             .map(|i| &queues[i])
             .ok_or_else(|| ClientError::NoRoute(msg.topic.clone()))?;
-        let req = self.single_request(&msg, mq)?;
+        let binary = self.inner.instance.binary_sends_to(&mq.broker_name);
+        let req = self.single_request(&msg, added.then_some(&*uniq), mq, binary)?;
         let addr = self
             .inner
             .instance
@@ -629,18 +656,22 @@ impl Producer {
     ///
     /// # Errors
     /// As [`Producer::send`], without retries.
-    pub async fn send_to_queue(&self, mut msg: Message, mq: &MessageQueue) -> Result<SendResult> {
-        self.prepare(&mut msg)?;
+    pub async fn send_to_queue(&self, msg: Message, mq: &MessageQueue) -> Result<SendResult> {
+        self.check(&msg)?;
         if mq.topic != msg.topic {
             return Err(ClientError::InvalidArgument(format!(
                 "queue {mq} is not of the message's topic {}",
                 msg.topic
             )));
         }
-        let msg_id = msg.uniq_key().unwrap_or_default().to_owned();
-        let req = self.single_request(&msg, mq)?;
-        self.send_request(req, mq, msg_id, self.inner.config.send_timeout)
-            .await
+        let (msg_id, added) = self.uniq_for(&msg);
+        let (addr, binary) = self.inner.instance.send_target(&mq.broker_name);
+        let req = self.single_request(&msg, added.then_some(&*msg_id), mq, binary)?;
+        let mut r = self
+            .send_request(req, mq, addr, self.inner.config.send_timeout)
+            .await?;
+        r.msg_id = msg_id;
+        Ok(r)
     }
 
     /// Sends to the queue `selector` picks among the topic's write queues (index taken modulo
@@ -752,11 +783,12 @@ impl Producer {
             };
             let mut req = RemotingCommand::request_with_header(rc::SEND_BATCH_MESSAGE, &header)
                 .with_body(body.clone());
-            if self.inner.instance.binary_sends_to(&mq.broker_name) {
+            let (addr, binary) = self.inner.instance.send_target(&mq.broker_name);
+            if binary {
                 req.serialize_type = SerializeType::RocketMq;
             }
             let t0 = Instant::now();
-            let outcome = self.send_request(req, &mq, msg_id.clone(), left).await;
+            let outcome = self.send_request(req, &mq, addr, left).await;
             let latency = t0.elapsed().as_millis() as u64;
             let failed = outcome.is_err();
             self.inner.fault.lock().record(
@@ -766,7 +798,10 @@ impl Producer {
                 crate::mono_ms(Instant::now()),
             );
             match outcome {
-                Ok(r) => return Ok(r),
+                Ok(mut r) => {
+                    r.msg_id = msg_id;
+                    return Ok(r);
+                }
                 Err(e) => {
                     debug!(queue = %mq, error = %e, "batch send attempt failed");
                     let again = retryable(&e);
@@ -808,12 +843,19 @@ struct SendV2<'a> {
     born_timestamp: i64,
     flag: i32,
     properties: &'a Properties,
+    /// A UNIQ_KEY written after `properties` (one the producer made for this send).
+    uniq_key: Option<&'a str>,
     reconsume_times: Option<i32>,
     max_reconsume_times: Option<i32>,
     broker_name: &'a str,
 }
 
-impl SendV2<'_> {
+impl<'a> SendV2<'a> {
+    /// The properties sent: the message's, then the UNIQ_KEY made for the send if any.
+    fn props(&self) -> impl Iterator<Item = (&'a str, &'a str)> + Clone {
+        property::pairs_of(self.properties).chain(self.uniq_key.map(|k| (property::UNIQ_KEY, k)))
+    }
+
     /// The integer entries `d` to `h`, in order.
     fn numbers(&self) -> [(&'static str, i64); 5] {
         [
@@ -840,7 +882,7 @@ fn send_v2_ext(h: &SendV2<'_>) -> Result<ExtFields> {
     ext.insert_with("g", |o| h.born_timestamp.push_value(o));
     ext.insert_with("h", |o| h.flag.push_value(o));
     let mut encoded = Ok(());
-    ext.insert_with("i", |o| encoded = encode_properties_into(h.properties, o));
+    ext.insert_with("i", |o| encoded = encode_pairs_into(h.props(), o));
     encoded?;
     if let Some(j) = h.reconsume_times {
         ext.insert_with("j", |o| j.push_value(o));
@@ -857,27 +899,27 @@ fn send_v2_ext(h: &SendV2<'_>) -> Result<ExtFields> {
 /// [`send_v2_ext`]'s entries, in its order, as a ROCKETMQ binary header's extFields area
 /// ([`RawExtFields::Binary`]): no map is built, and nothing is escaped.
 fn send_v2_binary(h: &SendV2<'_>) -> Result<Vec<u8>> {
-    use shoal_proto::{push_binary_entry as entry, push_binary_entry_with as entry_with};
-    let props_len: usize = h
-        .properties
-        .iter()
-        .map(|(k, v)| k.len() + v.len() + 2)
-        .sum();
+    use shoal_proto::{push_binary_decimal as number, push_binary_entry as entry};
+    let mut props_len = 0;
+    for (k, v) in h.props() {
+        // A separator inside a key or a value is an error, as with the map.
+        property::check_property(k, v)?;
+        props_len += k.len() + v.len() + 2;
+    }
     let mut out =
-        Vec::with_capacity(140 + h.group.len() + h.topic.len() + h.broker_name.len() + props_len);
+        Vec::with_capacity(150 + h.group.len() + h.topic.len() + h.broker_name.len() + props_len);
     entry(&mut out, "a", h.group)?;
     entry(&mut out, "b", h.topic)?;
     entry(&mut out, "c", AUTO_CREATE_TOPIC_KEY_TOPIC)?;
-    for (key, value) in h.numbers() {
-        entry_with(&mut out, key, |o| shoal_proto::push_decimal(o, value))?;
-    }
-    // The properties' text, `key 0x01 value 0x02` per pair, written in place once checked
-    // (a separator inside a key or a value is an error, as with the map).
-    for (k, v) in h.properties {
-        property::check_property(k, v)?;
-    }
-    entry_with(&mut out, "i", |o| {
-        for (k, v) in h.properties {
+    // `numbers()`'s entries, written one by one so that each key is a constant.
+    number(&mut out, "d", i64::from(h.default_topic_queue_nums))?;
+    number(&mut out, "e", i64::from(h.queue_id))?;
+    number(&mut out, "f", i64::from(h.sys_flag))?;
+    number(&mut out, "g", h.born_timestamp)?;
+    number(&mut out, "h", i64::from(h.flag))?;
+    // The properties' text, `key 0x01 value 0x02` per pair, written in place.
+    shoal_proto::push_binary_entry_with(&mut out, "i", |o| {
+        for (k, v) in h.props() {
             o.extend_from_slice(k.as_bytes());
             o.push(property::NAME_VALUE_SEPARATOR as u8);
             o.extend_from_slice(v.as_bytes());
@@ -885,15 +927,11 @@ fn send_v2_binary(h: &SendV2<'_>) -> Result<Vec<u8>> {
         }
     })?;
     if let Some(j) = h.reconsume_times {
-        entry_with(&mut out, "j", |o| {
-            shoal_proto::push_decimal(o, i64::from(j))
-        })?;
+        number(&mut out, "j", i64::from(j))?;
     }
     entry(&mut out, "k", "false")?;
     if let Some(l) = h.max_reconsume_times {
-        entry_with(&mut out, "l", |o| {
-            shoal_proto::push_decimal(o, i64::from(l))
-        })?;
+        number(&mut out, "l", i64::from(l))?;
     }
     entry(&mut out, "m", "false")?;
     entry(&mut out, "n", h.broker_name)?;
@@ -905,11 +943,7 @@ fn send_v2_binary(h: &SendV2<'_>) -> Result<Vec<u8>> {
 /// can need escapes are scanned for them.
 fn send_v2_json(h: &SendV2<'_>) -> Result<String> {
     use shoal_proto::command::push_json_str;
-    let props_len: usize = h
-        .properties
-        .iter()
-        .map(|(k, v)| k.len() + v.len() + 12)
-        .sum();
+    let props_len: usize = h.props().map(|(k, v)| k.len() + v.len() + 12).sum();
     let mut out = String::with_capacity(
         200 + h.group.len() + h.topic.len() + h.broker_name.len() + props_len,
     );
@@ -927,7 +961,7 @@ fn send_v2_json(h: &SendV2<'_>) -> Result<String> {
         out.push('"');
     }
     out.push_str(",\"i\":");
-    push_properties_json(h.properties, &mut out)?;
+    push_pairs_json(h.props(), &mut out)?;
     if let Some(j) = h.reconsume_times {
         out.push_str(",\"j\":\"");
         j.push_value(&mut out);
@@ -978,7 +1012,15 @@ mod tests {
         props.insert(property::UNIQ_KEY.into(), "ABC".into());
         props.insert(property::TAGS.into(), "t\"ag\\".into());
         props.insert("KEYS".into(), "k\u{7}é".into());
-        for (j, l) in [(None, None), (Some(3), Some(16)), (Some(-1), None)] {
+        // The same without UNIQ_KEY, which the send adds.
+        let mut without = props.clone();
+        without.shift_remove(property::UNIQ_KEY);
+        let cases = [
+            (None, None, &props, None),
+            (Some(3), Some(16), &props, None),
+            (Some(-1), None, &without, Some("ABC\"")),
+        ];
+        for (j, l, props, uniq_key) in cases {
             let h = SendV2 {
                 group: "G\"x",
                 topic: "T",
@@ -987,7 +1029,8 @@ mod tests {
                 sys_flag: 1,
                 born_timestamp: 1_700_000_000_000,
                 flag: i32::MIN,
-                properties: &props,
+                properties: props,
+                uniq_key,
                 reconsume_times: j,
                 max_reconsume_times: l,
                 broker_name: "broker-a",
@@ -1020,7 +1063,17 @@ mod tests {
         let mut props = Properties::default();
         props.insert(property::UNIQ_KEY.into(), "ABC".into());
         props.insert(property::TAGS.into(), "t".into());
-        for (j, l) in [(None, None), (Some(3), Some(16))] {
+        // UNIQ_KEY added by the send comes after the message's properties, as if inserted.
+        let mut tags_only = Properties::default();
+        tags_only.insert(property::TAGS.into(), "t".into());
+        let mut tags_then_uniq = tags_only.clone();
+        tags_then_uniq.insert(property::UNIQ_KEY.into(), "XYZ".into());
+        let cases = [
+            (None, None, &props, None, &props),
+            (Some(3), Some(16), &props, None, &props),
+            (None, Some(2), &tags_only, Some("XYZ"), &tags_then_uniq),
+        ];
+        for (j, l, props, uniq_key, sent) in cases {
             let ext = send_v2_ext(&SendV2 {
                 group: "G",
                 topic: "T",
@@ -1029,7 +1082,8 @@ mod tests {
                 sys_flag: 1,
                 born_timestamp: 1_700_000_000_000,
                 flag: -5,
-                properties: &props,
+                properties: props,
+                uniq_key,
                 reconsume_times: j,
                 max_reconsume_times: l,
                 broker_name: "broker-a",
@@ -1044,7 +1098,7 @@ mod tests {
                 f: 1,
                 g: 1_700_000_000_000,
                 h: -5,
-                i: Some(encode_properties(&props).unwrap()),
+                i: Some(encode_properties(sent).unwrap()),
                 j,
                 k: Some(false),
                 l,

@@ -211,11 +211,25 @@ fn decimal(v: i64, buf: &mut [u8; 20]) -> &[u8] {
     &buf[at..]
 }
 
+/// Appends one entry of a ROCKETMQ binary extFields area to `out` whose value is `v` in
+/// decimal ([`push_decimal`]'s text), with the entry's length fields and digits written in
+/// one copy.
+///
+/// # Errors
+/// A key longer than 32767 bytes (nothing appended).
+#[inline]
+pub fn push_binary_decimal(out: &mut Vec<u8>, key: &str, v: i64) -> Result<()> {
+    let mut buf = [0u8; 20];
+    let digits = decimal(v, &mut buf);
+    push_binary_entry_parts(out, key, digits)
+}
+
 /// Appends one entry of a ROCKETMQ binary extFields area to `out` whose value `write`
 /// appends (UTF-8 text, as every header value is): no copy of the value made first.
 ///
 /// # Errors
 /// A key longer than 32767 bytes or a value longer than `i32::MAX` bytes (nothing appended).
+#[inline]
 pub fn push_binary_entry_with(
     out: &mut Vec<u8>,
     key: &str,
@@ -242,22 +256,39 @@ pub fn push_binary_entry_with(
 ///
 /// # Errors
 /// A key longer than 32767 bytes or a value longer than `i32::MAX` bytes (nothing appended).
+#[inline]
 pub fn push_binary_entry(out: &mut Vec<u8>, key: &str, value: &str) -> Result<()> {
-    let key_len = i16::try_from(key.len()).map_err(|_| ProtoError::InvalidField {
+    push_binary_entry_parts(out, key, value.as_bytes())
+}
+
+/// [`push_binary_entry`] for a value given as (UTF-8) bytes. Inlined, so that a constant
+/// key is written with stores rather than copies.
+#[inline]
+fn push_binary_entry_parts(out: &mut Vec<u8>, key: &str, value: &[u8]) -> Result<()> {
+    let Ok(key_len) = i16::try_from(key.len()) else {
+        return Err(long_binary_key(key));
+    };
+    let value_len = len_i32(value.len(), "extFields value")?;
+    out.reserve(6 + key.len() + value.len());
+    out.extend_from_slice(&key_len.to_be_bytes());
+    out.extend_from_slice(key.as_bytes());
+    out.extend_from_slice(&value_len.to_be_bytes());
+    out.extend_from_slice(value);
+    Ok(())
+}
+
+/// The error for a key that does not fit a binary entry's 16-bit length (out of line: the
+/// writers above are inlined).
+#[cold]
+fn long_binary_key(key: &str) -> ProtoError {
+    ProtoError::InvalidField {
         field: "extFields",
         value: key.chars().take(64).collect(),
         reason: format!(
             "key of {} bytes exceeds the 32767-byte limit of a ROCKETMQ binary header",
             key.len()
         ),
-    })?;
-    let value_len = len_i32(value.len(), "extFields value")?;
-    out.reserve(6 + key.len() + value.len());
-    out.extend_from_slice(&key_len.to_be_bytes());
-    out.extend_from_slice(key.as_bytes());
-    out.extend_from_slice(&value_len.to_be_bytes());
-    out.extend_from_slice(value.as_bytes());
-    Ok(())
+    }
 }
 
 /// One remoting command: a request or a response, with its header and optional body.

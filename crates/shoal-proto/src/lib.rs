@@ -26,8 +26,8 @@ pub mod message;
 pub mod mq;
 
 pub use command::{
-    push_binary_entry, push_binary_entry_with, push_decimal, LanguageCode, RawExtFields,
-    RemotingCommand, SerializeType,
+    push_binary_decimal, push_binary_entry, push_binary_entry_with, push_decimal, LanguageCode,
+    RawExtFields, RemotingCommand, SerializeType,
 };
 pub use error::{ProtoError, Result};
 pub use mq::MessageQueue;

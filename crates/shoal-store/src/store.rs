@@ -132,6 +132,15 @@ impl AppendedMessage {
     pub fn push_offset_msg_id(&self, out: &mut String) {
         shoal_proto::message::push_offset_msg_id(out, self.store_host, self.physical_offset as i64);
     }
+
+    /// [`AppendedMessage::push_offset_msg_id`] into bytes (a binary header's value).
+    pub fn push_offset_msg_id_bytes(&self, out: &mut Vec<u8>) {
+        shoal_proto::message::push_offset_msg_id_bytes(
+            out,
+            self.store_host,
+            self.physical_offset as i64,
+        );
+    }
 }
 
 /// Durability of an append, for the broker's answer (FLUSH_DISK_TIMEOUT under sync flush).

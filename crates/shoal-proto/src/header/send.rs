@@ -367,22 +367,20 @@ pub fn send_response_ext_fields(
 /// ROCKETMQ binary extFields area (for [`RawExtFields::Binary`](crate::RawExtFields::Binary)):
 /// no map is built.
 pub fn send_response_binary(
-    msg_id: &str,
+    msg_id: impl FnOnce(&mut Vec<u8>),
     queue_id: i32,
     queue_offset: i64,
     transaction_id: Option<&str>,
     msg_region: Option<&str>,
     trace_on: Option<bool>,
 ) -> crate::Result<Vec<u8>> {
-    use crate::command::{push_binary_entry, push_binary_entry_with, push_decimal};
+    use crate::command::{push_binary_decimal, push_binary_entry, push_binary_entry_with};
     let mut out = Vec::with_capacity(
-        110 + msg_id.len() + transaction_id.map_or(0, str::len) + msg_region.map_or(0, str::len),
+        150 + transaction_id.map_or(0, str::len) + msg_region.map_or(0, str::len),
     );
-    push_binary_entry(&mut out, "msgId", msg_id)?;
-    push_binary_entry_with(&mut out, "queueId", |o| {
-        push_decimal(o, i64::from(queue_id))
-    })?;
-    push_binary_entry_with(&mut out, "queueOffset", |o| push_decimal(o, queue_offset))?;
+    push_binary_entry_with(&mut out, "msgId", msg_id)?;
+    push_binary_decimal(&mut out, "queueId", i64::from(queue_id))?;
+    push_binary_decimal(&mut out, "queueOffset", queue_offset)?;
     if let Some(t) = transaction_id {
         push_binary_entry(&mut out, "transactionId", t)?;
     }

@@ -594,7 +594,7 @@ proptest! {
         let mut with_binary = with_map.clone();
         with_binary.ext_fields = None;
         with_binary.ext_fields_raw = Some(crate::RawExtFields::Binary(send_response_binary(
-            &msg_id, queue_id, queue_offset, transaction_id.as_deref(), msg_region.as_deref(), trace_on,
+            |o| o.extend_from_slice(msg_id.as_bytes()), queue_id, queue_offset, transaction_id.as_deref(), msg_region.as_deref(), trace_on,
         ).unwrap()));
         for st in [crate::SerializeType::RocketMq, crate::SerializeType::Json] {
             with_map.serialize_type = st;

@@ -31,7 +31,7 @@ pub use compression::{
     compress_body, compress_for_send, decompress_body, CompressionType, DEFAULT_COMPRESS_BODY_OVER,
     DEFAULT_COMPRESS_LEVEL, DEFAULT_MAX_DECOMPRESSED_SIZE, DEFAULT_MAX_MESSAGE_SIZE,
 };
-pub use msg_id::{offset_msg_id, push_offset_msg_id, OffsetMsgId};
+pub use msg_id::{offset_msg_id, push_offset_msg_id, push_offset_msg_id_bytes, OffsetMsgId};
 pub use property::{decode_properties, encode_properties, Properties};
 pub use record::{
     blank_marker, decode_record, decode_records, encode_record, encode_record_to_slice,

@@ -12,12 +12,28 @@ pub const OFFSET_MSG_ID_V6_LEN: usize = 56;
 /// Uppercase hex digits.
 const HEX: &[u8; 16] = b"0123456789ABCDEF";
 
-/// Appends `bytes` as uppercase hex to `out`.
+/// Appends `bytes` as uppercase hex to `out`, in one copy per 32 bytes.
 pub(crate) fn push_hex(out: &mut String, bytes: &[u8]) {
-    for b in bytes {
-        out.push(char::from(HEX[usize::from(b >> 4)]));
-        out.push(char::from(HEX[usize::from(b & 0xf)]));
+    let mut buf = [0u8; 64];
+    for chunk in bytes.chunks(32) {
+        out.push_str(ascii(hex_into(chunk, &mut buf)));
     }
+}
+
+/// Writes `bytes` as uppercase hex at the start of `buf` (at least twice as long) and returns
+/// what it wrote.
+fn hex_into<'b>(bytes: &[u8], buf: &'b mut [u8]) -> &'b [u8] {
+    let hex = &mut buf[..2 * bytes.len()];
+    for (pair, b) in hex.chunks_exact_mut(2).zip(bytes) {
+        pair[0] = HEX[usize::from(b >> 4)];
+        pair[1] = HEX[usize::from(b & 0xf)];
+    }
+    hex
+}
+
+/// Text known to be ASCII (hex digits) as a `str`.
+fn ascii(b: &[u8]) -> &str {
+    std::str::from_utf8(b).expect("hex digits are ASCII")
 }
 
 /// Decodes hex (either case) into bytes; errors name `what`.
@@ -61,13 +77,37 @@ pub fn offset_msg_id(store_host: SocketAddr, commit_log_offset: i64) -> String {
 /// Appends the offset message id of the record stored at `commit_log_offset` by
 /// `store_host` to `out` ([`offset_msg_id`] without a `String` of its own).
 pub fn push_offset_msg_id(out: &mut String, store_host: SocketAddr, commit_log_offset: i64) {
-    out.reserve(OFFSET_MSG_ID_V6_LEN);
-    match store_host.ip() {
-        IpAddr::V4(ip) => push_hex(out, &ip.octets()),
-        IpAddr::V6(ip) => push_hex(out, &ip.octets()),
-    }
-    push_hex(out, &i32::from(store_host.port()).to_be_bytes());
-    push_hex(out, &commit_log_offset.to_be_bytes());
+    let mut buf = [0u8; OFFSET_MSG_ID_V6_LEN];
+    out.push_str(ascii(offset_msg_id_into(
+        &mut buf,
+        store_host,
+        commit_log_offset,
+    )));
+}
+
+/// [`push_offset_msg_id`] into bytes (a binary header's value).
+pub fn push_offset_msg_id_bytes(out: &mut Vec<u8>, store_host: SocketAddr, commit_log_offset: i64) {
+    let mut buf = [0u8; OFFSET_MSG_ID_V6_LEN];
+    out.extend_from_slice(offset_msg_id_into(&mut buf, store_host, commit_log_offset));
+}
+
+/// Writes the offset message id at the start of `buf` and returns it: host, port as four
+/// bytes, offset as eight, all as hex.
+fn offset_msg_id_into(
+    buf: &mut [u8; OFFSET_MSG_ID_V6_LEN],
+    store_host: SocketAddr,
+    commit_log_offset: i64,
+) -> &[u8] {
+    let ip_len = match store_host.ip() {
+        IpAddr::V4(ip) => hex_into(&ip.octets(), buf).len(),
+        IpAddr::V6(ip) => hex_into(&ip.octets(), buf).len(),
+    };
+    hex_into(
+        &i32::from(store_host.port()).to_be_bytes(),
+        &mut buf[ip_len..],
+    );
+    hex_into(&commit_log_offset.to_be_bytes(), &mut buf[ip_len + 8..]);
+    &buf[..ip_len + 24]
 }
 
 /// A parsed offset message id.
@@ -180,6 +220,55 @@ mod tests {
             "ééééééééééééééééé0000000000001",
         ] {
             assert!(OffsetMsgId::parse(s).is_err(), "{s:?}");
+        }
+    }
+
+    proptest::proptest! {
+        /// Every host and offset round-trips, as text and as bytes, in either IP version,
+        /// appended after what the buffer already holds; the hex is byte for byte what
+        /// formatting each part with `{:02X}` gives.
+        #[test]
+        fn ids_round_trip(
+            v4 in proptest::prelude::any::<[u8; 4]>(),
+            v6 in proptest::prelude::any::<[u8; 16]>(),
+            port in proptest::prelude::any::<u16>(),
+            offset in proptest::prelude::any::<i64>(),
+        ) {
+            for ip in [IpAddr::from(v4), IpAddr::from(v6)] {
+                let host = SocketAddr::new(ip, port);
+                let mut text = String::from("x,");
+                push_offset_msg_id(&mut text, host, offset);
+                let mut bytes = b"x,".to_vec();
+                push_offset_msg_id_bytes(&mut bytes, host, offset);
+                proptest::prop_assert_eq!(text.as_bytes(), &bytes[..]);
+                let octets: Vec<u8> = match ip {
+                    IpAddr::V4(a) => a.octets().to_vec(),
+                    IpAddr::V6(a) => a.octets().to_vec(),
+                };
+                let mut want = String::from("x,");
+                for b in octets
+                    .iter()
+                    .chain(&i32::from(port).to_be_bytes())
+                    .chain(&offset.to_be_bytes())
+                {
+                    want.push_str(&format!("{b:02X}"));
+                }
+                proptest::prop_assert_eq!(&text, &want);
+                let parsed = OffsetMsgId::parse(&text[2..]).unwrap();
+                proptest::prop_assert_eq!(parsed.store_host, host);
+                proptest::prop_assert_eq!(parsed.commit_log_offset, offset);
+            }
+        }
+
+        /// `push_hex` writes what `{:02X}` per byte does, for lengths across its 32-byte steps.
+        #[test]
+        fn hex_as_formatted(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..100)) {
+            let mut out = String::from("-");
+            push_hex(&mut out, &bytes);
+            let want: String = std::iter::once("-".to_owned())
+                .chain(bytes.iter().map(|b| format!("{b:02X}")))
+                .collect();
+            proptest::prop_assert_eq!(out, want);
         }
     }
 }

@@ -185,11 +185,22 @@ pub fn encoded_properties_len(properties: &Properties) -> usize {
 /// drops those). Errors with [`ProtoError::BadProperty`] if a key or value contains a
 /// separator; `out` is left unchanged then.
 pub fn encode_properties_into(properties: &Properties, out: &mut String) -> Result<()> {
-    for (k, v) in properties {
+    encode_pairs_into(pairs_of(properties), out)
+}
+
+/// [`encode_properties_into`] for pairs that are not (all) in a [`Properties`] map, e.g. a
+/// message's properties followed by one the producer adds only to what it sends.
+pub fn encode_pairs_into<'a, I>(pairs: I, out: &mut String) -> Result<()>
+where
+    I: Iterator<Item = (&'a str, &'a str)> + Clone,
+{
+    let mut len = 0;
+    for (k, v) in pairs.clone() {
         check_property(k, v)?;
+        len += k.len() + v.len() + 2;
     }
-    out.reserve(encoded_properties_len(properties));
-    for (k, v) in properties {
+    out.reserve(len);
+    for (k, v) in pairs {
         out.push_str(k);
         out.push(NAME_VALUE_SEPARATOR);
         out.push_str(v);
@@ -204,13 +215,24 @@ pub fn encode_properties_into(properties: &Properties, out: &mut String) -> Resu
 /// Errors with [`ProtoError::BadProperty`] if a key or value contains a separator; `out` is
 /// left unchanged then.
 pub fn push_properties_json(properties: &Properties, out: &mut String) -> Result<()> {
-    for (k, v) in properties {
+    push_pairs_json(pairs_of(properties), out)
+}
+
+/// [`push_properties_json`] for pairs that are not (all) in a [`Properties`] map.
+pub fn push_pairs_json<'a, I>(pairs: I, out: &mut String) -> Result<()>
+where
+    I: Iterator<Item = (&'a str, &'a str)> + Clone,
+{
+    let (mut len, mut n) = (0, 0);
+    for (k, v) in pairs.clone() {
         check_property(k, v)?;
+        len += k.len() + v.len() + 2;
+        n += 1;
     }
     // Each separator is written as a six-byte escape.
-    out.reserve(encoded_properties_len(properties) + 10 * properties.len() + 2);
+    out.reserve(len + 10 * n + 2);
     out.push('"');
-    for (k, v) in properties {
+    for (k, v) in pairs {
         crate::command::push_json_str_contents(out, k);
         out.push_str("\\u0001");
         crate::command::push_json_str_contents(out, v);
@@ -218,6 +240,11 @@ pub fn push_properties_json(properties: &Properties, out: &mut String) -> Result
     }
     out.push('"');
     Ok(())
+}
+
+/// A map's pairs as borrowed text, in its order.
+pub fn pairs_of(properties: &Properties) -> impl Iterator<Item = (&str, &str)> + Clone {
+    properties.iter().map(|(k, v)| (k.as_str(), v.as_str()))
 }
 
 /// Encodes properties as the `key \u0001 value \u0002 ...` string.
