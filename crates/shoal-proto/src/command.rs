@@ -261,9 +261,9 @@ pub fn push_binary_entry(out: &mut Vec<u8>, key: &str, value: &str) -> Result<()
     push_binary_entry_parts(out, key, value.as_bytes())
 }
 
-/// [`push_binary_entry`] for a value given as (UTF-8) bytes. Inlined, so that a constant
-/// key is written with stores rather than copies.
-#[inline]
+/// [`push_binary_entry`] for a value given as (UTF-8) bytes. Always inlined, so that a
+/// constant key is written with stores rather than copies.
+#[inline(always)]
 fn push_binary_entry_parts(out: &mut Vec<u8>, key: &str, value: &[u8]) -> Result<()> {
     let Ok(key_len) = i16::try_from(key.len()) else {
         return Err(long_binary_key(key));

@@ -129,8 +129,10 @@ impl UniqKeyGenerator {
         let counter = self.counter.fetch_add(1, Ordering::Relaxed) as u16;
         let mut out = String::with_capacity(self.prefix.len() + 12);
         out.push_str(&self.prefix);
-        push_hex(&mut out, &span.to_be_bytes());
-        push_hex(&mut out, &counter.to_be_bytes());
+        // Span and counter as one six-byte run: one copy of their hex.
+        let [s0, s1, s2, s3] = span.to_be_bytes();
+        let [c0, c1] = counter.to_be_bytes();
+        push_hex(&mut out, &[s0, s1, s2, s3, c0, c1]);
         out
     }
 }
