@@ -265,6 +265,19 @@ impl ExtFields {
         }
     }
 
+    /// [`ExtFields::push_if_new`] for a decoder that records entries before its text is
+    /// checked (and set with [`ExtFields::set_text`]); false when the entry needs the slow
+    /// path (a key seen before, or a map past `INDEX_FROM` entries), nothing recorded then.
+    #[inline]
+    pub(crate) fn push_new(&mut self, key: Span, key_bytes: &[u8], value: Span) -> bool {
+        self.push_if_new(key, key_bytes, value)
+    }
+
+    /// Sets the owned text the spans recorded by [`ExtFields::push_new`] point into.
+    pub(crate) fn set_text(&mut self, text: String) {
+        self.text = text;
+    }
+
     /// Pushes the entry when its key's filter bit says it is new and the map is small (the
     /// pushed entry keeps it at most `INDEX_FROM` long: no index to build); false otherwise.
     #[inline]
