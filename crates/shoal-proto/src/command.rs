@@ -751,12 +751,21 @@ impl RemotingCommand {
     }
 }
 
+/// `len` as a frame's int32 length field (inlined: a check on every header entry written; its
+/// error is built out of line).
+#[inline]
 fn len_i32(len: usize, what: &'static str) -> Result<i32> {
-    i32::try_from(len).map_err(|_| {
-        ProtoError::BadLength(format!(
-            "{what} of {len} bytes does not fit an int32 length"
-        ))
-    })
+    match i32::try_from(len) {
+        Ok(n) => Ok(n),
+        Err(_) => Err(too_long(len, what)),
+    }
+}
+
+#[cold]
+fn too_long(len: usize, what: &'static str) -> ProtoError {
+    ProtoError::BadLength(format!(
+        "{what} of {len} bytes does not fit an int32 length"
+    ))
 }
 
 /// Writes `v` in decimal without going through `fmt`.
