@@ -7,7 +7,7 @@ root=$(pwd)
 venv=target/external/venv-kafka
 if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import confluent_kafka, kafka' 2>/dev/null; then
   python3 -m venv "$venv"
-  "$venv/bin/pip" install -q confluent-kafka==2.16.1 kafka-python==3.0.12
+  "$venv/bin/pip" install -q --no-cache-dir confluent-kafka==2.16.1 kafka-python==3.0.12
 fi
 "$venv/bin/python" -c 'import confluent_kafka, kafka; print("kafka python clients ready:", confluent_kafka.libversion()[0], kafka.__version__)'
 
