@@ -91,10 +91,10 @@ impl PullHoldTable {
     }
 
     /// A message was stored: wake the holds it satisfies.
-    pub fn notify(&self, arrival: &MessageArrival) {
+    pub fn notify(&self, arrival: &MessageArrival<'_>) {
         let mut map = self.held.lock();
         let Some(list) = map
-            .get_mut(arrival.topic.as_str())
+            .get_mut(arrival.topic)
             .and_then(|queues| queues.get_mut(&arrival.queue_id))
         else {
             return;
@@ -114,7 +114,7 @@ impl PullHoldTable {
             }
         }
         if list.is_empty() {
-            prune(&mut map, &arrival.topic, arrival.queue_id);
+            prune(&mut map, arrival.topic, arrival.queue_id);
         }
     }
 
@@ -219,9 +219,9 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
-    fn arrival(offset: u64, tag_code: i64) -> MessageArrival {
+    fn arrival(offset: u64, tag_code: i64) -> MessageArrival<'static> {
         MessageArrival {
-            topic: "T".into(),
+            topic: "T",
             queue_id: 0,
             queue_offset: offset,
             tag_code,

@@ -32,9 +32,11 @@ use shoal_proto::message::record::{encode_record, patch_record, RecordFields, Re
 use crate::config::FlushMode;
 use crate::consume_queue::{ConsumeQueue, CqEntry};
 use crate::error::Result;
+use crate::index::{key_hash_continue, key_hash_prefix};
 use crate::store::{
-    index_keys_of, now_ms, validate_topic, AppendedMessage, FlushStatus, Inner, MessageArrival,
-    MessageExtBrokerInner, MessageStore, PutMessageResult, WriterState, TORN_PROPERTIES_END,
+    for_each_index_key, now_ms, validate_topic, AppendedMessage, FlushStatus, Inner,
+    MessageArrival, MessageExtBrokerInner, MessageStore, PutMessageResult, WriterState,
+    TORN_PROPERTIES_END,
 };
 use crate::StoreError;
 
@@ -211,6 +213,13 @@ pub(crate) struct Appended {
     messages: Vec<AppendedMessage>,
     /// Commit log offset after the job's last record.
     end: u64,
+}
+
+/// What [`Inner::finish`] completes jobs with: one [`Appended`] per job, and whether the
+/// arrival listeners are still to hear of them.
+pub(crate) struct Notified {
+    per_job: Vec<Appended>,
+    notify: bool,
 }
 
 /// The completion of a queued job: the result, and the waker of whoever waits for it.
@@ -457,6 +466,11 @@ impl Inner {
             let refs: Vec<&Job<'_>> = jobs.iter().collect();
             let outcome = self.append_locked(&mut w, &refs);
             drop(w);
+            drop(refs);
+            let outcome = outcome.map(|per_job| Notified {
+                per_job,
+                notify: true,
+            });
             self.finish(jobs, outcome);
         }
     }
@@ -471,12 +485,19 @@ impl Inner {
         refs.extend(others.iter());
         let outcome = self.append_locked(&mut w, &refs);
         drop(w);
+        if let Ok(per_job) = &outcome {
+            self.notify_arrivals(refs.iter().copied().zip(per_job));
+        }
         drop(refs);
         let (mine, rest) = match outcome {
-            Ok((mut per_job, arrivals)) => {
+            Ok(mut per_job) => {
                 let rest = per_job.split_off(1);
-                self.notify_arrivals(&arrivals);
-                (per_job.pop(), Ok((rest, Vec::new())))
+                // Listeners heard of every job's messages above.
+                let rest = Notified {
+                    per_job: rest,
+                    notify: false,
+                };
+                (per_job.pop(), Ok(rest))
             }
             Err(e) => {
                 let shared = e.to_string();
@@ -499,13 +520,9 @@ impl Inner {
     }
 
     /// Completes appended jobs (or fails them all).
-    fn finish(
-        &self,
-        jobs: Vec<Job<'static>>,
-        outcome: Result<(Vec<Appended>, Vec<MessageArrival>)>,
-    ) {
-        let (per_job, arrivals) = match outcome {
-            Ok(x) => x,
+    fn finish(&self, jobs: Vec<Job<'static>>, outcome: Result<Notified>) {
+        let (per_job, notify) = match outcome {
+            Ok(Notified { per_job, notify }) => (per_job, notify),
             Err(e) => {
                 let text = e.to_string();
                 for job in jobs {
@@ -516,7 +533,9 @@ impl Inner {
                 return;
             }
         };
-        self.notify_arrivals(&arrivals);
+        if notify {
+            self.notify_arrivals(jobs.iter().zip(&per_job));
+        }
         let sync = self.config.flush_mode == FlushMode::Sync;
         let mut waiters = Vec::new();
         for (job, done) in jobs.into_iter().zip(per_job) {
@@ -554,14 +573,27 @@ impl Inner {
         }
     }
 
-    fn notify_arrivals(&self, arrivals: &[MessageArrival]) {
-        if arrivals.is_empty() {
+    /// Tells the listeners of every message of the appended jobs, in append order.
+    fn notify_arrivals<'j, 'a: 'j>(
+        &self,
+        appended: impl Iterator<Item = (&'j Job<'a>, &'j Appended)>,
+    ) {
+        let listeners = self.listeners.read();
+        if listeners.is_empty() {
             return;
         }
-        let listeners = self.listeners.read();
-        for a in arrivals {
-            for l in listeners.iter() {
-                l(a);
+        for (job, done) in appended {
+            for ((m, r), a) in job.msgs.iter().zip(&job.records).zip(&done.messages) {
+                let arrival = MessageArrival {
+                    topic: &m.topic,
+                    queue_id: m.queue_id,
+                    queue_offset: a.queue_offset,
+                    tag_code: r.tag_code,
+                    store_timestamp: a.store_timestamp,
+                };
+                for l in listeners.iter() {
+                    l(&arrival);
+                }
             }
         }
     }
@@ -626,7 +658,7 @@ impl Inner {
         &self,
         w: &mut MutexGuard<'_, WriterState>,
         jobs: &[&Job<'_>],
-    ) -> Result<(Vec<Appended>, Vec<MessageArrival>)> {
+    ) -> Result<Vec<Appended>> {
         if let Some(reason) = &w.failed {
             return Err(StoreError::WriteFailed(reason.clone()));
         }
@@ -658,9 +690,7 @@ impl Inner {
                 end: 0,
             })
             .collect();
-        let mut arrivals = Vec::with_capacity(refs.len());
-        for (i, &(j, k)) in refs.iter().enumerate() {
-            let m = &jobs[j].msgs[k];
+        for (i, &(j, _)) in refs.iter().enumerate() {
             let done = &mut per_job[j];
             done.messages.push(AppendedMessage {
                 physical_offset: phys[i],
@@ -670,17 +700,10 @@ impl Inner {
                 store_host,
             });
             done.end = phys[i] + sizes[i] as u64;
-            arrivals.push(MessageArrival {
-                topic: m.topic.clone(),
-                queue_id: m.queue_id,
-                queue_offset: queue_offsets[i],
-                tag_code: jobs[j].records[k].tag_code,
-                store_timestamp: ts,
-            });
         }
         scratch.clear();
         w.scratch = scratch;
-        Ok((per_job, arrivals))
+        Ok(per_job)
     }
 
     /// Writes the jobs' records (one commit-log write per segment) and their consume-queue
@@ -777,12 +800,26 @@ impl Inner {
             }
             // Every key of the batch under one lock of the index.
             self.index.put_all(
-                s.refs.iter().zip(&s.phys).flat_map(|(&(j, k), &at)| {
-                    let (m, r) = (&jobs[j].msgs[k], &jobs[j].records[k]);
-                    let (p, topic) = (m.properties.as_str(), m.topic.as_str());
-                    index_keys_of(unspan(p, &r.keys), unspan(p, &r.uniq))
-                        .map(move |key| (topic, key, at))
-                }),
+                |batch| {
+                    // The hash's state after `topic#`, for the records of one job (one topic
+                    // per request; a batch's records share it too).
+                    let mut prefix: Option<(&str, u64)> = None;
+                    for (&(j, k), &at) in s.refs.iter().zip(&s.phys) {
+                        let (m, r) = (&jobs[j].msgs[k], &jobs[j].records[k]);
+                        let (p, topic) = (m.properties.as_str(), m.topic.as_str());
+                        let state = match prefix {
+                            Some((t, state)) if t == topic => state,
+                            _ => {
+                                let state = key_hash_prefix(topic);
+                                prefix = Some((topic, state));
+                                state
+                            }
+                        };
+                        for_each_index_key(unspan(p, &r.keys), unspan(p, &r.uniq), |key| {
+                            batch.push((key_hash_continue(state, key), at));
+                        });
+                    }
+                },
                 ts,
             )?;
             Ok(())

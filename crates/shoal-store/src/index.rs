@@ -49,13 +49,25 @@ const MAX_LOOKUP_STEPS: usize = 1_000_000;
 
 /// FNV-1a 64-bit hash of `topic#key`.
 pub(crate) fn key_hash(topic: &str, key: &str) -> u64 {
-    // One loop per piece: a chained iterator costs a branch per byte.
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for piece in [topic.as_bytes(), b"#", key.as_bytes()] {
-        for &b in piece {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0000_0100_0000_01b3);
-        }
+    key_hash_continue(key_hash_prefix(topic), key)
+}
+
+/// The state of [`key_hash`] after `topic#`, for many keys of one topic.
+pub(crate) fn key_hash_prefix(topic: &str) -> u64 {
+    fnv1a(fnv1a(0xcbf2_9ce4_8422_2325, topic.as_bytes()), b"#")
+}
+
+/// [`key_hash`] of `key` from the state [`key_hash_prefix`] gave for its topic.
+#[inline]
+pub(crate) fn key_hash_continue(prefix: u64, key: &str) -> u64 {
+    fnv1a(prefix, key.as_bytes())
+}
+
+#[inline]
+fn fnv1a(mut h: u64, bytes: &[u8]) -> u64 {
+    for &b in bytes {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
     }
     h
 }
@@ -481,19 +493,16 @@ impl Index {
         self.push(&mut st, hash, phys_offset, store_timestamp)
     }
 
-    /// [`Index::put`] for many keys (`topic, key, commit log offset`) of one store time, under
-    /// one lock.
-    pub(crate) fn put_all<'a>(
+    /// [`Index::put`] for many keys of one store time, under one lock: `fill` pushes each
+    /// key's `(hash, commit log offset)` ([`key_hash`]) onto the list it is given.
+    pub(crate) fn put_all(
         &self,
-        keys: impl IntoIterator<Item = (&'a str, &'a str, u64)>,
+        fill: impl FnOnce(&mut Vec<(u64, u64)>),
         store_timestamp: i64,
     ) -> Result<()> {
         let mut st = self.state.lock();
         let mut batch = std::mem::take(&mut st.batch);
-        batch.extend(
-            keys.into_iter()
-                .map(|(topic, key, phys_offset)| (key_hash(topic, key), phys_offset)),
-        );
+        fill(&mut batch);
         let result = self.put_batch(&mut st, &batch, store_timestamp);
         batch.clear();
         if batch.capacity() > WRITE_CHUNK {
@@ -917,5 +926,26 @@ mod key_tests {
         assert_eq!(keys(&props("", "U1")), ["U1"]);
         assert_eq!(keys("UNIQ_KEY\u{1}\u{2}"), Vec::<&str>::new());
         assert_eq!(keys("TAGS\u{1}t\u{2}"), Vec::<&str>::new());
+    }
+
+    proptest::proptest! {
+        /// The appender's loop gives the keys (and hashes) the iterator gives, in its order.
+        #[test]
+        fn the_appenders_loop_matches_the_iterator(
+            keys in proptest::option::of("[ ab]{0,8}"),
+            uniq in proptest::option::of("[ab]{0,2}"),
+            topic in "[A-Za-z#]{0,6}",
+        ) {
+            use crate::index::{key_hash, key_hash_continue, key_hash_prefix};
+            use crate::store::{for_each_index_key, index_keys_of};
+            let want: Vec<&str> = index_keys_of(keys.as_deref(), uniq.as_deref()).collect();
+            let mut got = Vec::new();
+            for_each_index_key(keys.as_deref(), uniq.as_deref(), |k| got.push(k));
+            proptest::prop_assert_eq!(&got, &want);
+            let prefix = key_hash_prefix(&topic);
+            for k in got {
+                proptest::prop_assert_eq!(key_hash_continue(prefix, k), key_hash(&topic, k));
+            }
+        }
     }
 }

@@ -166,10 +166,10 @@ pub struct PutMessageResult {
 }
 
 /// Notice that a message was appended to (topic, queue id), for long polling.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MessageArrival {
-    /// Topic.
-    pub topic: String,
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MessageArrival<'a> {
+    /// Topic (borrowed from the appended message: listeners copy what they keep).
+    pub topic: &'a str,
     /// Queue id.
     pub queue_id: i32,
     /// Queue offset of the message.
@@ -182,7 +182,7 @@ pub struct MessageArrival {
 
 /// A callback told about every appended message (called on the appending thread after the
 /// writer lock is released; keep it short and non-blocking, e.g. send on a channel).
-pub type ArrivalListener = Arc<dyn Fn(&MessageArrival) + Send + Sync>;
+pub type ArrivalListener = Arc<dyn Fn(&MessageArrival<'_>) + Send + Sync>;
 
 /// Outcome of a [`MessageStore::get_messages`] (RocketMQ `GetMessageStatus`); the broker maps
 /// it to a response code as spec section 5.2 says.
@@ -513,6 +513,29 @@ pub(crate) fn index_keys_of<'a>(
     let keys = keys.unwrap_or("");
     let uniq = uniq.filter(|u| !u.is_empty() && !keys.split(' ').any(|k| k == *u));
     keys.split(' ').filter(|k| !k.is_empty()).chain(uniq)
+}
+
+/// [`index_keys_of`] as calls of `f`, without iterator adapters (the appender's dispatch
+/// runs it for every record under the index's lock).
+#[inline]
+pub(crate) fn for_each_index_key<'a>(
+    keys: Option<&'a str>,
+    uniq: Option<&'a str>,
+    mut f: impl FnMut(&'a str),
+) {
+    let uniq = uniq.filter(|u| !u.is_empty());
+    let mut uniq_among_keys = false;
+    if let Some(keys) = keys.filter(|k| !k.is_empty()) {
+        for k in keys.split(' ') {
+            if !k.is_empty() {
+                uniq_among_keys |= uniq == Some(k);
+                f(k);
+            }
+        }
+    }
+    if let Some(u) = uniq.filter(|_| !uniq_among_keys) {
+        f(u);
+    }
 }
 
 impl MessageStore {

@@ -18,9 +18,14 @@ fn put_and_pull_with_status_rules() {
     let be = MemBackend::new();
     let (store, report) = MessageStore::open(mem_config(&be, FlushMode::Async)).unwrap();
     assert!(!report.abnormal_shutdown);
-    let arrivals: Arc<Mutex<Vec<MessageArrival>>> = Arc::default();
+    // (topic, queue id, queue offset, tag code) of each arrival.
+    type Heard = (String, i32, u64, i64);
+    let arrivals: Arc<Mutex<Vec<Heard>>> = Arc::default();
     let a2 = arrivals.clone();
-    store.add_arrival_listener(Arc::new(move |a| a2.lock().unwrap().push(a.clone())));
+    store.add_arrival_listener(Arc::new(move |a: &MessageArrival<'_>| {
+        let heard = (a.topic.to_string(), a.queue_id, a.queue_offset, a.tag_code);
+        a2.lock().unwrap().push(heard)
+    }));
 
     // Empty / unknown queue.
     let r = store
@@ -39,7 +44,10 @@ fn put_and_pull_with_status_rules() {
         assert_eq!(res.messages[0].offset_msg_id().len(), 32);
     }
     assert_eq!(arrivals.lock().unwrap().len(), 10);
-    assert_eq!(arrivals.lock().unwrap()[3].tag_code, tags_code(Some("odd")));
+    assert_eq!(
+        arrivals.lock().unwrap()[3],
+        ("T".to_string(), 1, 3, tags_code(Some("odd")))
+    );
     assert_eq!(store.max_offset("T", 1), 10);
     assert_eq!(store.min_offset("T", 1), 0);
     assert_eq!(store.topics(), vec!["T".to_string()]);
