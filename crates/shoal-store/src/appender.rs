@@ -215,6 +215,31 @@ pub(crate) struct Appended {
     end: u64,
 }
 
+/// The jobs of one append, in append order: the blocking caller's own job (if any), then
+/// the queued ones (no list of references built per append).
+#[derive(Clone, Copy)]
+pub(crate) struct Jobs<'j, 'a> {
+    own: Option<&'j Job<'a>>,
+    queued: &'j [Job<'a>],
+}
+
+impl<'j, 'a> Jobs<'j, 'a> {
+    fn iter(self) -> impl Iterator<Item = &'j Job<'a>> {
+        self.own.into_iter().chain(self.queued)
+    }
+}
+
+impl<'a> std::ops::Index<usize> for Jobs<'_, 'a> {
+    type Output = Job<'a>;
+    fn index(&self, i: usize) -> &Job<'a> {
+        match self.own {
+            Some(own) if i == 0 => own,
+            Some(_) => &self.queued[i - 1],
+            None => &self.queued[i],
+        }
+    }
+}
+
 /// What [`Inner::finish`] completes jobs with: one [`Appended`] per job, and whether the
 /// arrival listeners are still to hear of them.
 pub(crate) struct Notified {
@@ -463,10 +488,12 @@ impl Inner {
                 return;
             };
             let jobs = self.take_queued();
-            let refs: Vec<&Job<'_>> = jobs.iter().collect();
-            let outcome = self.append_locked(&mut w, &refs);
+            let list = Jobs {
+                own: None,
+                queued: &jobs,
+            };
+            let outcome = self.append_locked(&mut w, list);
             drop(w);
-            drop(refs);
             let outcome = outcome.map(|per_job| Notified {
                 per_job,
                 notify: true,
@@ -480,15 +507,15 @@ impl Inner {
     pub(crate) fn put_blocking(&self, own: Job<'_>) -> Result<PutMessageResult> {
         let mut w = self.writer.lock();
         let others = self.take_queued();
-        let mut refs: Vec<&Job<'_>> = Vec::with_capacity(others.len() + 1);
-        refs.push(&own);
-        refs.extend(others.iter());
-        let outcome = self.append_locked(&mut w, &refs);
+        let list = Jobs {
+            own: Some(&own),
+            queued: &others,
+        };
+        let outcome = self.append_locked(&mut w, list);
         drop(w);
         if let Ok(per_job) = &outcome {
-            self.notify_arrivals(refs.iter().copied().zip(per_job));
+            self.notify_arrivals(list.iter().zip(per_job));
         }
-        drop(refs);
         let (mine, rest) = match outcome {
             Ok(mut per_job) => {
                 let rest = per_job.split_off(1);
@@ -657,7 +684,7 @@ impl Inner {
     fn append_locked(
         &self,
         w: &mut MutexGuard<'_, WriterState>,
-        jobs: &[&Job<'_>],
+        jobs: Jobs<'_, '_>,
     ) -> Result<Vec<Appended>> {
         if let Some(reason) = &w.failed {
             return Err(StoreError::WriteFailed(reason.clone()));
@@ -713,7 +740,7 @@ impl Inner {
         &self,
         w: &mut MutexGuard<'_, WriterState>,
         s: &mut AppendScratch,
-        jobs: &[&Job<'_>],
+        jobs: Jobs<'_, '_>,
         ts: i64,
     ) -> Result<()> {
         for (j, job) in jobs.iter().enumerate() {
@@ -768,7 +795,7 @@ impl Inner {
         self.commit_log
             .append(&s.sizes, &mut s.phys, &mut s.buf, |i, phys, buf| {
                 let (j, k) = refs[i];
-                let job = jobs[j];
+                let job = &jobs[j];
                 let start = buf.len();
                 let range = job.records[k].layout.range();
                 buf.extend_from_slice(job.encoded.get(range).unwrap_or(&[]));
