@@ -8,6 +8,7 @@ set -euo pipefail
 if ! command -v java >/dev/null || ! command -v mvn >/dev/null; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     apt-get update -q && apt-get install -y -q openjdk-17-jdk-headless maven
+    apt-get clean
   else
     echo "java/mvn not found and cannot be installed here: the Java compatibility tests will skip"
     exit 0

@@ -15,6 +15,8 @@ if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+    # The downloaded packages are not needed once installed (CI machines can be short of disk).
+    apt-get clean
   else
     echo "missing ${need[*]} and cannot install them here (needs root and apt-get):" \
       "the browser test will skip (or fail with SHOAL_REQUIRE_EXTERNAL=1)"
