@@ -169,6 +169,15 @@ impl Processor for BrokerProcessor {
         self.inner.store.appends_queued()
     }
 
+    /// Sends read their header from a kept binary area (`SendHeaderRef::of_request`): no map
+    /// per send. Not with an ACL, which reads the request's signature fields from the map.
+    fn keeps_binary_area(&self, code: i32) -> bool {
+        matches!(
+            code,
+            rc::SEND_MESSAGE | rc::SEND_MESSAGE_V2 | rc::SEND_BATCH_MESSAGE
+        ) && self.inner.acl.is_none()
+    }
+
     fn on_connection_open(&self, _conn: &Connection) {
         self.inner.metrics.connections.inc();
         self.inner.metrics.connections_opened.inc();
@@ -227,6 +236,10 @@ impl Processor for LateProcessor {
 
     fn batch_waiting(&self) -> bool {
         self.target.get().is_some_and(|p| p.batch_waiting())
+    }
+
+    fn keeps_binary_area(&self, code: i32) -> bool {
+        self.target.get().is_some_and(|p| p.keeps_binary_area(code))
     }
 
     fn on_connection_open(&self, conn: &Connection) {

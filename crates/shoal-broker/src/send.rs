@@ -5,7 +5,6 @@ use crate::broker::{wall_ms, BrokerInner};
 use crate::reply::{Handled, Reject};
 use shoal_net::RequestContext;
 use shoal_proto::code::{request_code as rc, response_code as resp};
-use shoal_proto::command::ExtFields;
 use shoal_proto::constants::{
     dlq_topic, group_of_retry_topic, is_retry_topic, perm, DEFAULT_REGION, SCHEDULE_TOPIC,
 };
@@ -202,12 +201,9 @@ fn prepare<'r>(
     ctx: &RequestContext,
     req: &'r RemotingCommand,
 ) -> Result<Prepared<'r>, Reject> {
-    // Borrowed from the request: no `String` per header field.
-    static NO_FIELDS: ExtFields = ExtFields::new();
-    let h = SendHeaderRef::decode(
-        req.ext_fields.as_ref().unwrap_or(&NO_FIELDS),
-        req.code != rc::SEND_MESSAGE,
-    )?;
+    // Borrowed from the request (its map, or the binary area the connection kept): no
+    // `String` per header field.
+    let h = SendHeaderRef::of_request(req)?;
     refuse_system_topic(b, h.topic)?;
     let is_batch = req.code == rc::SEND_BATCH_MESSAGE || h.batch == Some(true);
     let body = req.body.clone().unwrap_or_default();

@@ -319,7 +319,9 @@ where
             }
             self.rbuf.advance(4);
             let frame = self.rbuf.split_to(body_len).freeze();
-            let cmd = RemotingCommand::decode(frame).map_err(|e| Close::BadFrame(e.to_string()))?;
+            let processor = &self.processor;
+            let cmd = RemotingCommand::decode_with(frame, |code| processor.keeps_binary_area(code))
+                .map_err(|e| Close::BadFrame(e.to_string()))?;
             n += 1;
             if cmd.is_response() {
                 self.conn.complete(cmd);

@@ -63,6 +63,15 @@ pub trait Processor: Send + Sync + 'static {
         false
     }
 
+    /// Whether requests of `code` that come with a ROCKETMQ binary header keep their
+    /// extFields area as it came instead of a map (see
+    /// [`RemotingCommand::decode_with`](shoal_proto::command::RemotingCommand::decode_with)):
+    /// for codes whose handler reads the header from either form. Asked on the connection's
+    /// task once per such request, so it must be cheap.
+    fn keeps_binary_area(&self, _code: i32) -> bool {
+        false
+    }
+
     /// Called once when a connection opens, before its first request is processed.
     /// Must not block; it runs on the connection's task.
     fn on_connection_open(&self, _conn: &Connection) {}

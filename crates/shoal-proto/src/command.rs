@@ -183,6 +183,33 @@ pub enum RawExtFields {
     /// A ROCKETMQ binary header's extFields area: `int16 keyLen | key | int32 valueLen |
     /// value` per entry (see [`push_binary_entry`]), for a binary header.
     Binary(Vec<u8>),
+    /// A request's binary extFields area as it came, a slice of its frame, kept by
+    /// [`RemotingCommand::decode_with`] for a code its caller reads with a reader of its own
+    /// (no map built): well formed, every key and value non-empty, every length field ASCII
+    /// and the whole area UTF-8, so that each key and value is UTF-8 by itself. Encoded as
+    /// [`RawExtFields::Binary`] is.
+    BinaryArea(ByteString),
+}
+
+impl RawExtFields {
+    /// The area of a binary form (`Binary` or `BinaryArea`).
+    fn binary_area(&self) -> Option<&[u8]> {
+        match self {
+            RawExtFields::Binary(area) => Some(area),
+            RawExtFields::BinaryArea(area) => Some(area.as_bytes()),
+            RawExtFields::Json(_) => None,
+        }
+    }
+
+    /// The entries of a binary form, in order (none for JSON).
+    pub fn binary_entries(&self) -> impl Iterator<Item = (&[u8], &[u8])> + '_ {
+        let area = self.binary_area().unwrap_or(&[]);
+        let mut at = 0;
+        std::iter::from_fn(move || {
+            let ((k, kl), (v, vl)) = rocketmq_entry_at(area, &mut at).ok()??;
+            Some((&area[k..k + kl], &area[v..v + vl]))
+        })
+    }
 }
 
 /// Appends the decimal digits of `v` (and its sign) to `out`, as `i64::to_string` writes them.
@@ -313,7 +340,9 @@ pub struct RemotingCommand {
     /// hot path: the encoder writes it as is in place of [`RemotingCommand::ext_fields`]
     /// (which should then be `None`), with no map built. It must be in the command's
     /// [`RemotingCommand::serialize_type`] (encoding it in the other is an error). Decoders
-    /// never set it. See [`send_response_json`](crate::header::send_response_json).
+    /// set it only when asked ([`RemotingCommand::decode_with`], then as
+    /// [`RawExtFields::BinaryArea`]). See
+    /// [`send_response_json`](crate::header::send_response_json).
     pub ext_fields_raw: Option<RawExtFields>,
     /// How the header was decoded, or how it is to be encoded.
     pub serialize_type: SerializeType,
@@ -575,7 +604,11 @@ impl RemotingCommand {
                 put_json_str(dst, v);
             }
             dst.put_u8(b'}');
-        } else if let Some(RawExtFields::Binary(area)) = &self.ext_fields_raw {
+        } else if let Some(area) = self
+            .ext_fields_raw
+            .as_ref()
+            .and_then(RawExtFields::binary_area)
+        {
             // Written for a binary header, sent as JSON after all: the same entries (their
             // strings are UTF-8, see `push_binary_entry`).
             dst.extend_from_slice(b",\"extFields\":{");
@@ -625,13 +658,14 @@ impl RemotingCommand {
                 reason: "extFields written as JSON cannot go in a ROCKETMQ binary header".into(),
             });
         }
-        let raw = match &self.ext_fields_raw {
-            Some(RawExtFields::Binary(area)) => {
-                debug_assert!(self.ext_fields.is_none(), "both extFields forms set");
-                Some(area.as_slice())
-            }
-            _ => None,
-        };
+        let raw = self
+            .ext_fields_raw
+            .as_ref()
+            .and_then(RawExtFields::binary_area);
+        debug_assert!(
+            raw.is_none() || self.ext_fields.is_none(),
+            "both extFields forms set"
+        );
         let remark = self.remark.as_deref().unwrap_or("");
         let remark_len = len_i32(remark.len(), "remark")?;
         // One pass over the entries: the area's length is written once they are.
@@ -699,6 +733,22 @@ impl RemotingCommand {
     /// A frame shorter than 4 bytes, a header length beyond the frame, an unknown serialize
     /// type, and any error of [`RemotingCommand::decode_header`].
     pub fn decode(frame: Bytes) -> Result<RemotingCommand> {
+        Self::decode_with(frame, |_| false)
+    }
+
+    /// [`RemotingCommand::decode`], keeping the binary extFields area of a request whose
+    /// code `keep_area` accepts as [`RawExtFields::BinaryArea`] in
+    /// [`RemotingCommand::ext_fields_raw`] (no [`ExtFields`] built; `ext_fields` is `None`),
+    /// when the area qualifies (see the variant); otherwise, and for JSON headers and
+    /// responses, the command is the one `decode` gives. A caller that keeps areas reads
+    /// those codes' headers from either form.
+    ///
+    /// # Errors
+    /// As [`RemotingCommand::decode`] (a kept area is one `decode` accepts).
+    pub fn decode_with(
+        frame: Bytes,
+        keep_area: impl FnOnce(i32) -> bool,
+    ) -> Result<RemotingCommand> {
         let Some(word) = frame.get(..4) else {
             return Err(ProtoError::Truncated {
                 what: "frame header-length word",
@@ -718,7 +768,19 @@ impl RemotingCommand {
         let mut cmd = match serialize_type {
             // The extFields share the frame's header bytes (see `ExtFields`).
             SerializeType::Json => decode_json_header_shared(frame.slice(4..4 + header_len))?,
-            SerializeType::RocketMq => decode_rocketmq_header(&frame[4..4 + header_len])?,
+            SerializeType::RocketMq => {
+                let header = &frame[4..4 + header_len];
+                let (mut cmd, area) = decode_rocketmq_fixed(header)?;
+                let kept = (cmd.flag & FLAG_RESPONSE == 0 && keep_area(cmd.code))
+                    .then(|| keepable_area(&frame, area))
+                    .flatten();
+                match kept {
+                    Some(area) => cmd.ext_fields_raw = Some(RawExtFields::BinaryArea(area)),
+                    None if area.is_empty() => {}
+                    None => cmd.ext_fields = decode_rocketmq_ext_fields(area)?,
+                }
+                cmd
+            }
         };
         if frame.len() > 4 + header_len {
             cmd.body = Some(frame.slice(4 + header_len..));
@@ -1227,7 +1289,10 @@ fn next_rocketmq_entry<'a>(e: &mut HeaderReader<'a>) -> Result<(&'a [u8], &'a [u
 /// order, or `None` once it ends; `Err(())` for a malformed entry (a length that is negative
 /// or runs past the area: [`next_rocketmq_entry`] says which).
 #[inline]
-fn rocketmq_entry_at(area: &[u8], at: &mut usize) -> std::result::Result<Option<(Span, Span)>, ()> {
+pub(crate) fn rocketmq_entry_at(
+    area: &[u8],
+    at: &mut usize,
+) -> std::result::Result<Option<(Span, Span)>, ()> {
     let rest = &area[*at..];
     if rest.is_empty() {
         return Ok(None);
@@ -1342,6 +1407,37 @@ fn first_bad_rocketmq_string(area: &[u8]) -> ProtoError {
 }
 
 fn decode_rocketmq_header(header: &[u8]) -> Result<RemotingCommand> {
+    let (mut cmd, area) = decode_rocketmq_fixed(header)?;
+    if !area.is_empty() {
+        cmd.ext_fields = decode_rocketmq_ext_fields(area)?;
+    }
+    Ok(cmd)
+}
+
+/// `area` (a slice of `frame`) as a [`RawExtFields::BinaryArea`], if it qualifies: well
+/// formed, at least one entry, no empty key or value (the map drops those), every length
+/// field's bytes ASCII and the whole area UTF-8. The last two make every key and value UTF-8
+/// by itself: each is bounded by ASCII bytes or the area's ends, and an ASCII byte is never
+/// inside a character. Anything else is left to the map's decode (and its errors).
+fn keepable_area(frame: &Bytes, area: &[u8]) -> Option<ByteString> {
+    if area.is_empty() {
+        return None;
+    }
+    let mut at = 0;
+    while let Some(((k, kl), (v, vl))) = rocketmq_entry_at(area, &mut at).ok()? {
+        let lengths = (kl as u64) << 32 | vl as u64;
+        if kl == 0 || vl == 0 || lengths & 0x0000_8080_8080_8080 != 0 {
+            return None;
+        }
+        debug_assert!(k >= 2 && v >= 4);
+    }
+    let start = area.as_ptr() as usize - frame.as_ptr() as usize;
+    ByteString::try_from(frame.slice(start..start + area.len())).ok()
+}
+
+/// A binary header's fixed fields and remark (the command, without extFields or body) and
+/// its extFields area.
+fn decode_rocketmq_fixed(header: &[u8]) -> Result<(RemotingCommand, &[u8])> {
     let mut r = HeaderReader { buf: header };
     let code = r.i16("binary header code")?;
     let language =
@@ -1358,23 +1454,19 @@ fn decode_rocketmq_header(header: &[u8]) -> Result<RemotingCommand> {
         )));
     }
     let ext_area = r.take(ext_len as usize, "binary header extFields")?;
-    let ext_fields = if ext_area.is_empty() {
-        None
-    } else {
-        decode_rocketmq_ext_fields(ext_area)?
-    };
-    Ok(RemotingCommand {
+    let cmd = RemotingCommand {
         code: i32::from(code),
         language,
         version: i32::from(version),
         opaque,
         flag,
         remark,
-        ext_fields,
+        ext_fields: None,
         ext_fields_raw: None,
         serialize_type: SerializeType::RocketMq,
         body: None,
-    })
+    };
+    Ok((cmd, ext_area))
 }
 
 #[cfg(test)]

@@ -4,8 +4,9 @@
 use super::{
     command_header, parse_java_bool, plain_digits, EmptyHeader, HeaderField, HeaderValue, RpcFields,
 };
-use crate::command::ExtFields;
+use crate::command::{ExtFields, RawExtFields, RemotingCommand};
 use crate::{ProtoError, Result};
+use bytestring::ByteString;
 
 command_header! {
     /// SEND_MESSAGE (10) request header with Java field names. Java producers actually send
@@ -213,7 +214,6 @@ impl<'a> SendHeaderRef<'a> {
     /// required field is [`ProtoError::MissingField`], a bad number
     /// [`ProtoError::InvalidField`].
     pub fn decode(ext: &'a ExtFields, one_letter: bool) -> Result<Self> {
-        let keys = &SEND_KEYS[usize::from(one_letter)];
         let found: [Option<&'a str>; 13] = if one_letter {
             // Keys `a` to `m`, in the order of `SEND_KEYS`.
             ext.letter_values(b'a')
@@ -221,26 +221,56 @@ impl<'a> SendHeaderRef<'a> {
             // Keys are matched as bytes; only the values of the fields found are sliced as text.
             let mut found = [None; 13];
             for (key, value) in ext.iter_keyed() {
-                let i = match key {
-                    b"producerGroup" => 0,
-                    b"topic" => 1,
-                    b"defaultTopic" => 2,
-                    b"defaultTopicQueueNums" => 3,
-                    b"queueId" => 4,
-                    b"sysFlag" => 5,
-                    b"bornTimestamp" => 6,
-                    b"flag" => 7,
-                    b"properties" => 8,
-                    b"reconsumeTimes" => 9,
-                    b"unitMode" => 10,
-                    b"maxReconsumeTimes" => 11,
-                    b"batch" => 12,
-                    _ => continue,
-                };
-                found[i] = Some(value);
+                if let Some(i) = long_key_index(key) {
+                    found[i] = Some(value);
+                }
             }
             found
         };
+        Self::from_found(found, one_letter)
+    }
+
+    /// Reads the header of a send request from whichever form its extFields came in: the map,
+    /// or the binary area the decoder kept ([`RawExtFields::BinaryArea`], see
+    /// [`RemotingCommand::decode_with`]); no extFields read as an empty map. V2's one-letter
+    /// keys unless the code is SEND_MESSAGE.
+    pub fn of_request(req: &'a RemotingCommand) -> Result<Self> {
+        static NO_FIELDS: ExtFields = ExtFields::new();
+        let one_letter = req.code != crate::code::request_code::SEND_MESSAGE;
+        match (&req.ext_fields, &req.ext_fields_raw) {
+            (None, Some(RawExtFields::BinaryArea(area))) => Self::decode_area(area, one_letter),
+            (ext, _) => Self::decode(ext.as_ref().unwrap_or(&NO_FIELDS), one_letter),
+        }
+    }
+
+    /// [`SendHeaderRef::decode`] over a kept binary area: the same fields, rules and errors as
+    /// over the map the area decodes to (a later entry of a key wins, as in the map).
+    pub fn decode_area(area: &'a ByteString, one_letter: bool) -> Result<Self> {
+        let text: &'a str = area;
+        let bytes = text.as_bytes();
+        let mut found: [Option<&'a str>; 13] = [None; 13];
+        let mut at = 0;
+        while let Ok(Some(((k, kl), (v, vl)))) = crate::command::rocketmq_entry_at(bytes, &mut at) {
+            let i = if one_letter {
+                match bytes[k..k + kl] {
+                    [letter @ b'a'..=b'm'] => usize::from(letter - b'a'),
+                    _ => continue,
+                }
+            } else {
+                match long_key_index(&bytes[k..k + kl]) {
+                    Some(i) => i,
+                    None => continue,
+                }
+            };
+            // Every key and value of a kept area is UTF-8 by itself: these are boundaries.
+            found[i] = text.get(v..v + vl);
+        }
+        Self::from_found(found, one_letter)
+    }
+
+    /// The fields from the values found for `SEND_KEYS`' keys, in order.
+    fn from_found(found: [Option<&'a str>; 13], one_letter: bool) -> Result<Self> {
+        let keys = &SEND_KEYS[usize::from(one_letter)];
         fn required<'v>(v: Option<&'v str>, key: &'static str) -> Result<&'v str> {
             v.ok_or(ProtoError::MissingField { field: key })
         }
@@ -261,6 +291,27 @@ impl<'a> SendHeaderRef<'a> {
             batch: found[12].map(parse_java_bool),
         })
     }
+}
+
+/// The index in `SEND_KEYS[0]` of a SEND_MESSAGE (V1) header key.
+#[inline]
+fn long_key_index(key: &[u8]) -> Option<usize> {
+    Some(match key {
+        b"producerGroup" => 0,
+        b"topic" => 1,
+        b"defaultTopic" => 2,
+        b"defaultTopicQueueNums" => 3,
+        b"queueId" => 4,
+        b"sysFlag" => 5,
+        b"bornTimestamp" => 6,
+        b"flag" => 7,
+        b"properties" => 8,
+        b"reconsumeTimes" => 9,
+        b"unitMode" => 10,
+        b"maxReconsumeTimes" => 11,
+        b"batch" => 12,
+        _ => return None,
+    })
 }
 
 /// An `int` field: plain digits read here, anything else (a sign, an overflow, text) by

@@ -511,6 +511,78 @@ proptest! {
     }
 
     #[test]
+    fn a_kept_binary_area_reads_as_its_map(
+        entries in proptest::collection::vec(
+            (prop_oneof![
+                4 => prop_oneof![
+                    Just("a"), Just("b"), Just("c"), Just("d"), Just("e"), Just("f"), Just("g"),
+                    Just("h"), Just("i"), Just("j"), Just("k"), Just("m"), Just("n"),
+                    Just("topic"), Just("queueId"), Just("properties"), Just("batch"),
+                ].prop_map(str::to_owned),
+                1 => "\\PC{0,3}",
+            ], prop_oneof![
+                Just("0".to_owned()), Just("-1".to_owned()), Just("4".to_owned()),
+                Just("true".to_owned()), Just("1700000000000".to_owned()),
+                Just(String::new()), "\\PC{0,8}", "[a-z]{120,300}",
+            ]),
+            0..20,
+        ),
+        code in prop_oneof![Just(request_code::SEND_MESSAGE), Just(request_code::SEND_MESSAGE_V2)],
+    ) {
+        use crate::command::{RawExtFields, RemotingCommand, SerializeType};
+        // The area as a sender writes it (empty keys and values too: the map drops them, so
+        // an area holding one is not kept), in a request frame.
+        let mut area = Vec::new();
+        for (k, v) in &entries {
+            area.extend_from_slice(&(k.len() as i16).to_be_bytes());
+            area.extend_from_slice(k.as_bytes());
+            area.extend_from_slice(&(v.len() as i32).to_be_bytes());
+            area.extend_from_slice(v.as_bytes());
+        }
+        let mut cmd = RemotingCommand::request(code).with_body(bytes::Bytes::from_static(b"x"));
+        cmd.serialize_type = SerializeType::RocketMq;
+        cmd.ext_fields_raw = Some(RawExtFields::Binary(area));
+        let mut wire = bytes::BytesMut::new();
+        cmd.encode(&mut wire).unwrap();
+        let frame = wire.freeze().slice(4..);
+        let map = RemotingCommand::decode(frame.clone());
+        let kept = RemotingCommand::decode_with(frame.clone(), |c| c == code);
+        match (&map, &kept) {
+            (Ok(map), Ok(kept)) => {
+                let as_text = |h: Result<SendHeaderRef<'_>>| format!("{h:?}");
+                prop_assert_eq!(
+                    as_text(SendHeaderRef::of_request(map)),
+                    as_text(SendHeaderRef::of_request(kept))
+                );
+                if let Some(RawExtFields::BinaryArea(_)) = &kept.ext_fields_raw {
+                    prop_assert!(kept.ext_fields.is_none());
+                    // Without repeated keys the kept entries are the map's, in order.
+                    let raw = kept.ext_fields_raw.as_ref().unwrap();
+                    let keys: Vec<&[u8]> = raw.binary_entries().map(|(k, _)| k).collect();
+                    let mut unique = keys.clone();
+                    unique.sort();
+                    unique.dedup();
+                    if unique.len() == keys.len() {
+                        let from_map: Vec<(&[u8], &[u8])> = map
+                            .ext_fields
+                            .as_ref()
+                            .map(|m| m.iter().map(|(k, v)| (k.as_bytes(), v.as_bytes())).collect())
+                            .unwrap_or_default();
+                        prop_assert_eq!(raw.binary_entries().collect::<Vec<_>>(), from_map);
+                    }
+                } else {
+                    prop_assert_eq!(format!("{map:?}"), format!("{kept:?}"));
+                }
+                // Not kept for another code, nor for a response.
+                let other = RemotingCommand::decode_with(frame.clone(), |c| c != code).unwrap();
+                prop_assert_eq!(format!("{map:?}"), format!("{other:?}"));
+            }
+            (Err(a), Err(b)) => prop_assert_eq!(a.to_string(), b.to_string()),
+            _ => prop_assert!(false, "{map:?} / {kept:?}"),
+        }
+    }
+
+    #[test]
     fn a_send_answer_written_from_borrowed_values_is_the_typed_headers(seed in any::<[u8; 32]>()) {
         let mut rng = TestRng::from_seed(RngAlgorithm::ChaCha, &seed);
         let h = SendMessageResponseHeader {
@@ -625,4 +697,50 @@ proptest! {
         let _ = PopMessageRequestHeader::from_ext_fields(&e);
         let _ = RegisterBrokerRequestHeader::from_ext_fields(&e);
     }
+}
+
+#[test]
+fn a_send_area_is_kept_when_it_qualifies() {
+    use crate::command::{
+        push_binary_entry, RawExtFields, RemotingCommand, SerializeType, FLAG_RESPONSE,
+    };
+    let frame = |entries: &[(&str, &str)], flag: i32| {
+        let mut area = Vec::new();
+        for (k, v) in entries {
+            push_binary_entry(&mut area, k, v).unwrap();
+        }
+        let mut cmd = RemotingCommand::request(request_code::SEND_MESSAGE_V2);
+        cmd.flag = flag;
+        cmd.serialize_type = SerializeType::RocketMq;
+        cmd.ext_fields_raw = Some(RawExtFields::Binary(area));
+        let mut wire = bytes::BytesMut::new();
+        cmd.encode(&mut wire).unwrap();
+        wire.freeze().slice(4..)
+    };
+    let kept = |f: bytes::Bytes| {
+        let cmd = RemotingCommand::decode_with(f, |c| c == request_code::SEND_MESSAGE_V2).unwrap();
+        matches!(cmd.ext_fields_raw, Some(RawExtFields::BinaryArea(_)))
+    };
+    // Java's send header (spec 1.3).
+    let spec = spec_v2_ext();
+    let send: Vec<(&str, &str)> = spec.iter().collect();
+    assert!(kept(frame(&send, 0)));
+    // Read from the area as from the map.
+    let f = frame(&send, 0);
+    let area = RemotingCommand::decode_with(f.clone(), |_| true).unwrap();
+    let map = RemotingCommand::decode(f).unwrap();
+    assert_eq!(
+        SendHeaderRef::of_request(&area).unwrap(),
+        SendHeaderRef::of_request(&map).unwrap()
+    );
+    assert_eq!(SendHeaderRef::of_request(&area).unwrap().topic, "T");
+    // A response is never kept; neither is an area with a length byte of 0x80 or more (a
+    // value of 200 bytes), an empty value, or non-ASCII text next to a length field that is
+    // not ASCII.
+    assert!(!kept(frame(&send, FLAG_RESPONSE)));
+    let long = "x".repeat(200);
+    assert!(!kept(frame(&[("a", "G"), ("i", &long)], 0)));
+    assert!(kept(frame(&[("a", "G"), ("i", &"x".repeat(300))], 0)));
+    assert!(!kept(frame(&[("a", "G"), ("i", "")], 0)));
+    assert!(kept(frame(&[("a", "Gé"), ("b", "ü")], 0)));
 }
