@@ -604,24 +604,21 @@ impl RemotingCommand {
                 put_json_str(dst, v);
             }
             dst.put_u8(b'}');
-        } else if let Some(area) = self
+        } else if let Some(raw) = self
             .ext_fields_raw
             .as_ref()
-            .and_then(RawExtFields::binary_area)
+            .filter(|r| r.binary_area().is_some())
         {
             // Written for a binary header, sent as JSON after all: the same entries (their
             // strings are UTF-8, see `push_binary_entry`).
             dst.extend_from_slice(b",\"extFields\":{");
-            let mut at = 0;
-            let mut first = true;
-            while let Ok(Some(((k, kl), (v, vl)))) = rocketmq_entry_at(area, &mut at) {
-                if !first {
+            for (i, (k, v)) in raw.binary_entries().enumerate() {
+                if i > 0 {
                     dst.put_u8(b',');
                 }
-                first = false;
-                put_json_str(dst, &area[k..k + kl]);
+                put_json_str(dst, k);
                 dst.put_u8(b':');
-                put_json_str(dst, &area[v..v + vl]);
+                put_json_str(dst, v);
             }
             dst.put_u8(b'}');
         }
@@ -1424,12 +1421,11 @@ fn keepable_area(frame: &Bytes, area: &[u8]) -> Option<ByteString> {
         return None;
     }
     let mut at = 0;
-    while let Some(((k, kl), (v, vl))) = rocketmq_entry_at(area, &mut at).ok()? {
+    while let Some(((_, kl), (_, vl))) = rocketmq_entry_at(area, &mut at).ok()? {
         let lengths = (kl as u64) << 32 | vl as u64;
         if kl == 0 || vl == 0 || lengths & 0x0000_8080_8080_8080 != 0 {
             return None;
         }
-        debug_assert!(k >= 2 && v >= 4);
     }
     let start = area.as_ptr() as usize - frame.as_ptr() as usize;
     ByteString::try_from(frame.slice(start..start + area.len())).ok()

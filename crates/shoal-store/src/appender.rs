@@ -240,13 +240,6 @@ impl<'a> std::ops::Index<usize> for Jobs<'_, 'a> {
     }
 }
 
-/// What [`Inner::finish`] completes jobs with: one [`Appended`] per job, and whether the
-/// arrival listeners are still to hear of them.
-pub(crate) struct Notified {
-    per_job: Vec<Appended>,
-    notify: bool,
-}
-
 /// The completion of a queued job: the result, and the waker of whoever waits for it.
 #[derive(Default)]
 pub(crate) struct Slot {
@@ -494,10 +487,6 @@ impl Inner {
             };
             let outcome = self.append_locked(&mut w, list);
             drop(w);
-            let outcome = outcome.map(|per_job| Notified {
-                per_job,
-                notify: true,
-            });
             self.finish(jobs, outcome);
         }
     }
@@ -513,17 +502,12 @@ impl Inner {
         };
         let outcome = self.append_locked(&mut w, list);
         drop(w);
-        if let Ok(per_job) = &outcome {
-            self.notify_arrivals(list.iter().zip(per_job));
-        }
         let (mine, rest) = match outcome {
             Ok(mut per_job) => {
                 let rest = per_job.split_off(1);
-                // Listeners heard of every job's messages above.
-                let rest = Notified {
-                    per_job: rest,
-                    notify: false,
-                };
+                // Listeners hear of this job first, then (in `finish`) of the others: append
+                // order.
+                self.notify_arrivals(std::iter::once(&own).zip(&per_job));
                 (per_job.pop(), Ok(rest))
             }
             Err(e) => {
@@ -547,9 +531,9 @@ impl Inner {
     }
 
     /// Completes appended jobs (or fails them all).
-    fn finish(&self, jobs: Vec<Job<'static>>, outcome: Result<Notified>) {
-        let (per_job, notify) = match outcome {
-            Ok(Notified { per_job, notify }) => (per_job, notify),
+    fn finish(&self, jobs: Vec<Job<'static>>, outcome: Result<Vec<Appended>>) {
+        let per_job = match outcome {
+            Ok(per_job) => per_job,
             Err(e) => {
                 let text = e.to_string();
                 for job in jobs {
@@ -560,9 +544,7 @@ impl Inner {
                 return;
             }
         };
-        if notify {
-            self.notify_arrivals(jobs.iter().zip(&per_job));
-        }
+        self.notify_arrivals(jobs.iter().zip(&per_job));
         let sync = self.config.flush_mode == FlushMode::Sync;
         let mut waiters = Vec::new();
         for (job, done) in jobs.into_iter().zip(per_job) {
