@@ -951,6 +951,22 @@ impl ClientInstance {
             .map(|r| Ok(r?))
     }
 
+    /// [`ClientInstance::invoke`] for a caller that reads the answer's header with a reader
+    /// that takes a kept binary area too
+    /// ([`RemotingClient::invoke_keeping_answer_area`](shoal_net::RemotingClient::invoke_keeping_answer_area)).
+    pub fn invoke_keeping_answer_area(
+        &self,
+        addr: &str,
+        request: RemotingCommand,
+        timeout: Duration,
+    ) -> impl std::future::Future<Output = Result<RemotingCommand>> + Send + 'static {
+        use futures::FutureExt;
+        self.inner
+            .net
+            .invoke_keeping_answer_area(addr, self.signed(request), timeout)
+            .map(|r| Ok(r?))
+    }
+
     /// Sends a oneway request to a broker address.
     ///
     /// # Errors

@@ -492,14 +492,15 @@ impl Producer {
     ) -> impl Future<Output = Result<SendResult>> + Send + 'static {
         let inst = &self.inner.instance;
         let answer = match addr {
-            Some(addr) => Either::Left(inst.invoke(&addr, req, timeout)),
+            // The answer is read by `SendResponseRef`, which takes its binary area as it came.
+            Some(addr) => Either::Left(inst.invoke_keeping_answer_area(&addr, req, timeout)),
             None => {
                 // Rare (the route is refreshed first): boxed, with what it needs.
                 let (inst, broker, topic) =
                     (inst.clone(), mq.broker_name.clone(), mq.topic.clone());
                 Either::Right(Box::pin(async move {
                     let addr = inst.find_master_addr(&broker, &topic).await?;
-                    inst.invoke(&addr, req, timeout).await
+                    inst.invoke_keeping_answer_area(&addr, req, timeout).await
                 }))
             }
         };
@@ -513,7 +514,7 @@ impl Producer {
                 resp::SLAVE_NOT_AVAILABLE => SendStatus::SlaveNotAvailable,
                 _ => return Err(ClientError::server("SEND_MESSAGE", &r)),
             };
-            let h = SendResponseRef::decode(r.ext_fields.as_ref())?;
+            let h = SendResponseRef::of_response(&r)?;
             Ok(SendResult {
                 status,
                 msg_id: String::new(),

@@ -250,10 +250,36 @@ impl RemotingClient {
         request: RemotingCommand,
         timeout: Duration,
     ) -> impl Future<Output = Result<RemotingCommand>> + Send + 'static {
+        self.invoke_with(addr, request, timeout, false)
+    }
+
+    /// [`RemotingClient::invoke`] for a caller that reads the answer's header with a reader
+    /// that takes a kept binary area too (see
+    /// [`Connection::start_request_keeping_answer_area`]).
+    pub fn invoke_keeping_answer_area(
+        &self,
+        addr: &str,
+        request: RemotingCommand,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<RemotingCommand>> + Send + 'static {
+        self.invoke_with(addr, request, timeout, true)
+    }
+
+    fn invoke_with(
+        &self,
+        addr: &str,
+        request: RemotingCommand,
+        timeout: Duration,
+        keep_area: bool,
+    ) -> impl Future<Output = Result<RemotingCommand>> + Send + 'static {
+        let start = move |conn: &Connection, request, timeout| match keep_area {
+            true => conn.start_request_keeping_answer_area(request, timeout),
+            false => conn.start_request(request, timeout),
+        };
         // An established connection is used at once, with the whole timeout (and no clock
         // read); a connection being made takes its time out of the timeout.
         if let Some(conn) = self.established(addr) {
-            return Either::Left(conn.start_request(request, timeout));
+            return Either::Left(start(&conn, request, timeout));
         }
         let (this, addr) = (self.clone(), addr.to_owned());
         Either::Right(Box::pin(async move {
@@ -262,7 +288,7 @@ impl RemotingClient {
                 .connection_within(&addr, timeout.min(this.inner.config.connect_timeout))
                 .await?;
             let remaining = deadline.saturating_duration_since(Instant::now());
-            conn.request(request, remaining).await
+            start(&conn, request, remaining).await
         }))
     }
 

@@ -99,6 +99,9 @@ pub(crate) struct Waiter {
     tx: oneshot::Sender<Result<RemotingCommand>>,
     deadline: Instant,
     timeout: Duration,
+    /// The caller reads the answer's binary extFields area as it came (see
+    /// [`Connection::start_request_keeping_answer_area`]).
+    pub(crate) keep_area: bool,
 }
 
 impl PendingTable {
@@ -342,10 +345,29 @@ impl Connection {
     /// returns, unless the queue is over its limit (then the returned future waits for room,
     /// within the timeout). The future is small and owns what it needs, so callers that keep
     /// it across their own awaits stay small too.
-    pub fn start_request(
+    pub fn start_request(&self, request: RemotingCommand, timeout: Duration) -> PendingResponse {
+        self.start_waiting(request, timeout, false)
+    }
+
+    /// [`Connection::start_request`] for a caller that reads its answer's header with a
+    /// reader of its own that takes both forms (e.g.
+    /// [`SendResponseRef::of_response`](shoal_proto::header::SendResponseRef::of_response)):
+    /// a binary extFields area in the answer may be kept as it came
+    /// ([`RawExtFields::BinaryArea`](shoal_proto::RawExtFields::BinaryArea), see
+    /// [`RemotingCommand::decode_with`]) instead of decoded into a map.
+    pub fn start_request_keeping_answer_area(
+        &self,
+        request: RemotingCommand,
+        timeout: Duration,
+    ) -> PendingResponse {
+        self.start_waiting(request, timeout, true)
+    }
+
+    fn start_waiting(
         &self,
         mut request: RemotingCommand,
         timeout: Duration,
+        keep_area: bool,
     ) -> PendingResponse {
         let deadline = Instant::now() + timeout;
         let (tx, rx) = oneshot::channel();
@@ -353,6 +375,7 @@ impl Connection {
             tx,
             deadline,
             timeout,
+            keep_area,
         }) {
             Ok(opaque) => opaque,
             Err(e) => return PendingResponse(Pending::Failed(Some(e))),
@@ -528,7 +551,17 @@ impl Connection {
 
     /// Hands a response to whoever waits for its opaque.
     pub(crate) fn complete(&self, response: RemotingCommand) {
-        let waiter = self.inner.pending.lock().waiting.remove(&response.opaque);
+        let waiter = self.take_waiter(response.opaque);
+        self.complete_to(waiter, response);
+    }
+
+    /// Removes the waiter of `opaque` (its answer has come), if any.
+    pub(crate) fn take_waiter(&self, opaque: i32) -> Option<Waiter> {
+        self.inner.pending.lock().waiting.remove(&opaque)
+    }
+
+    /// Hands a response to its waiter, taken from the table before (none: it gave up).
+    pub(crate) fn complete_to(&self, waiter: Option<Waiter>, response: RemotingCommand) {
         match waiter {
             Some(w) => {
                 // The caller may have just given up; then the response is dropped.

@@ -319,12 +319,27 @@ where
             }
             self.rbuf.advance(4);
             let frame = self.rbuf.split_to(body_len).freeze();
-            let processor = &self.processor;
-            let cmd = RemotingCommand::decode_with(frame, |code| processor.keeps_binary_area(code))
-                .map_err(|e| Close::BadFrame(e.to_string()))?;
+            let (processor, conn) = (&self.processor, &self.conn);
+            // An answer's waiter, when the decoder asked about its area (it is taken from the
+            // table then, once, to learn whether its caller keeps areas).
+            let mut waiter = None;
+            let cmd = RemotingCommand::decode_with(frame, |c| {
+                if c.is_response() {
+                    let w = conn.take_waiter(c.opaque);
+                    let keep = w.as_ref().is_some_and(|w| w.keep_area);
+                    waiter = Some(w);
+                    keep
+                } else {
+                    processor.keeps_binary_area(c.code)
+                }
+            })
+            .map_err(|e| Close::BadFrame(e.to_string()))?;
             n += 1;
             if cmd.is_response() {
-                self.conn.complete(cmd);
+                match waiter {
+                    Some(w) => self.conn.complete_to(w, cmd),
+                    None => self.conn.complete(cmd),
+                }
             } else {
                 self.dispatch(cmd);
             }

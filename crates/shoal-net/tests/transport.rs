@@ -30,6 +30,7 @@ const PANIC_EARLY: i32 = 108; // panics in `process` itself, before returning it
 const ONEWAY_SEEN: i32 = 105; // counts oneway requests and returns a response anyway
 const NOTIFY: i32 = 40; // NOTIFY_CONSUMER_IDS_CHANGED, server -> client, oneway
 const RUNNING_INFO: i32 = 307; // GET_CONSUMER_RUNNING_INFO, server -> client
+const ECHO_EXT: i32 = 109; // answers with the request's extFields
 
 const LIMIT: Duration = Duration::from_secs(20);
 
@@ -78,6 +79,11 @@ impl Processor for TestServer {
                     Ok(Some(resp))
                 }
                 NEVER => Ok(None),
+                ECHO_EXT => {
+                    let mut resp = RemotingCommand::response(SUCCESS, None);
+                    resp.ext_fields = request.ext_fields.clone();
+                    Ok(Some(resp))
+                }
                 HOLD => {
                     if let Some(tx) = held {
                         let _ = tx.send((ctx.responder(), request));
@@ -964,6 +970,81 @@ async fn answers_come_in_the_request_s_header_encoding() {
             assert_eq!(late.serialize_type, st);
             assert_eq!(late.remark.as_deref(), Some("later"));
         }
+        server.shutdown().await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_that_keeps_answer_areas_gets_the_binary_area_as_it_came() {
+    use shoal_proto::RawExtFields;
+    bounded(async {
+        let (server, _p, addr) = start_server(NetConfig::default()).await;
+        let client = RemotingClient::default();
+        let conn = client.connection(&addr).await.unwrap();
+        let request = |st| {
+            let mut ext = ExtFields::new();
+            ext.insert("msgId", "7F00000100002A9F0000000000000000");
+            ext.insert("queueId", "3");
+            ext.insert("queueOffset", "41");
+            let mut req = RemotingCommand::request(ECHO_EXT).with_ext_fields(ext);
+            req.serialize_type = st;
+            req
+        };
+        let entries = |r: &RemotingCommand| -> Vec<(String, String)> {
+            match (&r.ext_fields, &r.ext_fields_raw) {
+                (Some(m), None) => m
+                    .iter()
+                    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                    .collect(),
+                (None, Some(raw @ RawExtFields::BinaryArea(_))) => raw
+                    .binary_entries()
+                    .map(|(k, v)| {
+                        (
+                            String::from_utf8(k.to_vec()).unwrap(),
+                            String::from_utf8(v.to_vec()).unwrap(),
+                        )
+                    })
+                    .collect(),
+                other => panic!("unexpected header form {other:?}"),
+            }
+        };
+        let timeout = Duration::from_secs(10);
+        // Binary answer, kept: a slice of the frame, no map; the same entries as the map.
+        let kept = conn
+            .start_request_keeping_answer_area(request(SerializeType::RocketMq), timeout)
+            .await
+            .unwrap();
+        assert!(kept.ext_fields.is_none());
+        assert!(matches!(
+            kept.ext_fields_raw,
+            Some(RawExtFields::BinaryArea(_))
+        ));
+        let map = conn
+            .start_request(request(SerializeType::RocketMq), timeout)
+            .await
+            .unwrap();
+        assert!(map.ext_fields.is_some() && map.ext_fields_raw.is_none());
+        assert_eq!(entries(&kept), entries(&map));
+        assert_eq!(entries(&kept).len(), 3);
+        // Through the pool too.
+        let pooled = client
+            .invoke_keeping_answer_area(&addr, request(SerializeType::RocketMq), timeout)
+            .await
+            .unwrap();
+        assert!(matches!(
+            pooled.ext_fields_raw,
+            Some(RawExtFields::BinaryArea(_))
+        ));
+        // A JSON answer is always a map.
+        let json = conn
+            .start_request_keeping_answer_area(request(SerializeType::Json), timeout)
+            .await
+            .unwrap();
+        assert_eq!(entries(&json), entries(&map));
+        assert!(json.ext_fields.is_some());
+        // Nothing is left waiting.
+        assert_eq!(conn.pending_requests(), 0);
         server.shutdown().await;
     })
     .await;

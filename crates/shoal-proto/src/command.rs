@@ -183,10 +183,11 @@ pub enum RawExtFields {
     /// A ROCKETMQ binary header's extFields area: `int16 keyLen | key | int32 valueLen |
     /// value` per entry (see [`push_binary_entry`]), for a binary header.
     Binary(Vec<u8>),
-    /// A request's binary extFields area as it came, a slice of its frame, kept by
-    /// [`RemotingCommand::decode_with`] for a code its caller reads with a reader of its own
-    /// (no map built): well formed, every key and value non-empty, every length field ASCII
-    /// and the whole area UTF-8, so that each key and value is UTF-8 by itself. Encoded as
+    /// A binary extFields area as it came, a slice of its frame, kept by
+    /// [`RemotingCommand::decode_with`] for a command its caller reads with a reader of its
+    /// own (a request by its code, an answer by the request it answers; no map built): well
+    /// formed, every key and value non-empty, every length field ASCII and the whole area
+    /// UTF-8, so that each key and value is UTF-8 by itself. Encoded as
     /// [`RawExtFields::Binary`] is.
     BinaryArea(ByteString),
 }
@@ -733,18 +734,21 @@ impl RemotingCommand {
         Self::decode_with(frame, |_| false)
     }
 
-    /// [`RemotingCommand::decode`], keeping the binary extFields area of a request whose
-    /// code `keep_area` accepts as [`RawExtFields::BinaryArea`] in
+    /// [`RemotingCommand::decode`], keeping the binary extFields area of a command that
+    /// `keep_area` accepts as [`RawExtFields::BinaryArea`] in
     /// [`RemotingCommand::ext_fields_raw`] (no [`ExtFields`] built; `ext_fields` is `None`),
-    /// when the area qualifies (see the variant); otherwise, and for JSON headers and
-    /// responses, the command is the one `decode` gives. A caller that keeps areas reads
-    /// those codes' headers from either form.
+    /// when the area qualifies (see the variant); otherwise, and for JSON headers, the
+    /// command is the one `decode` gives. `keep_area` is asked at most once, for a binary
+    /// header with extFields, with the command's fixed fields (code, flag, opaque, ...;
+    /// no extFields or body yet), so that a request can be told by its code and an answer
+    /// by its opaque. A caller that keeps areas reads those commands' headers from either
+    /// form.
     ///
     /// # Errors
     /// As [`RemotingCommand::decode`] (a kept area is one `decode` accepts).
     pub fn decode_with(
         frame: Bytes,
-        keep_area: impl FnOnce(i32) -> bool,
+        keep_area: impl FnOnce(&RemotingCommand) -> bool,
     ) -> Result<RemotingCommand> {
         let Some(word) = frame.get(..4) else {
             return Err(ProtoError::Truncated {
@@ -768,7 +772,7 @@ impl RemotingCommand {
             SerializeType::RocketMq => {
                 let header = &frame[4..4 + header_len];
                 let (mut cmd, area) = decode_rocketmq_fixed(header)?;
-                let kept = (cmd.flag & FLAG_RESPONSE == 0 && keep_area(cmd.code))
+                let kept = (!area.is_empty() && keep_area(&cmd))
                     .then(|| keepable_area(&frame, area))
                     .flatten();
                 match kept {

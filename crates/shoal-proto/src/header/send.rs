@@ -362,8 +362,33 @@ pub struct SendResponseRef<'a> {
 impl<'a> SendResponseRef<'a> {
     /// Reads the answer's header in one pass over `ext` (`None`: the answer had none).
     pub fn decode(ext: Option<&'a ExtFields>) -> Result<Self> {
+        Self::from_entries(ext.into_iter().flat_map(ExtFields::iter_keyed))
+    }
+
+    /// Reads an answer's header from its map ([`RemotingCommand::ext_fields`]) or from the
+    /// binary area the decoder kept ([`RawExtFields::BinaryArea`], see
+    /// [`RemotingCommand::decode_with`]): the same fields and errors either way (a later entry
+    /// of a key wins, as in the map).
+    pub fn of_response(r: &'a RemotingCommand) -> Result<Self> {
+        match (&r.ext_fields, &r.ext_fields_raw) {
+            (None, Some(RawExtFields::BinaryArea(area))) => {
+                let text: &'a str = area;
+                let bytes = text.as_bytes();
+                let mut at = 0;
+                Self::from_entries(std::iter::from_fn(|| {
+                    let ((k, kl), (v, vl)) =
+                        crate::command::rocketmq_entry_at(bytes, &mut at).ok()??;
+                    // Every key and value of a kept area is UTF-8 by itself: boundaries.
+                    Some((&bytes[k..k + kl], text.get(v..v + vl)?))
+                }))
+            }
+            (ext, _) => Self::decode(ext.as_ref()),
+        }
+    }
+
+    fn from_entries(entries: impl Iterator<Item = (&'a [u8], &'a str)>) -> Result<Self> {
         let mut found: [Option<&'a str>; 3] = [None; 3];
-        for (key, value) in ext.into_iter().flat_map(ExtFields::iter_keyed) {
+        for (key, value) in entries {
             let i = match key {
                 b"msgId" => 0,
                 b"queueId" => 1,

@@ -546,7 +546,7 @@ proptest! {
         cmd.encode(&mut wire).unwrap();
         let frame = wire.freeze().slice(4..);
         let map = RemotingCommand::decode(frame.clone());
-        let kept = RemotingCommand::decode_with(frame.clone(), |c| c == code);
+        let kept = RemotingCommand::decode_with(frame.clone(), |c| c.code == code);
         match (&map, &kept) {
             (Ok(map), Ok(kept)) => {
                 let as_text = |h: Result<SendHeaderRef<'_>>| format!("{h:?}");
@@ -573,8 +573,8 @@ proptest! {
                 } else {
                     prop_assert_eq!(format!("{map:?}"), format!("{kept:?}"));
                 }
-                // Not kept for another code, nor for a response.
-                let other = RemotingCommand::decode_with(frame.clone(), |c| c != code).unwrap();
+                // Not kept when the caller does not ask.
+                let other = RemotingCommand::decode_with(frame.clone(), |c| c.code != code).unwrap();
                 prop_assert_eq!(format!("{map:?}"), format!("{other:?}"));
             }
             (Err(a), Err(b)) => prop_assert_eq!(a.to_string(), b.to_string()),
@@ -628,6 +628,68 @@ proptest! {
             .map(|r| (r.msg_id.to_owned(), r.queue_id, r.queue_offset));
         prop_assert_eq!(format!("{typed:?}"), format!("{borrowed:?}"));
         prop_assert!(SendResponseRef::decode(None).is_err());
+    }
+
+    #[test]
+    fn a_kept_answer_area_reads_as_its_map(
+        entries in proptest::collection::vec(
+            (prop_oneof![
+                4 => prop_oneof![
+                    Just("msgId"), Just("queueId"), Just("queueOffset"), Just("transactionId"),
+                    Just("MSG_REGION"), Just("TRACE_ON"),
+                ].prop_map(str::to_owned),
+                1 => "\\PC{0,3}",
+            ], prop_oneof![
+                Just("0".to_owned()), Just("-1".to_owned()), Just("7".to_owned()),
+                Just("99999999999".to_owned()), Just("7F0000010000".to_owned()),
+                Just(String::new()), "\\PC{0,8}", "[0-9A-F,]{120,300}",
+            ]),
+            0..10,
+        ),
+        code in prop_oneof![Just(0), Just(1), Just(10)],
+    ) {
+        use crate::command::{RawExtFields, RemotingCommand, SerializeType};
+        // An answer's area as a broker writes it (empty keys and values too: an area holding
+        // one is not kept), in a response frame.
+        let mut area = Vec::new();
+        for (k, v) in &entries {
+            area.extend_from_slice(&(k.len() as i16).to_be_bytes());
+            area.extend_from_slice(k.as_bytes());
+            area.extend_from_slice(&(v.len() as i32).to_be_bytes());
+            area.extend_from_slice(v.as_bytes());
+        }
+        let mut cmd = RemotingCommand::response(code, None);
+        cmd.opaque = 42;
+        cmd.serialize_type = SerializeType::RocketMq;
+        cmd.ext_fields_raw = Some(RawExtFields::Binary(area));
+        let mut wire = bytes::BytesMut::new();
+        cmd.encode(&mut wire).unwrap();
+        let frame = wire.freeze().slice(4..);
+        let map = RemotingCommand::decode(frame.clone());
+        let mut asked = None;
+        let kept = RemotingCommand::decode_with(frame, |c| {
+            asked = Some((c.is_response(), c.opaque, c.code));
+            true
+        });
+        match (&map, &kept) {
+            (Ok(map), Ok(kept)) => {
+                // Asked once, with the fixed fields, when there is an area.
+                prop_assert_eq!(asked, (!entries.is_empty()).then_some((true, 42, code)));
+                let read = |r: &RemotingCommand| {
+                    format!("{:?}", SendResponseRef::of_response(r))
+                };
+                prop_assert_eq!(read(map), read(kept));
+                prop_assert_eq!(
+                    read(map),
+                    format!("{:?}", SendResponseRef::decode(map.ext_fields.as_ref()))
+                );
+                if !matches!(kept.ext_fields_raw, Some(RawExtFields::BinaryArea(_))) {
+                    prop_assert_eq!(format!("{map:?}"), format!("{kept:?}"));
+                }
+            }
+            (Err(a), Err(b)) => prop_assert_eq!(a.to_string(), b.to_string()),
+            _ => prop_assert!(false, "{map:?} / {kept:?}"),
+        }
     }
 
     #[test]
@@ -718,7 +780,10 @@ fn a_send_area_is_kept_when_it_qualifies() {
         wire.freeze().slice(4..)
     };
     let kept = |f: bytes::Bytes| {
-        let cmd = RemotingCommand::decode_with(f, |c| c == request_code::SEND_MESSAGE_V2).unwrap();
+        let cmd = RemotingCommand::decode_with(f, |c| {
+            !c.is_response() && c.code == request_code::SEND_MESSAGE_V2
+        })
+        .unwrap();
         matches!(cmd.ext_fields_raw, Some(RawExtFields::BinaryArea(_)))
     };
     // Java's send header (spec 1.3).
@@ -734,9 +799,9 @@ fn a_send_area_is_kept_when_it_qualifies() {
         SendHeaderRef::of_request(&map).unwrap()
     );
     assert_eq!(SendHeaderRef::of_request(&area).unwrap().topic, "T");
-    // A response is never kept; neither is an area with a length byte of 0x80 or more (a
-    // value of 200 bytes), an empty value, or non-ASCII text next to a length field that is
-    // not ASCII.
+    // The caller decides from the fixed fields (here: requests only); an area with a length
+    // byte of 0x80 or more (a value of 200 bytes), an empty value, or non-ASCII text next to
+    // a length field that is not ASCII is never kept.
     assert!(!kept(frame(&send, FLAG_RESPONSE)));
     let long = "x".repeat(200);
     assert!(!kept(frame(&[("a", "G"), ("i", &long)], 0)));
