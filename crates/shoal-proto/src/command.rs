@@ -215,28 +215,7 @@ impl RawExtFields {
 
 /// Appends the decimal digits of `v` (and its sign) to `out`, as `i64::to_string` writes them.
 pub fn push_decimal(out: &mut Vec<u8>, v: i64) {
-    let mut buf = [0u8; 20];
-    out.extend_from_slice(decimal(v, &mut buf));
-}
-
-/// `v` in decimal (sign included), written at the end of `buf`, without going through `fmt`.
-#[inline]
-fn decimal(v: i64, buf: &mut [u8; 20]) -> &[u8] {
-    let mut at = buf.len();
-    let mut n = v.unsigned_abs();
-    loop {
-        at -= 1;
-        buf[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    if v < 0 {
-        at -= 1;
-        buf[at] = b'-';
-    }
-    &buf[at..]
+    out.extend_from_slice(itoa::Buffer::new().format(v).as_bytes());
 }
 
 /// Appends one entry of a ROCKETMQ binary extFields area to `out` whose value is `v` in
@@ -247,9 +226,7 @@ fn decimal(v: i64, buf: &mut [u8; 20]) -> &[u8] {
 /// A key longer than 32767 bytes (nothing appended).
 #[inline]
 pub fn push_binary_decimal(out: &mut Vec<u8>, key: &str, v: i64) -> Result<()> {
-    let mut buf = [0u8; 20];
-    let digits = decimal(v, &mut buf);
-    push_binary_entry_parts(out, key, digits)
+    push_binary_entry_parts(out, key, itoa::Buffer::new().format(v).as_bytes())
 }
 
 /// Appends one entry of a ROCKETMQ binary extFields area to `out` whose value `write`
@@ -833,8 +810,7 @@ fn too_long(len: usize, what: &'static str) -> ProtoError {
 
 /// Writes `v` in decimal without going through `fmt`.
 fn put_decimal(dst: &mut BytesMut, v: i32) {
-    let mut buf = [0u8; 20];
-    dst.extend_from_slice(decimal(i64::from(v), &mut buf));
+    dst.extend_from_slice(itoa::Buffer::new().format(v).as_bytes());
 }
 
 const HEX: &[u8; 16] = b"0123456789abcdef";
