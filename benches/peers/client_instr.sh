@@ -8,7 +8,9 @@
 #
 # The two binaries may differ (e.g. a client build against one broker build). With TOP=N it
 # also prints the N functions with the most instructions (INCLUSIVE=1: inclusive cost);
-# KEEP=1 keeps the callgrind output. Needs valgrind. Run by hand, not in CI.
+# KEEP=1 keeps the callgrind output; BENCH_ARGS adds arguments to both `shoal bench produce`
+# runs (e.g. BENCH_ARGS="--batch 32": COUNT is then messages, and the figure is per message).
+# Needs valgrind. Run by hand, not in CI.
 set -euo pipefail
 
 BROKER=$(readlink -f "${1:?usage: client_instr.sh BROKER_BINARY CLIENT_BINARY [INFLIGHT] [COUNT] [PORT]}")
@@ -34,12 +36,12 @@ for _ in $(seq 1 120); do
 done
 # Warm the broker (page cache, topic) at full speed first.
 "$BROKER" bench produce --namesrv "127.0.0.1:$PORT" --producers 8 --inflight "$INFLIGHT" \
-    --count "$COUNT" >/dev/null
+    --count "$COUNT" ${BENCH_ARGS:-} >/dev/null
 valgrind --tool=callgrind --callgrind-out-file="$WORK/callgrind.out" \
     "$CLIENT" bench produce --namesrv "127.0.0.1:$PORT" --producers 8 --inflight "$INFLIGHT" \
-    --count "$COUNT" --no-create 2>&1 | grep -E '^sent'
+    --count "$COUNT" --no-create ${BENCH_ARGS:-} 2>&1 | grep -E '^sent'
 TOTAL=$(awk '/^totals:/ {print $2}' "$WORK/callgrind.out")
-echo "client instructions per send: $((TOTAL / COUNT)) (${TOTAL} in all, ${COUNT} sends, ${INFLIGHT} in flight x 8 producers)"
+echo "client instructions per message: $((TOTAL / COUNT)) (${TOTAL} in all, ${COUNT} messages, ${INFLIGHT} in flight x 8 producers)"
 if [[ -n "${TOP:-}" ]]; then
     callgrind_annotate --inclusive="$([[ -n "${INCLUSIVE:-}" ]] && echo yes || echo no)" \
         "$WORK/callgrind.out" 2>/dev/null | grep -E '^ *[0-9,]+ \(' | sed -n "2,$((TOP + 1))p"
