@@ -339,6 +339,27 @@ fn add_header_merges_into_existing_fields() {
 }
 
 /// Encodes a random header, decodes it, and checks both the value and the map are stable.
+/// `cmd` with a ROCKETMQ binary header whose extFields area holds `entries` as written (empty
+/// keys and values too), encoded: the frame after its length word.
+fn binary_frame(
+    mut cmd: crate::command::RemotingCommand,
+    entries: &[(String, String)],
+) -> bytes::Bytes {
+    use crate::command::{RawExtFields, SerializeType};
+    let mut area = Vec::new();
+    for (k, v) in entries {
+        area.extend_from_slice(&(k.len() as i16).to_be_bytes());
+        area.extend_from_slice(k.as_bytes());
+        area.extend_from_slice(&(v.len() as i32).to_be_bytes());
+        area.extend_from_slice(v.as_bytes());
+    }
+    cmd.serialize_type = SerializeType::RocketMq;
+    cmd.ext_fields_raw = Some(RawExtFields::Binary(area));
+    let mut wire = bytes::BytesMut::new();
+    cmd.encode(&mut wire).unwrap();
+    wire.freeze().slice(4..)
+}
+
 fn round_trip<H: CommandHeader + RandomValue + PartialEq + std::fmt::Debug>(seed: &[u8; 32]) {
     let mut rng = TestRng::from_seed(RngAlgorithm::ChaCha, seed);
     let h = H::random(&mut rng);
@@ -529,22 +550,11 @@ proptest! {
         ),
         code in prop_oneof![Just(request_code::SEND_MESSAGE), Just(request_code::SEND_MESSAGE_V2)],
     ) {
-        use crate::command::{RawExtFields, RemotingCommand, SerializeType};
+        use crate::command::{RawExtFields, RemotingCommand};
         // The area as a sender writes it (empty keys and values too: the map drops them, so
         // an area holding one is not kept), in a request frame.
-        let mut area = Vec::new();
-        for (k, v) in &entries {
-            area.extend_from_slice(&(k.len() as i16).to_be_bytes());
-            area.extend_from_slice(k.as_bytes());
-            area.extend_from_slice(&(v.len() as i32).to_be_bytes());
-            area.extend_from_slice(v.as_bytes());
-        }
-        let mut cmd = RemotingCommand::request(code).with_body(bytes::Bytes::from_static(b"x"));
-        cmd.serialize_type = SerializeType::RocketMq;
-        cmd.ext_fields_raw = Some(RawExtFields::Binary(area));
-        let mut wire = bytes::BytesMut::new();
-        cmd.encode(&mut wire).unwrap();
-        let frame = wire.freeze().slice(4..);
+        let cmd = RemotingCommand::request(code).with_body(bytes::Bytes::from_static(b"x"));
+        let frame = binary_frame(cmd, &entries);
         let map = RemotingCommand::decode(frame.clone());
         let kept = RemotingCommand::decode_with(frame.clone(), |c| c.code == code);
         match (&map, &kept) {
@@ -648,23 +658,12 @@ proptest! {
         ),
         code in prop_oneof![Just(0), Just(1), Just(10)],
     ) {
-        use crate::command::{RawExtFields, RemotingCommand, SerializeType};
+        use crate::command::{RawExtFields, RemotingCommand};
         // An answer's area as a broker writes it (empty keys and values too: an area holding
         // one is not kept), in a response frame.
-        let mut area = Vec::new();
-        for (k, v) in &entries {
-            area.extend_from_slice(&(k.len() as i16).to_be_bytes());
-            area.extend_from_slice(k.as_bytes());
-            area.extend_from_slice(&(v.len() as i32).to_be_bytes());
-            area.extend_from_slice(v.as_bytes());
-        }
         let mut cmd = RemotingCommand::response(code, None);
         cmd.opaque = 42;
-        cmd.serialize_type = SerializeType::RocketMq;
-        cmd.ext_fields_raw = Some(RawExtFields::Binary(area));
-        let mut wire = bytes::BytesMut::new();
-        cmd.encode(&mut wire).unwrap();
-        let frame = wire.freeze().slice(4..);
+        let frame = binary_frame(cmd, &entries);
         let map = RemotingCommand::decode(frame.clone());
         let mut asked = None;
         let kept = RemotingCommand::decode_with(frame, |c| {
