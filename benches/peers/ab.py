@@ -7,7 +7,8 @@ rotates); each run starts `shoal dev` on a new data directory, creates the topic
 CPU per acknowledged message (utime+stime from /proc/PID/stat), the client's (getrusage of
 the finished bench process) and the send p99, per run and as medians, and for each build after
 the first the median of its per-round ratios to the first build. A fresh data directory
-per run keeps the page cache the broker writes into warm (see docs/benchmarks.md, session 9).
+per run keeps the page cache the broker writes into warm (see docs/benchmarks.md, "What limits
+the figures on this machine").
 
 Usage:
   benches/peers/ab.py [--inflight 16] [--batch 1] [--rounds 3] [--duration 5] \\

@@ -43,10 +43,10 @@ pub struct BrokerConfig {
     pub sync_flush_timeout_ms: u64,
     /// Commit log segment size in bytes (1 GiB).
     pub commit_log_segment_bytes: u64,
-    /// Append to the commit log through a memory map of space reserved ahead of the writes,
-    /// instead of one `pwrite` per append, as RocketMQ's `MappedFile` (off by default: the
-    /// sends' p99 rose with it, see docs/benchmarks.md; Linux only, ignored elsewhere; appends
-    /// of a page or more and copy-on-write file systems use `pwrite`). See docs/storage.md.
+    /// Append to the commit log through a memory map of space reserved ahead of the writes, instead
+    /// of one `pwrite` per append, as RocketMQ's `MappedFile` (off by default: the pipelined sends'
+    /// p99 rises with it, see docs/benchmarks.md; Linux only, ignored elsewhere; appends of a page
+    /// or more and copy-on-write file systems use `pwrite`). See docs/storage.md.
     pub mmap_commit_log: bool,
     /// Bytes reserved and mapped at a time with `mmap_commit_log` (4 MiB).
     pub mmap_chunk_bytes: u64,

@@ -31,10 +31,10 @@ pub struct ClientConfig {
     /// are always sent as JSON (the binary header has no room for them).
     pub serialize_type: shoal_proto::SerializeType,
     /// Sends (SEND_MESSAGE_V2, SEND_BATCH_MESSAGE) to a broker that said it is Shoal's
-    /// (GET_BROKER_FEATURES, asked once per broker in the background) carry ROCKETMQ binary
-    /// headers whatever [`Self::serialize_type`] says: a Shoal broker reads them with fewer
-    /// instructions than JSON (docs/benchmarks.md, session 22). Until a broker's kind is known,
-    /// and to any other broker, sends use [`Self::serialize_type`]. On by default.
+    /// (GET_BROKER_FEATURES, asked once per broker in the background) carry ROCKETMQ binary headers
+    /// whatever [`Self::serialize_type`] says: a Shoal broker reads them with fewer instructions
+    /// than JSON (docs/benchmarks.md, "Settings that were measured"). Until a broker's kind is
+    /// known, and to any other broker, sends use [`Self::serialize_type`]. On by default.
     pub binary_sends_to_shoal: bool,
 }
 

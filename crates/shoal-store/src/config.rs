@@ -47,8 +47,8 @@ pub struct StoreConfig {
     /// `pwrite` (logged once per segment), and so do copy-on-write file systems (btrfs, ZFS,
     /// bcachefs; see docs/storage.md). Durability is the same either way: bytes are durable
     /// after the flush's `fdatasync`. Off by default: it saves CPU per small append, but the
-    /// sends' p99 rose with it in every measurement so far (docs/benchmarks.md, sessions 8
-    /// and 12).
+    /// send p99 with many sends in flight is higher with it (docs/benchmarks.md,
+    /// "Memory-mapped appends").
     pub mmap_commit_log: bool,
     /// Bytes reserved and mapped at a time with [`Self::mmap_commit_log`] (4 MiB by default):
     /// the most a segment's file is longer than its data.

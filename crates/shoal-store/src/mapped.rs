@@ -91,7 +91,7 @@ const PREFETCH_LEAD: u64 = 1 << 20;
 /// Appends of at least this many bytes go through `pwrite` rather than the map: the map
 /// saves a system call per append, which pays for small appends (one message, a few
 /// pipelined sends) but not for a page or more (a batch), where faulting the new pages into
-/// the map costs more than `pwrite` filling them (docs/benchmarks.md, session 12).
+/// the map costs more than `pwrite` filling them (docs/benchmarks.md, "Memory-mapped appends").
 pub(crate) const PWRITE_FROM: usize = 4096;
 
 /// File systems where `fallocate` does not guarantee room for later stores into the map

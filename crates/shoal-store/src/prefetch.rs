@@ -1,12 +1,12 @@
 //! The thread that makes a mapped commit-log segment's next pages writable ahead of the
 //! appender (Linux), as RocketMQ's `AllocateMappedFileService` prepares its next file.
 //!
-//! The first store into a page of a shared file mapping faults: the kernel allocates a page
-//! cache page, zeroes it, marks it dirty and maps it. Done on the appender's path this costs the
-//! append that crosses into a new page (or, with `MADV_POPULATE_WRITE` there, the append that
-//! crosses a populate step) tens to hundreds of microseconds, which shows in the sends' tail
-//! (docs/benchmarks.md, session 12). Here one thread per process takes requests "make pages
-//! `from..to` of this map writable" and does them with `MADV_POPULATE_WRITE`, while the
+//! The first store into a page of a shared file mapping faults: the kernel allocates a page cache
+//! page, zeroes it, marks it dirty and maps it. Done on the appender's path this costs the append
+//! that crosses into a new page (or, with `MADV_POPULATE_WRITE` there, the append that crosses a
+//! populate step) tens to hundreds of microseconds, which shows in the sends' tail
+//! (docs/benchmarks.md, "Memory-mapped appends"). Here one thread per process takes requests "make
+//! pages `from..to` of this map writable" and does them with `MADV_POPULATE_WRITE`, while the
 //! appender goes on writing below them.
 //!
 //! Nothing depends on a request being done: a store into a page not populated yet faults as it

@@ -3,9 +3,9 @@
 //!
 //! mimalloc instead of glibc's malloc: the broker allocates and frees small buffers per request
 //! (frames, headers, answers) on several threads; with 16 sends in flight per producer glibc's
-//! malloc/free took 30% of the broker's CPU. Measured A/B (docs/benchmarks.md, "Performance"):
-//! broker CPU per message 4-13% lower pipelined and batched (unchanged at 1 in flight), the
-//! client's (`shoal bench`) 4-24% lower.
+//! malloc/free took 30% of the broker's CPU. Measured A/B (docs/benchmarks.md, "Settings that
+//! were measured"): broker CPU per message 4-13% lower pipelined and batched (unchanged at 1 in
+//! flight), the client's (`shoal bench`) 4-24% lower.
 //!
 //! The `mimalloc` crate's allocator calls `mi_malloc_aligned` for every allocation, whose path
 //! (an alignment check, a page whose next free block must happen to be aligned, else a generic
