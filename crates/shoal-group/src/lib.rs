@@ -1,4 +1,5 @@
-//! `shoal-group`: consumer-group logic with no I/O (see `shared/DESIGN.md` section 3).
+//! `shoal-group`: consumer-group logic with no I/O (its place among the crates and the sans-IO
+//! contract: `docs/architecture.md`; the strategies and the simulator: `docs/rebalance.md`).
 //!
 //! - [`allocate`]: allocation strategies (RocketMQ's, Kafka's and Shoal's balanced-sticky), one
 //!   trait [`AllocateStrategy`] with a per-member view (classic client-side mode) and a

@@ -1,5 +1,8 @@
-//! `shoal-store`: Shoal's message store (`shared/DESIGN.md` section 2), a blocking API with no
-//! async runtime. The broker calls it from `spawn_blocking` or dedicated threads.
+//! `shoal-store`: Shoal's message store, a blocking API with no async runtime (where it sits
+//! among the crates: `docs/architecture.md` in the repository). The broker's connection tasks
+//! queue sends without blocking ([`MessageStore::submit`]: whoever finds the writer free
+//! appends every put waiting) and read pulls from the page cache; calls that may block for
+//! long, such as open and shutdown, run on the blocking pool.
 //!
 //! - [`MessageStore`]: the entry point. [`MessageStore::open`] recovers the store and reports
 //!   what it found ([`RecoveryReport`]); [`MessageStore::put_message`] /
@@ -8,8 +11,8 @@
 //!   durable ([`FlushStatus`]); [`MessageStore::get_messages`] answers pulls with the records'
 //!   bytes and the status rules of spec section 5.2.
 //! - Commit log: fixed-size segments named by start offset, end-of-segment blank markers;
-//!   on Linux appended through a memory map of space reserved ahead of the writes
-//!   ([`StoreConfig::mmap_commit_log`]).
+//!   written with `pwrite`, or on Linux through a memory map of space reserved ahead of the
+//!   writes ([`StoreConfig::mmap_commit_log`], off by default).
 //! - Consume queues: 20-byte entries per (topic, queue id), rebuilt from the commit log.
 //! - Index: an append-only hash-chain log by `topic#key` (`KEYS` and `UNIQ_KEY`).
 //! - Offsets: consumer offsets and delay-level progress, persisted atomically.

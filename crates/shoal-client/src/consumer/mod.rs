@@ -1,5 +1,5 @@
 //! [`PushConsumer`]: RocketMQ's `DefaultMQPushConsumer` with classic (client-side) rebalance
-//! done by Shoal's rebalance engine (`DESIGN.md` section 3, `docs/rebalance.md`).
+//! done by Shoal's rebalance engine (`docs/rebalance.md`).
 //!
 //! Tasks of one consumer (all stop at [`PushConsumer::shutdown`]):
 //! - the **rebalance driver** ([`crate::rebalance`]): one task owning the sans-IO
