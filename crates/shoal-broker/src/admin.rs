@@ -1,8 +1,8 @@
 //! Admin requests: topics, subscription groups, consumer connections and progress, offsets
 //! reset, runtime info, and requests forwarded to a client.
 
-use crate::broker::{wall_ms, BrokerInner};
 use crate::reply::{blocking, ok, ok_json, Handled, Reject};
+use crate::shared::Shared;
 use shoal_proto::body::{
     ConsumeStats, ConsumerConnection, ConsumerOffsetSerializeWrapper, GroupList, KVTable,
     OffsetWrapper, ResetOffsetBody, SubscriptionGroupConfig, TopicConfig, TopicFilterType,
@@ -34,7 +34,7 @@ fn is_system_topic(t: &str) -> bool {
 }
 
 /// UPDATE_AND_CREATE_TOPIC.
-pub async fn create_topic(b: &BrokerInner, req: &RemotingCommand) -> Handled {
+pub async fn create_topic(b: &Shared, req: &RemotingCommand) -> Handled {
     let h: CreateTopicRequestHeader = req.decode_command_header()?;
     if is_system_topic(&h.topic) {
         return Err(Reject::new(
@@ -82,35 +82,30 @@ pub async fn create_topic(b: &BrokerInner, req: &RemotingCommand) -> Handled {
         topic_sys_flag: h.topic_sys_flag.unwrap_or(0),
         write_queue_nums: h.write_queue_nums,
     };
-    let queues_before = b
-        .topics
-        .lock()
-        .get(&h.topic)
-        .map(|c| (c.read_queue_nums, c.write_queue_nums));
+    let queues_before = b.topics.read(&h.topic, |c| {
+        c.map(|c| (c.read_queue_nums, c.write_queue_nums))
+    });
     let changed = b
         .topics
-        .lock()
-        .upsert(config, wall_ms())
+        .upsert(config)
         .map_err(|e| Reject::new(resp::INVALID_PARAMETER, e.to_string()))?;
     if changed {
         tracing::info!(topic = %h.topic, read = h.read_queue_nums, write = h.write_queue_nums, "topic created or updated");
-        if let Err(e) = b.topics.lock().persist() {
+        if let Err(e) = b.topics.persist() {
             return Err(Reject::system(e));
         }
         if queues_before.is_some_and(|q| q != (h.read_queue_nums, h.write_queue_nums)) {
             // The name servers must know the new queues before consumers look them up.
             b.register_all().await;
             // Consumers rebalance at once instead of at their next route refresh.
-            b.notify_consumers_of_topic(&h.topic);
-        } else {
-            b.register_now.notify_one();
+            b.topic_changed(&h.topic);
         }
     }
     ok()
 }
 
 /// DELETE_TOPIC_IN_BROKER: the topic's config, consume queues and offsets go.
-pub async fn delete_topic(b: &Arc<BrokerInner>, req: &RemotingCommand) -> Handled {
+pub async fn delete_topic(b: &Arc<Shared>, req: &RemotingCommand) -> Handled {
     let h: DeleteTopicRequestHeader = req.decode_command_header()?;
     if is_system_topic(&h.topic) {
         return Err(Reject::new(
@@ -118,26 +113,25 @@ pub async fn delete_topic(b: &Arc<BrokerInner>, req: &RemotingCommand) -> Handle
             format!("The topic[{}] is conflict with system topic.", h.topic),
         ));
     }
-    b.topics.lock().remove(&h.topic, wall_ms());
+    b.topics.remove(&h.topic);
     let store = b.store.clone();
     let topic = h.topic.clone();
     blocking(move || store.delete_topic(&topic).map_err(Reject::system)).await?;
-    b.topics.lock().persist().map_err(Reject::system)?;
-    b.register_now.notify_one();
+    b.topics.persist().map_err(Reject::system)?;
     tracing::info!(topic = %h.topic, "topic deleted");
     ok()
 }
 
 /// GET_ALL_TOPIC_CONFIG.
-pub fn all_topic_config(b: &BrokerInner) -> Handled {
-    ok_json(&b.topics.lock().wrapper())
+pub fn all_topic_config(b: &Shared) -> Handled {
+    ok_json(&b.topics.wrapper())
 }
 
 /// GET_TOPIC_CONFIG (5.x admin tools ask it before topic and consume stats): the topic's
 /// config; Shoal has no static topics, so never a `mappingDetail`.
-pub fn topic_config(b: &BrokerInner, req: &RemotingCommand) -> Handled {
+pub fn topic_config(b: &Shared, req: &RemotingCommand) -> Handled {
     let h: shoal_proto::header::GetTopicConfigRequestHeader = req.decode_command_header()?;
-    let config = b.topics.lock().get(&h.topic).cloned().ok_or_else(|| {
+    let config = b.topics.get(&h.topic).ok_or_else(|| {
         Reject::new(
             resp::TOPIC_NOT_EXIST,
             format!("No topic in this broker. topic: {}", h.topic),
@@ -147,9 +141,9 @@ pub fn topic_config(b: &BrokerInner, req: &RemotingCommand) -> Handled {
 }
 
 /// GET_TOPIC_STATS_INFO: per queue min/max offsets and last store time.
-pub async fn topic_stats(b: &Arc<BrokerInner>, req: &RemotingCommand) -> Handled {
+pub async fn topic_stats(b: &Arc<Shared>, req: &RemotingCommand) -> Handled {
     let h: GetTopicStatsInfoRequestHeader = req.decode_command_header()?;
-    let config = b.topics.lock().get(&h.topic).cloned().ok_or_else(|| {
+    let config = b.topics.get(&h.topic).ok_or_else(|| {
         Reject::new(
             resp::TOPIC_NOT_EXIST,
             format!("topic[{}] not exist", h.topic),
@@ -189,8 +183,8 @@ pub async fn topic_stats(b: &Arc<BrokerInner>, req: &RemotingCommand) -> Handled
 }
 
 /// Adds Shoal's group-health flags to a JSON body (extra keys Java tools ignore).
-fn with_health(body: serde_json::Value, b: &BrokerInner, group: &str) -> Result<Vec<u8>, Reject> {
-    let health = b.clients.lock().health(group);
+fn with_health(body: serde_json::Value, b: &Shared, group: &str) -> Result<Vec<u8>, Reject> {
+    let health = b.groups.read(|g, _| g.clients().health(group));
     let mut body = body;
     if let serde_json::Value::Object(map) = &mut body {
         map.insert(
@@ -207,17 +201,12 @@ fn with_health(body: serde_json::Value, b: &BrokerInner, group: &str) -> Result<
 
 /// GET_CONSUMER_CONNECTION_LIST: the group's connections and subscriptions, with Shoal's
 /// duplicate-client-id and inconsistent-subscription flags.
-pub fn consumer_connections(b: &BrokerInner, req: &RemotingCommand) -> Handled {
+pub fn consumer_connections(b: &Shared, req: &RemotingCommand) -> Handled {
     let h: GetConsumerConnectionListRequestHeader = req.decode_command_header()?;
-    let cc = {
-        let clients = b.clients.lock();
-        let Some(g) = clients.group(&h.consumer_group) else {
-            return Err(Reject::new(
-                resp::CONSUMER_NOT_ONLINE,
-                format!("the consumer group[{}] not online", h.consumer_group),
-            ));
-        };
-        ConsumerConnection {
+    let cc = b.groups.read(|state, _| {
+        let clients = state.clients();
+        let g = clients.group(&h.consumer_group)?;
+        Some(ConsumerConnection {
             connection_set: clients
                 .members(&h.consumer_group)
                 .into_iter()
@@ -235,7 +224,13 @@ pub fn consumer_connections(b: &BrokerInner, req: &RemotingCommand) -> Handled {
                 .group_subscriptions(&h.consumer_group)
                 .cloned()
                 .unwrap_or_default(),
-        }
+        })
+    });
+    let Some(cc) = cc else {
+        return Err(Reject::new(
+            resp::CONSUMER_NOT_ONLINE,
+            format!("the consumer group[{}] not online", h.consumer_group),
+        ));
     };
     let value = serde_json::to_value(&cc).map_err(Reject::system)?;
     let body = with_health(value, b, &h.consumer_group)?;
@@ -245,13 +240,13 @@ pub fn consumer_connections(b: &BrokerInner, req: &RemotingCommand) -> Handled {
 }
 
 /// Topics a group consumes: its subscriptions and the topics it has offsets for.
-fn topics_of_group(b: &BrokerInner, group: &str) -> BTreeSet<String> {
-    let mut topics: BTreeSet<String> = b
-        .clients
-        .lock()
-        .group_subscriptions(group)
-        .map(|s| s.keys().cloned().collect())
-        .unwrap_or_default();
+fn topics_of_group(b: &Shared, group: &str) -> BTreeSet<String> {
+    let mut topics: BTreeSet<String> = b.groups.read(|g, _| {
+        g.clients()
+            .group_subscriptions(group)
+            .map(|s| s.keys().cloned().collect())
+            .unwrap_or_default()
+    });
     for (t, _, _) in b.store.offsets_of_group(group) {
         topics.insert(t);
     }
@@ -260,26 +255,23 @@ fn topics_of_group(b: &BrokerInner, group: &str) -> BTreeSet<String> {
 
 /// GET_CONSUME_STATS: per queue broker offset, consumer offset, last pulled offset and the
 /// store time of the last consumed message, with Shoal's group-health flags.
-pub async fn consume_stats(b: &Arc<BrokerInner>, req: &RemotingCommand) -> Handled {
+pub async fn consume_stats(b: &Arc<Shared>, req: &RemotingCommand) -> Handled {
     let h: GetConsumeStatsRequestHeader = req.decode_command_header()?;
     let topics: BTreeSet<String> = match (&h.topic, &h.topic_list) {
         (Some(t), _) if !t.is_empty() => [t.clone()].into(),
         (_, Some(list)) if !list.is_empty() => list.split(',').map(str::to_string).collect(),
         _ => topics_of_group(b, &h.consumer_group),
     };
-    if topics.is_empty() && b.groups.lock().get(&h.consumer_group).is_none() {
+    if topics.is_empty() && !b.sub_groups.contains(&h.consumer_group) {
         return Err(Reject::new(
             resp::SUBSCRIPTION_GROUP_NOT_EXIST,
             format!("subscription group [{}] does not exist", h.consumer_group),
         ));
     }
     let mut plan = Vec::new();
-    {
-        let table = b.topics.lock();
-        for t in &topics {
-            if let Some(c) = table.get(t) {
-                plan.push((t.clone(), c.read_queue_nums));
-            }
+    for t in &topics {
+        if let Some(n) = b.topics.read(t, |c| c.map(|c| c.read_queue_nums)) {
+            plan.push((t.clone(), n));
         }
     }
     if plan.is_empty() && !topics.is_empty() {
@@ -291,7 +283,7 @@ pub async fn consume_stats(b: &Arc<BrokerInner>, req: &RemotingCommand) -> Handl
             ),
         ));
     }
-    let marks = b.pull_marks.lock().clone();
+    let marks = b.observer.marks();
     let store = b.store.clone();
     let group = h.consumer_group.clone();
     let broker_name = b.config.broker_name.clone();
@@ -338,32 +330,35 @@ pub async fn consume_stats(b: &Arc<BrokerInner>, req: &RemotingCommand) -> Handl
 }
 
 async fn call_client(
-    b: &BrokerInner,
+    b: &Shared,
     group: &str,
     client_id: &str,
     mut req: RemotingCommand,
 ) -> Handled {
-    let conn_id = b.clients.lock().conn_of(group, client_id).ok_or_else(|| {
+    let member = b.groups.read(|g, _| {
+        let clients = g.clients();
+        let conn_id = clients.conn_of(group, client_id)?;
+        let version = clients
+            .members(group)
+            .into_iter()
+            .find(|(c, _)| c.conn_id == conn_id)
+            .map(|(c, _)| c.version)
+            .unwrap_or(0);
+        Some((conn_id, version))
+    });
+    let (conn_id, version) = member.ok_or_else(|| {
         Reject::new(
             resp::SYSTEM_ERROR,
             format!("The Consumer <{client_id}> not online in group {group}"),
         )
     })?;
-    let version = b
-        .clients
-        .lock()
-        .members(group)
-        .into_iter()
-        .find(|(c, _)| c.conn_id == conn_id)
-        .map(|(c, _)| c.version)
-        .unwrap_or(0);
     if version < V3_1_8_SNAPSHOT {
         return Err(Reject::new(
             resp::SYSTEM_ERROR,
             format!("The Consumer <{client_id}> Version <{version}> too low to finish, please upgrade it"),
         ));
     }
-    let conn = b.connections.lock().get(&conn_id).cloned().ok_or_else(|| {
+    let conn = b.connections.get(conn_id).ok_or_else(|| {
         Reject::new(
             resp::SYSTEM_ERROR,
             format!("The Consumer <{client_id}> connection is gone"),
@@ -389,7 +384,7 @@ async fn call_client(
 }
 
 /// GET_CONSUMER_RUNNING_INFO: asks the client itself and returns its answer.
-pub async fn forward_to_client(b: &Arc<BrokerInner>, req: &RemotingCommand) -> Handled {
+pub async fn forward_to_client(b: &Arc<Shared>, req: &RemotingCommand) -> Handled {
     let h: GetConsumerRunningInfoRequestHeader = req.decode_command_header()?;
     let mut fwd = RemotingCommand::request(rc::GET_CONSUMER_RUNNING_INFO);
     fwd.ext_fields = req.ext_fields.clone();
@@ -398,7 +393,7 @@ pub async fn forward_to_client(b: &Arc<BrokerInner>, req: &RemotingCommand) -> H
 }
 
 /// CONSUME_MESSAGE_DIRECTLY: attaches the stored message and asks the client to consume it.
-pub async fn consume_message_directly(b: &Arc<BrokerInner>, req: &RemotingCommand) -> Handled {
+pub async fn consume_message_directly(b: &Arc<Shared>, req: &RemotingCommand) -> Handled {
     let h: ConsumeMessageDirectlyRequestHeader = req.decode_command_header()?;
     let client_id = h
         .client_id
@@ -429,7 +424,7 @@ pub async fn consume_message_directly(b: &Arc<BrokerInner>, req: &RemotingComman
 }
 
 /// GET_BROKER_RUNTIME_INFO: counters and offsets as a string table.
-pub fn runtime_info(b: &BrokerInner) -> Handled {
+pub fn runtime_info(b: &Shared) -> Handled {
     let c = &b.counters;
     let mut table = BTreeMap::new();
     let mut put = |k: &str, v: String| {
@@ -495,16 +490,18 @@ pub fn runtime_info(b: &BrokerInner) -> Handled {
         "commitLogDiskFlushedOffset",
         b.store.commit_log_flushed_offset().to_string(),
     );
-    put("clientConnections", b.connections.lock().len().to_string());
+    put("clientConnections", b.connections.len().to_string());
     put(
         "consumerGroupsOnline",
-        b.clients.lock().group_names().len().to_string(),
+        b.groups
+            .read(|g, _| g.clients().group_names().len())
+            .to_string(),
     );
-    put("topicCount", b.topics.lock().all().len().to_string());
+    put("topicCount", b.topics.len().to_string());
     // The keys RocketMQ's broker reports that mqadmin (clusterList, brokerStatus) reads.
     let put_now = c.msgs_put.get();
     let got_now = c.msgs_got.get();
-    let s = b.stats.lock().snapshot();
+    let s = b.stats.snapshot();
     put("brokerActive", "true".into());
     put("msgPutTotalTodayNow", put_now.to_string());
     put("msgGetTotalTodayNow", got_now.to_string());
@@ -541,7 +538,7 @@ pub fn runtime_info(b: &BrokerInner) -> Handled {
 }
 
 /// The store time of the oldest message in the commit log.
-fn earliest_message_time(b: &BrokerInner) -> Option<i64> {
+fn earliest_message_time(b: &Shared) -> Option<i64> {
     let record = b
         .store
         .message_by_physical_offset(b.store.commit_log_min_offset())
@@ -556,15 +553,15 @@ fn earliest_message_time(b: &BrokerInner) -> Option<i64> {
 /// INVOKE_BROKER_TO_RESET_OFFSET: moves a group's offsets of a topic to a time (or the
 /// latest offset for timestamp -1), stores them, and tells online members
 /// (RESET_CONSUMER_CLIENT_OFFSET). Unlike RocketMQ, an offline group is reset too.
-pub async fn reset_offset(b: &Arc<BrokerInner>, req: &RemotingCommand) -> Handled {
+pub async fn reset_offset(b: &Arc<Shared>, req: &RemotingCommand) -> Handled {
     let h: ResetOffsetRequestHeader = req.decode_command_header()?;
-    let config = b.topics.lock().get(&h.topic).cloned().ok_or_else(|| {
+    let config = b.topics.get(&h.topic).ok_or_else(|| {
         Reject::new(
             resp::TOPIC_NOT_EXIST,
             format!("topic[{}] not exist", h.topic),
         )
     })?;
-    if b.groups.lock().get(&h.group).is_none() {
+    if !b.sub_groups.contains(&h.group) {
         return Err(Reject::new(
             resp::SUBSCRIPTION_GROUP_NOT_EXIST,
             format!("subscription group not exist, {}", h.group),
@@ -621,15 +618,17 @@ pub async fn reset_offset(b: &Arc<BrokerInner>, req: &RemotingCommand) -> Handle
         is_force: h.is_force,
         ..Default::default()
     };
-    let conns: Vec<_> = {
-        let clients = b.clients.lock();
-        let map = b.connections.lock();
-        clients
+    let member_conns: Vec<u64> = b.groups.read(|g, _| {
+        g.clients()
             .members(&h.group)
             .into_iter()
-            .filter_map(|(c, _)| map.get(&c.conn_id).cloned())
+            .map(|(c, _)| c.conn_id)
             .collect()
-    };
+    });
+    let conns: Vec<_> = member_conns
+        .into_iter()
+        .filter_map(|id| b.connections.get(id))
+        .collect();
     let bytes = shoal_proto::body::to_json_bytes(&body)?;
     for conn in conns {
         let mut r = RemotingCommand::request_with_header(rc::RESET_CONSUMER_CLIENT_OFFSET, &notify)
@@ -644,12 +643,11 @@ pub async fn reset_offset(b: &Arc<BrokerInner>, req: &RemotingCommand) -> Handle
 }
 
 /// QUERY_TOPIC_CONSUME_BY_WHO: groups that subscribe to or have offsets for a topic.
-pub fn topic_consumed_by(b: &BrokerInner, req: &RemotingCommand) -> Handled {
+pub fn topic_consumed_by(b: &Shared, req: &RemotingCommand) -> Handled {
     let h: QueryTopicConsumeByWhoRequestHeader = req.decode_command_header()?;
     let mut groups: BTreeSet<String> = b
-        .clients
-        .lock()
-        .groups_of_topic(&h.topic)
+        .groups
+        .read(|g, _| g.clients().groups_of_topic(&h.topic))
         .into_iter()
         .collect();
     groups.extend(b.store.groups_of_topic(&h.topic));
@@ -657,24 +655,21 @@ pub fn topic_consumed_by(b: &BrokerInner, req: &RemotingCommand) -> Handled {
 }
 
 /// UPDATE_AND_CREATE_SUBSCRIPTIONGROUP (body: SubscriptionGroupConfig).
-pub fn upsert_group(b: &BrokerInner, req: &RemotingCommand) -> Handled {
+pub fn upsert_group(b: &Shared, req: &RemotingCommand) -> Handled {
     let config: SubscriptionGroupConfig = req.decode_json_body()?;
     if config.group_name.is_empty() {
         return Err(Reject::new(resp::INVALID_PARAMETER, "groupName is empty"));
     }
-    let mut groups = b.groups.lock();
-    groups.upsert(config, wall_ms());
-    groups.persist().map_err(Reject::system)?;
+    b.sub_groups.upsert(config);
+    b.sub_groups.persist().map_err(Reject::system)?;
     ok()
 }
 
 /// DELETE_SUBSCRIPTIONGROUP.
-pub fn delete_group(b: &BrokerInner, req: &RemotingCommand) -> Handled {
+pub fn delete_group(b: &Shared, req: &RemotingCommand) -> Handled {
     let h: DeleteSubscriptionGroupRequestHeader = req.decode_command_header()?;
-    let mut groups = b.groups.lock();
-    groups.remove(&h.group_name, wall_ms());
-    groups.persist().map_err(Reject::system)?;
-    drop(groups);
+    b.sub_groups.remove(&h.group_name);
+    b.sub_groups.persist().map_err(Reject::system)?;
     if h.clean_offset {
         b.store.remove_group_offsets(&h.group_name);
     }
@@ -682,14 +677,12 @@ pub fn delete_group(b: &BrokerInner, req: &RemotingCommand) -> Handled {
 }
 
 /// GET_ALL_CONSUMER_OFFSET: `topic@group` -> queue -> offset.
-pub fn all_consumer_offsets(b: &BrokerInner) -> Handled {
+pub fn all_consumer_offsets(b: &Shared) -> Handled {
     let groups: BTreeSet<String> = b
-        .groups
-        .lock()
-        .all()
-        .keys()
-        .cloned()
-        .chain(b.clients.lock().group_names())
+        .sub_groups
+        .names()
+        .into_iter()
+        .chain(b.groups.read(|g, _| g.clients().group_names()))
         .collect();
     let mut offset_table: BTreeMap<String, BTreeMap<i32, i64>> = BTreeMap::new();
     for g in groups {

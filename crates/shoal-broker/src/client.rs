@@ -1,27 +1,26 @@
 //! HEART_BEAT, UNREGISTER_CLIENT, GET_CONSUMER_LIST_BY_GROUP (locks: [`crate::lease`]).
 
-use crate::broker::{wall_ms, ConsumerMeta};
+use crate::caller::Caller;
 use crate::group_ctx::GroupCtx;
-use crate::reply::{ok, ok_json, Handled, Reject};
+use crate::reply::{ok, ok_json, worth_logging, Handled, Reject};
 use shoal_group::membership::ClientChannel;
-use shoal_net::RequestContext;
+use shoal_group::state::{ConsumerHeartbeat, ConsumerMeta};
 use shoal_proto::body::{GetConsumerListByGroupResponseBody, HeartbeatData};
 use shoal_proto::code::response_code as resp;
 use shoal_proto::constants::{perm, retry_topic};
 use shoal_proto::header::{GetConsumerListByGroupRequestHeader, UnregisterClientRequestHeader};
 use shoal_proto::RemotingCommand;
-use std::collections::BTreeMap;
 use tracing::{info, warn};
 
 /// HEART_BEAT: registers producers and consumers of a client connection. Topics and groups it
 /// auto-created are made durable by the caller before the answer is sent
-/// ([`crate::broker::BrokerInner::persist_tables`]).
-pub fn heartbeat(cx: &GroupCtx<'_>, ctx: &RequestContext, req: &RemotingCommand) -> Handled {
+/// (`Shared::persist_tables`).
+pub(crate) fn heartbeat(cx: &GroupCtx<'_>, caller: &Caller<'_>, req: &RemotingCommand) -> Handled {
     let body_len = req.body.as_ref().map_or(0, |b| b.len());
     if body_len > cx.config.max_heartbeat_bytes {
         return Err(refuse_heartbeat(
             cx,
-            ctx,
+            caller,
             format!(
                 "heartbeat body of {body_len} bytes exceeds max_heartbeat_bytes = {}",
                 cx.config.max_heartbeat_bytes
@@ -29,14 +28,14 @@ pub fn heartbeat(cx: &GroupCtx<'_>, ctx: &RequestContext, req: &RemotingCommand)
         ));
     }
     let data: HeartbeatData = req.decode_json_body()?;
-    let conn_id = ctx.connection().id();
+    let conn_id = caller.conn_id;
     {
         let mut groups: std::collections::BTreeSet<&str> = data
             .consumer_data_set
             .iter()
             .map(|c| c.group_name.as_str())
             .collect();
-        let joined = cx.state.lock().clients.groups_of_conn(conn_id);
+        let joined = cx.groups.read(|g, _| g.clients().groups_of_conn(conn_id));
         let mut total = data.producer_data_set.len();
         for g in &joined {
             groups.insert(g.as_str());
@@ -45,7 +44,7 @@ pub fn heartbeat(cx: &GroupCtx<'_>, ctx: &RequestContext, req: &RemotingCommand)
         if total > cx.config.max_groups_per_client {
             return Err(refuse_heartbeat(
                 cx,
-                ctx,
+                caller,
                 format!(
                     "heartbeat names {total} producer and consumer groups for this connection, more than max_groups_per_client = {}",
                     cx.config.max_groups_per_client
@@ -59,7 +58,7 @@ pub fn heartbeat(cx: &GroupCtx<'_>, ctx: &RequestContext, req: &RemotingCommand)
         {
             return Err(refuse_heartbeat(
                 cx,
-                ctx,
+                caller,
                 format!(
                     "consumer group {} has {} subscriptions, more than max_subscriptions_per_group = {}",
                     c.group_name,
@@ -75,15 +74,16 @@ pub fn heartbeat(cx: &GroupCtx<'_>, ctx: &RequestContext, req: &RemotingCommand)
             "heartbeat without clientID",
         ));
     }
-    cx.state.notifier().remember(ctx.connection());
+    if let Some(conn) = caller.conn {
+        cx.connections.remember(conn);
+    }
     let channel = ClientChannel {
         conn_id,
         client_id: data.client_id.clone(),
-        client_addr: ctx.peer_addr().to_string(),
+        client_addr: caller.peer.to_string(),
         language: req.language.name().to_string(),
         version: req.version,
     };
-    let now = cx.state.clock().mono_ms();
     let session_timeout = crate::lease::requested_session_timeout(cx, req);
     let mut sessions: Vec<(String, u64)> = Vec::new();
     let mut any_sub_change = false;
@@ -92,7 +92,7 @@ pub fn heartbeat(cx: &GroupCtx<'_>, ctx: &RequestContext, req: &RemotingCommand)
         if group.is_empty() {
             continue;
         }
-        let group_config = match cx.groups.get_or_auto_create(&group) {
+        let group_config = match cx.sub_groups.get_or_auto_create(&group) {
             Ok(c) => c,
             Err(why) => {
                 warn!(group = %group, client = %data.client_id, reason = %why, "heartbeat for an unknown subscription group ignored");
@@ -101,70 +101,52 @@ pub fn heartbeat(cx: &GroupCtx<'_>, ctx: &RequestContext, req: &RemotingCommand)
         };
         if group_config.retry_queue_nums > 0 {
             let retry = retry_topic(&group);
-            let mut topics = cx.routes.topics.lock();
-            if topics.get(&retry).is_none() {
-                if let Err(e) = topics.ensure(
-                    &retry,
-                    group_config.retry_queue_nums,
-                    perm::PERM_READ_WRITE,
-                    wall_ms(),
-                ) {
-                    warn!(topic = %retry, error = %e, "could not create the retry topic");
-                } else {
-                    cx.routes.register_now.notify_one();
-                }
+            if let Err(e) = cx.routes.topics.ensure(
+                &retry,
+                group_config.retry_queue_nums,
+                perm::PERM_READ_WRITE,
+            ) {
+                warn!(topic = %retry, error = %e, "could not create the retry topic");
             }
         }
-        let meta = ConsumerMeta {
-            consume_type: consumer.consume_type,
-            message_model: consumer.message_model,
-            consume_from_where: consumer.consume_from_where,
+        let hb = ConsumerHeartbeat {
+            group: group.clone(),
+            channel: channel.clone(),
+            meta: ConsumerMeta {
+                consume_type: consumer.consume_type,
+                message_model: consumer.message_model,
+                consume_from_where: consumer.consume_from_where,
+            },
+            subscriptions: (!data.without_sub).then(|| {
+                consumer
+                    .subscription_data_set
+                    .iter()
+                    .map(|s| (s.topic.clone(), s.clone()))
+                    .collect()
+            }),
+            session_timeout_ms: session_timeout,
+            // A broker without a coordinator has no coordinated groups: a client's claim (an
+            // Auto consumer announces itself before it has asked every broker what it offers)
+            // must not hide its classic membership, or GROUP_DESCRIBE would call the group
+            // coordinated.
+            coordinated: cx.config.coordinator.enabled && speaks_coordinated(req, &group),
         };
-        let subs: BTreeMap<String, _> = if data.without_sub {
-            cx.state
-                .lock()
-                .clients
-                .member_subscriptions(&group, conn_id)
-                .unwrap_or_default()
-        } else {
-            consumer
-                .subscription_data_set
-                .iter()
-                .map(|s| (s.topic.clone(), s.clone()))
-                .collect()
-        };
-        // A broker without a coordinator has no coordinated groups: a client's claim (an Auto
-        // consumer announces itself before it has asked every broker what it offers) must
-        // not hide its classic membership, or GROUP_DESCRIBE would call the group coordinated.
-        if cx.config.coordinator.enabled && speaks_coordinated(req, &group) {
-            cx.state
-                .with(|g, t| g.mark_coordinated(&group, &data.client_id, conn_id, t));
-        }
-        let (change, session) = {
-            let mut g = cx.state.lock();
-            let change = g
-                .clients
-                .consumer_heartbeat(&group, channel.clone(), meta, subs, now);
-            let session = g
-                .clients
-                .set_session_timeout(&group, conn_id, session_timeout);
-            (change, session)
-        };
-        if let Some(s) = session.filter(|s| s.timeout_ms.is_some()) {
+        let outcome = cx
+            .groups
+            .with(|g, now| g.handle_consumer_heartbeat(now, hb));
+        if let Some(s) = outcome.session {
             sessions.push((group.clone(), s.id));
         }
-        if change.membership_changed {
+        if outcome.joined {
             info!(group = %group, client = %data.client_id, "consumer joined or changed connection");
         }
-        any_sub_change |= change.subscription_changed;
-        cx.membership.group_changed(&change);
+        any_sub_change |= outcome.subscription_changed;
     }
     for producer in &data.producer_data_set {
         if !producer.group_name.is_empty() {
-            cx.state
-                .lock()
-                .clients
-                .producer_heartbeat(&producer.group_name, channel.clone(), now);
+            cx.groups.with(|g, now| {
+                g.handle_producer_heartbeat(now, &producer.group_name, channel.clone())
+            });
         }
     }
     let mut r = RemotingCommand::response(resp::SUCCESS, None);
@@ -182,14 +164,14 @@ pub fn heartbeat(cx: &GroupCtx<'_>, ctx: &RequestContext, req: &RemotingCommand)
 }
 
 /// Counts and logs a refused heartbeat; the refusal to answer.
-fn refuse_heartbeat(cx: &GroupCtx<'_>, ctx: &RequestContext, why: String) -> Reject {
+fn refuse_heartbeat(cx: &GroupCtx<'_>, caller: &Caller<'_>, why: String) -> Reject {
     let n = cx
         .counters
         .heartbeats_refused
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
         + 1;
-    if crate::broker::worth_logging(n) {
-        warn!(peer = %ctx.peer_addr(), reason = %why, refused = n, "heartbeat refused");
+    if worth_logging(n) {
+        warn!(peer = %caller.peer, reason = %why, refused = n, "heartbeat refused");
     }
     Reject::new(resp::SYSTEM_ERROR, why)
 }
@@ -201,35 +183,34 @@ fn speaks_coordinated(req: &RemotingCommand, group: &str) -> bool {
 }
 
 /// UNREGISTER_CLIENT: a client leaves a producer and/or consumer group.
-pub fn unregister_client(
+pub(crate) fn unregister_client(
     cx: &GroupCtx<'_>,
-    ctx: &RequestContext,
+    caller: &Caller<'_>,
     req: &RemotingCommand,
 ) -> Handled {
     let h: UnregisterClientRequestHeader = req.decode_command_header()?;
-    let conn_id = ctx.connection().id();
+    let conn_id = caller.conn_id;
     if let Some(g) = h.producer_group.as_deref().filter(|g| !g.is_empty()) {
-        cx.state.lock().clients.unregister_producer(g, conn_id);
+        cx.groups
+            .with(|s, _| s.handle_unregister_producer(g, conn_id));
     }
     if let Some(g) = h.consumer_group.as_deref().filter(|g| !g.is_empty()) {
-        let now = cx.state.clock().mono_ms();
-        let change = cx
-            .state
-            .lock()
-            .clients
-            .unregister_consumer(g, &h.client_id, conn_id, now);
-        if let Some(change) = change {
+        let left = cx
+            .groups
+            .with(|s, now| s.handle_unregister_consumer(now, g, &h.client_id, conn_id));
+        if left {
             info!(group = %g, client = %h.client_id, "consumer unregistered");
-            cx.membership.group_changed(&change);
         }
     }
     ok()
 }
 
 /// GET_CONSUMER_LIST_BY_GROUP: the group's client ids (SUCCESS always carries a body).
-pub fn consumer_list(cx: &GroupCtx<'_>, req: &RemotingCommand) -> Handled {
+pub(crate) fn consumer_list(cx: &GroupCtx<'_>, req: &RemotingCommand) -> Handled {
     let h: GetConsumerListByGroupRequestHeader = req.decode_command_header()?;
-    let ids = cx.state.lock().clients.client_ids(&h.consumer_group);
+    let ids = cx
+        .groups
+        .read(|g, _| g.clients().client_ids(&h.consumer_group));
     if ids.is_empty() {
         return Err(Reject::new(
             resp::SYSTEM_ERROR,

@@ -1,37 +1,28 @@
 //! Coordinated mode requests (GROUP_HEARTBEAT, GROUP_LEAVE, GROUP_DESCRIBE, GROUP_HISTORY) and
 //! the member-epoch fence on pulls, offset commits and lock requests.
 
+use crate::caller::Caller;
+use crate::fence::reject_of;
 use crate::group_ctx::GroupCtx;
-use crate::group_state::GroupMode;
 use crate::reply::{ok, ok_json, Handled, Reject};
 use serde::Serialize;
 use shoal_group::classic_group::ClassicMemberDescription;
 use shoal_group::coordinator::{
     GroupDescription, HeartbeatRequest, MemberDescription, RebalanceRecord,
 };
-use shoal_group::GroupError;
-use shoal_net::RequestContext;
+use shoal_group::state::GroupMode;
 use shoal_proto::coordinated::{
-    member_stamp, response_code as cresp, GroupHeartbeatRequest, GroupHeartbeatResponse,
-    GroupLeaveRequest, GroupRef,
+    response_code as cresp, GroupHeartbeatRequest, GroupHeartbeatResponse, GroupLeaveRequest,
+    GroupRef,
 };
 use shoal_proto::{MessageQueue, RemotingCommand};
 
-/// The response code of a coordinator error.
-pub fn reject_of(e: &GroupError) -> Reject {
-    let code = match e {
-        GroupError::FencedMemberEpoch { .. } => cresp::FENCED_MEMBER_EPOCH,
-        GroupError::UnknownMember { .. } => cresp::UNKNOWN_MEMBER_ID,
-        GroupError::UnreleasedInstanceId { .. } => cresp::UNRELEASED_INSTANCE_ID,
-        GroupError::QueueNotAssigned { .. } => cresp::QUEUE_NOT_ASSIGNED,
-        GroupError::GroupFull { .. } | GroupError::TooManyGroups(_) => cresp::GROUP_FULL,
-        _ => cresp::INVALID_GROUP_REQUEST,
-    };
-    Reject::new(code, e.to_string())
-}
-
 /// GROUP_HEARTBEAT: join or heartbeat a coordinated group.
-pub async fn heartbeat(cx: &GroupCtx<'_>, ctx: &RequestContext, req: &RemotingCommand) -> Handled {
+pub(crate) async fn heartbeat(
+    cx: &GroupCtx<'_>,
+    caller: &Caller<'_>,
+    req: &RemotingCommand,
+) -> Handled {
     if !cx.config.coordinator.enabled {
         return Err(Reject::new(
             shoal_proto::code::response_code::REQUEST_CODE_NOT_SUPPORTED,
@@ -39,8 +30,10 @@ pub async fn heartbeat(cx: &GroupCtx<'_>, ctx: &RequestContext, req: &RemotingCo
         ));
     }
     let body: GroupHeartbeatRequest = req.decode_json_body()?;
-    let conn_id = ctx.connection().id();
-    cx.state.notifier().remember(ctx.connection());
+    let conn_id = caller.conn_id;
+    if let Some(conn) = caller.conn {
+        cx.connections.remember(conn);
+    }
     // The coordinator allocates every queue of the topics in the cluster.
     let mut topics: Vec<(String, Option<Vec<MessageQueue>>)> = Vec::new();
     for t in body
@@ -52,14 +45,14 @@ pub async fn heartbeat(cx: &GroupCtx<'_>, ctx: &RequestContext, req: &RemotingCo
     }
     let group = body.group.clone();
     if !group.is_empty() {
-        cx.groups.get_or_auto_create(&group).map_err(|e| {
+        cx.sub_groups.get_or_auto_create(&group).map_err(|e| {
             Reject::new(
                 shoal_proto::code::response_code::SUBSCRIPTION_GROUP_NOT_EXIST,
                 e,
             )
         })?;
     }
-    let mut request = HeartbeatRequest {
+    let request = HeartbeatRequest {
         group: body.group,
         member_id: body.member_id,
         member_epoch: body.member_epoch,
@@ -75,22 +68,11 @@ pub async fn heartbeat(cx: &GroupCtx<'_>, ctx: &RequestContext, req: &RemotingCo
             .map(|ms| cx.config.clamp_session_timeout(ms)),
         assignor: body.assignor,
     };
-    let result = cx.state.with(|g, now| {
-        for (t, q) in topics {
-            if let Some(q) = q {
-                g.coordinator.set_topic_queues(&t, q, now);
-            }
-        }
-        if request.session_timeout_ms.is_none() {
-            // A client that does not name it in GROUP_HEARTBEAT: its HEART_BEAT session's
-            // (already bounded), as in classic mode; else the coordinator's default.
-            request.session_timeout_ms = g
-                .clients
-                .session(&request.group, conn_id)
-                .and_then(|s| s.timeout_ms);
-        }
-        g.coordinated_heartbeat(request, now)
-    });
+    // A client that does not name its session timeout in GROUP_HEARTBEAT gets its HEART_BEAT
+    // session's (already bounded), as in classic mode; else the coordinator's default.
+    let result = cx
+        .groups
+        .with(|g, now| g.handle_group_heartbeat(now, request, topics));
     match result {
         Ok(Some(r)) => ok_json(&GroupHeartbeatResponse {
             assignment: r.assignment,
@@ -110,13 +92,10 @@ pub async fn heartbeat(cx: &GroupCtx<'_>, ctx: &RequestContext, req: &RemotingCo
 }
 
 /// GROUP_LEAVE: a member leaves (a static member's queues stay reserved unless `permanent`).
-pub fn leave(cx: &GroupCtx<'_>, req: &RemotingCommand) -> Handled {
+pub(crate) fn leave(cx: &GroupCtx<'_>, req: &RemotingCommand) -> Handled {
     let body: GroupLeaveRequest = req.decode_json_body()?;
-    cx.state
-        .with(|g, now| {
-            g.coordinator
-                .leave(&body.group, &body.member_id, body.permanent, now)
-        })
+    cx.groups
+        .with(|g, now| g.handle_group_leave(now, &body.group, &body.member_id, body.permanent))
         .map_err(|e| reject_of(&e))?;
     ok()
 }
@@ -173,17 +152,16 @@ struct ListenerGroupAnswer {
 
 /// GROUP_DESCRIBE: mode, epochs, assignor, members with owned and target queues and lag (for
 /// a Kafka classic group: state, generation, assignor, leader, members with their queues).
-pub fn describe(cx: &GroupCtx<'_>, req: &RemotingCommand) -> Handled {
+pub(crate) fn describe(cx: &GroupCtx<'_>, req: &RemotingCommand) -> Handled {
     let body: GroupRef = req.decode_json_body()?;
-    let now = cx.state.clock().coord_ms();
-    let (mode, desc, classic): (GroupMode, Option<GroupDescription>, Vec<String>) = {
-        let g = cx.state.lock();
-        (
-            g.mode(&body.group),
-            g.coordinator.describe(&body.group, now),
-            g.classic_clients(&body.group),
-        )
-    };
+    let (mode, desc, classic): (GroupMode, Option<GroupDescription>, Vec<String>) =
+        cx.groups.read(|g, now| {
+            (
+                g.mode(&body.group),
+                g.coordinator().describe(&body.group, now),
+                g.classic_clients(&body.group),
+            )
+        });
     // Lag of this broker's queues (admin clients add the other brokers').
     let lag = |q: &MessageQueue| -> i64 {
         if q.broker_name != cx.config.broker_name {
@@ -274,39 +252,11 @@ struct HistoryAnswer {
 }
 
 /// GROUP_HISTORY: the group's last rebalances, oldest first.
-pub fn history(cx: &GroupCtx<'_>, req: &RemotingCommand) -> Handled {
+pub(crate) fn history(cx: &GroupCtx<'_>, req: &RemotingCommand) -> Handled {
     let body: GroupRef = req.decode_json_body()?;
-    let rebalances = cx.state.lock().coordinator.history(&body.group);
+    let rebalances = cx.groups.read(|g, _| g.coordinator().history(&body.group));
     ok_json(&HistoryAnswer {
         group: body.group,
         rebalances,
     })
-}
-
-/// The member-epoch fence: a request stamped with a coordinated member's id and epoch must be
-/// valid for every queue it touches. Unstamped requests (classic members) pass.
-pub fn check_stamp(
-    cx: &GroupCtx<'_>,
-    group: &str,
-    queues: &[MessageQueue],
-    req: &RemotingCommand,
-) -> Result<(), Reject> {
-    let Some(stamp) = member_stamp(req) else {
-        return Ok(());
-    };
-    let (member, epoch) =
-        stamp.map_err(|e| Reject::new(shoal_proto::code::response_code::INVALID_PARAMETER, e))?;
-    let g = cx.state.lock();
-    if !g.coordinator.has_members(group) {
-        // Another broker coordinates this group (or did not yet, or no longer does): its
-        // queues here are not fenced by epoch.
-        return Ok(());
-    }
-    for q in queues {
-        if let Err(e) = g.coordinator.validate(group, &member, epoch, q) {
-            cx.counters.coordinator_fenced.inc();
-            return Err(reject_of(&e));
-        }
-    }
-    Ok(())
 }

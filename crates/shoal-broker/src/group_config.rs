@@ -133,11 +133,6 @@ impl GroupTable {
     pub fn len(&self) -> usize {
         self.inner.subscription_group_table.len()
     }
-
-    /// Whether there is no group.
-    pub fn is_empty(&self) -> bool {
-        self.inner.subscription_group_table.is_empty()
-    }
 }
 
 #[cfg(test)]

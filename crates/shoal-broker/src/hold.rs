@@ -198,6 +198,7 @@ impl PullHoldTable {
     }
 
     /// True when nothing is held.
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

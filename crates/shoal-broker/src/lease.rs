@@ -16,18 +16,20 @@
 //!   the granted queues ([`field::WANT_OFFSETS`], answered in [`field::COMMITTED_OFFSETS`],
 //!   read after the grant); an unlock may carry the final commits ([`field::COMMIT`]), stored
 //!   (fenced as any commit) before the locks are freed; membership notices to Shoal members
-//!   carry the member list (`BrokerInner::apply_group_change`).
+//!   carry the member list ([`shoal_group::state::GroupEffect::ConsumerIdsChanged`]).
 
+use crate::caller::Caller;
+use crate::fence::{check_commit, check_stamp};
 use crate::group_ctx::GroupCtx;
 use crate::reply::{ok, ok_json, Handled, Reject};
-use shoal_net::RequestContext;
+use shoal_group::state::{LockOutcome, LockRequest};
 use shoal_proto::body::{LockBatchRequestBody, LockBatchResponseBody, UnlockBatchRequestBody};
 use shoal_proto::ext::{self, feature, field, BrokerFeatures};
 use shoal_proto::{MessageQueue, RemotingCommand};
 use tracing::debug;
 
 /// GET_BROKER_FEATURES.
-pub fn features(cx: &GroupCtx<'_>) -> Handled {
+pub(crate) fn features(cx: &GroupCtx<'_>) -> Handled {
     let mut features = vec![
         feature::SESSION_LOCKS.into(),
         feature::LOCK_FREED_NOTICE.into(),
@@ -47,7 +49,7 @@ pub fn features(cx: &GroupCtx<'_>) -> Handled {
 }
 
 /// The session timeout a heartbeat asks for, clamped to the broker's bounds.
-pub fn requested_session_timeout(cx: &GroupCtx<'_>, req: &RemotingCommand) -> Option<u64> {
+pub(crate) fn requested_session_timeout(cx: &GroupCtx<'_>, req: &RemotingCommand) -> Option<u64> {
     let ms: u64 = req.ext(field::SESSION_TIMEOUT_MS)?.parse().ok()?;
     Some(
         ms.clamp(
@@ -60,47 +62,33 @@ pub fn requested_session_timeout(cx: &GroupCtx<'_>, req: &RemotingCommand) -> Op
 }
 
 /// LOCK_BATCH_MQ: session locks for Shoal members, RocketMQ's TTL locks for everyone else.
-pub fn lock_batch(cx: &GroupCtx<'_>, ctx: &RequestContext, req: &RemotingCommand) -> Handled {
+pub(crate) fn lock_batch(cx: &GroupCtx<'_>, caller: &Caller<'_>, req: &RemotingCommand) -> Handled {
     let body: LockBatchRequestBody = req.decode_json_body()?;
-    crate::coordinated::check_stamp(cx, &body.consumer_group, &body.mq_set, req)?;
-    let now = cx.state.clock().mono_ms();
-    if req.ext(field::LEASE) != Some("true") {
-        let locked = cx.state.lock().locks.lock_batch(
-            &body.consumer_group,
-            &body.mq_set,
-            &body.client_id,
-            now,
-        );
-        return ok_json(&LockBatchResponseBody {
-            lock_ok_mq_set: locked.into_iter().collect(),
-        });
-    }
-    let orderly = req.ext(field::ORDERLY) == Some("true");
-    let conn_id = ctx.connection().id();
-    // One critical section: the session is checked (and touched) and the locks taken together.
-    let granted = cx.state.with(|g, _| {
-        let session = g
-            .clients
-            .touch(&body.consumer_group, conn_id, now)
-            .filter(|s| s.client_id == body.client_id)?;
-        let locked = g.locks.lock_batch_session(
-            &body.consumer_group,
-            &body.mq_set,
-            &body.client_id,
-            session.id,
-            orderly,
-            now,
-        );
-        Some((session.id, locked))
-    });
-    let Some((session, locked)) = granted else {
-        let mut r = RemotingCommand::response(
-            shoal_proto::code::response_code::SUCCESS,
-            Some("no session in this group on this connection: heartbeat first".into()),
-        )
-        .with_json_body(&LockBatchResponseBody::default())?;
-        r.ext_fields = Some(Default::default());
-        return Ok(Some(r));
+    check_stamp(cx, &body.consumer_group, &body.mq_set, req)?;
+    let request = LockRequest {
+        group: &body.consumer_group,
+        queues: &body.mq_set,
+        client_id: &body.client_id,
+        conn_id: caller.conn_id,
+        session: req.ext(field::LEASE) == Some("true"),
+        orderly: req.ext(field::ORDERLY) == Some("true"),
+    };
+    let (session, locked) = match cx.groups.with(|g, now| g.handle_lock(now, request)) {
+        LockOutcome::Ttl(locked) => {
+            return ok_json(&LockBatchResponseBody {
+                lock_ok_mq_set: locked.into_iter().collect(),
+            })
+        }
+        LockOutcome::Session { granted, session } => (session, granted),
+        LockOutcome::NoSession => {
+            let mut r = RemotingCommand::response(
+                shoal_proto::code::response_code::SUCCESS,
+                Some("no session in this group on this connection: heartbeat first".into()),
+            )
+            .with_json_body(&LockBatchResponseBody::default())?;
+            r.ext_fields = Some(Default::default());
+            return Ok(Some(r));
+        }
     };
     let locked: Vec<MessageQueue> = locked.into_iter().collect();
     let mut ext_fields = shoal_proto::command::ExtFields::new();
@@ -137,7 +125,7 @@ pub fn lock_batch(cx: &GroupCtx<'_>, ctx: &RequestContext, req: &RemotingCommand
 /// freed: while this member holds a lock nobody else is granted it, so the next owner's grant
 /// (and the offset it carries) comes after it. A refused commit is named in the answer's
 /// remark; the unlock still happens.
-pub fn unlock_batch(cx: &GroupCtx<'_>, conn_id: u64, req: &RemotingCommand) -> Handled {
+pub(crate) fn unlock_batch(cx: &GroupCtx<'_>, conn_id: u64, req: &RemotingCommand) -> Handled {
     let body: UnlockBatchRequestBody = req.decode_json_body()?;
     let mut refused = Vec::new();
     if let Some(text) = req.ext(field::COMMIT) {
@@ -158,15 +146,10 @@ pub fn unlock_batch(cx: &GroupCtx<'_>, conn_id: u64, req: &RemotingCommand) -> H
             }
         }
     }
-    cx.state.with(|g, now| {
-        let freed = g
-            .locks
-            .unlock_batch(&body.consumer_group, &body.mq_set, &body.client_id);
-        // Evidence for the coordinator: revoked queues are free for their next owners.
-        g.unlocked(&body.consumer_group, &body.client_id, &body.mq_set, now);
-        // The waiters are told after the lock is released ([`GroupEffect::LockFreed`]).
-        g.locks_freed(&body.consumer_group, &freed);
-    });
+    // Evidence for the coordinator (revoked queues are free for their next owners); the
+    // waiters are told after the lock is released.
+    cx.groups
+        .with(|g, now| g.handle_unlock(now, &body.consumer_group, &body.client_id, &body.mq_set));
     if refused.is_empty() {
         return ok();
     }
@@ -191,7 +174,7 @@ fn final_commit(
     req: &RemotingCommand,
 ) -> Result<(), Reject> {
     let own = MessageQueue::new(&mq.topic, &cx.config.broker_name, mq.queue_id);
-    crate::coordinated::check_stamp(cx, group, std::slice::from_ref(&own), req)?;
+    check_stamp(cx, group, std::slice::from_ref(&own), req)?;
     let Some(queues) = cx.routes.topic_queues(&mq.topic) else {
         return Err(Reject::new(
             shoal_proto::code::response_code::TOPIC_NOT_EXIST,
@@ -210,63 +193,5 @@ fn final_commit(
             format!("commitOffset {offset} is negative"),
         ));
     }
-    check_commit(cx, conn_id, group, &mq.topic, mq.queue_id, offset, false)
-}
-
-/// The commit fence: may the connection `conn_id` store `offset` for the queue?
-pub fn check_commit(
-    cx: &GroupCtx<'_>,
-    conn_id: u64,
-    group: &str,
-    topic: &str,
-    queue_id: i32,
-    offset: i64,
-    rewind: bool,
-) -> Result<(), Reject> {
-    let mq = MessageQueue::new(topic, cx.config.broker_name.clone(), queue_id);
-    let now = cx.state.clock().mono_ms();
-    // The member's session and the queue's lock holder, read in one critical section.
-    let (session, holder) = cx.state.with(|g, _| {
-        (
-            g.clients.session(group, conn_id),
-            g.locks
-                .holder(group, &mq, now)
-                .map(|h| h.client_id.to_string()),
-        )
-    });
-    let refuse = |why: String| {
-        cx.counters.commits_fenced.inc();
-        Err(Reject::new(ext::response_code::QUEUE_NOT_LOCKED, why))
-    };
-    match session {
-        Some(s) if s.timeout_ms.is_some() => {
-            if holder.as_deref() != Some(s.client_id.as_str()) {
-                return refuse(format!(
-                    "{} does not hold the lock of {mq}; the offset is not moved",
-                    s.client_id
-                ));
-            }
-            if !rewind {
-                if let Some(stored) = cx.store.query_offset(group, topic, queue_id) {
-                    if offset < stored {
-                        return refuse(format!(
-                            "commit {offset} of {mq} is below the stored {stored}; the offset is not moved back"
-                        ));
-                    }
-                }
-            }
-            Ok(())
-        }
-        s => match holder {
-            Some(h) if s.as_ref().is_none_or(|s| s.client_id != h) => {
-                refuse(format!("{mq} is locked by {h}; the offset is not moved"))
-            }
-            _ => Ok(()),
-        },
-    }
-}
-
-/// Logs a commit that a fence refused on a pull (pulls are still answered).
-pub fn piggyback_refused(r: &Reject) {
-    debug!(remark = %r.remark, "offset carried by a pull not stored");
+    check_commit(cx, conn_id, group, &own, offset, false)
 }

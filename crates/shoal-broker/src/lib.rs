@@ -1,34 +1,57 @@
 //! `shoal-broker`: the broker.
 //!
 //! [`Broker::start`] opens the store, loads the topic and subscription-group tables, listens,
-//! registers with the name servers and runs the background services (client expiry,
-//! delay-level delivery, registration). Requests are routed by [`processor::BrokerProcessor`]
-//! to the handlers in [`send`], [`pull`], [`client`], [`offsets`], [`retry`] and [`admin`].
+//! registers with the name servers and runs the background services (group timers, delay-level
+//! delivery, transaction checks, registration). Its state is held by a few owners, each with
+//! private fields behind one short lock (`shared.rs` lists them); requests are routed by the
+//! processor to handler families (send, pull, offsets, client and locks, coordinated groups,
+//! retries, transactions, admin), each of which receives the owners it needs. What runs around
+//! the broker in one process (the `shoal` binary's HTTP port, the Kafka listener) uses
+//! [`BrokerApi`]. `docs/architecture.md` walks through the paths of a send, a pull, a
+//! heartbeat and a rebalance.
 
-pub mod admin;
-pub mod broker;
-pub mod client;
+mod admin;
+mod api;
+mod broker;
+mod caller;
+mod client;
+mod clock;
+mod collector;
 pub mod config;
-pub mod coordinated;
-pub mod group_config;
-pub mod group_ctx;
-pub mod group_state;
-pub mod hold;
-pub mod lease;
-pub mod metrics;
-pub mod offsets;
-pub mod persist;
-pub mod processor;
-pub mod pull;
-pub mod reply;
-pub mod retry;
-pub mod schedule;
-pub mod send;
-pub mod stats;
-pub mod timeline;
-pub mod topic;
-pub mod transaction;
+mod connections;
+mod coordinated;
+mod fence;
+mod group_config;
+mod group_ctx;
+mod groups;
+mod hold;
+mod lease;
+mod listener;
+mod metrics;
+mod namesrv;
+mod observe;
+mod offsets;
+mod persist;
+mod processor;
+mod pull;
+mod reply;
+mod retry;
+mod schedule;
+mod send;
+mod shared;
+mod stats;
+mod sub_groups;
+mod timeline;
+mod topic;
+mod topics;
+mod transaction;
 
-pub use broker::{Broker, BrokerError, BrokerInner};
-
+pub use api::{ApiError, BrokerApi, BrokerSummary};
+pub use broker::{Broker, BrokerError};
+pub use clock::wall_ms;
 pub use config::{BrokerConfig, CorruptRecordPolicy, FlushMode, NetLimits};
+pub use listener::{DescribeListenerGroup, ListenerGroups, ListenerMemberHosts};
+pub use metrics::{BrokerMetrics, TopicTraffic};
+pub use persist::PersistError;
+pub use timeline::{Move, ObservedRebalance, Outcome};
+pub use topic::TopicError;

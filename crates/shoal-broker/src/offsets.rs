@@ -2,8 +2,10 @@
 //! GET_MIN_OFFSET, SEARCH_OFFSET_BY_TIMESTAMP, GET_EARLIEST_MSG_STORETIME, VIEW_MESSAGE_BY_ID,
 //! QUERY_MESSAGE.
 
-use crate::broker::BrokerInner;
+use crate::caller::Caller;
+use crate::fence::{check_commit, check_stamp};
 use crate::reply::{blocking, ok, Handled, Reject};
+use crate::shared::Shared;
 use shoal_proto::code::response_code as resp;
 use shoal_proto::header::{
     BoundaryType, GetEarliestMsgStoretimeRequestHeader, GetEarliestMsgStoretimeResponseHeader,
@@ -24,12 +26,10 @@ fn with_header<H: shoal_proto::header::CommandHeader>(h: &H) -> Handled {
 
 /// Refuses a queue id that cannot exist: negative, or (for a known topic) not below the
 /// topic's queue count. Offsets of such queues would be stored and served forever.
-pub fn check_queue_id(b: &BrokerInner, topic: &str, queue_id: i32) -> Result<(), Reject> {
-    let queues = b
-        .topics
-        .lock()
-        .get(topic)
-        .map(|c| c.read_queue_nums.max(c.write_queue_nums));
+pub fn check_queue_id(b: &Shared, topic: &str, queue_id: i32) -> Result<(), Reject> {
+    let queues = b.topics.read(topic, |c| {
+        c.map(|c| c.read_queue_nums.max(c.write_queue_nums))
+    });
     let bad = queue_id < 0 || queues.is_some_and(|n| queue_id >= n);
     if !bad {
         return Ok(());
@@ -39,7 +39,7 @@ pub fn check_queue_id(b: &BrokerInner, topic: &str, queue_id: i32) -> Result<(),
         .invalid_queue_requests
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
         + 1;
-    if crate::broker::worth_logging(n) {
+    if crate::reply::worth_logging(n) {
         tracing::warn!(%topic, queue_id, refused = n, "request for a queue id out of range refused");
     }
     Err(Reject::new(
@@ -53,7 +53,7 @@ pub fn check_queue_id(b: &BrokerInner, topic: &str, queue_id: i32) -> Result<(),
 
 /// QUERY_CONSUMER_OFFSET (spec 2.3): the stored offset; without one, 0 when the queue still
 /// starts at 0 unless the client asked `setZeroIfNotFound=false`, else QUERY_NOT_FOUND.
-pub fn query_consumer_offset(b: &BrokerInner, req: &RemotingCommand) -> Handled {
+pub fn query_consumer_offset(b: &Shared, req: &RemotingCommand) -> Handled {
     let h: QueryConsumerOffsetRequestHeader = req.decode_command_header()?;
     check_queue_id(b, &h.topic, h.queue_id)?;
     if let Some(offset) = b
@@ -72,15 +72,16 @@ pub fn query_consumer_offset(b: &BrokerInner, req: &RemotingCommand) -> Handled 
 }
 
 /// UPDATE_CONSUMER_OFFSET: stores the group's next offset for a queue.
-pub fn update_consumer_offset(
-    b: &BrokerInner,
-    ctx: &shoal_net::RequestContext,
+pub(crate) fn update_consumer_offset(
+    b: &Shared,
+    caller: &Caller<'_>,
     req: &RemotingCommand,
 ) -> Handled {
     let h: UpdateConsumerOffsetRequestHeader = req.decode_command_header()?;
     let mq = shoal_proto::MessageQueue::new(&h.topic, &b.config.broker_name, h.queue_id);
-    crate::coordinated::check_stamp(&b.group_ctx(), &h.consumer_group, &[mq], req)?;
-    if b.topics.lock().get(&h.topic).is_none() {
+    let cx = b.group_ctx();
+    check_stamp(&cx, &h.consumer_group, std::slice::from_ref(&mq), req)?;
+    if b.topics.get(&h.topic).is_none() {
         return Err(Reject::new(
             resp::TOPIC_NOT_EXIST,
             format!("topic[{}] not exist, apply first please!", h.topic),
@@ -93,12 +94,11 @@ pub fn update_consumer_offset(
             format!("commitOffset {} is negative", h.commit_offset),
         ));
     }
-    crate::lease::check_commit(
-        &b.group_ctx(),
-        ctx.connection().id(),
+    check_commit(
+        &cx,
+        caller.conn_id,
         &h.consumer_group,
-        &h.topic,
-        h.queue_id,
+        &mq,
         h.commit_offset,
         req.ext(shoal_proto::ext::field::REWIND) == Some("true"),
     )?;
@@ -108,7 +108,7 @@ pub fn update_consumer_offset(
 }
 
 /// GET_MAX_OFFSET: the next offset to be written in a queue.
-pub fn get_max_offset(b: &BrokerInner, req: &RemotingCommand) -> Handled {
+pub fn get_max_offset(b: &Shared, req: &RemotingCommand) -> Handled {
     let h: GetMaxOffsetRequestHeader = req.decode_command_header()?;
     check_queue_id(b, &h.topic, h.queue_id)?;
     let offset = b.store.max_offset(&h.topic, h.queue_id) as i64;
@@ -116,7 +116,7 @@ pub fn get_max_offset(b: &BrokerInner, req: &RemotingCommand) -> Handled {
 }
 
 /// GET_MIN_OFFSET: the smallest offset still stored in a queue.
-pub fn get_min_offset(b: &BrokerInner, req: &RemotingCommand) -> Handled {
+pub fn get_min_offset(b: &Shared, req: &RemotingCommand) -> Handled {
     let h: GetMinOffsetRequestHeader = req.decode_command_header()?;
     check_queue_id(b, &h.topic, h.queue_id)?;
     let offset = b.store.min_offset(&h.topic, h.queue_id) as i64;
@@ -124,7 +124,7 @@ pub fn get_min_offset(b: &BrokerInner, req: &RemotingCommand) -> Handled {
 }
 
 /// SEARCH_OFFSET_BY_TIMESTAMP: binary search of a queue by store time.
-pub async fn search_offset(b: &Arc<BrokerInner>, req: &RemotingCommand) -> Handled {
+pub async fn search_offset(b: &Arc<Shared>, req: &RemotingCommand) -> Handled {
     let h: SearchOffsetRequestHeader = req.decode_command_header()?;
     check_queue_id(b, &h.topic, h.queue_id)?;
     let store = b.store.clone();
@@ -144,7 +144,7 @@ pub async fn search_offset(b: &Arc<BrokerInner>, req: &RemotingCommand) -> Handl
 }
 
 /// GET_EARLIEST_MSG_STORETIME: store time of a queue's first message.
-pub async fn earliest_store_time(b: &Arc<BrokerInner>, req: &RemotingCommand) -> Handled {
+pub async fn earliest_store_time(b: &Arc<Shared>, req: &RemotingCommand) -> Handled {
     let h: GetEarliestMsgStoretimeRequestHeader = req.decode_command_header()?;
     check_queue_id(b, &h.topic, h.queue_id)?;
     let store = b.store.clone();
@@ -160,7 +160,7 @@ pub async fn earliest_store_time(b: &Arc<BrokerInner>, req: &RemotingCommand) ->
 }
 
 /// VIEW_MESSAGE_BY_ID: the stored record at a commit log offset.
-pub async fn view_message_by_id(b: &Arc<BrokerInner>, req: &RemotingCommand) -> Handled {
+pub async fn view_message_by_id(b: &Arc<Shared>, req: &RemotingCommand) -> Handled {
     let h: ViewMessageByIdRequestHeader = req.decode_command_header()?;
     if h.offset < 0 {
         return Err(Reject::new(
@@ -188,7 +188,7 @@ pub async fn view_message_by_id(b: &Arc<BrokerInner>, req: &RemotingCommand) -> 
 }
 
 /// QUERY_MESSAGE: messages by key (or by UNIQ_KEY when `_UNIQUE_KEY_QUERY` is true).
-pub async fn query_message(b: &Arc<BrokerInner>, req: &RemotingCommand) -> Handled {
+pub async fn query_message(b: &Arc<Shared>, req: &RemotingCommand) -> Handled {
     let h: QueryMessageRequestHeader = req.decode_command_header()?;
     let store = b.store.clone();
     let max = h.max_num.clamp(1, 64) as usize;
@@ -212,7 +212,7 @@ pub async fn query_message(b: &Arc<BrokerInner>, req: &RemotingCommand) -> Handl
         body.extend_from_slice(r);
     }
     let header = QueryMessageResponseHeader {
-        index_last_update_timestamp: crate::broker::wall_ms(),
+        index_last_update_timestamp: crate::clock::wall_ms(),
         index_last_update_phyoffset: b.store.commit_log_max_offset() as i64,
     };
     Ok(Some(

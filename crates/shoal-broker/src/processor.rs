@@ -1,6 +1,8 @@
 //! Request dispatch: one [`BrokerProcessor`] routes each request code to its handler.
 
-use crate::broker::BrokerInner;
+use crate::caller::Caller;
+use crate::reply::worth_logging;
+use crate::shared::Shared;
 use futures::future::BoxFuture;
 use shoal_net::{request_code_not_supported, Connection, ProcessResult, Processor, RequestContext};
 use shoal_proto::code::{request_code as rc, response_code as resp};
@@ -12,11 +14,7 @@ use crate::reply::{ok, ok_json, Handled};
 
 /// The ACL's answer to a request it refuses (NO_PERMISSION, as RocketMQ 5's broker), if ACL is
 /// on and refuses it.
-fn acl_refusal(
-    b: &BrokerInner,
-    ctx: &RequestContext,
-    req: &RemotingCommand,
-) -> Option<RemotingCommand> {
+fn acl_refusal(b: &Shared, ctx: &RequestContext, req: &RemotingCommand) -> Option<RemotingCommand> {
     let acl = b.acl.as_ref()?;
     let access = shoal_proto::acl::AccessRequest::parse(req, ctx.peer_addr().ip());
     let denied = acl
@@ -27,7 +25,7 @@ fn acl_refusal(
         .acl_refused
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
         + 1;
-    if crate::broker::worth_logging(n) {
+    if worth_logging(n) {
         tracing::warn!(peer = %ctx.peer_addr(), code = req.code, reason = %denied, refused = n, "request refused by the ACL");
     }
     Some(RemotingCommand::response(
@@ -38,13 +36,13 @@ fn acl_refusal(
 
 /// The broker's request processor.
 #[derive(Debug)]
-pub struct BrokerProcessor {
-    inner: Arc<BrokerInner>,
+pub(crate) struct BrokerProcessor {
+    inner: Arc<Shared>,
 }
 
 impl BrokerProcessor {
     /// A processor over the broker's shared state.
-    pub fn new(inner: Arc<BrokerInner>) -> Self {
+    pub(crate) fn new(inner: Arc<Shared>) -> Self {
         Self { inner }
     }
 
@@ -52,13 +50,13 @@ impl BrokerProcessor {
     /// future (allocated and moved once per request) is not as large as a pull's or the
     /// largest admin handler's.
     async fn dispatch(
-        b: &Arc<BrokerInner>,
+        b: &Arc<Shared>,
         ctx: &RequestContext,
         req: &RemotingCommand,
     ) -> Option<Handled> {
         match req.code {
             rc::SEND_MESSAGE | rc::SEND_MESSAGE_V2 | rc::SEND_BATCH_MESSAGE => {
-                Some(crate::send::send_message(b, ctx, req).await)
+                Some(crate::send::send_message(b, &Caller::of(ctx), req).await)
             }
             // Boxed: a pull's future is twice a send's, and one pull answers up to 32 messages.
             rc::PULL_MESSAGE | rc::LITE_PULL_MESSAGE => {
@@ -70,14 +68,16 @@ impl BrokerProcessor {
 
     /// Every request but sends and pulls.
     async fn dispatch_other(
-        b: &Arc<BrokerInner>,
+        b: &Arc<Shared>,
         ctx: &RequestContext,
         req: &RemotingCommand,
     ) -> Option<Handled> {
+        let caller = Caller::of(ctx);
+        let caller = &caller;
         Some(match req.code {
-            rc::END_TRANSACTION => crate::transaction::end::end_transaction(b, ctx, req).await,
+            rc::END_TRANSACTION => crate::transaction::end::end_transaction(b, caller, req).await,
             rc::HEART_BEAT => {
-                let answer = crate::client::heartbeat(&b.group_ctx(), ctx, req);
+                let answer = crate::client::heartbeat(&b.group_ctx(), caller, req);
                 match answer {
                     // Groups and retry topics it auto-created are durable before the answer.
                     Ok(_) => match b.persist_tables().await {
@@ -87,24 +87,22 @@ impl BrokerProcessor {
                     Err(_) => answer,
                 }
             }
-            rc::UNREGISTER_CLIENT => crate::client::unregister_client(&b.group_ctx(), ctx, req),
+            rc::UNREGISTER_CLIENT => crate::client::unregister_client(&b.group_ctx(), caller, req),
             rc::GET_CONSUMER_LIST_BY_GROUP => crate::client::consumer_list(&b.group_ctx(), req),
-            rc::LOCK_BATCH_MQ => crate::lease::lock_batch(&b.group_ctx(), ctx, req),
-            rc::UNLOCK_BATCH_MQ => {
-                crate::lease::unlock_batch(&b.group_ctx(), ctx.connection().id(), req)
-            }
+            rc::LOCK_BATCH_MQ => crate::lease::lock_batch(&b.group_ctx(), caller, req),
+            rc::UNLOCK_BATCH_MQ => crate::lease::unlock_batch(&b.group_ctx(), caller.conn_id, req),
             shoal_proto::ext::request_code::GET_BROKER_FEATURES => {
                 crate::lease::features(&b.group_ctx())
             }
             rc::QUERY_CONSUMER_OFFSET => crate::offsets::query_consumer_offset(b, req),
-            rc::UPDATE_CONSUMER_OFFSET => crate::offsets::update_consumer_offset(b, ctx, req),
+            rc::UPDATE_CONSUMER_OFFSET => crate::offsets::update_consumer_offset(b, caller, req),
             rc::GET_MAX_OFFSET => crate::offsets::get_max_offset(b, req),
             rc::GET_MIN_OFFSET => crate::offsets::get_min_offset(b, req),
             rc::SEARCH_OFFSET_BY_TIMESTAMP => crate::offsets::search_offset(b, req).await,
             rc::GET_EARLIEST_MSG_STORETIME => crate::offsets::earliest_store_time(b, req).await,
             rc::VIEW_MESSAGE_BY_ID => crate::offsets::view_message_by_id(b, req).await,
             rc::QUERY_MESSAGE => crate::offsets::query_message(b, req).await,
-            rc::CONSUMER_SEND_MSG_BACK => crate::retry::consumer_send_msg_back(b, ctx, req).await,
+            rc::CONSUMER_SEND_MSG_BACK => crate::retry::consumer_send_msg_back(b, req).await,
             rc::CHECK_CLIENT_CONFIG => ok(),
             rc::UPDATE_AND_CREATE_TOPIC => crate::admin::create_topic(b, req).await,
             rc::DELETE_TOPIC_IN_BROKER => crate::admin::delete_topic(b, req).await,
@@ -118,11 +116,13 @@ impl BrokerProcessor {
             rc::GET_BROKER_RUNTIME_INFO => crate::admin::runtime_info(b),
             rc::INVOKE_BROKER_TO_RESET_OFFSET => crate::admin::reset_offset(b, req).await,
             rc::QUERY_TOPIC_CONSUME_BY_WHO => crate::admin::topic_consumed_by(b, req),
-            rc::GET_ALL_SUBSCRIPTIONGROUP_CONFIG => ok_json(b.groups.lock().wrapper()),
+            rc::GET_ALL_SUBSCRIPTIONGROUP_CONFIG => ok_json(&b.sub_groups.wrapper()),
             rc::UPDATE_AND_CREATE_SUBSCRIPTIONGROUP => crate::admin::upsert_group(b, req),
             rc::DELETE_SUBSCRIPTIONGROUP => crate::admin::delete_group(b, req),
             rc::GET_ALL_CONSUMER_OFFSET => crate::admin::all_consumer_offsets(b),
-            crc::GROUP_HEARTBEAT => crate::coordinated::heartbeat(&b.group_ctx(), ctx, req).await,
+            crc::GROUP_HEARTBEAT => {
+                crate::coordinated::heartbeat(&b.group_ctx(), caller, req).await
+            }
             crc::GROUP_LEAVE => crate::coordinated::leave(&b.group_ctx(), req),
             crc::GROUP_DESCRIBE => crate::coordinated::describe(&b.group_ctx(), req),
             crc::GROUP_HISTORY => crate::coordinated::history(&b.group_ctx(), req),
@@ -192,7 +192,7 @@ impl Processor for BrokerProcessor {
 /// A processor attached after the server is bound (the broker's state needs the bound
 /// address). Until then every request is answered SYSTEM_BUSY, which clients retry.
 #[derive(Default)]
-pub struct LateProcessor {
+pub(crate) struct LateProcessor {
     target: OnceLock<Arc<dyn Processor>>,
 }
 
@@ -206,7 +206,7 @@ impl std::fmt::Debug for LateProcessor {
 
 impl LateProcessor {
     /// Attaches the real processor (once).
-    pub fn set(&self, p: Arc<dyn Processor>) {
+    pub(crate) fn set(&self, p: Arc<dyn Processor>) {
         let _ = self.target.set(p);
     }
 }

@@ -1,7 +1,11 @@
 //! PULL_MESSAGE and LITE_PULL_MESSAGE (spec 5.2), with long polling.
 
-use crate::broker::{wall_ms, BrokerInner, PullMark};
+use crate::caller::Caller;
+use crate::clock::wall_ms;
+use crate::fence::{check_commit, check_stamp, piggyback_refused};
+use crate::observe::PullMark;
 use crate::reply::{Handled, Reject};
+use crate::shared::Shared;
 use shoal_net::RequestContext;
 use shoal_proto::body::{ExpressionType, MessageModel, SubscriptionData};
 use shoal_proto::code::response_code as resp;
@@ -20,27 +24,28 @@ struct PullPlan {
 
 /// Handles a pull: validates it, commits the piggy-backed offset, reads, and either answers
 /// or holds the request until a matching message arrives.
-pub async fn pull_message(
-    b: &Arc<BrokerInner>,
+pub(crate) async fn pull_message(
+    b: &Arc<Shared>,
     ctx: &RequestContext,
     req: &RemotingCommand,
 ) -> Handled {
+    let caller = Caller::of(ctx);
     let h: PullMessageRequestHeader = req.decode_command_header()?;
-    let plan = validate(b, ctx, h)?;
+    let plan = validate(b, &caller, h)?;
     // A group auto-created by this pull is durable before the answer.
     if b.tables_dirty() {
         Box::pin(b.persist_tables()).await?;
     }
     let h = &plan.header;
     let mq = shoal_proto::MessageQueue::new(&h.topic, &b.config.broker_name, h.queue_id);
-    crate::coordinated::check_stamp(&b.group_ctx(), &h.consumer_group, &[mq], req)?;
+    let cx = b.group_ctx();
+    check_stamp(&cx, &h.consumer_group, std::slice::from_ref(&mq), req)?;
     if h.sys_flag & pull_sys_flag::COMMIT_OFFSET != 0 && h.commit_offset >= 0 {
-        match crate::lease::check_commit(
-            &b.group_ctx(),
-            ctx.connection().id(),
+        match check_commit(
+            &cx,
+            caller.conn_id,
             &h.consumer_group,
-            &h.topic,
-            h.queue_id,
+            &mq,
             h.commit_offset,
             false,
         ) {
@@ -48,26 +53,19 @@ pub async fn pull_message(
                 b.store
                     .commit_offset(&h.consumer_group, &h.topic, h.queue_id, h.commit_offset)
             }
-            Err(r) => crate::lease::piggyback_refused(&r),
+            Err(r) => piggyback_refused(&r),
         }
     }
-    let mark = PullMark {
-        offset: h.queue_offset,
-        at_ms: wall_ms(),
-        conn_id: ctx.connection().id(),
-    };
-    let owner_changed = b
-        .pull_marks
-        .lock()
-        .insert(
-            (h.consumer_group.clone(), h.topic.clone(), h.queue_id),
-            mark,
-        )
-        .is_none_or(|prev| prev.conn_id != mark.conn_id);
-    if owner_changed {
-        // Rare (a queue changing hands): recorded for the rebalance timeline.
-        b.note_owner_change(&h.consumer_group, &h.topic, h.queue_id, mark);
-    }
+    b.observer.pulled(
+        &h.consumer_group,
+        &h.topic,
+        h.queue_id,
+        PullMark {
+            offset: h.queue_offset,
+            at_ms: wall_ms(),
+            conn_id: caller.conn_id,
+        },
+    );
     let result = read(b, &plan).await?;
     let may_suspend = h.sys_flag & pull_sys_flag::SUSPEND != 0;
     let nothing_new = result.status == GetMessageStatus::OffsetOverflowOne
@@ -108,13 +106,14 @@ pub async fn pull_message(
 }
 
 fn validate(
-    b: &BrokerInner,
-    ctx: &RequestContext,
+    b: &Shared,
+    caller: &Caller<'_>,
     h: PullMessageRequestHeader,
 ) -> Result<PullPlan, Reject> {
     // As RocketMQ: a pull for an unknown group creates it when auto-create is on.
     let group = b
-        .group_or_auto_create(&h.consumer_group)
+        .sub_groups
+        .get_or_auto_create(&h.consumer_group)
         .map_err(|why| Reject::new(resp::SUBSCRIPTION_GROUP_NOT_EXIST, why))?;
     if !group.consume_enable {
         return Err(Reject::new(
@@ -122,7 +121,7 @@ fn validate(
             format!("subscription group no permission, {}", h.consumer_group),
         ));
     }
-    let topic = b.topics.lock().get(&h.topic).cloned().ok_or_else(|| {
+    let topic = b.topics.get(&h.topic).ok_or_else(|| {
         Reject::new(
             resp::TOPIC_NOT_EXIST,
             format!("topic[{}] not exist, apply first please!", h.topic),
@@ -139,10 +138,7 @@ fn validate(
             resp::INVALID_PARAMETER,
             format!(
                 "queueId[{}] is illegal, topic:[{}] topicConfig.readQueueNums:[{}] consumer:[{}]",
-                h.queue_id,
-                h.topic,
-                topic.read_queue_nums,
-                ctx.peer_addr()
+                h.queue_id, h.topic, topic.read_queue_nums, caller.peer
             ),
         ));
     }
@@ -165,17 +161,26 @@ fn validate(
             h.sub_version,
         ))
     } else {
-        let clients = b.clients.lock();
-        let g = clients.group(&h.consumer_group).ok_or_else(|| {
-            Reject::new(
+        let found = b.groups.read(|g, _| {
+            let clients = g.clients();
+            let model = clients
+                .group(&h.consumer_group)
+                .map(|g| g.meta.message_model);
+            let sub = clients
+                .subscription(&h.consumer_group, &h.topic, Some(caller.conn_id))
+                .cloned();
+            (model, sub)
+        });
+        let (Some(model), sub) = found else {
+            return Err(Reject::new(
                 resp::SUBSCRIPTION_NOT_EXIST,
                 format!(
                     "the consumer's group info not exist, group: {}",
                     h.consumer_group
                 ),
-            )
-        })?;
-        if g.meta.message_model == MessageModel::Broadcasting && !group.consume_broadcast_enable {
+            ));
+        };
+        if model == MessageModel::Broadcasting && !group.consume_broadcast_enable {
             return Err(Reject::new(
                 resp::NO_PERMISSION,
                 format!(
@@ -184,18 +189,15 @@ fn validate(
                 ),
             ));
         }
-        let sub = clients
-            .subscription(&h.consumer_group, &h.topic, Some(ctx.connection().id()))
-            .cloned()
-            .ok_or_else(|| {
-                Reject::new(
-                    resp::SUBSCRIPTION_NOT_EXIST,
-                    format!(
-                        "the consumer's subscription not exist, group: {} topic: {}",
-                        h.consumer_group, h.topic
-                    ),
-                )
-            })?;
+        let sub = sub.ok_or_else(|| {
+            Reject::new(
+                resp::SUBSCRIPTION_NOT_EXIST,
+                format!(
+                    "the consumer's subscription not exist, group: {} topic: {}",
+                    h.consumer_group, h.topic
+                ),
+            )
+        })?;
         if sub.sub_version < h.sub_version {
             return Err(Reject::new(
                 resp::SUBSCRIPTION_NOT_LATEST,
@@ -213,7 +215,7 @@ fn validate(
     Ok(PullPlan { header: h, filter })
 }
 
-async fn read(b: &Arc<BrokerInner>, plan: &PullPlan) -> Result<GetMessageResult, Reject> {
+async fn read(b: &Arc<Shared>, plan: &PullPlan) -> Result<GetMessageResult, Reject> {
     let h = &plan.header;
     let (store, topic, queue_id) = (b.store.clone(), h.topic.clone(), h.queue_id);
     let offset = h.queue_offset.max(0) as u64;
@@ -233,7 +235,7 @@ async fn read(b: &Arc<BrokerInner>, plan: &PullPlan) -> Result<GetMessageResult,
             .pulls_capped
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
             + 1;
-        if crate::broker::worth_logging(n) {
+        if crate::reply::worth_logging(n) {
             tracing::info!(
                 asked_count,
                 asked_bytes,

@@ -59,3 +59,9 @@ pub async fn blocking<T: Send + 'static>(
         .await
         .map_err(|e| Reject::system(format!("store task failed: {e}")))?
 }
+
+/// Whether a counter just reached a value worth a log line (1, 2, 4, 8, ...), so a flood of
+/// refusals logs a few lines, not one per request.
+pub fn worth_logging(count: u64) -> bool {
+    count.is_power_of_two()
+}

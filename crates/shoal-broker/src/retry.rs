@@ -1,10 +1,9 @@
 //! CONSUMER_SEND_MSG_BACK (spec 6): a message the consumer failed goes to the group's retry
 //! topic after a delay, or to its dead-letter topic after too many attempts.
 
-use crate::broker::{wall_ms, BrokerInner};
 use crate::reply::{ok, Handled, Reject};
 use crate::send::{apply_delay, put};
-use shoal_net::RequestContext;
+use crate::shared::Shared;
 use shoal_proto::code::response_code as resp;
 use shoal_proto::constants::{dlq_topic, perm, retry_topic};
 use shoal_proto::header::ConsumerSendMsgBackRequestHeader;
@@ -17,13 +16,9 @@ use std::sync::Arc;
 const V3_4_9: i32 = 121;
 
 /// Handles CONSUMER_SEND_MSG_BACK.
-pub async fn consumer_send_msg_back(
-    b: &Arc<BrokerInner>,
-    _ctx: &RequestContext,
-    req: &RemotingCommand,
-) -> Handled {
+pub(crate) async fn consumer_send_msg_back(b: &Arc<Shared>, req: &RemotingCommand) -> Handled {
     let h: ConsumerSendMsgBackRequestHeader = req.decode_command_header()?;
-    let group = b.groups.lock().get(&h.group).cloned().ok_or_else(|| {
+    let group = b.sub_groups.get(&h.group).ok_or_else(|| {
         Reject::new(
             resp::SUBSCRIPTION_GROUP_NOT_EXIST,
             format!("subscription group not exist, {}", h.group),
@@ -68,14 +63,11 @@ pub async fn consumer_send_msg_back(
     props.insert(property::ORIGIN_MESSAGE_ID.into(), origin_id.clone());
     props.shift_remove(property::DELAY);
 
-    let now = wall_ms();
     let (topic, queue_id) = if msg.reconsume_times >= max || h.delay_level < 0 {
         let dlq = dlq_topic(&h.group);
         b.topics
-            .lock()
-            .ensure(&dlq, 1, perm::PERM_READ_WRITE, now)
+            .ensure(&dlq, 1, perm::PERM_READ_WRITE)
             .map_err(Reject::system)?;
-        b.register_now.notify_one();
         props.insert(
             property::DLQ_ORIGIN_TOPIC.into(),
             msg.property(property::RETRY_TOPIC)
@@ -90,13 +82,13 @@ pub async fn consumer_send_msg_back(
         (dlq, 0)
     } else {
         let retry = retry_topic(&h.group);
-        let queues = {
-            let mut topics = b.topics.lock();
-            let c = topics
-                .ensure(&retry, group.retry_queue_nums, perm::PERM_READ_WRITE, now)
-                .map_err(Reject::system)?;
-            c.write_queue_nums.max(1)
-        };
+        let queues = b
+            .topics
+            .ensure(&retry, group.retry_queue_nums, perm::PERM_READ_WRITE)
+            .map_err(Reject::system)?
+            .config
+            .write_queue_nums
+            .max(1);
         let level = if h.delay_level == 0 {
             3 + msg.reconsume_times
         } else {

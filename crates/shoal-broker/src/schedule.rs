@@ -4,9 +4,10 @@
 //! the next message is due (or a new one arrives), so delivery is on time rather than polled.
 //! Progress per level is kept in the store's delay offsets (persisted with consumer offsets).
 
-use crate::broker::{wall_ms, BrokerInner};
+use crate::clock::wall_ms;
 use crate::reply::Reject;
 use crate::send::put;
+use crate::shared::Shared;
 use shoal_proto::constants::SCHEDULE_TOPIC;
 use shoal_proto::message::{decode_records, encode_properties, property, DecodeOptions};
 use shoal_store::MessageExtBrokerInner;
@@ -16,7 +17,7 @@ use tokio::task::JoinHandle;
 use tracing::{debug, warn};
 
 /// Starts one delivery task per delay level.
-pub fn start(b: Arc<BrokerInner>) -> Vec<JoinHandle<()>> {
+pub fn start(b: Arc<Shared>) -> Vec<JoinHandle<()>> {
     (1..=b.delay_levels_ms.len() as i32)
         .map(|level| tokio::spawn(run_level(b.clone(), level)))
         .collect()
@@ -29,7 +30,7 @@ enum Step {
     Wait(Duration),
 }
 
-async fn run_level(b: Arc<BrokerInner>, level: i32) {
+async fn run_level(b: Arc<Shared>, level: i32) {
     loop {
         let notified = b.schedule_wakeup.notified();
         let step = match deliver_due(&b, level).await {
@@ -48,7 +49,7 @@ async fn run_level(b: Arc<BrokerInner>, level: i32) {
     }
 }
 
-async fn deliver_due(b: &Arc<BrokerInner>, level: i32) -> Result<Step, Reject> {
+async fn deliver_due(b: &Arc<Shared>, level: i32) -> Result<Step, Reject> {
     let queue_id = level - 1;
     let delay_ms = b.delay_levels_ms[(level - 1) as usize] as i64;
     let offset = b.store.schedule_offset(level).unwrap_or(0).max(0) as u64;

@@ -1,9 +1,9 @@
 //! SEND_MESSAGE, SEND_MESSAGE_V2 and SEND_BATCH_MESSAGE, and the storing rules every path
 //! shares (delay levels, retry-topic diversion to the DLQ).
 
-use crate::broker::{wall_ms, BrokerInner};
+use crate::caller::Caller;
 use crate::reply::{Handled, Reject};
-use shoal_net::RequestContext;
+use crate::shared::Shared;
 use shoal_proto::code::{request_code as rc, response_code as resp};
 use shoal_proto::constants::{
     dlq_topic, group_of_retry_topic, is_retry_topic, perm, DEFAULT_REGION, SCHEDULE_TOPIC,
@@ -35,7 +35,7 @@ pub const NOT_ALLOWED_SEND_TOPICS: [&str; 6] = [
 /// Refuses a client's send to a system topic with NO_PERMISSION, as Java's broker does.
 /// Only the request's own topic is checked: the broker's internal writes (delay levels,
 /// transaction half messages) do not pass through here.
-pub fn refuse_system_topic(b: &BrokerInner, topic: &str) -> Result<(), Reject> {
+pub fn refuse_system_topic(b: &Shared, topic: &str) -> Result<(), Reject> {
     if !NOT_ALLOWED_SEND_TOPICS.contains(&topic) {
         return Ok(());
     }
@@ -44,7 +44,7 @@ pub fn refuse_system_topic(b: &BrokerInner, topic: &str) -> Result<(), Reject> {
         .system_topic_sends_refused
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
         + 1;
-    if crate::broker::worth_logging(n) {
+    if crate::reply::worth_logging(n) {
         tracing::warn!(%topic, refused = n, "client send to a system topic refused");
     }
     Err(Reject::new(
@@ -72,7 +72,7 @@ pub fn store_reject(e: StoreError) -> Reject {
 /// Applies the delay rule (spec 6): a message with `DELAY` ≥ 1 is parked in the schedule topic
 /// at queue level−1 with its real topic and queue saved. Returns the level used, if any.
 pub fn apply_delay(
-    b: &BrokerInner,
+    b: &Shared,
     msg: &mut MessageExtBrokerInner,
     props: &mut Properties,
 ) -> Option<i32> {
@@ -91,7 +91,7 @@ pub fn apply_delay(
 
 /// Stores messages through the store's appender (no blocking, no thread hop) and counts them.
 pub async fn put(
-    b: &std::sync::Arc<BrokerInner>,
+    b: &std::sync::Arc<Shared>,
     msgs: Vec<MessageExtBrokerInner>,
 ) -> Result<PutMessageResult, Reject> {
     let admitted = Admitted::new(b, &msgs)?;
@@ -115,7 +115,7 @@ struct Admitted<'b> {
 }
 
 impl<'b> Admitted<'b> {
-    fn new(b: &'b BrokerInner, msgs: &[MessageExtBrokerInner]) -> Result<Self, Reject> {
+    fn new(b: &'b Shared, msgs: &[MessageExtBrokerInner]) -> Result<Self, Reject> {
         let inflight = &b.counters.inflight_puts;
         if inflight.fetch_add(1, Ordering::AcqRel) >= b.config.max_inflight_sends {
             inflight.fetch_sub(1, Ordering::AcqRel);
@@ -137,7 +137,7 @@ impl<'b> Admitted<'b> {
     }
 
     /// Counts the stored messages (the broker's total and their topic's traffic).
-    fn stored(self, b: &BrokerInner) {
+    fn stored(self, b: &Shared) {
         b.counters.msgs_put.inc_by(self.messages);
         if let Some(t) = &self.traffic {
             t.sent(self.messages, self.bytes);
@@ -169,15 +169,15 @@ fn flush_code(flush: FlushStatus) -> Result<i32, Reject> {
 /// future keeps across its awaits is the put and the few fields of the answer, so the future
 /// allocated and moved once per request stays small.
 pub async fn send_message(
-    b: &std::sync::Arc<BrokerInner>,
-    ctx: &RequestContext,
+    b: &std::sync::Arc<Shared>,
+    caller: &Caller<'_>,
     req: &RemotingCommand,
 ) -> Handled {
     let Prepared {
         msgs,
         queue_id,
         uniq,
-    } = prepare(b, ctx, req)?;
+    } = prepare(b, caller, req)?;
     if b.tables_dirty() {
         // Rare (a topic or group auto-created): boxed, so its future does not size this one.
         Box::pin(b.persist_tables()).await?;
@@ -197,8 +197,8 @@ struct Prepared<'r> {
 
 /// Decodes and checks a send request and builds the messages to store (no await).
 fn prepare<'r>(
-    b: &BrokerInner,
-    ctx: &RequestContext,
+    b: &Shared,
+    caller: &Caller<'_>,
     req: &'r RemotingCommand,
 ) -> Result<Prepared<'r>, Reject> {
     // Borrowed from the request (its map, or the binary area the connection kept): no
@@ -257,7 +257,7 @@ fn prepare<'r>(
             ));
         }
         let group = group_of_retry_topic(&topic).unwrap_or_default().to_string();
-        let group_config = b.groups.lock().get(&group).cloned().ok_or_else(|| {
+        let group_config = b.sub_groups.get(&group).ok_or_else(|| {
             Reject::new(
                 resp::SUBSCRIPTION_GROUP_NOT_EXIST,
                 format!("subscription group not exist, {group}"),
@@ -267,21 +267,21 @@ fn prepare<'r>(
             Some(m) if req.version >= V3_4_9 => m,
             _ => group_config.retry_max_times,
         };
-        let orderly_group = b.locks.lock().group_has_live_locks(&group, b.mono_ms());
+        let orderly_group = b
+            .groups
+            .read(|g, now| g.locks().group_has_live_locks(&group, now));
         if reconsume_times > max || orderly_group {
             let dlq = dlq_topic(&group);
             b.topics
-                .lock()
-                .ensure(&dlq, 1, perm::PERM_READ_WRITE, wall_ms())
+                .ensure(&dlq, 1, perm::PERM_READ_WRITE)
                 .map_err(Reject::system)?;
-            b.register_now.notify_one();
             props.insert(property::DELAY.into(), "-1".into());
             topic = dlq;
             queue_id = 0;
         }
     }
 
-    let born_host = ctx.peer_addr();
+    let born_host = caller.peer;
     let mut inner = MessageExtBrokerInner {
         topic,
         queue_id,
@@ -511,7 +511,7 @@ fn plain_properties_ok(raw: &str) -> Option<PlainProperties<'_>> {
 }
 
 /// The CLUSTER pair a plain send's stored properties end with (see
-/// [`BrokerInner::cluster_property`](crate::broker::BrokerInner::cluster_property)); `None`
+/// [`Shared::cluster_property`](crate::broker::Shared::cluster_property)); `None`
 /// when the cluster name holds a separator and cannot be stored verbatim.
 pub(crate) fn cluster_property(cluster: &str) -> Option<String> {
     if cluster.contains(['\u{1}', '\u{2}']) {
@@ -549,42 +549,36 @@ impl SendTopic {
 }
 
 /// Finds the topic of a send, creating it from its template when allowed (spec 7.6).
-fn ensure_topic_for_send(b: &BrokerInner, h: &SendHeaderRef<'_>) -> Result<SendTopic, Reject> {
+fn ensure_topic_for_send(b: &Shared, h: &SendHeaderRef<'_>) -> Result<SendTopic, Reject> {
     crate::topic::validate_topic_name(h.topic)
         .map_err(|e| Reject::new(resp::INVALID_PARAMETER, e.to_string()))?;
-    let mut topics = b.topics.lock();
-    let config = match topics.get(h.topic) {
-        Some(c) => SendTopic::of(c),
+    let config = match b.topics.read(h.topic, |c| c.map(SendTopic::of)) {
+        Some(c) => c,
         None => {
             let created = if is_retry_topic(h.topic) {
                 // Clients may send to %RETRY%<group> before any heartbeat created it.
                 let group = group_of_retry_topic(h.topic).unwrap_or_default();
-                let queues = b.groups.lock().get(group).map(|g| g.retry_queue_nums);
-                match queues {
+                match b.sub_groups.get(group).map(|g| g.retry_queue_nums) {
                     Some(q) if q > 0 => Some(
-                        topics
-                            .ensure(h.topic, q, perm::PERM_READ_WRITE, wall_ms())
+                        b.topics
+                            .ensure(h.topic, q, perm::PERM_READ_WRITE)
                             .map_err(Reject::system)?,
                     ),
                     _ => None,
                 }
             } else if b.config.auto_create_topic {
-                topics
-                    .create_from_template(
-                        h.topic,
-                        h.default_topic,
-                        h.default_topic_queue_nums,
-                        wall_ms(),
-                    )
+                b.topics
+                    .ensure_from_template(h.topic, h.default_topic, h.default_topic_queue_nums)
                     .map_err(Reject::system)?
             } else {
                 None
             };
             match created {
                 Some(c) => {
-                    tracing::info!(topic = %h.topic, queues = c.write_queue_nums, "topic auto-created on first send");
-                    b.register_now.notify_one();
-                    SendTopic::of(&c)
+                    if c.created {
+                        tracing::info!(topic = %h.topic, queues = c.config.write_queue_nums, "topic auto-created on first send");
+                    }
+                    SendTopic::of(&c.config)
                 }
                 None => {
                     return Err(Reject::new(
@@ -750,7 +744,7 @@ mod future_size {
     /// The size of the future an async fn over (broker, context, request) returns.
     fn future_size<'a, F, Fut>(_: F) -> usize
     where
-        F: FnOnce(&'a Arc<BrokerInner>, &'a RequestContext, &'a RemotingCommand) -> Fut,
+        F: FnOnce(&'a Arc<Shared>, &'a Caller<'a>, &'a RemotingCommand) -> Fut,
     {
         std::mem::size_of::<Fut>()
     }

@@ -4,6 +4,7 @@
 //! (`putTps`, `getTransferredTps`, formatted as RocketMQ does: three figures separated by
 //! spaces). A plain state machine fed once a second with the broker's counters and the time.
 
+use parking_lot::Mutex;
 use std::collections::VecDeque;
 
 const DAY_MS: i64 = 24 * 3600 * 1000;
@@ -92,6 +93,22 @@ impl BrokerStats {
             put_tps: windows.map(|w| rate(w, |s| s.1)),
             got_tps: windows.map(|w| rate(w, |s| s.2)),
         }
+    }
+}
+
+/// The broker's [`BrokerStats`], sampled by the housekeeping loop and read by runtime info.
+#[derive(Debug, Default)]
+pub(crate) struct Stats(Mutex<BrokerStats>);
+
+impl Stats {
+    /// See [`BrokerStats::sample`].
+    pub(crate) fn sample(&self, wall_ms: i64, mono_ms: u64, put: u64, got: u64) {
+        self.0.lock().sample(wall_ms, mono_ms, put, got);
+    }
+
+    /// See [`BrokerStats::snapshot`].
+    pub(crate) fn snapshot(&self) -> StatsSnapshot {
+        self.0.lock().snapshot()
     }
 }
 

@@ -175,6 +175,7 @@ pub struct Timeline {
 
 impl Timeline {
     /// An empty timeline.
+    #[cfg(test)]
     pub fn new() -> Self {
         Self::default()
     }
@@ -285,13 +286,6 @@ impl Timeline {
         }
     }
 
-    /// Forgets a queue (its topic was deleted or shrank).
-    pub fn forget_queue(&mut self, group: &str, topic: &str, queue_id: i32) {
-        if let Some(g) = self.groups.get_mut(group) {
-            g.owners.remove(&(topic.to_string(), queue_id));
-        }
-    }
-
     /// Closes rebalances that converged or gave up; returns them (for metrics).
     pub fn tick(&mut self, now_ms: i64) -> Vec<(String, ObservedRebalance)> {
         let mut done = std::mem::take(&mut self.closed);
@@ -329,6 +323,7 @@ impl Timeline {
             .unwrap_or_default()
     }
 
+    #[cfg(test)]
     /// Who pulls each queue of the group now, per the last pulls seen.
     pub fn owners(&self, group: &str) -> BTreeMap<(String, i32), String> {
         self.groups

@@ -116,6 +116,7 @@ impl TopicTable {
     }
 
     /// The data version (changes with every update).
+    #[cfg(test)]
     pub fn data_version(&self) -> DataVersion {
         self.data_version
     }

@@ -90,9 +90,9 @@ async fn broker_refuses_unsigned_and_enforces_permissions() {
         let r = client.call(signed(send_req(t, 0, b"x", ""), p, ps)).await;
         assert_eq!(r.code, resp::NO_PERMISSION, "send to {t}");
     }
-    let b = c.broker.as_ref().unwrap().inner().clone();
-    assert_eq!(b.store.max_offset("Orders", 0), 1);
-    assert_eq!(b.store.max_offset("Audit", 0), 0);
+    let b = c.broker.as_ref().unwrap().api();
+    assert_eq!(b.store().max_offset("Orders", 0), 1);
+    assert_eq!(b.store().max_offset("Audit", 0), 0);
 
     // Heartbeats and pulls need SUB on the topics and the group.
     let hb = heartbeat_req(
@@ -145,12 +145,7 @@ async fn broker_refuses_unsigned_and_enforces_permissions() {
             .code,
         resp::NO_PERMISSION
     );
-    assert!(
-        b.counters
-            .acl_refused
-            .load(std::sync::atomic::Ordering::Relaxed)
-            >= 10
-    );
+    assert!(c.counter("shoal_broker_acl_refused_total") >= 10);
     client.shutdown();
     c.stop().await;
 }

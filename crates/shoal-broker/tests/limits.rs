@@ -70,13 +70,7 @@ async fn pull_answers_are_capped_and_a_large_message_is_served_alone() {
         answers += 1;
     }
     assert!(answers >= 6 + 4, "{answers} answers");
-    let counters = &c.broker.as_ref().unwrap().inner().counters;
-    assert!(
-        counters
-            .pulls_capped
-            .load(std::sync::atomic::Ordering::Relaxed)
-            >= 1
-    );
+    assert!(c.counter("shoal_broker_pulls_capped_total") >= 1);
     client.shutdown();
     c.stop().await;
 }
@@ -111,7 +105,7 @@ async fn heartbeat_contents_are_bounded() {
     })
     .await;
     let client = RawClient::new(&c.broker_addr);
-    let b = c.broker.as_ref().unwrap().inner().clone();
+    let b = c.broker.as_ref().unwrap().api();
     // Within the limits.
     ok(&client.call(heartbeat_with_groups("c1", 8, 4)).await);
     // Too many groups for one connection (also across heartbeats).
@@ -128,14 +122,9 @@ async fn heartbeat_contents_are_bounded() {
     let r = client.call(big).await;
     assert_eq!(r.code, resp::SYSTEM_ERROR);
     assert!(r.remark.unwrap().contains("max_heartbeat_bytes"));
+    assert_eq!(c.counter("shoal_broker_heartbeats_refused_total"), 3);
     assert_eq!(
-        b.counters
-            .heartbeats_refused
-            .load(std::sync::atomic::Ordering::Relaxed),
-        3
-    );
-    assert_eq!(
-        b.groups.lock().len(),
+        b.subscription_groups().len(),
         8,
         "refused heartbeats created nothing"
     );
@@ -150,13 +139,8 @@ async fn heartbeat_contents_are_bounded() {
         .with_json_body(&data)
         .unwrap();
     ok(&other.call(hb).await);
-    assert_eq!(b.groups.lock().len(), 12);
-    assert_eq!(
-        b.counters
-            .groups_refused
-            .load(std::sync::atomic::Ordering::Relaxed),
-        4
-    );
+    assert_eq!(b.subscription_groups().len(), 12);
+    assert_eq!(c.counter("shoal_broker_groups_refused_total"), 4);
     // A pull for yet another new group is refused too.
     ok(&client.call(create_topic_req("T0", 1)).await);
     let r = client.call(sub_pull("Fresh", "T0", 0, 0, 1)).await;
@@ -171,7 +155,7 @@ async fn heartbeat_contents_are_bounded() {
 async fn protocol_strictness_as_java() {
     let c = Cluster::start().await;
     let client = RawClient::new(&c.broker_addr);
-    let b = c.broker.as_ref().unwrap().inner().clone();
+    let b = c.broker.as_ref().unwrap().api();
     // System topics refuse client sends.
     for topic in [
         "SCHEDULE_TOPIC_XXXX",
@@ -182,13 +166,13 @@ async fn protocol_strictness_as_java() {
         assert_eq!(r.code, resp::NO_PERMISSION, "{topic}");
         assert!(r.remark.unwrap().contains("forbidden"));
     }
-    assert_eq!(b.store.max_offset("SCHEDULE_TOPIC_XXXX", 0), 0);
+    assert_eq!(b.store().max_offset("SCHEDULE_TOPIC_XXXX", 0), 0);
     // Delayed messages still reach the schedule topic through the broker itself.
     ok(&client.call(create_topic_req("T", 2)).await);
     ok(&client
         .call(send_req("T", 0, b"later", &props(&[("DELAY", "1")])))
         .await);
-    assert_eq!(b.store.max_offset("SCHEDULE_TOPIC_XXXX", 0), 1);
+    assert_eq!(b.store().max_offset("SCHEDULE_TOPIC_XXXX", 0), 1);
 
     // Offset commits and offset queries for impossible queue ids are refused.
     client.join("c1", "G", &[("T", "*")]).await;
@@ -215,7 +199,7 @@ async fn protocol_strictness_as_java() {
         );
         assert_eq!(client.call(max).await.code, resp::INVALID_PARAMETER);
     }
-    assert!(b.store.offsets_of_group("G").is_empty());
+    assert!(b.store().offsets_of_group("G").is_empty());
 
     // expressionType "" means TAG.
     ok(&client.call(send_req("T", 1, b"m", "")).await);
@@ -231,7 +215,7 @@ async fn protocol_strictness_as_java() {
     // A pull for a group that never sent a heartbeat creates it (auto-create on).
     let r = client.call(sub_pull("NeverSeen", "T", 1, 0, 8)).await;
     ok(&r);
-    assert!(b.groups.lock().get("NeverSeen").is_some());
+    assert!(b.subscription_groups().contains(&"NeverSeen".to_string()));
     let text = std::fs::read_to_string(c.dir.path().join("config/subscriptionGroup.json")).unwrap();
     assert!(
         text.contains("NeverSeen"),

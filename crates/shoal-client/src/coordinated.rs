@@ -1,23 +1,17 @@
 //! Coordinated mode, client side: the consumer's membership in a group that a Shoal broker
 //! coordinates (`shoal_group::coordinator`).
 //!
-//! One [`Membership`] per clustering consumer whose [`GroupProtocol`] is not `Classic`. Its
-//! task heartbeats the group's coordinator (GROUP_HEARTBEAT) with the queues the consumer holds,
-//! when the coordinator says its assignment changed (GROUP_ASSIGNMENT_CHANGED), after the
-//! consumer released queues, and every heartbeat interval otherwise. The assignment is the
-//! consumer's target; the consumer's rebalance hands queues over as it always does (stop,
-//! commit synchronously, unlock), and the coordinator gives a queue to its next owner only once
-//! this member reported it released.
-//!
-//! Mode rules (`docs/rebalance.md`): against a broker that does not know the requests (Apache
-//! RocketMQ answers REQUEST_CODE_NOT_SUPPORTED) `Auto` falls back to classic allocation; a
-//! group with a classic-only member is answered GROUP_CLASSIC_MODE and the member allocates
-//! client-side until the broker says otherwise. Fenced or unknown: drop every queue, rejoin
-//! with epoch 0. No successful heartbeat for a session timeout: drop every queue (the
-//! coordinator has given them away by then).
+//! One [`Membership`] per clustering consumer whose [`GroupProtocol`] is not `Classic`: the
+//! async driver of the sans-IO [`CoordinatedMember`] (`shoal_group::member`, which also runs in
+//! the simulator). Its task heartbeats the group's coordinator (GROUP_HEARTBEAT) with the
+//! queues the consumer holds, when the coordinator says its assignment changed
+//! (GROUP_ASSIGNMENT_CHANGED), after the consumer released queues, and every heartbeat
+//! interval otherwise; what the answers mean (assignment, fences, classic mode, a moved
+//! coordinator, a session without answers) is the core's to decide.
 
 use crate::instance::ClientInstance;
 use parking_lot::Mutex;
+use shoal_group::member::{CoordinatedMember, MemberAnswer, MemberConfig};
 use shoal_proto::code::response_code as resp;
 use shoal_proto::coordinated::{
     request_code as crc, response_code as cresp, GroupHeartbeatRequest, GroupHeartbeatResponse,
@@ -29,6 +23,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 use tracing::{debug, info, warn};
+
+pub use shoal_group::member::{Directive, MemberMode, TargetSource};
 
 /// Which group protocol a consumer speaks.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -57,67 +53,6 @@ impl std::str::FromStr for GroupProtocol {
     }
 }
 
-/// Where the membership stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MemberMode {
-    /// No answer from a coordinator yet.
-    Probing,
-    /// The coordinator assigns the queues.
-    Coordinated,
-    /// The group runs classic (a classic-only member is in it).
-    Classic,
-    /// The broker does not support coordinated mode.
-    Unsupported,
-}
-
-#[derive(Debug)]
-struct State {
-    mode: MemberMode,
-    epoch: i32,
-    assignment: BTreeSet<MessageQueue>,
-    last_ok: Option<Instant>,
-    interval: Duration,
-    /// The coordinator the membership is with.
-    coordinator: Option<String>,
-    /// The group's coordinator changed (routes changed): leave the old one, drop every queue,
-    /// join the new one only once nothing is held, so no queue is consumed twice across
-    /// coordinators.
-    moving_to: Option<String>,
-    /// Fences so far (the coordinator fenced us, or the session ran out): each one drops
-    /// every queue at once.
-    fences: u64,
-    /// Coordinator moves so far: each one releases every queue gracefully.
-    rejoins: u64,
-}
-
-/// What the membership tells the consumer's rebalancer (`shoal_group::rebalance`): its
-/// target source, and how many fences and rejoins happened so far (each is applied once).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Directive {
-    /// Fences so far ([`shoal_group::rebalance::Rebalancer::handle_fenced`]).
-    pub fences: u64,
-    /// Rejoins so far ([`shoal_group::rebalance::Rebalancer::handle_rejoin`]).
-    pub rejoins: u64,
-    /// Where the target comes from now.
-    pub source: TargetSource,
-}
-
-/// Where a consumer's target comes from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum TargetSource {
-    /// No coordinator answered yet: hold nothing (the group may be coordinated).
-    Waiting,
-    /// The coordinator's assignment at this member epoch.
-    Coordinator {
-        /// Member epoch.
-        epoch: i32,
-        /// Assigned queues (every topic).
-        queues: BTreeSet<MessageQueue>,
-    },
-    /// Client-side allocation (classic group, or a broker without coordinated mode).
-    Classic,
-}
-
 /// What a heartbeat changed, for the consumer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Outcome {
@@ -127,18 +62,20 @@ pub struct Outcome {
     pub again: bool,
 }
 
+/// The default session timeout of a member: Kafka's.
+const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(45);
+
 /// A consumer's membership of a coordinated group. See the [module documentation](self).
 #[derive(Debug)]
 pub struct Membership {
     group: String,
-    member_id: String,
-    instance_id: Option<String>,
     protocol: GroupProtocol,
     assignor: String,
-    session_timeout: Duration,
     rebalance_timeout_ms: u64,
-    state: Mutex<State>,
+    core: Mutex<CoordinatedMember>,
     wake: Notify,
+    /// The core's clock starts here.
+    started: Instant,
 }
 
 impl Membership {
@@ -150,35 +87,37 @@ impl Membership {
         protocol: GroupProtocol,
         assignor: &str,
     ) -> Self {
-        Self {
+        let config = MemberConfig {
             group: group.to_string(),
             member_id,
             instance_id,
+            session_timeout_ms: DEFAULT_SESSION_TIMEOUT.as_millis() as u64,
+            interval_ms: 5_000,
+        };
+        Self {
+            group: group.to_string(),
             protocol,
             assignor: assignor.to_string(),
-            session_timeout: Duration::from_secs(45),
             rebalance_timeout_ms: 60_000,
-            state: Mutex::new(State {
-                mode: MemberMode::Probing,
-                epoch: 0,
-                assignment: BTreeSet::new(),
-                last_ok: None,
-                interval: Duration::from_secs(5),
-                coordinator: None,
-                moving_to: None,
-                fences: 0,
-                rejoins: 0,
-            }),
+            core: Mutex::new(CoordinatedMember::new(config, 0)),
             wake: Notify::new(),
+            started: Instant::now(),
         }
     }
 
     /// The consumer's session timeout: sent in every group heartbeat (the coordinator
     /// removes the member after this long without one), and how long the member keeps its
     /// queues without an answer. 45 s (Kafka's default) unless set.
-    pub fn with_session_timeout(mut self, timeout: Duration) -> Self {
-        self.session_timeout = timeout;
+    pub fn with_session_timeout(self, timeout: Duration) -> Self {
+        let mut config = self.core.lock().config().clone();
+        config.session_timeout_ms = timeout.as_millis() as u64;
+        let now = self.now_ms();
+        *self.core.lock() = CoordinatedMember::new(config, now);
         self
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
     }
 
     /// The group.
@@ -187,73 +126,70 @@ impl Membership {
     }
 
     /// The member id.
-    pub fn member_id(&self) -> &str {
-        &self.member_id
+    pub fn member_id(&self) -> String {
+        self.core.lock().config().member_id.clone()
     }
 
     /// The static instance id, if any.
-    pub fn instance_id(&self) -> Option<&str> {
-        self.instance_id.as_deref()
+    pub fn instance_id(&self) -> Option<String> {
+        self.core.lock().config().instance_id.clone()
     }
 
     /// The mode now.
     pub fn mode(&self) -> MemberMode {
-        self.state.lock().mode
+        self.core.lock().mode()
     }
 
     /// The member epoch now.
     pub fn epoch(&self) -> i32 {
-        self.state.lock().epoch
+        self.core.lock().epoch()
     }
 
     /// True when the coordinator decides the queues (no classic allocation).
     pub fn decides(&self) -> bool {
-        matches!(self.mode(), MemberMode::Coordinated | MemberMode::Probing)
+        self.core.lock().decides()
     }
 
     /// What the rebalancer should do now (see [`Directive`]).
     pub fn directive(&self) -> Directive {
-        let s = self.state.lock();
-        let source = match s.mode {
-            MemberMode::Probing => TargetSource::Waiting,
-            MemberMode::Coordinated if s.moving_to.is_some() => TargetSource::Waiting,
-            MemberMode::Coordinated => TargetSource::Coordinator {
-                epoch: s.epoch,
-                queues: s.assignment.clone(),
-            },
-            MemberMode::Classic | MemberMode::Unsupported => TargetSource::Classic,
-        };
-        Directive {
-            fences: s.fences,
-            rejoins: s.rejoins,
-            source,
-        }
+        self.core.lock().directive()
     }
 
     /// The assigned queues of one topic.
     pub fn assignment_of(&self, topic: &str) -> BTreeSet<MessageQueue> {
-        let s = self.state.lock();
-        if s.mode != MemberMode::Coordinated {
-            return BTreeSet::new();
-        }
-        s.assignment
-            .iter()
-            .filter(|q| q.topic == topic)
-            .cloned()
-            .collect()
+        self.core.lock().assignment_of(topic)
     }
 
-    /// Heartbeat now (a notice came, or queues were released).
+    /// Heartbeat now (a notice came).
     pub fn wake(&self) {
+        let now = self.now_ms();
+        self.core.lock().handle_wake(now);
         self.wake.notify_one();
     }
 
-    /// Waits for a wake-up or the heartbeat interval.
+    /// The queues the consumer holds now; a release is reported to the coordinator at once.
+    pub fn report_held(&self, held: Vec<MessageQueue>) {
+        let now = self.now_ms();
+        let due = {
+            let mut c = self.core.lock();
+            c.handle_held(now, held);
+            c.poll_timeout().is_some_and(|t| t <= now)
+        };
+        if due {
+            self.wake.notify_one();
+        }
+    }
+
+    /// Waits for a wake-up or the next heartbeat's time.
     pub async fn wait(&self) {
-        let interval = self.state.lock().interval;
+        let now = self.now_ms();
+        let due = self.core.lock().poll_timeout();
+        let sleep = due.map_or(DEFAULT_SESSION_TIMEOUT, |t| {
+            Duration::from_millis(t.saturating_sub(now))
+        });
         tokio::select! {
             _ = self.wake.notified() => {}
-            _ = tokio::time::sleep(interval) => {}
+            _ = tokio::time::sleep(sleep) => {}
         }
     }
 
@@ -295,73 +231,89 @@ impl Membership {
         subscriptions: Vec<String>,
         owned: Vec<MessageQueue>,
     ) -> Outcome {
-        let old = {
-            let mut s = self.state.lock();
-            match s.coordinator.clone() {
-                Some(c) if c != addr && s.mode == MemberMode::Coordinated => {
-                    info!(group = %self.group, from = %c, to = %addr, "the group's coordinator moved: dropping every queue, then joining the new one");
-                    s.moving_to = Some(addr.to_string());
-                    s.coordinator = None;
-                    s.assignment.clear();
-                    s.epoch = 0;
-                    s.rejoins += 1;
-                    instance.set_member_stamp(&self.group, None);
-                    Some(c)
-                }
-                _ => None,
-            }
+        let now = self.now_ms();
+        let (moved, sent, member_id, instance_id) = {
+            let mut c = self.core.lock();
+            c.handle_held(now, owned.clone());
+            let moved = c.handle_coordinator(now, addr);
+            c.handle_wake(now);
+            let sent = if moved.is_some() {
+                None
+            } else {
+                c.poll_heartbeat(now)
+            };
+            (
+                moved,
+                sent,
+                c.config().member_id.clone(),
+                c.config().instance_id.clone(),
+            )
         };
-        if let Some(c) = old {
-            self.leave_at(instance, &c, true).await;
+        if let Some(old) = moved {
+            info!(group = %self.group, from = %old, to = %addr, "the group's coordinator moved: dropping every queue, then joining the new one");
+            instance.set_member_stamp(&self.group, None);
+            self.leave_at(instance, &old, true).await;
             return Outcome {
                 changed: true,
                 again: false,
             };
         }
-        if self.state.lock().moving_to.is_some() {
-            if !owned.is_empty() {
-                // Still releasing; the release wakes us again.
-                return Outcome::default();
-            }
-            self.state.lock().moving_to = None;
-        }
-        // Coordinated only with a broker that lists `coordinator` (GET_BROKER_FEATURES, asked
-        // once per address): Apache RocketMQ brokers and Shoal brokers that do not coordinate
-        // get no GROUP_HEARTBEAT, the consumer allocates client-side.
+        // Nothing to send while moving with queues still held (the release wakes us again).
+        let Some(epoch) = sent else {
+            return Outcome::default();
+        };
+        let answer = self
+            .exchange(
+                instance,
+                addr,
+                epoch,
+                &member_id,
+                instance_id,
+                subscriptions,
+                owned,
+            )
+            .await;
+        self.answered(instance, addr, epoch, answer)
+    }
+
+    /// Sends one heartbeat and reads its answer (Apache RocketMQ brokers and Shoal brokers
+    /// that do not coordinate get no GROUP_HEARTBEAT: the consumer allocates client-side).
+    #[allow(clippy::too_many_arguments)]
+    async fn exchange(
+        &self,
+        instance: &ClientInstance,
+        addr: &str,
+        epoch: i32,
+        member_id: &str,
+        instance_id: Option<String>,
+        subscriptions: Vec<String>,
+        owned: Vec<MessageQueue>,
+    ) -> MemberAnswer {
         match instance.broker_kind(addr).await {
-            Ok(kind) if !kind.has_coordinator() => {
-                let mut s = self.state.lock();
-                let before = (s.mode, s.assignment.clone());
-                self.unsupported(&mut s, instance, addr);
-                return Outcome {
-                    changed: before != (s.mode, s.assignment.clone()),
-                    again: false,
-                };
-            }
+            Ok(kind) if !kind.has_coordinator() => return MemberAnswer::Unsupported,
             Ok(_) => {}
             Err(e) => {
                 debug!(coordinator = %addr, error = %e, "broker features not known");
-                return self.check_session(instance);
+                return MemberAnswer::NoAnswer;
             }
         }
-        let epoch = self.epoch();
         let body = GroupHeartbeatRequest {
             assignor: Some(self.assignor.clone()),
             client_id: instance.client_id().to_string(),
             group: self.group.clone(),
-            instance_id: self.instance_id.clone(),
+            instance_id,
             member_epoch: epoch,
-            member_id: self.member_id.clone(),
+            member_id: member_id.to_string(),
             owned,
             rebalance_timeout_ms: Some(self.rebalance_timeout_ms),
-            session_timeout_ms: Some(self.session_timeout.as_millis() as u64),
+            session_timeout_ms: Some(self.core.lock().config().session_timeout_ms),
             subscriptions,
         };
         let req = match RemotingCommand::request(crc::GROUP_HEARTBEAT).with_json_body(&body) {
             Ok(r) => r,
             Err(e) => {
                 warn!(error = %e, "group heartbeat could not be encoded");
-                return Outcome::default();
+                return MemberAnswer::NoAnswer;
             }
         };
         let timeout = instance.config().rpc_timeout;
@@ -369,112 +321,89 @@ impl Membership {
             Ok(r) => r,
             Err(e) => {
                 debug!(coordinator = %addr, error = %e, "group heartbeat failed");
-                return self.check_session(instance);
+                return MemberAnswer::NoAnswer;
             }
         };
-        let mut s = self.state.lock();
-        let before = (s.mode, s.assignment.clone());
-        let mut again = false;
         match r.code {
             resp::SUCCESS => match r.decode_json_body::<GroupHeartbeatResponse>() {
-                Ok(a) => {
-                    if s.mode != MemberMode::Coordinated {
-                        info!(group = %self.group, member = %self.member_id, epoch = a.member_epoch, "coordinated mode");
-                    }
-                    s.mode = MemberMode::Coordinated;
-                    s.coordinator = Some(addr.to_string());
-                    s.epoch = a.member_epoch;
-                    s.assignment = a.assignment.into_iter().collect();
-                    s.last_ok = Some(Instant::now());
-                    s.interval = Duration::from_millis(a.heartbeat_interval_ms.clamp(100, 60_000));
-                    instance.set_member_stamp(&self.group, Some((self.member_id.clone(), s.epoch)));
+                Ok(a) => MemberAnswer::Assigned {
+                    epoch: a.member_epoch,
+                    queues: a.assignment,
+                    interval_ms: a.heartbeat_interval_ms,
+                },
+                Err(e) => {
+                    warn!(error = %e, "group heartbeat answer could not be decoded");
+                    MemberAnswer::NoAnswer
                 }
-                Err(e) => warn!(error = %e, "group heartbeat answer could not be decoded"),
             },
             cresp::FENCED_MEMBER_EPOCH | cresp::UNKNOWN_MEMBER_ID => {
-                info!(group = %self.group, member = %self.member_id, code = r.code, remark = ?r.remark, "fenced by the coordinator: dropping every queue and rejoining");
-                s.epoch = 0;
-                s.assignment.clear();
-                s.fences += 1;
-                instance.set_member_stamp(&self.group, Some((self.member_id.clone(), 0)));
-                again = epoch != 0;
+                info!(group = %self.group, member = %member_id, code = r.code, remark = ?r.remark, "fenced by the coordinator: dropping every queue and rejoining");
+                MemberAnswer::Fenced
             }
-            cresp::GROUP_CLASSIC_MODE => {
-                if s.mode != MemberMode::Classic {
-                    info!(group = %self.group, "the group runs in classic mode (a classic-only member is in it)");
-                }
-                s.mode = MemberMode::Classic;
-                s.epoch = 0;
-                s.assignment.clear();
-                instance.set_member_stamp(&self.group, None);
-            }
-            resp::REQUEST_CODE_NOT_SUPPORTED => self.unsupported(&mut s, instance, addr),
+            cresp::GROUP_CLASSIC_MODE => MemberAnswer::ClassicMode,
+            resp::REQUEST_CODE_NOT_SUPPORTED => MemberAnswer::Unsupported,
             cresp::UNRELEASED_INSTANCE_ID => {
-                warn!(group = %self.group, instance = ?self.instance_id, remark = ?r.remark, "instance id held by a live member; retrying");
-                drop(s);
-                return self.check_session(instance);
+                warn!(group = %self.group, instance = ?self.instance_id(), remark = ?r.remark, "instance id held by a live member; retrying");
+                MemberAnswer::NoAnswer
             }
             code => {
                 warn!(group = %self.group, code, remark = ?r.remark, "group heartbeat refused");
-                drop(s);
-                return self.check_session(instance);
+                MemberAnswer::NoAnswer
             }
         }
+    }
+
+    /// Gives an answer to the core; the member stamp follows.
+    fn answered(
+        &self,
+        instance: &ClientInstance,
+        addr: &str,
+        epoch: i32,
+        answer: MemberAnswer,
+    ) -> Outcome {
+        let now = self.now_ms();
+        let mut c = self.core.lock();
+        let (mode, fences) = (c.mode(), c.fences());
+        let out = c.handle_answer(now, Some(addr), epoch, answer);
+        if c.mode() != mode {
+            match c.mode() {
+                MemberMode::Coordinated => {
+                    info!(group = %self.group, member = %c.config().member_id, epoch = c.epoch(), "coordinated mode")
+                }
+                MemberMode::Classic => {
+                    info!(group = %self.group, "the group runs in classic mode (a classic-only member is in it)")
+                }
+                MemberMode::Unsupported => {
+                    info!(group = %self.group, coordinator = %addr, "the broker does not coordinate groups: classic mode")
+                }
+                MemberMode::Probing => {}
+            }
+        } else if c.fences() > fences && mode == MemberMode::Coordinated {
+            warn!(group = %self.group, member = %c.config().member_id, "no heartbeat answer within the session timeout, or fenced: dropping every queue");
+        }
+        instance.set_member_stamp(&self.group, c.stamp());
         Outcome {
-            changed: before != (s.mode, s.assignment.clone()),
-            again,
+            changed: out.changed,
+            again: c.poll_timeout().is_some_and(|t| t <= now),
         }
-    }
-
-    /// The broker does not coordinate groups: classic allocation.
-    fn unsupported(&self, s: &mut State, instance: &ClientInstance, addr: &str) {
-        if s.mode != MemberMode::Unsupported {
-            info!(group = %self.group, coordinator = %addr, "the broker does not coordinate groups: classic mode");
-        }
-        s.mode = MemberMode::Unsupported;
-        s.assignment.clear();
-        instance.set_member_stamp(&self.group, None);
-    }
-
-    /// No successful heartbeat within the session timeout: the coordinator has given our
-    /// queues away; drop them (the lease of coordinated mode).
-    fn check_session(&self, instance: &ClientInstance) -> Outcome {
-        let mut s = self.state.lock();
-        let expired = s.mode == MemberMode::Coordinated
-            && s.last_ok
-                .is_some_and(|t| t.elapsed() >= self.session_timeout);
-        if expired && !s.assignment.is_empty() {
-            warn!(group = %self.group, member = %self.member_id, "no heartbeat answer within the session timeout: dropping every queue");
-            s.assignment.clear();
-            s.epoch = 0;
-            s.fences += 1;
-            instance.set_member_stamp(&self.group, Some((self.member_id.clone(), 0)));
-            return Outcome {
-                changed: true,
-                again: false,
-            };
-        }
-        Outcome::default()
     }
 
     /// Leaves the group (after the consumer released its queues).
     pub async fn leave(&self, instance: &ClientInstance, addr: &str) {
-        if self.mode() != MemberMode::Coordinated {
-            return;
-        }
-        let addr = self
-            .state
-            .lock()
-            .coordinator
-            .clone()
-            .unwrap_or_else(|| addr.to_string());
+        let addr = {
+            let c = self.core.lock();
+            if c.mode() != MemberMode::Coordinated {
+                return;
+            }
+            c.coordinator().unwrap_or(addr).to_string()
+        };
         self.leave_at(instance, &addr, false).await;
     }
 
     async fn leave_at(&self, instance: &ClientInstance, addr: &str, permanent: bool) {
         let body = GroupLeaveRequest {
             group: self.group.clone(),
-            member_id: self.member_id.clone(),
+            member_id: self.member_id(),
             permanent,
         };
         let Ok(req) = RemotingCommand::request(crc::GROUP_LEAVE).with_json_body(&body) else {
@@ -485,6 +414,9 @@ impl Membership {
             .await
         {
             debug!(error = %e, "group leave failed");
+        }
+        if !permanent {
+            self.core.lock().handle_left();
         }
         instance.set_member_stamp(&self.group, None);
     }

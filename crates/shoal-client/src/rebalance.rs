@@ -21,11 +21,12 @@
 //! `commitOnUnlock` (the final commit rides on the unlock), `memberListNotice` (membership
 //! notices carry the member list: no GET_CONSUMER_LIST_BY_GROUP).
 
-use crate::coordinated::{Directive, Membership, TargetSource};
+use crate::coordinated::{Directive, Membership};
 use crate::error::Result;
 use crate::instance::ClientInstance;
 use futures::future::BoxFuture;
 use parking_lot::Mutex;
+use shoal_group::member::Applied;
 use shoal_group::rebalance::{
     Action, Handover, Lease, LockAnswer, QueuePhase, RebalanceStats, Rebalancer, RebalancerConfig,
     StartOffset,
@@ -260,8 +261,7 @@ struct Driver {
     tx: mpsc::UnboundedSender<Cmd>,
     snapshot: Arc<Mutex<Snapshot>>,
     /// Fences and rejoins of the membership already applied.
-    member_fences: u64,
-    member_rejoins: u64,
+    member_applied: Applied,
 }
 
 /// The group's coordinator (a deterministic choice among the brokers of the topics); the
@@ -314,8 +314,7 @@ pub(crate) fn spawn(
         runtime,
         tx: tx.clone(),
         snapshot: snapshot.clone(),
-        member_fences: 0,
-        member_rejoins: 0,
+        member_applied: Applied::default(),
     };
     tokio::spawn(driver.run(rx, notice.clone(), token, done_tx));
     DriverHandle {
@@ -354,21 +353,17 @@ impl Driver {
                 .filter(|(_, p)| !matches!(p, QueuePhase::Unlocking))
                 .map(|(mq, _)| mq)
                 .collect();
-            let released = {
+            {
                 let mut s = self.snapshot.lock();
                 s.draining = draining;
                 s.owned = self.rb.owned();
                 s.stats = self.rb.stats();
-                let released = s.held.iter().any(|q| !held.contains(q));
-                s.held = held;
-                released
-            };
-            if released && self.rb.is_coordinated() {
-                // Report the release at once: the coordinator gives the queue to its next
+                s.held.clone_from(&held);
+            }
+            if let Some(m) = &self.cfg.membership {
+                // A release is reported at once: the coordinator gives the queue to its next
                 // owner only then.
-                if let Some(m) = &self.cfg.membership {
-                    m.wake();
-                }
+                m.report_held(held);
             }
             // The snapshot first: a coordinated heartbeat must never name a queue whose
             // unlock (release evidence) is already on its way.
@@ -425,27 +420,7 @@ impl Driver {
                 );
                 rb.handle_view(now, &topic, queues, members)
             }
-            Cmd::Member(d) => {
-                if d.fences > self.member_fences {
-                    self.member_fences = d.fences;
-                    rb.handle_fenced(now);
-                }
-                if d.rejoins > self.member_rejoins {
-                    self.member_rejoins = d.rejoins;
-                    rb.handle_rejoin(now);
-                }
-                match d.source {
-                    TargetSource::Waiting => {
-                        if !rb.is_coordinated() {
-                            rb.handle_rejoin(now);
-                        }
-                    }
-                    TargetSource::Coordinator { epoch, queues } => {
-                        rb.handle_target(now, i64::from(epoch), queues)
-                    }
-                    TargetSource::Classic => rb.handle_classic(now),
-                }
-            }
+            Cmd::Member(d) => d.apply(rb, now, &mut self.member_applied),
             Cmd::View(topic, Err(e)) => {
                 // A retry topic appears once the broker created it: keep trying quietly.
                 if !is_retry_topic(&topic) {

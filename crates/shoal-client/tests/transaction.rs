@@ -188,11 +188,11 @@ async fn commit_rollback_and_check_back() {
         "preparedTransactionOffset names the half message"
     );
 
-    let counters = &cluster.brokers[0].inner().transactions.counters;
-    assert_eq!(counters.half_stored.load(Ordering::Relaxed), 3);
-    assert_eq!(counters.committed.load(Ordering::Relaxed), 2);
-    assert_eq!(counters.rolled_back.load(Ordering::Relaxed), 1);
-    assert!(counters.duplicate_decisions.load(Ordering::Relaxed) >= 1);
+    let events = transaction_events(&cluster.brokers[0]);
+    assert_eq!(events("half_stored"), 3);
+    assert_eq!(events("committed"), 2);
+    assert_eq!(events("rolled_back"), 1);
+    assert!(events("duplicate_decision") >= 1);
 
     consumer.shutdown().await;
     producer.shutdown().await;
@@ -224,7 +224,7 @@ async fn discarded_after_the_check_limit() {
         })
         .await
         .unwrap();
-    let store = cluster.brokers[0].inner().store.clone();
+    let store = cluster.brokers[0].api().store();
     assert!(
         wait_until(T, || store.max_offset("TRANS_CHECK_MAX_TIME_TOPIC", 0) == 1).await,
         "moved to TRANS_CHECK_MAX_TIME_TOPIC"
@@ -298,7 +298,7 @@ async fn pending_half_messages_survive_a_restart() {
     })
     .await
     .unwrap();
-    let store = cluster.brokers[0].inner().store.clone();
+    let store = cluster.brokers[0].api().store();
     assert!(
         wait_until(T, || store.max_offset("TXR", 0) == 4).await,
         "the three pending half messages were checked and committed after the restart (asked {})",
@@ -314,4 +314,16 @@ async fn pending_half_messages_survive_a_restart() {
     tx.shutdown().await;
     producer.shutdown().await;
     cluster.stop().await;
+}
+
+/// The broker's transaction event counters, as `/metrics` exports them.
+fn transaction_events(broker: &shoal_broker::Broker) -> impl Fn(&str) -> u64 {
+    let text = broker.api().metrics().encode_text();
+    move |event: &str| {
+        let label = format!("event=\"{event}\"");
+        text.lines()
+            .find(|l| l.starts_with("shoal_broker_transaction_events_total{") && l.contains(&label))
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+            .unwrap_or(0)
+    }
 }

@@ -125,23 +125,7 @@ async fn cluster(State(s): State<HttpState>) -> ApiResult {
         }
         clusters.push(json!({"name": cluster, "brokers": brokers}));
     }
-    let local = s.broker.as_ref().map(|b| {
-        let c = &b.counters;
-        json!({
-            "name": b.config.broker_name,
-            "addr": b.config.announce_addr(),
-            "startedAtMs": b.started_wall_ms(),
-            "uptimeMs": b.mono_ms(),
-            "messagesPut": c.msgs_put.get(),
-            "messagesPulled": c.msgs_got.get(),
-            "pullsHeldNow": b.holds.len(),
-            "connections": b.metrics.connections.get(),
-            "commitLogBytes": b.store.commit_log_max_offset().saturating_sub(b.store.commit_log_min_offset()),
-            "unflushedBytes": b.store.commit_log_max_offset().saturating_sub(b.store.commit_log_flushed_offset()),
-            "topics": b.topics.lock().all().len(),
-            "groupsOnline": b.clients.lock().group_names().len(),
-        })
-    });
+    let local = s.broker.as_ref().map(|b| b.summary());
     Ok(Json(json!({
         "namesrv": s.namesrv_addrs,
         "clusters": clusters,
@@ -181,7 +165,7 @@ async fn topics(State(s): State<HttpState>, Query(q): Query<TopicsQuery>) -> Api
                 .sum(),
             Err(_) => 0,
         };
-        let traffic = s.broker.as_ref().and_then(|b| b.metrics.topics.find(t));
+        let traffic = s.broker.as_ref().and_then(|b| b.topic_traffic(t));
         out.push(json!({
             "topic": t,
             "system": is_system_topic(t),
@@ -212,11 +196,11 @@ async fn topic(State(s): State<HttpState>, Path(topic): Path<String>) -> ApiResu
 
 fn mode_of(s: &HttpState, group: &str) -> &'static str {
     match &s.broker {
-        Some(b) => match b.group_state.lock().mode(group) {
-            shoal_broker::group_state::GroupMode::Classic => "classic",
-            shoal_broker::group_state::GroupMode::Coordinated => "coordinated",
-            shoal_broker::group_state::GroupMode::Empty => "-",
-            shoal_broker::group_state::GroupMode::KafkaClassic => "kafkaClassic",
+        Some(b) => match b.group_mode(group) {
+            shoal_group::state::GroupMode::Classic => "classic",
+            shoal_group::state::GroupMode::Coordinated => "coordinated",
+            shoal_group::state::GroupMode::Empty => "-",
+            shoal_group::state::GroupMode::KafkaClassic => "kafkaClassic",
         },
         None => "-",
     }
@@ -233,13 +217,7 @@ fn state_of(
     if members == 0 {
         return "EMPTY";
     }
-    let open = s.broker.as_ref().is_some_and(|b| {
-        b.timeline
-            .lock()
-            .history(group)
-            .last()
-            .is_some_and(|r| r.outcome == shoal_broker::timeline::Outcome::Converging)
-    });
+    let open = s.broker.as_ref().is_some_and(|b| b.rebalancing(group));
     let (shared, unowned) = p.ownership_problems();
     let unowned_real = unowned
         .iter()
@@ -350,7 +328,7 @@ fn timeline(s: &HttpState, group: &str) -> (Vec<Value>, &'static str) {
     let Some(b) = &s.broker else {
         return (Vec::new(), "none");
     };
-    let coordinated = b.group_state.lock().coordinator.history(group);
+    let coordinated = b.coordinator_history(group);
     if !coordinated.is_empty() {
         let rows = coordinated
             .iter()
@@ -372,9 +350,7 @@ fn timeline(s: &HttpState, group: &str) -> (Vec<Value>, &'static str) {
         return (rows, "coordinator");
     }
     let rows = b
-        .timeline
-        .lock()
-        .history(group)
+        .observed_rebalances(group)
         .iter()
         .rev()
         .map(|r| {
@@ -488,7 +464,7 @@ async fn dlq_resend(
 }
 
 fn now_ms() -> i64 {
-    shoal_broker::broker::wall_ms()
+    shoal_broker::wall_ms()
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
-use shoal_broker::BrokerInner;
+use shoal_broker::BrokerApi;
 use shoal_namesrv::NamesrvProcessor;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -16,7 +16,7 @@ use tokio_util_shutdown::Shutdown;
 #[derive(Clone, Default)]
 pub struct HttpState {
     /// The broker of this process, if any.
-    pub broker: Option<Arc<BrokerInner>>,
+    pub broker: Option<BrokerApi>,
     /// The name server of this process, if any.
     pub namesrv: Option<Arc<NamesrvProcessor>>,
     /// Name servers the dashboard asks for cluster-wide views.
@@ -29,7 +29,7 @@ impl HttpState {
     /// What a process with this broker and/or name server serves; the dashboard's cluster
     /// views ask `namesrv_addrs`.
     pub fn new(
-        broker: Option<Arc<BrokerInner>>,
+        broker: Option<BrokerApi>,
         namesrv: Option<Arc<NamesrvProcessor>>,
         namesrv_addrs: Vec<String>,
     ) -> Self {
@@ -159,7 +159,7 @@ async fn metrics(
     let registries: Vec<Arc<shoal_metrics::Metrics>> = state
         .broker
         .iter()
-        .map(|b| b.metrics.registry.clone())
+        .map(|b| b.metrics())
         .chain(state.namesrv.iter().map(|n| n.metrics().registry.clone()))
         .collect();
     // Collectors read store offsets and tables: off the async threads.

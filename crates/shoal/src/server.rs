@@ -307,26 +307,23 @@ pub fn kafka_config(listen: &str, advertised: Option<&str>) -> anyhow::Result<Ka
 
 /// Starts the Kafka listener on a running broker.
 async fn start_kafka(broker: &Broker, cfg: KafkaConfig) -> anyhow::Result<KafkaServer> {
-    let bridge = Arc::new(BrokerBridge::new(broker.inner().clone()));
+    let api = broker.api();
+    let bridge = Arc::new(BrokerBridge::new(api.clone()));
     let server = KafkaServer::start(cfg, bridge)
         .await
         .map_err(anyhow::Error::new)?;
     // `shoal group describe` shows the listener's classic groups, and the hosts of its
     // KIP-848 members (the coordinator knows their client ids only).
-    let groups = shoal_broker::broker::ListenerGroups {
+    let groups = shoal_broker::ListenerGroups {
         describe: Arc::new(server.classic_group_describer()),
         member_hosts: Arc::new(server.consumer_group_member_hosts()),
     };
-    if broker.inner().listener_groups.set(groups).is_err() {
+    if api.set_listener_groups(groups).is_err() {
         tracing::warn!("a listener's classic groups are already described by this broker");
     }
     // The listener's counters (`shoal_kafka_*`) are served at `/metrics` with the broker's
     // metrics, read at scrape time; only a process that runs the listener has them.
-    broker
-        .inner()
-        .metrics
-        .registry
-        .collector(server.metrics_collector());
+    api.metrics().collector(server.metrics_collector());
     Ok(server)
 }
 
@@ -424,12 +421,8 @@ pub async fn run_broker(args: BrokerArgs, common: crate::admin_cmd::Common) -> a
     );
     let http = match &cfg.http_listen_addr {
         Some(addr) => {
-            let state = HttpState::new(
-                Some(broker.inner().clone()),
-                None,
-                cfg.namesrv_addrs.clone(),
-            )
-            .with_namesrv_tls(cfg.tls.namesrv_client_tls()?);
+            let state = HttpState::new(Some(broker.api()), None, cfg.namesrv_addrs.clone())
+                .with_namesrv_tls(cfg.tls.namesrv_client_tls()?);
             match HttpServer::start(addr, state).await {
                 Ok(h) => {
                     println!("metrics and dashboard at http://{}/", h.local_addr());
@@ -583,7 +576,7 @@ pub async fn run_dev(args: DevArgs) -> anyhow::Result<()> {
         None
     } else {
         let state = HttpState::new(
-            Some(broker.inner().clone()),
+            Some(broker.api()),
             Some(ns.processor().clone()),
             vec![namesrv.clone()],
         )

@@ -192,11 +192,6 @@ impl CheckRound {
             .max(self.op_start);
         (self.next_half, op)
     }
-
-    /// Decided half offsets the round has not passed (for END_TRANSACTION's duplicate check).
-    pub fn pending_decisions(&self) -> impl Iterator<Item = u64> + '_ {
-        self.removed.keys().copied()
-    }
 }
 
 /// Parses an op message body: half queue offsets separated by commas (`"3,4,"`).

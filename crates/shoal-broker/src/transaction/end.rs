@@ -3,9 +3,10 @@
 
 use super::half::{self, OP_DECISION};
 use super::{Decision, HALF_TOPIC};
-use crate::broker::{wall_ms, BrokerInner};
+use crate::caller::Caller;
+use crate::clock::wall_ms;
 use crate::reply::{blocking, Handled, Reject};
-use shoal_net::RequestContext;
+use crate::shared::Shared;
 use shoal_proto::code::response_code as resp;
 use shoal_proto::header::EndTransactionRequestHeader;
 use shoal_proto::message::{
@@ -17,7 +18,7 @@ use std::sync::Arc;
 use tracing::{debug, info, warn};
 
 /// Reads the message stored at a commit log offset.
-pub async fn message_at(b: &Arc<BrokerInner>, offset: i64) -> Result<Option<MessageExt>, Reject> {
+pub async fn message_at(b: &Arc<Shared>, offset: i64) -> Result<Option<MessageExt>, Reject> {
     if offset < 0 {
         return Ok(None);
     }
@@ -47,8 +48,8 @@ pub fn transaction_key(m: &MessageExt) -> String {
 
 /// Handles END_TRANSACTION.
 pub async fn end_transaction(
-    b: &Arc<BrokerInner>,
-    ctx: &RequestContext,
+    b: &Arc<Shared>,
+    caller: &Caller<'_>,
     req: &RemotingCommand,
 ) -> Handled {
     let h: EndTransactionRequestHeader = req.decode_command_header()?;
@@ -58,7 +59,7 @@ pub async fn end_transaction(
         other => {
             // Unknown (0): the producer does not know yet; the check will ask again. RocketMQ
             // sends no answer.
-            debug!(peer = %ctx.peer_addr(), state = other, msg_id = %h.msg_id, from_check = h.from_transaction_check,
+            debug!(peer = %caller.peer, state = other, msg_id = %h.msg_id, from_check = h.from_transaction_check,
                 "END_TRANSACTION without a decision");
             return Ok(None);
         }
@@ -98,11 +99,7 @@ pub async fn end_transaction(
 
 /// Applies a decision to a half message: stores the committed message (commit), records the
 /// decision in the op queue. A transaction already decided is left as it is.
-pub async fn decide(
-    b: &Arc<BrokerInner>,
-    half: &MessageExt,
-    decision: Decision,
-) -> Result<(), Reject> {
+pub async fn decide(b: &Arc<Shared>, half: &MessageExt, decision: Decision) -> Result<(), Reject> {
     let key = transaction_key(half);
     let t = &b.transactions;
     let prior = {
@@ -153,7 +150,7 @@ pub async fn decide(
 }
 
 async fn write_op(
-    b: &Arc<BrokerInner>,
+    b: &Arc<Shared>,
     half: &MessageExt,
     key: &str,
     decision: Decision,

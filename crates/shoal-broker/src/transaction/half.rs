@@ -2,8 +2,9 @@
 //! checker, the committed message, op messages and discarded messages.
 
 use super::{HALF_TOPIC, OP_TOPIC, REMOVE_TAG};
-use crate::broker::{wall_ms, BrokerInner};
+use crate::clock::wall_ms;
 use crate::reply::Reject;
+use crate::shared::Shared;
 use shoal_proto::constants::perm;
 use shoal_proto::message::{encode_properties, property, sys_flag, MessageExt, Properties};
 use shoal_store::MessageExtBrokerInner;
@@ -123,7 +124,7 @@ pub fn discarded(m: &MessageExt, topic: &str) -> Result<MessageExtBrokerInner, R
 /// `"<offset>,"`, tag `d`, as RocketMQ writes them), with the transaction id for rebuilding
 /// the decision table on start.
 pub fn op_message(
-    b: &BrokerInner,
+    b: &Shared,
     half_queue_offset: u64,
     transaction_id: Option<&str>,
     committed: bool,
@@ -158,17 +159,11 @@ pub const OP_DECISION: &str = "SHOAL_TRAN_DECISION";
 
 /// Creates a system topic of the transaction machinery (one queue, read and write) if missing,
 /// as RocketMQ does on first use; registration follows.
-pub fn ensure_topic(b: &BrokerInner, topic: &str) -> Result<(), Reject> {
-    let mut topics = b.topics.lock();
-    if topics.get(topic).is_some() {
-        return Ok(());
-    }
-    topics
-        .ensure(topic, 1, perm::PERM_READ_WRITE, wall_ms())
-        .map_err(Reject::system)?;
-    drop(topics);
-    b.register_now.notify_one();
-    Ok(())
+pub(crate) fn ensure_topic(b: &Shared, topic: &str) -> Result<(), Reject> {
+    b.topics
+        .ensure(topic, 1, perm::PERM_READ_WRITE)
+        .map(|_| ())
+        .map_err(Reject::system)
 }
 
 #[cfg(test)]

@@ -98,16 +98,13 @@ impl Decisions {
         }
     }
 
+    #[cfg(test)]
     /// How many are remembered.
     pub fn len(&self) -> usize {
         self.by_key.len()
     }
 
-    /// Whether none is remembered.
-    pub fn is_empty(&self) -> bool {
-        self.by_key.is_empty()
-    }
-
+    #[cfg(test)]
     /// How many were forgotten because the limit was reached.
     pub fn forgotten(&self) -> u64 {
         self.forgotten

@@ -7,8 +7,9 @@ use super::check::{parse_op_body, CheckLimits, CheckRound, HalfView, Verdict};
 use super::end::transaction_key;
 use super::half::{self, OP_DECISION};
 use super::{Decision, CHECK_GROUP, HALF_TOPIC, OP_TOPIC};
-use crate::broker::{wall_ms, BrokerInner};
+use crate::clock::wall_ms;
 use crate::reply::{blocking, Reject};
+use crate::shared::Shared;
 use shoal_proto::code::request_code as rc;
 use shoal_proto::header::CheckTransactionStateRequestHeader;
 use shoal_proto::message::{decode_records, property, DecodeOptions, MessageExt};
@@ -40,7 +41,7 @@ pub struct RoundReport {
 }
 
 /// Starts the check service.
-pub fn start(b: Arc<BrokerInner>) -> JoinHandle<()> {
+pub fn start(b: Arc<Shared>) -> JoinHandle<()> {
     tokio::spawn(async move {
         match rebuild_decisions(&b).await {
             Ok(0) => {}
@@ -66,7 +67,7 @@ pub fn start(b: Arc<BrokerInner>) -> JoinHandle<()> {
     })
 }
 
-fn start_offset(b: &BrokerInner, topic: &str) -> u64 {
+fn start_offset(b: &Shared, topic: &str) -> u64 {
     let min = b.store.min_offset(topic, 0);
     let stored = b
         .store
@@ -78,7 +79,7 @@ fn start_offset(b: &BrokerInner, topic: &str) -> u64 {
 }
 
 async fn read(
-    b: &Arc<BrokerInner>,
+    b: &Arc<Shared>,
     topic: &'static str,
     offset: u64,
 ) -> Result<shoal_store::GetMessageResult, Reject> {
@@ -93,8 +94,8 @@ async fn read(
 
 /// Reads the op queue from the stored progress to its end into the decision table (the
 /// decisions of transactions still in the half queue's unchecked part).
-pub async fn rebuild_decisions(b: &Arc<BrokerInner>) -> Result<usize, Reject> {
-    if b.topics.lock().get(OP_TOPIC).is_none() {
+pub async fn rebuild_decisions(b: &Arc<Shared>) -> Result<usize, Reject> {
+    if b.topics.get(OP_TOPIC).is_none() {
         return Ok(0);
     }
     let mut offset = start_offset(b, OP_TOPIC);
@@ -137,8 +138,8 @@ fn view(m: &MessageExt) -> HalfView {
 }
 
 /// Runs one check round now.
-pub async fn check_once(b: &Arc<BrokerInner>) -> Result<RoundReport, Reject> {
-    if b.topics.lock().get(HALF_TOPIC).is_none() {
+pub async fn check_once(b: &Arc<Shared>) -> Result<RoundReport, Reject> {
+    if b.topics.get(HALF_TOPIC).is_none() {
         return Ok(RoundReport::default());
     }
     let limits = CheckLimits {
@@ -151,7 +152,7 @@ pub async fn check_once(b: &Arc<BrokerInner>) -> Result<RoundReport, Reject> {
     let mut report = RoundReport::default();
 
     // Decisions recorded since the last round.
-    if b.topics.lock().get(OP_TOPIC).is_some() {
+    if b.topics.get(OP_TOPIC).is_some() {
         let mut offset = op_start;
         loop {
             let got = read(b, OP_TOPIC, offset).await?;
@@ -210,7 +211,7 @@ pub async fn check_once(b: &Arc<BrokerInner>) -> Result<RoundReport, Reject> {
     }
     let (h, o) = round.progress();
     b.store.commit_offset(CHECK_GROUP, HALF_TOPIC, 0, h as i64);
-    if b.topics.lock().get(OP_TOPIC).is_some() {
+    if b.topics.get(OP_TOPIC).is_some() {
         b.store.commit_offset(CHECK_GROUP, OP_TOPIC, 0, o as i64);
     }
     report.progress = (h, o);
@@ -219,7 +220,7 @@ pub async fn check_once(b: &Arc<BrokerInner>) -> Result<RoundReport, Reject> {
 
 /// Moves a half message checked `transaction_check_max` times to the discard topic (or drops
 /// it when the topic is configured empty).
-async fn discard(b: &Arc<BrokerInner>, m: &MessageExt) -> Result<(), Reject> {
+async fn discard(b: &Arc<Shared>, m: &MessageExt) -> Result<(), Reject> {
     b.transactions
         .counters
         .discarded
@@ -238,14 +239,14 @@ async fn discard(b: &Arc<BrokerInner>, m: &MessageExt) -> Result<(), Reject> {
 /// Writes a half message back (check count raised) and asks a producer of its group about it
 /// (CHECK_TRANSACTION_STATE, oneway), as RocketMQ does: the header names the copy; the body is
 /// the message with its real topic and queue.
-async fn send_check(b: &Arc<BrokerInner>, m: &MessageExt, check_times: i32) -> Result<(), Reject> {
+async fn send_check(b: &Arc<Shared>, m: &MessageExt, check_times: i32) -> Result<(), Reject> {
     let put = crate::send::put(b, vec![half::renewed(m, Some(check_times), false)?]).await?;
     let copy = put
         .messages
         .first()
         .ok_or_else(|| Reject::system("the store stored nothing"))?;
     let group = m.property(property::PGROUP).unwrap_or_default().to_string();
-    let channels = b.clients.lock().producer_channels(&group);
+    let channels = b.groups.read(|g, _| g.clients().producer_channels(&group));
     let counters = &b.transactions.counters;
     if channels.is_empty() {
         counters
@@ -256,7 +257,7 @@ async fn send_check(b: &Arc<BrokerInner>, m: &MessageExt, check_times: i32) -> R
     }
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     let ch = &channels[NEXT.fetch_add(1, Ordering::Relaxed) % channels.len()];
-    let Some(conn) = b.connections.lock().get(&ch.conn_id).cloned() else {
+    let Some(conn) = b.connections.get(ch.conn_id) else {
         counters
             .checks_without_producer
             .fetch_add(1, Ordering::Relaxed);

@@ -47,6 +47,16 @@ pub fn test_config(dir: &std::path::Path, namesrv: &str) -> BrokerConfig {
 }
 
 impl Cluster {
+    /// A counter of the broker's metrics (summed over its labels), as `/metrics` shows it.
+    #[allow(dead_code)]
+    pub fn counter(&self, name: &str) -> u64 {
+        let text = self.broker.as_ref().unwrap().api().metrics().encode_text();
+        text.lines()
+            .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>() as u64
+    }
+
     pub async fn start() -> Cluster {
         Self::start_with(|_| {}).await
     }

@@ -28,13 +28,17 @@
 
 mod broker;
 mod coordinated;
+mod model;
 
-use crate::rebalance::{
-    Action, Handover, Lease, LockAnswer, Rebalancer, RebalancerConfig, StartOffset,
+pub use broker::{coordinator_config, SimBroker};
+pub use model::{
+    mq, Answer, BrokerModel, GroupAnswer, MemberListNotice, Outbox, Reply, Req, BROKER, GROUP,
+    PULL_BATCH, TOPIC,
 };
+
+use crate::rebalance::{Action, Handover, Lease, LockAnswer, Rebalancer, RebalancerConfig};
 use crate::strategy_by_name;
-use broker::{mq, Outbox, SimBroker, BROKER, GROUP, TOPIC};
-use coordinated::{GroupAnswer, Membership};
+use coordinated::Membership;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use shoal_proto::MessageQueue;
@@ -385,45 +389,6 @@ pub struct SimReport {
 // ---- the world --------------------------------------------------------------------------
 
 #[derive(Debug, Clone)]
-enum Req {
-    Heartbeat,
-    View,
-    Lock(Vec<MessageQueue>),
-    Unlock(Vec<MessageQueue>),
-    /// UNLOCK_BATCH_MQ carrying the final commit ([`SimConfig::extensions`]).
-    CommitUnlock(MessageQueue, i64),
-    QueryOffset(MessageQueue),
-    Commit(MessageQueue, i64),
-    Pull(MessageQueue, i64),
-    Unregister,
-    GroupHeartbeat {
-        member_id: String,
-        epoch: i32,
-        instance_id: Option<String>,
-        owned: Vec<MessageQueue>,
-    },
-    GroupLeave {
-        member_id: String,
-    },
-}
-
-#[derive(Debug, Clone)]
-enum Reply {
-    Heartbeat(u64),
-    View(Vec<MessageQueue>, Vec<String>),
-    /// Granted, session, committed offsets of granted queues ([`SimConfig::extensions`]).
-    Lock(Vec<MessageQueue>, Option<u64>, BTreeMap<MessageQueue, i64>),
-    Unlocked,
-    Offset(StartOffset),
-    Committed(bool),
-    Pull(Vec<i64>),
-    Done,
-    Group(GroupAnswer),
-    /// The member-epoch fence refused a lock, pull or commit.
-    Fenced,
-}
-
-#[derive(Debug, Clone)]
 enum Ev {
     /// A request (or oneway, `req == None`) reaches the broker.
     ToBroker {
@@ -540,6 +505,14 @@ struct Member {
     coord: Option<Membership>,
 }
 
+/// A pull held until a message arrives or it times out.
+#[derive(Debug, Clone)]
+struct HeldPull {
+    conn: u64,
+    req: u64,
+    offset: i64,
+}
+
 struct World {
     cfg: SimConfig,
     rng: ChaCha8Rng,
@@ -548,7 +521,9 @@ struct World {
     seq: u64,
     heap: BinaryHeap<Reverse<(u64, u64, usize)>>,
     events: Vec<Option<Ev>>,
-    broker: SimBroker,
+    broker: Box<dyn BrokerModel>,
+    /// Pulls the broker holds.
+    held: BTreeMap<MessageQueue, Vec<HeldPull>>,
     members: Vec<Member>,
     next_conn: u64,
     closed: BTreeSet<u64>,
@@ -615,7 +590,13 @@ impl World {
             // As the client does before its first coordinator answer: hold nothing, fetch no
             // views (the group may be coordinated).
             rb.handle_rejoin(self.at(self.now));
-            Membership::new(format!("{id}#1"), instance, self.now, self.cfg.heartbeat_ms)
+            Membership::new(
+                format!("{id}#1"),
+                instance,
+                self.now,
+                self.cfg.heartbeat_ms,
+                self.cfg.session_timeout_ms,
+            )
         });
         self.next_conn += 1;
         self.members.push(Member {
@@ -689,7 +670,12 @@ impl World {
     fn send_heartbeat(&mut self, m: usize) {
         let sent = self.now;
         self.members[m].next_heartbeat = self.now + self.cfg.heartbeat_ms;
-        self.request(m, Req::Heartbeat, Pending::Heartbeat { sent });
+        let session_timeout_ms = self.locks().then_some(self.cfg.session_timeout_ms);
+        self.request(
+            m,
+            Req::Heartbeat { session_timeout_ms },
+            Pending::Heartbeat { sent },
+        );
     }
 
     fn lease(&self, sent: u64, session: Option<u64>) -> Lease {
@@ -1033,17 +1019,12 @@ impl World {
     }
 
     fn flush(&mut self, out: Outbox) {
-        if self.cfg.extensions && !out.notify.is_empty() {
-            self.broker.member_version += 1;
-            let version = self.broker.member_version;
-            let members = self.broker.registry.client_ids(GROUP);
-            for conn in out.notify {
-                self.send_to_conn(conn, Inbound::Members(version, members.clone()), true);
-            }
-        } else {
-            for conn in out.notify {
-                self.send_to_conn(conn, Inbound::Notice, true);
-            }
+        for (conn, list) in out.notify {
+            let msg = match list {
+                Some(l) => Inbound::Members(l.version, l.client_ids),
+                None => Inbound::Notice,
+            };
+            self.send_to_conn(conn, msg, true);
         }
         for (conn, queues) in out.freed {
             self.send_to_conn(conn, Inbound::LockFreed(queues), true);
@@ -1065,128 +1046,45 @@ impl World {
         let now = self.now;
         let mut out = Outbox::default();
         let client_id = self.members[member].id.clone();
-        // The member-epoch fence on locks, pulls and commits (coordinated mode).
-        let fenced = match &body {
-            Req::Lock(queues) => self.broker.stamp_refused(&stamp, queues),
-            Req::Pull(q, _) | Req::Commit(q, _) => {
-                self.broker.stamp_refused(&stamp, std::slice::from_ref(q))
+        // Offsets never move back: the committed offset before and after a commit.
+        let committing = match &body {
+            Req::Commit(q, _) | Req::CommitUnlock(q, _) => {
+                Some((q.clone(), self.broker.committed_offset(q)))
             }
-            _ => false,
+            _ => None,
         };
-        if fenced {
-            if let Some(req) = req {
-                self.send_to_conn(
-                    conn,
-                    Inbound::Reply {
-                        req,
-                        reply: Reply::Fenced,
-                    },
-                    false,
-                );
+        let answer = self
+            .broker
+            .handle(now, conn, &client_id, &body, stamp.as_ref(), &mut out);
+        if let Some((q, Some(from))) = committing {
+            if let Some(to) = self.broker.committed_offset(&q).filter(|to| *to < from) {
+                self.violations.push(Violation::OffsetMovedBack {
+                    at: now,
+                    queue: q.queue_id,
+                    from,
+                    to,
+                });
             }
-            return;
         }
-        let reply = match body {
-            Req::Heartbeat => {
-                let timeout = self.locks().then_some(self.cfg.session_timeout_ms);
-                Reply::Heartbeat(
-                    self.broker
-                        .heartbeat(conn, &client_id, timeout, now, &mut out),
-                )
-            }
-            Req::View => Reply::View(self.broker.queues(), self.broker.registry.client_ids(GROUP)),
-            Req::Lock(queues) => {
-                let (g, s) = self.broker.lock(conn, &queues, now);
-                // Read after the grant, as the broker does.
-                let committed = if self.cfg.extensions && s.is_some() {
-                    g.iter()
-                        .filter_map(|q| self.broker.offsets.get(q).map(|o| (q.clone(), *o)))
-                        .collect()
-                } else {
-                    BTreeMap::new()
-                };
-                Reply::Lock(g, s, committed)
-            }
-            Req::CommitUnlock(q, o) => {
-                // The commit first (fenced as any commit; the member-epoch fence too), then
-                // the unlock: the next owner's grant sees the offset.
-                let fenced = self.broker.stamp_refused(&stamp, std::slice::from_ref(&q));
-                if !fenced {
-                    if let Ok(Some(from)) = self.broker.commit(conn, &q, o, now) {
-                        self.violations.push(Violation::OffsetMovedBack {
-                            at: now,
-                            queue: q.queue_id,
-                            from,
-                            to: o,
-                        });
-                    }
+        let reply = match answer {
+            Answer::Reply(r) => r,
+            Answer::Hold => {
+                if let (Some(req), Req::Pull(q, offset)) = (req, &body) {
+                    self.held.entry(q.clone()).or_default().push(HeldPull {
+                        conn,
+                        req,
+                        offset: *offset,
+                    });
+                    self.schedule(
+                        now + 500,
+                        Ev::HoldExpired {
+                            queue: q.clone(),
+                            req,
+                        },
+                    );
                 }
-                self.broker
-                    .unlock(conn, std::slice::from_ref(&q), now, &mut out);
-                Reply::Unlocked
-            }
-            Req::Unlock(queues) => {
-                self.broker.unlock(conn, &queues, now, &mut out);
-                Reply::Unlocked
-            }
-            body @ Req::GroupHeartbeat { .. } => {
-                self.broker_group_heartbeat(conn, &client_id, body, &mut out)
-            }
-            Req::GroupLeave { member_id } => {
-                if let Some(c) = self.broker.coordinator.as_mut() {
-                    let _ = c.leave(GROUP, &member_id, false, now);
-                }
-                self.broker.coordinator_effects(&mut out);
-                Reply::Done
-            }
-            Req::QueryOffset(q) => Reply::Offset(match self.broker.offsets.get(&q) {
-                Some(&o) => StartOffset::Committed(o),
-                None => StartOffset::Resolved(0),
-            }),
-            Req::Commit(q, o) => match self.broker.commit(conn, &q, o, now) {
-                Ok(back) => {
-                    if let Some(from) = back {
-                        self.violations.push(Violation::OffsetMovedBack {
-                            at: now,
-                            queue: q.queue_id,
-                            from,
-                            to: o,
-                        });
-                    }
-                    Reply::Committed(true)
-                }
-                Err(()) => Reply::Committed(false),
-            },
-            Req::Pull(q, offset) => {
-                let msgs = self.broker.read(&q, offset, 8);
-                if msgs.is_empty() {
-                    if let Some(req) = req {
-                        self.broker
-                            .held
-                            .entry(q.clone())
-                            .or_default()
-                            .push(broker::HeldPull {
-                                member,
-                                conn,
-                                req,
-                                offset,
-                            });
-                        self.schedule(now + 500, Ev::HoldExpired { queue: q, req });
-                    }
-                    self.flush(out);
-                    return;
-                }
-                Reply::Pull(msgs)
-            }
-            Req::Unregister => {
-                let change = self
-                    .broker
-                    .registry
-                    .unregister_consumer(GROUP, &client_id, conn, now);
-                if let Some(c) = change {
-                    self.broker.apply(&c, &mut out);
-                }
-                Reply::Done
+                self.flush(out);
+                return;
             }
         };
         self.flush(out);
@@ -1196,7 +1094,7 @@ impl World {
     }
 
     fn answer_held(&mut self, queue: &MessageQueue, only: Option<u64>) {
-        let Some(list) = self.broker.held.remove(queue) else {
+        let Some(list) = self.held.remove(queue) else {
             return;
         };
         let mut keep = Vec::new();
@@ -1205,12 +1103,11 @@ impl World {
                 keep.push(h);
                 continue;
             }
-            let msgs = self.broker.read(queue, h.offset, 8);
+            let msgs = self.broker.read(queue, h.offset, PULL_BATCH);
             if msgs.is_empty() && only.is_none() {
                 keep.push(h);
                 continue;
             }
-            let _ = h.member;
             self.send_to_conn(
                 h.conn,
                 Inbound::Reply {
@@ -1221,14 +1118,15 @@ impl World {
             );
         }
         if !keep.is_empty() {
-            self.broker.held.insert(queue.clone(), keep);
+            self.held.insert(queue.clone(), keep);
         }
     }
 
     fn produce(&mut self) {
-        let n = self.broker.queue_count;
-        let q = mq(self.rng.gen_range(0..n));
-        *self.broker.max_offset.entry(q.clone()).or_default() += 1;
+        let n = self.broker.queues().len() as i32;
+        let i = self.rng.gen_range(0..n);
+        self.broker.produce(self.now, i);
+        let q = mq(i);
         self.produced += 1;
         self.answer_held(&q, None);
     }
@@ -1284,25 +1182,9 @@ impl World {
                 }
             }
             SimEvent::AddQueues(k) => {
-                let to = self.broker.queue_count + k;
-                self.broker.grow(to);
-                let queues = self.broker.queues();
-                if let Some(c) = self.broker.coordinator.as_mut() {
-                    c.set_topic_queues(TOPIC, queues, self.now);
-                    let mut out = Outbox::default();
-                    self.broker.coordinator_effects(&mut out);
-                    self.flush(out);
-                }
-                let conns: Vec<u64> = self
-                    .broker
-                    .registry
-                    .members(GROUP)
-                    .iter()
-                    .map(|(c, _)| c.conn_id)
-                    .collect();
-                for c in conns {
-                    self.send_to_conn(c, Inbound::Notice, true);
-                }
+                let mut out = Outbox::default();
+                self.broker.add_queues(self.now, k, &mut out);
+                self.flush(out);
             }
         }
     }
@@ -1346,12 +1228,8 @@ impl World {
             }
             Ev::Closed { conn } => {
                 self.closed.insert(conn);
-                let changes = self.broker.registry.connection_closed(conn, self.now);
                 let mut out = Outbox::default();
-                for c in &changes {
-                    self.broker.apply(c, &mut out);
-                }
-                self.coordinator_closed(conn, &mut out);
+                self.broker.connection_closed(self.now, conn, &mut out);
                 self.flush(out);
             }
             Ev::ToMember { member, msg } => match self.members[member].life {
@@ -1422,15 +1300,8 @@ impl World {
                 }
             }
             Ev::Housekeeping => {
-                let changes = self.broker.registry.expire(self.now, 120_000);
                 let mut out = Outbox::default();
-                for c in &changes {
-                    self.broker.apply(c, &mut out);
-                }
-                if let Some(c) = self.broker.coordinator.as_mut() {
-                    c.tick(self.now);
-                }
-                self.broker.coordinator_effects(&mut out);
+                self.broker.tick(self.now, &mut out);
                 self.flush(out);
                 self.schedule(self.now + 250, Ev::Housekeeping);
             }
@@ -1468,8 +1339,8 @@ impl World {
 
     fn missing(&self) -> Vec<(i32, i64)> {
         let mut out = Vec::new();
-        for (q, max) in &self.broker.max_offset {
-            for o in 0..*max {
+        for q in self.broker.queues() {
+            for o in 0..self.broker.max_offset(&q) {
                 if !self.deliveries.contains_key(&(q.queue_id, o)) {
                     out.push((q.queue_id, o));
                 }
@@ -1482,14 +1353,19 @@ impl World {
 /// Runs one schedule; a pure function of `cfg` (same seed, same run).
 pub fn run(cfg: &SimConfig) -> SimReport {
     let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
-    let schedule = if cfg.graceful {
-        Schedule::random_graceful(&mut rng, cfg.duration_ms)
-    } else if cfg.coordinated {
-        Schedule::random_coordinated(&mut rng, cfg.duration_ms, cfg.session_timeout_ms)
-    } else {
-        Schedule::random(&mut rng, cfg.duration_ms, cfg.session_timeout_ms)
-    };
+    let schedule = schedule_for(cfg, &mut rng);
     run_schedule(cfg, schedule, rng)
+}
+
+/// The schedule a seeded run follows.
+fn schedule_for(cfg: &SimConfig, rng: &mut ChaCha8Rng) -> Schedule {
+    if cfg.graceful {
+        Schedule::random_graceful(rng, cfg.duration_ms)
+    } else if cfg.coordinated {
+        Schedule::random_coordinated(rng, cfg.duration_ms, cfg.session_timeout_ms)
+    } else {
+        Schedule::random(rng, cfg.duration_ms, cfg.session_timeout_ms)
+    }
 }
 
 /// Runs a given schedule (random choices still come from `cfg.seed`).
@@ -1498,7 +1374,29 @@ pub fn run_with(cfg: &SimConfig, schedule: Schedule) -> SimReport {
     run_schedule(cfg, schedule, rng)
 }
 
+/// Runs `cfg`'s seeded schedule against the broker `model` builds for the schedule's queue
+/// count (the real broker's handlers, in `shoal-broker`'s harness).
+pub fn run_on(
+    cfg: &SimConfig,
+    model: impl FnOnce(i32, &SimConfig) -> Box<dyn BrokerModel>,
+) -> SimReport {
+    let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
+    let schedule = schedule_for(cfg, &mut rng);
+    let broker = model(schedule.queues, cfg);
+    run_schedule_on(cfg, schedule, rng, broker)
+}
+
 fn run_schedule(cfg: &SimConfig, schedule: Schedule, rng: ChaCha8Rng) -> SimReport {
+    let broker = Box::new(SimBroker::new(schedule.queues, cfg));
+    run_schedule_on(cfg, schedule, rng, broker)
+}
+
+fn run_schedule_on(
+    cfg: &SimConfig,
+    schedule: Schedule,
+    rng: ChaCha8Rng,
+    broker: Box<dyn BrokerModel>,
+) -> SimReport {
     let mut w = World {
         cfg: cfg.clone(),
         rng,
@@ -1507,7 +1405,8 @@ fn run_schedule(cfg: &SimConfig, schedule: Schedule, rng: ChaCha8Rng) -> SimRepo
         seq: 0,
         heap: BinaryHeap::new(),
         events: Vec::new(),
-        broker: SimBroker::new(schedule.queues),
+        broker,
+        held: BTreeMap::new(),
         members: Vec::new(),
         next_conn: 0,
         closed: BTreeSet::new(),
@@ -1520,7 +1419,6 @@ fn run_schedule(cfg: &SimConfig, schedule: Schedule, rng: ChaCha8Rng) -> SimRepo
         violations: Vec::new(),
         produced: 0,
     };
-    w.start_coordinator();
     for _ in 0..schedule.members {
         w.add_member();
     }
@@ -1620,7 +1518,7 @@ fn run_schedule(cfg: &SimConfig, schedule: Schedule, rng: ChaCha8Rng) -> SimRepo
         .members
         .iter()
         .filter_map(|m| m.coord.as_ref())
-        .map(|c| c.fences)
+        .map(|c| c.core.fences())
         .sum();
     if cfg.graceful && (fenced + member_fences > 0 || duplicates > 0) {
         w.violations.push(Violation::NotGraceful {

@@ -1,0 +1,148 @@
+//! The broker's side of the name servers: registration and unregistration, and the other
+//! brokers' queues of a topic (the coordinator allocates every queue of the cluster), cached.
+
+use parking_lot::Mutex;
+use shoal_net::{NetConfig, NotSupportedProcessor, RemotingClient};
+use shoal_proto::acl::SessionCredentials;
+use shoal_proto::code::{request_code as rc, response_code as resp};
+use shoal_proto::{MessageQueue, RemotingCommand};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tracing::warn;
+
+/// How long another broker's queues of a topic are taken from the cache.
+const ROUTE_CACHE_TTL: Duration = Duration::from_secs(2);
+
+/// Name server requests time out after this long.
+const NAMESRV_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// The name servers as this broker uses them. See the [module documentation](self).
+#[derive(Debug)]
+pub(crate) struct NameServers {
+    client: RemotingClient,
+    addrs: Vec<String>,
+    credentials: Option<SessionCredentials>,
+    broker_name: String,
+    /// Other brokers' queues of a topic and when they were fetched.
+    route_cache: Mutex<HashMap<String, (Vec<MessageQueue>, Instant)>>,
+}
+
+impl NameServers {
+    pub(crate) fn new(
+        addrs: Vec<String>,
+        credentials: Option<SessionCredentials>,
+        broker_name: String,
+        tls: Option<shoal_net::ClientTls>,
+    ) -> Self {
+        Self {
+            client: RemotingClient::with_tls(
+                NetConfig::default(),
+                Arc::new(NotSupportedProcessor),
+                tls,
+            ),
+            addrs,
+            credentials,
+            broker_name,
+            route_cache: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// How many name servers there are.
+    pub(crate) fn count(&self) -> usize {
+        self.addrs.len()
+    }
+
+    /// Sends `req` (signed when credentials are set) to every name server in parallel;
+    /// returns how many answered SUCCESS.
+    pub(crate) async fn to_all(&self, mut req: RemotingCommand, what: &'static str) -> usize {
+        if let Some(c) = &self.credentials {
+            shoal_proto::acl::sign_request(&mut req, c);
+        }
+        let futs = self.addrs.iter().map(|addr| {
+            let req = req.clone();
+            async move {
+                match self.client.invoke(addr, req, NAMESRV_TIMEOUT).await {
+                    Ok(r) if r.code == resp::SUCCESS => true,
+                    Ok(r) => {
+                        warn!(namesrv = %addr, code = r.code, remark = ?r.remark, "name server refused the {what}");
+                        false
+                    }
+                    Err(e) => {
+                        warn!(namesrv = %addr, error = %e, "{what} with a name server failed");
+                        false
+                    }
+                }
+            }
+        });
+        futures::future::join_all(futs)
+            .await
+            .into_iter()
+            .filter(|ok| *ok)
+            .count()
+    }
+
+    /// Other brokers' readable queues of `topic`, from the cache when fresh, else from the
+    /// first name server that answers (the last known when none does).
+    pub(crate) async fn other_queues(&self, topic: &str) -> Vec<MessageQueue> {
+        let fresh = self
+            .route_cache
+            .lock()
+            .get(topic)
+            .filter(|(_, at)| at.elapsed() < ROUTE_CACHE_TTL)
+            .map(|(q, _)| q.clone());
+        if let Some(q) = fresh {
+            return q;
+        }
+        match self.fetch_other_queues(topic).await {
+            Some(o) => {
+                self.route_cache
+                    .lock()
+                    .insert(topic.to_string(), (o.clone(), Instant::now()));
+                o
+            }
+            None => self.known_other_queues(topic),
+        }
+    }
+
+    /// Other brokers' queues of `topic` as last fetched (no request).
+    pub(crate) fn known_other_queues(&self, topic: &str) -> Vec<MessageQueue> {
+        self.route_cache
+            .lock()
+            .get(topic)
+            .map(|(q, _)| q.clone())
+            .unwrap_or_default()
+    }
+
+    async fn fetch_other_queues(&self, topic: &str) -> Option<Vec<MessageQueue>> {
+        let req = RemotingCommand::request_with_header(
+            rc::GET_ROUTEINFO_BY_TOPIC,
+            &shoal_proto::header::GetRouteInfoRequestHeader {
+                topic: topic.to_string(),
+                ..Default::default()
+            },
+        );
+        for addr in &self.addrs {
+            match self.client.invoke(addr, req.clone(), NAMESRV_TIMEOUT).await {
+                Ok(r) if r.code == resp::SUCCESS => {
+                    let route: shoal_proto::body::TopicRouteData = r.decode_json_body().ok()?;
+                    return Some(
+                        route
+                            .subscribe_queues(topic)
+                            .into_iter()
+                            .filter(|q| q.broker_name != self.broker_name)
+                            .collect(),
+                    );
+                }
+                Ok(_) => return Some(Vec::new()),
+                Err(_) => continue,
+            }
+        }
+        None
+    }
+
+    /// Closes the connections to the name servers.
+    pub(crate) fn shutdown(&self) {
+        self.client.shutdown();
+    }
+}

@@ -1,0 +1,529 @@
+//! A consumer's membership of a group that a Shoal broker coordinates, client side, with no I/O:
+//! when to heartbeat the coordinator, what its answers mean for the consumer's target, when the
+//! member is fenced, and what happens when the coordinator moves. `shoal-client` drives one per
+//! consumer (its task sends the heartbeats); the simulator drives the same type.
+//!
+//! The member heartbeats the coordinator (GROUP_HEARTBEAT) with the queues it holds, at once
+//! when woken ([`CoordinatedMember::handle_wake`]: the coordinator's notice, or a release the
+//! coordinator waits for) and every heartbeat interval otherwise
+//! ([`CoordinatedMember::poll_timeout`]). The assignment is the consumer's target
+//! ([`CoordinatedMember::directive`]); the consumer's rebalancer hands queues over as it always
+//! does (stop, commit, unlock), and the coordinator gives a queue to its next owner only once
+//! this member reported it released.
+//!
+//! Mode rules (`docs/rebalance.md`): a broker that does not coordinate answers
+//! REQUEST_CODE_NOT_SUPPORTED (`Unsupported`: classic allocation); a group with a classic-only
+//! member is answered GROUP_CLASSIC_MODE (the member allocates client-side until the broker
+//! says otherwise). Fenced or unknown: drop every queue, rejoin with epoch 0. No successful
+//! heartbeat for a session timeout: drop every queue (the coordinator has given them away by
+//! then). The coordinator moved (routes changed): leave the old one, drop every queue, and join
+//! the new one only once nothing is held, so no queue is consumed twice across coordinators.
+
+use crate::coordinator::JOIN_EPOCH;
+use crate::rebalance::Rebalancer;
+use shoal_proto::MessageQueue;
+use std::collections::BTreeSet;
+use std::time::Instant;
+
+/// Heartbeat intervals a coordinator may ask for are clamped to this range, ms.
+pub const INTERVAL_RANGE_MS: (u64, u64) = (100, 60_000);
+
+/// Where the membership stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemberMode {
+    /// No answer from a coordinator yet.
+    Probing,
+    /// The coordinator assigns the queues.
+    Coordinated,
+    /// The group runs classic (a classic-only member is in it).
+    Classic,
+    /// The broker does not coordinate groups.
+    Unsupported,
+}
+
+/// What the membership tells the consumer's rebalancer: its target source, and how many fences
+/// and rejoins happened so far (each is applied once, see [`Applied`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Directive {
+    /// Fences so far ([`Rebalancer::handle_fenced`]).
+    pub fences: u64,
+    /// Rejoins so far ([`Rebalancer::handle_rejoin`]).
+    pub rejoins: u64,
+    /// Where the target comes from now.
+    pub source: TargetSource,
+}
+
+/// Where a consumer's target comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TargetSource {
+    /// No coordinator answered yet: hold nothing (the group may be coordinated).
+    Waiting,
+    /// The coordinator's assignment at this member epoch.
+    Coordinator {
+        /// Member epoch.
+        epoch: i32,
+        /// Assigned queues (every topic).
+        queues: BTreeSet<MessageQueue>,
+    },
+    /// Client-side allocation (classic group, or a broker without coordinated mode).
+    Classic,
+}
+
+/// The fences and rejoins of a membership already given to a rebalancer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Applied {
+    fences: u64,
+    rejoins: u64,
+}
+
+impl Directive {
+    /// Gives the directive to the consumer's rebalancer: new fences and rejoins (once each),
+    /// then the target.
+    pub fn apply(&self, rb: &mut Rebalancer, now: Instant, applied: &mut Applied) {
+        if self.fences > applied.fences {
+            applied.fences = self.fences;
+            rb.handle_fenced(now);
+        }
+        if self.rejoins > applied.rejoins {
+            applied.rejoins = self.rejoins;
+            rb.handle_rejoin(now);
+        }
+        match &self.source {
+            TargetSource::Waiting => {
+                if !rb.is_coordinated() {
+                    rb.handle_rejoin(now);
+                }
+            }
+            TargetSource::Coordinator { epoch, queues } => {
+                rb.handle_target(now, i64::from(*epoch), queues.clone())
+            }
+            TargetSource::Classic => rb.handle_classic(now),
+        }
+    }
+}
+
+/// What the coordinator answered a group heartbeat (or that it did not).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MemberAnswer {
+    /// The member's epoch, assignment and heartbeat interval.
+    Assigned {
+        /// Member epoch.
+        epoch: i32,
+        /// Assigned queues (every topic).
+        queues: Vec<MessageQueue>,
+        /// Heartbeat interval, ms.
+        interval_ms: u64,
+    },
+    /// FENCED_MEMBER_EPOCH or UNKNOWN_MEMBER_ID: drop everything, rejoin.
+    Fenced,
+    /// GROUP_CLASSIC_MODE: a classic-only member is in the group.
+    ClassicMode,
+    /// The broker does not coordinate groups.
+    Unsupported,
+    /// Another refusal (UNRELEASED_INSTANCE_ID, ...), a lost request or no answer: try again
+    /// at the next interval.
+    NoAnswer,
+}
+
+/// What an answer changed for the consumer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Outcome {
+    /// The target (assignment or mode) changed: rebalance now.
+    pub changed: bool,
+}
+
+/// Settings of a [`CoordinatedMember`].
+#[derive(Debug, Clone)]
+pub struct MemberConfig {
+    /// The group.
+    pub group: String,
+    /// Unique per consumer incarnation.
+    pub member_id: String,
+    /// A static instance id, if any.
+    pub instance_id: Option<String>,
+    /// The member's session timeout (sent in every heartbeat; also how long it keeps its
+    /// queues without an answer), ms.
+    pub session_timeout_ms: u64,
+    /// Heartbeat interval until the coordinator names one, ms.
+    pub interval_ms: u64,
+}
+
+/// The membership. See the [module documentation](self).
+#[derive(Debug)]
+pub struct CoordinatedMember {
+    config: MemberConfig,
+    mode: MemberMode,
+    epoch: i32,
+    assignment: BTreeSet<MessageQueue>,
+    /// The coordinator answered once since the last move: requests carry the member stamp.
+    stamped: bool,
+    last_ok: Option<u64>,
+    interval_ms: u64,
+    /// The coordinator the membership is with.
+    coordinator: Option<String>,
+    /// The group's coordinator changed: join this one once nothing is held.
+    moving_to: Option<String>,
+    fences: u64,
+    rejoins: u64,
+    in_flight: bool,
+    /// Woken while a heartbeat was in flight: heartbeat again after its answer.
+    again: bool,
+    next_at: u64,
+    /// The queues last reported held (a queue leaving it wakes the membership).
+    held: Vec<MessageQueue>,
+}
+
+impl CoordinatedMember {
+    /// A membership that heartbeats at once.
+    pub fn new(config: MemberConfig, now_ms: u64) -> Self {
+        Self {
+            interval_ms: config.interval_ms,
+            config,
+            mode: MemberMode::Probing,
+            epoch: JOIN_EPOCH,
+            assignment: BTreeSet::new(),
+            stamped: false,
+            last_ok: None,
+            coordinator: None,
+            moving_to: None,
+            fences: 0,
+            rejoins: 0,
+            in_flight: false,
+            again: false,
+            next_at: now_ms,
+            held: Vec::new(),
+        }
+    }
+
+    // ---- reads ----
+
+    /// The settings.
+    pub fn config(&self) -> &MemberConfig {
+        &self.config
+    }
+
+    /// The mode now.
+    pub fn mode(&self) -> MemberMode {
+        self.mode
+    }
+
+    /// The member epoch now.
+    pub fn epoch(&self) -> i32 {
+        self.epoch
+    }
+
+    /// The coordinator the membership is with.
+    pub fn coordinator(&self) -> Option<&str> {
+        self.coordinator.as_deref()
+    }
+
+    /// True when the coordinator decides the queues (no classic allocation).
+    pub fn decides(&self) -> bool {
+        matches!(self.mode, MemberMode::Coordinated | MemberMode::Probing)
+    }
+
+    /// The stamp (member id, epoch) the member's pulls, commits and locks carry, once a
+    /// coordinator answered.
+    pub fn stamp(&self) -> Option<(String, i32)> {
+        self.stamped
+            .then(|| (self.config.member_id.clone(), self.epoch))
+    }
+
+    /// What the rebalancer should do now (see [`Directive`]).
+    pub fn directive(&self) -> Directive {
+        let source = match self.mode {
+            MemberMode::Probing => TargetSource::Waiting,
+            MemberMode::Coordinated if self.moving_to.is_some() => TargetSource::Waiting,
+            MemberMode::Coordinated => TargetSource::Coordinator {
+                epoch: self.epoch,
+                queues: self.assignment.clone(),
+            },
+            MemberMode::Classic | MemberMode::Unsupported => TargetSource::Classic,
+        };
+        Directive {
+            fences: self.fences,
+            rejoins: self.rejoins,
+            source,
+        }
+    }
+
+    /// The assigned queues of one topic.
+    pub fn assignment_of(&self, topic: &str) -> BTreeSet<MessageQueue> {
+        if self.mode != MemberMode::Coordinated {
+            return BTreeSet::new();
+        }
+        self.assignment
+            .iter()
+            .filter(|q| q.topic == topic)
+            .cloned()
+            .collect()
+    }
+
+    /// Fences so far.
+    pub fn fences(&self) -> u64 {
+        self.fences
+    }
+
+    // ---- inputs ----
+
+    /// Heartbeat now (or right after the heartbeat in flight): a notice came, or queues were
+    /// released.
+    pub fn handle_wake(&mut self, now_ms: u64) {
+        if self.in_flight {
+            self.again = true;
+        } else {
+            self.next_at = self.next_at.min(now_ms);
+        }
+    }
+
+    /// The queues the consumer holds now (every queue it may still deliver or is still
+    /// releasing, but none whose unlock is on its way). A release wakes the membership: the
+    /// coordinator gives a queue to its next owner only once it hears of it.
+    pub fn handle_held(&mut self, now_ms: u64, held: Vec<MessageQueue>) {
+        let released = self.held.iter().any(|q| !held.contains(q));
+        self.held = held;
+        if released && self.mode == MemberMode::Coordinated {
+            self.handle_wake(now_ms);
+        }
+    }
+
+    /// The group's coordinator by the current routes. When it moved away from the one the
+    /// membership is with, every queue is dropped and the old coordinator's address is
+    /// returned: leave it (permanently), then join the new one once nothing is held.
+    #[must_use]
+    pub fn handle_coordinator(&mut self, now_ms: u64, addr: &str) -> Option<String> {
+        match self.coordinator.clone() {
+            Some(c) if c != addr && self.mode == MemberMode::Coordinated => {
+                self.moving_to = Some(addr.to_string());
+                self.coordinator = None;
+                self.assignment.clear();
+                self.epoch = JOIN_EPOCH;
+                self.stamped = false;
+                self.rejoins += 1;
+                self.next_at = self.next_at.min(now_ms);
+                Some(c)
+            }
+            _ => None,
+        }
+    }
+
+    /// The heartbeat to send now, if one is due: the member epoch it carries (the held
+    /// queues are [`Self::handle_held`]'s). Marks it in flight until
+    /// [`Self::handle_answer`]. While moving to a new coordinator, nothing is sent until
+    /// every queue is released.
+    #[must_use]
+    pub fn poll_heartbeat(&mut self, now_ms: u64) -> Option<i32> {
+        if self.in_flight || self.next_at > now_ms {
+            return None;
+        }
+        if self.moving_to.is_some() {
+            if !self.held.is_empty() {
+                // Still releasing; the release wakes us again.
+                self.next_at = now_ms.saturating_add(self.interval_ms);
+                return None;
+            }
+            self.moving_to = None;
+        }
+        self.in_flight = true;
+        self.again = false;
+        self.next_at = now_ms.saturating_add(self.interval_ms);
+        Some(self.epoch)
+    }
+
+    /// When the next heartbeat is due (none while one is in flight).
+    #[must_use]
+    pub fn poll_timeout(&self) -> Option<u64> {
+        (!self.in_flight).then_some(self.next_at)
+    }
+
+    /// The answer to the heartbeat sent at `sent_epoch`, from the coordinator at `addr`.
+    pub fn handle_answer(
+        &mut self,
+        now_ms: u64,
+        addr: Option<&str>,
+        sent_epoch: i32,
+        answer: MemberAnswer,
+    ) -> Outcome {
+        self.in_flight = false;
+        let mut again = std::mem::take(&mut self.again);
+        let before = (self.mode, self.assignment.clone());
+        match answer {
+            MemberAnswer::Assigned {
+                epoch,
+                queues,
+                interval_ms,
+            } => {
+                self.mode = MemberMode::Coordinated;
+                self.coordinator = addr.map(str::to_string).or(self.coordinator.take());
+                self.epoch = epoch;
+                self.assignment = queues.into_iter().collect();
+                self.stamped = true;
+                self.last_ok = Some(now_ms);
+                self.interval_ms = interval_ms.clamp(INTERVAL_RANGE_MS.0, INTERVAL_RANGE_MS.1);
+            }
+            MemberAnswer::Fenced => {
+                self.epoch = JOIN_EPOCH;
+                self.assignment.clear();
+                self.fences += 1;
+                // Rejoin at once (a join that is fenced waits for the interval).
+                again |= sent_epoch != JOIN_EPOCH;
+            }
+            MemberAnswer::ClassicMode => {
+                self.mode = MemberMode::Classic;
+                self.epoch = JOIN_EPOCH;
+                self.assignment.clear();
+                self.stamped = false;
+            }
+            MemberAnswer::Unsupported => {
+                self.mode = MemberMode::Unsupported;
+                self.assignment.clear();
+                self.stamped = false;
+            }
+            MemberAnswer::NoAnswer => {
+                // No successful heartbeat for a session timeout: the coordinator has given
+                // our queues away.
+                let expired = self.mode == MemberMode::Coordinated
+                    && self.last_ok.is_some_and(|t| {
+                        now_ms.saturating_sub(t) >= self.config.session_timeout_ms
+                    });
+                if expired && !self.assignment.is_empty() {
+                    self.assignment.clear();
+                    self.epoch = JOIN_EPOCH;
+                    self.fences += 1;
+                }
+            }
+        }
+        self.next_at = now_ms.saturating_add(self.interval_ms);
+        if again {
+            self.next_at = now_ms;
+        }
+        Outcome {
+            changed: before != (self.mode, self.assignment.clone()),
+        }
+    }
+
+    /// The member left the group (after releasing everything): its requests carry no stamp.
+    pub fn handle_left(&mut self) {
+        self.stamped = false;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn member() -> CoordinatedMember {
+        CoordinatedMember::new(
+            MemberConfig {
+                group: "G".into(),
+                member_id: "m1".into(),
+                instance_id: None,
+                session_timeout_ms: 3_000,
+                interval_ms: 1_000,
+            },
+            0,
+        )
+    }
+
+    fn q(i: i32) -> MessageQueue {
+        MessageQueue::new("T", "b", i)
+    }
+
+    fn assigned(epoch: i32, qs: &[i32]) -> MemberAnswer {
+        MemberAnswer::Assigned {
+            epoch,
+            queues: qs.iter().map(|i| q(*i)).collect(),
+            interval_ms: 1_000,
+        }
+    }
+
+    #[test]
+    fn heartbeats_at_once_then_every_interval_and_when_woken() {
+        let mut m = member();
+        assert_eq!(m.poll_heartbeat(0), Some(0));
+        assert_eq!(m.poll_heartbeat(0), None, "one in flight");
+        assert!(
+            m.handle_answer(5, Some("b1"), 0, assigned(1, &[0, 1]))
+                .changed
+        );
+        assert_eq!(m.stamp(), Some(("m1".into(), 1)));
+        assert_eq!(m.poll_timeout(), Some(1_005));
+        assert_eq!(m.poll_heartbeat(500), None);
+        m.handle_wake(500);
+        assert_eq!(m.poll_heartbeat(500), Some(1));
+        // A wake while in flight: again right after the answer.
+        m.handle_wake(510);
+        let _ = m.handle_answer(520, Some("b1"), 1, assigned(1, &[0, 1]));
+        assert_eq!(m.poll_timeout(), Some(520));
+    }
+
+    #[test]
+    fn a_fence_drops_everything_and_rejoins_at_once() {
+        let mut m = member();
+        let _ = m.poll_heartbeat(0);
+        let _ = m.handle_answer(1, Some("b1"), 0, assigned(3, &[0]));
+        let _ = m.poll_heartbeat(1_001);
+        assert!(
+            m.handle_answer(1_002, Some("b1"), 3, MemberAnswer::Fenced)
+                .changed
+        );
+        let d = m.directive();
+        assert_eq!(d.fences, 1);
+        assert_eq!(
+            d.source,
+            TargetSource::Coordinator {
+                epoch: 0,
+                queues: BTreeSet::new()
+            }
+        );
+        assert_eq!(m.stamp(), Some(("m1".into(), 0)));
+        assert_eq!(m.poll_heartbeat(1_002), Some(0));
+    }
+
+    #[test]
+    fn no_answer_for_a_session_drops_the_queues() {
+        let mut m = member();
+        let _ = m.poll_heartbeat(0);
+        let _ = m.handle_answer(0, Some("b1"), 0, assigned(1, &[0]));
+        let _ = m.poll_heartbeat(1_000);
+        assert!(
+            !m.handle_answer(2_000, None, 1, MemberAnswer::NoAnswer)
+                .changed
+        );
+        let _ = m.poll_heartbeat(3_000);
+        assert!(
+            m.handle_answer(3_000, None, 1, MemberAnswer::NoAnswer)
+                .changed
+        );
+        assert_eq!(m.directive().fences, 1);
+    }
+
+    #[test]
+    fn a_moved_coordinator_is_joined_once_nothing_is_held() {
+        let mut m = member();
+        let _ = m.poll_heartbeat(0);
+        let _ = m.handle_answer(0, Some("b1"), 0, assigned(2, &[0, 1]));
+        m.handle_held(0, vec![q(0), q(1)]);
+        assert_eq!(m.handle_coordinator(10, "b2").as_deref(), Some("b1"));
+        assert_eq!(m.stamp(), None);
+        assert_eq!(m.directive().source, TargetSource::Waiting);
+        assert_eq!(m.directive().rejoins, 1);
+        assert_eq!(m.poll_heartbeat(10), None, "still holding queues");
+        m.handle_held(20, Vec::new());
+        assert_eq!(m.poll_heartbeat(1_010), Some(0));
+        let _ = m.handle_answer(1_011, Some("b2"), 0, assigned(1, &[0, 1]));
+        assert_eq!(m.coordinator(), Some("b2"));
+    }
+
+    #[test]
+    fn classic_and_unsupported_brokers_mean_client_side_allocation() {
+        let mut m = member();
+        let _ = m.poll_heartbeat(0);
+        let _ = m.handle_answer(0, Some("b1"), 0, MemberAnswer::ClassicMode);
+        assert_eq!(m.directive().source, TargetSource::Classic);
+        assert!(!m.decides());
+        let _ = m.poll_heartbeat(1_000);
+        let _ = m.handle_answer(1_000, Some("b1"), 0, MemberAnswer::Unsupported);
+        assert_eq!(m.mode(), MemberMode::Unsupported);
+    }
+}
