@@ -25,4 +25,14 @@ impl<'a> Caller<'a> {
             conn: Some(ctx.connection()),
         }
     }
+
+    /// A sender with no socket (the simulator's harness).
+    #[cfg(test)]
+    pub(crate) fn detached(conn_id: u64, peer: SocketAddr) -> Self {
+        Self {
+            conn_id,
+            peer,
+            conn: None,
+        }
+    }
 }

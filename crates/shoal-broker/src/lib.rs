@@ -24,6 +24,8 @@ mod fence;
 mod group_config;
 mod group_ctx;
 mod groups;
+#[cfg(test)]
+mod harness;
 mod hold;
 mod lease;
 mod listener;

@@ -17,9 +17,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// A validated pull, ready to run against the store (again, after a wake-up).
-struct PullPlan {
+pub(crate) struct PullPlan {
     header: PullMessageRequestHeader,
     filter: Option<SubscriptionData>,
+}
+
+/// What a pull gets now.
+pub(crate) enum PullNow {
+    /// The answer.
+    Answer(RemotingCommand),
+    /// Nothing new: hold the pull until a matching message is stored, or this long.
+    Hold(PullPlan, Duration),
 }
 
 /// Handles a pull: validates it, commits the piggy-backed offset, reads, and either answers
@@ -30,12 +38,60 @@ pub(crate) async fn pull_message(
     req: &RemotingCommand,
 ) -> Handled {
     let caller = Caller::of(ctx);
-    let h: PullMessageRequestHeader = req.decode_command_header()?;
-    let plan = validate(b, &caller, h)?;
+    let plan = prepare(b, &caller, req)?;
     // A group auto-created by this pull is durable before the answer.
     if b.tables_dirty() {
         Box::pin(b.persist_tables()).await?;
     }
+    let (plan, hold_for) = match pull_now(b, &caller, req, plan)? {
+        PullNow::Answer(r) => return Ok(Some(r)),
+        PullNow::Hold(plan, hold_for) => (plan, hold_for),
+    };
+    // Long polling: hold until a matching message is stored or the suspend time passes.
+    let h = &plan.header;
+    let offset = h.queue_offset.max(0) as u64;
+    let ticket = b
+        .holds
+        .hold(&h.topic, h.queue_id, offset, plan.filter.clone());
+    b.holds.recheck(
+        &h.topic,
+        h.queue_id,
+        b.store.max_offset(&h.topic, h.queue_id),
+    );
+    b.counters.pulls_held.inc();
+    let responder = ctx.responder();
+    let b = b.clone();
+    tokio::spawn(async move {
+        b.holds.wait(ticket, hold_for).await;
+        let response = match read(&b, &plan) {
+            Ok(result) => answer(result, plan.header.queue_offset),
+            Err(r) => RemotingCommand::response(r.code, Some(r.remark)),
+        };
+        if let Err(e) = responder.send(response).await {
+            tracing::debug!(error = %e, "held pull could not be answered (client gone)");
+        }
+    });
+    Ok(None)
+}
+
+/// Decodes and validates a pull (a group it names is auto-created when allowed).
+pub(crate) fn prepare(
+    b: &Shared,
+    caller: &Caller<'_>,
+    req: &RemotingCommand,
+) -> Result<PullPlan, Reject> {
+    let h: PullMessageRequestHeader = req.decode_command_header()?;
+    validate(b, caller, h)
+}
+
+/// A validated pull against the store: the member-epoch fence, the piggy-backed commit
+/// (fenced), the pull mark, the read; the answer, or a hold when there is nothing new.
+pub(crate) fn pull_now(
+    b: &Shared,
+    caller: &Caller<'_>,
+    req: &RemotingCommand,
+    plan: PullPlan,
+) -> Result<PullNow, Reject> {
     let h = &plan.header;
     let mq = shoal_proto::MessageQueue::new(&h.topic, &b.config.broker_name, h.queue_id);
     let cx = b.group_ctx();
@@ -66,43 +122,19 @@ pub(crate) async fn pull_message(
             conn_id: caller.conn_id,
         },
     );
-    let result = read(b, &plan).await?;
+    let result = read(b, &plan)?;
     let may_suspend = h.sys_flag & pull_sys_flag::SUSPEND != 0;
     let nothing_new = result.status == GetMessageStatus::OffsetOverflowOne
         || (result.status == GetMessageStatus::NoMessageInQueue && h.queue_offset == 0);
     if !(may_suspend && nothing_new) {
-        return Ok(Some(answer(result, h.queue_offset)));
+        return Ok(PullNow::Answer(answer(result, h.queue_offset)));
     }
-
-    // Long polling: hold until a matching message is stored or the suspend time passes.
     let hold_for = if b.config.long_polling {
         Duration::from_millis(h.suspend_timeout_millis.clamp(0, 60_000) as u64)
     } else {
         Duration::from_millis(b.config.short_polling_ms)
     };
-    let offset = h.queue_offset.max(0) as u64;
-    let ticket = b
-        .holds
-        .hold(&h.topic, h.queue_id, offset, plan.filter.clone());
-    b.holds.recheck(
-        &h.topic,
-        h.queue_id,
-        b.store.max_offset(&h.topic, h.queue_id),
-    );
-    b.counters.pulls_held.inc();
-    let responder = ctx.responder();
-    let b = b.clone();
-    tokio::spawn(async move {
-        b.holds.wait(ticket, hold_for).await;
-        let response = match read(&b, &plan).await {
-            Ok(result) => answer(result, plan.header.queue_offset),
-            Err(r) => RemotingCommand::response(r.code, Some(r.remark)),
-        };
-        if let Err(e) = responder.send(response).await {
-            tracing::debug!(error = %e, "held pull could not be answered (client gone)");
-        }
-    });
-    Ok(None)
+    Ok(PullNow::Hold(plan, hold_for))
 }
 
 fn validate(
@@ -215,7 +247,7 @@ fn validate(
     Ok(PullPlan { header: h, filter })
 }
 
-async fn read(b: &Arc<Shared>, plan: &PullPlan) -> Result<GetMessageResult, Reject> {
+fn read(b: &Shared, plan: &PullPlan) -> Result<GetMessageResult, Reject> {
     let h = &plan.header;
     let (store, topic, queue_id) = (b.store.clone(), h.topic.clone(), h.queue_id);
     let offset = h.queue_offset.max(0) as u64;
