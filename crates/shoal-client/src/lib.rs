@@ -54,10 +54,21 @@ pub use transaction::{LocalTransactionState, TransactionProducer, TransactionSen
 /// a wall-clock step neither isolates nor frees a broker; and derived from an `Instant` a send
 /// already read, so it costs no clock read of its own).
 pub(crate) fn mono_ms(at: std::time::Instant) -> u64 {
-    static ORIGIN: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
-    let origin = *ORIGIN.get_or_init(std::time::Instant::now);
     // Offset so that 0 ("never") is not a time the clock gives.
-    at.saturating_duration_since(origin).as_millis() as u64 + 1_000
+    at.saturating_duration_since(origin()).as_millis() as u64 + MONO_OFFSET_MS
+}
+
+/// The process-wide origin of [`mono_ms`].
+fn origin() -> std::time::Instant {
+    static ORIGIN: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    *ORIGIN.get_or_init(std::time::Instant::now)
+}
+
+const MONO_OFFSET_MS: u64 = 1_000;
+
+/// The `Instant` of a [`mono_ms`] time (the rebalancer's leases, checked per delivery).
+pub(crate) fn instant_of(ms: u64) -> std::time::Instant {
+    origin() + std::time::Duration::from_millis(ms.saturating_sub(MONO_OFFSET_MS))
 }
 
 pub(crate) fn now_ms_u64() -> u64 {

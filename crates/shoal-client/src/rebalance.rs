@@ -4,7 +4,7 @@
 //! queues), so they hand over, fence and start queues the same way.
 //!
 //! The task is the rebalancer's only owner: it feeds it events (results of the actions it
-//! spawned, broker notices, lease evidence from heartbeats) with `Instant::now()`, executes
+//! spawned, broker notices, lease evidence from heartbeats) with the monotonic time in ms, executes
 //! the actions it polls, and sleeps until [`Rebalancer::poll_timeout`]. Nothing is locked
 //! across an await; the rest of the consumer reads a snapshot ([`DriverHandle::owned`]).
 //!
@@ -373,7 +373,10 @@ impl Driver {
             if self.rb.is_shutting_down() && self.rb.is_idle() {
                 break;
             }
-            let deadline = self.rb.poll_timeout().map(tokio::time::Instant::from_std);
+            let deadline = self
+                .rb
+                .poll_timeout()
+                .map(|ms| tokio::time::Instant::from_std(crate::instant_of(ms)));
             let sleep = async {
                 match deadline {
                     Some(d) => tokio::time::sleep_until(d).await,
@@ -387,8 +390,8 @@ impl Driver {
                     Some(cmd) => self.apply(cmd),
                     None => break,
                 },
-                _ = notice.notified() => self.rb.handle_notice(Instant::now()),
-                _ = sleep => self.rb.handle_timeout(Instant::now()),
+                _ = notice.notified() => self.rb.handle_notice(now_ms()),
+                _ = sleep => self.rb.handle_timeout(now_ms()),
                 _ = heartbeat.tick(), if self.cfg.clustering => self.heartbeat(),
             }
         }
@@ -397,7 +400,7 @@ impl Driver {
     }
 
     fn apply(&mut self, cmd: Cmd) {
-        let now = Instant::now();
+        let now = now_ms();
         let rb = &mut self.rb;
         match cmd {
             Cmd::Subscribe(t) => rb.handle_subscribe(now, &t),
@@ -509,9 +512,10 @@ impl Driver {
                 lease_until,
             } => {
                 debug!(queue = %mq, offset, "queue started");
-                self.runtime.start(mq, offset, lease_until);
+                self.runtime
+                    .start(mq, offset, lease_until.map(crate::instant_of));
             }
-            Action::Lease { mq, until } => self.runtime.set_lease(&mq, until),
+            Action::Lease { mq, until } => self.runtime.set_lease(&mq, crate::instant_of(until)),
             Action::Stop { mq } => {
                 let stop = self.runtime.stop(mq.clone(), false);
                 tokio::spawn(async move {
@@ -572,7 +576,7 @@ impl Driver {
                 if !matches!(instance.broker_kind(&addr).await, Ok(k) if k.has_session_locks()) {
                     return;
                 }
-                let sent = Instant::now();
+                let sent = now_ms();
                 match instance.heartbeat_to(&addr).await {
                     Ok(sessions) => {
                         let session = sessions.get(&cfg.group).copied();
@@ -586,12 +590,18 @@ impl Driver {
     }
 }
 
-fn session_lease(cfg: &DriverConfig, sent: Instant, session: Option<u64>) -> Lease {
+fn session_lease(cfg: &DriverConfig, sent: u64, session: Option<u64>) -> Lease {
+    let session_ms = cfg.session_timeout.as_millis() as u64;
     Lease {
-        until: sent + cfg.session_timeout,
-        renew_at: sent + cfg.session_timeout * 2 / 3,
+        until: sent + session_ms,
+        renew_at: sent + session_ms * 2 / 3,
         session,
     }
+}
+
+/// The rebalancer's clock: milliseconds on the process's monotonic clock.
+fn now_ms() -> u64 {
+    crate::mono_ms(Instant::now())
 }
 
 async fn fetch_view(
@@ -633,7 +643,7 @@ async fn lock(
             return failed(queues);
         }
     };
-    let sent = Instant::now();
+    let sent = now_ms();
     if kind.has_session_locks() {
         let want_offsets = kind.has(shoal_proto::ext::feature::OFFSET_ON_GRANT);
         match instance
@@ -684,8 +694,8 @@ async fn lock(
                 answer: LockAnswer {
                     granted: locked.into_iter().collect(),
                     lease: Some(Lease {
-                        until: sent + cfg.rocketmq_lock_lease,
-                        renew_at: sent + cfg.rocketmq_lock_renew,
+                        until: sent + cfg.rocketmq_lock_lease.as_millis() as u64,
+                        renew_at: sent + cfg.rocketmq_lock_renew.as_millis() as u64,
                         session: None,
                     }),
                     ..LockAnswer::default()

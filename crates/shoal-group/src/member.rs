@@ -23,7 +23,6 @@ use crate::coordinator::JOIN_EPOCH;
 use crate::rebalance::Rebalancer;
 use shoal_proto::MessageQueue;
 use std::collections::BTreeSet;
-use std::time::Instant;
 
 /// Heartbeat intervals a coordinator may ask for are clamped to this range, ms.
 pub const INTERVAL_RANGE_MS: (u64, u64) = (100, 60_000);
@@ -79,7 +78,7 @@ pub struct Applied {
 impl Directive {
     /// Gives the directive to the consumer's rebalancer: new fences and rejoins (once each),
     /// then the target.
-    pub fn apply(&self, rb: &mut Rebalancer, now: Instant, applied: &mut Applied) {
+    pub fn apply(&self, rb: &mut Rebalancer, now: u64, applied: &mut Applied) {
         if self.fences > applied.fences {
             applied.fences = self.fences;
             rb.handle_fenced(now);

@@ -52,9 +52,14 @@ use queue::{After, QState, Queue};
 use shoal_proto::MessageQueue;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 pub use queue::QueuePhase;
+
+/// Milliseconds of a duration (the rebalancer's clock counts milliseconds).
+pub(crate) fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
 
 /// Attempts at releasing a lock before the rebalancer forgets it.
 pub const MAX_UNLOCK_ATTEMPTS: u32 = 10;
@@ -125,9 +130,9 @@ impl RebalancerConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Lease {
     /// Deliveries are allowed strictly before this time.
-    pub until: Instant,
+    pub until: u64,
     /// When the lease should be renewed (a LOCK_BATCH_MQ for these queues is emitted then).
-    pub renew_at: Instant,
+    pub renew_at: u64,
     /// The broker session the evidence belongs to (Shoal brokers); `None` for brokers whose
     /// locks simply expire (Apache RocketMQ).
     pub session: Option<u64>,
@@ -162,14 +167,14 @@ pub enum Action {
         /// First offset to deliver.
         offset: i64,
         /// Deliveries allowed strictly before this time (`None`: no limit).
-        lease_until: Option<Instant>,
+        lease_until: Option<u64>,
     },
     /// The lease of an owned queue moved.
     Lease {
         /// Queue.
         mq: MessageQueue,
         /// Deliveries allowed strictly before this time.
-        until: Instant,
+        until: u64,
     },
     /// Stop the queue gracefully: no new deliveries, let in-flight ones finish, then call
     /// [`Rebalancer::handle_drained`] with the offset to commit.
@@ -287,7 +292,7 @@ struct TopicView {
     in_flight: bool,
     again: bool,
     stale_in_a_row: u32,
-    next_at: Option<Instant>,
+    next_at: Option<u64>,
     /// A membership notice came after the view the share rests on (cleared when a view or
     /// member list is applied, or a fetch fails).
     stale: bool,
@@ -313,10 +318,10 @@ pub struct Rebalancer {
     /// Classic mode: each topic's share; coordinated mode: one entry under "".
     shares: BTreeMap<String, BTreeSet<MessageQueue>>,
     target: BTreeSet<MessageQueue>,
-    target_changed_at: Option<Instant>,
+    target_changed_at: Option<u64>,
     queues: BTreeMap<MessageQueue, Queue>,
     actions: VecDeque<Action>,
-    next_refresh: Option<Instant>,
+    next_refresh: Option<u64>,
     shutting_down: bool,
     stats: RebalanceStats,
     /// Per broker, the version of the last member list applied from its notices.
@@ -351,7 +356,7 @@ impl Rebalancer {
     // ---- inputs --------------------------------------------------------------------------
 
     /// Adds a topic to the subscription (classic mode fetches its view at once).
-    pub fn handle_subscribe(&mut self, now: Instant, topic: &str) {
+    pub fn handle_subscribe(&mut self, now: u64, topic: &str) {
         if !self.topics.contains_key(topic) {
             self.topics.insert(
                 topic.to_owned(),
@@ -365,7 +370,7 @@ impl Rebalancer {
     }
 
     /// Removes a topic: its queues are released.
-    pub fn handle_unsubscribe(&mut self, now: Instant, topic: &str) {
+    pub fn handle_unsubscribe(&mut self, now: u64, topic: &str) {
         self.topics.remove(topic);
         self.shares.remove(topic);
         self.recompute_target(now);
@@ -374,7 +379,7 @@ impl Rebalancer {
 
     /// Something may have changed (a membership notice, a route change, the safety-net
     /// timer): fetch every topic's view again.
-    pub fn handle_notice(&mut self, now: Instant) {
+    pub fn handle_notice(&mut self, now: u64) {
         if self.source == Source::Classic {
             for v in self.topics.values_mut() {
                 v.stale = true;
@@ -392,7 +397,7 @@ impl Rebalancer {
     /// member ids.
     pub fn handle_view(
         &mut self,
-        now: Instant,
+        now: u64,
         topic: &str,
         queues: Vec<MessageQueue>,
         members: Vec<String>,
@@ -424,19 +429,19 @@ impl Rebalancer {
         // heartbeat (or follows an expiry): fetch again soon rather than at the next refresh
         // interval, or a new member would idle for 20 s. Liveness only: nothing is taken on it.
         if !queues.is_empty() && !members.contains(&self.config.client_id) {
-            v.next_at = Some(now + self.config.refresh_retry);
+            v.next_at = Some(now + ms(self.config.refresh_retry));
             self.stats.views_without_self += 1;
         }
         v.queues = Some(queues);
         v.members = Some(members);
-        self.next_refresh = Some(now + self.config.refresh_interval);
+        self.next_refresh = Some(now + ms(self.config.refresh_interval));
         self.allocate_topic(topic);
         self.recompute_target(now);
         self.step(now);
     }
 
     /// Fetching a topic's view failed: keep the current share and try again soon.
-    pub fn handle_view_failed(&mut self, now: Instant, topic: &str) {
+    pub fn handle_view_failed(&mut self, now: u64, topic: &str) {
         let retry = self.config.refresh_retry;
         if let Some(v) = self.topics.get_mut(topic) {
             v.in_flight = false;
@@ -444,7 +449,7 @@ impl Rebalancer {
             // Go on with what is known (a held queue must not wait for a view that does not
             // come).
             v.stale = false;
-            v.next_at = Some(now + retry);
+            v.next_at = Some(now + ms(retry));
         }
         self.step(now);
     }
@@ -455,13 +460,7 @@ impl Rebalancer {
     /// without a fetch. A list not newer than the last one applied from that broker (notices
     /// may overtake each other) is ignored. A fetch in flight is made again after it answers
     /// (it may predate the change), as for a plain notice.
-    pub fn handle_members(
-        &mut self,
-        now: Instant,
-        broker: &str,
-        version: u64,
-        members: Vec<String>,
-    ) {
+    pub fn handle_members(&mut self, now: u64, broker: &str, version: u64, members: Vec<String>) {
         if self.shutting_down || self.source != Source::Classic {
             return;
         }
@@ -496,7 +495,7 @@ impl Rebalancer {
                 v.stale = false;
             }
             if !members.contains(&me) && v.next_at.is_none() && !v.in_flight {
-                v.next_at = Some(now + retry);
+                v.next_at = Some(now + ms(retry));
                 self.stats.views_without_self += 1;
             }
             applied.push(topic.clone());
@@ -505,7 +504,7 @@ impl Rebalancer {
             self.allocate_topic(topic);
         }
         if !applied.is_empty() {
-            self.next_refresh = Some(now + self.config.refresh_interval);
+            self.next_refresh = Some(now + ms(self.config.refresh_interval));
         }
         self.recompute_target(now);
         self.step(now);
@@ -515,7 +514,7 @@ impl Rebalancer {
     /// assigned them at member epoch `epoch`. Views are no longer fetched after the first call;
     /// an assignment older than the last one applied is ignored (until
     /// [`Rebalancer::handle_fenced`] or [`Rebalancer::handle_rejoin`] start a new lineage).
-    pub fn handle_target(&mut self, now: Instant, epoch: i64, queues: BTreeSet<MessageQueue>) {
+    pub fn handle_target(&mut self, now: u64, epoch: i64, queues: BTreeSet<MessageQueue>) {
         if let Source::Coordinated { epoch: Some(e) } = self.source {
             if epoch < e {
                 return;
@@ -533,7 +532,7 @@ impl Rebalancer {
     /// messages are dropped, nothing is committed ([`Action::Fence`]); the locks are released.
     /// The next [`Rebalancer::handle_target`] is accepted whatever its epoch (the member
     /// rejoins).
-    pub fn handle_fenced(&mut self, now: Instant) {
+    pub fn handle_fenced(&mut self, now: u64) {
         self.enter_coordinated(None);
         self.recompute_target(now);
         for (mq, q) in self.queues.iter_mut() {
@@ -562,7 +561,7 @@ impl Rebalancer {
     /// coordinator moved with the routes) or has not heard from one yet. Every queue is
     /// released gracefully (stop, commit, unlock) and the next [`Rebalancer::handle_target`]
     /// is accepted whatever its epoch.
-    pub fn handle_rejoin(&mut self, now: Instant) {
+    pub fn handle_rejoin(&mut self, now: u64) {
         self.enter_coordinated(None);
         self.recompute_target(now);
         self.step(now);
@@ -572,7 +571,7 @@ impl Rebalancer {
     /// not coordinate it): every topic's view is fetched at once and the strategy decides
     /// again. Queues held meanwhile stay held until the new share says otherwise; hand-over
     /// stays by locks, so the change is exclusive throughout.
-    pub fn handle_classic(&mut self, now: Instant) {
+    pub fn handle_classic(&mut self, now: u64) {
         if self.source != Source::Classic {
             self.source = Source::Classic;
             // Keep the coordinator's queues as each topic's share until its view arrives.
@@ -613,7 +612,7 @@ impl Rebalancer {
     /// `notice_expected` says the broker will tell us when a refused lock frees.
     pub fn handle_lock_result(
         &mut self,
-        now: Instant,
+        now: u64,
         requested: &[MessageQueue],
         granted: &BTreeSet<MessageQueue>,
         lease: Option<Lease>,
@@ -633,12 +632,7 @@ impl Rebalancer {
 
     /// The answer to an [`Action::Lock`] with what a Shoal broker may add to it (committed
     /// offsets, commit on unlock); see [`LockAnswer`] and [`Rebalancer::handle_lock_result`].
-    pub fn handle_lock_answer(
-        &mut self,
-        now: Instant,
-        requested: &[MessageQueue],
-        answer: LockAnswer,
-    ) {
+    pub fn handle_lock_answer(&mut self, now: u64, requested: &[MessageQueue], answer: LockAnswer) {
         let LockAnswer {
             granted,
             lease,
@@ -693,7 +687,7 @@ impl Rebalancer {
                 (_, None) if renewal => {
                     // No answer is no evidence: keep the lease, ask again a little later.
                     if let Some(l) = &mut q.lease {
-                        l.renew_at = (now + self.config.refresh_retry).min(l.until);
+                        l.renew_at = (now + ms(self.config.refresh_retry)).min(l.until);
                     }
                 }
                 (_, None) => {}
@@ -725,7 +719,7 @@ impl Rebalancer {
     /// A Shoal broker acknowledged a heartbeat sent at the time the lease was computed from:
     /// every lock held on `broker` under the same session lasts at least until `lease.until`.
     /// A different session means the broker ended ours and dropped our locks there.
-    pub fn handle_lease(&mut self, now: Instant, broker: &str, lease: Lease) {
+    pub fn handle_lease(&mut self, now: u64, broker: &str, lease: Lease) {
         for (mq, q) in self.queues.iter_mut() {
             if mq.broker_name != broker {
                 continue;
@@ -741,7 +735,7 @@ impl Rebalancer {
     }
 
     /// A Shoal broker told us these locks are free (lock-freed notice): ask for them now.
-    pub fn handle_lock_freed(&mut self, now: Instant, queues: &[MessageQueue]) {
+    pub fn handle_lock_freed(&mut self, now: u64, queues: &[MessageQueue]) {
         for mq in queues {
             if let Some(q) = self.queues.get_mut(mq) {
                 match &mut q.state {
@@ -756,12 +750,7 @@ impl Rebalancer {
     }
 
     /// The answer to an [`Action::QueryStartOffset`] (`None`: the query failed).
-    pub fn handle_start_offset(
-        &mut self,
-        now: Instant,
-        mq: &MessageQueue,
-        start: Option<StartOffset>,
-    ) {
+    pub fn handle_start_offset(&mut self, now: u64, mq: &MessageQueue, start: Option<StartOffset>) {
         let in_target = self.target.contains(mq) && !self.shutting_down;
         let retry = self.config.start_retry;
         let Some(q) = self.queues.get_mut(mq) else {
@@ -782,7 +771,7 @@ impl Rebalancer {
             self.begin(now, mq, start.offset());
         } else {
             q.state = QState::Starting {
-                retry_at: Some(now + retry),
+                retry_at: Some(now + ms(retry)),
             };
         }
         self.step(now);
@@ -791,7 +780,7 @@ impl Rebalancer {
     /// The driver stopped a queue after [`Action::Stop`] or [`Action::Fence`]; `offset` is
     /// the offset to commit (the smallest still in flight, or one past the last delivered),
     /// `None` when nothing is known.
-    pub fn handle_drained(&mut self, now: Instant, mq: &MessageQueue, offset: Option<i64>) {
+    pub fn handle_drained(&mut self, now: u64, mq: &MessageQueue, offset: Option<i64>) {
         let locks = self.config.handover == Handover::Locks;
         let in_target = self.target.contains(mq) && !self.shutting_down;
         let Some(q) = self.queues.get_mut(mq) else {
@@ -820,7 +809,7 @@ impl Rebalancer {
     }
 
     /// The answer to an [`Action::Commit`].
-    pub fn handle_committed(&mut self, now: Instant, mq: &MessageQueue, ok: bool) {
+    pub fn handle_committed(&mut self, now: u64, mq: &MessageQueue, ok: bool) {
         let _ = ok; // A failed final commit costs duplicates, not safety: hand over anyway.
         let Some(q) = self.queues.get_mut(mq) else {
             return;
@@ -843,7 +832,7 @@ impl Rebalancer {
     /// (whatever it said: a lock we do not hold is not ours to worry about); a failed unlock
     /// is sent again (up to [`MAX_UNLOCK_ATTEMPTS`] times; the broker frees the lock when the
     /// session ends anyway).
-    pub fn handle_unlocked(&mut self, now: Instant, mq: &MessageQueue, ok: bool) {
+    pub fn handle_unlocked(&mut self, now: u64, mq: &MessageQueue, ok: bool) {
         let retry = self.config.refresh_retry;
         if let Some(q) = self.queues.get_mut(mq) {
             if q.state == (QState::Unlocking { retry_at: None }) {
@@ -856,7 +845,7 @@ impl Rebalancer {
                     self.stats.released += 1;
                 } else {
                     q.state = QState::Unlocking {
-                        retry_at: Some(now + retry),
+                        retry_at: Some(now + ms(retry)),
                     };
                 }
             }
@@ -866,7 +855,7 @@ impl Rebalancer {
 
     /// An administrator reset the offset of an owned queue: it is stopped without committing
     /// its position, `offset` is committed, and it starts again from there.
-    pub fn handle_reset(&mut self, now: Instant, mq: &MessageQueue, offset: i64) {
+    pub fn handle_reset(&mut self, now: u64, mq: &MessageQueue, offset: i64) {
         if let Some(q) = self.queues.get_mut(mq) {
             if q.state == QState::Owned {
                 q.state = QState::Draining {
@@ -879,7 +868,7 @@ impl Rebalancer {
     }
 
     /// Graceful shutdown: every queue is released; [`Rebalancer::is_idle`] says when done.
-    pub fn handle_shutdown(&mut self, now: Instant) {
+    pub fn handle_shutdown(&mut self, now: u64) {
         self.shutting_down = true;
         self.next_refresh = None;
         for v in self.topics.values_mut() {
@@ -891,7 +880,7 @@ impl Rebalancer {
     }
 
     /// Timers: safety-net refresh, lock retries, lease renewals and expiries.
-    pub fn handle_timeout(&mut self, now: Instant) {
+    pub fn handle_timeout(&mut self, now: u64) {
         if self.next_refresh.is_some_and(|t| t <= now) {
             self.next_refresh = None;
             self.handle_notice(now);
@@ -908,9 +897,9 @@ impl Rebalancer {
     }
 
     /// When [`Rebalancer::handle_timeout`] should be called next.
-    pub fn poll_timeout(&self) -> Option<Instant> {
+    pub fn poll_timeout(&self) -> Option<u64> {
         let mut t = self.next_refresh;
-        let mut take = |x: Option<Instant>| {
+        let mut take = |x: Option<u64>| {
             if let Some(x) = x {
                 t = Some(t.map_or(x, |t| t.min(x)));
             }
@@ -932,7 +921,7 @@ impl Rebalancer {
 
     /// True when the member may hand messages of `mq` to its listener at `now`: it owns the
     /// queue and its lease is valid.
-    pub fn may_dispatch(&self, mq: &MessageQueue, now: Instant) -> bool {
+    pub fn may_dispatch(&self, mq: &MessageQueue, now: u64) -> bool {
         self.queues
             .get(mq)
             .is_some_and(|q| q.state == QState::Owned && q.lease_valid(now))
@@ -1029,7 +1018,7 @@ impl Rebalancer {
         self.shares.insert(topic.to_owned(), share);
     }
 
-    fn recompute_target(&mut self, now: Instant) {
+    fn recompute_target(&mut self, now: u64) {
         if self.shutting_down {
             return;
         }
@@ -1045,7 +1034,7 @@ impl Rebalancer {
     /// started): `offset`, when known, is committed first (on the unlock when the broker
     /// takes it there), unless the lease ran out, in which case the lock may already be
     /// someone else's and nothing is committed.
-    fn release(&mut self, now: Instant, mq: &MessageQueue, offset: Option<i64>) {
+    fn release(&mut self, now: u64, mq: &MessageQueue, offset: Option<i64>) {
         let locks = self.config.handover == Handover::Locks;
         let classic = self.source == Source::Classic;
         let Some(q) = self.queues.get_mut(mq) else {
@@ -1078,7 +1067,7 @@ impl Rebalancer {
         }
     }
 
-    fn finish_release(&mut self, _now: Instant, mq: &MessageQueue) {
+    fn finish_release(&mut self, _now: u64, mq: &MessageQueue) {
         if self.config.handover == Handover::Locks {
             if let Some(q) = self.queues.get_mut(mq) {
                 q.state = QState::Unlocking { retry_at: None };
@@ -1094,7 +1083,7 @@ impl Rebalancer {
     /// A locked queue's start offset is known: start it, or hold it for a fresh view (the
     /// topic's view went stale while the lock was being taken), or ask for the lock again
     /// (the lease ran out meanwhile).
-    fn begin(&mut self, now: Instant, mq: &MessageQueue, offset: i64) {
+    fn begin(&mut self, now: u64, mq: &MessageQueue, offset: i64) {
         let stale = self.view_stale(&mq.topic);
         let Some(q) = self.queues.get_mut(mq) else {
             return;
@@ -1128,7 +1117,7 @@ impl Rebalancer {
             && self.topics.get(topic).is_some_and(|v| v.stale)
     }
 
-    fn finish_fence(&mut self, now: Instant, mq: &MessageQueue, in_target: bool) {
+    fn finish_fence(&mut self, now: u64, mq: &MessageQueue, in_target: bool) {
         if in_target {
             if let Some(q) = self.queues.get_mut(mq) {
                 q.state = QState::Pending {
@@ -1142,7 +1131,7 @@ impl Rebalancer {
     }
 
     /// Moves every queue as far as it can go now and batches the lock requests.
-    fn step(&mut self, now: Instant) {
+    fn step(&mut self, now: u64) {
         // View fetches.
         if self.source == Source::Classic && !self.shutting_down {
             for (topic, v) in self.topics.iter_mut() {
@@ -1157,7 +1146,7 @@ impl Rebalancer {
         }
         // New queues of the target.
         let gain_at = match self.config.handover {
-            Handover::Delay(d) => self.target_changed_at.map(|t| t + d),
+            Handover::Delay(d) => self.target_changed_at.map(|t| t + ms(d)),
             _ => None,
         };
         let locks = self.config.handover == Handover::Locks;

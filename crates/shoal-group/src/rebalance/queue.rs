@@ -1,9 +1,10 @@
 //! The state of one queue inside the [`Rebalancer`](super::Rebalancer).
 
+use super::ms;
 use super::{Action, Lease, RebalancerConfig};
 use shoal_proto::MessageQueue;
 use std::collections::VecDeque;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Where a queue is in its life, as introspection shows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -38,12 +39,12 @@ pub(super) enum After {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum QState {
     Pending {
-        retry_at: Option<Instant>,
+        retry_at: Option<u64>,
     },
     Acquiring,
     /// `retry_at`: a failed query is retried then; `None` while one is in flight.
     Starting {
-        retry_at: Option<Instant>,
+        retry_at: Option<u64>,
     },
     /// Lock held and start offset known, but a membership notice came after the view the
     /// target rests on: the queue starts once a fresh view still gives it to this member
@@ -60,7 +61,7 @@ pub(super) enum QState {
     },
     /// `retry_at`: a failed unlock is sent again then; `None` while one is in flight.
     Unlocking {
-        retry_at: Option<Instant>,
+        retry_at: Option<u64>,
     },
 }
 
@@ -143,7 +144,7 @@ impl Queue {
         }
     }
 
-    pub(super) fn lease_valid(&self, now: Instant) -> bool {
+    pub(super) fn lease_valid(&self, now: u64) -> bool {
         match self.lease {
             Some(l) => l.until > now,
             None => !self.guarded,
@@ -151,7 +152,7 @@ impl Queue {
     }
 
     /// The next time something is due for this queue.
-    pub(super) fn deadline(&self) -> Option<Instant> {
+    pub(super) fn deadline(&self) -> Option<u64> {
         let mut t = match self.state {
             QState::Pending { retry_at }
             | QState::Starting { retry_at }
@@ -171,7 +172,7 @@ impl Queue {
     }
 
     /// A refused (or failed) lock request: try again after the back-off.
-    pub(super) fn retry_later(&mut self, now: Instant, c: &RebalancerConfig, notice: bool) {
+    pub(super) fn retry_later(&mut self, now: u64, c: &RebalancerConfig, notice: bool) {
         if std::mem::take(&mut self.freed_while_acquiring) {
             self.state = QState::Pending {
                 retry_at: Some(now),
@@ -186,7 +187,7 @@ impl Queue {
             (self.backoff * 2).min(c.lock_retry_max)
         };
         self.state = QState::Pending {
-            retry_at: Some(now + self.backoff),
+            retry_at: Some(now + ms(self.backoff)),
         };
     }
 
@@ -214,7 +215,7 @@ impl Queue {
     }
 
     /// The lock is no longer ours (lease ran out, renewal refused, session ended).
-    pub(super) fn lose_lease(&mut self, now: Instant) {
+    pub(super) fn lose_lease(&mut self, now: u64) {
         self.lease = None;
         self.unsaved_start = None;
         match self.state {

@@ -106,7 +106,7 @@ impl World {
     /// The answer (`None`: lost or timed out) of a group heartbeat sent at `sent_epoch`.
     pub(super) fn on_group_answer(&mut self, m: usize, sent_epoch: i32, a: Option<GroupAnswer>) {
         let now = self.now;
-        let t = self.at(now);
+        let t = now;
         self.trace(|| format!("{} group answer {a:?}", self.members[m].id));
         let answer = match a {
             Some(GroupAnswer::Assigned {

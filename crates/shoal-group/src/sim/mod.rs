@@ -46,7 +46,6 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
 use std::fmt;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 #[derive(Clone, Copy)]
 enum Kind {
@@ -516,7 +515,6 @@ struct HeldPull {
 struct World {
     cfg: SimConfig,
     rng: ChaCha8Rng,
-    t0: Instant,
     now: u64,
     seq: u64,
     heap: BinaryHeap<Reverse<(u64, u64, usize)>>,
@@ -539,10 +537,6 @@ struct World {
 }
 
 impl World {
-    fn at(&self, ms: u64) -> Instant {
-        self.t0 + Duration::from_millis(ms)
-    }
-
     fn schedule(&mut self, at: u64, ev: Ev) {
         self.seq += 1;
         self.events.push(Some(ev));
@@ -589,7 +583,7 @@ impl World {
         let coord = self.cfg.coordinated.then(|| {
             // As the client does before its first coordinator answer: hold nothing, fetch no
             // views (the group may be coordinated).
-            rb.handle_rejoin(self.at(self.now));
+            rb.handle_rejoin(self.now);
             Membership::new(
                 format!("{id}#1"),
                 instance,
@@ -681,8 +675,8 @@ impl World {
     fn lease(&self, sent: u64, session: Option<u64>) -> Lease {
         let t = self.cfg.session_timeout_ms;
         Lease {
-            until: self.at(sent + t),
-            renew_at: self.at(sent + t * 2 / 3),
+            until: sent + t,
+            renew_at: sent + t * 2 / 3,
             session,
         }
     }
@@ -728,7 +722,7 @@ impl World {
                     lease_until,
                 } => {
                     self.next_token += 1;
-                    let until = lease_until.map(|t| t.duration_since(self.t0).as_millis() as u64);
+                    let until = lease_until;
                     self.members[m].runners.insert(
                         mq,
                         Runner {
@@ -744,7 +738,6 @@ impl World {
                     );
                 }
                 Action::Lease { mq, until } => {
-                    let until = until.duration_since(self.t0).as_millis() as u64;
                     if let Some(r) = self.members[m].runners.get_mut(&mq) {
                         r.lease_until = Some(until);
                     }
@@ -755,7 +748,7 @@ impl World {
                         r.stopping = Some(fence);
                         r.cached.clear();
                     } else {
-                        let now = self.at(self.now);
+                        let now = self.now;
                         self.members[m].rb.handle_drained(now, &mq, None);
                     }
                 }
@@ -802,7 +795,7 @@ impl World {
         let any_drained = !drained.is_empty();
         for (q, offset) in drained {
             self.members[m].runners.remove(&q);
-            let t = self.at(now);
+            let t = now;
             self.members[m].rb.handle_drained(t, &q, offset);
         }
         for (q, o, token) in deliver {
@@ -852,10 +845,7 @@ impl World {
         if mem.life != Life::Alive && mem.life != Life::Leaving {
             return None;
         }
-        let mut t = mem
-            .rb
-            .poll_timeout()
-            .map(|i| i.duration_since(self.t0).as_millis() as u64);
+        let mut t = mem.rb.poll_timeout();
         let mut take = |x: u64| t = Some(t.map_or(x, |t| t.min(x)));
         take(mem.next_heartbeat);
         if mem.life == Life::Alive {
@@ -895,13 +885,13 @@ impl World {
             }
         }
         self.on_membership_timer(m);
-        let t = self.at(now);
+        let t = now;
         self.members[m].rb.handle_timeout(t);
         self.pump(m);
     }
 
     fn on_inbound(&mut self, m: usize, msg: Inbound) {
-        let t = self.at(self.now);
+        let t = self.now;
         match msg {
             Inbound::Notice => {
                 // A member may have joined or left a group that runs classic: ask again.
@@ -928,7 +918,7 @@ impl World {
 
     /// An answer (or, with `None`, a timeout) of a pending request.
     fn on_reply(&mut self, m: usize, p: Pending, reply: Option<Reply>) {
-        let t = self.at(self.now);
+        let t = self.now;
         let locks = self.locks();
         match (p, reply) {
             (Pending::Heartbeat { sent }, Some(Reply::Heartbeat(session))) => {
@@ -1150,7 +1140,7 @@ impl World {
                 if let Some(m) = self.pick(w) {
                     if self.live().len() > 1 {
                         self.members[m].life = Life::Leaving;
-                        let t = self.at(self.now);
+                        let t = self.now;
                         self.members[m].rb.handle_shutdown(t);
                         self.pump(m);
                     }
@@ -1400,7 +1390,6 @@ fn run_schedule_on(
     let mut w = World {
         cfg: cfg.clone(),
         rng,
-        t0: Instant::now(),
         now: 0,
         seq: 0,
         heap: BinaryHeap::new(),
