@@ -239,6 +239,8 @@ pub struct BrokerInner {
     pub connections: Mutex<HashMap<u64, Connection>>,
     /// Long-polling pulls.
     pub holds: PullHoldTable,
+    /// Compiled SQL92 selectors of subscriptions (bounded).
+    pub selectors: crate::filter::SelectorCache,
     /// Last pull per (group, topic, queue).
     pub pull_marks: Mutex<foldhash::HashMap<(String, String, i32), PullMark>>,
     /// Delay level durations, ms (level n = index n - 1).
@@ -863,6 +865,7 @@ impl Broker {
             route_cache: Mutex::new(HashMap::new()),
             connections: Mutex::new(HashMap::new()),
             holds: PullHoldTable::default(),
+            selectors: Default::default(),
             pull_marks: Mutex::new(foldhash::HashMap::default()),
             delay_levels_ms,
             register_now: Notify::new(),

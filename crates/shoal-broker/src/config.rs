@@ -108,6 +108,9 @@ pub struct BrokerConfig {
     pub corrupt_record_policy: CorruptRecordPolicy,
     /// Refuse transactional (half) messages with NO_PERMISSION (`rejectTransactionMessage`).
     pub reject_transaction_message: bool,
+    /// Serve SQL92 subscriptions (`enablePropertyFilter`; off by default as in RocketMQ, on in
+    /// `shoal dev`): off, an SQL92 pull or CHECK_CLIENT_CONFIG is answered SYSTEM_ERROR.
+    pub enable_property_filter: bool,
     /// A half message without a decision is checked once it is this old, ms
     /// (`transactionTimeOut`, 6 s).
     pub transaction_timeout_ms: u64,
@@ -384,6 +387,7 @@ impl Default for BrokerConfig {
             check_crc_on_read: true,
             corrupt_record_policy: CorruptRecordPolicy::Skip,
             reject_transaction_message: false,
+            enable_property_filter: false,
             transaction_timeout_ms: 6_000,
             transaction_check_max: 15,
             transaction_check_interval_ms: 30_000,

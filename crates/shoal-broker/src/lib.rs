@@ -10,6 +10,7 @@ pub mod broker;
 pub mod client;
 pub mod config;
 pub mod coordinated;
+pub mod filter;
 pub mod group_config;
 pub mod group_ctx;
 pub mod group_state;

@@ -8,7 +8,7 @@ use shoal_proto::coordinated::request_code as crc;
 use shoal_proto::RemotingCommand;
 use std::sync::{Arc, OnceLock};
 
-use crate::reply::{ok, ok_json, Handled};
+use crate::reply::{ok_json, Handled};
 
 /// The ACL's answer to a request it refuses (NO_PERMISSION, as RocketMQ 5's broker), if ACL is
 /// on and refuses it.
@@ -105,7 +105,7 @@ impl BrokerProcessor {
             rc::VIEW_MESSAGE_BY_ID => crate::offsets::view_message_by_id(b, req).await,
             rc::QUERY_MESSAGE => crate::offsets::query_message(b, req).await,
             rc::CONSUMER_SEND_MSG_BACK => crate::retry::consumer_send_msg_back(b, ctx, req).await,
-            rc::CHECK_CLIENT_CONFIG => ok(),
+            rc::CHECK_CLIENT_CONFIG => crate::filter::check_client_config(b, req),
             rc::UPDATE_AND_CREATE_TOPIC => crate::admin::create_topic(b, req).await,
             rc::DELETE_TOPIC_IN_BROKER => crate::admin::delete_topic(b, req).await,
             rc::GET_ALL_TOPIC_CONFIG => crate::admin::all_topic_config(b),
