@@ -24,6 +24,7 @@ pub mod coordinator;
 pub mod error;
 pub mod lock;
 pub mod membership;
+pub mod pop;
 pub mod rebalance;
 pub mod sim;
 
