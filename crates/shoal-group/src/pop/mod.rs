@@ -417,7 +417,9 @@ impl PopEngine {
         q
     }
 
-    fn next_pop_time(&mut self, now: u64) -> u64 {
+    /// A new receipt time for a pop at `now` (receipt times only grow, so a receipt names one
+    /// delivery). One pop over several queues uses one receipt time for all its grants.
+    pub fn next_pop_time(&mut self, now: u64) -> u64 {
         self.last_pop_time = now.max(self.last_pop_time + 1);
         self.last_pop_time
     }
@@ -430,10 +432,13 @@ impl PopEngine {
     /// The broker read `found` for a pop by `consumer`: redelivered offsets of the plan and
     /// fresh ones from its `from`, in offset order, with `scanned_to` the offset after the
     /// last fresh entry read. Matched messages are leased for `invisible_ms` (clamped);
-    /// unmatched ones are done. Returns the grant (empty leases when nothing matched).
+    /// unmatched ones are done. `pop_time` comes from [`PopEngine::next_pop_time`]. Returns the
+    /// grant (empty leases when nothing matched).
+    #[allow(clippy::too_many_arguments)]
     pub fn handle_read(
         &mut self,
         now: u64,
+        pop_time: u64,
         key: &QueueKey,
         consumer: &str,
         found: &[Candidate],
@@ -441,7 +446,6 @@ impl PopEngine {
         invisible_ms: u64,
     ) -> Grant {
         let invisible_ms = self.invisible_ms(invisible_ms);
-        let pop_time = self.next_pop_time(now);
         let deadline = now.saturating_add(invisible_ms);
         let mut leases = Vec::new();
         let mut records = Vec::new();

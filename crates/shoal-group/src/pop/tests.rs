@@ -27,7 +27,8 @@ fn pop(e: &mut PopEngine, now: u64, k: &QueueKey, n: usize, fifo: bool, store_le
         offset,
         matched: true,
     }));
-    e.handle_read(now, k, "c1", &found, end.max(plan.from), 30_000)
+    let t = e.next_pop_time(now);
+    e.handle_read(now, t, k, "c1", &found, end.max(plan.from), 30_000)
 }
 
 fn drain(e: &mut PopEngine) -> Vec<PopAction> {
@@ -100,8 +101,10 @@ fn invisibility_is_clamped_to_the_configured_bounds() {
     let mut e = PopEngine::new(PopConfig::default());
     let k = key(0);
     e.read_plan(&k, false, 1, 0, 0).unwrap();
+    let t = e.next_pop_time(0);
     let g = e.handle_read(
         0,
+        t,
         &k,
         "c",
         &[Candidate {
@@ -391,8 +394,10 @@ impl World {
                     }
                 }
             }
+            let t = self.e.next_pop_time(self.now);
             let g = self.e.handle_read(
                 self.now,
+                t,
                 &k,
                 &format!("c{consumer}"),
                 &found,
