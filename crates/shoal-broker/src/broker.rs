@@ -241,6 +241,8 @@ pub struct BrokerInner {
     pub holds: PullHoldTable,
     /// Compiled SQL92 selectors of subscriptions (bounded).
     pub selectors: crate::filter::SelectorCache,
+    /// POP consumption: the lease engine, its journal, request modes.
+    pub pop: crate::pop::PopService,
     /// Last pull per (group, topic, queue).
     pub pull_marks: Mutex<foldhash::HashMap<(String, String, i32), PullMark>>,
     /// Delay level durations, ms (level n = index n - 1).
@@ -724,6 +726,7 @@ impl Broker {
         tasks.push(tokio::spawn(timeline_loop(inner.clone())));
         tasks.extend(crate::schedule::start(inner.clone()));
         tasks.push(crate::transaction::service::start(inner.clone()));
+        tasks.push(crate::pop::start(inner.clone()));
         let registered = inner.register_all().await;
         let everywhere = registered == inner.config.namesrv_addrs.len();
         if !everywhere {
@@ -866,6 +869,13 @@ impl Broker {
             connections: Mutex::new(HashMap::new()),
             holds: PullHoldTable::default(),
             selectors: Default::default(),
+            pop: crate::pop::PopService::open(&config).map_err(|source| {
+                BrokerError::Store(shoal_store::StoreError::Io {
+                    op: "open the POP journal",
+                    path: config.data_dir.join("pop"),
+                    source,
+                })
+            })?,
             pull_marks: Mutex::new(foldhash::HashMap::default()),
             delay_levels_ms,
             register_now: Notify::new(),
@@ -908,6 +918,7 @@ impl Broker {
         store.add_arrival_listener(Arc::new(move |arrival| {
             if let Some(b) = weak.upgrade() {
                 b.holds.notify(arrival);
+                b.pop.on_arrival();
                 if arrival.topic == shoal_proto::constants::SCHEDULE_TOPIC {
                     b.schedule_wakeup.notify_waiters();
                 }

@@ -111,6 +111,12 @@ pub struct BrokerConfig {
     /// Serve SQL92 subscriptions (`enablePropertyFilter`; off by default as in RocketMQ, on in
     /// `shoal dev`): off, an SQL92 pull or CHECK_CLIENT_CONFIG is answered SYSTEM_ERROR.
     pub enable_property_filter: bool,
+    /// POP: messages of one queue under invisibility lease at once per group (2000); a queue at
+    /// the limit hands out nothing more until acks or lapses free room.
+    pub pop_max_inflight_per_queue: usize,
+    /// POP: pops and notifications held by long polling at once (10000); more are answered
+    /// POLLING_FULL (209).
+    pub pop_max_polling: usize,
     /// A half message without a decision is checked once it is this old, ms
     /// (`transactionTimeOut`, 6 s).
     pub transaction_timeout_ms: u64,
@@ -388,6 +394,8 @@ impl Default for BrokerConfig {
             corrupt_record_policy: CorruptRecordPolicy::Skip,
             reject_transaction_message: false,
             enable_property_filter: false,
+            pop_max_inflight_per_queue: 2_000,
+            pop_max_polling: 10_000,
             transaction_timeout_ms: 6_000,
             transaction_check_max: 15,
             transaction_check_interval_ms: 30_000,

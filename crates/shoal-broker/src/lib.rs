@@ -19,6 +19,7 @@ pub mod lease;
 pub mod metrics;
 pub mod offsets;
 pub mod persist;
+pub mod pop;
 pub mod processor;
 pub mod pull;
 pub mod reply;
