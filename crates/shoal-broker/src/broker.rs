@@ -123,6 +123,7 @@ impl Broker {
         ];
         tasks.extend(crate::schedule::start(shared.clone()));
         tasks.push(crate::transaction::service::start(shared.clone()));
+        tasks.push(crate::pop::start(shared.clone()));
         let registered = shared.register_all().await;
         let everywhere = registered == shared.namesrv.count();
         if !everywhere {
@@ -331,7 +332,15 @@ pub(crate) fn assemble(a: Assembly) -> Result<Arc<Shared>, BrokerError> {
         config.broker_name.clone(),
         a.namesrv_tls,
     );
+    let pop = crate::pop::PopService::open(&config).map_err(|source| {
+        BrokerError::Store(shoal_store::StoreError::Io {
+            op: "open the POP journal",
+            path: config.data_dir.join("pop"),
+            source,
+        })
+    })?;
     let shared = Arc::new(Shared::new(SharedParts {
+        pop,
         cluster_property: crate::send::cluster_property(&config.cluster_name),
         store: a.store.clone(),
         store_host,
@@ -365,6 +374,7 @@ pub(crate) fn assemble(a: Assembly) -> Result<Arc<Shared>, BrokerError> {
     a.store.add_arrival_listener(Arc::new(move |arrival| {
         if let Some(b) = weak.upgrade() {
             b.holds.notify(arrival);
+            b.pop.on_arrival();
             if arrival.topic == shoal_proto::constants::SCHEDULE_TOPIC {
                 b.schedule_wakeup.notify_waiters();
             }

@@ -218,6 +218,65 @@ impl Collector for BrokerCollector {
                 )
             }),
         )?;
+        let pop = b.pop.engine_counters();
+        encode_counters(
+            &mut e,
+            "shoal_broker_pop_events",
+            "POP consumption: leases granted, acks accepted, receipts refused (stale, foreign, lapsed), leases lapsed, copies revived to a retry or dead-letter topic, FIFO messages dead-lettered, invisibility changes.",
+            [
+                ("leased", pop.leased),
+                ("acked", pop.acked),
+                ("refused", pop.refused),
+                ("lapsed", pop.lapsed),
+                ("revived", pop.revived),
+                ("dead_lettered", pop.dead_lettered),
+                ("changed", pop.changed),
+            ]
+            .map(|(event, v)| ([("broker", broker.clone()), ("event", event.to_string())], v)),
+        )?;
+        let p = &b.pop.counters;
+        encode_counters(
+            &mut e,
+            "shoal_broker_pop_requests",
+            "POP_MESSAGE requests by result: found messages, or none (after long polling).",
+            [
+                ("found", p.pops_found.load(Ordering::Relaxed)),
+                ("empty", p.pops_empty.load(Ordering::Relaxed)),
+            ]
+            .map(|(result, v)| {
+                (
+                    [("broker", broker.clone()), ("result", result.to_string())],
+                    v,
+                )
+            }),
+        )?;
+        encode_counters(
+            &mut e,
+            "shoal_broker_pop_journal_errors",
+            "Writes of the POP journal that failed (the request was refused).",
+            [(
+                [("broker", broker.clone())],
+                p.journal_errors.load(Ordering::Relaxed),
+            )],
+        )?;
+        encode_gauges(
+            &mut e,
+            "shoal_broker_pop_polling",
+            "POP requests held by long polling now (bounded by pop_max_polling).",
+            one(b.pop.polling.load(Ordering::Relaxed) as i64),
+        )?;
+        encode_gauges(
+            &mut e,
+            "shoal_broker_pop_groups",
+            "Consumer groups in POP mode (by request mode, or with POP state).",
+            one(b.pop.pop_groups().len() as i64),
+        )?;
+        encode_gauges(
+            &mut e,
+            "shoal_broker_sql_selectors_cached",
+            "Compiled SQL92 selectors in the broker's cache (at most 1024).",
+            one(b.selectors.len() as i64),
+        )?;
         encode_net(&mut e, &b.net_stats.snapshot())?;
         encode_gauges(
             &mut e,

@@ -108,6 +108,15 @@ pub struct BrokerConfig {
     pub corrupt_record_policy: CorruptRecordPolicy,
     /// Refuse transactional (half) messages with NO_PERMISSION (`rejectTransactionMessage`).
     pub reject_transaction_message: bool,
+    /// Serve SQL92 subscriptions (`enablePropertyFilter`; off by default as in RocketMQ, on in
+    /// `shoal dev`): off, an SQL92 pull or CHECK_CLIENT_CONFIG is answered SYSTEM_ERROR.
+    pub enable_property_filter: bool,
+    /// POP: messages of one queue under invisibility lease at once per group (2000); a queue at
+    /// the limit hands out nothing more until acks or lapses free room.
+    pub pop_max_inflight_per_queue: usize,
+    /// POP: pops and notifications held by long polling at once (10000); more are answered
+    /// POLLING_FULL (209).
+    pub pop_max_polling: usize,
     /// A half message without a decision is checked once it is this old, ms
     /// (`transactionTimeOut`, 6 s).
     pub transaction_timeout_ms: u64,
@@ -384,6 +393,9 @@ impl Default for BrokerConfig {
             check_crc_on_read: true,
             corrupt_record_policy: CorruptRecordPolicy::Skip,
             reject_transaction_message: false,
+            enable_property_filter: false,
+            pop_max_inflight_per_queue: 2_000,
+            pop_max_polling: 10_000,
             transaction_timeout_ms: 6_000,
             transaction_check_max: 15,
             transaction_check_interval_ms: 30_000,

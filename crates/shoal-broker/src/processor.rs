@@ -10,7 +10,7 @@ use shoal_proto::coordinated::request_code as crc;
 use shoal_proto::RemotingCommand;
 use std::sync::{Arc, OnceLock};
 
-use crate::reply::{ok, ok_json, Handled};
+use crate::reply::{ok_json, Handled};
 
 /// The ACL's answer to a request it refuses (NO_PERMISSION, as RocketMQ 5's broker), if ACL is
 /// on and refuses it.
@@ -103,7 +103,7 @@ impl BrokerProcessor {
             rc::VIEW_MESSAGE_BY_ID => crate::offsets::view_message_by_id(b, req).await,
             rc::QUERY_MESSAGE => crate::offsets::query_message(b, req).await,
             rc::CONSUMER_SEND_MSG_BACK => crate::retry::consumer_send_msg_back(b, req).await,
-            rc::CHECK_CLIENT_CONFIG => ok(),
+            rc::CHECK_CLIENT_CONFIG => crate::filter::check_client_config(b, req),
             rc::UPDATE_AND_CREATE_TOPIC => crate::admin::create_topic(b, req).await,
             rc::DELETE_TOPIC_IN_BROKER => crate::admin::delete_topic(b, req).await,
             rc::GET_ALL_TOPIC_CONFIG => crate::admin::all_topic_config(b),
@@ -120,6 +120,13 @@ impl BrokerProcessor {
             rc::UPDATE_AND_CREATE_SUBSCRIPTIONGROUP => crate::admin::upsert_group(b, req),
             rc::DELETE_SUBSCRIPTIONGROUP => crate::admin::delete_group(b, req),
             rc::GET_ALL_CONSUMER_OFFSET => crate::admin::all_consumer_offsets(b),
+            rc::POP_MESSAGE => crate::pop::remoting::pop_message(b, ctx, req).await,
+            rc::ACK_MESSAGE => crate::pop::remoting::ack_message(b, req),
+            rc::CHANGE_MESSAGE_INVISIBLETIME => crate::pop::remoting::change_invisible_time(b, req),
+            rc::NOTIFICATION => crate::pop::remoting::notification(b, ctx, req).await,
+            rc::POLLING_INFO => crate::pop::remoting::polling_info(b),
+            rc::QUERY_ASSIGNMENT => crate::pop::remoting::query_assignment(b, req),
+            rc::SET_MESSAGE_REQUEST_MODE => crate::pop::remoting::set_message_request_mode(b, req),
             crc::GROUP_HEARTBEAT => {
                 crate::coordinated::heartbeat(&b.group_ctx(), caller, req).await
             }

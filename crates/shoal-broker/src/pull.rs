@@ -20,6 +20,8 @@ use std::time::Duration;
 pub(crate) struct PullPlan {
     header: PullMessageRequestHeader,
     filter: Option<SubscriptionData>,
+    /// An SQL92 subscription's selector (then `filter` is `None`).
+    sql: Option<Arc<shoal_filter::Selector>>,
 }
 
 /// What a pull gets now.
@@ -181,15 +183,17 @@ fn validate(
             .as_deref()
             .filter(|t| !t.is_empty())
             .unwrap_or("TAG");
-        if !expr_type.eq_ignore_ascii_case("TAG") {
-            return Err(Reject::new(
-                resp::SYSTEM_ERROR,
-                format!("the broker does not support consumer to filter message by {expr_type}"),
-            ));
+        let expr = h.subscription.as_deref().unwrap_or("*");
+        if let Some(sql) = crate::filter::compile_typed(b, Some(expr_type), expr)? {
+            return Ok(PullPlan {
+                header: h,
+                filter: None,
+                sql: Some(sql),
+            });
         }
         Some(SubscriptionData::from_tag_expression(
             h.topic.clone(),
-            h.subscription.as_deref().unwrap_or("*"),
+            expr,
             h.sub_version,
         ))
     } else {
@@ -237,14 +241,20 @@ fn validate(
             ));
         }
         if sub.expression_type != ExpressionType::Tag {
-            return Err(Reject::new(
-                resp::SYSTEM_ERROR,
-                "the broker does not support consumer to filter message by SQL92",
-            ));
+            let sql = crate::filter::compile(b, &sub)?;
+            return Ok(PullPlan {
+                header: h,
+                filter: None,
+                sql,
+            });
         }
         Some(sub)
     };
-    Ok(PullPlan { header: h, filter })
+    Ok(PullPlan {
+        header: h,
+        filter,
+        sql: None,
+    })
 }
 
 fn read(b: &Shared, plan: &PullPlan) -> Result<GetMessageResult, Reject> {
@@ -288,6 +298,9 @@ fn read(b: &Shared, plan: &PullPlan) -> Result<GetMessageResult, Reject> {
     let mut r = store
         .get_messages(&topic, queue_id, offset, max_count, max_bytes, &pass)
         .map_err(|e| Reject::system(format!("get message failed: {e}")))?;
+    if let Some(sql) = &plan.sql {
+        crate::filter::retain_matching(sql, &mut r);
+    }
     if negative && r.status != GetMessageStatus::NoMessageInQueue {
         r.status = GetMessageStatus::OffsetTooSmall;
         r.next_begin_offset = r.min_offset;

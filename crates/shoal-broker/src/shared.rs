@@ -9,6 +9,8 @@
 //! | [`Groups`] | registry, queue locks, coordinator ([`shoal_group::state::GroupState`]) and their effects |
 //! | [`Connections`] | client connections to call back on |
 //! | [`PullHoldTable`] | long-polling pulls |
+//! | `SelectorCache` | compiled SQL92 selectors |
+//! | `PopService` | POP leases, their journal, request modes |
 //! | [`Observer`] | pull marks and the rebalance timeline |
 //! | [`NameServers`] | registration, other brokers' routes |
 //! | [`TransactionState`] | transaction decisions and counters |
@@ -56,6 +58,10 @@ pub(crate) struct Shared {
     pub(crate) groups: Groups,
     pub(crate) connections: Arc<Connections>,
     pub(crate) holds: PullHoldTable,
+    /// Compiled SQL92 selectors of subscriptions (bounded).
+    pub(crate) selectors: crate::filter::SelectorCache,
+    /// POP consumption: the lease engine, its journal, request modes.
+    pub(crate) pop: crate::pop::PopService,
     pub(crate) observer: Arc<Observer>,
     pub(crate) namesrv: NameServers,
     pub(crate) transactions: TransactionState,
@@ -84,6 +90,7 @@ pub(crate) struct Shared {
 /// The parts [`Shared::new`] puts together.
 #[derive(Debug)]
 pub(crate) struct SharedParts {
+    pub(crate) pop: crate::pop::PopService,
     pub(crate) config: BrokerConfig,
     pub(crate) store: Arc<MessageStore>,
     pub(crate) store_host: SocketAddr,
@@ -115,6 +122,8 @@ impl Shared {
             groups: p.groups,
             connections: p.connections,
             holds: PullHoldTable::default(),
+            selectors: Default::default(),
+            pop: p.pop,
             observer: p.observer,
             namesrv: p.namesrv,
             stats: Stats::default(),

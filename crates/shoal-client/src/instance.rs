@@ -282,6 +282,8 @@ pub struct PullArgs<'a> {
     pub subscription: Option<&'a str>,
     /// Subscription version.
     pub sub_version: i64,
+    /// Expression type of `subscription`: `TAG` or `SQL92`.
+    pub expression_type: &'a str,
     /// RPC timeout.
     pub timeout: Duration,
 }
@@ -1008,6 +1010,36 @@ impl ClientInstance {
         ok_or(what, r)
     }
 
+    /// CHECK_CLIENT_CONFIG (46) with every master of `sub`'s topic: the broker says whether it
+    /// can serve the subscription (SQL92 needs its property filter and a selector that
+    /// compiles).
+    ///
+    /// # Errors
+    /// [`ClientError::Server`] with the broker's answer when one refuses; route errors.
+    pub async fn check_client_config(
+        &self,
+        group: &str,
+        sub: &shoal_proto::body::SubscriptionData,
+    ) -> Result<()> {
+        let route = self.route(&sub.topic).await?;
+        let body = shoal_proto::body::CheckClientRequestBody {
+            client_id: self.client_id().to_owned(),
+            group: group.to_owned(),
+            subscription_data: Some(sub.clone()),
+        };
+        for bd in &route.broker_datas {
+            let Some(addr) = bd.broker_addrs.get(&shoal_proto::constants::MASTER_ID) else {
+                continue;
+            };
+            let req = RemotingCommand::request(rc::CHECK_CLIENT_CONFIG).with_json_body(&body)?;
+            let r = self
+                .invoke(addr, req, self.inner.config.rpc_timeout)
+                .await?;
+            ok_or("CHECK_CLIENT_CONFIG", r)?;
+        }
+        Ok(())
+    }
+
     /// Pulls messages from a queue's master.
     ///
     /// # Errors
@@ -1027,7 +1059,7 @@ impl ClientInstance {
             suspend_timeout_millis: args.suspend_ms,
             subscription: args.subscription.map(str::to_owned),
             sub_version: args.sub_version,
-            expression_type: Some("TAG".to_owned()),
+            expression_type: Some(args.expression_type.to_owned()),
             max_msg_bytes: Some(262_144),
             rpc: RpcFields::with_broker_name(&mq.broker_name),
             ..Default::default()

@@ -615,6 +615,7 @@ impl Inner {
                     suspend_ms: inner.config.pull_suspend_ms,
                     subscription: Some(&expr),
                     sub_version: 0,
+                    expression_type: "TAG",
                     timeout: PULL_RPC_TIMEOUT,
                 };
                 let wake = inner.wake_pullers.notified();

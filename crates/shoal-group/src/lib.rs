@@ -29,6 +29,7 @@ pub mod error;
 pub mod lock;
 pub mod member;
 pub mod membership;
+pub mod pop;
 pub mod rebalance;
 pub mod sim;
 pub mod state;

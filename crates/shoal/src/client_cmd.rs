@@ -30,6 +30,10 @@ pub struct SendArgs {
     /// Key (`{i}` is replaced by the message number).
     #[arg(long)]
     pub key: Option<String>,
+    /// A user property `NAME=VALUE` (repeatable; `{i}` in the value is replaced by the message
+    /// number), for SQL92 selectors (`shoal consume --sql`).
+    #[arg(long = "property", value_name = "NAME=VALUE")]
+    pub properties: Vec<String>,
     /// Delay level, 1 to 18: 1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h.
     #[arg(long, value_parser = clap::value_parser!(i32).range(1..=18))]
     pub delay_level: Option<i32>,
@@ -62,6 +66,11 @@ pub struct ConsumeArgs {
     /// Tag expression: `*`, `tagA`, `tagA || tagB`.
     #[arg(long, default_value = "*")]
     pub tag_expr: String,
+    /// SQL92 selector over message properties instead of a tag expression (RocketMQ's
+    /// `MessageSelector.bySql`), e.g. `--sql "region = 'eu' AND amount > 100"`; evaluated by
+    /// the broker, which needs `enable_property_filter` (on in `shoal dev`).
+    #[arg(long, conflicts_with = "tag_expr")]
+    pub sql: Option<String>,
     /// Consume orderly (one queue at a time, under the broker lock).
     #[arg(long)]
     pub orderly: bool,
@@ -206,6 +215,12 @@ pub async fn send(common: &Common, a: SendArgs) -> anyhow::Result<()> {
         }
         if let Some(k) = &a.key {
             msg.set_keys([k.replace("{i}", &n.to_string())])?;
+        }
+        for p in &a.properties {
+            let Some((name, value)) = p.split_once('=') else {
+                bail!("--property {p:?}: expected NAME=VALUE");
+            };
+            msg.put_property(name, value.replace("{i}", &n.to_string()))?;
         }
         if let Some(d) = a.delay_level {
             msg.set_delay_level(d)?;
@@ -425,9 +440,12 @@ pub async fn consume(common: &Common, a: ConsumeArgs) -> anyhow::Result<()> {
             ConsumeConcurrentlyStatus::ConsumeSuccess
         })
     };
-    let mut builder = PushConsumer::builder(&a.group)
-        .client_config(common.client_config()?)
-        .subscribe(a.topic.clone(), a.tag_expr.clone())
+    let mut builder = PushConsumer::builder(&a.group).client_config(common.client_config()?);
+    builder = match &a.sql {
+        Some(sql) => builder.subscribe_sql(a.topic.clone(), sql.clone()),
+        None => builder.subscribe(a.topic.clone(), a.tag_expr.clone()),
+    };
+    let mut builder = builder
         .message_model(if a.broadcast {
             MessageModel::Broadcasting
         } else {
@@ -469,7 +487,9 @@ pub async fn consume(common: &Common, a: ConsumeArgs) -> anyhow::Result<()> {
             consumer.client_id(),
             a.group,
             a.topic,
-            a.tag_expr
+            a.sql
+                .as_ref()
+                .map_or_else(|| a.tag_expr.clone(), |s| format!("SQL92: {s}"))
         );
     }
     let stop = async {

@@ -477,6 +477,7 @@ fn dev_broker_config(
     cfg.namesrv_addrs = vec![namesrv.to_string()];
     cfg.data_dir = args.data_dir.join("broker");
     cfg.auto_create_topic = true;
+    cfg.enable_property_filter = true;
     if let Some(flush) = args.flush {
         cfg.flush_mode = match flush {
             FlushArg::Async => FlushMode::Async,

@@ -7,7 +7,7 @@ use crate::error::Result;
 use shoal_proto::body::{ConsumeFromWhere, MessageModel};
 use shoal_proto::message::MessageExt;
 use shoal_proto::MessageQueue;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -113,8 +113,12 @@ pub struct ConsumerConfig {
     pub consume_from_where: ConsumeFromWhere,
     /// Timestamp (ms) for `ConsumeFromTimestamp` (default: 30 minutes before start).
     pub consume_timestamp_ms: i64,
-    /// Subscriptions: topic → tag expression (`*`, `a || b`).
+    /// Subscriptions: topic → tag expression (`*`, `a || b`), or an SQL92 selector for the
+    /// topics in `sql92_topics`.
     pub subscriptions: BTreeMap<String, String>,
+    /// Topics whose expression in `subscriptions` is an SQL92 selector (RocketMQ's
+    /// `MessageSelector.bySql`), evaluated by the broker.
+    pub sql92_topics: BTreeSet<String>,
     /// Allocation strategy name ([`shoal_group::strategy_by_name`], default `AVG`).
     pub allocate_strategy: String,
     /// Concurrent consume batches running at once (`consumeThreadMax`, 20).
@@ -177,6 +181,7 @@ impl ConsumerConfig {
             consume_from_where: ConsumeFromWhere::ConsumeFromLastOffset,
             consume_timestamp_ms: crate::now_ms_u64() as i64 - 30 * 60 * 1000,
             subscriptions: BTreeMap::new(),
+            sql92_topics: BTreeSet::new(),
             allocate_strategy: "AVG".into(),
             consume_thread_max: 20,
             consume_batch_size: 1,
@@ -229,9 +234,19 @@ impl PushConsumerBuilder {
     }
     /// Subscribes `topic` with a tag expression (`*`, `a || b`).
     pub fn subscribe(mut self, topic: impl Into<String>, expression: impl Into<String>) -> Self {
-        self.config
-            .subscriptions
-            .insert(topic.into(), expression.into());
+        let topic = topic.into();
+        self.config.sql92_topics.remove(&topic);
+        self.config.subscriptions.insert(topic, expression.into());
+        self
+    }
+    /// Subscribes `topic` with an SQL92 selector over message properties (RocketMQ's
+    /// `MessageSelector.bySql`, e.g. `region = 'eu' AND amount > 100`). The broker evaluates it
+    /// (it needs `enable_property_filter`); [`PushConsumer::start`](crate::PushConsumer::start)
+    /// fails when a broker of the topic cannot serve it or the selector does not compile.
+    pub fn subscribe_sql(mut self, topic: impl Into<String>, selector: impl Into<String>) -> Self {
+        let topic = topic.into();
+        self.config.sql92_topics.insert(topic.clone());
+        self.config.subscriptions.insert(topic, selector.into());
         self
     }
     /// Clustering or broadcasting.

@@ -247,10 +247,12 @@ impl PushConsumer {
         let sub_version = crate::now_ms_u64() as i64;
         let mut subs = BTreeMap::new();
         for (t, e) in &config.subscriptions {
-            subs.insert(
-                t.clone(),
-                SubscriptionData::from_tag_expression(t.clone(), e, sub_version),
-            );
+            let sub = if config.sql92_topics.contains(t) {
+                SubscriptionData::sql92(t.clone(), e, sub_version)
+            } else {
+                SubscriptionData::from_tag_expression(t.clone(), e, sub_version)
+            };
+            subs.insert(t.clone(), sub);
         }
         if is_clustering(&config) {
             let rt = retry_topic(&config.group);
@@ -304,6 +306,21 @@ impl PushConsumer {
         for t in inner.subs.keys() {
             if let Err(e) = inner.instance.update_route(t).await {
                 debug!(topic = %t, error = %e, "no route yet");
+            }
+        }
+        // As Java's checkClientInBroker: SQL92 subscriptions are checked with every broker of
+        // their topic before anything starts.
+        for sub in inner.subs.values() {
+            if sub.expression_type == shoal_proto::body::ExpressionType::Sql92 {
+                if let Err(e) = inner
+                    .instance
+                    .check_client_config(&inner.config.group, sub)
+                    .await
+                {
+                    inner.token.cancel();
+                    inner.instance.shutdown();
+                    return Err(e);
+                }
             }
         }
         let c = &inner.config;

@@ -81,6 +81,7 @@ impl Inner {
             suspend_ms: self.config.pull_suspend_ms,
             subscription: Some(&sub.sub_string),
             sub_version: sub.sub_version,
+            expression_type: sub.expression_type.name(),
             timeout: PULL_RPC_TIMEOUT,
         };
         // Biased: a queue released in the meantime must not send one more pull (its

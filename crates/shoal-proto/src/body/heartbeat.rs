@@ -209,3 +209,17 @@ impl Default for SubscriptionData {
         Self::from_tag_expression("", SUB_ALL, 0)
     }
 }
+
+/// CHECK_CLIENT_CONFIG (46) body (`CheckClientRequestBody`): a consumer checks at start that the
+/// broker can serve its subscription (SQL92 needs the broker's property filter).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct CheckClientRequestBody {
+    /// Client id.
+    pub client_id: String,
+    /// Consumer group.
+    pub group: String,
+    /// The subscription to check.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub subscription_data: Option<SubscriptionData>,
+}

@@ -1,0 +1,271 @@
+//! POP consumption at the broker: the sans-IO [`PopEngine`] of `shoal-group` behind one lock,
+//! its journal, the revive service (lapsed leases copied to the group's retry or dead-letter
+//! topic), long polling of pops, and the per-group message request modes (PULL or POP) set by
+//! SET_MESSAGE_REQUEST_MODE. Handlers for the remoting codes are in [`remoting`].
+//!
+//! Broker state is reached only through the functions of [`view`], so that it can be
+//! re-pointed in one place.
+
+pub mod journal;
+pub mod remoting;
+mod revive;
+pub mod view;
+
+use crate::config::FlushMode;
+use crate::shared::Shared;
+use parking_lot::Mutex;
+use shoal_group::pop::{PopAction, PopConfig, PopEngine, PopRecord, QueueKey};
+use shoal_proto::body::MessageRequestMode;
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Notify;
+
+/// A lapsed lease to copy: (queue, offset, receipt time, straight to the dead-letter topic).
+type ReviveJob = (QueueKey, u64, u64, bool);
+
+/// The engine and its journal: one lock, held for an engine call and its journal write.
+#[derive(Debug)]
+pub struct PopCore {
+    /// The engine.
+    pub engine: PopEngine,
+    journal: Option<journal::Journal>,
+}
+
+/// Counters of POP traffic (for metrics and `shoal group describe`).
+#[derive(Debug, Default)]
+pub struct PopCounters {
+    /// POP requests answered with messages.
+    pub pops_found: AtomicU64,
+    /// POP requests answered empty.
+    pub pops_empty: AtomicU64,
+    /// Pops refused because too many were held (POLLING_FULL).
+    pub polling_full: AtomicU64,
+    /// Journal writes that failed (the request was answered SYSTEM_ERROR).
+    pub journal_errors: AtomicU64,
+}
+
+/// POP state of a broker.
+#[derive(Debug)]
+pub struct PopService {
+    core: Mutex<PopCore>,
+    /// Woken on every stored message (held pops re-try) and on lease changes.
+    arrivals: Notify,
+    /// Woken when a revive job is queued or a lease deadline may have moved.
+    revive_wakeup: Notify,
+    revives: Mutex<VecDeque<ReviveJob>>,
+    /// Pops held now.
+    pub polling: AtomicUsize,
+    /// Message request modes by (topic, group): mode and `popShareQueueNum`.
+    modes: Mutex<BTreeMap<(String, String), (MessageRequestMode, i32)>>,
+    modes_path: Option<std::path::PathBuf>,
+    /// Counters.
+    pub counters: PopCounters,
+    /// Most pops held at once.
+    pub max_polling: usize,
+}
+
+/// The engine's clock: wall-clock milliseconds, never going back within a run.
+pub fn now_ms(b: &Shared) -> u64 {
+    (b.clock.started_wall_ms().max(0) as u64).saturating_add(b.clock.mono_ms())
+}
+
+impl PopService {
+    /// Opens the POP state of a broker: replays `<data_dir>/pop/journal` and the request modes.
+    ///
+    /// # Errors
+    /// I/O errors of the journal.
+    pub fn open(config: &crate::BrokerConfig) -> std::io::Result<Self> {
+        let dir = config.data_dir.join("pop");
+        let mut engine = PopEngine::new(PopConfig {
+            max_inflight_per_queue: config.pop_max_inflight_per_queue,
+            min_invisible_ms: 1_000,
+            ..PopConfig::default()
+        });
+        let journal =
+            journal::Journal::open(&dir, config.flush_mode == FlushMode::Sync, |records| {
+                engine.restore(records);
+                engine.snapshot()
+            })?;
+        let modes_path = dir.join("messageRequestMode.json");
+        let modes = std::fs::read(&modes_path)
+            .ok()
+            .and_then(|b| {
+                serde_json::from_slice::<Vec<(String, String, MessageRequestMode, i32)>>(&b).ok()
+            })
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(t, g, m, n)| ((t, g), (m, n)))
+            .collect();
+        Ok(Self {
+            core: Mutex::new(PopCore {
+                engine,
+                journal: Some(journal),
+            }),
+            arrivals: Notify::new(),
+            revive_wakeup: Notify::new(),
+            revives: Mutex::new(VecDeque::new()),
+            polling: AtomicUsize::new(0),
+            modes: Mutex::new(modes),
+            modes_path: Some(modes_path),
+            counters: PopCounters::default(),
+            max_polling: config.pop_max_polling,
+        })
+    }
+
+    /// Runs `f` on the engine, then carries out its actions: journal records are written
+    /// before this returns (an error if they could not be), offsets committed, revives queued.
+    ///
+    /// # Errors
+    /// The journal write failed: the caller must not report success.
+    pub fn with_engine<R>(
+        &self,
+        b: &Shared,
+        f: impl FnOnce(&mut PopEngine) -> R,
+    ) -> Result<R, std::io::Error> {
+        let mut commits = Vec::new();
+        let mut jobs = Vec::new();
+        let (r, written) = {
+            let mut core = self.core.lock();
+            let r = f(&mut core.engine);
+            let mut records: Vec<PopRecord> = Vec::new();
+            while let Some(a) = core.engine.poll_action() {
+                match a {
+                    PopAction::Journal(rec) => records.push(rec),
+                    PopAction::CommitOffset { key, ack } => commits.push((key, ack)),
+                    PopAction::Revive {
+                        key,
+                        offset,
+                        pop_time,
+                    } => jobs.push((key, offset, pop_time, false)),
+                    PopAction::DeadLetter {
+                        key,
+                        offset,
+                        pop_time,
+                    } => jobs.push((key, offset, pop_time, true)),
+                }
+            }
+            let core = &mut *core;
+            let written = match core.journal.as_mut() {
+                Some(j) => {
+                    let w = j.append(&records);
+                    if w.is_ok() && j.wants_compaction() {
+                        let snap = core.engine.snapshot();
+                        if let Err(e) = j.compact(&snap) {
+                            tracing::warn!(error = %e, "POP journal compaction failed; appending on");
+                        }
+                    }
+                    w
+                }
+                None => Ok(()),
+            };
+            (r, written)
+        };
+        for (key, ack) in commits {
+            view::commit_offset(b, &key, ack);
+        }
+        if !jobs.is_empty() {
+            self.revives.lock().extend(jobs);
+            self.revive_wakeup.notify_one();
+        }
+        match written {
+            Ok(()) => Ok(r),
+            Err(e) => {
+                self.counters.journal_errors.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(error = %e, "POP journal write failed");
+                Err(e)
+            }
+        }
+    }
+
+    /// The request mode and share count of (topic, group): PULL unless set.
+    pub fn request_mode(&self, topic: &str, group: &str) -> (MessageRequestMode, i32) {
+        self.modes
+            .lock()
+            .get(&(topic.to_owned(), group.to_owned()))
+            .copied()
+            .unwrap_or((MessageRequestMode::Pull, -1))
+    }
+
+    /// Sets (and persists) the request mode of (topic, group).
+    ///
+    /// # Errors
+    /// The file could not be written.
+    pub fn set_request_mode(
+        &self,
+        topic: &str,
+        group: &str,
+        mode: MessageRequestMode,
+        share: i32,
+    ) -> std::io::Result<()> {
+        let all: Vec<(String, String, MessageRequestMode, i32)> = {
+            let mut m = self.modes.lock();
+            m.insert((topic.to_owned(), group.to_owned()), (mode, share));
+            m.iter()
+                .map(|((t, g), (m, n))| (t.clone(), g.clone(), *m, *n))
+                .collect()
+        };
+        if let Some(p) = &self.modes_path {
+            let tmp = p.with_extension("tmp");
+            std::fs::write(
+                &tmp,
+                serde_json::to_vec(&all).map_err(std::io::Error::other)?,
+            )?;
+            std::fs::rename(&tmp, p)?;
+        }
+        Ok(())
+    }
+
+    /// Groups in POP mode (by request mode, or with POP state).
+    pub fn pop_groups(&self) -> Vec<String> {
+        let mut g: std::collections::BTreeSet<String> = self.core.lock().engine.groups();
+        for ((_, group), (mode, _)) in self.modes.lock().iter() {
+            if *mode == MessageRequestMode::Pop {
+                g.insert(group.clone());
+            }
+        }
+        g.into_iter().collect()
+    }
+
+    /// The engine's counters (leases, acks, refusals, lapses, revives, dead letters).
+    pub fn engine_counters(&self) -> shoal_group::pop::PopCounters {
+        self.core.lock().engine.counters()
+    }
+
+    /// A message was stored: held pops look again.
+    pub fn on_arrival(&self) {
+        if self.polling.load(Ordering::Relaxed) > 0 {
+            self.arrivals.notify_waiters();
+        }
+    }
+}
+
+/// Starts the revive service: lapses leases at their deadlines and writes the copies.
+pub fn start(b: Arc<Shared>) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            let now = now_ms(&b);
+            let next = b.pop.with_engine(&b, |e| {
+                e.handle_timeout(now);
+                e.poll_timeout()
+            });
+            let jobs: Vec<ReviveJob> = b.pop.revives.lock().drain(..).collect();
+            let any = !jobs.is_empty();
+            for job in jobs {
+                revive::run(&b, job).await;
+            }
+            if any {
+                // FIFO redeliveries and retry copies are new messages for held pops.
+                b.pop.arrivals.notify_waiters();
+            }
+            let wait = next.ok().flatten().map_or(Duration::from_secs(1), |t| {
+                Duration::from_millis(t.saturating_sub(now_ms(&b)).min(1_000))
+            });
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = b.pop.revive_wakeup.notified() => {}
+            }
+        }
+    })
+}
