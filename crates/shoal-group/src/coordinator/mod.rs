@@ -282,11 +282,13 @@ impl Coordinator {
     }
 
     /// The next effect to execute, if any.
+    #[must_use]
     pub fn poll_effect(&mut self) -> Option<Effect> {
         self.effects.pop_front()
     }
 
     /// Every pending effect.
+    #[must_use]
     pub fn drain_effects(&mut self) -> Vec<Effect> {
         self.effects.drain(..).collect()
     }
@@ -454,6 +456,7 @@ impl Coordinator {
     }
 
     /// The earliest time [`tick`](Self::tick) has something to do.
+    #[must_use]
     pub fn next_deadline(&self) -> Option<u64> {
         self.groups.values().filter_map(Group::next_deadline).min()
     }

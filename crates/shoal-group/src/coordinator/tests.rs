@@ -200,7 +200,7 @@ fn revoke_then_assign_on_join() {
     let mut a = Client::new("a", 1, "STICKY");
     a.slow = true;
     a.heartbeat(&mut c, 0);
-    c.drain_effects();
+    let _ = c.drain_effects();
     let mut b = Client::new("b", 2, "STICKY");
     b.heartbeat(&mut c, 10);
     // b gets nothing yet: a must release first. a is told to heartbeat.
@@ -246,7 +246,7 @@ fn unlock_evidence_frees_queues_before_the_heartbeat() {
     b.heartbeat(&mut c, 1);
     let revoked: Vec<MessageQueue> = c.describe("G", 1).unwrap().members[0].revoking.clone();
     assert_eq!(revoked.len(), 8);
-    c.drain_effects();
+    let _ = c.drain_effects();
     // The broker saw a unlock them.
     c.released_by_client("G", "client-a", &revoked, 2);
     let fx = c.drain_effects();
