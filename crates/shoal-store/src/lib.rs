@@ -31,6 +31,7 @@ mod commitlog;
 mod config;
 mod consume_queue;
 mod error;
+mod file;
 mod index;
 #[cfg(target_os = "linux")]
 mod mapped;
