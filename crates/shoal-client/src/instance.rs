@@ -84,11 +84,11 @@ pub const COORDINATED_GROUPS_EXT: &str = "shoalCoordinatedGroups";
 struct Registry {
     consumers: Mutex<HashMap<String, Weak<dyn ConsumerHandle>>>,
     /// Transaction check listeners by producer group.
-    checkers: Mutex<HashMap<String, crate::transaction::CheckListener>>,
+    checkers: Mutex<HashMap<String, crate::transaction_check::CheckListener>>,
 }
 
 impl Registry {
-    fn checker(&self, group: &str) -> Option<crate::transaction::CheckListener> {
+    fn checker(&self, group: &str) -> Option<crate::transaction_check::CheckListener> {
         self.checkers.lock().get(group).cloned()
     }
     fn get(&self, group: &str) -> Option<Arc<dyn ConsumerHandle>> {
@@ -211,8 +211,10 @@ impl Processor for ClientProcessor {
                     // listener may take its time).
                     let conn = _ctx.connection().clone();
                     tokio::spawn(async move {
-                        match crate::transaction::answer_check(&request, |g| registry.checker(g))
-                            .await
+                        match crate::transaction_check::answer_check(&request, |g| {
+                            registry.checker(g)
+                        })
+                        .await
                         {
                             Ok(Some(end)) => {
                                 if let Err(e) = conn.oneway(end).await {
@@ -498,7 +500,7 @@ impl ClientInstance {
     pub fn register_transaction_checker(
         &self,
         group: &str,
-        listener: crate::transaction::CheckListener,
+        listener: crate::transaction_check::CheckListener,
     ) {
         self.inner
             .registry
