@@ -587,7 +587,7 @@ pub(super) fn find_special(bytes: &[u8], from: usize) -> usize {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{decode_json_header, decode_json_header_reference};
+    use super::super::json_header::{decode_json_header, decode_json_header_reference};
     use super::*;
     use crate::ProtoError;
     use proptest::prelude::*;
