@@ -12,9 +12,9 @@
 //! members the coordinator no longer has are pruned by the listener's timer). The cache lock
 //! and the broker's group-state lock are never held together.
 
-use crate::api::{code, sb, RequestCtx};
 use crate::config::KafkaConfig;
 use crate::host::BrokerHandle;
+use crate::request::{code, sb, RequestCtx};
 use crate::state::{topic_id, State};
 use crate::KafkaError;
 use kafka_protocol::messages::consumer_group_describe_response as cgd;

@@ -4,8 +4,8 @@
 //! lock; a JoinGroup or SyncGroup that has to wait registers a one-shot channel under a
 //! request id and awaits it outside the lock; a timer task runs the group timers.
 
-use crate::api::{code, sb, RequestCtx};
 use crate::config::KafkaConfig;
+use crate::request::{code, sb, RequestCtx};
 use crate::state::State;
 use bytes::Bytes;
 use kafka_protocol::messages::delete_groups_response::DeletableGroupResult;

@@ -29,6 +29,7 @@ mod offsets;
 mod produce;
 mod producer;
 mod records;
+mod request;
 mod server;
 mod state;
 /// Record builders shared by the unit tests, `tests/` and `benches/`.

@@ -2,10 +2,10 @@
 //! partition's queue. acks=0 answers nothing, acks=1 and acks=all answer once the store has
 //! the messages (after fsync under sync flush; there is one copy, so "all" is this broker).
 
-use crate::api::{code, RequestCtx};
 use crate::convert::record_to_message;
 use crate::producer::{ProducerEntry, SeqCheck};
 use crate::records::BatchError;
+use crate::request::{code, RequestCtx};
 use crate::state::{wall_ms, State};
 use bytes::Bytes;
 use futures::future::join_all;
