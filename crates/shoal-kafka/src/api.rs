@@ -181,7 +181,7 @@ async fn route(state: &Arc<State>, ctx: &RequestCtx, mut buf: Bytes) -> Result<R
                 None => Reply::Nothing,
             }
         }
-        ApiKey::InitProducerId => answer!(crate::producer::init_producer_id, no_ctx),
+        ApiKey::InitProducerId => answer!(crate::produce::init_producer_id, no_ctx),
         ApiKey::Fetch => answer!(crate::fetch::fetch, await),
         ApiKey::ListOffsets => answer!(crate::offsets::list_offsets, await),
         ApiKey::OffsetForLeaderEpoch => answer!(crate::offsets::offset_for_leader_epoch, no_ctx),

@@ -15,6 +15,8 @@
 
 mod api;
 mod batch_writer;
+mod classic_groups;
+mod clock;
 mod config;
 mod consumer_group;
 pub mod convert;
@@ -23,6 +25,7 @@ mod fetch;
 mod groups;
 mod guard;
 mod host;
+mod member_cache;
 mod metadata;
 mod metrics;
 mod offsets;
