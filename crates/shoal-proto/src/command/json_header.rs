@@ -27,6 +27,7 @@ pub(super) fn decode_json_header(header: &[u8]) -> Result<RemotingCommand> {
 
 /// A JSON header: the single-pass decoder for the common shape (whose extFields share
 /// `header`), else serde (which defines the meaning of every other input, and every error).
+#[inline]
 pub(super) fn decode_json_header_shared(header: Bytes) -> Result<RemotingCommand> {
     let text = ByteString::try_from(header).map_err(|_| ProtoError::Utf8("JSON header"))?;
     match json_fast::decode(&text) {

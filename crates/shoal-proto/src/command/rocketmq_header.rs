@@ -113,6 +113,7 @@ pub(crate) fn rocketmq_entry_at(
 /// One pass does it all when every key is new and there are at most `INDEX_FROM` entries (a
 /// send's 14, an answer's 5): the entries are recorded while the length fields are blanked;
 /// otherwise a second pass records them through the map's general path.
+#[inline]
 pub(super) fn decode_rocketmq_ext_fields(area: &[u8]) -> Result<Option<ExtFields>> {
     let mut text = area.to_vec();
     // An entry takes at least 8 bytes (2 + 1 + 4 + 1).
@@ -207,6 +208,7 @@ pub(super) fn decode_rocketmq_header(header: &[u8]) -> Result<RemotingCommand> {
 /// field's bytes ASCII and the whole area UTF-8. The last two make every key and value UTF-8
 /// by itself: each is bounded by ASCII bytes or the area's ends, and an ASCII byte is never
 /// inside a character. Anything else is left to the map's decode (and its errors).
+#[inline]
 pub(super) fn keepable_area(frame: &Bytes, area: &[u8]) -> Option<ByteString> {
     if area.is_empty() {
         return None;
@@ -224,6 +226,7 @@ pub(super) fn keepable_area(frame: &Bytes, area: &[u8]) -> Option<ByteString> {
 
 /// A binary header's fixed fields and remark (the command, without extFields or body) and
 /// its extFields area.
+#[inline]
 pub(super) fn decode_rocketmq_fixed(header: &[u8]) -> Result<(RemotingCommand, &[u8])> {
     let mut r = HeaderReader { buf: header };
     let code = r.i16("binary header code")?;
