@@ -1,25 +1,14 @@
 //! Request routing: the supported API versions, header decoding, response framing.
 
-use crate::server::ConnInfo;
+use crate::request::{frame, ConnInfo, Reply, RequestCtx};
 use crate::state::State;
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::Bytes;
 use kafka_protocol::messages::api_versions_response::ApiVersion;
 use kafka_protocol::messages::*;
-use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
+use kafka_protocol::protocol::{Decodable, StrBytes};
 use kafka_protocol::ResponseError;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-
-/// What a handler hands back to the connection.
-#[derive(Debug)]
-pub(crate) enum Reply {
-    /// A response frame, size prefix included.
-    Frame(Bytes),
-    /// No response (Produce with acks=0).
-    Nothing,
-    /// Close the connection; the reason is logged.
-    Close(String),
-}
 
 /// The APIs and versions this listener implements (what ApiVersions reports).
 pub(crate) const SUPPORTED: &[(ApiKey, i16, i16)] = &[
@@ -54,44 +43,6 @@ fn supported(key: ApiKey) -> Option<(i16, i16)> {
         .iter()
         .find(|(k, _, _)| *k == key)
         .map(|(_, lo, hi)| (*lo, *hi))
-}
-
-/// Encodes a response frame: size, header (version by API), body.
-pub(crate) fn frame<R: Encodable>(
-    key: ApiKey,
-    version: i16,
-    correlation_id: i32,
-    body: &R,
-) -> Reply {
-    match try_frame(key, version, correlation_id, body) {
-        Ok(frame) => Reply::Frame(frame),
-        Err(reason) => {
-            tracing::error!(api = ?key, version, reason = %reason, "kafka response encoding failed");
-            Reply::Close(reason)
-        }
-    }
-}
-
-/// [`frame`] without the logging: the encoder's refusal (a version the response type does
-/// not have, a field set that the version lacks) as the reason.
-pub(crate) fn try_frame<R: Encodable>(
-    key: ApiKey,
-    version: i16,
-    correlation_id: i32,
-    body: &R,
-) -> Result<Bytes, String> {
-    let header_version = key.response_header_version(version);
-    let mut buf = BytesMut::with_capacity(256);
-    buf.put_i32(0);
-    let header = ResponseHeader::default().with_correlation_id(correlation_id);
-    header
-        .encode(&mut buf, header_version)
-        .map_err(|e| format!("{key:?} v{version}: response header encoding failed: {e}"))?;
-    body.encode(&mut buf, version)
-        .map_err(|e| format!("{key:?} v{version}: response encoding failed: {e}"))?;
-    let len = (buf.len() - 4) as i32;
-    buf[0..4].copy_from_slice(&len.to_be_bytes());
-    Ok(buf.freeze())
 }
 
 fn api_versions_body(error: i16) -> ApiVersionsResponse {
@@ -192,22 +143,6 @@ pub(crate) async fn dispatch(state: &Arc<State>, mut buf: Bytes, conn: &ConnInfo
     }
 }
 
-/// Per-request facts handlers need.
-#[derive(Debug, Clone)]
-pub(crate) struct RequestCtx {
-    pub key: ApiKey,
-    pub version: i16,
-    pub correlation_id: i32,
-    pub client_id: StrBytes,
-    pub peer: std::net::SocketAddr,
-}
-
-impl RequestCtx {
-    pub fn reply<R: Encodable>(&self, body: &R) -> Reply {
-        frame(self.key, self.version, self.correlation_id, body)
-    }
-}
-
 async fn route(state: &Arc<State>, ctx: &RequestCtx, mut buf: Bytes) -> Result<Reply, Reply> {
     let (key, v) = (ctx.key, ctx.version);
     let b = &mut buf;
@@ -246,7 +181,7 @@ async fn route(state: &Arc<State>, ctx: &RequestCtx, mut buf: Bytes) -> Result<R
                 None => Reply::Nothing,
             }
         }
-        ApiKey::InitProducerId => answer!(crate::producer::init_producer_id, no_ctx),
+        ApiKey::InitProducerId => answer!(crate::produce::init_producer_id, no_ctx),
         ApiKey::Fetch => answer!(crate::fetch::fetch, await),
         ApiKey::ListOffsets => answer!(crate::offsets::list_offsets, await),
         ApiKey::OffsetForLeaderEpoch => answer!(crate::offsets::offset_for_leader_epoch, no_ctx),
@@ -270,14 +205,4 @@ async fn route(state: &Arc<State>, ctx: &RequestCtx, mut buf: Bytes) -> Result<R
             &format!("{other:?} has no handler"),
         ),
     })
-}
-
-/// `Some(StrBytes)` from a `&str`.
-pub(crate) fn sb(s: &str) -> StrBytes {
-    StrBytes::from_string(s.to_string())
-}
-
-/// The error code of a [`ResponseError`].
-pub(crate) fn code(e: ResponseError) -> i16 {
-    e.code()
 }

@@ -8,23 +8,22 @@
 //! (topic, this broker, queue id).
 //!
 //! Kafka heartbeats leave out what did not change (subscriptions, owned partitions); the
-//! coordinator wants them every time, so the last ones per member are kept here (entries of
-//! members the coordinator no longer has are pruned by the listener's timer). The cache lock
-//! and the broker's group-state lock are never held together.
+//! coordinator wants them every time, so the last ones per member are kept (in
+//! `member_cache.rs`; entries of members the coordinator no longer has are pruned by the
+//! listener's timer). The cache lock and the broker's group-state lock are never held
+//! together.
+//!
+//! [`BrokerHandle::with_coordinator`]: crate::BrokerHandle::with_coordinator
 
-use crate::api::{code, sb, RequestCtx};
-use crate::config::KafkaConfig;
-use crate::host::BrokerHandle;
+use crate::member_cache::{error_of, on_coordinator, state_name, MemberCache};
+use crate::request::{code, sb, RequestCtx};
 use crate::state::{topic_id, State};
-use crate::KafkaError;
 use kafka_protocol::messages::consumer_group_describe_response as cgd;
 use kafka_protocol::messages::consumer_group_heartbeat_response as cgh;
 use kafka_protocol::messages::*;
 use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::ResponseError;
-use parking_lot::Mutex;
-use shoal_group::coordinator::{Coordinator, GroupDescription, HeartbeatRequest};
-use shoal_group::GroupError;
+use shoal_group::coordinator::HeartbeatRequest;
 use shoal_proto::mq::MessageQueue;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -38,183 +37,12 @@ const STATIC_LEAVE_EPOCH: i32 = -2;
 /// coordinator's push notices to it go nowhere (Kafka members learn changes by heartbeating).
 const KAFKA_CONN_ID: u64 = 0;
 
-#[derive(Debug, Default, Clone)]
-struct MemberCache {
-    subscriptions: BTreeSet<String>,
-    owned: BTreeSet<MessageQueue>,
-    assignor: Option<String>,
-    rebalance_timeout_ms: Option<u64>,
-    last_sent: Option<Vec<MessageQueue>>,
-    client_host: String,
-}
-
-/// The Kafka side of the consumer groups of this listener: what Kafka heartbeats leave out.
-#[derive(Debug)]
-pub(crate) struct ConsumerGroups {
-    members: Mutex<HashMap<(String, String), MemberCache>>,
-    broker_name: String,
-    heartbeat_interval_ms: u64,
-}
-
-fn error_of(e: &GroupError) -> ResponseError {
-    match e {
-        GroupError::FencedMemberEpoch { .. } => ResponseError::FencedMemberEpoch,
-        GroupError::UnknownMember { .. } => ResponseError::UnknownMemberId,
-        GroupError::UnreleasedInstanceId { .. } => ResponseError::UnreleasedInstanceId,
-        GroupError::GroupFull { .. } => ResponseError::GroupMaxSizeReached,
-        GroupError::TooManyGroups(_) => ResponseError::CoordinatorNotAvailable,
-        GroupError::UnknownStrategy(_) => ResponseError::UnsupportedAssignor,
-        _ => ResponseError::InvalidRequest,
-    }
-}
-
 /// Kafka's server-side assignor names (`uniform`, `range`) and Shoal's strategy names.
 fn assignor_name(kafka: &str) -> String {
     match kafka {
         "uniform" => "STICKY".to_string(),
         "range" => "RANGE".to_string(),
         other => other.to_ascii_uppercase().replace('-', "_"),
-    }
-}
-
-/// Runs `f` once on the broker's coordinator (see [`BrokerHandle::with_coordinator`]).
-fn on_coordinator<R>(
-    host: &dyn BrokerHandle,
-    group: Option<&str>,
-    topics: &[String],
-    f: impl FnOnce(&mut Coordinator, u64) -> R,
-) -> Result<R, KafkaError> {
-    let mut f = Some(f);
-    let mut out = None;
-    host.with_coordinator(group, topics, &mut |c, now| {
-        if let Some(f) = f.take() {
-            out = Some(f(c, now));
-        }
-    })?;
-    out.ok_or_else(|| KafkaError::Broker("the broker did not run the coordinator request".into()))
-}
-
-/// Kafka's state name of a consumer group.
-fn state_name(d: &GroupDescription) -> &'static str {
-    if d.members.is_empty() {
-        "Empty"
-    } else if d.reconciled {
-        "Stable"
-    } else {
-        "Reconciling"
-    }
-}
-
-impl ConsumerGroups {
-    pub fn new(config: &KafkaConfig, broker_name: String) -> ConsumerGroups {
-        ConsumerGroups {
-            members: Mutex::new(HashMap::new()),
-            broker_name,
-            heartbeat_interval_ms: config.consumer_heartbeat_interval_ms,
-        }
-    }
-
-    fn queue(&self, topic: &str, partition: i32) -> MessageQueue {
-        MessageQueue {
-            topic: topic.to_string(),
-            broker_name: self.broker_name.clone(),
-            queue_id: partition,
-        }
-    }
-
-    /// Forgets the cached heartbeat fields of members the coordinator no longer has (left,
-    /// expired, fenced, or cleared when the group went classic).
-    pub fn prune(&self, host: &dyn BrokerHandle) {
-        let keys: Vec<(String, String)> = self.members.lock().keys().cloned().collect();
-        if keys.is_empty() {
-            return;
-        }
-        let gone = on_coordinator(host, None, &[], |c, _| {
-            keys.into_iter()
-                .filter(|(g, m)| !c.has_member(g, m))
-                .collect::<Vec<_>>()
-        });
-        match gone {
-            Ok(gone) => {
-                let mut members = self.members.lock();
-                for k in gone {
-                    members.remove(&k);
-                }
-            }
-            Err(e) => tracing::debug!(error = %e, "kafka consumer-group cache not pruned"),
-        }
-    }
-
-    /// (member id, host) of the members of `group` this listener has heard from.
-    pub fn member_hosts(&self, group: &str) -> Vec<(String, String)> {
-        self.members
-            .lock()
-            .iter()
-            .filter(|((g, _), _)| g == group)
-            .map(|((_, m), c)| (m.clone(), c.client_host.clone()))
-            .collect()
-    }
-
-    /// Whether the coordinator knows this group (it then fences the group's commits).
-    pub fn has_group(&self, host: &dyn BrokerHandle, group: &str) -> bool {
-        on_coordinator(host, None, &[], |c, _| c.knows_group(group)).unwrap_or(false)
-    }
-
-    /// Whether the coordinator's group has members (Kafka's or Shoal's).
-    pub fn has_members(&self, host: &dyn BrokerHandle, group: &str) -> bool {
-        on_coordinator(host, None, &[], |c, _| c.has_members(group)).unwrap_or(false)
-    }
-
-    /// Offset-commit fencing for a consumer-group member at `epoch`.
-    pub fn validate_commit(
-        &self,
-        host: &dyn BrokerHandle,
-        group: &str,
-        member_id: &str,
-        epoch: i32,
-        topic: &str,
-        partition: i32,
-    ) -> Result<(), ResponseError> {
-        let q = self.queue(topic, partition);
-        match on_coordinator(host, None, &[], |c, _| {
-            c.validate(group, member_id, epoch, &q)
-        }) {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(GroupError::FencedMemberEpoch { .. })) => Err(ResponseError::StaleMemberEpoch),
-            Ok(Err(e)) => Err(error_of(&e)),
-            Err(_) => Err(ResponseError::CoordinatorNotAvailable),
-        }
-    }
-
-    /// Group names with their state (for ListGroups): every group of the coordinator, Kafka's
-    /// and Shoal's coordinated ones.
-    pub fn list(&self, host: &dyn BrokerHandle) -> Vec<(String, &'static str)> {
-        on_coordinator(host, None, &[], |c, now| {
-            c.group_names()
-                .into_iter()
-                .map(|g| {
-                    let st = c.describe(&g, now).as_ref().map_or("Dead", state_name);
-                    (g, st)
-                })
-                .collect()
-        })
-        .unwrap_or_default()
-    }
-
-    /// Forgets the members-less group's coordinator state (DeleteGroups); `Ok(false)` when
-    /// the coordinator does not know it.
-    pub fn delete(&self, host: &dyn BrokerHandle, group: &str) -> Result<bool, ResponseError> {
-        on_coordinator(host, None, &[], |c, now| {
-            if !c.knows_group(group) {
-                return Ok(false);
-            }
-            if c.has_members(group) {
-                return Err(ResponseError::NonEmptyGroup);
-            }
-            c.clear_group(group, now);
-            Ok(true)
-        })
-        .unwrap_or(Err(ResponseError::CoordinatorNotAvailable))
     }
 }
 

@@ -3,9 +3,9 @@
 //! hold service when there is not enough data yet. Fetch sessions (KIP-227) are not kept:
 //! every answer says session 0, so clients send full fetches.
 
-use crate::api::{code, RequestCtx};
 use crate::convert::stored_to_batch;
 use crate::host::WaitPosition;
+use crate::request::{code, RequestCtx};
 use crate::state::State;
 use bytes::{Bytes, BytesMut};
 use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
@@ -137,7 +137,7 @@ pub(crate) async fn fetch(
         if v >= 13 {
             t.topic_id = id;
         } else {
-            t.topic = TopicName(crate::api::sb(name.as_deref().unwrap_or("")));
+            t.topic = TopicName(crate::request::sb(name.as_deref().unwrap_or("")));
         }
         for w in wanted {
             let r = it.next().unwrap_or(Read {

@@ -4,8 +4,8 @@
 //! lock; a JoinGroup or SyncGroup that has to wait registers a one-shot channel under a
 //! request id and awaits it outside the lock; a timer task runs the group timers.
 
-use crate::api::{code, sb, RequestCtx};
-use crate::config::KafkaConfig;
+use crate::classic_groups::{err_code, error_of, GroupCoordinator, Inner, Waiter};
+use crate::request::{code, sb, RequestCtx};
 use crate::state::State;
 use bytes::Bytes;
 use kafka_protocol::messages::delete_groups_response::DeletableGroupResult;
@@ -15,158 +15,17 @@ use kafka_protocol::messages::join_group_response::JoinGroupResponseMember;
 use kafka_protocol::messages::leave_group_response::MemberResponse;
 use kafka_protocol::messages::list_groups_response::ListedGroup;
 use kafka_protocol::messages::*;
-use kafka_protocol::protocol::Decodable;
 use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::ResponseError;
-use parking_lot::Mutex;
 use shoal_group::classic_group::{
-    ClassicConfig, ClassicError, ClassicGroupDescription, ClassicGroups, JoinRequest, JoinResponse,
-    LeavingMember, Output, RequestId, SyncRequest, SyncResponse,
+    ClassicError, ClassicGroups, JoinRequest, LeavingMember, Output, RequestId, SyncRequest,
 };
-use shoal_proto::mq::MessageQueue;
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{oneshot, watch, Notify};
-
-enum Waiter {
-    Join(oneshot::Sender<JoinResponse>),
-    Sync(oneshot::Sender<SyncResponse>),
-}
-
-#[derive(Default)]
-struct Inner {
-    groups: ClassicGroups,
-    waiters: HashMap<RequestId, Waiter>,
-}
-
-/// The classic groups of this listener and the requests waiting on them.
-pub(crate) struct GroupCoordinator {
-    inner: Mutex<Inner>,
-    next_req: AtomicU64,
-    wake: Notify,
-}
-
-impl std::fmt::Debug for GroupCoordinator {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("GroupCoordinator")
-            .field("groups", &self.inner.lock().groups.iter().count())
-            .finish()
-    }
-}
-
-fn error_of(e: ClassicError) -> ResponseError {
-    match e {
-        ClassicError::UnknownMemberId => ResponseError::UnknownMemberId,
-        ClassicError::IllegalGeneration => ResponseError::IllegalGeneration,
-        ClassicError::RebalanceInProgress => ResponseError::RebalanceInProgress,
-        ClassicError::InconsistentGroupProtocol => ResponseError::InconsistentGroupProtocol,
-        ClassicError::MemberIdRequired => ResponseError::MemberIdRequired,
-        ClassicError::InvalidSessionTimeout => ResponseError::InvalidSessionTimeout,
-        ClassicError::GroupMaxSizeReached => ResponseError::GroupMaxSizeReached,
-        ClassicError::FencedInstanceId => ResponseError::FencedInstanceId,
-        ClassicError::CoordinatorNotAvailable | ClassicError::TooManyGroups => {
-            ResponseError::CoordinatorNotAvailable
-        }
-        ClassicError::NonEmptyGroup => ResponseError::NonEmptyGroup,
-        ClassicError::GroupIdNotFound => ResponseError::GroupIdNotFound,
-    }
-}
-
-/// The queues a `consumer`-protocol assignment names (Kafka's ConsumerProtocolAssignment:
-/// a version, then the topics with their partitions), as this broker's queues. Anything
-/// else (another protocol type, bytes that do not decode) names none.
-fn assigned_queues(protocol_type: &str, bytes: &[u8], broker_name: &str) -> Vec<MessageQueue> {
-    if protocol_type != "consumer" || !plausible_assignment(bytes) {
-        return Vec::new();
-    }
-    let Some((version, body)) = bytes.split_first_chunk::<2>() else {
-        return Vec::new();
-    };
-    // Newer versions only add fields at the end: read what version 3 knows.
-    let version = i16::from_be_bytes(*version).clamp(0, 3);
-    let mut buf = Bytes::copy_from_slice(body);
-    match ConsumerProtocolAssignment::decode(&mut buf, version) {
-        Ok(a) => a
-            .assigned_partitions
-            .iter()
-            .flat_map(|tp| {
-                tp.partitions.iter().map(|p| MessageQueue {
-                    topic: tp.topic.0.to_string(),
-                    broker_name: broker_name.to_string(),
-                    queue_id: *p,
-                })
-            })
-            .collect(),
-        Err(_) => Vec::new(),
-    }
-}
-
-/// Whether the array lengths an assignment declares fit in its bytes (the decoder reserves
-/// room for a declared length before it reads the elements, so a forged length must not
-/// reach it).
-fn plausible_assignment(bytes: &[u8]) -> bool {
-    fn take<const N: usize>(b: &mut &[u8]) -> Option<[u8; N]> {
-        let (head, rest) = b.split_first_chunk::<N>()?;
-        *b = rest;
-        Some(*head)
-    }
-    let mut b = bytes;
-    let check = |b: &mut &[u8]| -> Option<()> {
-        take::<2>(b)?;
-        let topics = i32::from_be_bytes(take::<4>(b)?);
-        // Each topic takes at least 6 bytes (name length, partition count).
-        if topics < 0 || topics as usize > b.len() / 6 {
-            return None;
-        }
-        for _ in 0..topics {
-            let name = i16::from_be_bytes(take::<2>(b)?);
-            if name < 0 || name as usize > b.len() {
-                return None;
-            }
-            *b = &b[name as usize..];
-            let parts = i32::from_be_bytes(take::<4>(b)?);
-            if parts < 0 || parts as usize > b.len() / 4 {
-                return None;
-            }
-            *b = &b[parts as usize * 4..];
-        }
-        Some(())
-    };
-    check(&mut b).is_some()
-}
-
-fn err_code(e: Option<ClassicError>) -> i16 {
-    e.map_or(0, |e| error_of(e).code())
-}
+use tokio::sync::{oneshot, watch};
 
 impl GroupCoordinator {
-    /// A classic group with members as `shoal group describe` shows it; assignments of the
-    /// `consumer` protocol are decoded into this broker's queues.
-    pub fn describe(&self, group: &str, broker_name: &str) -> Option<ClassicGroupDescription> {
-        let inner = self.inner.lock();
-        let g = inner.groups.get(group).filter(|g| !g.is_empty())?;
-        Some(g.describe(|pt, bytes| assigned_queues(pt, bytes, broker_name)))
-    }
-
-    pub fn new(config: &KafkaConfig) -> GroupCoordinator {
-        GroupCoordinator {
-            inner: Mutex::new(Inner {
-                groups: ClassicGroups::new(ClassicConfig {
-                    initial_rebalance_delay_ms: config.group_initial_rebalance_delay_ms,
-                    min_session_timeout_ms: config.group_min_session_timeout_ms,
-                    max_session_timeout_ms: config.group_max_session_timeout_ms,
-                    max_size: config.group_max_size,
-                    max_groups: config.max_groups,
-                }),
-                waiters: HashMap::new(),
-            }),
-            next_req: AtomicU64::new(1),
-            wake: Notify::new(),
-        }
-    }
-
     fn deliver(inner: &mut Inner, outs: Vec<Output>, state: &State) {
         for o in outs {
             match o {
@@ -197,15 +56,6 @@ impl GroupCoordinator {
                 }
             }
         }
-    }
-
-    /// Whether a classic group has members (then it is not a consumer group).
-    pub fn has_members(&self, group: &str) -> bool {
-        self.inner
-            .lock()
-            .groups
-            .get(group)
-            .is_some_and(|g| !g.is_empty())
     }
 
     /// Offset commit fencing.

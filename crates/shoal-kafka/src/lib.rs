@@ -15,6 +15,8 @@
 
 mod api;
 mod batch_writer;
+mod classic_groups;
+mod clock;
 mod config;
 mod consumer_group;
 pub mod convert;
@@ -23,12 +25,14 @@ mod fetch;
 mod groups;
 mod guard;
 mod host;
+mod member_cache;
 mod metadata;
 mod metrics;
 mod offsets;
 mod produce;
 mod producer;
 mod records;
+mod request;
 mod server;
 mod state;
 /// Record builders shared by the unit tests, `tests/` and `benches/`.

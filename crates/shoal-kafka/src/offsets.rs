@@ -2,7 +2,7 @@
 //! offsets; committed offsets live in the store's offset table beside RocketMQ groups' (a
 //! Kafka commit of offset N means "next to read is N", as RocketMQ's commit does).
 
-use crate::api::{code, RequestCtx};
+use crate::request::{code, RequestCtx};
 use crate::state::State;
 use kafka_protocol::messages::list_offsets_response::{
     ListOffsetsPartitionResponse, ListOffsetsTopicResponse,
@@ -283,7 +283,7 @@ pub(crate) fn offset_fetch(
         });
         for (name, offs) in committed(state, &group, topics) {
             let mut tr = OffsetFetchResponseTopic::default();
-            tr.name = TopicName(crate::api::sb(&name));
+            tr.name = TopicName(crate::request::sb(&name));
             tr.partitions = offs
                 .into_iter()
                 .map(|(p, o)| {
@@ -308,7 +308,7 @@ pub(crate) fn offset_fetch(
         });
         for (name, offs) in committed(state, &group, topics) {
             let mut tr = OffsetFetchResponseTopics::default();
-            tr.name = TopicName(crate::api::sb(&name));
+            tr.name = TopicName(crate::request::sb(&name));
             tr.partitions = offs
                 .into_iter()
                 .map(|(p, o)| {

@@ -2,15 +2,19 @@
 //! partition's queue. acks=0 answers nothing, acks=1 and acks=all answer once the store has
 //! the messages (after fsync under sync flush; there is one copy, so "all" is this broker).
 
-use crate::api::{code, RequestCtx};
+use crate::clock::wall_ms;
 use crate::convert::record_to_message;
 use crate::producer::{ProducerEntry, SeqCheck};
 use crate::records::BatchError;
-use crate::state::{wall_ms, State};
+use crate::request::{code, RequestCtx};
+use crate::state::State;
 use bytes::Bytes;
 use futures::future::join_all;
 use kafka_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
-use kafka_protocol::messages::{ProduceRequest, ProduceResponse, TopicName};
+use kafka_protocol::messages::{
+    InitProducerIdRequest, InitProducerIdResponse, ProduceRequest, ProduceResponse, ProducerId,
+    TopicName,
+};
 use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::records::Record;
 use kafka_protocol::ResponseError;
@@ -427,4 +431,44 @@ async fn store(state: &State, msgs: Vec<MessageExtBrokerInner>) -> Result<i64, O
         .first()
         .map(|m| m.queue_offset as i64)
         .ok_or_else(|| Outcome::err(ResponseError::KafkaStorageError, "the store stored nothing"))
+}
+
+/// InitProducerId for idempotent (non-transactional) producers.
+pub(crate) fn init_producer_id(
+    state: &Arc<State>,
+    req: InitProducerIdRequest,
+) -> InitProducerIdResponse {
+    let mut resp = InitProducerIdResponse::default();
+    if req.transactional_id.is_some() {
+        // Transactions are not implemented; TRANSACTIONAL_ID_AUTHORIZATION_FAILED would mislead.
+        resp.error_code = ResponseError::UnsupportedVersion.code();
+        resp.producer_id = ProducerId(-1);
+        resp.producer_epoch = -1;
+        tracing::info!("InitProducerId with a transactional id refused: transactions are not supported over Kafka");
+        return resp;
+    }
+    let existing = (req.producer_id.0 >= 0).then_some((req.producer_id.0, req.producer_epoch));
+    match state.producers.init(existing) {
+        Ok(((id, epoch), evicted)) => {
+            if evicted > 0 {
+                state
+                    .counters
+                    .producer_states_evicted
+                    .fetch_add(evicted as u64, Ordering::Relaxed);
+                tracing::warn!(
+                    evicted,
+                    limit = state.config.max_producer_states,
+                    "idempotent producer states forgotten: max_producer_states reached"
+                );
+            }
+            resp.producer_id = ProducerId(id);
+            resp.producer_epoch = epoch;
+        }
+        Err(e) => {
+            resp.error_code = e.code();
+            resp.producer_id = ProducerId(-1);
+            resp.producer_epoch = -1;
+        }
+    }
+    resp
 }

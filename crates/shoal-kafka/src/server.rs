@@ -1,9 +1,10 @@
 //! The listener: accepts Kafka connections, reads size-prefixed request frames, answers them
 //! in order (one request at a time per connection, as Kafka brokers do), and stops cleanly.
 
-use crate::api::{self, Reply};
+use crate::api;
 use crate::config::KafkaConfig;
 use crate::host::BrokerHandle;
+use crate::request::{ConnInfo, Reply};
 use crate::state::State;
 use crate::KafkaError;
 use bytes::BytesMut;
@@ -16,13 +17,6 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn, Instrument};
-
-/// What a connection handler knows about its peer.
-#[derive(Debug, Clone)]
-pub(crate) struct ConnInfo {
-    /// Peer address.
-    pub peer: SocketAddr,
-}
 
 /// A running Kafka listener.
 #[derive(Debug)]

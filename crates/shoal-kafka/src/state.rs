@@ -1,9 +1,9 @@
 //! State shared by the connections of one listener.
 
+use crate::classic_groups::GroupCoordinator;
 use crate::config::KafkaConfig;
-use crate::consumer_group::ConsumerGroups;
-use crate::groups::GroupCoordinator;
 use crate::host::{BrokerHandle, TopicInfo};
+use crate::member_cache::ConsumerGroups;
 use crate::producer::ProducerTable;
 use md5::{Digest, Md5};
 use shoal_store::MessageStore;
@@ -128,12 +128,4 @@ pub fn topic_id(name: &str) -> Uuid {
     bytes[6] = (bytes[6] & 0x0f) | 0x30;
     bytes[8] = (bytes[8] & 0x3f) | 0x80;
     Uuid::from_bytes(bytes)
-}
-
-/// Wall-clock milliseconds since the Unix epoch.
-pub fn wall_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
 }

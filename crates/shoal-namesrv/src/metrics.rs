@@ -1,6 +1,5 @@
 //! The name server's Prometheus metrics (described in `docs/operations.md`).
 
-use crate::server::NamesrvProcessor;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::metrics::gauge::Gauge;
@@ -44,20 +43,34 @@ impl NamesrvMetrics {
     }
 }
 
+/// The route table's size at one moment.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RouteStats {
+    /// Broker names registered.
+    pub brokers: usize,
+    /// Topics in the route table.
+    pub topics: usize,
+}
+
+/// Where [`NamesrvCollector`] reads the route table's size at scrape time (the name server's
+/// processor, [`NamesrvProcessor`](crate::NamesrvProcessor)).
+pub trait RouteStatsSource: Send + Sync + std::fmt::Debug {
+    /// The route table's size now.
+    fn route_stats(&self) -> RouteStats;
+}
+
 /// Reads the route table's size at scrape time.
 #[derive(Debug)]
 pub struct NamesrvCollector {
-    processor: Weak<NamesrvProcessor>,
+    source: Weak<dyn RouteStatsSource>,
     net: Option<Arc<shoal_net::NetStats>>,
 }
 
 impl NamesrvCollector {
     /// A collector over a name server's processor (held weakly).
-    pub fn new(p: &Arc<NamesrvProcessor>) -> Self {
-        Self {
-            processor: Arc::downgrade(p),
-            net: None,
-        }
+    pub fn new<S: RouteStatsSource + 'static>(p: &Arc<S>) -> Self {
+        let source: Weak<S> = Arc::downgrade(p);
+        Self { source, net: None }
     }
 
     /// Also exports the listener's TLS counters.
@@ -70,10 +83,10 @@ impl NamesrvCollector {
 
 impl Collector for NamesrvCollector {
     fn encode(&self, mut e: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
-        let Some(p) = self.processor.upgrade() else {
+        let Some(source) = self.source.upgrade() else {
             return Ok(());
         };
-        let (brokers, topics) = p.sizes();
+        let RouteStats { brokers, topics } = source.route_stats();
         let none: [(&str, &str); 0] = [];
         encode_gauges(
             &mut e,
@@ -127,7 +140,7 @@ impl Collector for NamesrvCollector {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::NamesrvConfig;
+    use crate::{NamesrvConfig, NamesrvProcessor};
 
     #[test]
     fn route_table_sizes_are_exported() {

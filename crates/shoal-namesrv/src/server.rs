@@ -1,6 +1,6 @@
 //! The name server process: a [`RouteTable`] behind the remoting protocol.
 
-use crate::metrics::NamesrvMetrics;
+use crate::metrics::{NamesrvMetrics, RouteStats, RouteStatsSource};
 use crate::route::{BrokerRegistration, QueueInfo, RouteTable, TopicRegistration};
 use futures::future::BoxFuture;
 use parking_lot::Mutex;
@@ -113,6 +113,13 @@ pub struct NamesrvProcessor {
 impl std::fmt::Debug for NamesrvProcessor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("NamesrvProcessor").finish_non_exhaustive()
+    }
+}
+
+impl RouteStatsSource for NamesrvProcessor {
+    fn route_stats(&self) -> RouteStats {
+        let (brokers, topics) = self.sizes();
+        RouteStats { brokers, topics }
     }
 }
 

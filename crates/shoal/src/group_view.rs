@@ -1,6 +1,6 @@
 //! `shoal group describe` and `shoal group history`: tables of the coordinator's answers.
 
-use crate::admin_cmd::Table;
+use crate::table::Table;
 
 /// `topic@broker#id` of a queue as the coordinator's JSON writes it.
 fn queue_name(q: &serde_json::Value) -> String {

@@ -17,6 +17,7 @@ mod http;
 mod kafka_bridge;
 mod rebalance;
 mod server;
+mod table;
 
 /// Shoal: a RocketMQ-compatible message queue with consumer-group rebalancing you can trust.
 #[derive(Debug, Parser)]

@@ -1,5 +1,5 @@
 //! Kafka records and record batches as a producer sends them, for the crate's tests and
-//! benches (unit tests, `tests/listener.rs` and `benches/convert.rs` include this file with
+//! benches (unit tests, `tests/listener/` and `benches/convert.rs` include this file with
 //! `#[path]`, so it is not part of the library; so does the `shoal` crate's
 //! `tests/kafka_metrics.rs`).
 
