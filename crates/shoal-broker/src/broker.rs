@@ -123,7 +123,7 @@ impl Broker {
         ];
         tasks.extend(crate::schedule::start(shared.clone()));
         tasks.push(crate::transaction::service::start(shared.clone()));
-        tasks.push(crate::pop::start(shared.clone()));
+        tasks.push(crate::pop::revive::start(shared.clone()));
         let registered = shared.register_all().await;
         let everywhere = registered == shared.namesrv.count();
         if !everywhere {

@@ -41,6 +41,7 @@ mod pull;
 mod reply;
 mod retry;
 mod schedule;
+mod selectors;
 mod send;
 mod shared;
 mod stats;

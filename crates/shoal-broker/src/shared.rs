@@ -59,7 +59,7 @@ pub(crate) struct Shared {
     pub(crate) connections: Arc<Connections>,
     pub(crate) holds: PullHoldTable,
     /// Compiled SQL92 selectors of subscriptions (bounded).
-    pub(crate) selectors: crate::filter::SelectorCache,
+    pub(crate) selectors: crate::selectors::SelectorCache,
     /// POP consumption: the lease engine, its journal, request modes.
     pub(crate) pop: crate::pop::PopService,
     pub(crate) observer: Arc<Observer>,

@@ -8,18 +8,15 @@
 
 pub mod journal;
 pub mod remoting;
-mod revive;
+pub(crate) mod revive;
 pub mod view;
 
 use crate::config::FlushMode;
-use crate::shared::Shared;
 use parking_lot::Mutex;
 use shoal_group::pop::{PopAction, PopConfig, PopEngine, PopRecord, QueueKey};
 use shoal_proto::body::MessageRequestMode;
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
-use std::time::Duration;
 use tokio::sync::Notify;
 
 /// A lapsed lease to copy: (queue, offset, receipt time, straight to the dead-letter topic).
@@ -64,11 +61,6 @@ pub struct PopService {
     pub counters: PopCounters,
     /// Most pops held at once.
     pub max_polling: usize,
-}
-
-/// The engine's clock: wall-clock milliseconds, never going back within a run.
-pub fn now_ms(b: &Shared) -> u64 {
-    (b.clock.started_wall_ms().max(0) as u64).saturating_add(b.clock.mono_ms())
 }
 
 impl PopService {
@@ -121,7 +113,7 @@ impl PopService {
     /// The journal write failed: the caller must not report success.
     pub fn with_engine<R>(
         &self,
-        b: &Shared,
+        store: &shoal_store::MessageStore,
         f: impl FnOnce(&mut PopEngine) -> R,
     ) -> Result<R, std::io::Error> {
         let mut commits = Vec::new();
@@ -163,7 +155,8 @@ impl PopService {
             (r, written)
         };
         for (key, ack) in commits {
-            view::commit_offset(b, &key, ack);
+            // The group's consumer offset of the queue (what `group progress` shows).
+            store.commit_offset(&key.group, &key.topic, key.queue_id, ack as i64);
         }
         if !jobs.is_empty() {
             self.revives.lock().extend(jobs);
@@ -239,33 +232,4 @@ impl PopService {
             self.arrivals.notify_waiters();
         }
     }
-}
-
-/// Starts the revive service: lapses leases at their deadlines and writes the copies.
-pub fn start(b: Arc<Shared>) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        loop {
-            let now = now_ms(&b);
-            let next = b.pop.with_engine(&b, |e| {
-                e.handle_timeout(now);
-                e.poll_timeout()
-            });
-            let jobs: Vec<ReviveJob> = b.pop.revives.lock().drain(..).collect();
-            let any = !jobs.is_empty();
-            for job in jobs {
-                revive::run(&b, job).await;
-            }
-            if any {
-                // FIFO redeliveries and retry copies are new messages for held pops.
-                b.pop.arrivals.notify_waiters();
-            }
-            let wait = next.ok().flatten().map_or(Duration::from_secs(1), |t| {
-                Duration::from_millis(t.saturating_sub(now_ms(&b)).min(1_000))
-            });
-            tokio::select! {
-                _ = tokio::time::sleep(wait) => {}
-                _ = b.pop.revive_wakeup.notified() => {}
-            }
-        }
-    })
 }
