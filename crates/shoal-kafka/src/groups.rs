@@ -33,6 +33,7 @@ use tokio::sync::{oneshot, watch, Notify};
 enum Waiter {
     Join(oneshot::Sender<JoinResponse>),
     Sync(oneshot::Sender<SyncResponse>),
+    Heartbeat(oneshot::Sender<Result<(), ClassicError>>),
 }
 
 #[derive(Default)]
@@ -159,6 +160,8 @@ impl GroupCoordinator {
                     max_session_timeout_ms: config.group_max_session_timeout_ms,
                     max_size: config.group_max_size,
                     max_groups: config.max_groups,
+                    heartbeat_hold_ms: config.group_heartbeat_hold_ms,
+                    new_member_window_ms: config.group_new_member_window_ms,
                 }),
                 waiters: HashMap::new(),
             }),
@@ -178,6 +181,11 @@ impl GroupCoordinator {
                 Output::Sync(r, s) => {
                     if let Some(Waiter::Sync(tx)) = inner.waiters.remove(&r) {
                         let _ = tx.send(s);
+                    }
+                }
+                Output::Heartbeat(r, h) => {
+                    if let Some(Waiter::Heartbeat(tx)) = inner.waiters.remove(&r) {
+                        let _ = tx.send(h);
                     }
                 }
                 Output::Rebalanced {
@@ -417,6 +425,16 @@ fn ask<T>(
     run: impl FnOnce(&mut ClassicGroups, RequestId, u64) -> Vec<Output>,
 ) -> impl std::future::Future<Output = Option<T>> {
     let id = state.groups.next_req.fetch_add(1, Ordering::Relaxed);
+    ask_as(state, id, waiter, run)
+}
+
+/// [`ask`] with the request id chosen by the caller.
+fn ask_as<T>(
+    state: &Arc<State>,
+    id: RequestId,
+    waiter: fn(oneshot::Sender<T>) -> Waiter,
+    run: impl FnOnce(&mut ClassicGroups, RequestId, u64) -> Vec<Output>,
+) -> impl std::future::Future<Output = Option<T>> {
     let (tx, rx) = oneshot::channel();
     {
         let mut inner = state.groups.inner.lock();
@@ -465,19 +483,43 @@ pub(crate) async fn sync_group(
     resp
 }
 
-/// Heartbeat.
-pub(crate) fn heartbeat(state: &Arc<State>, req: HeartbeatRequest) -> HeartbeatResponse {
-    let now = state.now_ms();
-    let r = state.groups.inner.lock().groups.heartbeat(
-        req.group_id.0.as_str(),
-        req.member_id.as_str(),
-        req.group_instance_id.as_ref().map(|s| s.as_str()),
-        req.generation_id,
-        now,
-    );
+/// Heartbeat. In a Stable group the answer is held until a rebalance starts (answered
+/// REBALANCE_IN_PROGRESS at once), the hold ends, or the connection's next request arrives
+/// (answers go out in request order, so that one is not kept waiting).
+pub(crate) async fn heartbeat(
+    state: &Arc<State>,
+    ctx: &RequestCtx,
+    req: HeartbeatRequest,
+) -> HeartbeatResponse {
+    let group = req.group_id.0.to_string();
+    let id = state.groups.next_req.fetch_add(1, Ordering::Relaxed);
+    let answer = ask_as(state, id, Waiter::Heartbeat, |groups, id, now| {
+        groups.heartbeat(
+            &group,
+            id,
+            req.member_id.as_str(),
+            req.group_instance_id.as_ref().map(|s| s.as_str()),
+            req.generation_id,
+            now,
+        )
+    });
+    tokio::pin!(answer);
+    let r = tokio::select! {
+        r = &mut answer => r,
+        _ = ctx.next_request() => {
+            {
+                let mut inner = state.groups.inner.lock();
+                let outs = inner.groups.release_heartbeat(&group, id, state.now_ms());
+                GroupCoordinator::deliver(&mut inner, outs, state);
+            }
+            answer.await
+        }
+    };
     let mut resp = HeartbeatResponse::default();
-    if let Err(e) = r {
-        resp.error_code = code(error_of(e));
+    match r {
+        Some(Ok(())) => {}
+        Some(Err(e)) => resp.error_code = code(error_of(e)),
+        None => resp.error_code = code(ResponseError::CoordinatorNotAvailable),
     }
     resp
 }
