@@ -320,6 +320,10 @@ def run(bs, cpu_s, create):
         m.send("close")
     for m in members:
         m.wait_for("closed")
+    if os.environ.get("DUMP"):
+        with open(os.environ["DUMP"], "w") as f:
+            for name, e in log:
+                f.write(json.dumps([name, e]) + "\n")
     received = [(int(p), o) for _, e in log if e["ev"] == "seen" for p, offs in e["offsets"].items() for o in offs]
     unique = set(received)
     out.update(produced=produced[0], lost=max(produced[0] - len(unique), 0),

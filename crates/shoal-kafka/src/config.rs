@@ -45,7 +45,9 @@ pub struct KafkaConfig {
     /// How long a classic group's heartbeat answer may be held while the group is Stable
     /// (at most a third of the member's session timeout; 0: answered at once, as Kafka
     /// does). A rebalance answers held heartbeats at once, so members learn of it without
-    /// waiting for their next heartbeat; another request on the connection answers it too.
+    /// waiting for their next heartbeat. Best a little below the clients'
+    /// `heartbeat.interval.ms` (3 s for librdkafka and the Java client), which librdkafka
+    /// counts from the heartbeat it sent: the next one follows right after the answer.
     pub group_heartbeat_hold_ms: u64,
     /// When new members join a classic group that has members, the others are told of the
     /// rebalance once no new member joined for this long (at most ten times this), so that
@@ -92,7 +94,7 @@ impl Default for KafkaConfig {
             group_initial_rebalance_delay_ms: 3_000,
             group_min_session_timeout_ms: 6_000,
             group_max_session_timeout_ms: 1_800_000,
-            group_heartbeat_hold_ms: 3_000,
+            group_heartbeat_hold_ms: 2_750,
             group_new_member_window_ms: 200,
             group_max_size: 1_000,
             max_groups: 10_000,

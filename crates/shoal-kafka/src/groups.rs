@@ -216,7 +216,7 @@ impl GroupCoordinator {
             .is_some_and(|g| !g.is_empty())
     }
 
-    /// Offset commit fencing.
+    /// Offset commit fencing of a commit of `partitions` (topic, partition).
     pub fn validate_commit(
         &self,
         state: &State,
@@ -224,12 +224,20 @@ impl GroupCoordinator {
         member_id: &str,
         instance_id: Option<&str>,
         generation: i32,
+        partitions: &[(String, i32)],
     ) -> Result<(), ResponseError> {
         let now = state.now_ms();
+        let broker = state.host.broker_name();
+        let covers = |protocol_type: &str, bytes: &[u8]| {
+            let held = assigned_queues(protocol_type, bytes, &broker);
+            partitions
+                .iter()
+                .all(|(t, p)| held.iter().any(|q| &q.topic == t && q.queue_id == *p))
+        };
         self.inner
             .lock()
             .groups
-            .validate_commit(group, member_id, instance_id, generation, now)
+            .validate_commit(group, member_id, instance_id, generation, now, covers)
             .map_err(error_of)
     }
 }

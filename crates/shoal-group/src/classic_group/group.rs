@@ -103,6 +103,8 @@ pub struct ClassicGroup {
     /// When that new-member window opened (it is extended by each new member, up to ten
     /// windows).
     window_started: Option<u64>,
+    /// The generation whose assignments the members hold (the last one the leader synced).
+    assignment_generation: i32,
 }
 
 fn err_join(req: RequestId, e: ClassicError, member_id: &str) -> Output {
@@ -155,6 +157,7 @@ impl ClassicGroup {
             sync_deadline: None,
             tell_at: None,
             window_started: None,
+            assignment_generation: 0,
         }
     }
 
@@ -744,6 +747,7 @@ impl ClassicGroup {
                     for (mid, m) in self.members.iter_mut() {
                         m.assignment = sync.assignments.get(mid).cloned().unwrap_or_default();
                     }
+                    self.assignment_generation = self.generation;
                     self.state = GroupState::Stable;
                     self.sync_deadline = None;
                     for m in self.members.values_mut() {
@@ -882,13 +886,18 @@ impl ClassicGroup {
 
     /// Offset commit fencing (Kafka's rules): a commit without generation is allowed only in
     /// an empty group; otherwise member and generation must be current, and not while the
-    /// group waits for the leader's assignment.
+    /// group waits for the leader's assignment. One exception: a member may still commit with
+    /// the generation whose assignment it holds while no newer assignment has been handed out
+    /// (the group moved to a new generation while the member was committing what it revoked
+    /// or releases on close), for partitions of that assignment (`covers` decides, given the
+    /// protocol type and the assignment bytes): nobody else has been given them yet.
     pub fn validate_commit(
         &mut self,
         member_id: &str,
         instance_id: Option<&str>,
         generation: i32,
         now: u64,
+        covers: impl FnOnce(&str, &[u8]) -> bool,
     ) -> Result<(), ClassicError> {
         if generation < 0 && member_id.is_empty() {
             return if self.members.is_empty() {
@@ -901,7 +910,15 @@ impl ClassicGroup {
             return Err(e);
         }
         if generation != self.generation {
-            return Err(ClassicError::IllegalGeneration);
+            let held = self.members.get(member_id).filter(|m| {
+                generation == self.assignment_generation
+                    && generation < self.generation
+                    && !m.assignment.is_empty()
+            });
+            return match held {
+                Some(m) if covers(&m.protocol_type, &m.assignment) => Ok(()),
+                _ => Err(ClassicError::IllegalGeneration),
+            };
         }
         if self.state == GroupState::CompletingRebalance {
             return Err(ClassicError::RebalanceInProgress);

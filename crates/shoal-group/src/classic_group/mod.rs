@@ -187,7 +187,9 @@ pub struct ClassicConfig {
     /// How long a heartbeat of a member of a Stable group is held before it is answered
     /// (at most a third of the member's session timeout; 0: answered at once, as Kafka does).
     /// A held heartbeat is answered REBALANCE_IN_PROGRESS as soon as a rebalance starts, so
-    /// members learn of it at once instead of at their next heartbeat.
+    /// members learn of it at once instead of at their next heartbeat. Best a little below
+    /// the clients' heartbeat interval (3 s by default), so the next heartbeat follows the
+    /// answer at once.
     pub heartbeat_hold_ms: u64,
     /// When new members join a group that has members, those are told of the rebalance only
     /// once no new member joined for this long (at most ten times this after the first), so
@@ -203,7 +205,7 @@ impl Default for ClassicConfig {
             max_session_timeout_ms: 1_800_000,
             max_size: 1_000,
             max_groups: 10_000,
-            heartbeat_hold_ms: 3_000,
+            heartbeat_hold_ms: 2_750,
             new_member_window_ms: 200,
         }
     }
@@ -348,7 +350,9 @@ impl ClassicGroups {
         }
     }
 
-    /// Checks an offset commit against the group (and counts it as a heartbeat).
+    /// Checks an offset commit against the group (and counts it as a heartbeat); `covers`
+    /// says whether a member's assignment (protocol type, bytes) names every committed
+    /// partition (see [`ClassicGroup::validate_commit`]).
     pub fn validate_commit(
         &mut self,
         group: &str,
@@ -356,9 +360,10 @@ impl ClassicGroups {
         instance_id: Option<&str>,
         generation: i32,
         now: u64,
+        covers: impl FnOnce(&str, &[u8]) -> bool,
     ) -> Result<(), ClassicError> {
         match self.groups.get_mut(group) {
-            Some(g) => g.validate_commit(member_id, instance_id, generation, now),
+            Some(g) => g.validate_commit(member_id, instance_id, generation, now, covers),
             None if generation < 0 => Ok(()),
             None => Err(ClassicError::IllegalGeneration),
         }

@@ -318,7 +318,9 @@ fn leaving_rebalances_and_the_last_leave_empties_the_group() {
     );
     assert_eq!(r, vec![Ok(())]);
     assert_eq!(g.get("G").unwrap().state(), GroupState::Empty);
-    assert!(g.validate_commit("G", "", None, -1, 40).is_ok());
+    assert!(g
+        .validate_commit("G", "", None, -1, 40, |_, _| true)
+        .is_ok());
     assert_eq!(g.delete("G"), Ok(()));
 }
 
@@ -697,4 +699,41 @@ fn a_new_group_settles_without_waiting_for_heartbeat_intervals() {
     assert_eq!(j.len(), 4);
     assert!(j.iter().all(|(_, r)| r.generation == 2));
     assert_eq!(g.get("G").unwrap().state(), GroupState::CompletingRebalance);
+}
+
+/// A member that commits what it releases while the group already moved to a new generation
+/// (fast rebalances make this common: it is told at once) keeps its commit, as long as no
+/// newer assignment was handed out and the partitions are in the assignment it holds; a
+/// commit of other partitions, or one after the new assignment is out, is fenced.
+#[test]
+fn a_commit_with_the_generation_of_the_held_assignment_is_kept_until_a_newer_one_is_out() {
+    let mut g = ClassicGroups::new(held(3_000, 0));
+    let gen = holding_pair(&mut g, 0);
+    // c joins; a and b are told and rejoin: a new generation, its assignment not out yet.
+    first_join(&mut g, "c", 10, 100);
+    g.join("G", 20, join_req("a", "", None, b"m"), 101);
+    let j = joins(&g.join("G", 21, join_req("b", "", None, b"m"), 101));
+    assert_eq!(j[0].1.generation, gen + 1);
+    let mine = |_: &str, bytes: &[u8]| bytes == b"for-a";
+    assert_eq!(g.validate_commit("G", "a", None, gen, 102, mine), Ok(()));
+    assert_eq!(
+        g.validate_commit("G", "a", None, gen, 102, |_, _| false),
+        Err(ClassicError::IllegalGeneration),
+        "partitions it does not hold"
+    );
+    assert_eq!(
+        g.validate_commit("G", "a", None, gen - 1, 102, mine),
+        Err(ClassicError::IllegalGeneration),
+        "an older generation"
+    );
+    // The leader hands out the new assignment: the old generation is fenced.
+    sync_all(&mut g, gen + 1, &j[0].1.leader, &["a", "b", "c"], 103);
+    assert_eq!(
+        g.validate_commit("G", "a", None, gen, 104, mine),
+        Err(ClassicError::IllegalGeneration)
+    );
+    assert_eq!(
+        g.validate_commit("G", "a", None, gen + 1, 104, |_, _| true),
+        Ok(())
+    );
 }
