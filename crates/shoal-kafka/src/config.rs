@@ -74,6 +74,13 @@ pub struct KafkaConfig {
     /// (librdkafka times a heartbeat out after the interval); scaled down with the interval
     /// when the coordinator's is shorter.
     pub consumer_heartbeat_hold_ms: u64,
+    /// After a member is told of a new assignment, fetches of the partitions it held wait
+    /// until its next group request (a heartbeat of the consumer protocol; a JoinGroup,
+    /// SyncGroup or LeaveGroup of the classic one) shows it is past its rebalance callbacks,
+    /// at most this long (0: never). librdkafka's fetcher stops for up to a second when a fetch answer
+    /// arrives while the callback runs (see docs/kafka.md, "Partitions that keep their
+    /// owner").
+    pub rebalance_fetch_hold_ms: u64,
 }
 
 impl Default for KafkaConfig {
@@ -101,6 +108,7 @@ impl Default for KafkaConfig {
             consumer_heartbeat_interval_ms: 5_000,
             consumer_reconcile_heartbeat_interval_ms: 50,
             consumer_heartbeat_hold_ms: 4_750,
+            rebalance_fetch_hold_ms: 100,
         }
     }
 }

@@ -300,6 +300,8 @@ pub(crate) async fn heartbeat(
         Err(resp) => return resp,
     };
     let key = (prepared.hb.group.clone(), prepared.hb.member_id.clone());
+    // A heartbeat after a new assignment: the member is past its rebalance callback.
+    state.release_fetches(&key);
     // Watched before the coordinator runs, so a change right after it is not missed.
     let wake = cg.watch(&key);
     let (resp, hold) = answer(state, &req, &prepared);
@@ -516,6 +518,16 @@ fn answer(
             .collect();
         resp.assignment = Some(a);
         cache.last_sent = Some(own);
+        // Its fetches of what it held wait for its rebalance callback (crate::fetch_hold).
+        if req.member_epoch > 0 {
+            let held: Vec<(String, i32)> =
+                p.hb.owned
+                    .iter()
+                    .filter(|q| q.broker_name == cg.broker_name)
+                    .map(|q| (q.topic.clone(), q.queue_id))
+                    .collect();
+            state.hold_fetches(&key, held);
+        }
     }
     cg.members
         .lock()

@@ -84,6 +84,14 @@ pub(crate) async fn fetch(
         Duration::from_millis((req.max_wait_ms.max(0) as u64).min(state.config.max_fetch_wait_ms));
     let deadline = Instant::now() + max_wait;
     let all: Vec<Wanted> = topics.iter().flat_map(|(_, _, w)| w.clone()).collect();
+    // A member being told of a new assignment: answered after its rebalance callback.
+    if state.fetch_holds_any() {
+        let fetched: Vec<(String, i32)> = all
+            .iter()
+            .filter_map(|w| w.name.clone().map(|n| (n, w.partition)))
+            .collect();
+        state.wait_fetch_holds(&fetched).await;
+    }
     let mut held = false;
     let reads = loop {
         let reads = if waiting_messages(state, &all) <= INLINE_FETCH_MESSAGES {

@@ -350,6 +350,8 @@ pub(crate) async fn join_group(
         resp.generation_id = -1;
         return resp;
     }
+    // A member that joins is past its rebalance callback (crate::fetch_hold).
+    state.release_fetches(&(group.clone(), req.member_id.to_string()));
     let session = req.session_timeout_ms.max(0) as u64;
     let rebalance = if v == 0 || req.rebalance_timeout_ms < 0 {
         session
@@ -473,12 +475,28 @@ pub(crate) async fn sync_group(
             .map(|a| (a.member_id.to_string(), a.assignment.to_vec()))
             .collect(),
     };
+    let key = (group.clone(), req.member_id.to_string());
+    state.release_fetches(&key);
+    // What the member holds now: its assignment of the previous generation.
+    let mut held = Vec::new();
     let asked = ask(state, Waiter::Sync, |groups, id, now| {
+        if let Some(g) = groups.get(&group) {
+            if let (Some(pt), Some(a)) = (g.protocol_type(), g.assignment_of(&key.1)) {
+                held = assigned_queues(pt, a, &state.host.broker_name());
+            }
+        }
         groups.sync(&group, id, sync, now)
     });
     let mut resp = SyncGroupResponse::default();
     match asked.await {
         Some(s) => {
+            if s.error.is_none() {
+                // Its fetches of what it held wait for its rebalance callback.
+                state.hold_fetches(
+                    &key,
+                    held.into_iter().map(|q| (q.topic, q.queue_id)).collect(),
+                );
+            }
             resp.error_code = err_code(s.error);
             resp.assignment = Bytes::from(s.assignment);
             if ctx.version >= 5 {
@@ -553,6 +571,9 @@ pub(crate) fn leave_group(
             instance_id: None,
         }]
     };
+    for l in &leaving {
+        state.release_fetches(&(group.clone(), l.member_id.clone()));
+    }
     let results = {
         let mut inner = state.groups.inner.lock();
         let (results, outs) = inner.groups.leave(&group, &leaving, state.now_ms());
