@@ -44,7 +44,7 @@ pub(crate) struct Groups {
     /// The state's next deadline may have moved earlier.
     deadline_moved: Notify,
     /// Where notices to members without a remoting connection go (a protocol listener's).
-    listener_notices: std::sync::OnceLock<Arc<crate::listener::ListenerNotifyMember>>,
+    listener: std::sync::OnceLock<crate::listener::ListenerGroups>,
 }
 
 /// What [`Groups`] needs besides its state.
@@ -73,14 +73,14 @@ impl Groups {
             dirty: AtomicBool::new(restored),
             frozen: AtomicBool::new(false),
             deadline_moved: Notify::new(),
-            listener_notices: std::sync::OnceLock::new(),
+            listener: std::sync::OnceLock::new(),
         }
     }
 
-    /// Notices to members that have no remoting connection go to `f` (a protocol
-    /// listener's members, which learn of changes by heartbeating); once.
-    pub(crate) fn set_listener_notices(&self, f: Arc<crate::listener::ListenerNotifyMember>) {
-        let _ = self.listener_notices.set(f);
+    /// Notices to members that have no remoting connection go to the protocol listener
+    /// (its members learn of changes by heartbeating); once.
+    pub(crate) fn set_listener(&self, listener: crate::listener::ListenerGroups) {
+        let _ = self.listener.set(listener);
     }
 
     /// The group state's clock now.
@@ -263,10 +263,10 @@ impl Groups {
         req.set_oneway();
         if self.sink.notify(conn_id, req) {
             self.counters.coordinator_notices_sent.inc();
-        } else if let Some(f) = self.listener_notices.get() {
+        } else if let Some(l) = self.listener.get() {
             // No such connection: a protocol listener's member (its held heartbeat answer
             // goes out now), or a member whose connection is gone (the listener skips it).
-            f(group, member_id);
+            (l.notify_member)(group, member_id);
         }
     }
 

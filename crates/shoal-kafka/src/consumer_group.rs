@@ -297,7 +297,7 @@ pub(crate) async fn heartbeat(
     let cg = &state.consumer_groups;
     let prepared = match prepare(state, ctx, &req) {
         Ok(p) => p,
-        Err(resp) => return resp,
+        Err(resp) => return *resp,
     };
     let key = (prepared.hb.group.clone(), prepared.hb.member_id.clone());
     // A heartbeat after a new assignment: the member is past its rebalance callback.
@@ -326,43 +326,43 @@ fn prepare(
     state: &Arc<State>,
     ctx: &RequestCtx,
     req: &ConsumerGroupHeartbeatRequest,
-) -> Result<Prepared, ConsumerGroupHeartbeatResponse> {
+) -> Result<Prepared, Box<ConsumerGroupHeartbeatResponse>> {
     let cg = &state.consumer_groups;
     let host = state.host.as_ref();
     let group = req.group_id.0.to_string();
     if group.is_empty() {
-        return Err(fail(
+        return Err(Box::new(fail(
             req,
             ResponseError::InvalidGroupId,
             "group id is empty".into(),
-        ));
+        )));
     }
     if state.groups.has_members(&group) {
-        return Err(fail(
+        return Err(Box::new(fail(
             req,
             ResponseError::GroupIdNotFound,
             format!("group {group} is a classic group with members"),
-        ));
+        )));
     }
     if req
         .subscribed_topic_regex
         .as_ref()
         .is_some_and(|r| !r.is_empty())
     {
-        return Err(fail(
+        return Err(Box::new(fail(
             req,
             ResponseError::InvalidRequest,
             "regular-expression subscriptions are not supported by Shoal's Kafka listener".into(),
-        ));
+        )));
     }
     let mut member_id = req.member_id.to_string();
     if member_id.is_empty() {
         if req.member_epoch != 0 || ctx.version >= 1 {
-            return Err(fail(
+            return Err(Box::new(fail(
                 req,
                 ResponseError::UnknownMemberId,
                 "member id is empty".into(),
-            ));
+            )));
         }
         member_id = uuid::Uuid::from_bytes(rand::random()).simple().to_string();
     }
@@ -373,7 +373,7 @@ fn prepare(
             c.leave(&group, &member_id, permanent, now)
         });
         cg.members.lock().remove(&key);
-        return Err(match left {
+        return Err(Box::new(match left {
             Ok(Ok(())) => {
                 let mut resp = ConsumerGroupHeartbeatResponse::default();
                 resp.member_id = Some(sb(&member_id));
@@ -382,16 +382,16 @@ fn prepare(
             }
             Ok(Err(e)) => fail(req, error_of(&e), "leave failed".into()),
             Err(e) => fail(req, ResponseError::CoordinatorNotAvailable, e.to_string()),
-        });
+        }));
     }
     let mut cache = cg.members.lock().get(&key).cloned().unwrap_or_default();
     if req.member_epoch == 0 {
         let Some(subs) = &req.subscribed_topic_names else {
-            return Err(fail(
+            return Err(Box::new(fail(
                 req,
                 ResponseError::InvalidRequest,
                 "a joining member must send its subscription".into(),
-            ));
+            )));
         };
         cache = MemberCache {
             subscriptions: subs.iter().map(|t| t.0.to_string()).collect(),

@@ -6,6 +6,7 @@
 use bytes::Bytes;
 use kafka_protocol::messages::*;
 use kafka_protocol::protocol::StrBytes;
+use shoal_group::coordinator::{Coordinator, CoordinatorConfig};
 use shoal_kafka::KafkaConfig;
 use std::time::Duration;
 
@@ -69,6 +70,12 @@ async fn a_consumer_member_learns_of_a_join_from_its_held_heartbeat() {
         ..KafkaConfig::default()
     })
     .await;
+    // The coordinator's interval is the longer one here too (the answer gives the shorter).
+    *f.broker.coordinator.lock() = Coordinator::new(CoordinatorConfig {
+        heartbeat_interval_ms: HOLD_MS + 10_000,
+        session_timeout_ms: 10 * HOLD_MS,
+        ..CoordinatorConfig::default()
+    });
     let (mut a, mut b) = (f.client().await, f.client().await);
     let _: CreateTopicsResponse = a.call(ApiKey::CreateTopics, 7, &create_req("TH", 4)).await;
     // A joins: the answer gives it every partition at once, with the steady interval.

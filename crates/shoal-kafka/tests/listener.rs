@@ -1,23 +1,15 @@
 //! The Kafka listener over TCP on 127.0.0.1 (a free port), driven with the `kafka-protocol`
 //! crate's client-side codecs, on a real `MessageStore` in a temporary directory. The broker
-//! side is a small in-test `BrokerHandle` (topics in a map, arrivals from the store's
-//! listener, a group coordinator of its own as the broker's `GroupState` owns one).
+//! side is the in-test `BrokerHandle` of `support/broker.rs` (topics in a map, arrivals from
+//! the store's listener, a group coordinator of its own as the broker's `GroupState` owns one).
 
 use bytes::{BufMut, Bytes, BytesMut};
-use futures::future::BoxFuture;
 use kafka_protocol::messages::*;
-use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, StrBytes};
+use kafka_protocol::protocol::{Encodable, StrBytes};
 use kafka_protocol::records::{Compression, Record, RecordBatchDecoder};
-use parking_lot::Mutex;
-use shoal_group::coordinator::{Coordinator, CoordinatorConfig};
-use shoal_kafka::{BrokerHandle, KafkaConfig, KafkaError, KafkaServer, TopicInfo, WaitPosition};
-use shoal_store::{MessageStore, StoreConfig};
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use shoal_kafka::KafkaConfig;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
-use tokio::sync::Notify;
 
 mod support;
 use support::broker::{Client, Fixture};
