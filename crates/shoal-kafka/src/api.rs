@@ -80,8 +80,22 @@ fn decode<R: Decodable>(
     R::decode(buf, version).map_err(|e| malformed(e.to_string()))
 }
 
-/// Reads one request frame and answers it.
-pub(crate) async fn dispatch(state: &Arc<State>, mut buf: Bytes, conn: &ConnInfo) -> Reply {
+/// Whether the request in `frame` (its header first) may have its answer held: the group
+/// heartbeats (classic Heartbeat, ConsumerGroupHeartbeat).
+pub(crate) fn holdable(frame: &[u8]) -> bool {
+    let key = frame.get(..2).map(|k| i16::from_be_bytes([k[0], k[1]]));
+    key == Some(ApiKey::Heartbeat as i16) || key == Some(ApiKey::ConsumerGroupHeartbeat as i16)
+}
+
+/// Reads one request frame and answers it. `next_request` (for [`holdable`] requests) is
+/// notified when the connection's next request arrives or the connection closes: a held
+/// answer must then go out.
+pub(crate) async fn dispatch(
+    state: &Arc<State>,
+    mut buf: Bytes,
+    conn: &ConnInfo,
+    next_request: Option<Arc<tokio::sync::Notify>>,
+) -> Reply {
     let api_key = i16::from_be_bytes([buf[0], buf[1]]);
     let version = i16::from_be_bytes([buf[2], buf[3]]);
     let correlation_id = i32::from_be_bytes([buf[4], buf[5], buf[6], buf[7]]);
@@ -131,16 +145,34 @@ pub(crate) async fn dispatch(state: &Arc<State>, mut buf: Bytes, conn: &ConnInfo
         .client_id
         .clone()
         .unwrap_or_else(|| StrBytes::from_static_str(""));
+    if key == ApiKey::ApiVersions && version >= 3 {
+        // librdkafka looks answers up by correlation id: a held heartbeat answer need not
+        // hold back the connection's later answers (see `server::serve`).
+        if let Ok(req) = ApiVersionsRequest::decode(&mut buf.clone(), version) {
+            if is_librdkafka(&req.client_software_name, &req.client_software_version) {
+                conn.answers_by_correlation_id
+                    .store(true, Ordering::Relaxed);
+            }
+        }
+    }
     let ctx = RequestCtx {
         key,
         version,
         correlation_id,
         client_id,
         peer: conn.peer,
+        next_request,
     };
     match route(state, &ctx, buf).await {
         Ok(r) | Err(r) => r,
     }
+}
+
+/// Whether ApiVersions' client software (KIP-511) is librdkafka: itself (`librdkafka`), or a
+/// binding that names its librdkafka in its version (confluent-kafka-python, -go, -dotnet:
+/// `2.16.1-rdkafka-2.16.0`).
+pub(crate) fn is_librdkafka(name: &str, version: &str) -> bool {
+    name == "librdkafka" || version.contains("-rdkafka-")
 }
 
 async fn route(state: &Arc<State>, ctx: &RequestCtx, mut buf: Bytes) -> Result<Reply, Reply> {
@@ -190,12 +222,12 @@ async fn route(state: &Arc<State>, ctx: &RequestCtx, mut buf: Bytes) -> Result<R
         ApiKey::FindCoordinator => answer!(crate::groups::find_coordinator),
         ApiKey::JoinGroup => answer!(crate::groups::join_group, await),
         ApiKey::SyncGroup => answer!(crate::groups::sync_group, await),
-        ApiKey::Heartbeat => answer!(crate::groups::heartbeat, no_ctx),
+        ApiKey::Heartbeat => answer!(crate::groups::heartbeat, await),
         ApiKey::LeaveGroup => answer!(crate::groups::leave_group),
         ApiKey::DescribeGroups => answer!(crate::groups::describe_groups),
         ApiKey::ListGroups => answer!(crate::groups::list_groups, no_ctx),
         ApiKey::DeleteGroups => answer!(crate::groups::delete_groups, no_ctx),
-        ApiKey::ConsumerGroupHeartbeat => answer!(crate::consumer_group::heartbeat),
+        ApiKey::ConsumerGroupHeartbeat => answer!(crate::consumer_group::heartbeat, await),
         ApiKey::ConsumerGroupDescribe => answer!(crate::consumer_group::describe, no_ctx),
         // `dispatch` answers every API outside SUPPORTED before routing.
         other => crate::unsupported::answer(

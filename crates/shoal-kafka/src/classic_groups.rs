@@ -20,6 +20,7 @@ use tokio::sync::{oneshot, Notify};
 pub(crate) enum Waiter {
     Join(oneshot::Sender<JoinResponse>),
     Sync(oneshot::Sender<SyncResponse>),
+    Heartbeat(oneshot::Sender<Result<(), ClassicError>>),
 }
 
 #[derive(Default)]
@@ -68,7 +69,7 @@ pub(crate) fn error_of(e: ClassicError) -> ResponseError {
 /// The queues a `consumer`-protocol assignment names (Kafka's ConsumerProtocolAssignment:
 /// a version, then the topics with their partitions), as this broker's queues. Anything
 /// else (another protocol type, bytes that do not decode) names none.
-fn assigned_queues(protocol_type: &str, bytes: &[u8], broker_name: &str) -> Vec<MessageQueue> {
+pub(crate) fn assigned_queues(protocol_type: &str, bytes: &[u8], broker_name: &str) -> Vec<MessageQueue> {
     if protocol_type != "consumer" || !plausible_assignment(bytes) {
         return Vec::new();
     }
@@ -150,6 +151,8 @@ impl GroupCoordinator {
                     max_session_timeout_ms: config.group_max_session_timeout_ms,
                     max_size: config.group_max_size,
                     max_groups: config.max_groups,
+                    heartbeat_hold_ms: config.group_heartbeat_hold_ms,
+                    new_member_window_ms: config.group_new_member_window_ms,
                 }),
                 waiters: HashMap::new(),
             }),

@@ -42,6 +42,17 @@ pub struct KafkaConfig {
     pub group_min_session_timeout_ms: u64,
     /// Largest session timeout a member may ask for (`group.max.session.timeout.ms`).
     pub group_max_session_timeout_ms: u64,
+    /// How long a classic group's heartbeat answer may be held while the group is Stable
+    /// (at most a third of the member's session timeout; 0: answered at once, as Kafka
+    /// does). A rebalance answers held heartbeats at once, so members learn of it without
+    /// waiting for their next heartbeat. Best a little below the clients'
+    /// `heartbeat.interval.ms` (3 s for librdkafka and the Java client), which librdkafka
+    /// counts from the heartbeat it sent: the next one follows right after the answer.
+    pub group_heartbeat_hold_ms: u64,
+    /// When new members join a classic group that has members, the others are told of the
+    /// rebalance once no new member joined for this long (at most ten times this), so that
+    /// members started together join one generation (0: told at once).
+    pub group_new_member_window_ms: u64,
     /// Most members of one classic group (`group.max.size`).
     pub group_max_size: usize,
     /// Most classic groups held in memory. (`group.protocol=consumer` groups live in the
@@ -53,6 +64,23 @@ pub struct KafkaConfig {
     /// at once), so a shorter interval here speeds up their rebalances. The session timeout
     /// is the coordinator's.
     pub consumer_heartbeat_interval_ms: u64,
+    /// The heartbeat interval given to a `group.protocol=consumer` member while it has
+    /// partitions to revoke or waits for partitions (it is given the steady interval again
+    /// once it is reconciled).
+    pub consumer_reconcile_heartbeat_interval_ms: u64,
+    /// How long the answer to a heartbeat of a reconciled `group.protocol=consumer` member
+    /// may be held, waiting for a change of its assignment (answered at once when one
+    /// comes); 0 answers at once, as Kafka does. Below `consumer_heartbeat_interval_ms`
+    /// (librdkafka times a heartbeat out after the interval); scaled down with the interval
+    /// when the coordinator's is shorter.
+    pub consumer_heartbeat_hold_ms: u64,
+    /// After a member is told of a new assignment, fetches of the partitions it held wait
+    /// until its next group request (a heartbeat of the consumer protocol; a JoinGroup,
+    /// SyncGroup or LeaveGroup of the classic one) shows it is past its rebalance callbacks,
+    /// at most this long (0: never). librdkafka's fetcher stops for up to a second when a fetch answer
+    /// arrives while the callback runs (see docs/kafka.md, "Partitions that keep their
+    /// owner").
+    pub rebalance_fetch_hold_ms: u64,
 }
 
 impl Default for KafkaConfig {
@@ -73,9 +101,14 @@ impl Default for KafkaConfig {
             group_initial_rebalance_delay_ms: 3_000,
             group_min_session_timeout_ms: 6_000,
             group_max_session_timeout_ms: 1_800_000,
+            group_heartbeat_hold_ms: 2_750,
+            group_new_member_window_ms: 200,
             group_max_size: 1_000,
             max_groups: 10_000,
             consumer_heartbeat_interval_ms: 5_000,
+            consumer_reconcile_heartbeat_interval_ms: 50,
+            consumer_heartbeat_hold_ms: 4_750,
+            rebalance_fetch_hold_ms: 100,
         }
     }
 }
@@ -102,8 +135,15 @@ impl KafkaConfig {
         if self.default_partitions.is_some_and(|p| p < 1) {
             return bad("default_partitions must be at least 1");
         }
-        if self.consumer_heartbeat_interval_ms == 0 {
-            return bad("consumer_heartbeat_interval_ms must be above 0");
+        if self.consumer_heartbeat_interval_ms == 0
+            || self.consumer_reconcile_heartbeat_interval_ms == 0
+        {
+            return bad(
+                "consumer_heartbeat_interval_ms and consumer_reconcile_heartbeat_interval_ms must be above 0",
+            );
+        }
+        if self.consumer_heartbeat_hold_ms >= self.consumer_heartbeat_interval_ms {
+            return bad("consumer_heartbeat_hold_ms must be below consumer_heartbeat_interval_ms");
         }
         if self.group_max_size == 0 || self.max_groups == 0 {
             return bad("group_max_size and max_groups must be at least 1");

@@ -27,6 +27,7 @@ use shoal_group::coordinator::HeartbeatRequest;
 use shoal_proto::mq::MessageQueue;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Kafka's leave epochs.
 const LEAVE_EPOCH: i32 = -1;
@@ -46,57 +47,112 @@ fn assignor_name(kafka: &str) -> String {
     }
 }
 
-/// ConsumerGroupHeartbeat.
-pub(crate) fn heartbeat(
+/// How much earlier than a heartbeat's timeout (the interval the member was given) its held
+/// answer goes out: a twentieth, at least 20 ms.
+fn hold_margin(interval_ms: u64) -> u64 {
+    (interval_ms / 20).max(20)
+}
+
+/// A heartbeat that passed the checks: what to ask the coordinator.
+struct Prepared {
+    hb: HeartbeatRequest,
+    cache: MemberCache,
+    topics: Vec<String>,
+}
+
+fn fail(
+    req: &ConsumerGroupHeartbeatRequest,
+    e: ResponseError,
+    m: String,
+) -> ConsumerGroupHeartbeatResponse {
+    if e == ResponseError::InvalidRequest || e == ResponseError::UnsupportedAssignor {
+        tracing::info!(group = %req.group_id.0.as_str(), error = %m, "ConsumerGroupHeartbeat refused");
+    }
+    let mut resp = ConsumerGroupHeartbeatResponse::default();
+    resp.error_code = code(e);
+    resp.error_message = Some(StrBytes::from_string(m));
+    resp
+}
+
+/// ConsumerGroupHeartbeat. A member that is reconciled and gets nothing new in the answer
+/// has the answer held (up to `consumer_heartbeat_hold_ms`) until its assignment changes,
+/// so it learns of a change at once rather than at its next heartbeat; the connection's next
+/// request also ends the hold (answers go out in request order). A member with partitions to
+/// revoke or to receive is given `consumer_reconcile_heartbeat_interval_ms`.
+pub(crate) async fn heartbeat(
     state: &Arc<State>,
     ctx: &RequestCtx,
     req: ConsumerGroupHeartbeatRequest,
 ) -> ConsumerGroupHeartbeatResponse {
     let cg = &state.consumer_groups;
+    let prepared = match prepare(state, ctx, &req) {
+        Ok(p) => p,
+        Err(resp) => return *resp,
+    };
+    let key = (prepared.hb.group.clone(), prepared.hb.member_id.clone());
+    // A heartbeat after a new assignment: the member is past its rebalance callback.
+    state.release_fetches(&key);
+    // Watched before the coordinator runs, so a change right after it is not missed.
+    let wake = cg.watch(&key);
+    let (resp, hold) = answer(state, &req, &prepared);
+    let resp = match hold {
+        Some(hold) => {
+            tokio::select! {
+                // The coordinator told this member to heartbeat: answer as of now.
+                _ = wake.notified() => answer(state, &req, &prepared).0,
+                _ = tokio::time::sleep(hold) => resp,
+                _ = ctx.next_request() => resp,
+            }
+        }
+        None => resp,
+    };
+    cg.unwatch(&key, &wake);
+    resp
+}
+
+/// Checks a heartbeat and builds the coordinator's request from it and the member's cache;
+/// `Err` is the final answer (a refusal, or a leave).
+fn prepare(
+    state: &Arc<State>,
+    ctx: &RequestCtx,
+    req: &ConsumerGroupHeartbeatRequest,
+) -> Result<Prepared, Box<ConsumerGroupHeartbeatResponse>> {
+    let cg = &state.consumer_groups;
     let host = state.host.as_ref();
     let group = req.group_id.0.to_string();
-    let mut resp = ConsumerGroupHeartbeatResponse::default();
-    let fail = |mut resp: ConsumerGroupHeartbeatResponse, e: ResponseError, m: String| {
-        if e == ResponseError::InvalidRequest || e == ResponseError::UnsupportedAssignor {
-            tracing::info!(group = %req.group_id.0.as_str(), error = %m, "ConsumerGroupHeartbeat refused");
-        }
-        resp.error_code = code(e);
-        resp.error_message = Some(StrBytes::from_string(m));
-        resp
-    };
     if group.is_empty() {
-        return fail(
-            resp,
+        return Err(Box::new(fail(
+            req,
             ResponseError::InvalidGroupId,
             "group id is empty".into(),
-        );
+        )));
     }
     if state.groups.has_members(&group) {
-        return fail(
-            resp,
+        return Err(Box::new(fail(
+            req,
             ResponseError::GroupIdNotFound,
             format!("group {group} is a classic group with members"),
-        );
+        )));
     }
     if req
         .subscribed_topic_regex
         .as_ref()
         .is_some_and(|r| !r.is_empty())
     {
-        return fail(
-            resp,
+        return Err(Box::new(fail(
+            req,
             ResponseError::InvalidRequest,
             "regular-expression subscriptions are not supported by Shoal's Kafka listener".into(),
-        );
+        )));
     }
     let mut member_id = req.member_id.to_string();
     if member_id.is_empty() {
         if req.member_epoch != 0 || ctx.version >= 1 {
-            return fail(
-                resp,
+            return Err(Box::new(fail(
+                req,
                 ResponseError::UnknownMemberId,
                 "member id is empty".into(),
-            );
+            )));
         }
         member_id = uuid::Uuid::from_bytes(rand::random()).simple().to_string();
     }
@@ -107,24 +163,25 @@ pub(crate) fn heartbeat(
             c.leave(&group, &member_id, permanent, now)
         });
         cg.members.lock().remove(&key);
-        return match left {
+        return Err(Box::new(match left {
             Ok(Ok(())) => {
+                let mut resp = ConsumerGroupHeartbeatResponse::default();
                 resp.member_id = Some(sb(&member_id));
                 resp.member_epoch = req.member_epoch;
                 resp
             }
-            Ok(Err(e)) => fail(resp, error_of(&e), "leave failed".into()),
-            Err(e) => fail(resp, ResponseError::CoordinatorNotAvailable, e.to_string()),
-        };
+            Ok(Err(e)) => fail(req, error_of(&e), "leave failed".into()),
+            Err(e) => fail(req, ResponseError::CoordinatorNotAvailable, e.to_string()),
+        }));
     }
     let mut cache = cg.members.lock().get(&key).cloned().unwrap_or_default();
     if req.member_epoch == 0 {
         let Some(subs) = &req.subscribed_topic_names else {
-            return fail(
-                resp,
+            return Err(Box::new(fail(
+                req,
                 ResponseError::InvalidRequest,
                 "a joining member must send its subscription".into(),
-            );
+            )));
         };
         cache = MemberCache {
             subscriptions: subs.iter().map(|t| t.0.to_string()).collect(),
@@ -153,8 +210,8 @@ pub(crate) fn heartbeat(
     }
     cache.client_host = format!("/{}", ctx.peer.ip());
     let hb = HeartbeatRequest {
-        group: group.clone(),
-        member_id: member_id.clone(),
+        group,
+        member_id,
         member_epoch: req.member_epoch,
         instance_id: req.instance_id.as_ref().map(|s| s.to_string()),
         client_id: ctx.client_id.to_string(),
@@ -169,60 +226,32 @@ pub(crate) fn heartbeat(
     };
     // The coordinator learns the subscribed topics' queues from the broker, in the same lock.
     let topics: Vec<String> = cache.subscriptions.iter().cloned().collect();
-    let result = match on_coordinator(host, Some(&group), &topics, |c, now| c.heartbeat(hb, now)) {
+    Ok(Prepared { hb, cache, topics })
+}
+
+/// Runs the heartbeat on the coordinator and builds the answer; `Some(hold)` when the answer
+/// tells the member nothing new and may be held that long.
+fn answer(
+    state: &Arc<State>,
+    req: &ConsumerGroupHeartbeatRequest,
+    p: &Prepared,
+) -> (ConsumerGroupHeartbeatResponse, Option<Duration>) {
+    let cg = &state.consumer_groups;
+    let host = state.host.as_ref();
+    let (group, key) = (&p.hb.group, (p.hb.group.clone(), p.hb.member_id.clone()));
+    let mut cache = p.cache.clone();
+    let hb = p.hb.clone();
+    let result = match on_coordinator(host, Some(group), &p.topics, |c, now| c.heartbeat(hb, now)) {
         Ok(r) => r,
         Err(e) => {
             cg.members.lock().remove(&key);
             let code_e = ResponseError::try_from_code(e.code())
                 .unwrap_or(ResponseError::CoordinatorNotAvailable);
-            return fail(resp, code_e, e.to_string());
+            return (fail(req, code_e, e.to_string()), None);
         }
     };
-    match result {
-        Ok(r) => {
-            resp.member_id = Some(sb(&r.member_id));
-            resp.member_epoch = r.member_epoch;
-            let interval = r.heartbeat_interval_ms.min(cg.heartbeat_interval_ms);
-            resp.heartbeat_interval_ms = interval.min(i32::MAX as u64) as i32;
-            // Kafka partitions are this broker's queues; in a cluster the coordinator also
-            // allocates other brokers' queues of the topic, which this listener does not serve.
-            let own: Vec<MessageQueue> = r
-                .assignment
-                .iter()
-                .filter(|q| q.broker_name == cg.broker_name)
-                .cloned()
-                .collect();
-            let changed = cache.last_sent.as_ref() != Some(&own) || req.member_epoch == 0;
-            if changed {
-                let mut by_topic: BTreeMap<String, Vec<i32>> = BTreeMap::new();
-                for q in &own {
-                    by_topic
-                        .entry(q.topic.clone())
-                        .or_default()
-                        .push(q.queue_id);
-                }
-                let mut a = cgh::Assignment::default();
-                a.topic_partitions = by_topic
-                    .into_iter()
-                    .map(|(t, mut ps)| {
-                        ps.sort_unstable();
-                        let mut tp = cgh::TopicPartitions::default();
-                        tp.topic_id = topic_id(&t);
-                        tp.partitions = ps;
-                        tp
-                    })
-                    .collect();
-                resp.assignment = Some(a);
-                cache.last_sent = Some(own);
-            }
-            cg.members
-                .lock()
-                .insert((group.clone(), r.member_id.clone()), cache);
-            if let Err(e) = host.ensure_group(&group) {
-                tracing::debug!(group = %group, error = %e, "Kafka group not registered as a subscription group");
-            }
-            resp
-        }
+    let r = match result {
+        Ok(r) => r,
         Err(e) => {
             let code_e = error_of(&e);
             if code_e == ResponseError::UnknownMemberId
@@ -230,9 +259,92 @@ pub(crate) fn heartbeat(
             {
                 cg.members.lock().remove(&key);
             }
-            fail(resp, code_e, e.to_string())
+            return (fail(req, code_e, e.to_string()), None);
+        }
+    };
+    let mut resp = ConsumerGroupHeartbeatResponse::default();
+    resp.member_id = Some(sb(&r.member_id));
+    resp.member_epoch = r.member_epoch;
+    let steady = r.heartbeat_interval_ms.min(cg.heartbeat_interval_ms).max(1);
+    let told_before = cache.told_ms;
+    // With held answers a member waiting for something is answered when it comes, and keeps
+    // the steady interval: librdkafka times a heartbeat out after the interval it was last
+    // given, so a short interval would leave it unreachable while the interval grows back.
+    // Without them, a member with work left is asked back after the short interval.
+    let interval = if r.reconciling && cg.hold_ms == 0 {
+        cg.reconcile_interval_ms.min(steady)
+    } else {
+        steady
+    };
+    resp.heartbeat_interval_ms = interval.min(i32::MAX as u64) as i32;
+    cache.told_ms = Some(interval);
+    // Kafka partitions are this broker's queues; in a cluster the coordinator also
+    // allocates other brokers' queues of the topic, which this listener does not serve.
+    let own: Vec<MessageQueue> = r
+        .assignment
+        .iter()
+        .filter(|q| q.broker_name == cg.broker_name)
+        .cloned()
+        .collect();
+    let changed = cache.last_sent.as_ref() != Some(&own) || req.member_epoch == 0;
+    if changed {
+        let mut by_topic: BTreeMap<String, Vec<i32>> = BTreeMap::new();
+        for q in &own {
+            by_topic
+                .entry(q.topic.clone())
+                .or_default()
+                .push(q.queue_id);
+        }
+        let mut a = cgh::Assignment::default();
+        a.topic_partitions = by_topic
+            .into_iter()
+            .map(|(t, mut ps)| {
+                ps.sort_unstable();
+                let mut tp = cgh::TopicPartitions::default();
+                tp.topic_id = topic_id(&t);
+                tp.partitions = ps;
+                tp
+            })
+            .collect();
+        resp.assignment = Some(a);
+        cache.last_sent = Some(own);
+        // Its fetches of what it held wait for its rebalance callback (crate::fetch_hold).
+        if req.member_epoch > 0 {
+            let held: Vec<(String, i32)> =
+                p.hb.owned
+                    .iter()
+                    .filter(|q| q.broker_name == cg.broker_name)
+                    .map(|q| (q.topic.clone(), q.queue_id))
+                    .collect();
+            state.hold_fetches(&key, held);
         }
     }
+    cg.members
+        .lock()
+        .insert((group.clone(), r.member_id.clone()), cache);
+    if let Err(e) = host.ensure_group(group) {
+        tracing::debug!(group = %group, error = %e, "Kafka group not registered as a subscription group");
+    }
+    // An answer that changes nothing the member consumes (it is reconciled, or waits for
+    // partitions others still hold, or joins and waits for its first) may wait for a change,
+    // as long as the client waits for it (librdkafka times a heartbeat out after the interval
+    // it was last given). One that takes partitions away or gives some goes out at once.
+    let owned: Vec<&MessageQueue> =
+        p.hb.owned
+            .iter()
+            .filter(|q| q.broker_name == cg.broker_name)
+            .collect();
+    let quiet = r
+        .assignment
+        .iter()
+        .filter(|q| q.broker_name == cg.broker_name)
+        .eq(owned);
+    let hold = (cg.hold_ms * steady / cg.heartbeat_interval_ms.max(1))
+        .min(told_before.map_or(u64::MAX, |t| t.saturating_sub(hold_margin(t))));
+    (
+        resp,
+        (quiet && hold > 0).then(|| Duration::from_millis(hold)),
+    )
 }
 
 fn assignment(queues: &[MessageQueue]) -> cgd::Assignment {

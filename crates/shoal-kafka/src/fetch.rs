@@ -33,6 +33,18 @@ struct Wanted {
     max_bytes: usize,
 }
 
+/// Waits while a member that fetches `all` is in its rebalance callback
+/// ([`crate::fetch_hold`]).
+async fn wait_fetch_holds(state: &State, all: &[Wanted]) {
+    if state.fetch_holds_any() {
+        let fetched: Vec<(String, i32)> = all
+            .iter()
+            .filter_map(|w| w.name.clone().map(|n| (n, w.partition)))
+            .collect();
+        state.wait_fetch_holds(&fetched).await;
+    }
+}
+
 struct Read {
     error: Option<ResponseError>,
     records: Bytes,
@@ -84,6 +96,8 @@ pub(crate) async fn fetch(
         Duration::from_millis((req.max_wait_ms.max(0) as u64).min(state.config.max_fetch_wait_ms));
     let deadline = Instant::now() + max_wait;
     let all: Vec<Wanted> = topics.iter().flat_map(|(_, _, w)| w.clone()).collect();
+    // A member being told of a new assignment: answered after its rebalance callback.
+    wait_fetch_holds(state, &all).await;
     let mut held = false;
     let reads = loop {
         let reads = if waiting_messages(state, &all) <= INLINE_FETCH_MESSAGES {
@@ -103,6 +117,10 @@ pub(crate) async fn fetch(
             || now >= deadline
             || (bytes > 0 && min_bytes <= 1)
         {
+            // A fetch that waited for data may have been overtaken by a new assignment.
+            if held {
+                wait_fetch_holds(state, &all).await;
+            }
             break reads;
         }
         if !held {

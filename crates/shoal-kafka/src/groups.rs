@@ -4,7 +4,7 @@
 //! lock; a JoinGroup or SyncGroup that has to wait registers a one-shot channel under a
 //! request id and awaits it outside the lock; a timer task runs the group timers.
 
-use crate::classic_groups::{err_code, error_of, GroupCoordinator, Inner, Waiter};
+use crate::classic_groups::{assigned_queues, err_code, error_of, GroupCoordinator, Inner, Waiter};
 use crate::request::{code, sb, RequestCtx};
 use crate::state::State;
 use bytes::Bytes;
@@ -39,6 +39,11 @@ impl GroupCoordinator {
                         let _ = tx.send(s);
                     }
                 }
+                Output::Heartbeat(r, h) => {
+                    if let Some(Waiter::Heartbeat(tx)) = inner.waiters.remove(&r) {
+                        let _ = tx.send(h);
+                    }
+                }
                 Output::Rebalanced {
                     group,
                     generation,
@@ -58,7 +63,7 @@ impl GroupCoordinator {
         }
     }
 
-    /// Offset commit fencing.
+    /// Offset commit fencing of a commit of `partitions` (topic, partition).
     pub fn validate_commit(
         &self,
         state: &State,
@@ -66,12 +71,20 @@ impl GroupCoordinator {
         member_id: &str,
         instance_id: Option<&str>,
         generation: i32,
+        partitions: &[(String, i32)],
     ) -> Result<(), ResponseError> {
         let now = state.now_ms();
+        let broker = state.host.broker_name();
+        let covers = |protocol_type: &str, bytes: &[u8]| {
+            let held = assigned_queues(protocol_type, bytes, &broker);
+            partitions
+                .iter()
+                .all(|(t, p)| held.iter().any(|q| &q.topic == t && q.queue_id == *p))
+        };
         self.inner
             .lock()
             .groups
-            .validate_commit(group, member_id, instance_id, generation, now)
+            .validate_commit(group, member_id, instance_id, generation, now, covers)
             .map_err(error_of)
     }
 }
@@ -184,6 +197,8 @@ pub(crate) async fn join_group(
         resp.generation_id = -1;
         return resp;
     }
+    // A member that joins is past its rebalance callback (crate::fetch_hold).
+    state.release_fetches(&(group.clone(), req.member_id.to_string()));
     let session = req.session_timeout_ms.max(0) as u64;
     let rebalance = if v == 0 || req.rebalance_timeout_ms < 0 {
         session
@@ -267,6 +282,16 @@ fn ask<T>(
     run: impl FnOnce(&mut ClassicGroups, RequestId, u64) -> Vec<Output>,
 ) -> impl std::future::Future<Output = Option<T>> {
     let id = state.groups.next_req.fetch_add(1, Ordering::Relaxed);
+    ask_as(state, id, waiter, run)
+}
+
+/// [`ask`] with the request id chosen by the caller.
+fn ask_as<T>(
+    state: &Arc<State>,
+    id: RequestId,
+    waiter: fn(oneshot::Sender<T>) -> Waiter,
+    run: impl FnOnce(&mut ClassicGroups, RequestId, u64) -> Vec<Output>,
+) -> impl std::future::Future<Output = Option<T>> {
     let (tx, rx) = oneshot::channel();
     {
         let mut inner = state.groups.inner.lock();
@@ -297,12 +322,28 @@ pub(crate) async fn sync_group(
             .map(|a| (a.member_id.to_string(), a.assignment.to_vec()))
             .collect(),
     };
+    let key = (group.clone(), req.member_id.to_string());
+    state.release_fetches(&key);
+    // What the member holds now: its assignment of the previous generation.
+    let mut held = Vec::new();
     let asked = ask(state, Waiter::Sync, |groups, id, now| {
+        if let Some(g) = groups.get(&group) {
+            if let (Some(pt), Some(a)) = (g.protocol_type(), g.assignment_of(&key.1)) {
+                held = assigned_queues(pt, a, &state.host.broker_name());
+            }
+        }
         groups.sync(&group, id, sync, now)
     });
     let mut resp = SyncGroupResponse::default();
     match asked.await {
         Some(s) => {
+            if s.error.is_none() {
+                // Its fetches of what it held wait for its rebalance callback.
+                state.hold_fetches(
+                    &key,
+                    held.into_iter().map(|q| (q.topic, q.queue_id)).collect(),
+                );
+            }
             resp.error_code = err_code(s.error);
             resp.assignment = Bytes::from(s.assignment);
             if ctx.version >= 5 {
@@ -315,19 +356,43 @@ pub(crate) async fn sync_group(
     resp
 }
 
-/// Heartbeat.
-pub(crate) fn heartbeat(state: &Arc<State>, req: HeartbeatRequest) -> HeartbeatResponse {
-    let now = state.now_ms();
-    let r = state.groups.inner.lock().groups.heartbeat(
-        req.group_id.0.as_str(),
-        req.member_id.as_str(),
-        req.group_instance_id.as_ref().map(|s| s.as_str()),
-        req.generation_id,
-        now,
-    );
+/// Heartbeat. In a Stable group the answer is held until a rebalance starts (answered
+/// REBALANCE_IN_PROGRESS at once), the hold ends, or the connection's next request arrives
+/// (answers go out in request order, so that one is not kept waiting).
+pub(crate) async fn heartbeat(
+    state: &Arc<State>,
+    ctx: &RequestCtx,
+    req: HeartbeatRequest,
+) -> HeartbeatResponse {
+    let group = req.group_id.0.to_string();
+    let id = state.groups.next_req.fetch_add(1, Ordering::Relaxed);
+    let answer = ask_as(state, id, Waiter::Heartbeat, |groups, id, now| {
+        groups.heartbeat(
+            &group,
+            id,
+            req.member_id.as_str(),
+            req.group_instance_id.as_ref().map(|s| s.as_str()),
+            req.generation_id,
+            now,
+        )
+    });
+    tokio::pin!(answer);
+    let r = tokio::select! {
+        r = &mut answer => r,
+        _ = ctx.next_request() => {
+            {
+                let mut inner = state.groups.inner.lock();
+                let outs = inner.groups.release_heartbeat(&group, id, state.now_ms());
+                GroupCoordinator::deliver(&mut inner, outs, state);
+            }
+            answer.await
+        }
+    };
     let mut resp = HeartbeatResponse::default();
-    if let Err(e) = r {
-        resp.error_code = code(error_of(e));
+    match r {
+        Some(Ok(())) => {}
+        Some(Err(e)) => resp.error_code = code(error_of(e)),
+        None => resp.error_code = code(ResponseError::CoordinatorNotAvailable),
     }
     resp
 }
@@ -353,6 +418,9 @@ pub(crate) fn leave_group(
             instance_id: None,
         }]
     };
+    for l in &leaving {
+        state.release_fetches(&(group.clone(), l.member_id.clone()));
+    }
     let results = {
         let mut inner = state.groups.inner.lock();
         let (results, outs) = inner.groups.leave(&group, &leaving, state.now_ms());

@@ -22,6 +22,7 @@ mod consumer_group;
 pub mod convert;
 mod error;
 mod fetch;
+mod fetch_hold;
 mod groups;
 mod guard;
 mod host;

@@ -12,6 +12,8 @@ use shoal_group::coordinator::{Coordinator, GroupDescription};
 use shoal_group::GroupError;
 use shoal_proto::mq::MessageQueue;
 use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+use tokio::sync::Notify;
 
 #[derive(Debug, Default, Clone)]
 pub(crate) struct MemberCache {
@@ -20,15 +22,24 @@ pub(crate) struct MemberCache {
     pub(crate) assignor: Option<String>,
     pub(crate) rebalance_timeout_ms: Option<u64>,
     pub(crate) last_sent: Option<Vec<MessageQueue>>,
+    /// The heartbeat interval the last answer gave (librdkafka times its next heartbeat
+    /// out after it, so that heartbeat's answer must not be held longer).
+    pub(crate) told_ms: Option<u64>,
     pub(crate) client_host: String,
 }
 
-/// The Kafka side of the consumer groups of this listener: what Kafka heartbeats leave out.
+/// The Kafka side of the consumer groups of this listener: what Kafka heartbeats leave out,
+/// and the members whose heartbeat answer is held.
 #[derive(Debug)]
 pub(crate) struct ConsumerGroups {
     pub(crate) members: Mutex<HashMap<(String, String), MemberCache>>,
+    /// Heartbeats being answered, by (group, member): notified when the coordinator tells
+    /// the member to heartbeat. At most one entry per connection (one request at a time).
+    watched: Mutex<HashMap<(String, String), Arc<Notify>>>,
     pub(crate) broker_name: String,
     pub(crate) heartbeat_interval_ms: u64,
+    pub(crate) reconcile_interval_ms: u64,
+    pub(crate) hold_ms: u64,
 }
 
 pub(crate) fn error_of(e: &GroupError) -> ResponseError {
@@ -75,8 +86,38 @@ impl ConsumerGroups {
     pub fn new(config: &KafkaConfig, broker_name: String) -> ConsumerGroups {
         ConsumerGroups {
             members: Mutex::new(HashMap::new()),
+            watched: Mutex::new(HashMap::new()),
             broker_name,
             heartbeat_interval_ms: config.consumer_heartbeat_interval_ms,
+            reconcile_interval_ms: config.consumer_reconcile_heartbeat_interval_ms,
+            hold_ms: config.consumer_heartbeat_hold_ms,
+        }
+    }
+
+    /// The coordinator asks `member` of `group` to heartbeat now (its assignment changed): a
+    /// held answer to it goes out at once. Members that are not being answered are skipped.
+    pub fn notify_member(&self, group: &str, member: &str) {
+        if let Some(n) = self
+            .watched
+            .lock()
+            .get(&(group.to_string(), member.to_string()))
+        {
+            n.notify_one();
+        }
+    }
+
+    /// Watches a member's heartbeat being answered (see [`Self::notify_member`]).
+    pub(crate) fn watch(&self, key: &(String, String)) -> Arc<Notify> {
+        let n = Arc::new(Notify::new());
+        self.watched.lock().insert(key.clone(), n.clone());
+        n
+    }
+
+    /// The answer went out.
+    pub(crate) fn unwatch(&self, key: &(String, String), n: &Arc<Notify>) {
+        let mut w = self.watched.lock();
+        if w.get(key).is_some_and(|x| Arc::ptr_eq(x, n)) {
+            w.remove(key);
         }
     }
 

@@ -173,12 +173,22 @@ pub(crate) fn offset_commit(
     let check = if consumer {
         Ok(())
     } else {
+        let partitions: Vec<(String, i32)> = req
+            .topics
+            .iter()
+            .flat_map(|t| {
+                t.partitions
+                    .iter()
+                    .map(|p| (t.name.0.to_string(), p.partition_index))
+            })
+            .collect();
         state.groups.validate_commit(
             state,
             &group,
             req.member_id.as_str(),
             req.group_instance_id.as_ref().map(|s| s.as_str()),
             req.generation_id_or_member_epoch,
+            &partitions,
         )
     };
     if check.is_ok() {

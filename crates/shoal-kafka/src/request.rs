@@ -9,10 +9,15 @@ use kafka_protocol::ResponseError;
 use std::net::SocketAddr;
 
 /// What a connection handler knows about its peer.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(crate) struct ConnInfo {
     /// Peer address.
     pub peer: SocketAddr,
+    /// The client matches answers to requests by correlation id, so a held heartbeat answer
+    /// need not hold back the answers to its later requests: set from ApiVersions (v3+) for
+    /// librdkafka, which looks each answer up by correlation id. Kafka's Java client needs
+    /// answers in request order.
+    pub answers_by_correlation_id: std::sync::atomic::AtomicBool,
 }
 
 /// What a handler hands back to the connection.
@@ -34,9 +39,20 @@ pub(crate) struct RequestCtx {
     pub correlation_id: i32,
     pub client_id: StrBytes,
     pub peer: std::net::SocketAddr,
+    /// Notified when the connection's next request arrives (holdable requests only).
+    pub next_request: Option<std::sync::Arc<tokio::sync::Notify>>,
 }
 
 impl RequestCtx {
+    /// Resolves when the connection's next request has arrived or the connection closed
+    /// (never, for a request whose answer may not be held).
+    pub async fn next_request(&self) {
+        match &self.next_request {
+            Some(n) => n.notified().await,
+            None => std::future::pending().await,
+        }
+    }
+
     pub fn reply<R: Encodable>(&self, body: &R) -> Reply {
         frame(self.key, self.version, self.correlation_id, body)
     }

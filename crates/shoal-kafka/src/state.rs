@@ -2,6 +2,7 @@
 
 use crate::classic_groups::GroupCoordinator;
 use crate::config::KafkaConfig;
+use crate::fetch_hold::{FetchHolds, MemberKey};
 use crate::host::{BrokerHandle, TopicInfo};
 use crate::member_cache::ConsumerGroups;
 use crate::producer::ProducerTable;
@@ -69,6 +70,11 @@ pub(crate) struct State {
     pub producers: ProducerTable,
     pub groups: GroupCoordinator,
     pub consumer_groups: ConsumerGroups,
+    /// Fetches held across a member's rebalance callback ([`crate::fetch_hold`]).
+    fetch_holds: parking_lot::Mutex<FetchHolds>,
+    /// Set while `fetch_holds` may hold something: fetches skip the lock otherwise.
+    fetch_holds_any: std::sync::atomic::AtomicBool,
+    fetch_released: tokio::sync::Notify,
     started: std::time::Instant,
 }
 
@@ -101,7 +107,67 @@ impl State {
             groups,
             consumer_groups,
             config,
+            fetch_holds: parking_lot::Mutex::new(FetchHolds::default()),
+            fetch_holds_any: std::sync::atomic::AtomicBool::new(false),
+            fetch_released: tokio::sync::Notify::new(),
             started: std::time::Instant::now(),
+        }
+    }
+
+    /// `member` was just told of a new assignment: fetches of the partitions it held wait
+    /// until its next group request, at most `rebalance_fetch_hold_ms`.
+    pub fn hold_fetches(&self, member: &MemberKey, partitions: Vec<(String, i32)>) {
+        let hold = self.config.rebalance_fetch_hold_ms;
+        if hold == 0 || partitions.is_empty() {
+            return;
+        }
+        let now = std::time::Instant::now();
+        self.fetch_holds.lock().hold(
+            member,
+            partitions,
+            now,
+            now + std::time::Duration::from_millis(hold),
+        );
+        self.fetch_holds_any
+            .store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Whether fetches may have to wait ([`State::wait_fetch_holds`]).
+    pub fn fetch_holds_any(&self) -> bool {
+        self.fetch_holds_any
+            .load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// `member` sent a group request: it is past its rebalance callback.
+    pub fn release_fetches(&self, member: &MemberKey) {
+        let released = {
+            let mut h = self.fetch_holds.lock();
+            !h.is_empty() && h.release(member)
+        };
+        if released {
+            self.fetch_released.notify_waiters();
+        }
+    }
+
+    /// Waits while a fetch of `partitions` is held.
+    pub async fn wait_fetch_holds(&self, partitions: &[(String, i32)]) {
+        loop {
+            let released = self.fetch_released.notified();
+            let wait = {
+                let h = self.fetch_holds.lock();
+                if h.is_empty() {
+                    self.fetch_holds_any
+                        .store(false, std::sync::atomic::Ordering::Release);
+                }
+                h.wait_for(partitions, std::time::Instant::now())
+            };
+            let Some(wait) = wait else {
+                return;
+            };
+            tokio::select! {
+                _ = released => {}
+                _ = tokio::time::sleep(wait) => {}
+            }
         }
     }
 

@@ -314,9 +314,12 @@ async fn start_kafka(broker: &Broker, cfg: KafkaConfig) -> anyhow::Result<KafkaS
         .map_err(anyhow::Error::new)?;
     // `shoal group describe` shows the listener's classic groups, and the hosts of its
     // KIP-848 members (the coordinator knows their client ids only).
+    // Its consumer-protocol members have no remoting connection: the coordinator's notices
+    // to them go to the listener, which answers their held heartbeats.
     let groups = shoal_broker::ListenerGroups {
         describe: Arc::new(server.classic_group_describer()),
         member_hosts: Arc::new(server.consumer_group_member_hosts()),
+        notify_member: Arc::new(server.consumer_group_notifier()),
     };
     if api.set_listener_groups(groups).is_err() {
         tracing::warn!("a listener's classic groups are already described by this broker");
@@ -540,7 +543,6 @@ pub async fn run_dev(args: DevArgs) -> anyhow::Result<()> {
         .map(|mut k| {
             // Local development: a group's first rebalance does not wait for more members.
             k.group_initial_rebalance_delay_ms = 0;
-            k.consumer_heartbeat_interval_ms = 1_000;
             k
         });
         match k {

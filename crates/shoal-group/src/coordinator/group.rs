@@ -368,11 +368,13 @@ impl Group {
             .members
             .get(&id)
             .ok_or_else(|| GroupError::InvalidRequest("member vanished".into()))?;
+        let reconciling = !self.is_reconciled(m);
         Ok(HeartbeatResponse {
             member_id: id,
             member_epoch: m.epoch,
             group_epoch: self.epoch,
             assignment: m.assigned.keys().cloned().collect(),
+            reconciling,
             // At least three heartbeats per session (Kafka's advice for
             // heartbeat.interval.ms), so a short session is not lost to one late heartbeat.
             heartbeat_interval_ms: cfg
@@ -380,6 +382,18 @@ impl Group {
                 .min(m.session_timeout(cfg) / 3)
                 .max(1),
         })
+    }
+
+    /// Whether the member owns exactly its target at the target epoch with nothing to release
+    /// and nothing to wait for: until the group changes, nothing is left for it to do.
+    fn is_reconciled(&self, m: &Member) -> bool {
+        let empty = BTreeSet::new();
+        m.state == MemberState::Stable
+            && m.pending.is_empty()
+            && m.epoch == self.target_epoch
+            && m.assigned
+                .keys()
+                .eq(self.target.get(&m.id).unwrap_or(&empty).iter())
     }
 
     /// Whether `member` naming `queue` (neither assigned nor pending) in a heartbeat stamped

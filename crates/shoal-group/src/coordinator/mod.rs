@@ -176,6 +176,13 @@ pub struct HeartbeatResponse {
     pub assignment: Vec<MessageQueue>,
     /// When to heartbeat next if nothing happens, ms.
     pub heartbeat_interval_ms: u64,
+    /// The member has work left after this answer: queues to release, target queues still
+    /// held by others, or an epoch below the target's. A member told of its changes by push
+    /// (Shoal's coordinated mode) waits for the notice; one that only learns by heartbeating
+    /// (Kafka's consumer protocol) should be asked back soon, and given the steady interval
+    /// again once this is false.
+    #[serde(default)]
+    pub reconciling: bool,
 }
 
 /// What the broker must do after an event.

@@ -237,6 +237,97 @@ fn revoke_then_assign_on_join() {
     assert_eq!(h.last().unwrap().moved(), 8);
 }
 
+/// The answer's `reconciling` flag: set while the member has queues to release or waits for
+/// queues another member still holds, cleared by the answer that leaves it nothing to do (a
+/// Kafka member is asked back soon while it is set, and given the steady interval after).
+#[test]
+fn reconciling_is_set_while_a_member_has_work_left() {
+    let mut c = coordinator();
+    let hb = |c: &mut Coordinator, cl: &Client, now| c.heartbeat(cl.request("G"), now).unwrap();
+    let mut a = Client::new("a", 1, "STICKY");
+    a.slow = true;
+    let r = hb(&mut c, &a, 0);
+    assert!(!r.reconciling, "alone, a owns its whole target at once");
+    a.apply(Ok(r));
+    let mut b = Client::new("b", 2, "STICKY");
+    let r = hb(&mut c, &b, 10);
+    assert!(r.reconciling, "b waits for queues a still holds");
+    assert!(r.assignment.is_empty());
+    b.apply(Ok(r));
+    let r = hb(&mut c, &a, 11);
+    assert!(r.reconciling, "a must release half of its queues");
+    a.apply(Ok(r));
+    let r = hb(&mut c, &a, 12);
+    assert!(r.reconciling, "a still holds what it must release");
+    a.apply(Ok(r));
+    a.release_now();
+    let r = hb(&mut c, &a, 13);
+    assert!(!r.reconciling, "a released: nothing left for it");
+    a.apply(Ok(r));
+    let r = hb(&mut c, &b, 14);
+    assert!(!r.reconciling, "this answer hands b its queues");
+    assert_eq!(r.assignment.len(), 8);
+    b.apply(Ok(r));
+    // Steady: both stay reconciled.
+    assert!(!hb(&mut c, &a, 15).reconciling);
+    assert!(!hb(&mut c, &b, 15).reconciling);
+}
+
+/// Every member whose assignment changes is told at once ([`Effect::Notify`]), on a join, a
+/// leave and a session expiry: a Kafka member's held heartbeat is answered on that notice.
+#[test]
+fn every_member_whose_assignment_changes_is_notified() {
+    let notified = |c: &mut Coordinator| -> BTreeSet<String> {
+        c.drain_effects()
+            .into_iter()
+            .filter_map(|e| match e {
+                Effect::Notify { member_id, .. } => Some(member_id),
+                _ => None,
+            })
+            .collect()
+    };
+    let mut c = coordinator();
+    let mut all: Vec<Client> = ["a", "b", "c"]
+        .iter()
+        .enumerate()
+        .map(|(i, id)| Client::new(id, i as u64 + 1, "STICKY"))
+        .collect();
+    converge(&mut c, &mut all, 0);
+    c.drain_effects();
+    // A join: every old member gives up a queue or more, and is told.
+    let mut d = Client::new("d", 4, "STICKY");
+    d.heartbeat(&mut c, 10);
+    assert_eq!(notified(&mut c), ["a", "b", "c"].map(String::from).into());
+    all.push(d);
+    converge(&mut c, &mut all, 11);
+    c.drain_effects();
+    // A leave: the members that receive its queues are told.
+    c.leave("G", "d", true, 20).unwrap();
+    all.pop();
+    let told = notified(&mut c);
+    assert!(!told.is_empty() && !told.contains("d"), "{told:?}");
+    for cl in &all {
+        let grows = c
+            .describe("G", 20)
+            .unwrap()
+            .members
+            .iter()
+            .any(|m| m.member_id == cl.member_id && m.target.len() > cl.owned.len());
+        assert_eq!(grows, told.contains(&cl.member_id), "{}", cl.member_id);
+    }
+    converge(&mut c, &mut all, 21);
+    c.drain_effects();
+    // A session expiry: the same.
+    let expiry = 21 + CoordinatorConfig::default().session_timeout_ms;
+    for cl in all.iter_mut().take(2) {
+        cl.heartbeat(&mut c, expiry - 1);
+    }
+    c.drain_effects();
+    c.tick(expiry + 1);
+    let told = notified(&mut c);
+    assert_eq!(told, ["a", "b"].map(String::from).into());
+}
+
 #[test]
 fn unlock_evidence_frees_queues_before_the_heartbeat() {
     let mut c = coordinator();
