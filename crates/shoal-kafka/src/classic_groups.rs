@@ -69,7 +69,11 @@ pub(crate) fn error_of(e: ClassicError) -> ResponseError {
 /// The queues a `consumer`-protocol assignment names (Kafka's ConsumerProtocolAssignment:
 /// a version, then the topics with their partitions), as this broker's queues. Anything
 /// else (another protocol type, bytes that do not decode) names none.
-pub(crate) fn assigned_queues(protocol_type: &str, bytes: &[u8], broker_name: &str) -> Vec<MessageQueue> {
+pub(crate) fn assigned_queues(
+    protocol_type: &str,
+    bytes: &[u8],
+    broker_name: &str,
+) -> Vec<MessageQueue> {
     if protocol_type != "consumer" || !plausible_assignment(bytes) {
         return Vec::new();
     }
