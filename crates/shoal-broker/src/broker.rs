@@ -303,6 +303,7 @@ pub(crate) fn assemble(a: Assembly) -> Result<Arc<Shared>, BrokerError> {
         member_list_version_base: SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_micros() as u64),
+        broker_name: Some(config.broker_name.clone()),
     };
     let restored = crate::persist::read_json::<CoordinatorSnapshot>(&coordinator_path)?;
     let state = match restored.clone() {

@@ -67,6 +67,7 @@ pub(crate) async fn heartbeat(
             .session_timeout_ms
             .map(|ms| cx.config.clamp_session_timeout(ms)),
         assignor: body.assignor,
+        last_epoch: body.last_epoch,
     };
     // A client that does not name its session timeout in GROUP_HEARTBEAT gets its HEART_BEAT
     // session's (already bounded), as in classic mode; else the coordinator's default.

@@ -223,6 +223,7 @@ fn prepare(
         // Kafka's consumer protocol has no member session timeout: the group's (coordinator's).
         session_timeout_ms: None,
         assignor: cache.assignor.clone(),
+        last_epoch: None,
     };
     // The coordinator learns the subscribed topics' queues from the broker, in the same lock.
     let topics: Vec<String> = cache.subscriptions.iter().cloned().collect();

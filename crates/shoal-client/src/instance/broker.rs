@@ -2,6 +2,7 @@
 //! messages sent back.
 
 use crate::error::{ClientError, Result};
+use shoal_group::member::MemberStamp;
 use shoal_proto::body::{
     GetConsumerListByGroupResponseBody, LockBatchRequestBody, LockBatchResponseBody,
     UnlockBatchRequestBody,
@@ -231,7 +232,7 @@ impl ClientInstance {
 
     /// Coordinated mode: the member id and epoch to stamp on this group's pulls, commits and
     /// lock requests (`None`: classic, unstamped).
-    pub fn set_member_stamp(&self, group: &str, stamp: Option<(String, i32)>) {
+    pub fn set_member_stamp(&self, group: &str, stamp: Option<MemberStamp>) {
         let mut m = self.inner.stamps.lock();
         match stamp {
             Some(s) => {
@@ -244,8 +245,11 @@ impl ClientInstance {
     }
 
     fn stamp(&self, group: &str, req: &mut RemotingCommand) {
-        if let Some((id, epoch)) = self.inner.stamps.lock().get(group) {
-            shoal_proto::coordinated::stamp(req, id, *epoch);
+        if let Some(s) = self.inner.stamps.lock().get(group) {
+            match &s.coordinator {
+                Some(c) => shoal_proto::coordinated::stamp_from(req, &s.member_id, s.epoch, c),
+                None => shoal_proto::coordinated::stamp(req, &s.member_id, s.epoch),
+            }
         }
     }
 

@@ -67,7 +67,7 @@ struct Inner {
     namesrv_index: AtomicUsize,
     shutdown: CancellationToken,
     /// Coordinated mode: group -> (member id, member epoch) stamped on pulls, commits, locks.
-    stamps: Mutex<HashMap<String, (String, i32)>>,
+    stamps: Mutex<HashMap<String, shoal_group::member::MemberStamp>>,
 }
 
 impl Drop for Inner {

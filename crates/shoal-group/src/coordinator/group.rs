@@ -20,6 +20,10 @@ pub(crate) struct Ctx<'a> {
     pub(crate) now_ms: u64,
 }
 
+/// The epoch recorded in [`Member::released`] for a queue a member reported at its join
+/// without being given it: any later report of it is stale (it is on its way out).
+const RELEASING_AT_JOIN: i32 = i32::MAX;
+
 /// Where a member is in its reconciliation (Kafka's member states, plus `Away`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
@@ -299,6 +303,12 @@ impl Group {
                 }
             }
             self.adopt(&id, &req.adoptable);
+            self.releasing(&id, &req.owned);
+            // The group's coordinator moved here: its epochs continue above the member's
+            // epoch under the previous one (members ignore targets older than theirs).
+            if let Some(e) = req.last_epoch {
+                self.epoch = self.epoch.max(e);
+            }
         } else {
             let m = self
                 .members
@@ -418,6 +428,21 @@ impl Group {
             received,
             current: m.epoch,
             detail,
+        }
+    }
+
+    /// Queues a joining member reports holding but was not given (another member owns them,
+    /// or it could not show it holds them) are queues it will release: its reports of them
+    /// are stale until it stops naming them, not claims to fence it for. Their next owner
+    /// gets them only through their locks, once it has let go.
+    fn releasing(&mut self, id: &str, owned: &BTreeSet<MessageQueue>) {
+        let Some(m) = self.members.get_mut(id) else {
+            return;
+        };
+        for q in owned {
+            if !m.assigned.contains_key(q) && !m.pending.contains_key(q) {
+                m.released.insert(q.clone(), RELEASING_AT_JOIN);
+            }
         }
     }
 

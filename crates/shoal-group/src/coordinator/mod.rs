@@ -160,6 +160,9 @@ pub struct HeartbeatRequest {
     pub session_timeout_ms: Option<u64>,
     /// The assignor the member asks for (the group uses the one most members ask for).
     pub assignor: Option<String>,
+    /// A joining member's epoch under the group's previous coordinator (the group's
+    /// coordinator moved): the group's epoch continues above it, so epochs never move back.
+    pub last_epoch: Option<i32>,
 }
 
 /// The coordinator's answer to a heartbeat.

@@ -66,6 +66,7 @@ impl Client {
             rebalance_timeout_ms: Some(10_000),
             session_timeout_ms: self.session_timeout_ms,
             assignor: Some(self.assignor.clone()),
+            last_epoch: None,
         }
     }
 
@@ -1135,4 +1136,47 @@ proptest! {
     ) {
         run(ops, assignor);
     }
+}
+
+/// A group whose coordinator moved: members join the new coordinator with the queues they
+/// hold, one after the other. The first adopts what it holds (and is given what nobody
+/// holds yet); a later member that reports queues it was not given is not fenced for naming
+/// them while it lets go of them, and what it was given becomes its own as usual.
+#[test]
+fn members_rejoining_a_new_coordinator_are_not_fenced_for_what_they_hold() {
+    let mut c = coordinator();
+    c.set_topic_queues(T, queues(4), 0);
+    let q = queues(4);
+    let join = |member: &str, conn: u64, owned: &[MessageQueue]| HeartbeatRequest {
+        group: "G".into(),
+        member_id: member.into(),
+        member_epoch: 0,
+        client_id: member.into(),
+        conn_id: conn,
+        subscriptions: [T.to_string()].into(),
+        owned: owned.iter().cloned().collect(),
+        adoptable: owned.iter().cloned().collect(),
+        ..Default::default()
+    };
+    let a = c.heartbeat(join("a", 1, &q[..2]), 10).unwrap();
+    assert!(a.assignment.contains(&q[0]) && a.assignment.contains(&q[1]));
+    // b held q2 and q3 under the old coordinator (and still q1, which it is releasing).
+    let b = c.heartbeat(join("b", 2, &q[1..]), 11).unwrap();
+    assert!(!b.assignment.contains(&q[1]), "q1 stays with a");
+    // b's next heartbeat still names what it holds: stale reports, not claims.
+    let mut again = join("b", 2, &q[1..]);
+    again.member_epoch = b.member_epoch;
+    let b2 = c
+        .heartbeat(again, 12)
+        .expect("not fenced for queues it holds and lets go of");
+    // Once it stopped naming q1, naming it again is a claim and fenced.
+    let mut without = join("b", 2, &b2.assignment);
+    without.member_epoch = b2.member_epoch;
+    let b3 = c.heartbeat(without, 13).unwrap();
+    let mut claim = join("b", 2, &q[1..2]);
+    claim.member_epoch = b3.member_epoch;
+    assert!(matches!(
+        c.heartbeat(claim, 14),
+        Err(GroupError::FencedMemberEpoch { .. })
+    ));
 }
