@@ -98,10 +98,12 @@ impl Registry {
 }
 
 /// Handles NOTIFY_CONSUMER_IDS_CHANGED (40), RESET_CONSUMER_CLIENT_OFFSET (220),
-/// GET_CONSUMER_RUNNING_INFO (307) and CONSUME_MESSAGE_DIRECTLY (309); anything else is
-/// answered REQUEST_CODE_NOT_SUPPORTED.
+/// GET_CONSUMER_RUNNING_INFO (307), CONSUME_MESSAGE_DIRECTLY (309), CHECK_TRANSACTION_STATE
+/// and Shoal's notices (lock freed, assignment changed, and the name servers' route changes);
+/// anything else is answered REQUEST_CODE_NOT_SUPPORTED.
 pub(super) struct ClientProcessor {
     pub(super) registry: Arc<Registry>,
+    pub(super) pending_routes: Arc<super::routes::PendingRoutes>,
 }
 
 impl Processor for ClientProcessor {
@@ -111,8 +113,15 @@ impl Processor for ClientProcessor {
         request: RemotingCommand,
     ) -> BoxFuture<'static, shoal_net::ProcessResult> {
         let registry = Arc::clone(&self.registry);
+        let pending_routes = Arc::clone(&self.pending_routes);
         Box::pin(async move {
             match request.code {
+                shoal_proto::route_watch::request_code::NOTIFY_ROUTE_CHANGED => {
+                    let n: shoal_proto::route_watch::RouteChangedNotice =
+                        request.decode_json_body()?;
+                    pending_routes.add(n.topics);
+                    Ok(None)
+                }
                 shoal_proto::coordinated::request_code::GROUP_ASSIGNMENT_CHANGED => {
                     let n: shoal_proto::coordinated::AssignmentChangedNotice =
                         request.decode_json_body()?;
