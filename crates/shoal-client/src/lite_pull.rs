@@ -781,6 +781,13 @@ impl ConsumerHandle for Inner {
         }
     }
 
+    fn route_changed(&self) {
+        if let Some(d) = self.driver.get() {
+            d.member_wake();
+            d.notice();
+        }
+    }
+
     fn lock_freed(&self, queues: Vec<MessageQueue>) {
         if let Some(d) = self.driver.get() {
             d.lock_freed(queues);

@@ -763,6 +763,13 @@ impl ConsumerHandle for Inner {
         }
     }
 
+    fn route_changed(&self) {
+        if let Some(m) = &self.membership {
+            m.wake();
+        }
+        self.rebalance_now();
+    }
+
     fn lock_freed(&self, queues: Vec<MessageQueue>) {
         if let Some(d) = self.driver.get() {
             d.lock_freed(queues);

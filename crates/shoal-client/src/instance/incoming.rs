@@ -24,8 +24,14 @@ pub(crate) trait ConsumerHandle: Send + Sync + 'static {
     fn consumer_data(&self) -> ConsumerData;
     /// Topics the consumer subscribes (including its retry topic).
     fn subscribed_topics(&self) -> Vec<String>;
-    /// A route change (or anything else that calls for it): rebalance now.
+    /// Rebalance now (a timer, a notice, a route change).
     fn rebalance_now(&self);
+    /// A subscribed topic's route changed (its queues, its brokers): rebalance now; a
+    /// coordinated member also heartbeats its coordinator at once, so that the coordinator
+    /// allocates the new queues without waiting for the next heartbeat.
+    fn route_changed(&self) {
+        self.rebalance_now();
+    }
     /// NOTIFY_CONSUMER_IDS_CHANGED: the group's members or the topic's queues changed.
     /// Rebalances now; consumers that cache routes also refresh them (a Shoal broker notifies
     /// when a subscribed topic's queue count changes).

@@ -204,12 +204,12 @@ impl ClientInstance {
                 tokio::spawn(async move {
                     this.heartbeat_all().await;
                     for c in consumers {
-                        c.rebalance_now();
+                        c.route_changed();
                     }
                 });
             } else {
                 for c in consumers {
-                    c.rebalance_now();
+                    c.route_changed();
                 }
             }
         }
