@@ -98,6 +98,12 @@ impl LatencyFaultTolerance {
         }
     }
 
+    /// Forgets what was recorded of a broker: it registered with the name server again (a
+    /// restart, or back after it left the route), which is evidence it is up.
+    pub fn forget(&mut self, broker: &str) {
+        self.items.remove(broker);
+    }
+
     /// True when the broker may be used now.
     pub fn is_available(&self, broker: &str, now_ms: u64) -> bool {
         self.items
@@ -254,6 +260,10 @@ mod tests {
         // Everything failed: still returns a queue rather than nothing.
         f.record("broker-a", 5, true, 0);
         assert!(f.select(&qs, Some("broker-a"), 100).is_some());
+        // broker-b registered again: usable at once.
+        f.forget("broker-b");
+        assert!(f.is_available("broker-b", 100) && f.is_reachable("broker-b"));
+        assert_eq!(f.select(&qs, None, 100).unwrap().broker_name, "broker-b");
     }
 
     #[test]

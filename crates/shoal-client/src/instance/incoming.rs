@@ -67,10 +67,19 @@ pub(crate) trait ConsumerHandle: Send + Sync + 'static {
         -> BoxFuture<'static, ConsumeMessageDirectlyResult>;
 }
 
+/// What a producer registered in an instance hears of its routes.
+pub(crate) trait ProducerHandle: Send + Sync + 'static {
+    /// A broker appeared in a route (added, or back after it left): it registered with the
+    /// name server, so it is up; forget what the fault tolerance remembers of it.
+    fn broker_appeared(&self, broker: &str);
+}
+
 /// Consumers by group; weak so that a consumer dropped without shutdown does not live on.
 #[derive(Default)]
 pub(super) struct Registry {
     consumers: Mutex<HashMap<String, Weak<dyn ConsumerHandle>>>,
+    /// Producers of this instance (weak, as consumers).
+    producers: Mutex<Vec<Weak<dyn ProducerHandle>>>,
     /// Transaction check listeners by producer group.
     checkers: Mutex<HashMap<String, CheckListener>>,
 }
@@ -87,6 +96,22 @@ impl Registry {
     }
     pub(super) fn remove_checker(&self, group: &str) {
         self.checkers.lock().remove(group);
+    }
+    pub(super) fn add_producer(&self, handle: Weak<dyn ProducerHandle>) {
+        let mut producers = self.producers.lock();
+        producers.retain(|p| p.strong_count() > 0);
+        producers.push(handle);
+    }
+    pub(super) fn broker_appeared(&self, broker: &str) {
+        let producers: Vec<_> = self
+            .producers
+            .lock()
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect();
+        for p in producers {
+            p.broker_appeared(broker);
+        }
     }
     fn checker(&self, group: &str) -> Option<CheckListener> {
         self.checkers.lock().get(group).cloned()

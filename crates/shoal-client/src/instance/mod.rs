@@ -19,7 +19,7 @@ mod routes;
 mod tests;
 mod types;
 
-pub(crate) use incoming::ConsumerHandle;
+pub(crate) use incoming::{ConsumerHandle, ProducerHandle};
 pub use types::{BrokerKind, LockGrant, PullArgs, PullResult, PullStatus};
 
 use crate::config::{default_instance_name, local_ip_towards, ClientConfig};
@@ -236,5 +236,10 @@ impl ClientInstance {
 
     pub(crate) fn register_producer(&self, group: &str) {
         self.inner.producer_groups.lock().insert(group.to_owned());
+    }
+
+    /// Makes a producer hear of brokers appearing in its routes.
+    pub(crate) fn watch_brokers(&self, producer: Weak<dyn ProducerHandle>) {
+        self.inner.registry.add_producer(producer);
     }
 }

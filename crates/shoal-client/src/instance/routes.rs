@@ -156,23 +156,14 @@ impl ClientInstance {
     }
 
     fn store_route(&self, topic: &str, route: &TopicRouteData) {
-        // Masters this route names that were not known at their address before.
-        let mut new_masters = false;
         {
             let mut brokers = self.inner.brokers.lock();
             for b in &route.broker_datas {
-                let addrs: std::collections::BTreeMap<i64, Arc<str>> = b
+                let addrs = b
                     .broker_addrs
                     .iter()
                     .map(|(&id, addr)| (id, Arc::from(addr.as_str())))
                     .collect();
-                let master = |ids: &std::collections::BTreeMap<i64, Arc<str>>| {
-                    ids.get(&shoal_proto::constants::MASTER_ID).cloned()
-                };
-                let known = brokers.get(&b.broker_name).and_then(master);
-                if master(&addrs).is_some_and(|m| known.as_ref() != Some(&m)) {
-                    new_masters = true;
-                }
                 brokers.insert(b.broker_name.clone(), addrs);
             }
         }
@@ -181,15 +172,23 @@ impl ClientInstance {
             .publish_queues
             .lock()
             .insert(topic.to_owned(), queues);
-        let changed = {
+        let (changed, appeared) = {
             let mut routes = self.inner.routes.lock();
             let old = routes.insert(topic.to_owned(), route.clone());
-            old.as_ref().is_none_or(|o| {
+            let changed = old.as_ref().is_none_or(|o| {
                 o.queue_datas != route.queue_datas || o.broker_datas != route.broker_datas
-            })
+            });
+            (changed, appeared_masters(old.as_ref(), route))
         };
+        if !appeared.is_empty() {
+            // A broker (re)registered: evidence that it is up, whatever a producer's fault
+            // tolerance remembers of it.
+            for b in &appeared {
+                self.inner.registry.broker_appeared(b);
+            }
+        }
         if changed {
-            debug!(topic, new_masters, "route changed");
+            debug!(topic, ?appeared, "route changed");
             let consumers: Vec<_> = self
                 .inner
                 .registry
@@ -197,9 +196,9 @@ impl ClientInstance {
                 .into_iter()
                 .filter(|c| c.subscribed_topics().iter().any(|t| t == topic))
                 .collect();
-            if new_masters && !consumers.is_empty() {
-                // A broker new to this client: heartbeat it first, so that it knows this
-                // member (its member list, its session for locks) when the rebalance asks.
+            if !appeared.is_empty() && !consumers.is_empty() {
+                // A broker new to this route: heartbeat it first, so that it knows this member
+                // (its member list, its session for locks) when the rebalance asks.
                 let this = self.clone();
                 tokio::spawn(async move {
                     this.heartbeat_all().await;
@@ -321,4 +320,22 @@ impl ClientInstance {
         v.dedup();
         v
     }
+}
+
+/// Broker names whose master is in `new` but was not in `old` at that address (a broker added
+/// to the topic, or back after it left the route, or moved).
+fn appeared_masters(old: Option<&TopicRouteData>, new: &TopicRouteData) -> Vec<String> {
+    new.broker_datas
+        .iter()
+        .filter_map(|b| {
+            let master = b.master_addr()?;
+            let before = old.and_then(|o| {
+                o.broker_datas
+                    .iter()
+                    .find(|x| x.broker_name == b.broker_name)
+                    .and_then(|x| x.master_addr())
+            });
+            (before != Some(master)).then(|| b.broker_name.clone())
+        })
+        .collect()
 }
