@@ -120,6 +120,7 @@ impl Broker {
             tokio::spawn(housekeeping_loop(shared.clone())),
             tokio::spawn(group_timer_loop(shared.clone())),
             tokio::spawn(timeline_loop(shared.clone())),
+            tokio::spawn(crate::route_notices::route_notice_loop(shared.clone())),
         ];
         tasks.extend(crate::schedule::start(shared.clone()));
         tasks.push(crate::transaction::service::start(shared.clone()));

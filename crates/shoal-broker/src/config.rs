@@ -563,13 +563,32 @@ pub fn read_acl_config(
     Ok(cfg)
 }
 
-/// The name server's configuration file (`shoal namesrv --config FILE`, TOML): the `[net]`
-/// table, with the broker's keys, defaults and checks. Unknown keys are errors.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// The name server's configuration file (`shoal namesrv --config FILE`, TOML): the limits of
+/// pushed routes, and the `[net]` table, with the broker's keys, defaults and checks. Unknown
+/// keys are errors.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct NamesrvFile {
+    /// Route watches (connection, topic) of Shoal clients held at most; over it a watch is
+    /// refused (the client keeps its periodic route poll) and counted in
+    /// `shoal_namesrv_route_watch_refused_total`. 0 turns pushed routes off.
+    pub max_route_watches: usize,
+    /// Topics one client connection may watch.
+    pub max_route_watches_per_connection: usize,
     /// Transport limits of the name server's listener.
     pub net: NetLimits,
+}
+
+impl Default for NamesrvFile {
+    /// `shoal_namesrv::server::DEFAULT_MAX_ROUTE_WATCHES` and
+    /// `DEFAULT_MAX_ROUTE_WATCHES_PER_CONNECTION` (a test checks they agree).
+    fn default() -> Self {
+        Self {
+            max_route_watches: 100_000,
+            max_route_watches_per_connection: 1_000,
+            net: NetLimits::default(),
+        }
+    }
 }
 
 impl NamesrvFile {
@@ -608,6 +627,22 @@ mod tests {
             NetLimits::default().idle_timeout_secs
         );
         assert_eq!(NamesrvFile::from_toml("").unwrap(), NamesrvFile::default());
+        let d = NamesrvFile::default();
+        assert_eq!(
+            d.max_route_watches,
+            shoal_namesrv::server::DEFAULT_MAX_ROUTE_WATCHES
+        );
+        assert_eq!(
+            d.max_route_watches_per_connection,
+            shoal_namesrv::server::DEFAULT_MAX_ROUTE_WATCHES_PER_CONNECTION
+        );
+        let f =
+            NamesrvFile::from_toml("max_route_watches = 5\nmax_route_watches_per_connection = 2\n")
+                .unwrap();
+        assert_eq!(
+            (f.max_route_watches, f.max_route_watches_per_connection),
+            (5, 2)
+        );
         let e = NamesrvFile::from_toml("[net]\nmax_conections_per_ip = 2\n").unwrap_err();
         assert!(e.0.contains("max_conections_per_ip"), "{e}");
         let e = NamesrvFile::from_toml("[net]\nmax_inflight_requests = 0\n").unwrap_err();

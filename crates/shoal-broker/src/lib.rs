@@ -40,6 +40,7 @@ mod processor;
 mod pull;
 mod reply;
 mod retry;
+mod route_notices;
 mod schedule;
 mod selectors;
 mod send;

@@ -18,6 +18,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
+mod cluster;
+pub use cluster::{DrainStatus, GroupDrain, PermChange};
+
 /// Errors of admin calls; each names what failed.
 #[derive(Debug, thiserror::Error)]
 pub enum AdminError {
@@ -429,7 +432,13 @@ impl AdminClient {
                 "no broker is registered with the name server".into(),
             ));
         }
-        for addr in &brokers {
+        self.create_topic_at(spec, &brokers).await?;
+        Ok(brokers)
+    }
+
+    /// Creates or updates a topic on the brokers at `addrs`.
+    async fn create_topic_at(&self, spec: &TopicSpec, addrs: &[String]) -> AdminResult<()> {
+        for addr in addrs {
             let req = RemotingCommand::request_with_header(
                 rc::UPDATE_AND_CREATE_TOPIC,
                 &CreateTopicRequestHeader {
@@ -445,7 +454,7 @@ impl AdminClient {
             );
             self.call_ok("create topic", addr, req).await?;
         }
-        Ok(brokers)
+        Ok(())
     }
 
     /// Deletes a topic from its brokers and the name servers.

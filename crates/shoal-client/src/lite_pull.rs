@@ -781,6 +781,13 @@ impl ConsumerHandle for Inner {
         }
     }
 
+    fn route_changed(&self) {
+        if let Some(d) = self.driver.get() {
+            d.member_wake();
+            d.notice();
+        }
+    }
+
     fn lock_freed(&self, queues: Vec<MessageQueue>) {
         if let Some(d) = self.driver.get() {
             d.lock_freed(queues);
@@ -807,7 +814,8 @@ impl ConsumerHandle for Inner {
         if let Some(d) = self.driver.get() {
             // A member may have left or joined a group that runs classic: ask again.
             d.member_wake();
-            d.notice();
+            // The notice may be about the topic's queues: routes first, then the rebalance.
+            d.refresh_routes_then_notice();
         }
     }
 

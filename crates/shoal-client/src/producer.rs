@@ -172,6 +172,12 @@ struct Inner {
     metrics: crate::metrics::ProducerMetrics,
 }
 
+impl crate::instance::ProducerHandle for Inner {
+    fn broker_appeared(&self, broker: &str) {
+        self.fault.lock().forget(broker);
+    }
+}
+
 /// A started producer. Cheap to clone; clones share the instance.
 #[derive(Clone)]
 pub struct Producer {
@@ -276,15 +282,16 @@ impl Producer {
             .unwrap_or(IpAddr::from([127, 0, 0, 1]));
         let fault =
             LatencyFaultTolerance::new(config.latency_fault_enabled, config.fault_table.clone());
-        Ok(Producer {
-            inner: Arc::new(Inner {
-                instance,
-                fault: Mutex::new(fault),
-                uniq: UniqKeyGenerator::new(ip),
-                metrics: crate::metrics::ProducerMetrics::new(&config.group),
-                config,
-            }),
-        })
+        let inner = Arc::new(Inner {
+            instance,
+            fault: Mutex::new(fault),
+            uniq: UniqKeyGenerator::new(ip),
+            metrics: crate::metrics::ProducerMetrics::new(&config.group),
+            config,
+        });
+        let weak = Arc::downgrade(&inner);
+        inner.instance.watch_brokers(weak);
+        Ok(Producer { inner })
     }
 
     /// The client instance (client id, routes).

@@ -2,6 +2,7 @@
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use shoal_metrics::{encode_counters, encode_gauges, prometheus_client, Metrics, RequestMetrics};
 use std::sync::{Arc, Weak};
@@ -15,6 +16,8 @@ pub struct NamesrvMetrics {
     pub requests: RequestMetrics,
     /// Open connections (brokers and clients).
     pub connections: Gauge,
+    /// NOTIFY_ROUTE_CHANGED notices sent to route watchers.
+    pub route_notices: Counter,
 }
 
 impl Default for NamesrvMetrics {
@@ -37,6 +40,10 @@ impl NamesrvMetrics {
                 "shoal_namesrv_connections",
                 "Connections open now (brokers and clients).",
             ),
+            route_notices: registry.counter(
+                "shoal_namesrv_route_notices",
+                "Route change notices (NOTIFY_ROUTE_CHANGED) sent to Shoal clients watching the changed topics.",
+            ),
             requests,
             registry,
         }
@@ -50,6 +57,14 @@ pub struct RouteStats {
     pub brokers: usize,
     /// Topics in the route table.
     pub topics: usize,
+    /// Route watches held (connection, topic pairs).
+    pub watches: usize,
+    /// Connections watching at least one topic.
+    pub watching_connections: usize,
+    /// Watches refused by `max_route_watches` so far.
+    pub watch_refused_total: u64,
+    /// Watches refused by `max_route_watches_per_connection` so far.
+    pub watch_refused_per_connection: u64,
 }
 
 /// Where [`NamesrvCollector`] reads the route table's size at scrape time (the name server's
@@ -86,7 +101,14 @@ impl Collector for NamesrvCollector {
         let Some(source) = self.source.upgrade() else {
             return Ok(());
         };
-        let RouteStats { brokers, topics } = source.route_stats();
+        let RouteStats {
+            brokers,
+            topics,
+            watches,
+            watching_connections,
+            watch_refused_total,
+            watch_refused_per_connection,
+        } = source.route_stats();
         let none: [(&str, &str); 0] = [];
         encode_gauges(
             &mut e,
@@ -99,6 +121,30 @@ impl Collector for NamesrvCollector {
             "shoal_namesrv_topics",
             "Topics in the route table now.",
             [(none, topics as i64)],
+        )?;
+        encode_gauges(
+            &mut e,
+            "shoal_namesrv_route_watches",
+            "Route watches held now: (connection, topic) pairs a Shoal client asked to be told about (bounded by max_route_watches).",
+            [(none, watches as i64)],
+        )?;
+        encode_gauges(
+            &mut e,
+            "shoal_namesrv_route_watching_connections",
+            "Connections watching at least one topic's route now.",
+            [(none, watching_connections as i64)],
+        )?;
+        encode_counters(
+            &mut e,
+            "shoal_namesrv_route_watch_refused",
+            "Route watches refused by a limit (the config key: max_route_watches or max_route_watches_per_connection); the route is answered and the client keeps its periodic poll.",
+            [
+                ([("limit", "max_route_watches")], watch_refused_total),
+                (
+                    [("limit", "max_route_watches_per_connection")],
+                    watch_refused_per_connection,
+                ),
+            ],
         )?;
         if let Some(n) = self.net.as_ref().map(|n| n.snapshot()) {
             let by_result = |rows: &[(&'static str, u64)]| {
@@ -150,5 +196,16 @@ mod tests {
         assert!(text.contains("shoal_namesrv_brokers 0\n"), "{text}");
         assert!(text.contains("shoal_namesrv_topics 0\n"), "{text}");
         assert!(text.contains("shoal_namesrv_connections 0\n"), "{text}");
+        assert!(text.contains("shoal_namesrv_route_watches 0\n"), "{text}");
+        assert!(
+            text.contains(
+                "shoal_namesrv_route_watch_refused_total{limit=\"max_route_watches\"} 0\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("shoal_namesrv_route_notices_total 0\n"),
+            "{text}"
+        );
     }
 }

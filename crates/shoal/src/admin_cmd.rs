@@ -207,7 +207,8 @@ impl Common {
 /// `shoal topic ...`
 #[derive(Debug, Subcommand)]
 pub enum TopicCmd {
-    /// Create a topic on every broker of the cluster.
+    /// Create a topic on every broker (of a cluster with --cluster, or on chosen brokers with
+    /// --brokers).
     Create(TopicCreate),
     /// Change a topic's queue counts or permission (same options as create).
     Update(TopicCreate),
@@ -243,8 +244,13 @@ pub struct TopicCreate {
     #[arg(long, default_value_t = 8)]
     pub queues: i32,
     /// Only on the brokers of this cluster.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "brokers")]
     pub cluster: Option<String>,
+    /// Only on these brokers: names as `shoal cluster list` shows them, or `host:port`,
+    /// separated by commas (RocketMQ's `updateTopic -b`). `topic update --brokers` changes
+    /// the topic on those brokers only, and adds it to those that lack it.
+    #[arg(long, value_delimiter = ',', num_args = 1..)]
+    pub brokers: Vec<String>,
     /// Permission: 6 = read+write, 4 = read only, 2 = write only.
     #[arg(long, default_value_t = 6)]
     pub perm: i32,
@@ -458,6 +464,9 @@ pub async fn topic(common: &Common, cmd: TopicCmd) -> anyhow::Result<()> {
                         );
                     }
                     for q in &route.queue_datas {
+                        if !c.brokers.is_empty() && !c.brokers.contains(&q.broker_name) {
+                            continue;
+                        }
                         let had = q.write_queue_nums.max(q.read_queue_nums);
                         if c.queues < had {
                             eprintln!(
@@ -475,7 +484,11 @@ pub async fn topic(common: &Common, cmd: TopicCmd) -> anyhow::Result<()> {
                 order: c.order,
                 ..TopicSpec::new(&c.topic, c.queues)
             };
-            let brokers = admin.create_topic(&spec, c.cluster.as_deref()).await?;
+            let brokers = if c.brokers.is_empty() {
+                admin.create_topic(&spec, c.cluster.as_deref()).await?
+            } else {
+                admin.create_topic_on(&spec, &c.brokers).await?
+            };
             if common.json {
                 println!(
                     "{}",
@@ -931,34 +944,6 @@ pub async fn broker_status(common: &Common, broker: Option<String>) -> anyhow::R
     }
     if common.json {
         println!("{}", serde_json::Value::Object(all));
-    }
-    admin.shutdown();
-    Ok(())
-}
-
-/// `shoal cluster list`.
-pub async fn cluster_list(common: &Common) -> anyhow::Result<()> {
-    let admin = common.admin()?;
-    let info = admin.cluster_info().await?;
-    if common.json {
-        println!("{}", serde_json::to_string(&info)?);
-    } else {
-        let mut t = Table::new(&["CLUSTER", "BROKER", "ID", "ADDRESS"]);
-        for (cluster, names) in &info.cluster_addr_table {
-            for name in names {
-                if let Some(b) = info.broker_addr_table.get(name) {
-                    for (id, addr) in &b.broker_addrs {
-                        t.row(vec![
-                            cluster.clone(),
-                            name.clone(),
-                            id.to_string(),
-                            addr.clone(),
-                        ]);
-                    }
-                }
-            }
-        }
-        t.print();
     }
     admin.shutdown();
     Ok(())

@@ -11,6 +11,7 @@ mod alloc;
 mod admin_cmd;
 mod bench;
 mod client_cmd;
+mod cluster_cmd;
 mod dashboard;
 mod group_view;
 mod http;
@@ -27,12 +28,6 @@ struct Cli {
     common: admin_cmd::Common,
     #[command(subcommand)]
     command: Command,
-}
-
-#[derive(Debug, Subcommand)]
-enum ClusterCmd {
-    /// List clusters, brokers and their addresses.
-    List,
 }
 
 #[derive(Debug, Subcommand)]
@@ -53,9 +48,9 @@ enum Command {
     /// Consumer groups: list, progress, connections, reset offsets.
     #[command(subcommand)]
     Group(admin_cmd::GroupCmd),
-    /// Brokers and clusters.
+    /// Brokers and clusters: list, drain a broker before stopping it, undo a drain.
     #[command(subcommand)]
-    Cluster(ClusterCmd),
+    Cluster(cluster_cmd::ClusterCmd),
     /// Look messages up.
     #[command(subcommand)]
     Message(admin_cmd::MessageCmd),
@@ -177,7 +172,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench(c) => return client_mt("warn", bench::run(&common, c)),
         Command::Topic(c) => return admin(admin_cmd::topic(&common, c)),
         Command::Group(c) => return admin(admin_cmd::group(&common, c)),
-        Command::Cluster(ClusterCmd::List) => return admin(admin_cmd::cluster_list(&common)),
+        Command::Cluster(c) => return admin(cluster_cmd::run(&common, c)),
         Command::Message(c) => return admin(admin_cmd::message(&common, c)),
         Command::Dlq(c) => return admin(admin_cmd::dlq(&common, c)),
         Command::Dev(a) => return serve(server::run_dev(a)),

@@ -379,6 +379,8 @@ pub async fn run_namesrv(args: NamesrvArgs) -> anyhow::Result<()> {
         acl,
         tls,
         net: file.net.net_config(),
+        max_route_watches: file.max_route_watches,
+        max_route_watches_per_connection: file.max_route_watches_per_connection,
         ..NamesrvConfig::default()
     })
     .await?;

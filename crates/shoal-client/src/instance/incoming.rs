@@ -24,8 +24,14 @@ pub(crate) trait ConsumerHandle: Send + Sync + 'static {
     fn consumer_data(&self) -> ConsumerData;
     /// Topics the consumer subscribes (including its retry topic).
     fn subscribed_topics(&self) -> Vec<String>;
-    /// A route change (or anything else that calls for it): rebalance now.
+    /// Rebalance now (a timer, a notice, a route change).
     fn rebalance_now(&self);
+    /// A subscribed topic's route changed (its queues, its brokers): rebalance now; a
+    /// coordinated member also heartbeats its coordinator at once, so that the coordinator
+    /// allocates the new queues without waiting for the next heartbeat.
+    fn route_changed(&self) {
+        self.rebalance_now();
+    }
     /// NOTIFY_CONSUMER_IDS_CHANGED: the group's members or the topic's queues changed.
     /// Rebalances now; consumers that cache routes also refresh them (a Shoal broker notifies
     /// when a subscribed topic's queue count changes).
@@ -61,10 +67,19 @@ pub(crate) trait ConsumerHandle: Send + Sync + 'static {
         -> BoxFuture<'static, ConsumeMessageDirectlyResult>;
 }
 
+/// What a producer registered in an instance hears of its routes.
+pub(crate) trait ProducerHandle: Send + Sync + 'static {
+    /// A broker appeared in a route (added, or back after it left): it registered with the
+    /// name server, so it is up; forget what the fault tolerance remembers of it.
+    fn broker_appeared(&self, broker: &str);
+}
+
 /// Consumers by group; weak so that a consumer dropped without shutdown does not live on.
 #[derive(Default)]
 pub(super) struct Registry {
     consumers: Mutex<HashMap<String, Weak<dyn ConsumerHandle>>>,
+    /// Producers of this instance (weak, as consumers).
+    producers: Mutex<Vec<Weak<dyn ProducerHandle>>>,
     /// Transaction check listeners by producer group.
     checkers: Mutex<HashMap<String, CheckListener>>,
 }
@@ -82,6 +97,22 @@ impl Registry {
     pub(super) fn remove_checker(&self, group: &str) {
         self.checkers.lock().remove(group);
     }
+    pub(super) fn add_producer(&self, handle: Weak<dyn ProducerHandle>) {
+        let mut producers = self.producers.lock();
+        producers.retain(|p| p.strong_count() > 0);
+        producers.push(handle);
+    }
+    pub(super) fn broker_appeared(&self, broker: &str) {
+        let producers: Vec<_> = self
+            .producers
+            .lock()
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect();
+        for p in producers {
+            p.broker_appeared(broker);
+        }
+    }
     fn checker(&self, group: &str) -> Option<CheckListener> {
         self.checkers.lock().get(group).cloned()
     }
@@ -98,10 +129,12 @@ impl Registry {
 }
 
 /// Handles NOTIFY_CONSUMER_IDS_CHANGED (40), RESET_CONSUMER_CLIENT_OFFSET (220),
-/// GET_CONSUMER_RUNNING_INFO (307) and CONSUME_MESSAGE_DIRECTLY (309); anything else is
-/// answered REQUEST_CODE_NOT_SUPPORTED.
+/// GET_CONSUMER_RUNNING_INFO (307), CONSUME_MESSAGE_DIRECTLY (309), CHECK_TRANSACTION_STATE
+/// and Shoal's notices (lock freed, assignment changed, and the name servers' route changes);
+/// anything else is answered REQUEST_CODE_NOT_SUPPORTED.
 pub(super) struct ClientProcessor {
     pub(super) registry: Arc<Registry>,
+    pub(super) pending_routes: Arc<super::routes::PendingRoutes>,
 }
 
 impl Processor for ClientProcessor {
@@ -111,8 +144,15 @@ impl Processor for ClientProcessor {
         request: RemotingCommand,
     ) -> BoxFuture<'static, shoal_net::ProcessResult> {
         let registry = Arc::clone(&self.registry);
+        let pending_routes = Arc::clone(&self.pending_routes);
         Box::pin(async move {
             match request.code {
+                shoal_proto::route_watch::request_code::NOTIFY_ROUTE_CHANGED => {
+                    let n: shoal_proto::route_watch::RouteChangedNotice =
+                        request.decode_json_body()?;
+                    pending_routes.add(n.topics);
+                    Ok(None)
+                }
                 shoal_proto::coordinated::request_code::GROUP_ASSIGNMENT_CHANGED => {
                     let n: shoal_proto::coordinated::AssignmentChangedNotice =
                         request.decode_json_body()?;

@@ -19,7 +19,7 @@ mod routes;
 mod tests;
 mod types;
 
-pub(crate) use incoming::ConsumerHandle;
+pub(crate) use incoming::{ConsumerHandle, ProducerHandle};
 pub use types::{BrokerKind, LockGrant, PullArgs, PullResult, PullStatus};
 
 use crate::config::{default_instance_name, local_ip_towards, ClientConfig};
@@ -68,6 +68,8 @@ struct Inner {
     shutdown: CancellationToken,
     /// Coordinated mode: group -> (member id, member epoch) stamped on pulls, commits, locks.
     stamps: Mutex<HashMap<String, shoal_group::member::MemberStamp>>,
+    /// Topics name servers said changed, for the refresh task.
+    pending_routes: Arc<routes::PendingRoutes>,
 }
 
 impl Drop for Inner {
@@ -118,10 +120,14 @@ impl ClientInstance {
             None => local_ip_towards(config.namesrv_addrs.first().map_or("", String::as_str)),
         };
         let registry = Arc::new(Registry::default());
+        let pending_routes = Arc::new(routes::PendingRoutes::default());
+        // One processor for requests from brokers and from name servers (route notices): the
+        // name server connections are this client's connections too.
         let net = RemotingClient::with_tls(
             NetConfig::default(),
             Arc::new(ClientProcessor {
                 registry: Arc::clone(&registry),
+                pending_routes: Arc::clone(&pending_routes),
             }),
             config.tls.clone(),
         );
@@ -141,8 +147,14 @@ impl ClientInstance {
             namesrv_index: AtomicUsize::new(start_index),
             stamps: Mutex::new(HashMap::new()),
             shutdown: CancellationToken::new(),
+            pending_routes,
         });
         let this = ClientInstance { inner };
+        routes::spawn_route_notice_task(
+            Arc::clone(&this.inner.pending_routes),
+            Arc::downgrade(&this.inner),
+            this.inner.shutdown.clone(),
+        );
         this.spawn_timer(this.inner.config.poll_namesrv_interval, |c| {
             Box::pin(async move { c.refresh_routes().await })
         });
@@ -224,5 +236,10 @@ impl ClientInstance {
 
     pub(crate) fn register_producer(&self, group: &str) {
         self.inner.producer_groups.lock().insert(group.to_owned());
+    }
+
+    /// Makes a producer hear of brokers appearing in its routes.
+    pub(crate) fn watch_brokers(&self, producer: Weak<dyn ProducerHandle>) {
+        self.inner.registry.add_producer(producer);
     }
 }
