@@ -80,8 +80,9 @@ pub struct ConsumeArgs {
     /// Where a new group starts: `first`, `last`, or a time (epoch ms, RFC 3339, `10m` ago).
     #[arg(long, default_value = "last")]
     pub from: String,
-    /// Exit after this many messages: exactly this many are printed and acknowledged; messages
-    /// fetched beyond them are left for the group (not committed).
+    /// Exit after this many deliveries: exactly this many are printed and answered (acknowledged,
+    /// or failed with --fail); messages fetched beyond them are left for the group (not
+    /// committed).
     #[arg(long)]
     pub count: Option<u64>,
     /// Allocation strategy (AVG, AVG_BY_CIRCLE, CONSISTENT_HASH, BALANCED_STICKY, ...).
@@ -157,6 +158,10 @@ pub async fn send(common: &Common, a: SendArgs) -> anyhow::Result<()> {
         .start()
         .await
         .context("starting the producer")?;
+    // The route and the broker's kind before the first send, so that a one-shot send goes
+    // as the library's later sends do (binary headers to a Shoal broker). A failure here is
+    // reported by the send that follows.
+    let _ = producer.prepare_topic(&a.topic).await;
     let from_stdin = a.body.is_none() && a.size.is_none();
     let count = a.count.unwrap_or(if from_stdin { u64::MAX } else { 1 });
     // Bodies arrive through a small channel: standard input is read line by line by a thread
@@ -281,6 +286,12 @@ pub async fn send(common: &Common, a: SendArgs) -> anyhow::Result<()> {
     }
     pb.finish_and_clear();
     producer.shutdown().await;
+    if from_stdin && i == 0 {
+        bail!(
+            "standard input was empty: nothing read, no message sent to {} (give the body with --body or --size, or lines on standard input)",
+            a.topic
+        );
+    }
     if failed > 0 {
         bail!(
             "{failed} of {} messages not sent to {} ({sent} sent)",
@@ -402,40 +413,41 @@ pub async fn consume(common: &Common, a: ConsumeArgs) -> anyhow::Result<()> {
         fail.as_deref()
             .is_some_and(|f| f == "*" || String::from_utf8_lossy(&m.body).contains(f))
     };
+    // Every delivery counts towards --count, failed ones too: a run that fails every message
+    // ends after N deliveries instead of waiting for a success that never comes.
+    let failures = Arc::new(AtomicU64::new(0));
+    let failed_counter = failures.clone();
+    let deliver = move |msgs: &[MessageExt], ctx: &ConsumeContext| {
+        let failed = msgs.iter().any(&fails);
+        for m in msgs {
+            print_message(json_out, m, ctx, failed);
+            if failed {
+                failed_counter.fetch_add(1, Ordering::AcqRel);
+            }
+            tick();
+        }
+        failed
+    };
     let listener = if a.orderly {
         MessageListener::orderly(move |msgs, ctx| {
-            if !msgs.iter().any(&fails) && !claim(msgs.len()) {
+            if !claim(msgs.len()) {
                 return ConsumeOrderlyStatus::SuspendCurrentQueueAMoment;
             }
-            if msgs.iter().any(&fails) {
-                for m in msgs {
-                    print_message(json_out, m, ctx, true);
-                }
+            if deliver(msgs, ctx) {
                 return ConsumeOrderlyStatus::SuspendCurrentQueueAMoment;
-            }
-            for m in msgs {
-                print_message(json_out, m, ctx, false);
-                tick();
             }
             ConsumeOrderlyStatus::Success
         })
     } else {
         MessageListener::concurrently(move |msgs, ctx| {
-            if !msgs.iter().any(&fails) && !claim(msgs.len()) {
+            if !claim(msgs.len()) {
                 futures::executor::block_on(ctx.queue_stopped());
                 // The queue was stopped: "later" on a stopped queue keeps the messages below
                 // the committed offset (nothing is sent back).
                 return ConsumeConcurrentlyStatus::ReconsumeLater;
             }
-            if msgs.iter().any(&fails) {
-                for m in msgs {
-                    print_message(json_out, m, ctx, true);
-                }
+            if deliver(msgs, ctx) {
                 return ConsumeConcurrentlyStatus::ReconsumeLater;
-            }
-            for m in msgs {
-                print_message(json_out, m, ctx, false);
-                tick();
             }
             ConsumeConcurrentlyStatus::ConsumeSuccess
         })
@@ -512,8 +524,14 @@ pub async fn consume(common: &Common, a: ConsumeArgs) -> anyhow::Result<()> {
     }
     consumer.shutdown().await;
     if !json_out {
+        let failed = failures.load(Ordering::Acquire);
+        let failed = if failed > 0 {
+            format!(" ({failed} failed, sent back for a later attempt)")
+        } else {
+            String::new()
+        };
         eprintln!(
-            "{} messages consumed; offsets committed, queues handed over",
+            "{} messages consumed{failed}; offsets committed, queues handed over",
             seen.load(Ordering::Acquire)
         );
     }
