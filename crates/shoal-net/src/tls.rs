@@ -451,6 +451,15 @@ fn describe_handshake_error(e: &std::io::Error, name: &ServerName<'_>) -> String
         Some(rustls::Error::InvalidCertificate(
             CertificateError::Expired | CertificateError::ExpiredContext { .. },
         )) => "the server's certificate has expired".to_owned(),
+        Some(rustls::Error::InvalidCertificate(CertificateError::Other(other)))
+            if format!("{other:?}").contains("CaUsedAsEndEntity") =>
+        {
+            "the server presents a CA certificate as its own (CaUsedAsEndEntity): give the \
+             server a certificate that says basicConstraints CA:FALSE, signed by the CA the \
+             client trusts; for a self-signed trial certificate add -addext \
+             \"basicConstraints=critical,CA:FALSE\" to `openssl req -x509` (docs/security.md)"
+                .to_owned()
+        }
         Some(other) => other.to_string(),
         None if matches!(
             e.kind(),
