@@ -85,9 +85,11 @@ pub struct ConsumeArgs {
     /// committed).
     #[arg(long)]
     pub count: Option<u64>,
-    /// Allocation strategy (AVG, AVG_BY_CIRCLE, CONSISTENT_HASH, BALANCED_STICKY, ...).
-    #[arg(long, default_value = "AVG")]
-    pub strategy: String,
+    /// Allocation strategy (AVG, AVG_BY_CIRCLE, CONSISTENT_HASH, BALANCED_STICKY, STICKY, ...).
+    /// Default: AVG in classic mode; in coordinated mode the broker's default assignor
+    /// (STICKY: balanced, moves the fewest queues when members come and go).
+    #[arg(long)]
+    pub strategy: Option<String>,
     /// Instance name (the client id is `ip@instance`; default: pid and time).
     #[arg(long)]
     pub instance: Option<String>,
@@ -350,12 +352,13 @@ pub async fn consume(common: &Common, a: ConsumeArgs) -> anyhow::Result<()> {
             ),
         },
     };
-    if shoal_group::strategy_by_name(&a.strategy).is_err() {
-        bail!(
-            "unknown allocation strategy {:?}; known: {}",
-            a.strategy,
-            shoal_group::STRATEGY_NAMES.join(", ")
-        );
+    if let Some(s) = &a.strategy {
+        if shoal_group::strategy_by_name(s).is_err() {
+            bail!(
+                "unknown allocation strategy {s:?}; known: {}",
+                shoal_group::STRATEGY_NAMES.join(", ")
+            );
+        }
     }
     // Before joining: is the name server there, and does the topic exist? A consumer of a
     // topic that does not exist yet waits here for it (polling the name server each second)
@@ -464,7 +467,6 @@ pub async fn consume(common: &Common, a: ConsumeArgs) -> anyhow::Result<()> {
             MessageModel::Clustering
         })
         .consume_from_where(from)
-        .allocate_strategy(a.strategy.clone())
         .protocol(a.protocol)
         .rebalance_interval(Duration::from_secs(a.rebalance_interval_secs.max(1)))
         .session_timeout(Duration::from_millis(a.session_timeout_ms))
@@ -473,6 +475,9 @@ pub async fn consume(common: &Common, a: ConsumeArgs) -> anyhow::Result<()> {
         });
     if let Some(id) = &a.instance_id {
         builder = builder.instance_id(id.clone());
+    }
+    if let Some(s) = &a.strategy {
+        builder = builder.allocate_strategy(s.clone());
     }
     if let Some(ts) = ts {
         builder = builder.consume_timestamp_ms(ts);

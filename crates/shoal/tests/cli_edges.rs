@@ -63,3 +63,60 @@ fn send_and_consume_edges() {
         stderr(&o)
     );
 }
+
+/// A coordinated group whose consumers choose no strategy runs the coordinator's default
+/// assignor, and `group describe` says so; a consumer that chooses one is followed.
+#[test]
+fn group_describe_says_where_the_assignor_comes_from() {
+    let dev = Dev::start();
+    let o = dev.cmd(&["topic", "create", "Assigned", "--queues", "4"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let describe = |dev: &Dev| {
+        let o = dev.cmd(&["group", "describe", "assigned"]);
+        String::from_utf8_lossy(&o.stdout).to_string()
+    };
+    let wait = |what: &str, f: &dyn Fn(&str) -> bool| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let text = describe(&dev);
+            if f(&text) {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{what} not seen: {text}"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    let _default = Proc {
+        child: dev.spawn(&[
+            "consume",
+            "Assigned",
+            "--group",
+            "assigned",
+            "--protocol",
+            "coordinated",
+        ]),
+    };
+    wait("the default assignor", &|t| {
+        t.contains("assignor STICKY (default: balanced, moves the fewest queues)")
+    });
+    let v = dev.json(&["group", "describe", "assigned", "--json"]);
+    assert_eq!(v["assignorSource"], "default", "{v}");
+    let _chosen = Proc {
+        child: dev.spawn(&[
+            "consume",
+            "Assigned",
+            "--group",
+            "assigned",
+            "--protocol",
+            "coordinated",
+            "--strategy",
+            "AVG",
+        ]),
+    };
+    wait("the chosen assignor", &|t| {
+        t.contains("assignor AVG (chosen by the members)")
+    });
+}
