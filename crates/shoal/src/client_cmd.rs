@@ -314,6 +314,7 @@ fn print_message(json_out: bool, m: &MessageExt, ctx: &ConsumeContext, failed: b
             "msgId": m.msg_id(), "topic": m.topic, "broker": ctx.message_queue.broker_name,
             "queue": ctx.message_queue.queue_id, "queueOffset": m.queue_offset, "tags": m.tags(),
             "keys": m.keys(), "reconsumeTimes": m.reconsume_times, "storeTimestamp": m.store_timestamp,
+            "properties": m.properties,
             "body": String::from_utf8_lossy(&m.body),
             // When the listener got it (µs since the epoch): delivery records of separate
             // processes can be ordered by it.
