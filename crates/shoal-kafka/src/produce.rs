@@ -233,11 +233,15 @@ fn prepare(
                     BatchError::TooLarge { .. } => ResponseError::RecordListTooLarge,
                     BatchError::Malformed(_) => ResponseError::CorruptMessage,
                 };
-                if !matches!(e, BatchError::LegacyFormat(_)) {
-                    state
-                        .counters
-                        .batches_malformed
-                        .fetch_add(1, Ordering::Relaxed);
+                let counter = match e {
+                    BatchError::LegacyFormat(_) => None,
+                    BatchError::TooLarge { .. } => {
+                        Some(&state.counters.limit_max_batch_decompressed_bytes)
+                    }
+                    BatchError::Malformed(_) => Some(&state.counters.batches_malformed),
+                };
+                if let Some(c) = counter {
+                    c.fetch_add(1, Ordering::Relaxed);
                 }
                 return Err(Outcome::err(err, format!("record batch rejected: {e}")));
             }
@@ -458,7 +462,7 @@ pub(crate) fn init_producer_id(
             if evicted > 0 {
                 state
                     .counters
-                    .producer_states_evicted
+                    .limit_max_producer_states
                     .fetch_add(evicted as u64, Ordering::Relaxed);
                 tracing::warn!(
                     evicted,

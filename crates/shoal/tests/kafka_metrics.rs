@@ -202,13 +202,22 @@ fn kafka_counters_on_metrics_move_with_real_requests() {
     ));
     let m = wait_for(&dev, "shoal_kafka_connections_open", 0.0);
     assert_eq!(sample(&m, "shoal_kafka_requests_refused_total"), Some(1.0));
+    // ... and as a hit of its limit, in the `*_limit_hits_total` style of the other listeners.
+    assert_eq!(
+        sample(
+            &m,
+            "shoal_kafka_limit_hits_total{limit=\"kafka.max_request_bytes\",action=\"closed\"}"
+        ),
+        Some(1.0),
+        "{m}"
+    );
     assert_eq!(sample(&m, "shoal_kafka_requests_total"), Some(4.0));
     assert_eq!(
         sample(&m, "shoal_kafka_connections_accepted_total"),
         Some(1.0)
     );
     for zero in [
-        "shoal_kafka_connections_refused_total",
+        "shoal_kafka_limit_hits_total{limit=\"kafka.max_connections\",action=\"refused\"}",
         "shoal_kafka_requests_malformed_total",
         "shoal_kafka_batches_malformed_total",
         "shoal_kafka_duplicate_batches_total",
@@ -240,7 +249,7 @@ fn kafka_counters_on_metrics_move_with_real_requests() {
         );
         families += 1;
     }
-    assert_eq!(families, 16, "{m}");
+    assert_eq!(families, 15, "{m}");
 }
 
 #[test]
