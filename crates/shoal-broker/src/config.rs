@@ -151,6 +151,11 @@ pub struct BrokerConfig {
     /// TLS of the broker's listener and of its connections to the name servers (`[tls]`
     /// table).
     pub tls: TlsSettings,
+    /// The Kafka listener's `[kafka]` table: read and checked by the `shoal` binary, which
+    /// runs the listener (the keys of `shoal_kafka::KafkaFile`; docs/configuration.md). The
+    /// broker itself does not use it.
+    #[serde(skip_serializing_if = "toml::Table::is_empty")]
+    pub kafka: toml::Table,
 }
 
 /// TLS of the broker (`[tls]` in the broker's TOML file; RocketMQ's `tls.*` settings in
@@ -408,6 +413,7 @@ impl Default for BrokerConfig {
             coordinator: shoal_group::coordinator::CoordinatorConfig::default(),
             net: NetLimits::default(),
             tls: TlsSettings::default(),
+            kafka: toml::Table::new(),
         }
     }
 }
