@@ -218,6 +218,24 @@ impl ServerTls {
         self
     }
 
+    /// The rustls acceptor of the certificate and key (`None` when disabled), for another
+    /// listener of the process that serves the same certificate (the HTTP port).
+    pub fn acceptor(&self) -> Option<tokio_rustls::TlsAcceptor> {
+        self.acceptor.clone()
+    }
+
+    /// A copy with another mode and the same certificate and key (`Disabled` when there are
+    /// none).
+    pub fn with_mode(&self, mode: TlsMode) -> Self {
+        let mut t = self.clone();
+        t.mode = if t.acceptor.is_some() {
+            mode
+        } else {
+            TlsMode::Disabled
+        };
+        t
+    }
+
     /// The mode.
     pub fn mode(&self) -> TlsMode {
         self.mode

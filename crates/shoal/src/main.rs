@@ -14,6 +14,8 @@ mod client_cmd;
 mod dashboard;
 mod group_view;
 mod http;
+mod http_auth;
+mod http_listener;
 mod kafka_bridge;
 mod rebalance;
 mod server;

@@ -377,6 +377,38 @@ fn dev_kafka_config(args: &DevArgs) -> anyhow::Result<Option<(KafkaConfig, bool)
     Ok(Some((cfg, chosen)))
 }
 
+/// Who may use the HTTP port and its TLS, from the broker's `[http]`, `[tls]` and ACL file.
+fn http_access(
+    cfg: &BrokerConfig,
+) -> anyhow::Result<(crate::http_auth::AccessSettings, shoal_net::ServerTls)> {
+    let acl = match (&cfg.acl_enabled, &cfg.acl_file) {
+        (true, Some(path)) => Some(shoal_broker::config::load_acl(path)?),
+        _ => None,
+    };
+    let access = crate::http_auth::AccessSettings::from_broker(cfg, acl)?;
+    let mode = cfg.http.effective_tls_mode(cfg);
+    let tls = match (&cfg.tls.cert_path, &cfg.tls.key_path) {
+        (Some(cert), Some(key)) if mode != shoal_net::TlsMode::Disabled => {
+            shoal_net::ServerTls::from_pem_files(mode, cert, key)
+                .context("the HTTP port's TLS ([http] tls_mode, [tls] cert_path and key_path)")?
+                .with_handshake_timeout(std::time::Duration::from_millis(
+                    cfg.tls.handshake_timeout_ms,
+                ))
+        }
+        _ => shoal_net::ServerTls::disabled(),
+    };
+    Ok((access, tls))
+}
+
+/// `https` when the HTTP port takes TLS connections.
+fn http_scheme(tls: &shoal_net::ServerTls) -> &'static str {
+    if tls.mode() == shoal_net::TlsMode::Disabled {
+        "http"
+    } else {
+        "https"
+    }
+}
+
 /// Starts the Kafka listener on a running broker.
 async fn start_kafka(broker: &Broker, cfg: KafkaConfig) -> anyhow::Result<KafkaServer> {
     let api = broker.api();
@@ -490,11 +522,14 @@ pub async fn run_broker(args: BrokerArgs, common: crate::admin_cmd::Common) -> a
     );
     let http = match &cfg.http_listen_addr {
         Some(addr) => {
+            let (access, tls) = http_access(&cfg)?;
+            let scheme = http_scheme(&tls);
             let state = HttpState::new(Some(broker.api()), None, cfg.namesrv_addrs.clone())
-                .with_namesrv_tls(cfg.tls.namesrv_client_tls()?);
-            match HttpServer::start(addr, state).await {
+                .with_namesrv_tls(cfg.tls.namesrv_client_tls()?)
+                .with_access(access);
+            match HttpServer::start_with_tls(addr, state, tls).await {
                 Ok(h) => {
-                    println!("metrics and dashboard at http://{}/", h.local_addr());
+                    println!("metrics and dashboard at {scheme}://{}/", h.local_addr());
                     Some(h)
                 }
                 Err(e) => {
@@ -626,16 +661,20 @@ pub async fn run_dev(args: DevArgs) -> anyhow::Result<()> {
     let http = if args.no_http {
         None
     } else {
+        let (access, tls) = http_access(&cfg)?;
+        let scheme = http_scheme(&tls);
         let state = HttpState::new(
             Some(broker.api()),
             Some(ns.processor().clone()),
             vec![namesrv.clone()],
         )
-        .with_namesrv_tls(cfg.tls.namesrv_client_tls()?);
-        match HttpServer::start(&format!("127.0.0.1:{}", args.http_port), state).await {
+        .with_namesrv_tls(cfg.tls.namesrv_client_tls()?)
+        .with_access(access);
+        match HttpServer::start_with_tls(&format!("127.0.0.1:{}", args.http_port), state, tls).await
+        {
             Ok(h) => {
                 println!(
-                    "  dashboard    http://{}/ (metrics at /metrics)",
+                    "  dashboard    {scheme}://{}/ (metrics at /metrics)",
                     h.local_addr()
                 );
                 Some(h)
