@@ -127,6 +127,9 @@ struct DescribeAnswer {
     target_epoch: Option<i32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     assignor: Option<String>,
+    /// `default` (no member asks for an assignor) or `members`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    assignor_source: Option<shoal_group::coordinator::AssignorSource>,
     #[serde(skip_serializing_if = "Option::is_none")]
     reconciled: Option<bool>,
     members: Vec<MemberView>,
@@ -217,6 +220,7 @@ pub(crate) fn describe(cx: &GroupCtx<'_>, req: &RemotingCommand) -> Handled {
                 group_epoch: Some(d.group_epoch),
                 target_epoch: Some(d.target_epoch),
                 assignor: Some(d.assignor),
+                assignor_source: Some(d.assignor_source),
                 reconciled: Some(d.reconciled),
                 members: d
                     .members
@@ -236,6 +240,7 @@ pub(crate) fn describe(cx: &GroupCtx<'_>, req: &RemotingCommand) -> Handled {
             group_epoch: None,
             target_epoch: None,
             assignor: None,
+            assignor_source: None,
             reconciled: None,
             members: Vec::new(),
             classic_clients: classic,

@@ -852,6 +852,10 @@ impl AdminClient {
             if r.code == resp::SUCCESS {
                 return Self::first_message(&addr, &r, id);
             }
+            // A refusal (the ACL) is said as one, not as "not found".
+            if r.code == resp::NO_PERMISSION {
+                return Err(refused("VIEW_MESSAGE_BY_ID", &addr, &r));
+            }
             if topic.is_none() {
                 return Err(AdminError::MessageNotFound(id.into()));
             }
@@ -881,6 +885,9 @@ impl AdminClient {
             let r = self.call(addr, req).await?;
             if r.code == resp::SUCCESS {
                 return Self::first_message(addr, &r, id);
+            }
+            if r.code == resp::NO_PERMISSION {
+                return Err(refused("QUERY_MESSAGE", addr, &r));
             }
         }
         Err(AdminError::MessageNotFound(id.into()))
@@ -912,6 +919,9 @@ impl AdminClient {
                 },
             );
             let r = self.call(addr, req).await?;
+            if r.code == resp::NO_PERMISSION {
+                return Err(refused("QUERY_MESSAGE", addr, &r));
+            }
             if r.code == resp::SUCCESS {
                 let body = r.body.clone().unwrap_or_default();
                 found.extend(

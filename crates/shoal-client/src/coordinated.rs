@@ -70,7 +70,8 @@ const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(45);
 pub struct Membership {
     group: String,
     protocol: GroupProtocol,
-    assignor: String,
+    /// The assignor asked for; `None`: the coordinator's default.
+    assignor: Option<String>,
     rebalance_timeout_ms: u64,
     core: Mutex<CoordinatedMember>,
     wake: Notify,
@@ -85,7 +86,7 @@ impl Membership {
         member_id: String,
         instance_id: Option<String>,
         protocol: GroupProtocol,
-        assignor: &str,
+        assignor: Option<&str>,
     ) -> Self {
         let config = MemberConfig {
             group: group.to_string(),
@@ -97,7 +98,7 @@ impl Membership {
         Self {
             group: group.to_string(),
             protocol,
-            assignor: assignor.to_string(),
+            assignor: assignor.map(str::to_string),
             rebalance_timeout_ms: 60_000,
             core: Mutex::new(CoordinatedMember::new(config, 0)),
             wake: Notify::new(),
@@ -297,7 +298,7 @@ impl Membership {
             }
         }
         let body = GroupHeartbeatRequest {
-            assignor: Some(self.assignor.clone()),
+            assignor: self.assignor.clone(),
             client_id: instance.client_id().to_string(),
             group: self.group.clone(),
             instance_id,

@@ -1,6 +1,7 @@
 //! Configuration of the Kafka listener (`[kafka]` keys, see `docs/kafka.md`).
 
 use crate::KafkaError;
+use serde::{Deserialize, Serialize};
 
 /// Kafka listener settings. Every limit here bounds something a client can make the server
 /// hold.
@@ -114,9 +115,28 @@ impl Default for KafkaConfig {
 }
 
 impl KafkaConfig {
+    /// Sets what clients are told to connect to from `host:port`.
+    ///
+    /// # Errors
+    /// [`KafkaError::Config`] when it is not `host:port`.
+    pub fn set_advertised(&mut self, addr: &str) -> Result<(), KafkaError> {
+        let bad = || KafkaError::Config(format!("advertised address {addr:?} is not host:port"));
+        let (host, port) = addr.rsplit_once(':').ok_or_else(bad)?;
+        let port: u16 = port.parse().map_err(|_| bad())?;
+        if host.is_empty() || port == 0 {
+            return Err(bad());
+        }
+        self.advertised_host = Some(host.trim_matches(['[', ']']).to_string());
+        self.advertised_port = Some(port);
+        Ok(())
+    }
+
     /// Checks the values.
     pub fn validate(&self) -> Result<(), KafkaError> {
         let bad = |m: &str| Err(KafkaError::Config(m.to_string()));
+        if self.listen_addr.trim().is_empty() {
+            return bad("listen_addr is empty");
+        }
         if self.max_request_bytes < 1024 {
             return bad("max_request_bytes must be at least 1024");
         }
@@ -149,5 +169,241 @@ impl KafkaConfig {
             return bad("group_max_size and max_groups must be at least 1");
         }
         Ok(())
+    }
+}
+
+/// The `[kafka]` table of the broker's TOML file (`shoal broker -c`, `shoal dev -c`): every
+/// setting of [`KafkaConfig`], each optional; a key the file leaves out keeps its default (or,
+/// under `shoal dev`, dev's). Unknown keys are errors (a typo must not be ignored).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct KafkaFile {
+    /// Address to listen on, `host:port`; under `shoal broker` this turns the listener on.
+    pub listen_addr: Option<String>,
+    /// `host:port` clients are told to connect to (Metadata, FindCoordinator).
+    pub advertised_addr: Option<String>,
+    /// This broker's Kafka node id.
+    pub node_id: Option<i32>,
+    /// Cluster id reported in Metadata.
+    pub cluster_id: Option<String>,
+    /// See [`KafkaConfig::max_request_bytes`].
+    pub max_request_bytes: Option<usize>,
+    /// See [`KafkaConfig::max_batch_decompressed_bytes`].
+    pub max_batch_decompressed_bytes: Option<usize>,
+    /// See [`KafkaConfig::max_connections`].
+    pub max_connections: Option<usize>,
+    /// See [`KafkaConfig::max_fetch_wait_ms`].
+    pub max_fetch_wait_ms: Option<u64>,
+    /// See [`KafkaConfig::max_fetch_response_bytes`].
+    pub max_fetch_response_bytes: Option<usize>,
+    /// See [`KafkaConfig::max_producer_states`].
+    pub max_producer_states: Option<usize>,
+    /// See [`KafkaConfig::default_partitions`].
+    pub default_partitions: Option<i32>,
+    /// See [`KafkaConfig::group_initial_rebalance_delay_ms`].
+    pub group_initial_rebalance_delay_ms: Option<u64>,
+    /// See [`KafkaConfig::group_min_session_timeout_ms`].
+    pub group_min_session_timeout_ms: Option<u64>,
+    /// See [`KafkaConfig::group_max_session_timeout_ms`].
+    pub group_max_session_timeout_ms: Option<u64>,
+    /// See [`KafkaConfig::group_max_size`].
+    pub group_max_size: Option<usize>,
+    /// See [`KafkaConfig::max_groups`].
+    pub max_groups: Option<usize>,
+    /// See [`KafkaConfig::consumer_heartbeat_interval_ms`].
+    pub consumer_heartbeat_interval_ms: Option<u64>,
+    /// See [`KafkaConfig::group_heartbeat_hold_ms`].
+    pub group_heartbeat_hold_ms: Option<u64>,
+    /// See [`KafkaConfig::group_new_member_window_ms`].
+    pub group_new_member_window_ms: Option<u64>,
+    /// See [`KafkaConfig::consumer_reconcile_heartbeat_interval_ms`].
+    pub consumer_reconcile_heartbeat_interval_ms: Option<u64>,
+    /// See [`KafkaConfig::consumer_heartbeat_hold_ms`].
+    pub consumer_heartbeat_hold_ms: Option<u64>,
+    /// See [`KafkaConfig::rebalance_fetch_hold_ms`].
+    pub rebalance_fetch_hold_ms: Option<u64>,
+}
+
+impl KafkaFile {
+    /// Sets in `cfg` every key the table gives (the others are left as they are), then checks
+    /// the result.
+    ///
+    /// # Errors
+    /// [`KafkaError::Config`] naming the key at fault.
+    pub fn apply(&self, cfg: &mut KafkaConfig) -> Result<(), KafkaError> {
+        fn set<T: Clone>(to: &mut T, v: &Option<T>) {
+            if let Some(v) = v {
+                *to = v.clone();
+            }
+        }
+        set(&mut cfg.listen_addr, &self.listen_addr);
+        if let Some(a) = &self.advertised_addr {
+            cfg.set_advertised(a)
+                .map_err(|e| KafkaError::Config(format!("advertised_addr: {e}")))?;
+        }
+        set(&mut cfg.node_id, &self.node_id);
+        set(&mut cfg.cluster_id, &self.cluster_id);
+        set(&mut cfg.max_request_bytes, &self.max_request_bytes);
+        set(
+            &mut cfg.max_batch_decompressed_bytes,
+            &self.max_batch_decompressed_bytes,
+        );
+        set(&mut cfg.max_connections, &self.max_connections);
+        set(&mut cfg.max_fetch_wait_ms, &self.max_fetch_wait_ms);
+        set(
+            &mut cfg.max_fetch_response_bytes,
+            &self.max_fetch_response_bytes,
+        );
+        set(&mut cfg.max_producer_states, &self.max_producer_states);
+        if self.default_partitions.is_some() {
+            cfg.default_partitions = self.default_partitions;
+        }
+        set(
+            &mut cfg.group_initial_rebalance_delay_ms,
+            &self.group_initial_rebalance_delay_ms,
+        );
+        set(
+            &mut cfg.group_min_session_timeout_ms,
+            &self.group_min_session_timeout_ms,
+        );
+        set(
+            &mut cfg.group_max_session_timeout_ms,
+            &self.group_max_session_timeout_ms,
+        );
+        set(&mut cfg.group_max_size, &self.group_max_size);
+        set(&mut cfg.max_groups, &self.max_groups);
+        set(
+            &mut cfg.consumer_heartbeat_interval_ms,
+            &self.consumer_heartbeat_interval_ms,
+        );
+        set(
+            &mut cfg.group_heartbeat_hold_ms,
+            &self.group_heartbeat_hold_ms,
+        );
+        set(
+            &mut cfg.group_new_member_window_ms,
+            &self.group_new_member_window_ms,
+        );
+        set(
+            &mut cfg.consumer_reconcile_heartbeat_interval_ms,
+            &self.consumer_reconcile_heartbeat_interval_ms,
+        );
+        set(
+            &mut cfg.consumer_heartbeat_hold_ms,
+            &self.consumer_heartbeat_hold_ms,
+        );
+        set(
+            &mut cfg.rebalance_fetch_hold_ms,
+            &self.rebalance_fetch_hold_ms,
+        );
+        cfg.validate()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, Deserialize)]
+    struct File {
+        #[serde(default)]
+        kafka: KafkaFile,
+    }
+
+    fn parse(text: &str) -> Result<KafkaFile, String> {
+        toml::from_str::<File>(text)
+            .map(|f| f.kafka)
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn every_key_is_read_and_only_given_keys_change() {
+        let f = parse(
+            "broker_name = \"b\"\n[kafka]\nlisten_addr = \"0.0.0.0:19092\"\nadvertised_addr = \"kafka.example:9093\"\n\
+             node_id = 3\ncluster_id = \"c\"\nmax_request_bytes = 2048\nmax_batch_decompressed_bytes = 4096\n\
+             max_connections = 7\nmax_fetch_wait_ms = 100\nmax_fetch_response_bytes = 5000\n\
+             max_producer_states = 9\ndefault_partitions = 2\ngroup_initial_rebalance_delay_ms = 11\n\
+             group_min_session_timeout_ms = 12\ngroup_max_session_timeout_ms = 13\ngroup_max_size = 14\n\
+             max_groups = 15\nconsumer_heartbeat_interval_ms = 160\n\
+             group_heartbeat_hold_ms = 17\ngroup_new_member_window_ms = 18\n\
+             consumer_reconcile_heartbeat_interval_ms = 19\nconsumer_heartbeat_hold_ms = 20\n\
+             rebalance_fetch_hold_ms = 21\n",
+        )
+        .unwrap();
+        let mut c = KafkaConfig::default();
+        f.apply(&mut c).unwrap();
+        assert_eq!(
+            c,
+            KafkaConfig {
+                listen_addr: "0.0.0.0:19092".into(),
+                advertised_host: Some("kafka.example".into()),
+                advertised_port: Some(9093),
+                node_id: 3,
+                cluster_id: "c".into(),
+                max_request_bytes: 2048,
+                max_batch_decompressed_bytes: 4096,
+                max_connections: 7,
+                max_fetch_wait_ms: 100,
+                max_fetch_response_bytes: 5000,
+                max_producer_states: 9,
+                default_partitions: Some(2),
+                group_initial_rebalance_delay_ms: 11,
+                group_min_session_timeout_ms: 12,
+                group_max_session_timeout_ms: 13,
+                group_max_size: 14,
+                max_groups: 15,
+                consumer_heartbeat_interval_ms: 160,
+                group_heartbeat_hold_ms: 17,
+                group_new_member_window_ms: 18,
+                consumer_reconcile_heartbeat_interval_ms: 19,
+                consumer_heartbeat_hold_ms: 20,
+                rebalance_fetch_hold_ms: 21,
+            }
+        );
+        // A silent file changes nothing.
+        let mut d = KafkaConfig {
+            group_initial_rebalance_delay_ms: 0,
+            ..KafkaConfig::default()
+        };
+        let before = d.clone();
+        parse("").unwrap().apply(&mut d).unwrap();
+        assert_eq!(d, before);
+    }
+
+    #[test]
+    fn mistakes_are_named() {
+        let e = parse("[kafka]\nmax_conections = 1\n").unwrap_err();
+        assert!(e.contains("unknown field `max_conections`"), "{e}");
+        assert!(e.contains("line 2"), "{e}");
+        let e = parse("[kafka]\nmax_connections = \"many\"\n").unwrap_err();
+        assert!(e.contains("invalid type"), "{e}");
+        let e = parse("[kafka]\nmax_connections = -1\n").unwrap_err();
+        assert!(e.contains("line 2"), "{e}");
+        for (text, says) in [
+            (
+                "[kafka]\nmax_connections = 0\n",
+                "max_connections must be at least 1",
+            ),
+            (
+                "[kafka]\nmax_request_bytes = 10\n",
+                "max_request_bytes must be at least 1024",
+            ),
+            (
+                "[kafka]\ngroup_min_session_timeout_ms = 9\ngroup_max_session_timeout_ms = 8\n",
+                "group_min_session_timeout_ms exceeds group_max_session_timeout_ms",
+            ),
+            (
+                "[kafka]\nadvertised_addr = \"nohost\"\n",
+                "advertised_addr: ",
+            ),
+            ("[kafka]\nlisten_addr = \"\"\n", "listen_addr is empty"),
+        ] {
+            let e = parse(text)
+                .unwrap()
+                .apply(&mut KafkaConfig::default())
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(says), "{text}: {e}");
+        }
     }
 }

@@ -240,6 +240,14 @@ pub(crate) async fn join_group(
         resp.generation_id = -1;
         return resp;
     };
+    let limit = match j.error {
+        Some(ClassicError::GroupMaxSizeReached) => Some(&state.counters.limit_group_max_size),
+        Some(ClassicError::TooManyGroups) => Some(&state.counters.limit_max_groups),
+        _ => None,
+    };
+    if let Some(c) = limit {
+        c.fetch_add(1, Ordering::Relaxed);
+    }
     if j.error.is_none() {
         if let Err(e) = state.host.ensure_group(&group) {
             tracing::debug!(group = %group, error = %e, "Kafka group not registered as a subscription group");

@@ -42,7 +42,7 @@ mod state;
 mod test_records;
 mod unsupported;
 
-pub use config::KafkaConfig;
+pub use config::{KafkaConfig, KafkaFile};
 pub use error::KafkaError;
 pub use host::{BrokerHandle, TopicInfo, WaitPosition};
 pub use metrics::KafkaCollector;

@@ -162,7 +162,7 @@ async fn accept_loop(listener: TcpListener, state: Arc<State>, mut stop: watch::
                 .fetch_sub(1, Ordering::AcqRel);
             state
                 .counters
-                .connections_refused
+                .limit_max_connections
                 .fetch_add(1, Ordering::Relaxed);
             warn!(peer = %peer, limit = state.config.max_connections, "kafka connection refused: max_connections reached");
             drop(stream);
@@ -242,6 +242,12 @@ async fn read_frame(state: &State, rd: &mut BufReader<OwnedReadHalf>) -> Option<
             .counters
             .requests_refused
             .fetch_add(1, Ordering::Relaxed);
+        if len > 0 && len as usize > state.config.max_request_bytes {
+            state
+                .counters
+                .limit_max_request_bytes
+                .fetch_add(1, Ordering::Relaxed);
+        }
         warn!(
             size = len,
             limit = state.config.max_request_bytes,

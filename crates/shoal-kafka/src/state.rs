@@ -16,7 +16,9 @@ use uuid::Uuid;
 /// Counters of the Kafka listener: plain atomics, updated on the request path without a
 /// registry. The metrics module's `KafkaCollector` reads them at scrape time and exports each
 /// field at `/metrics` as `shoal_kafka_<field>` (`connections_open` a gauge, every other
-/// field a counter, `_total` appended); docs/operations.md lists them.
+/// field a counter, `_total` appended), except the `limit_*` fields: each is one row of
+/// `shoal_kafka_limit_hits_total{limit="kafka.KEY",action}`, the `*_limit_hits_total` family of
+/// the other listeners; docs/operations.md lists them.
 #[derive(Debug, Default)]
 pub struct Counters {
     /// Connections open now.
@@ -24,7 +26,20 @@ pub struct Counters {
     /// Connections accepted since start.
     pub connections_accepted: AtomicU64,
     /// Connections closed at accept because `max_connections` was reached.
-    pub connections_refused: AtomicU64,
+    pub limit_max_connections: AtomicU64,
+    /// Connections closed because a request frame was over `max_request_bytes`.
+    pub limit_max_request_bytes: AtomicU64,
+    /// Produce batches refused (RECORD_LIST_TOO_LARGE) because they inflate past
+    /// `max_batch_decompressed_bytes`.
+    pub limit_max_batch_decompressed_bytes: AtomicU64,
+    /// Idempotent producer states forgotten because `max_producer_states` was reached.
+    pub limit_max_producer_states: AtomicU64,
+    /// JoinGroup requests refused (GROUP_MAX_SIZE_REACHED) because the classic group had
+    /// `group_max_size` members.
+    pub limit_group_max_size: AtomicU64,
+    /// JoinGroup requests refused because `max_groups` classic groups were held and none was
+    /// empty.
+    pub limit_max_groups: AtomicU64,
     /// Requests read.
     pub requests: AtomicU64,
     /// Requests that closed their connection (too large, malformed, unsupported API).
@@ -36,8 +51,8 @@ pub struct Counters {
     /// Requests whose body was malformed (a declared length past the end of the frame, or
     /// refused by the decoder); each closed its connection.
     pub requests_malformed: AtomicU64,
-    /// Record batches refused before decoding (a declared record or header count past the
-    /// end, or more than `max_batch_decompressed_bytes` after decompression).
+    /// Record batches refused before decoding as malformed (a declared record or header
+    /// count past the end, a bad compression stream).
     pub batches_malformed: AtomicU64,
     /// Records stored by Produce.
     pub records_produced: AtomicU64,
@@ -52,8 +67,6 @@ pub struct Counters {
     /// Idempotent batches answered REQUEST_TIMED_OUT (retriable) because another request of
     /// the same producer was still writing the same partition (a retry on a new connection).
     pub concurrent_writes_refused: AtomicU64,
-    /// Idempotent producer states forgotten because `max_producer_states` was reached.
-    pub producer_states_evicted: AtomicU64,
     /// Classic group rebalances completed (generations started).
     pub rebalances: AtomicU64,
 }

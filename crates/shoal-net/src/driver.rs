@@ -457,6 +457,9 @@ where
     /// Starts one incoming request: its future runs on this task.
     fn dispatch(&mut self, request: RemotingCommand) {
         bump(&self.conn.inner.stats.requests_received);
+        if request.serialize_type == shoal_proto::SerializeType::RocketMq {
+            bump(&self.conn.inner.stats.requests_binary_header);
+        }
         // Counted from now until its future ends (then its responders count it, if any).
         let ticket = Ticket::new(Arc::clone(&self.conn.inner));
         let opaque = request.opaque;

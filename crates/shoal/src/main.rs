@@ -15,6 +15,8 @@ mod cluster_cmd;
 mod dashboard;
 mod group_view;
 mod http;
+mod http_auth;
+mod http_listener;
 mod kafka_bridge;
 mod rebalance;
 mod server;

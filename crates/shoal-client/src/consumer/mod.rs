@@ -28,7 +28,7 @@ mod send_back;
 pub(crate) use config::{ConcurrentlyFn, OrderlyFn};
 pub use config::{
     ConsumeConcurrentlyStatus, ConsumeContext, ConsumeOrderlyStatus, ConsumerConfig,
-    MessageListener, PushConsumerBuilder,
+    MessageListener, PushConsumerBuilder, CLASSIC_DEFAULT_STRATEGY,
 };
 
 use crate::coordinated::{new_member_id, GroupProtocol, MemberMode, Membership};
@@ -242,7 +242,7 @@ impl PushConsumer {
             crate::producer::validate_topic(t)?;
         }
         let strategy: Arc<dyn AllocateStrategy> =
-            Arc::from(strategy_by_name(&config.allocate_strategy)?);
+            Arc::from(strategy_by_name(config.classic_strategy())?);
         let instance = ClientInstance::start(config.client.clone())?;
         let sub_version = crate::now_ms_u64() as i64;
         let mut subs = BTreeMap::new();
@@ -281,7 +281,7 @@ impl PushConsumer {
                         new_member_id(instance.client_id()),
                         config.instance_id.clone(),
                         config.protocol,
-                        &config.allocate_strategy,
+                        config.allocate_strategy.as_deref(),
                     )
                     .with_session_timeout(config.session_timeout),
                 )

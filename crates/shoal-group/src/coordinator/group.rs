@@ -355,11 +355,14 @@ impl Group {
             }));
         }
         m.assignor = assignor;
-        if let Some(a) = self.preferred_assignor() {
-            if a != self.assignor {
-                self.assignor = a.clone();
-                cause = cause.or(Some(RebalanceCause::AssignorChanged { assignor: a }));
-            }
+        // The assignor most members ask for; when none asks, the coordinator's default (also
+        // after the last member that asked for another one left).
+        let a = self
+            .preferred_assignor()
+            .unwrap_or_else(|| cfg.default_assignor.clone());
+        if a != self.assignor {
+            self.assignor = a.clone();
+            cause = cause.or(Some(RebalanceCause::AssignorChanged { assignor: a }));
         }
         let bumped = cause.is_some();
         if let Some(c) = cause {
@@ -981,6 +984,11 @@ impl Group {
             group_epoch: self.epoch,
             target_epoch: self.target_epoch,
             assignor: self.assignor.clone(),
+            assignor_source: if self.preferred_assignor().is_some() {
+                super::AssignorSource::Members
+            } else {
+                super::AssignorSource::Default
+            },
             reconciled,
             members,
         }

@@ -107,7 +107,9 @@ pub struct CoordinatorConfig {
     pub max_owned: usize,
     /// Longest member id, instance id, client id or group name.
     pub max_id_len: usize,
-    /// Assignor of a group whose members name none.
+    /// Assignor of a group whose members name none: `STICKY`, balanced (loads differ by at
+    /// most one) and moving the fewest queues when members come and go, given the current
+    /// assignment (as KIP-848's default assignor is sticky).
     pub default_assignor: String,
 }
 
@@ -240,6 +242,17 @@ pub enum RemovalReason {
     Replaced,
 }
 
+/// Where a coordinated group's assignor comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum AssignorSource {
+    /// No member asks for one: the coordinator's `default_assignor` (`STICKY`: balanced, and
+    /// moves the fewest queues when members come and go).
+    Default,
+    /// The one most members ask for (a strategy chosen in the client's configuration).
+    Members,
+}
+
 /// The group as `shoal group describe` shows it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -252,6 +265,9 @@ pub struct GroupDescription {
     pub target_epoch: i32,
     /// The assignor in use.
     pub assignor: String,
+    /// Why that one: the members asked for it, or none did and it is the coordinator's
+    /// default.
+    pub assignor_source: AssignorSource,
     /// True when every member owns exactly its target and nothing is pending.
     pub reconciled: bool,
     /// The members, by member id.

@@ -65,7 +65,8 @@ impl Client {
             adoptable: BTreeSet::new(),
             rebalance_timeout_ms: Some(10_000),
             session_timeout_ms: self.session_timeout_ms,
-            assignor: Some(self.assignor.clone()),
+            // "" names none (the coordinator's default).
+            assignor: (!self.assignor.is_empty()).then(|| self.assignor.clone()),
             last_epoch: None,
         }
     }
@@ -469,7 +470,8 @@ fn a_report_newer_than_the_unlock_is_fenced_only_on_a_conflict() {
 /// exclusive at every step and complete after each change.
 #[test]
 fn sticky_moves_the_minimum_4_8_4() {
-    for assignor in ["STICKY", "COOPERATIVE_STICKY"] {
+    // "": members that name no assignor get the coordinator's default.
+    for assignor in ["", "STICKY", "COOPERATIVE_STICKY"] {
         let mut c = coordinator();
         let mut clients: Vec<Client> = (0..4)
             .map(|i| Client::new(&format!("m{i}"), i as u64, assignor))
@@ -507,7 +509,47 @@ fn sticky_moves_the_minimum_4_8_4() {
             now += 100;
         }
         assert_eq!(assignment_of(&clients).load_range(), (4, 4));
+        let d = c.describe("G", now).unwrap();
+        let source = if assignor.is_empty() {
+            AssignorSource::Default
+        } else {
+            AssignorSource::Members
+        };
+        assert_eq!(d.assignor_source, source, "{assignor:?}");
     }
+}
+
+/// A group whose members name no assignor uses the coordinator's default (balanced, fewest
+/// moves); a member's explicit choice is kept while members ask for it, and the group goes
+/// back to the default when none does any more.
+#[test]
+fn default_assignor_unless_members_choose_one() {
+    let mut c = coordinator();
+    let mut clients = vec![Client::new("a", 1, ""), Client::new("b", 2, "")];
+    converge(&mut c, &mut clients, 0);
+    let d = c.describe("G", 0).unwrap();
+    assert_eq!(
+        (d.assignor.as_str(), d.assignor_source),
+        ("STICKY", AssignorSource::Default)
+    );
+    // An explicit choice: the group follows it (one member asks, none asks otherwise).
+    clients.push(Client::new("c", 3, "AVG"));
+    converge(&mut c, &mut clients, 10);
+    let d = c.describe("G", 10).unwrap();
+    assert_eq!(
+        (d.assignor.as_str(), d.assignor_source),
+        ("AVG", AssignorSource::Members)
+    );
+    // The member that asked for it leaves: back to the default.
+    let gone = clients.pop().unwrap();
+    c.leave("G", &gone.member_id, false, 20).unwrap();
+    converge(&mut c, &mut clients, 20);
+    let d = c.describe("G", 20).unwrap();
+    assert_eq!(
+        (d.assignor.as_str(), d.assignor_source),
+        ("STICKY", AssignorSource::Default)
+    );
+    assert!(complete(&c, &clients));
 }
 
 #[test]

@@ -48,6 +48,14 @@ pub fn record(
     }
 }
 
+/// A record's headers as a list, in its map's order.
+pub fn headers_of(r: &Record) -> Vec<(String, Option<Bytes>)> {
+    r.headers
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.clone()))
+        .collect()
+}
+
 /// One magic-2 record batch of `records` (CRC-32C, `compression`).
 pub fn batch(records: &[Record], compression: Compression) -> BytesMut {
     let mut buf = BytesMut::new();
