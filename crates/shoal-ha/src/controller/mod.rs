@@ -1,0 +1,17 @@
+//! The controller: the replication metadata of every broker group (members and broker ids,
+//! master and master epoch, in-sync set and its epoch, lease generation and fence) as a
+//! replicated state machine on raft-rs.
+//!
+//! - [`Metadata`] is the state every voter applies, command by command, in log order;
+//!   every fence (master epoch, in-sync-set epoch, fenced leases) is checked when applying.
+//! - [`ControllerNode`] is one voter: raft-rs's `RawNode`, the metadata, and the leader's
+//!   decisions taken outside the log from its own clock (which brokers are alive, when the
+//!   last lease it saw has certainly expired, whom to elect), each proposed as a command.
+
+mod command;
+mod metadata;
+mod node;
+
+pub use command::{Command, GroupInfo, Member, Outcome, Refusal};
+pub use metadata::{Metadata, MetadataLimits};
+pub use node::{ClientToken, ControllerConfig, ControllerError, ControllerNode, Request, Response};

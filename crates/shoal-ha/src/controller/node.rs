@@ -1,0 +1,742 @@
+//! One controller voter: raft-rs's [`RawNode`] with the [`Metadata`] it applies, and the
+//! leader's decisions (who is alive, when a lease has certainly expired, whom to elect).
+//!
+//! Sans-IO, in quinn-proto's shape: `handle_*` take events and `now`, `poll_*` give what to do.
+//! After any `handle_*` call, drain [`ControllerNode::poll_transmit`] (Raft messages to other
+//! voters) and [`ControllerNode::poll_response`] (answers to brokers), then sleep until
+//! [`ControllerNode::poll_timeout`] and call [`ControllerNode::handle_timeout`].
+//!
+//! The Raft log lives in raft-rs's `MemStorage`, which the caller owns and hands in: it is the
+//! voter's disk (everything in it was "persisted" before any message that depends on it was
+//! handed out, as raft-rs's `Ready` contract asks). A restarted voter gets the same storage
+//! back and re-applies its committed log from the start.
+//!
+//! What is not in the log, and why that is safe: broker liveness (heartbeats) is the leader's
+//! own view; a new leader starts with every broker unseen and every lease just granted, so it
+//! waits a whole session and a whole election delay before electing anyone.
+
+use super::command::{Command, GroupInfo, Outcome, Refusal};
+use super::metadata::{Metadata, MetadataLimits};
+use crate::time::{LeaseTiming, Millis};
+use crate::{BrokerId, Epoch};
+use raft::eraftpb::{ConfState, Entry, EntryType, Message};
+use raft::storage::MemStorage;
+use raft::{RawNode, StateRole, Storage};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, VecDeque};
+
+/// A request from a broker or an operator to the controller.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Request {
+    /// Ask for a broker id (idempotent per token).
+    ApplyBrokerId {
+        /// The broker group.
+        group: String,
+        /// The broker's address.
+        addr: String,
+        /// The nonce on the broker's disk.
+        token: String,
+    },
+    /// Register an address under an id.
+    Register {
+        /// The broker group.
+        group: String,
+        /// Its id.
+        broker_id: BrokerId,
+        /// Its address.
+        addr: String,
+    },
+    /// Liveness and replication progress; answered at once with the group's metadata as the
+    /// leader last applied it (RocketMQ's BROKER_HEARTBEAT and GET_REPLICA_INFO in one).
+    Heartbeat {
+        /// The broker group.
+        group: String,
+        /// Its id.
+        broker_id: BrokerId,
+        /// The epoch of the last entry in its log.
+        last_epoch: Epoch,
+        /// The end offset of its commit log.
+        end_offset: u64,
+    },
+    /// The master renews its write lease (also a heartbeat).
+    RenewLease {
+        /// The broker group.
+        group: String,
+        /// The master.
+        broker_id: BrokerId,
+        /// Its master epoch.
+        master_epoch: Epoch,
+    },
+    /// The master changes the in-sync set.
+    AlterInSyncSet {
+        /// The broker group.
+        group: String,
+        /// The master.
+        master: BrokerId,
+        /// Its master epoch.
+        master_epoch: Epoch,
+        /// The in-sync-set epoch the proposal is based on.
+        in_sync_epoch: Epoch,
+        /// The proposed set.
+        in_sync: std::collections::BTreeSet<BrokerId>,
+    },
+    /// An operator's switch-over: elect `target` (or the best in-sync replica) once the
+    /// current master's lease has certainly expired.
+    ElectMaster {
+        /// The broker group.
+        group: String,
+        /// The replica to elect, or `None` for the best one.
+        target: Option<BrokerId>,
+    },
+}
+
+/// The controller's answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Response {
+    /// The broker's id.
+    BrokerId(BrokerId),
+    /// The group's metadata after the request.
+    Group(GroupInfo),
+    /// The lease is granted: the master may acknowledge writes for `lease_ms` counted from
+    /// when it sent the request.
+    LeaseGranted {
+        /// The epoch the lease is for.
+        master_epoch: Epoch,
+        /// Its length.
+        lease_ms: Millis,
+    },
+    /// Refused by a fence or a limit.
+    Refused(Refusal),
+    /// This voter is not the leader; ask `leader` (a voter id) if known.
+    NotLeader {
+        /// The leader this voter knows of.
+        leader: Option<u64>,
+    },
+    /// Too many requests in flight; retry later.
+    Busy,
+}
+
+/// Who sent a request; the caller's own handle, given back with the answer.
+pub type ClientToken = u64;
+
+/// How a voter is set up.
+#[derive(Debug, Clone)]
+pub struct ControllerConfig {
+    /// This voter's id (non-zero).
+    pub id: u64,
+    /// Every voter's id, this one included.
+    pub voters: Vec<u64>,
+    /// One Raft tick.
+    pub tick_ms: Millis,
+    /// Raft's election timeout in ticks (each voter adds its own offset, see
+    /// [`ControllerNode::new`]).
+    pub election_ticks: usize,
+    /// Raft's heartbeat interval in ticks.
+    pub heartbeat_ticks: usize,
+    /// A broker not heard from for this long is dead.
+    pub session_timeout_ms: Millis,
+    /// Lease and election delay.
+    pub lease: LeaseTiming,
+    /// What the metadata may hold.
+    pub limits: MetadataLimits,
+    /// Requests waiting for their entry to apply, at most.
+    pub max_pending: usize,
+}
+
+impl ControllerConfig {
+    /// A voter with the defaults: 100 ms ticks, 1 s election timeout, 3 s session.
+    pub fn new(id: u64, voters: Vec<u64>) -> Self {
+        Self {
+            id,
+            voters,
+            tick_ms: 100,
+            election_ticks: 10,
+            heartbeat_ticks: 2,
+            session_timeout_ms: 3_000,
+            lease: LeaseTiming::default(),
+            limits: MetadataLimits::default(),
+            max_pending: 1_024,
+        }
+    }
+}
+
+/// Errors building a voter.
+#[derive(Debug, thiserror::Error)]
+pub enum ControllerError {
+    /// raft-rs refused the configuration or the storage.
+    #[error("raft: {0}")]
+    Raft(#[from] raft::Error),
+    /// This voter's id is not among the voters.
+    #[error("voter {0} is not in the voter list")]
+    NotAVoter(u64),
+}
+
+/// What a proposal was for, to answer when its entry applies.
+#[derive(Debug, Clone, Copy)]
+enum Waiter {
+    Client(ClientToken),
+    /// The leader's own election step for a group; nobody to answer unless `manual`.
+    Election {
+        manual: Option<ClientToken>,
+    },
+}
+
+/// What the leader knows of a broker, outside the log.
+#[derive(Debug, Clone, Copy)]
+struct Live {
+    seen: Millis,
+    last_epoch: Epoch,
+    end_offset: u64,
+}
+
+/// An election the leader is running for one group.
+#[derive(Debug, Clone)]
+struct Election {
+    target: Option<BrokerId>,
+    manual: Option<ClientToken>,
+    /// A proposal is in the log and not applied yet; retried after this time.
+    inflight_until: Option<Millis>,
+}
+
+/// One controller voter.
+pub struct ControllerNode {
+    cfg: ControllerConfig,
+    raw: RawNode<MemStorage>,
+    metadata: Metadata,
+    next_tick: Millis,
+    now: Millis,
+    seq: u64,
+    pending: BTreeMap<u64, Waiter>,
+    outbox: VecDeque<Message>,
+    responses: VecDeque<(ClientToken, Response)>,
+    leader_since: Option<Millis>,
+    live: BTreeMap<(String, BrokerId), Live>,
+    /// When the leader last saw a lease granted per group, by its clock.
+    lease_seen: BTreeMap<String, Millis>,
+    elections: BTreeMap<String, Election>,
+    elections_done: u64,
+}
+
+impl std::fmt::Debug for ControllerNode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ControllerNode")
+            .field("id", &self.cfg.id)
+            .field("role", &self.raw.raft.state)
+            .field("term", &self.raw.raft.term)
+            .field("applied", &self.raw.raft.raft_log.applied)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How long an election proposal may stay unapplied before the leader proposes again.
+const ELECTION_RETRY_MS: Millis = 1_000;
+
+impl ControllerNode {
+    /// A voter on `storage` (empty for a new voter, the same one after a restart), at `now`.
+    ///
+    /// Raft's randomized election timeout is replaced by a fixed one per voter (`election_ticks`
+    /// plus twice the voter's position among the voters): distinct voters time out at distinct
+    /// ticks, split votes resolve, and a run is a pure function of its inputs.
+    pub fn new(
+        cfg: ControllerConfig,
+        storage: MemStorage,
+        now: Millis,
+    ) -> Result<Self, ControllerError> {
+        let position = cfg
+            .voters
+            .iter()
+            .position(|v| *v == cfg.id)
+            .ok_or(ControllerError::NotAVoter(cfg.id))?;
+        if !storage.initial_state()?.initialized() {
+            storage
+                .wl()
+                .set_conf_state(ConfState::from((cfg.voters.clone(), vec![])));
+        }
+        let min_election_tick = cfg.election_ticks + 2 * position;
+        let raft_cfg = raft::Config {
+            id: cfg.id,
+            election_tick: cfg.election_ticks,
+            heartbeat_tick: cfg.heartbeat_ticks,
+            min_election_tick,
+            max_election_tick: min_election_tick + 1,
+            check_quorum: true,
+            pre_vote: true,
+            max_inflight_msgs: 256,
+            max_size_per_msg: 1 << 20,
+            applied: 0,
+            ..Default::default()
+        };
+        let logger = slog::Logger::root(slog::Discard, slog::o!());
+        let raw = RawNode::new(&raft_cfg, storage, &logger)?;
+        let mut node = Self {
+            next_tick: now + cfg.tick_ms,
+            metadata: Metadata::new(cfg.limits),
+            cfg,
+            raw,
+            now,
+            seq: 0,
+            pending: BTreeMap::new(),
+            outbox: VecDeque::new(),
+            responses: VecDeque::new(),
+            leader_since: None,
+            live: BTreeMap::new(),
+            lease_seen: BTreeMap::new(),
+            elections: BTreeMap::new(),
+            elections_done: 0,
+        };
+        node.pump();
+        Ok(node)
+    }
+
+    /// This voter's id.
+    pub fn id(&self) -> u64 {
+        self.cfg.id
+    }
+
+    /// Whether this voter believes it leads.
+    pub fn is_leader(&self) -> bool {
+        self.raw.raft.state == StateRole::Leader
+    }
+
+    /// The leader this voter knows of.
+    pub fn leader(&self) -> Option<u64> {
+        match self.raw.raft.leader_id {
+            0 => None,
+            id => Some(id),
+        }
+    }
+
+    /// The Raft term this voter is at.
+    pub fn term(&self) -> u64 {
+        self.raw.raft.term
+    }
+
+    /// The metadata as this voter applied it.
+    pub fn metadata(&self) -> &Metadata {
+        &self.metadata
+    }
+
+    /// The index of the last entry applied.
+    pub fn applied_index(&self) -> u64 {
+        self.raw.raft.raft_log.applied
+    }
+
+    /// Elections this voter decided while leading (applied).
+    pub fn elections_done(&self) -> u64 {
+        self.elections_done
+    }
+
+    /// A Raft message from another voter.
+    pub fn handle_message(&mut self, now: Millis, msg: Message) {
+        self.now = self.now.max(now);
+        // A message from a voter we do not know, or garbage, is dropped (raft-rs says why).
+        let _ = self.raw.step(msg);
+        self.pump();
+    }
+
+    /// A request from a broker or an operator; answered through [`Self::poll_response`].
+    pub fn handle_request(&mut self, now: Millis, from: ClientToken, req: Request) {
+        self.now = self.now.max(now);
+        if !self.is_leader() {
+            let leader = self.leader();
+            self.responses
+                .push_back((from, Response::NotLeader { leader }));
+            return;
+        }
+        match req {
+            Request::Heartbeat {
+                group,
+                broker_id,
+                last_epoch,
+                end_offset,
+            } => {
+                self.live.insert(
+                    (group.clone(), broker_id),
+                    Live {
+                        seen: self.now,
+                        last_epoch,
+                        end_offset,
+                    },
+                );
+                let answer = match self.metadata.group(&group) {
+                    Some(info) => Response::Group(info.clone()),
+                    None => Response::Refused(Refusal::UnknownGroup),
+                };
+                self.responses.push_back((from, answer));
+            }
+            Request::ElectMaster { group, target } => {
+                if self.metadata.group(&group).is_none() {
+                    self.responses
+                        .push_back((from, Response::Refused(Refusal::UnknownGroup)));
+                    return;
+                }
+                if let Some(old) = self.elections.insert(
+                    group,
+                    Election {
+                        target,
+                        manual: Some(from),
+                        inflight_until: None,
+                    },
+                ) {
+                    if let Some(token) = old.manual {
+                        self.responses.push_back((token, Response::Busy));
+                    }
+                }
+                self.drive_elections();
+            }
+            other => {
+                let cmd = match other {
+                    Request::ApplyBrokerId { group, addr, token } => {
+                        Command::ApplyBrokerId { group, addr, token }
+                    }
+                    Request::Register {
+                        group,
+                        broker_id,
+                        addr,
+                    } => Command::RegisterBroker {
+                        group,
+                        broker_id,
+                        addr,
+                    },
+                    Request::RenewLease {
+                        group,
+                        broker_id,
+                        master_epoch,
+                    } => {
+                        let live = self.live.entry((group.clone(), broker_id)).or_insert(Live {
+                            seen: self.now,
+                            last_epoch: master_epoch,
+                            end_offset: 0,
+                        });
+                        live.seen = self.now;
+                        Command::GrantLease {
+                            group,
+                            master: broker_id,
+                            master_epoch,
+                        }
+                    }
+                    Request::AlterInSyncSet {
+                        group,
+                        master,
+                        master_epoch,
+                        in_sync_epoch,
+                        in_sync,
+                    } => Command::AlterInSyncSet {
+                        group,
+                        master,
+                        master_epoch,
+                        in_sync_epoch,
+                        in_sync,
+                    },
+                    Request::Heartbeat { .. } | Request::ElectMaster { .. } => unreachable!(),
+                };
+                self.propose(cmd, Waiter::Client(from));
+            }
+        }
+        self.pump();
+    }
+
+    /// Time passed: ticks Raft and runs the leader's election checks.
+    pub fn handle_timeout(&mut self, now: Millis) {
+        self.now = self.now.max(now);
+        while self.next_tick <= self.now {
+            self.raw.tick();
+            self.next_tick += self.cfg.tick_ms;
+        }
+        self.pump();
+        if self.is_leader() {
+            self.drive_elections();
+            self.pump();
+        }
+    }
+
+    /// When [`Self::handle_timeout`] should next be called.
+    #[must_use]
+    pub fn poll_timeout(&self) -> Millis {
+        self.next_tick
+    }
+
+    /// A Raft message for another voter (`msg.to`).
+    #[must_use]
+    pub fn poll_transmit(&mut self) -> Option<Message> {
+        self.outbox.pop_front()
+    }
+
+    /// An answer for a client.
+    #[must_use]
+    pub fn poll_response(&mut self) -> Option<(ClientToken, Response)> {
+        self.responses.pop_front()
+    }
+
+    fn propose(&mut self, cmd: Command, waiter: Waiter) {
+        if self.pending.len() >= self.cfg.max_pending {
+            self.answer(waiter, Response::Busy);
+            return;
+        }
+        self.seq += 1;
+        let mut context = Vec::with_capacity(16);
+        context.extend_from_slice(&self.cfg.id.to_be_bytes());
+        context.extend_from_slice(&self.seq.to_be_bytes());
+        let data = match serde_json::to_vec(&cmd) {
+            Ok(data) => data,
+            Err(_) => return self.answer(waiter, Response::Busy),
+        };
+        match self.raw.propose(context, data) {
+            Ok(()) => {
+                self.pending.insert(self.seq, waiter);
+            }
+            Err(_) => {
+                let leader = self.leader();
+                self.answer(waiter, Response::NotLeader { leader });
+            }
+        }
+    }
+
+    fn answer(&mut self, waiter: Waiter, response: Response) {
+        match waiter {
+            Waiter::Client(token) => self.responses.push_back((token, response)),
+            Waiter::Election { manual } => {
+                if let Some(token) = manual {
+                    self.responses.push_back((token, response));
+                }
+            }
+        }
+    }
+
+    /// The leader's election step for every group that needs one: fence the old master's
+    /// leases, wait until the last lease seen has certainly expired, then elect the in-sync
+    /// replica with the highest epoch and offset.
+    fn drive_elections(&mut self) {
+        let Some(since) = self.leader_since else {
+            return;
+        };
+        let now = self.now;
+        let session = self.cfg.session_timeout_ms;
+        let alive = |live: &BTreeMap<(String, BrokerId), Live>, g: &str, b: BrokerId| {
+            live.get(&(g.to_string(), b))
+                .filter(|l| now < l.seen + session)
+                .copied()
+        };
+        // Automatic failovers: a group whose master is not alive (a new leader first waits a
+        // whole session, as it has seen nobody yet), or a group with no master yet.
+        if now >= since + session {
+            for (name, info) in self.metadata.groups() {
+                if self.elections.contains_key(name) {
+                    continue;
+                }
+                let needs = match info.master {
+                    Some(m) => alive(&self.live, name, m).is_none(),
+                    None => info
+                        .members
+                        .keys()
+                        .any(|b| alive(&self.live, name, *b).is_some()),
+                };
+                if needs {
+                    self.elections.insert(
+                        name.clone(),
+                        Election {
+                            target: None,
+                            manual: None,
+                            inflight_until: None,
+                        },
+                    );
+                }
+            }
+        }
+        let names: Vec<String> = self.elections.keys().cloned().collect();
+        for name in names {
+            let Some(info) = self.metadata.group(&name).cloned() else {
+                self.elections.remove(&name);
+                continue;
+            };
+            let Some(election) = self.elections.get(&name).cloned() else {
+                continue;
+            };
+            if election.inflight_until.is_some_and(|until| now < until) {
+                continue;
+            }
+            let waiter = Waiter::Election {
+                manual: election.manual,
+            };
+            let first = info.master.is_none() && info.in_sync.is_empty();
+            if !first && info.fenced_epoch < info.master_epoch {
+                self.mark_inflight(&name);
+                self.propose(
+                    Command::FenceLeases {
+                        group: name.clone(),
+                        master_epoch: info.master_epoch,
+                    },
+                    Waiter::Election { manual: None },
+                );
+                continue;
+            }
+            let seen = self.lease_seen.get(&name).copied().unwrap_or(0).max(since);
+            if !first && now < seen + self.cfg.lease.election_delay_ms() {
+                continue;
+            }
+            // Candidates: alive members of the in-sync set (any alive member the first time),
+            // the best by (epoch, offset) descending, then the lowest id.
+            let pool: Vec<BrokerId> = if first {
+                info.members.keys().copied().collect()
+            } else {
+                info.in_sync.iter().copied().collect()
+            };
+            let mut best: Option<(Epoch, u64, std::cmp::Reverse<BrokerId>)> = None;
+            for b in pool {
+                if election.target.is_some_and(|t| t != b) {
+                    continue;
+                }
+                if let Some(l) = alive(&self.live, &name, b) {
+                    let key = (l.last_epoch, l.end_offset, std::cmp::Reverse(b));
+                    if best.is_none_or(|k| key > k) {
+                        best = Some(key);
+                    }
+                }
+            }
+            let Some((_, _, std::cmp::Reverse(master))) = best else {
+                // Nobody electable is alive: keep waiting (the fence stays, so the old master
+                // cannot acknowledge; it is a candidate again once it is heard from).
+                continue;
+            };
+            self.mark_inflight(&name);
+            self.propose(
+                Command::ElectMaster {
+                    group: name.clone(),
+                    master,
+                    expect_master_epoch: info.master_epoch,
+                },
+                waiter,
+            );
+        }
+    }
+
+    fn mark_inflight(&mut self, name: &str) {
+        if let Some(e) = self.elections.get_mut(name) {
+            e.inflight_until = Some(self.now + ELECTION_RETRY_MS);
+        }
+    }
+
+    /// Handles raft-rs's `Ready` as its contract asks: send messages, persist entries and hard
+    /// state, send the messages that needed them persisted, apply committed entries, advance.
+    fn pump(&mut self) {
+        while self.raw.has_ready() {
+            let mut ready = self.raw.ready();
+            if let Some(ss) = ready.ss() {
+                self.on_role(ss.raft_state);
+            }
+            self.outbox.extend(ready.take_messages());
+            let committed = ready.take_committed_entries();
+            self.apply(committed);
+            if !ready.entries().is_empty() {
+                // MemStorage::append fails only on a gap, which raft-rs never hands out.
+                let _ = self.raw.mut_store().wl().append(ready.entries());
+            }
+            if let Some(hs) = ready.hs() {
+                self.raw.mut_store().wl().set_hardstate(hs.clone());
+            }
+            self.outbox.extend(ready.take_persisted_messages());
+            let mut light = self.raw.advance(ready);
+            if let Some(commit) = light.commit_index() {
+                self.raw
+                    .mut_store()
+                    .wl()
+                    .mut_hard_state()
+                    .set_commit(commit);
+            }
+            self.outbox.extend(light.take_messages());
+            let committed = light.take_committed_entries();
+            self.apply(committed);
+            self.raw.advance_apply();
+        }
+    }
+
+    fn on_role(&mut self, role: StateRole) {
+        if role == StateRole::Leader {
+            if self.leader_since.is_none() {
+                self.leader_since = Some(self.now);
+                self.live.clear();
+                self.elections.clear();
+            }
+        } else if self.leader_since.take().is_some() {
+            let pending = std::mem::take(&mut self.pending);
+            let leader = self.leader();
+            for (_, waiter) in pending {
+                self.answer(waiter, Response::NotLeader { leader });
+            }
+            let elections = std::mem::take(&mut self.elections);
+            for (_, e) in elections {
+                if let Some(token) = e.manual {
+                    self.responses
+                        .push_back((token, Response::NotLeader { leader }));
+                }
+            }
+            self.live.clear();
+        }
+    }
+
+    fn apply(&mut self, entries: Vec<Entry>) {
+        for entry in entries {
+            if entry.get_entry_type() != EntryType::EntryNormal || entry.get_data().is_empty() {
+                continue;
+            }
+            // Entries are written only by `propose` from a `Command`; one that does not decode
+            // was written by another version and is skipped by every voter alike.
+            let Ok(cmd) = serde_json::from_slice::<Command>(entry.get_data()) else {
+                continue;
+            };
+            let outcome = self.metadata.apply(&cmd);
+            if let (Command::GrantLease { group, .. }, Outcome::LeaseGranted { .. }) =
+                (&cmd, &outcome)
+            {
+                self.lease_seen.insert(group.clone(), self.now);
+            }
+            let waiter = self.waiter_of(entry.get_context());
+            if let Command::ElectMaster { group, .. } = &cmd {
+                if matches!(outcome, Outcome::Group(_)) {
+                    if self.is_leader() {
+                        self.elections_done += 1;
+                    }
+                    self.elections.remove(group);
+                } else if waiter.is_some() {
+                    // Refused: the view it was decided on is gone; decide again.
+                    if let Some(e) = self.elections.get_mut(group) {
+                        e.inflight_until = None;
+                        if e.manual.is_some() {
+                            self.elections.remove(group);
+                        }
+                    }
+                }
+            }
+            if let Command::FenceLeases { group, .. } = &cmd {
+                if let Some(e) = self.elections.get_mut(group) {
+                    e.inflight_until = None;
+                }
+            }
+            if let Some(waiter) = waiter {
+                let response = match outcome {
+                    Outcome::BrokerId(id) => Response::BrokerId(id),
+                    Outcome::Group(info) => Response::Group(info),
+                    Outcome::LeaseGranted { master_epoch, .. } => Response::LeaseGranted {
+                        master_epoch,
+                        lease_ms: self.cfg.lease.lease_ms(),
+                    },
+                    Outcome::Refused(r) => Response::Refused(r),
+                };
+                if let (Waiter::Election { manual: None }, _) = (waiter, &response) {
+                    continue;
+                }
+                self.answer(waiter, response);
+            }
+        }
+    }
+
+    fn waiter_of(&mut self, context: &[u8]) -> Option<Waiter> {
+        let (node, seq) = context.split_at_checked(8)?;
+        let node = u64::from_be_bytes(node.try_into().ok()?);
+        let seq = u64::from_be_bytes(seq.try_into().ok()?);
+        if node != self.cfg.id {
+            return None;
+        }
+        self.pending.remove(&seq)
+    }
+}

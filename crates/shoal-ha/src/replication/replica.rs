@@ -1,0 +1,280 @@
+//! The replica side of a broker group's replication, sans-IO.
+//!
+//! A replica follows the master the controller names. On every change of master (or epoch)
+//! it handshakes with its epoch entries and log end; the master answers where the two logs
+//! agree (KIP-101's divergence point) and the replica cuts its log there before taking
+//! batches. It takes a batch only from the master it follows, at its own log end, with a
+//! master epoch not older than any it knows; a batch from an older epoch is answered with the
+//! newer epoch, which makes an old master step down.
+
+use super::epoch::EpochCache;
+use super::message::{BatchHeader, ToMaster, ToReplica};
+use crate::time::Millis;
+use crate::{BrokerId, Epoch};
+use std::collections::VecDeque;
+
+/// What the caller must do with a batch's bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BatchVerdict {
+    /// Append the bytes at `start` (the log end), durably, before sending what
+    /// [`Replica::poll_transmit`] gives next.
+    Append {
+        /// Where they go.
+        start: u64,
+        /// Where the log ends after them.
+        end: u64,
+    },
+    /// Drop them.
+    Ignore,
+}
+
+/// What the caller must do to its log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplicaAction {
+    /// Cut the commit log (and the epoch entries, see [`Replica::epochs`]) at this offset,
+    /// durably, before sending what [`Replica::poll_transmit`] gives next.
+    Truncate(u64),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Handshake sent at this time, no answer yet.
+    Handshaking(Millis),
+    Following,
+}
+
+/// A replica of one broker group.
+#[derive(Debug)]
+pub struct Replica {
+    me: BrokerId,
+    epoch: Epoch,
+    master: Option<BrokerId>,
+    epochs: EpochCache,
+    log_end: u64,
+    confirmed: u64,
+    phase: Phase,
+    resend_ms: Millis,
+    out: VecDeque<(BrokerId, ToMaster)>,
+    actions: VecDeque<ReplicaAction>,
+}
+
+impl Replica {
+    /// A replica over a log ending at `log_end` with `epochs`, knowing master epochs up to
+    /// `epoch`. It follows nobody until [`Self::handle_master`].
+    pub fn new(
+        me: BrokerId,
+        epoch: Epoch,
+        epochs: EpochCache,
+        log_end: u64,
+        resend_ms: Millis,
+    ) -> Self {
+        Self {
+            me,
+            epoch: epoch.max(epochs.last_epoch()),
+            master: None,
+            epochs,
+            log_end,
+            confirmed: 0,
+            phase: Phase::Handshaking(0),
+            resend_ms,
+            out: VecDeque::new(),
+            actions: VecDeque::new(),
+        }
+    }
+
+    /// The highest master epoch it knows.
+    pub fn epoch(&self) -> Epoch {
+        self.epoch
+    }
+
+    /// The master it follows.
+    pub fn master(&self) -> Option<BrokerId> {
+        self.master
+    }
+
+    /// Its epoch entries; to be persisted beside the log.
+    pub fn epochs(&self) -> &EpochCache {
+        &self.epochs
+    }
+
+    /// Its log end.
+    pub fn log_end(&self) -> u64 {
+        self.log_end
+    }
+
+    /// The master's confirmed offset as far as this log has it: consumers reading from this
+    /// replica see nothing above it.
+    pub fn confirmed(&self) -> u64 {
+        self.confirmed.min(self.log_end)
+    }
+
+    /// Whether it has handshaken and takes batches.
+    pub fn is_following(&self) -> bool {
+        self.phase == Phase::Following
+    }
+
+    /// The controller says `master` is master of `master_epoch`. An older epoch is ignored; a
+    /// new master or epoch starts a handshake.
+    pub fn handle_master(&mut self, now: Millis, master: BrokerId, master_epoch: Epoch) {
+        if master_epoch < self.epoch || master == self.me {
+            return;
+        }
+        if master_epoch == self.epoch && self.master == Some(master) {
+            return;
+        }
+        self.epoch = master_epoch;
+        self.master = Some(master);
+        self.handshake(now);
+    }
+
+    /// A message from a broker (`from`); for a batch, what to do with its bytes.
+    pub fn handle_message(&mut self, now: Millis, from: BrokerId, msg: ToReplica) -> BatchVerdict {
+        match msg {
+            ToReplica::Truncate {
+                master_epoch,
+                to,
+                for_end,
+            } => {
+                if !self.accepts(now, from, master_epoch) {
+                    return BatchVerdict::Ignore;
+                }
+                if !matches!(self.phase, Phase::Handshaking(_)) || for_end != self.log_end {
+                    // A late answer to an earlier handshake: the log may have moved since.
+                    return BatchVerdict::Ignore;
+                }
+                if to < self.log_end {
+                    self.log_end = to;
+                    self.epochs.truncate_to(to);
+                    self.actions.push_back(ReplicaAction::Truncate(to));
+                }
+                self.confirmed = self.confirmed.min(self.log_end);
+                self.phase = Phase::Following;
+                self.ack(from);
+                BatchVerdict::Ignore
+            }
+            ToReplica::Batch(h) => self.batch(now, from, h),
+        }
+    }
+
+    fn batch(&mut self, now: Millis, from: BrokerId, h: BatchHeader) -> BatchVerdict {
+        if h.master_epoch < self.epoch {
+            // Tell the old master there is a newer epoch.
+            self.out.push_back((
+                from,
+                ToMaster::Ack {
+                    replica: self.me,
+                    master_epoch: self.epoch,
+                    end: self.log_end,
+                },
+            ));
+            return BatchVerdict::Ignore;
+        }
+        if !self.accepts(now, from, h.master_epoch) {
+            return BatchVerdict::Ignore;
+        }
+        if self.phase != Phase::Following {
+            if let Phase::Handshaking(at) = self.phase {
+                if now >= at + self.resend_ms {
+                    self.handshake(now);
+                }
+            }
+            return BatchVerdict::Ignore;
+        }
+        if h.start != self.log_end || h.start == h.end {
+            // A heartbeat, a lost batch (a gap) or a duplicate: say where the log ends, which
+            // also tells a master that restarted in this epoch where to ship from.
+            if h.start == self.log_end {
+                self.confirmed = self.confirmed.max(h.confirmed.min(self.log_end));
+            }
+            self.ack(from);
+            return BatchVerdict::Ignore;
+        }
+        if h.end < h.start || h.batch_epoch > h.master_epoch {
+            return BatchVerdict::Ignore;
+        }
+        if self.epochs.push(h.batch_epoch, h.start).is_err() {
+            // Data of an older epoch than we hold at this point: not the master's log.
+            self.handshake(now);
+            return BatchVerdict::Ignore;
+        }
+        self.log_end = h.end;
+        self.confirmed = self.confirmed.max(h.confirmed.min(self.log_end));
+        self.ack(from);
+        BatchVerdict::Append {
+            start: h.start,
+            end: h.end,
+        }
+    }
+
+    /// Time passed: a handshake without answer is sent again.
+    pub fn handle_timeout(&mut self, now: Millis) {
+        if let Phase::Handshaking(at) = self.phase {
+            if self.master.is_some() && now >= at + self.resend_ms {
+                self.handshake(now);
+            }
+        }
+    }
+
+    /// When to call [`Self::handle_timeout`] next.
+    #[must_use]
+    pub fn poll_timeout(&self) -> Option<Millis> {
+        match self.phase {
+            Phase::Handshaking(at) if self.master.is_some() => Some(at + self.resend_ms),
+            _ => None,
+        }
+    }
+
+    /// What to do to the log, before sending anything polled after it.
+    #[must_use]
+    pub fn poll_action(&mut self) -> Option<ReplicaAction> {
+        self.actions.pop_front()
+    }
+
+    /// A message for a broker (the master).
+    #[must_use]
+    pub fn poll_transmit(&mut self) -> Option<(BrokerId, ToMaster)> {
+        self.out.pop_front()
+    }
+
+    fn accepts(&mut self, now: Millis, from: BrokerId, master_epoch: Epoch) -> bool {
+        if master_epoch < self.epoch {
+            return false;
+        }
+        if master_epoch > self.epoch {
+            // A master of a newer epoch than the controller told us of: epochs come only from
+            // the controller, so it is the current one. Follow it.
+            self.epoch = master_epoch;
+            self.master = Some(from);
+            self.handshake(now);
+            return false;
+        }
+        self.master == Some(from)
+    }
+
+    fn handshake(&mut self, now: Millis) {
+        let Some(master) = self.master else {
+            return;
+        };
+        self.phase = Phase::Handshaking(now);
+        self.out.push_back((
+            master,
+            ToMaster::Handshake {
+                replica: self.me,
+                master_epoch: self.epoch,
+                end: self.log_end,
+                epochs: self.epochs.entries().to_vec(),
+            },
+        ));
+    }
+
+    fn ack(&mut self, to: BrokerId) {
+        self.out.push_back((
+            to,
+            ToMaster::Ack {
+                replica: self.me,
+                master_epoch: self.epoch,
+                end: self.log_end,
+            },
+        ));
+    }
+}
