@@ -524,8 +524,13 @@ impl ControllerNode {
                 if self.elections.contains_key(name) {
                     continue;
                 }
+                // A fenced master (an election a former leader began) cannot renew its
+                // lease: finish that election (the master itself is a candidate again).
                 let needs = match info.master {
-                    Some(m) => alive(&self.live, name, m).is_none(),
+                    Some(m) => {
+                        alive(&self.live, name, m).is_none()
+                            || info.fenced_epoch >= info.master_epoch
+                    }
                     None => info
                         .members
                         .keys()

@@ -11,8 +11,10 @@
 //!   has it durably, or under [`AckMode::Master`] when the master has it;
 //! - and only while the lease holds at that instant (`now < lease_until`, counted from when
 //!   the renewal was sent), so an old master has stopped before the controller elects another;
-//! - a replica joins the in-sync set only once its log reaches the confirmed offset, so every
-//!   acknowledged write is on every member of every in-sync set the controller applies;
+//! - a replica joins the in-sync set only once its log reaches the confirmed offset and the
+//!   log end the master began with (what earlier masters, or this broker before a restart,
+//!   acknowledged is below that), so every acknowledged write is on every member of every
+//!   in-sync set the controller applies;
 //! - anything carrying a newer master epoch (a replica's ack, the controller's refusal) makes
 //!   the master step down: it acknowledges nothing more and fails what waits.
 
@@ -128,6 +130,8 @@ pub enum MasterTransmit {
 pub struct Acked {
     /// The caller's handle for the write.
     pub ticket: u64,
+    /// The master epoch it was answered under.
+    pub epoch: Epoch,
     /// Acknowledged, or why not.
     pub result: Result<(), WriteRefusal>,
 }
@@ -177,6 +181,9 @@ pub struct Master {
     pending: VecDeque<(u64, u64, Millis)>,
     acked: VecDeque<Acked>,
     confirmed: u64,
+    /// The log end when this master began: everything acknowledged before (by an earlier
+    /// master, or this broker before a restart) is below it.
+    start_end: u64,
     out: VecDeque<MasterTransmit>,
     newer_epoch: Option<Epoch>,
 }
@@ -232,6 +239,7 @@ impl Master {
             pending: VecDeque::new(),
             acked: VecDeque::new(),
             confirmed: 0,
+            start_end: log_end,
             out: VecDeque::new(),
             newer_epoch: None,
         })
@@ -345,6 +353,8 @@ impl Master {
                 f.acked = Some(end);
                 if end < f.next {
                     // A gap or a lost batch: ship again from what it has.
+                    f.next = end;
+                } else if end > f.next {
                     f.next = end;
                 }
                 if end >= self.log_end {
@@ -504,6 +514,7 @@ impl Master {
             for (ticket, _, _) in self.pending.drain(..) {
                 self.acked.push_back(Acked {
                     ticket,
+                    epoch: self.epoch,
                     result: Err(WriteRefusal::NotMaster),
                 });
             }
@@ -547,11 +558,13 @@ impl Master {
             if lease && end <= ack_to {
                 self.acked.push_back(Acked {
                     ticket,
+                    epoch: self.epoch,
                     result: Ok(()),
                 });
             } else if now >= at + self.cfg.ack_timeout_ms {
                 self.acked.push_back(Acked {
                     ticket,
+                    epoch: self.epoch,
                     result: Err(WriteRefusal::Timeout),
                 });
             } else {
@@ -588,7 +601,8 @@ impl Master {
             if in_set && now >= f.last_caught_up + self.cfg.max_lag_ms {
                 next.remove(b);
             } else if !in_set
-                && f.acked.is_some_and(|a| a >= self.confirmed)
+                && f.acked
+                    .is_some_and(|a| a >= self.confirmed.max(self.start_end))
                 && now < f.last_ack_at + self.cfg.max_lag_ms
             {
                 next.insert(*b);
@@ -634,33 +648,36 @@ impl Master {
             return;
         }
         for (b, f) in self.followers.iter_mut() {
-            let Some(acked) = f.acked else {
-                continue;
-            };
-            if acked < f.next && now >= f.last_ack_at + self.cfg.resend_ms {
-                f.next = acked;
-                f.last_ack_at = now;
-            }
-            if f.next < self.log_end && f.next - acked < self.cfg.max_inflight_bytes {
-                let start = f.next;
-                let mut end = self.log_end.min(start + self.cfg.batch_max_bytes);
-                if let Some(boundary) = self.epochs.epoch_boundary_after(start) {
-                    end = end.min(boundary);
+            // Bytes only to a replica that acknowledged in this epoch; heartbeats to all, so
+            // one whose acknowledgement was lost says again where its log ends.
+            if let Some(acked) = f.acked {
+                if acked < f.next && now >= f.last_ack_at + self.cfg.resend_ms {
+                    f.next = acked;
+                    f.last_ack_at = now;
                 }
-                let batch_epoch = self.epochs.epoch_at(start).unwrap_or(self.epoch);
-                f.next = end;
-                f.last_sent_at = now;
-                self.out.push_back(MasterTransmit::Replica {
-                    to: *b,
-                    msg: ToReplica::Batch(BatchHeader {
-                        master_epoch: self.epoch,
-                        batch_epoch,
-                        start,
-                        end,
-                        confirmed: self.confirmed,
-                    }),
-                });
-                return;
+                if f.next < self.log_end
+                    && f.next.saturating_sub(acked) < self.cfg.max_inflight_bytes
+                {
+                    let start = f.next;
+                    let mut end = self.log_end.min(start + self.cfg.batch_max_bytes);
+                    if let Some(boundary) = self.epochs.epoch_boundary_after(start) {
+                        end = end.min(boundary);
+                    }
+                    let batch_epoch = self.epochs.epoch_at(start).unwrap_or(self.epoch);
+                    f.next = end;
+                    f.last_sent_at = now;
+                    self.out.push_back(MasterTransmit::Replica {
+                        to: *b,
+                        msg: ToReplica::Batch(BatchHeader {
+                            master_epoch: self.epoch,
+                            batch_epoch,
+                            start,
+                            end,
+                            confirmed: self.confirmed,
+                        }),
+                    });
+                    return;
+                }
             }
             if now >= f.last_sent_at + self.cfg.heartbeat_ms {
                 f.last_sent_at = now;

@@ -181,6 +181,7 @@ impl Member {
             Role::Master(m) => m.handle_appended(now, ticket, end),
             _ => self.acked.push_back(Acked {
                 ticket,
+                epoch: self.known_epoch,
                 result: Err(WriteRefusal::NotMaster),
             }),
         }
@@ -479,9 +480,11 @@ impl Member {
             // The rest were not acknowledged: their fate is the new master's.
             let mut pending = Vec::new();
             m.drain_pending(&mut pending);
+            let epoch = m.epoch();
             for ticket in pending {
                 self.acked.push_back(Acked {
                     ticket,
+                    epoch,
                     result: Err(WriteRefusal::NotMaster),
                 });
             }
