@@ -66,7 +66,8 @@ pub enum Command {
     },
     /// Elect `master` (CONTROLLER_ELECT_MASTER): refused unless the group is still at
     /// `expect_master_epoch`, that epoch's leases are fenced (or the group never had a master)
-    /// and `master` is in the in-sync set (any member for a group that never had one).
+    /// and `master` is in the in-sync set (any member for a group that never had one). The
+    /// old master leaves the in-sync set; the other members stay.
     ElectMaster {
         /// The broker group.
         group: String,

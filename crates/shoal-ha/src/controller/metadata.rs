@@ -4,7 +4,7 @@
 use super::command::{Command, GroupInfo, Member, Outcome, Refusal};
 use crate::{BrokerId, Epoch};
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 /// Limits on what brokers can make the controller hold; the same on every voter (they are
 /// part of the deterministic apply).
@@ -174,9 +174,14 @@ impl Metadata {
                         return Err(Refusal::NotInSync(*master));
                     }
                 }
+                // The rest of the in-sync set stays in it (it holds everything acknowledged,
+                // as Kafka keeps the ISR on a leader change); the old master leaves it.
+                if let Some(old) = info.master.filter(|old| old != master) {
+                    info.in_sync.remove(&old);
+                }
+                info.in_sync.insert(*master);
                 info.master = Some(*master);
                 info.master_epoch += 1;
-                info.in_sync = BTreeSet::from([*master]);
                 info.in_sync_epoch += 1;
                 Ok(Outcome::Group(info.clone()))
             }
@@ -203,6 +208,7 @@ fn check_master(info: &GroupInfo, master: BrokerId, master_epoch: Epoch) -> Resu
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeSet;
 
     const G: &str = "broker-a";
 
@@ -279,6 +285,11 @@ mod tests {
             panic!("fenced election refused")
         };
         assert_eq!((g.master, g.master_epoch), (Some(3), 2));
+        assert_eq!(
+            g.in_sync,
+            BTreeSet::from([1, 3]),
+            "the old master leaves the set"
+        );
         // The old master's proposals are now stale.
         assert_eq!(
             alter(&mut m, 2, 1, 2, &[1, 2]),

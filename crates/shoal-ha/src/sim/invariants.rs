@@ -34,6 +34,8 @@ pub(crate) struct Checker {
     shown_confirmed: Vec<u64>,
     known_epoch: Vec<Epoch>,
     voter_epochs: Vec<Option<(u64, Epoch, Epoch)>>,
+    voter_applied: Vec<Option<u64>>,
+    view: Option<(u64, GroupInfo)>,
     max_ack_epoch: Epoch,
     ack_epoch_broker: BTreeMap<Epoch, usize>,
     pub(crate) acked_master_mode: Vec<(u64, Millis)>,
@@ -42,22 +44,41 @@ pub(crate) struct Checker {
     ack: AckMode,
 }
 
-/// The group as the most advanced live voter applied it.
+/// The group as the controller committed it: the metadata at the highest log index any voter
+/// ever applied (committed entries survive voters' crashes, so a voter that crashed after
+/// applying it still speaks for the controller).
 pub(crate) fn controller_view(w: &World) -> Option<&GroupInfo> {
-    w.controllers
-        .iter()
-        .filter_map(|c| c.node.as_ref())
-        .max_by_key(|n| n.applied_index())
-        .and_then(|n| n.metadata().group(GROUP))
+    w.checker().view.as_ref().map(|(_, g)| g)
 }
 
 impl Checker {
+    /// A checker of nothing (a placeholder while the real one is lent out).
+    pub(crate) const fn empty() -> Self {
+        Self {
+            violations: Vec::new(),
+            reference: Vec::new(),
+            verified: Vec::new(),
+            shown_confirmed: Vec::new(),
+            known_epoch: Vec::new(),
+            voter_epochs: Vec::new(),
+            voter_applied: Vec::new(),
+            view: None,
+            max_ack_epoch: 0,
+            ack_epoch_broker: BTreeMap::new(),
+            acked_master_mode: Vec::new(),
+            acked_count: 0,
+            last_ack_at: 0,
+            ack: AckMode::InSyncSet,
+        }
+    }
+
     pub(crate) fn new(cfg: &SimConfig) -> Self {
         Self {
             verified: vec![0; cfg.brokers],
             shown_confirmed: vec![0; cfg.brokers],
             known_epoch: vec![0; cfg.brokers],
             voter_epochs: vec![None; cfg.controllers],
+            voter_applied: vec![None; cfg.controllers],
             ack: cfg.ack,
             ..Self::default()
         }
@@ -177,6 +198,23 @@ impl Checker {
     }
 
     pub(crate) fn after_step(&mut self, w: &World) {
+        // The controller's committed view.
+        let newest = w
+            .controllers
+            .iter()
+            .filter_map(|c| c.node.as_ref())
+            .max_by_key(|n| n.applied_index());
+        if let Some(n) = newest {
+            if self
+                .view
+                .as_ref()
+                .is_none_or(|(i, _)| n.applied_index() > *i)
+            {
+                if let Some(g) = n.metadata().group(GROUP) {
+                    self.view = Some((n.applied_index(), g.clone()));
+                }
+            }
+        }
         // One lease holder at most.
         let mut holder: Option<usize> = None;
         for (i, b) in w.brokers.iter().enumerate() {
@@ -193,7 +231,7 @@ impl Checker {
             }
         }
         // In-sync members hold the confirmed history.
-        if let Some(info) = controller_view(w) {
+        if let Some((_, info)) = &self.view {
             for id in &info.in_sync {
                 if w.lost_ids.contains(id) {
                     continue;
@@ -218,7 +256,17 @@ impl Checker {
                 }
             }
         }
-        // Voters: epochs grow, and equal indexes hold equal metadata.
+        // Voters: epochs grow, and equal indexes hold equal metadata (looked at when a voter
+        // applied something).
+        let applied: Vec<Option<u64>> = w
+            .controllers
+            .iter()
+            .map(|c| c.node.as_ref().map(|n| n.applied_index()))
+            .collect();
+        if applied == self.voter_applied {
+            return;
+        }
+        self.voter_applied = applied;
         let mut by_index: BTreeMap<u64, usize> = BTreeMap::new();
         for (v, c) in w.controllers.iter().enumerate() {
             let Some(n) = &c.node else {

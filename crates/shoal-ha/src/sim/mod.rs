@@ -55,22 +55,22 @@ fn run_schedule(cfg: &SimConfig, schedule: &Schedule, rng: ChaCha8Rng) -> SimRep
         w.heal();
         ok = w.run_until(healed_at + cfg.settle_ms);
     }
-    if ok && w.check.last_ack_at <= healed_at {
-        w.check.violations.push(Violation::Stuck {
-            at: w.now,
-            detail: w.describe(),
-        });
+    if ok && w.checker().last_ack_at <= healed_at {
+        let (detail, at) = (w.describe(), w.now);
+        w.checker_mut()
+            .violations
+            .push(Violation::Stuck { at, detail });
     }
     let mut report = std::mem::take(&mut w.report);
-    report.writes.2 = w.check.acked_count;
+    report.writes.2 = w.checker().acked_count;
     if let Some(info) = invariants::controller_view(&w) {
         report.master_epoch = info.master_epoch;
         report.master = info.master;
     }
     if cfg.ack == AckMode::Master {
-        let reference = &w.check.reference;
+        let reference = &w.checker().reference;
         report.acked_lost_master_mode = w
-            .check
+            .checker()
             .acked_master_mode
             .iter()
             .filter(|(id, at)| {
@@ -81,7 +81,7 @@ fn run_schedule(cfg: &SimConfig, schedule: &Schedule, rng: ChaCha8Rng) -> SimRep
             })
             .count() as u64;
     }
-    report.confirmed_bytes = w.check.reference.len() as u64;
-    report.violations = std::mem::take(&mut w.check.violations);
+    report.confirmed_bytes = w.checker().reference.len() as u64;
+    report.violations = std::mem::take(&mut w.checker_mut().violations);
     report
 }

@@ -21,6 +21,8 @@ use std::collections::{BTreeMap, BTreeSet};
 pub const GROUP: &str = "broker-a";
 /// Bytes of one simulated message.
 pub const RECORD: usize = 32;
+static NO_CHECKER: Checker = Checker::empty();
+
 /// How often the world looks at every process's timers.
 const TICK_MS: Millis = 5;
 /// Messages take 1 to this many ms (so they reorder).
@@ -106,7 +108,7 @@ pub(crate) struct World {
     rng: ChaCha8Rng,
     pub(crate) now: Millis,
     seq: u64,
-    events: BTreeMap<(Millis, u64), Event>,
+    events: BTreeMap<(Millis, u64), Box<Event>>,
     pub(crate) controllers: Vec<SimController>,
     pub(crate) brokers: Vec<SimBroker>,
     blocked: BTreeMap<(Node, Node), u32>,
@@ -115,14 +117,15 @@ pub(crate) struct World {
     pub(crate) lost_ids: BTreeSet<BrokerId>,
     next_write: u64,
     pub(crate) writes: BTreeMap<u64, (usize, u64, u64)>,
-    pub(crate) check: Checker,
+    check: Option<Box<Checker>>,
     pub(crate) report: SimReport,
     ccfg: ControllerConfig,
 }
 
 fn local(now: Millis, drift_ppm: i64) -> Millis {
-    let now = now as i128;
-    (now + now * drift_ppm as i128 / 1_000_000) as Millis
+    // Runs are minutes long at most: no overflow in i64.
+    let now = now as i64;
+    (now + now * drift_ppm / 1_000_000) as Millis
 }
 
 pub(crate) fn member_config(cfg: &SimConfig, index: usize, token: String) -> MemberConfig {
@@ -207,7 +210,7 @@ impl World {
             })
             .collect();
         let mut w = Self {
-            check: Checker::new(&cfg),
+            check: Some(Box::new(Checker::new(&cfg))),
             report: SimReport {
                 seed: cfg.seed,
                 faults: schedule.faults.len(),
@@ -236,9 +239,27 @@ impl World {
         w
     }
 
+    /// The checker, with read access to the world.
+    fn with_check(&mut self, f: impl FnOnce(&mut Checker, &World)) {
+        if let Some(mut c) = self.check.take() {
+            f(&mut c, self);
+            self.check = Some(c);
+        }
+    }
+
+    /// The checker's findings.
+    pub(crate) fn checker(&self) -> &Checker {
+        self.check.as_deref().unwrap_or(&NO_CHECKER)
+    }
+
+    /// The checker, to take its findings at the end.
+    pub(crate) fn checker_mut(&mut self) -> &mut Checker {
+        self.check.get_or_insert_with(Box::default)
+    }
+
     fn at(&mut self, at: Millis, e: Event) {
         self.seq += 1;
-        self.events.insert((at, self.seq), e);
+        self.events.insert((at, self.seq), Box::new(e));
     }
 
     pub(crate) fn local_of(&self, node: Node) -> Millis {
@@ -256,17 +277,15 @@ impl World {
             if at > until {
                 break;
             }
-            let e = entry.remove();
+            let e = *entry.remove();
             self.now = at;
             self.report.steps += 1;
             if self.cfg.trace && !matches!(e, Event::Tick | Event::Write) {
                 eprintln!("{at:>6} {e:?}");
             }
             self.step(e);
-            let mut check = std::mem::take(&mut self.check);
-            check.after_step(self);
-            self.check = check;
-            if !self.check.violations.is_empty() {
+            self.with_check(|c, w| c.after_step(w));
+            if !self.checker().violations.is_empty() {
                 if self.cfg.trace {
                     eprintln!("{}", self.describe().replace("; ", "\n"));
                 }
@@ -357,21 +376,25 @@ impl World {
                 let Some(id) = self.brokers[broker].disk.broker_id else {
                     return;
                 };
-                // Only a replica's disk, and never the last intact copy of what the in-sync set
-                // holds (a group that loses every in-sync disk has lost data by definition;
-                // electing outside the set is not supported). No election may be under way.
+                // One disk at a time, of a replica of a healthy group: every other broker up,
+                // and in the in-sync set, no election under way. (Losing the disks of every
+                // in-sync member loses data by definition; electing outside the set is not
+                // supported.)
                 let Some(view) = super::invariants::controller_view(self) else {
                     return;
                 };
-                let intact_in_sync = view
-                    .in_sync
-                    .iter()
-                    .filter(|b| !self.lost_ids.contains(b))
-                    .count();
+                let others_in_sync = self.brokers.iter().enumerate().all(|(j, b)| {
+                    j == broker
+                        || (b.member.is_some()
+                            && !b.is_paused()
+                            && b.disk
+                                .broker_id
+                                .is_some_and(|id| view.in_sync.contains(&id)))
+                });
                 let allowed = view.master.is_some()
                     && view.master != Some(id)
                     && view.fenced_epoch < view.master_epoch
-                    && (!view.in_sync.contains(&id) || intact_in_sync >= 2);
+                    && others_in_sync;
                 if !allowed || self.brokers[broker].member.is_none() {
                     return;
                 }
@@ -445,7 +468,7 @@ impl World {
         b.member = None;
         b.paused_until = None;
         b.deferred.clear();
-        self.check.broker_restarted(i);
+        self.with_check(|c, _| c.broker_restarted(i));
     }
 
     fn restart(&mut self, node: Node) {
@@ -457,7 +480,7 @@ impl World {
                     let now = self.local_of(node);
                     let storage = self.controllers[i].storage.clone();
                     self.controllers[i].node = ControllerNode::new(c, storage, now).ok();
-                    self.check.controller_restarted(i);
+                    self.with_check(|c, _| c.controller_restarted(i));
                 }
             }
             Node::Broker(i) => {
@@ -473,7 +496,7 @@ impl World {
                 };
                 let cfg = member_config(&self.cfg, i, b.disk.token.clone());
                 b.member = Some(Member::new(cfg, disk, now));
-                self.check.broker_restarted(i);
+                self.with_check(|c, _| c.broker_restarted(i));
             }
             Node::Operator => {}
         }
@@ -550,11 +573,12 @@ impl World {
                         {
                             if start != b.disk.log.len() as u64 || end - start != bytes.len() as u64
                             {
-                                self.check.violations.push(Violation::InSyncLogDiverged {
+                                let v = Violation::InSyncLogDiverged {
                                     at: self.now,
                                     broker: i,
                                     offset: start,
-                                });
+                                };
+                                self.with_check(|c, _| c.violations.push(v));
                                 return;
                             }
                             b.disk.log.extend_from_slice(&bytes);
@@ -602,7 +626,8 @@ impl World {
                 return;
             };
             if let Some(ReplicaAction::Truncate(to)) = m.poll_action() {
-                self.check.on_truncate(i, to, self.now);
+                let at = self.now;
+                self.with_check(|c, _| c.on_truncate(i, to, at));
                 let b = &mut self.brokers[i];
                 b.disk.log.truncate(to as usize);
                 continue;
@@ -616,9 +641,7 @@ impl World {
                 }
             }
             if let Some(ack) = m.poll_ack() {
-                let mut check = std::mem::take(&mut self.check);
-                check.on_ack(self, i, ack);
-                self.check = check;
+                self.with_check(|c, w| c.on_ack(w, i, ack));
                 continue;
             }
             let Some(t) = m.poll_transmit(now) else {
@@ -665,9 +688,7 @@ impl World {
                 }
             }
         }
-        let mut check = std::mem::take(&mut self.check);
-        check.after_broker(self, i);
-        self.check = check;
+        self.with_check(|c, w| c.after_broker(w, i));
     }
 
     fn write(&mut self) {
