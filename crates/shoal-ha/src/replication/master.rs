@@ -221,7 +221,7 @@ impl Master {
                 )
             })
             .collect();
-        Ok(Self {
+        let mut master = Self {
             cfg,
             group,
             me,
@@ -242,7 +242,10 @@ impl Master {
             start_end: log_end,
             out: VecDeque::new(),
             newer_epoch: None,
-        })
+        };
+        // Ask for a lease at once.
+        master.advance(now);
+        Ok(master)
     }
 
     /// Its master epoch.
@@ -694,5 +697,249 @@ impl Master {
                 return;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::replication::EpochEntry;
+
+    fn master(ack: AckMode, min_in_sync: usize, epochs: EpochCache, log_end: u64) -> Master {
+        let cfg = MasterConfig {
+            ack,
+            min_in_sync,
+            batch_max_bytes: 100,
+            ..MasterConfig::default()
+        };
+        Master::new(
+            cfg,
+            "g".into(),
+            1,
+            3,
+            epochs,
+            log_end,
+            BTreeSet::from([1, 2]),
+            4,
+            [1, 2, 3],
+            0,
+        )
+        .expect("ordered epochs")
+    }
+
+    /// Grants the lease the master asks for at `now`.
+    fn grant(m: &mut Master, now: Millis) {
+        while let Some(t) = m.poll_transmit(now) {
+            if let MasterTransmit::Controller {
+                call,
+                req: Request::RenewLease { master_epoch, .. },
+            } = t
+            {
+                m.handle_controller_response(
+                    now,
+                    call,
+                    Response::LeaseGranted {
+                        master_epoch,
+                        lease_ms: 3_000,
+                    },
+                );
+            }
+        }
+    }
+
+    fn handshake(
+        m: &mut Master,
+        now: Millis,
+        replica: BrokerId,
+        end: u64,
+        epochs: Vec<EpochEntry>,
+    ) {
+        m.handle_message(
+            now,
+            ToMaster::Handshake {
+                replica,
+                master_epoch: 3,
+                end,
+                epochs,
+            },
+        );
+        m.handle_message(
+            now,
+            ToMaster::Ack {
+                replica,
+                master_epoch: 3,
+                end,
+            },
+        );
+    }
+
+    #[test]
+    fn acknowledges_after_the_in_sync_set_and_only_under_lease() {
+        let mut m = master(AckMode::InSyncSet, 2, EpochCache::default(), 0);
+        assert_eq!(m.check_writable(0), Err(WriteRefusal::LeaseExpired));
+        grant(&mut m, 0);
+        assert_eq!(m.check_writable(10), Ok(()));
+        handshake(&mut m, 10, 2, 0, vec![]);
+        m.handle_appended(10, 7, 50);
+        assert_eq!(m.poll_ack(), None, "replica 2 has not got it");
+        // Replica 3 is not in the set: its ack does not count.
+        handshake(&mut m, 11, 3, 0, vec![]);
+        m.handle_message(
+            12,
+            ToMaster::Ack {
+                replica: 3,
+                master_epoch: 3,
+                end: 50,
+            },
+        );
+        assert_eq!(m.poll_ack(), None);
+        m.handle_message(
+            13,
+            ToMaster::Ack {
+                replica: 2,
+                master_epoch: 3,
+                end: 50,
+            },
+        );
+        assert_eq!(
+            m.poll_ack(),
+            Some(Acked {
+                ticket: 7,
+                epoch: 3,
+                result: Ok(())
+            })
+        );
+        assert_eq!(m.confirmed(), 50);
+        // After the lease, nothing is acknowledged, even when replicated.
+        m.handle_appended(100, 8, 80);
+        m.handle_message(
+            3_001,
+            ToMaster::Ack {
+                replica: 2,
+                master_epoch: 3,
+                end: 80,
+            },
+        );
+        assert_eq!(m.poll_ack(), None);
+        assert_eq!(m.check_writable(3_001), Err(WriteRefusal::LeaseExpired));
+        m.handle_timeout(5_200);
+        assert_eq!(
+            m.poll_ack().map(|a| a.result),
+            Some(Err(WriteRefusal::Timeout))
+        );
+    }
+
+    #[test]
+    fn refuses_below_min_in_sync_unless_acknowledged_by_the_master() {
+        let mut m = master(AckMode::InSyncSet, 3, EpochCache::default(), 0);
+        grant(&mut m, 0);
+        assert_eq!(
+            m.check_writable(1),
+            Err(WriteRefusal::InSyncReplicasNotEnough { have: 2, need: 3 })
+        );
+        let mut m = master(AckMode::Master, 3, EpochCache::default(), 0);
+        grant(&mut m, 0);
+        assert_eq!(m.check_writable(1), Ok(()));
+        m.handle_appended(1, 1, 10);
+        assert_eq!(m.poll_ack().map(|a| a.result), Some(Ok(())));
+        assert_eq!(
+            m.confirmed(),
+            0,
+            "visibility still waits for the in-sync set"
+        );
+    }
+
+    #[test]
+    fn batches_never_span_two_epochs() {
+        let epochs = EpochCache::from_entries(vec![
+            EpochEntry { epoch: 1, start: 0 },
+            EpochEntry {
+                epoch: 2,
+                start: 30,
+            },
+        ])
+        .expect("ordered");
+        let mut m = master(AckMode::InSyncSet, 1, epochs, 60);
+        grant(&mut m, 0);
+        handshake(&mut m, 1, 2, 0, vec![]);
+        let mut batches = Vec::new();
+        for now in 1..5 {
+            while let Some(t) = m.poll_transmit(now) {
+                if let MasterTransmit::Replica {
+                    msg: ToReplica::Batch(h),
+                    ..
+                } = t
+                {
+                    if h.start < h.end {
+                        batches.push((h.batch_epoch, h.start, h.end));
+                    }
+                }
+            }
+        }
+        assert_eq!(batches, vec![(1, 0, 30), (2, 30, 60)]);
+    }
+
+    #[test]
+    fn a_replica_with_a_newer_epoch_makes_it_step_down() {
+        let mut m = master(AckMode::InSyncSet, 1, EpochCache::default(), 0);
+        grant(&mut m, 0);
+        m.handle_appended(1, 5, 10);
+        m.handle_message(
+            2,
+            ToMaster::Ack {
+                replica: 2,
+                master_epoch: 4,
+                end: 0,
+            },
+        );
+        assert_eq!(m.stepped_down(), Some(4));
+        assert_eq!(
+            m.poll_ack().map(|a| a.result),
+            Some(Err(WriteRefusal::NotMaster))
+        );
+        assert_eq!(m.check_writable(3), Err(WriteRefusal::NotMaster));
+    }
+
+    #[test]
+    fn a_lagging_replica_joins_only_at_the_confirmed_offset_and_the_start() {
+        // The master begins with 40 bytes it may have acknowledged before a restart.
+        let mut m = Master::new(
+            MasterConfig::default(),
+            "g".into(),
+            1,
+            3,
+            EpochCache::default(),
+            40,
+            BTreeSet::from([1]),
+            4,
+            [1, 2],
+            0,
+        )
+        .expect("ordered");
+        grant(&mut m, 0);
+        handshake(&mut m, 1, 2, 20, vec![EpochEntry { epoch: 3, start: 0 }]);
+        let proposals = |m: &mut Master, now| {
+            let mut p = Vec::new();
+            while let Some(t) = m.poll_transmit(now) {
+                if let MasterTransmit::Controller {
+                    req: Request::AlterInSyncSet { in_sync, .. },
+                    ..
+                } = t
+                {
+                    p.push(in_sync);
+                }
+            }
+            p
+        };
+        assert!(proposals(&mut m, 2).is_empty(), "20 < 40: not yet");
+        m.handle_message(
+            3,
+            ToMaster::Ack {
+                replica: 2,
+                master_epoch: 3,
+                end: 40,
+            },
+        );
+        assert_eq!(proposals(&mut m, 3), vec![BTreeSet::from([1, 2])]);
     }
 }

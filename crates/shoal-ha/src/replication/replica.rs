@@ -278,3 +278,135 @@ impl Replica {
         ));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::replication::EpochEntry;
+
+    fn batch(master_epoch: Epoch, batch_epoch: Epoch, start: u64, end: u64) -> ToReplica {
+        ToReplica::Batch(BatchHeader {
+            master_epoch,
+            batch_epoch,
+            start,
+            end,
+            confirmed: start,
+        })
+    }
+
+    #[test]
+    fn handshake_truncate_then_follow() {
+        // Its log: epoch 1 up to 100, then 50 bytes of an epoch-2 master nobody else has.
+        let epochs = EpochCache::from_entries(vec![
+            EpochEntry { epoch: 1, start: 0 },
+            EpochEntry {
+                epoch: 2,
+                start: 100,
+            },
+        ])
+        .expect("ordered");
+        let mut r = Replica::new(9, 2, epochs, 150, 200);
+        r.handle_master(0, 1, 3);
+        let Some((
+            1,
+            ToMaster::Handshake {
+                end: 150, epochs, ..
+            },
+        )) = r.poll_transmit()
+        else {
+            panic!("handshake expected")
+        };
+        assert_eq!(epochs.len(), 2);
+        // Batches before the answer are not taken.
+        assert_eq!(
+            r.handle_message(1, 1, batch(3, 3, 100, 120)),
+            BatchVerdict::Ignore
+        );
+        // A stale answer (for another log end) is ignored.
+        let stale = ToReplica::Truncate {
+            master_epoch: 3,
+            to: 10,
+            for_end: 99,
+        };
+        assert_eq!(r.handle_message(2, 1, stale), BatchVerdict::Ignore);
+        assert_eq!(r.poll_action(), None);
+        let answer = ToReplica::Truncate {
+            master_epoch: 3,
+            to: 100,
+            for_end: 150,
+        };
+        r.handle_message(3, 1, answer);
+        assert_eq!(r.poll_action(), Some(ReplicaAction::Truncate(100)));
+        assert_eq!(r.epochs().last_epoch(), 1);
+        assert!(r.is_following());
+        assert_eq!(
+            r.handle_message(4, 1, batch(3, 3, 100, 130)),
+            BatchVerdict::Append {
+                start: 100,
+                end: 130
+            }
+        );
+        assert_eq!(
+            r.epochs().last(),
+            Some(EpochEntry {
+                epoch: 3,
+                start: 100
+            })
+        );
+        assert_eq!(r.log_end(), 130);
+    }
+
+    #[test]
+    fn refuses_an_older_epoch_and_says_so() {
+        let mut r = Replica::new(9, 0, EpochCache::default(), 0, 200);
+        r.handle_master(0, 2, 5);
+        let _ = r.poll_transmit();
+        assert_eq!(
+            r.handle_message(1, 1, batch(4, 4, 0, 10)),
+            BatchVerdict::Ignore
+        );
+        while let Some((to, msg)) = r.poll_transmit() {
+            if to == 1 {
+                assert_eq!(
+                    msg.master_epoch(),
+                    5,
+                    "the old master learns the newer epoch"
+                );
+                return;
+            }
+        }
+        panic!("no answer to the old master");
+    }
+
+    #[test]
+    fn a_gap_is_answered_with_the_log_end() {
+        let mut r = Replica::new(9, 0, EpochCache::default(), 0, 200);
+        r.handle_master(0, 1, 1);
+        let _ = r.poll_transmit();
+        r.handle_message(
+            1,
+            1,
+            ToReplica::Truncate {
+                master_epoch: 1,
+                to: 0,
+                for_end: 0,
+            },
+        );
+        let _ = r.poll_transmit();
+        assert_eq!(
+            r.handle_message(2, 1, batch(1, 1, 10, 20)),
+            BatchVerdict::Ignore
+        );
+        assert_eq!(
+            r.poll_transmit(),
+            Some((
+                1,
+                ToMaster::Ack {
+                    replica: 9,
+                    master_epoch: 1,
+                    end: 0
+                }
+            ))
+        );
+    }
+}
