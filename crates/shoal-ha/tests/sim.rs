@@ -138,3 +138,22 @@ fn a_master_cut_off_from_the_controller_steps_down() {
     assert!(report.ok(), "{report}");
     assert!(report.master_epoch >= 2, "{report}");
 }
+
+#[test]
+fn the_checker_sees_losses_where_ack_by_the_master_allows_them() {
+    // Under ack = master a failover may lose acknowledged writes; the simulator must see
+    // them (a checker that never sees a loss would prove nothing in the default mode).
+    let mut lost = 0;
+    for seed in 0..60 {
+        let mut cfg = SimConfig::new(seed);
+        cfg.ack = AckMode::Master;
+        cfg.min_in_sync = 1;
+        let report = run(&cfg);
+        assert!(report.ok(), "{report}");
+        lost += report.acked_lost_master_mode;
+    }
+    assert!(
+        lost > 0,
+        "no acknowledged write lost in 60 runs with ack = master"
+    );
+}

@@ -14,6 +14,8 @@ pub struct MetadataLimits {
     pub max_groups: usize,
     /// Members of one group at most (ids given, live or not).
     pub max_members: usize,
+    /// Bytes of a group name, an address or a token at most.
+    pub max_text_len: usize,
 }
 
 impl Default for MetadataLimits {
@@ -21,6 +23,7 @@ impl Default for MetadataLimits {
         Self {
             max_groups: 4_096,
             max_members: 16,
+            max_text_len: 256,
         }
     }
 }
@@ -62,6 +65,12 @@ impl Metadata {
     fn try_apply(&mut self, cmd: &Command) -> Result<Outcome, Refusal> {
         match cmd {
             Command::ApplyBrokerId { group, addr, token } => {
+                if [group, addr, token]
+                    .iter()
+                    .any(|t| t.len() > self.limits.max_text_len)
+                {
+                    return Err(Refusal::Limit("max_text_len".into()));
+                }
                 if !self.groups.contains_key(group) && self.groups.len() >= self.limits.max_groups {
                     return Err(Refusal::Limit("max_groups".into()));
                 }
@@ -89,6 +98,9 @@ impl Metadata {
                 broker_id,
                 addr,
             } => {
+                if addr.len() > self.limits.max_text_len {
+                    return Err(Refusal::Limit("max_text_len".into()));
+                }
                 let info = self.group_mut(group)?;
                 let slot = info
                     .members
@@ -320,6 +332,7 @@ mod tests {
         let mut m = Metadata::new(MetadataLimits {
             max_groups: 1,
             max_members: 2,
+            max_text_len: 8,
         });
         let apply = |m: &mut Metadata, g: &str| {
             m.apply(&Command::ApplyBrokerId {
@@ -345,5 +358,14 @@ mod tests {
             token: "a1".into(),
         });
         assert_eq!(again, Outcome::BrokerId(2));
+        let long = m.apply(&Command::ApplyBrokerId {
+            group: "a".into(),
+            addr: "x".repeat(9),
+            token: "t".into(),
+        });
+        assert_eq!(
+            long,
+            Outcome::Refused(Refusal::Limit("max_text_len".into()))
+        );
     }
 }

@@ -350,16 +350,20 @@ impl ControllerNode {
                 last_epoch,
                 end_offset,
             } => {
-                self.live.insert(
-                    (group.clone(), broker_id),
-                    Live {
-                        seen: self.now,
-                        last_epoch,
-                        end_offset,
-                    },
-                );
+                // Liveness is kept only for registered brokers (bounded by the metadata).
                 let answer = match self.metadata.group(&group) {
-                    Some(info) => Response::Group(info.clone()),
+                    Some(info) if info.members.contains_key(&broker_id) => {
+                        self.live.insert(
+                            (group.clone(), broker_id),
+                            Live {
+                                seen: self.now,
+                                last_epoch,
+                                end_offset,
+                            },
+                        );
+                        Response::Group(info.clone())
+                    }
+                    Some(_) => Response::Refused(Refusal::UnknownBroker(broker_id)),
                     None => Response::Refused(Refusal::UnknownGroup),
                 };
                 self.responses.push_back((from, answer));
@@ -403,12 +407,19 @@ impl ControllerNode {
                         broker_id,
                         master_epoch,
                     } => {
-                        let live = self.live.entry((group.clone(), broker_id)).or_insert(Live {
-                            seen: self.now,
-                            last_epoch: master_epoch,
-                            end_offset: 0,
-                        });
-                        live.seen = self.now;
+                        let known = self
+                            .metadata
+                            .group(&group)
+                            .is_some_and(|g| g.members.contains_key(&broker_id));
+                        if known {
+                            let live =
+                                self.live.entry((group.clone(), broker_id)).or_insert(Live {
+                                    seen: self.now,
+                                    last_epoch: master_epoch,
+                                    end_offset: 0,
+                                });
+                            live.seen = self.now;
+                        }
                         Command::GrantLease {
                             group,
                             master: broker_id,
