@@ -23,10 +23,12 @@ fn many_seeds() {
     let first = env_u64("SHOAL_HA_SIM_FIRST", 0);
     let mut failed = Vec::new();
     let (mut acked, mut elections, mut lost_master_mode, mut master_mode_runs) = (0, 0, 0, 0);
+    let mut snapshots = 0;
     for seed in first..first + n {
         let cfg = SimConfig::for_seed(seed);
         let report = run(&cfg);
         acked += report.writes.2;
+        snapshots += report.snapshots_installed;
         elections += u64::from(report.master_epoch);
         if cfg.ack == AckMode::Master {
             master_mode_runs += 1;
@@ -40,6 +42,7 @@ fn many_seeds() {
     }
     eprintln!(
         "{n} seeds from {first}: {acked} writes acknowledged, {elections} elections, \
+         {snapshots} controller snapshots installed, \
          {lost_master_mode} acknowledged writes lost in {master_mode_runs} runs with ack = master"
     );
     assert!(failed.is_empty(), "failing seeds: {failed:?}");

@@ -11,7 +11,9 @@
 mod command;
 mod metadata;
 mod node;
+mod storage;
 
 pub use command::{Command, GroupInfo, Member, Outcome, Refusal};
 pub use metadata::{Metadata, MetadataLimits};
 pub use node::{ClientToken, ControllerConfig, ControllerError, ControllerNode, Request, Response};
+pub use storage::ControllerStorage;

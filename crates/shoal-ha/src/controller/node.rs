@@ -6,10 +6,12 @@
 //! voters) and [`ControllerNode::poll_response`] (answers to brokers), then sleep until
 //! [`ControllerNode::poll_timeout`] and call [`ControllerNode::handle_timeout`].
 //!
-//! The Raft log lives in raft-rs's `MemStorage`, which the caller owns and hands in: it is the
-//! voter's disk (everything in it was "persisted" before any message that depends on it was
-//! handed out, as raft-rs's `Ready` contract asks). A restarted voter gets the same storage
-//! back and re-applies its committed log from the start.
+//! The Raft log lives in a [`ControllerStorage`], which the caller owns and hands in: it is
+//! the voter's disk (everything in it was persisted before any message that depends on it was
+//! handed out, as raft-rs's `Ready` contract asks). Every `compact_every` applied entries the
+//! voter replaces its log up to there by a snapshot of the metadata, which also brings a
+//! lagging voter back. A restarted voter gets the same storage back, restores the snapshot and
+//! re-applies the committed entries after it.
 //!
 //! What is not in the log, and why that is safe: broker liveness (heartbeats) is the leader's
 //! own view; a new leader starts with every broker unseen and every lease just granted, so it
@@ -17,11 +19,11 @@
 
 use super::command::{Command, GroupInfo, Outcome, Refusal};
 use super::metadata::{Metadata, MetadataLimits};
+use super::storage::ControllerStorage;
 use crate::time::{LeaseTiming, Millis};
 use crate::{BrokerId, Epoch};
-use raft::eraftpb::{ConfState, Entry, EntryType, Message};
-use raft::storage::MemStorage;
-use raft::{RawNode, StateRole, Storage};
+use raft::eraftpb::{Entry, EntryType, Message};
+use raft::{RawNode, StateRole};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, VecDeque};
 
@@ -141,6 +143,8 @@ pub struct ControllerConfig {
     pub limits: MetadataLimits,
     /// Requests waiting for their entry to apply, at most.
     pub max_pending: usize,
+    /// Replace the applied log by a snapshot every this many entries.
+    pub compact_every: u64,
 }
 
 impl ControllerConfig {
@@ -156,6 +160,7 @@ impl ControllerConfig {
             lease: LeaseTiming::default(),
             limits: MetadataLimits::default(),
             max_pending: 1_024,
+            compact_every: 10_000,
         }
     }
 }
@@ -169,6 +174,9 @@ pub enum ControllerError {
     /// This voter's id is not among the voters.
     #[error("voter {0} is not in the voter list")]
     NotAVoter(u64),
+    /// The snapshot on disk does not decode.
+    #[error("snapshot: {0}")]
+    Snapshot(#[from] serde_json::Error),
 }
 
 /// What a proposal was for, to answer when its entry applies.
@@ -201,7 +209,8 @@ struct Election {
 /// One controller voter.
 pub struct ControllerNode {
     cfg: ControllerConfig,
-    raw: RawNode<MemStorage>,
+    raw: RawNode<ControllerStorage>,
+    storage: ControllerStorage,
     metadata: Metadata,
     next_tick: Millis,
     now: Millis,
@@ -215,6 +224,10 @@ pub struct ControllerNode {
     lease_seen: BTreeMap<String, Millis>,
     elections: BTreeMap<String, Election>,
     elections_done: u64,
+    snapshots_installed: u64,
+    /// The metadata at `compact_mark`, to cut the log at the next mark.
+    pending_snapshot: Option<(u64, Vec<u8>)>,
+    compact_mark: u64,
 }
 
 impl std::fmt::Debug for ControllerNode {
@@ -239,7 +252,7 @@ impl ControllerNode {
     /// ticks, split votes resolve, and a run is a pure function of its inputs.
     pub fn new(
         cfg: ControllerConfig,
-        storage: MemStorage,
+        storage: ControllerStorage,
         now: Millis,
     ) -> Result<Self, ControllerError> {
         let position = cfg
@@ -247,11 +260,14 @@ impl ControllerNode {
             .iter()
             .position(|v| *v == cfg.id)
             .ok_or(ControllerError::NotAVoter(cfg.id))?;
-        if !storage.initial_state()?.initialized() {
-            storage
-                .wl()
-                .set_conf_state(ConfState::from((cfg.voters.clone(), vec![])));
-        }
+        storage.ensure_voters(&cfg.voters);
+        let snapshot = storage.latest_snapshot();
+        let metadata = if snapshot.get_data().is_empty() {
+            Metadata::new(cfg.limits)
+        } else {
+            serde_json::from_slice(snapshot.get_data())?
+        };
+        let applied = snapshot.get_metadata().index;
         let min_election_tick = cfg.election_ticks + 2 * position;
         let raft_cfg = raft::Config {
             id: cfg.id,
@@ -263,16 +279,18 @@ impl ControllerNode {
             pre_vote: true,
             max_inflight_msgs: 256,
             max_size_per_msg: 1 << 20,
-            applied: 0,
+            applied,
             ..Default::default()
         };
         let logger = slog::Logger::root(slog::Discard, slog::o!());
-        let raw = RawNode::new(&raft_cfg, storage, &logger)?;
+        let raw = RawNode::new(&raft_cfg, storage.clone(), &logger)?;
+        let lease_seen = metadata.groups().keys().map(|g| (g.clone(), now)).collect();
         let mut node = Self {
             next_tick: now + cfg.tick_ms,
-            metadata: Metadata::new(cfg.limits),
+            metadata,
             cfg,
             raw,
+            storage,
             now,
             seq: 0,
             pending: BTreeMap::new(),
@@ -280,9 +298,12 @@ impl ControllerNode {
             responses: VecDeque::new(),
             leader_since: None,
             live: BTreeMap::new(),
-            lease_seen: BTreeMap::new(),
+            lease_seen,
             elections: BTreeMap::new(),
             elections_done: 0,
+            snapshots_installed: 0,
+            pending_snapshot: None,
+            compact_mark: applied,
         };
         node.pump();
         Ok(node)
@@ -324,6 +345,11 @@ impl ControllerNode {
     /// Elections this voter decided while leading (applied).
     pub fn elections_done(&self) -> u64 {
         self.elections_done
+    }
+
+    /// Snapshots received from a leader and installed.
+    pub fn snapshots_installed(&self) -> u64 {
+        self.snapshots_installed
     }
 
     /// A Raft message from another voter.
@@ -642,29 +668,60 @@ impl ControllerNode {
                 self.on_role(ss.raft_state);
             }
             self.outbox.extend(ready.take_messages());
+            if !ready.snapshot().is_empty() {
+                self.install(ready.snapshot().clone());
+            }
             let committed = ready.take_committed_entries();
             self.apply(committed);
-            if !ready.entries().is_empty() {
-                // MemStorage::append fails only on a gap, which raft-rs never hands out.
-                let _ = self.raw.mut_store().wl().append(ready.entries());
-            }
+            self.storage.append(ready.entries());
             if let Some(hs) = ready.hs() {
-                self.raw.mut_store().wl().set_hardstate(hs.clone());
+                self.storage.set_hard_state(hs.clone());
             }
             self.outbox.extend(ready.take_persisted_messages());
             let mut light = self.raw.advance(ready);
             if let Some(commit) = light.commit_index() {
-                self.raw
-                    .mut_store()
-                    .wl()
-                    .mut_hard_state()
-                    .set_commit(commit);
+                self.storage.set_commit(commit);
             }
             self.outbox.extend(light.take_messages());
             let committed = light.take_committed_entries();
             self.apply(committed);
             self.raw.advance_apply();
         }
+        self.maybe_compact();
+    }
+
+    /// A snapshot from the leader replaces the metadata. Every lease in it counts as granted
+    /// now (it was granted before the snapshot was taken).
+    fn install(&mut self, snapshot: raft::eraftpb::Snapshot) {
+        let metadata = serde_json::from_slice::<Metadata>(snapshot.get_data()).ok();
+        self.storage.apply_snapshot(snapshot);
+        // A snapshot without data (none was taken yet) holds no metadata to install.
+        if let Some(metadata) = metadata {
+            for g in metadata.groups().keys() {
+                self.lease_seen.insert(g.clone(), self.now);
+            }
+            self.metadata = metadata;
+            self.snapshots_installed += 1;
+            self.pending_snapshot = None;
+            self.compact_mark = self.raw.raft.raft_log.applied.max(self.compact_mark);
+        }
+    }
+
+    /// Every `compact_every` applied entries, the log is cut at the snapshot taken at the
+    /// previous mark, so the newest `compact_every` entries or more stay for voters that are
+    /// only a little behind (a cut at `applied` would send them snapshots all the time).
+    fn maybe_compact(&mut self) {
+        let applied = self.raw.raft.raft_log.applied;
+        if applied < self.compact_mark + self.cfg.compact_every {
+            return;
+        }
+        if let Some((index, data)) = self.pending_snapshot.take() {
+            self.storage.compact(index, data);
+        }
+        if let Ok(data) = serde_json::to_vec(&self.metadata) {
+            self.pending_snapshot = Some((applied, data));
+        }
+        self.compact_mark = applied;
     }
 
     fn on_role(&mut self, role: StateRole) {
@@ -779,7 +836,7 @@ mod tests {
                 .iter()
                 .map(|id| {
                     let cfg = ControllerConfig::new(*id, voters.clone());
-                    ControllerNode::new(cfg, MemStorage::new(), 0).expect("voter")
+                    ControllerNode::new(cfg, ControllerStorage::default(), 0).expect("voter")
                 })
                 .collect();
             let mut c = Self {
@@ -1005,5 +1062,105 @@ mod tests {
             panic!("switch-over answered {answer:?}")
         };
         assert_eq!((g.master, g.master_epoch), (Some(2), 2));
+    }
+}
+
+#[cfg(test)]
+mod snapshot_tests {
+    use super::*;
+
+    #[test]
+    fn a_voter_behind_the_compaction_point_catches_up_from_a_snapshot() {
+        let voters = vec![1, 2, 3];
+        let storages: Vec<ControllerStorage> =
+            (0..3).map(|_| ControllerStorage::default()).collect();
+        let mut nodes: Vec<Option<ControllerNode>> = (0..3)
+            .map(|i| {
+                let mut cfg = ControllerConfig::new(i as u64 + 1, voters.clone());
+                cfg.compact_every = 8;
+                ControllerNode::new(cfg, storages[i].clone(), 0).ok()
+            })
+            .collect();
+        let mut now = 0;
+        let mut answers = Vec::new();
+        let step = |nodes: &mut Vec<Option<ControllerNode>>, now: Millis, answers: &mut Vec<_>| {
+            for n in nodes.iter_mut().flatten() {
+                n.handle_timeout(now);
+            }
+            loop {
+                let mut moved = false;
+                for i in 0..nodes.len() {
+                    let mut out = Vec::new();
+                    if let Some(n) = &mut nodes[i] {
+                        while let Some(m) = n.poll_transmit() {
+                            out.push(m);
+                        }
+                        while let Some(a) = n.poll_response() {
+                            answers.push(a);
+                        }
+                    }
+                    for m in out {
+                        let to = m.to as usize - 1;
+                        if let Some(t) = &mut nodes[to] {
+                            t.handle_message(now, m);
+                            moved = true;
+                        }
+                    }
+                }
+                if !moved {
+                    break;
+                }
+            }
+        };
+        for _ in 0..300 {
+            now += 10;
+            step(&mut nodes, now, &mut answers);
+        }
+        // Voter 3 goes down; the others apply many entries and compact.
+        nodes[2] = None;
+        for b in 0..40u64 {
+            now += 10;
+            if let Some(l) = nodes.iter_mut().flatten().find(|n| n.is_leader()) {
+                let req = Request::ApplyBrokerId {
+                    group: "g".into(),
+                    addr: format!("a{b}"),
+                    token: format!("t{b}"),
+                };
+                l.handle_request(now, b, req);
+            }
+            step(&mut nodes, now, &mut answers);
+        }
+        assert!(
+            storages[0].latest_snapshot().get_metadata().index > 8,
+            "compacted"
+        );
+        let mut cfg = ControllerConfig::new(3, voters.clone());
+        cfg.compact_every = 8;
+        nodes[2] = ControllerNode::new(cfg, storages[2].clone(), now).ok();
+        for _ in 0..300 {
+            now += 10;
+            step(&mut nodes, now, &mut answers);
+        }
+        let caught_up = nodes[2].as_ref().expect("voter 3");
+        assert!(caught_up.snapshots_installed() >= 1);
+        let leader = nodes
+            .iter()
+            .flatten()
+            .find(|n| n.is_leader())
+            .expect("leader");
+        assert_eq!(caught_up.metadata(), leader.metadata());
+        assert_eq!(
+            caught_up.metadata().group("g").map(|g| g.members.len()),
+            Some(16),
+            "max_members of the default limits"
+        );
+        // A restart from its own snapshot and log gives the same metadata.
+        let mut cfg = ControllerConfig::new(3, voters);
+        cfg.compact_every = 8;
+        let restarted = ControllerNode::new(cfg, storages[2].clone(), now).expect("restart");
+        assert_eq!(
+            restarted.metadata().group("g").map(|g| g.members.len()),
+            Some(16)
+        );
     }
 }

@@ -80,8 +80,11 @@ impl Default for MasterConfig {
     }
 }
 
-/// Why a write is not (or no longer) accepted. Mapped at the processor boundary to
-/// RocketMQ's codes (IN_SYNC_REPLICAS_NOT_ENOUGH, FLUSH_SLAVE_TIMEOUT, SERVICE_NOT_AVAILABLE).
+/// Why a write is not (or no longer) accepted. At the processor boundary, as RocketMQ's send
+/// processor does: `InSyncReplicasNotEnough` is SYSTEM_ERROR with the remark "in-sync replicas
+/// not enough" (Kafka: NOT_ENOUGH_REPLICAS, 19), `Timeout` is FLUSH_SLAVE_TIMEOUT (the bytes
+/// stay on the master), `LeaseExpired` and `NotMaster` are SERVICE_NOT_AVAILABLE (Kafka:
+/// NOT_LEADER_OR_FOLLOWER), `Busy` is SYSTEM_BUSY.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum WriteRefusal {
     /// The in-sync set is below `min_in_sync`.

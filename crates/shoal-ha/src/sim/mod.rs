@@ -82,6 +82,12 @@ fn run_schedule(cfg: &SimConfig, schedule: &Schedule, rng: ChaCha8Rng) -> SimRep
             .count() as u64;
     }
     report.confirmed_bytes = w.checker().reference.len() as u64;
+    report.snapshots_installed = w
+        .controllers
+        .iter()
+        .filter_map(|c| c.node.as_ref())
+        .map(|n| n.snapshots_installed())
+        .sum();
     report.violations = std::mem::take(&mut w.checker_mut().violations);
     report
 }

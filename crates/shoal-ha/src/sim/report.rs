@@ -105,6 +105,8 @@ pub struct SimReport {
     pub faults: usize,
     /// Final master (broker id) if any.
     pub master: Option<BrokerId>,
+    /// Snapshots voters installed from a leader (live voters at the end).
+    pub snapshots_installed: u64,
 }
 
 impl SimReport {

@@ -5,14 +5,13 @@
 use super::invariants::Checker;
 use super::report::{SimReport, Violation};
 use super::schedule::{Fault, Node, Schedule, SimConfig};
-use crate::controller::{ControllerConfig, ControllerNode, Request, Response};
+use crate::controller::{ControllerConfig, ControllerNode, ControllerStorage, Request, Response};
 use crate::replication::{
     BatchVerdict, DiskState, EpochCache, MasterConfig, Member, MemberConfig, PeerMessage,
     ReplicaAction, Role, ToReplica, Transmit,
 };
 use crate::time::{LeaseTiming, Millis, MAX_CLOCK_DRIFT_PPM};
 use crate::BrokerId;
-use raft::storage::MemStorage;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use std::collections::{BTreeMap, BTreeSet};
@@ -72,7 +71,7 @@ enum Event {
 
 pub(crate) struct SimController {
     pub(crate) node: Option<ControllerNode>,
-    storage: MemStorage,
+    storage: ControllerStorage,
     drift_ppm: i64,
 }
 
@@ -160,6 +159,8 @@ pub fn controller_config(id: u64, voters: Vec<u64>) -> ControllerConfig {
     c.heartbeat_ticks = 2;
     c.session_timeout_ms = 1_000;
     c.lease = LeaseTiming::new(600, 800).unwrap_or_default();
+    // Compact often, so restarts and lagging voters go through snapshots.
+    c.compact_every = 8;
     c
 }
 
@@ -174,7 +175,7 @@ impl World {
         let controllers = voters
             .iter()
             .map(|id| {
-                let storage = MemStorage::new();
+                let storage = ControllerStorage::default();
                 let mut c = ccfg.clone();
                 c.id = *id;
                 let node = ControllerNode::new(c, storage.clone(), 0).ok();
