@@ -147,6 +147,11 @@ struct Follower {
     next: u64,
     last_caught_up: Millis,
     last_ack_at: Millis,
+    /// When its acknowledged end last grew (or the master last shipped again from it).
+    last_progress_at: Millis,
+    /// The acknowledged end the master last shipped again from after a repeated ack: once per
+    /// point, so the many acks a reordered window brings back do not each resend the window.
+    rewound_to: Option<u64>,
     last_sent_at: Millis,
 }
 
@@ -219,6 +224,8 @@ impl Master {
                         next: log_end,
                         last_caught_up: now,
                         last_ack_at: now,
+                        last_progress_at: now,
+                        rewound_to: None,
                         last_sent_at: now,
                     },
                 )
@@ -337,6 +344,8 @@ impl Master {
                 let to = self.epochs.divergence(self.log_end, &epochs, end);
                 f.acked = None;
                 f.next = to;
+                f.rewound_to = None;
+                f.last_progress_at = now;
                 f.last_sent_at = now;
                 self.out.push_back(MasterTransmit::Replica {
                     to: replica,
@@ -355,13 +364,27 @@ impl Master {
                     // truncated to ours yet: says nothing about our log.
                     return;
                 }
+                // Every batch is acknowledged with the replica's log end, so while a window
+                // is in flight most acks are below `next`. An ack that does not move the end
+                // is what says a batch was lost or overtaken (the replica answers a gap with
+                // its log end): ship again from there, once per point. A window lost whole
+                // is shipped again after `resend_ms` without progress (see `ship`).
                 f.last_ack_at = now;
+                if f.acked.is_some_and(|a| end < a) {
+                    // Overtaken by a later ack: a replica's log end only falls through a
+                    // handshake, which resets `acked`.
+                    return;
+                }
+                let progress = f.acked.is_none_or(|a| end > a);
                 f.acked = Some(end);
-                if end < f.next {
-                    // A gap or a lost batch: ship again from what it has.
+                if progress {
+                    f.last_progress_at = now;
+                }
+                if end > f.next {
                     f.next = end;
-                } else if end > f.next {
+                } else if end < f.next && !progress && f.rewound_to != Some(end) {
                     f.next = end;
+                    f.rewound_to = Some(end);
                 }
                 if end >= self.log_end {
                     f.last_caught_up = now;
@@ -430,6 +453,8 @@ impl Master {
                         next: self.log_end,
                         last_caught_up: now,
                         last_ack_at: now,
+                        last_progress_at: now,
+                        rewound_to: None,
                         last_sent_at: now,
                     },
                 );
@@ -470,6 +495,18 @@ impl Master {
         self.advance(now);
     }
 
+    /// The driver shipped a batch to `to` from `start` ending at `end` rather than where the
+    /// master asked: commit logs are shipped in whole records, so the driver moves a batch's
+    /// end to a record boundary (down, or up when one record is larger than a batch) and says
+    /// so before polling again. Records never span two epochs, so neither does the batch.
+    pub fn handle_shipped(&mut self, to: BrokerId, start: u64, end: u64) {
+        if let Some(f) = self.followers.get_mut(&to) {
+            if f.acked.is_some() && start <= end && end <= self.log_end {
+                f.next = end;
+            }
+        }
+    }
+
     /// Time passed.
     pub fn handle_timeout(&mut self, now: Millis) {
         self.advance(now);
@@ -497,7 +534,7 @@ impl Master {
         for f in self.followers.values() {
             t = t.min(f.last_sent_at + self.cfg.heartbeat_ms);
             if f.acked.is_some_and(|a| a < f.next) {
-                t = t.min(f.last_ack_at + self.cfg.resend_ms);
+                t = t.min(f.last_progress_at + self.cfg.resend_ms);
             }
         }
         if let Some((_, _, at)) = self.pending.front() {
@@ -657,9 +694,10 @@ impl Master {
             // Bytes only to a replica that acknowledged in this epoch; heartbeats to all, so
             // one whose acknowledgement was lost says again where its log ends.
             if let Some(acked) = f.acked {
-                if acked < f.next && now >= f.last_ack_at + self.cfg.resend_ms {
+                if acked < f.next && now >= f.last_progress_at + self.cfg.resend_ms {
                     f.next = acked;
-                    f.last_ack_at = now;
+                    f.last_progress_at = now;
+                    f.rewound_to = Some(acked);
                 }
                 if f.next < self.log_end
                     && f.next.saturating_sub(acked) < self.cfg.max_inflight_bytes
@@ -944,5 +982,87 @@ mod tests {
             },
         );
         assert_eq!(proposals(&mut m, 3), vec![BTreeSet::from([1, 2])]);
+    }
+
+    /// The non-empty batches polled at `now`, as `(replica, start, end)`.
+    fn shipped(m: &mut Master, now: Millis) -> Vec<(BrokerId, u64, u64)> {
+        let mut out = Vec::new();
+        while let Some(t) = m.poll_transmit(now) {
+            if let MasterTransmit::Replica {
+                to,
+                msg: ToReplica::Batch(h),
+            } = t
+            {
+                if h.start < h.end {
+                    out.push((to, h.start, h.end));
+                }
+            }
+        }
+        out
+    }
+
+    fn ack(m: &mut Master, now: Millis, replica: BrokerId, end: u64) {
+        m.handle_message(
+            now,
+            ToMaster::Ack {
+                replica,
+                master_epoch: 3,
+                end,
+            },
+        );
+    }
+
+    /// Seed 2 of the simulator once ran out of memory: every ack below what was in flight
+    /// shipped the window again, and each batch of it brought one more such ack.
+    #[test]
+    fn reordered_acks_ship_the_window_again_once_per_point() {
+        let mut m = master(AckMode::InSyncSet, 1, EpochCache::default(), 0);
+        grant(&mut m, 0);
+        handshake(&mut m, 1, 2, 0, vec![]);
+        m.handle_appended(2, 1, 500);
+        let first: Vec<u64> = shipped(&mut m, 2).iter().map(|b| b.1).collect();
+        assert_eq!(first, vec![0, 100, 200, 300, 400]);
+        // In-order progress and an ack overtaken by a later one: nothing to ship again.
+        ack(&mut m, 3, 2, 200);
+        ack(&mut m, 4, 2, 100);
+        assert_eq!(shipped(&mut m, 4), vec![]);
+        // The same end again (batch 200..300 lost, later ones answered as a gap): ship
+        // again from there, once.
+        ack(&mut m, 5, 2, 200);
+        let again: Vec<u64> = shipped(&mut m, 5).iter().map(|b| b.1).collect();
+        assert_eq!(again, vec![200, 300, 400]);
+        ack(&mut m, 6, 2, 200);
+        ack(&mut m, 6, 2, 200);
+        assert_eq!(shipped(&mut m, 6), vec![]);
+        // Without progress for resend_ms, the rest is shipped again from the last ack.
+        let later = 5 + MasterConfig::default().resend_ms;
+        let resent: Vec<u64> = shipped(&mut m, later).iter().map(|b| b.1).collect();
+        assert_eq!(resent, vec![200, 300, 400]);
+        ack(&mut m, later + 1, 2, 500);
+        assert_eq!(shipped(&mut m, later + 1), vec![]);
+    }
+
+    /// A driver that ships whole records moves a batch's end; the next batch starts there.
+    #[test]
+    fn the_next_batch_starts_where_the_driver_ended_the_last() {
+        let mut m = master(AckMode::InSyncSet, 1, EpochCache::default(), 0);
+        grant(&mut m, 0);
+        handshake(&mut m, 1, 2, 0, vec![]);
+        m.handle_appended(2, 1, 150);
+        let first = loop {
+            match m.poll_transmit(2) {
+                Some(MasterTransmit::Replica {
+                    msg: ToReplica::Batch(h),
+                    ..
+                }) if h.start < h.end => break (h.start, h.end),
+                Some(_) => {}
+                None => panic!("no batch shipped"),
+            }
+        };
+        assert_eq!(first, (0, 100));
+        // The record boundary was at 80.
+        m.handle_shipped(2, 0, 80);
+        let rest: Vec<(u64, u64)> = shipped(&mut m, 2).iter().map(|b| (b.1, b.2)).collect();
+        assert_eq!(rest, vec![(80, 150)]);
     }
 }

@@ -226,6 +226,14 @@ impl Member {
         verdict
     }
 
+    /// The driver shipped a batch to `to` as `[start, end)` rather than the range it was
+    /// given (see [`Master::handle_shipped`]).
+    pub fn handle_shipped(&mut self, to: BrokerId, start: u64, end: u64) {
+        if let Role::Master(m) = &mut self.role {
+            m.handle_shipped(to, start, end);
+        }
+    }
+
     /// The controller answered `call`.
     pub fn handle_controller_response(&mut self, now: Millis, call: u64, response: Response) {
         let Some((kind, _)) = self.calls.remove(&call) else {

@@ -19,7 +19,7 @@
 
 use super::report::Violation;
 use super::schedule::{Node, SimConfig};
-use super::world::{record, World, GROUP};
+use super::world::{record, whole_records_end, World, GROUP};
 use crate::controller::GroupInfo;
 use crate::replication::{AckMode, Acked, Role};
 use crate::time::Millis;
@@ -33,6 +33,7 @@ pub(crate) struct Checker {
     verified: Vec<u64>,
     shown_confirmed: Vec<u64>,
     known_epoch: Vec<Epoch>,
+    master_epoch_seen: Vec<Option<Epoch>>,
     voter_epochs: Vec<Option<(u64, Epoch, Epoch)>>,
     voter_applied: Vec<Option<u64>>,
     view: Option<(u64, GroupInfo)>,
@@ -60,6 +61,7 @@ impl Checker {
             verified: Vec::new(),
             shown_confirmed: Vec::new(),
             known_epoch: Vec::new(),
+            master_epoch_seen: Vec::new(),
             voter_epochs: Vec::new(),
             voter_applied: Vec::new(),
             view: None,
@@ -77,6 +79,7 @@ impl Checker {
             verified: vec![0; cfg.brokers],
             shown_confirmed: vec![0; cfg.brokers],
             known_epoch: vec![0; cfg.brokers],
+            master_epoch_seen: vec![None; cfg.brokers],
             voter_epochs: vec![None; cfg.controllers],
             voter_applied: vec![None; cfg.controllers],
             ack: cfg.ack,
@@ -86,6 +89,7 @@ impl Checker {
 
     pub(crate) fn broker_restarted(&mut self, i: usize) {
         self.shown_confirmed[i] = 0;
+        self.master_epoch_seen[i] = None;
         self.known_epoch[i] = 0;
     }
 
@@ -180,6 +184,20 @@ impl Checker {
     }
 
     pub(crate) fn after_broker(&mut self, w: &World, i: usize) {
+        // A new master's log holds whole records only.
+        if let Some(Role::Master(m)) = w.brokers[i].member.as_ref().map(|m| m.role()) {
+            if self.master_epoch_seen[i] != Some(m.epoch()) {
+                self.master_epoch_seen[i] = Some(m.epoch());
+                let log = &w.brokers[i].disk.log;
+                if whole_records_end(log, 0, u64::MAX) != log.len() as u64 {
+                    self.violations.push(Violation::PartialRecord {
+                        at: w.now,
+                        broker: i,
+                        log_end: log.len() as u64,
+                    });
+                }
+            }
+        }
         self.extend(w, i);
         if let Some(m) = &w.brokers[i].member {
             self.shown_confirmed[i] = self.shown_confirmed[i].max(m.confirmed());

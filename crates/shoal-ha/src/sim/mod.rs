@@ -27,7 +27,7 @@ mod world;
 
 pub use report::{SimReport, Violation};
 pub use schedule::{Fault, Node, Schedule, SimConfig};
-pub use world::{controller_config, record, GROUP, RECORD};
+pub use world::{controller_config, record, GROUP};
 
 use crate::replication::AckMode;
 use rand::SeedableRng;

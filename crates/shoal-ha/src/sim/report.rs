@@ -69,6 +69,15 @@ pub enum Violation {
         /// It had shown.
         confirmed: u64,
     },
+    /// A broker became master over a log that does not end on a whole record.
+    PartialRecord {
+        /// Virtual ms.
+        at: Millis,
+        /// The broker index.
+        broker: usize,
+        /// Its log end.
+        log_end: u64,
+    },
     /// Two voters applied different metadata at the same log index.
     ControllersDiverged {
         /// Virtual ms.

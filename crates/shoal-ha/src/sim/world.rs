@@ -18,8 +18,6 @@ use std::collections::{BTreeMap, BTreeSet};
 
 /// The group's name in the simulation.
 pub const GROUP: &str = "broker-a";
-/// Bytes of one simulated message.
-pub const RECORD: usize = 32;
 static NO_CHECKER: Checker = Checker::empty();
 
 /// How often the world looks at every process's timers.
@@ -29,14 +27,45 @@ const MAX_DELAY_MS: Millis = 15;
 /// Controller calls to one voter without an answer for this long: try the next voter.
 const ROTATE_MS: Millis = 600;
 
-/// The bytes of write `id`: distinct per write, so a misplaced or lost byte shows.
-pub fn record(id: u64) -> [u8; RECORD] {
-    let mut r = [0u8; RECORD];
-    r[..8].copy_from_slice(&id.to_be_bytes());
-    r[8..16].copy_from_slice(&id.wrapping_mul(0x9E37_79B9_7F4A_7C15).to_be_bytes());
-    r[16..24].copy_from_slice(&(!id).to_be_bytes());
-    r[24..].copy_from_slice(b"shoal-ha");
+/// The bytes of write `id`: distinct per write, so a misplaced or lost byte shows, and of
+/// varying length (16 to 80 bytes) with the length first, as RocketMQ's stored records begin
+/// with their total size.
+pub fn record(id: u64) -> Vec<u8> {
+    let len = 16 + (id.wrapping_mul(7) % 65) as usize;
+    let mut r = Vec::with_capacity(len);
+    r.extend_from_slice(&(len as u32).to_be_bytes());
+    r.extend_from_slice(&id.to_be_bytes());
+    let mut x = id.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    while r.len() < len {
+        r.push((x >> 56) as u8);
+        x = x.rotate_left(8) ^ 0x5A;
+    }
     r
+}
+
+/// Where a batch from `start` (a record boundary) asked to end at `end` ends on whole records:
+/// the last boundary at or before `end`, or the end of the first record when it is larger.
+pub(crate) fn whole_records_end(log: &[u8], start: u64, end: u64) -> u64 {
+    let mut pos = start as usize;
+    loop {
+        let Some(len) = log
+            .get(pos..pos + 4)
+            .and_then(|b| <[u8; 4]>::try_from(b).ok())
+            .map(|b| u32::from_be_bytes(b) as usize)
+        else {
+            return pos as u64;
+        };
+        if len == 0 || pos + len > log.len() {
+            return pos as u64;
+        }
+        if (pos + len) as u64 > end && pos as u64 > start {
+            return pos as u64;
+        }
+        pos += len;
+        if pos as u64 >= end {
+            return pos as u64;
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -138,7 +167,7 @@ pub(crate) fn member_config(cfg: &SimConfig, index: usize, token: String) -> Mem
         master: MasterConfig {
             ack: cfg.ack,
             min_in_sync: cfg.min_in_sync,
-            batch_max_bytes: 1_024,
+            batch_max_bytes: 100,
             max_inflight_bytes: 8_192,
             max_lag_ms: 600,
             heartbeat_ms: 100,
@@ -667,8 +696,15 @@ impl World {
                     let Some(from_id) = b.disk.broker_id else {
                         continue;
                     };
-                    let bytes = match &msg {
-                        PeerMessage::ToReplica(ToReplica::Batch(h)) => {
+                    let mut msg = msg;
+                    let bytes = match &mut msg {
+                        PeerMessage::ToReplica(ToReplica::Batch(h)) if h.start < h.end => {
+                            // Whole records only, as a broker's driver ships them.
+                            let end = whole_records_end(&b.disk.log, h.start, h.end);
+                            if end != h.end {
+                                h.end = end;
+                                m.handle_shipped(to, h.start, end);
+                            }
                             let (s, e) = (h.start as usize, h.end as usize);
                             match b.disk.log.get(s..e) {
                                 Some(bytes) => bytes.to_vec(),
