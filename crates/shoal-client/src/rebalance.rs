@@ -108,6 +108,8 @@ pub(crate) struct Snapshot {
     /// Queues whose lock is held: starting, started, draining or committing (what a
     /// coordinated heartbeat reports as owned).
     pub held: Vec<MessageQueue>,
+    /// The member epoch of the coordinator's target the rebalancer had applied with `held`.
+    pub held_epoch: Option<i64>,
     /// Queues stopped and waiting for in-flight listener calls.
     pub draining: usize,
     /// Subscribed topics.
@@ -205,8 +207,13 @@ impl DriverHandle {
             let _ = self.tx.send(Cmd::Member(m.directive()));
             return true;
         };
-        let held = self.snapshot.lock().held.clone();
-        let out = m.heartbeat(&self.instance, &addr, topics, held).await;
+        let (held, held_epoch) = {
+            let s = self.snapshot.lock();
+            (s.held.clone(), s.held_epoch)
+        };
+        let out = m
+            .heartbeat(&self.instance, &addr, topics, held, held_epoch)
+            .await;
         let _ = self.tx.send(Cmd::Member(m.directive()));
         if out.again {
             m.wake();
@@ -387,11 +394,12 @@ impl Driver {
                 s.owned = self.rb.owned();
                 s.stats = self.rb.stats();
                 s.held.clone_from(&held);
+                s.held_epoch = self.rb.target_epoch();
             }
             if let Some(m) = &self.cfg.membership {
                 // A release is reported at once: the coordinator gives the queue to its next
                 // owner only then.
-                m.report_held(held);
+                m.report_held(held, self.rb.target_epoch());
             }
             // The snapshot first: a coordinated heartbeat must never name a queue whose
             // unlock (release evidence) is already on its way.

@@ -78,18 +78,22 @@ impl World {
             return;
         }
         let held = self.held(m);
+        let applied = self.members[m].rb.target_epoch();
         let now = self.now;
         if let Some(ms) = self.members[m].coord.as_mut() {
-            ms.core.handle_held(now, held);
+            ms.core.handle_held(now, held, applied);
         }
     }
 
     pub(super) fn send_group_heartbeat(&mut self, m: usize) {
         let held = self.held(m);
+        let applied = self.members[m].rb.target_epoch();
         let now = self.now;
         let Some(ms) = self.members[m].coord.as_mut() else {
             return;
         };
+        ms.core.handle_held(now, held, applied);
+        let held = ms.core.report();
         let Some(epoch) = ms.core.poll_heartbeat(now) else {
             return;
         };
