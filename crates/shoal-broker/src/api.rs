@@ -128,6 +128,12 @@ impl BrokerApi {
         self.b.groups.read(|g, _| g.mode(group))
     }
 
+    /// The group's POP consumption on this broker (consumers, leases, redeliveries, dead
+    /// letters), `None` when it does not pop here.
+    pub fn pop_group(&self, group: &str) -> Option<crate::pop::PopGroupView> {
+        crate::pop::describe_group(&self.b, group)
+    }
+
     /// The rebalances the broker observed of a classic group, oldest first.
     pub fn observed_rebalances(&self, group: &str) -> Vec<ObservedRebalance> {
         self.b.observer.history(group)

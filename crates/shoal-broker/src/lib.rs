@@ -57,5 +57,6 @@ pub use config::{BrokerConfig, CorruptRecordPolicy, FlushMode, NetLimits};
 pub use listener::{DescribeListenerGroup, ListenerGroups, ListenerMemberHosts};
 pub use metrics::{BrokerMetrics, TopicTraffic};
 pub use persist::PersistError;
+pub use pop::{PopConsumerView, PopGroupView, PopQueueView};
 pub use timeline::{Move, ObservedRebalance, Outcome};
 pub use topic::TopicError;
