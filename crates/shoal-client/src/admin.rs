@@ -549,7 +549,7 @@ impl AdminClient {
                 self.coordinator_query(
                     group,
                     shoal_proto::coordinated::request_code::GROUP_DESCRIBE,
-                    |v| v["mode"] != "empty",
+                    |v| v["mode"] != "empty" || v["pop"].is_object(),
                 )
                 .await
             }

@@ -303,7 +303,9 @@ async fn group(State(s): State<HttpState>, Path(group): Path<String>) -> ApiResu
         })
         .collect();
     let (timeline, source) = timeline(&s, &group);
+    let pop = s.broker.as_ref().and_then(|b| b.pop_group(&group));
     Ok(Json(json!({
+        "pop": pop,
         "group": group,
         "mode": mode_of(&s, &group),
         "messageModel": model,

@@ -15,6 +15,7 @@ mod dashboard;
 mod group_view;
 mod http;
 mod kafka_bridge;
+mod pop_cmd;
 mod rebalance;
 mod server;
 

@@ -142,6 +142,23 @@ function timelineHtml(d) {
   return `<ul class="timeline" data-testid="timeline">${items.join("")}</ul>`;
 }
 
+// A POP group on this broker: leases in flight, redeliveries, dead letters, who holds what.
+function popHtml(p) {
+  let html = `<h2>POP consumption <span class="muted">(this broker)</span></h2><div class="cards">
+    ${card("In flight under lease", p.inflight, "pop-inflight")}
+    ${card("Acked", p.acked, "pop-acked")}
+    ${card("Redelivered", p.redeliveries, "pop-redeliveries")}
+    ${card("Dead-lettered", p.deadLettered, "pop-dead")}
+    ${card("In the DLQ now", p.dlqMessages, "pop-dlq")}
+  </div>`;
+  const consumers = p.consumers.map((c) => `<tr><td>${esc(c.consumer)}</td><td class="num">${c.inflight}</td></tr>`);
+  html += table(["Consumer", num("In flight")], consumers, "pop-consumers");
+  const queues = p.queues.map((q) => `<tr><td>${esc(q.topic)}</td><td class="num">${q.queueId}</td><td class="num">${q.ackedOffset}</td>
+    <td class="num">${q.cursor}</td><td class="num">${q.maxOffset}</td><td class="num">${q.inflight}</td></tr>`);
+  html += table(["Topic", num("Queue"), num("Acked offset"), num("Cursor"), num("Max offset"), num("In flight")], queues, "pop-queues");
+  return html;
+}
+
 async function groupPage(name) {
   const d = await api(`/api/groups/${encodeURIComponent(name)}`);
   const committed = d.queues.reduce((s, q) => s + q.committedOffset, 0);
@@ -164,6 +181,7 @@ async function groupPage(name) {
     <td class="num">${q.brokerOffset}</td><td class="num">${q.committedOffset}</td><td class="num lag ${q.lag > 0 ? "pos" : ""}" data-testid="queue-lag">${q.lag}</td>
     <td data-testid="queue-owner">${esc(q.owner ?? "-")}</td><td>${fmtTime(q.lastConsumedStoreMs)}</td></tr>`);
   html += `<h2>Queues</h2>` + table(["Topic", "Broker", num("Queue"), num("Broker offset"), num("Committed offset"), num("Lag"), "Owner", "Last consumed (store time)"], queues, "queues");
+  if (d.pop) html += popHtml(d.pop);
   html += `<h2>Rebalance timeline <span class="muted">(${d.rebalanceSource === "coordinator" ? "from the group coordinator" : "observed by this broker: membership changes and the first pull of each queue's new owner"})</span></h2>` + timelineHtml(d);
   return html;
 }
