@@ -11,6 +11,9 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+/// Deliveries by body: (consumer, attempt).
+type Seen = Arc<Mutex<BTreeMap<String, Vec<(usize, u32)>>>>;
+
 fn config(cluster: &Cluster, group: &str, topic: &str) -> PopConsumerConfig {
     let mut c = PopConsumerConfig::new(group, topic);
     c.client = cluster.client_config();
@@ -40,8 +43,7 @@ async fn shared_queues_slow_listener_and_retry() {
     cluster.create_topic("PT", 2).await;
     send(&cluster, "PT", 20).await;
 
-    // Deliveries by body: (consumer, attempt).
-    let seen: Arc<Mutex<BTreeMap<String, Vec<(usize, u32)>>>> = Arc::default();
+    let seen: Seen = Arc::default();
     let mut consumers = Vec::new();
     for who in 0..2 {
         let seen = seen.clone();
