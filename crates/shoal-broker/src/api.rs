@@ -173,19 +173,39 @@ impl BrokerApi {
 
     /// Creates a topic of `queues` read and write queues, durable before it returns.
     pub fn create_topic(&self, name: &str, queues: i32) -> Result<TopicConfig, ApiError> {
+        self.create_typed_topic(name, queues, None)
+    }
+
+    /// Creates a topic of `queues` read and write queues that takes only messages of
+    /// `message_type` (every type when `None`), durable before it returns.
+    pub fn create_typed_topic(
+        &self,
+        name: &str,
+        queues: i32,
+        message_type: Option<shoal_proto::body::TopicMessageType>,
+    ) -> Result<TopicConfig, ApiError> {
         if self.b.topics.get(name).is_some() {
             return Err(ApiError::TopicExists(name.into()));
         }
-        let e = self
+        let mut config = TopicConfig::new(name, queues);
+        if let Some(t) = message_type {
+            config.attributes.insert(
+                shoal_proto::body::TopicMessageType::ATTRIBUTE.into(),
+                t.name().into(),
+            );
+        }
+        crate::topic::validate_topic_name(name).map_err(|e| ApiError::Invalid(e.to_string()))?;
+        let created = self
             .b
             .topics
-            .ensure(name, queues, perm::PERM_READ_WRITE)
+            .upsert(config.clone())
             .map_err(|e| ApiError::Invalid(e.to_string()))?;
-        if !e.created {
+        if !created {
             return Err(ApiError::TopicExists(name.into()));
         }
+        // (The change wakes the registration: the name servers learn the topic.)
         self.persist_topics()?;
-        Ok(e.config)
+        Ok(config)
     }
 
     /// Deletes a topic with its consume queues and offsets.

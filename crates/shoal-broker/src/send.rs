@@ -4,6 +4,7 @@
 use crate::caller::Caller;
 use crate::reply::{Handled, Reject};
 use crate::shared::Shared;
+use shoal_proto::body::TopicMessageType;
 use shoal_proto::code::{request_code as rc, response_code as resp};
 use shoal_proto::constants::{
     dlq_topic, group_of_retry_topic, is_retry_topic, perm, DEFAULT_REGION, SCHEDULE_TOPIC,
@@ -235,6 +236,9 @@ fn prepare<'r>(
     }
 
     let raw_props = h.properties.unwrap_or("");
+    if !is_batch {
+        check_message_type(h.topic, topic_config.message_type, raw_props)?;
+    }
     // Decoded into a map only when something has to change in them (retry, delay, batch).
     // (A cluster name that cannot be appended verbatim takes the map as well.)
     let plain_found = if !is_batch && !is_retry_topic(&topic) && b.cluster_property.is_some() {
@@ -319,6 +323,7 @@ fn prepare<'r>(
             };
             let raw = std::str::from_utf8(&item.properties)
                 .map_err(|_| bad(shoal_proto::ProtoError::Utf8("message properties")))?;
+            check_message_type(&inner.topic, topic_config.message_type, raw)?;
             // As a plain send: stored as they came plus CLUSTER when decoding and encoding
             // would give the same text, else through a map.
             let plain = plain_properties_ok(raw).and_then(|found| {
@@ -536,6 +541,9 @@ struct SendTopic {
     write_queue_nums: i32,
     read_queue_nums: i32,
     perm: i32,
+    /// The topic's message type: a send of another type is refused (UNSPECIFIED and MIXED
+    /// take every type).
+    message_type: TopicMessageType,
 }
 
 impl SendTopic {
@@ -544,8 +552,31 @@ impl SendTopic {
             write_queue_nums: c.write_queue_nums,
             read_queue_nums: c.read_queue_nums,
             perm: c.perm,
+            message_type: c.message_type(),
         }
     }
+}
+
+/// Refuses a message whose type (from its properties, as RocketMQ decides it) the topic's
+/// type does not take.
+fn check_message_type(topic: &str, topic_type: TopicMessageType, raw: &str) -> Result<(), Reject> {
+    if matches!(
+        topic_type,
+        TopicMessageType::Unspecified | TopicMessageType::Mixed
+    ) {
+        return Ok(());
+    }
+    let props = decode_properties(raw);
+    let message_type = TopicMessageType::of_message(|k| props.get(k).map(String::as_str));
+    if topic_type.accepts(message_type) {
+        return Ok(());
+    }
+    Err(Reject::new(
+        resp::MESSAGE_ILLEGAL,
+        format!(
+            "topic {topic} takes {topic_type} messages, not {message_type} (RocketMQ's MESSAGE_PROPERTY_CONFLICT_WITH_TYPE)"
+        ),
+    ))
 }
 
 /// Finds the topic of a send, creating it from its template when allowed (spec 7.6).

@@ -87,6 +87,9 @@ pub struct TopicSpec {
     pub perm: i32,
     /// Ordered topic.
     pub order: bool,
+    /// RocketMQ 5's message type (`message.type` attribute): NORMAL, FIFO, DELAY,
+    /// TRANSACTION or MIXED; `None` takes every type.
+    pub message_type: Option<shoal_proto::body::TopicMessageType>,
 }
 
 impl TopicSpec {
@@ -98,6 +101,7 @@ impl TopicSpec {
             write_queues: queues,
             perm: 6,
             order: false,
+            message_type: None,
         }
     }
 }
@@ -440,6 +444,9 @@ impl AdminClient {
                     perm: spec.perm,
                     topic_filter_type: "SINGLE_TAG".into(),
                     order: spec.order,
+                    attributes: spec.message_type.map(|t| {
+                        format!("+{}={}", shoal_proto::body::TopicMessageType::ATTRIBUTE, t)
+                    }),
                     ..Default::default()
                 },
             );

@@ -903,3 +903,32 @@ fn batch_ack_body_as_fastjson_writes_it() {
     assert_eq!(built.offsets(10), [7, 9, 22]);
     assert!(from_json_slice::<BatchAckMessageRequestBody>(br#"{"acks":[{"b":[300]}]}"#).is_err());
 }
+
+#[test]
+fn topic_message_types_as_rocketmq_decides_them() {
+    use crate::message::property as p;
+    let of = |pairs: &[(&'static str, &'static str)]| {
+        let pairs = pairs.to_vec();
+        TopicMessageType::of_message(move |k| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| *v))
+    };
+    assert_eq!(of(&[]), TopicMessageType::Normal);
+    assert_eq!(of(&[(p::SHARDING_KEY, "g1")]), TopicMessageType::Fifo);
+    assert_eq!(of(&[(p::DELAY, "3")]), TopicMessageType::Delay);
+    assert_eq!(of(&[(p::TIMER_DELIVER_MS, "1")]), TopicMessageType::Delay);
+    assert_eq!(
+        of(&[(p::TRAN_MSG, "true"), (p::SHARDING_KEY, "g")]),
+        TopicMessageType::Transaction
+    );
+    assert_eq!(of(&[(p::TRAN_MSG, "false")]), TopicMessageType::Normal);
+    let mut t = TopicConfig::new("T", 4);
+    assert_eq!(t.message_type(), TopicMessageType::Unspecified);
+    assert!(t.message_type().accepts(TopicMessageType::Fifo));
+    assert_eq!(t.message_type().accepted().len(), 4);
+    t.attributes
+        .insert(TopicMessageType::ATTRIBUTE.into(), "fifo".into());
+    assert_eq!(t.message_type(), TopicMessageType::Fifo);
+    assert!(!t.message_type().accepts(TopicMessageType::Normal));
+    assert_eq!(t.message_type().accepted(), [TopicMessageType::Fifo]);
+    assert!(TopicMessageType::Mixed.accepts(TopicMessageType::Delay));
+    assert_eq!(TopicMessageType::parse("nope"), None);
+}

@@ -90,12 +90,25 @@ async function topics() {
     const rin = rate(`in:${t.topic}`, t.messagesIn, d.atMs);
     const rout = rate(`out:${t.topic}`, t.messagesOut, d.atMs);
     return `<tr data-topic="${esc(t.topic)}"><td><a href="#/topics/${encodeURIComponent(t.topic)}">${esc(t.topic)}</a></td>
-      <td>${esc(t.brokers.join(", "))}</td><td class="num">${t.readQueues}/${t.writeQueues}</td>
+      <td>${esc(t.brokers.join(", "))}</td><td data-testid="topic-type">${esc(t.messageType)}</td><td class="num">${t.readQueues}/${t.writeQueues}</td>
       <td class="num">${t.messages}</td><td class="num">${fmtRate(rin)}</td><td class="num">${fmtRate(rout)}</td></tr>`;
   });
   return `<h1>Topics</h1>
+    <p><a href="#/new-topic" data-testid="new-topic">Create a topic</a></p>
     <form class="inline"><label><input type="checkbox" id="sys" ${showSystem ? "checked" : ""}> show system topics (retry, dead-letter, internal)</label></form>` +
-    table(["Topic", "Brokers", num("Queues r/w"), num("Messages stored"), num("In (this broker)"), num("Out (this broker)")], rows, "topics");
+    table(["Topic", "Brokers", "Message type", num("Queues r/w"), num("Messages stored"), num("In (this broker)"), num("Out (this broker)")], rows, "topics");
+}
+
+let topicNote = "";
+// Creates a topic on every broker (as `shoal topic create` does), with RocketMQ 5's message type.
+async function newTopicPage() {
+  let html = `<h1>Create a topic</h1>
+    <form class="inline" id="topicform"><input type="text" name="topic" placeholder="topic name" required>
+    <input type="number" name="queues" value="8" min="1" max="1024">
+    <select name="messageType"><option value="">any message type</option><option>NORMAL</option><option>FIFO</option><option>DELAY</option><option>TRANSACTION</option><option>MIXED</option></select>
+    <button type="submit">Create</button></form>`;
+  if (topicNote) html += `<div class="warn" data-testid="topic-note">${esc(topicNote)}</div>`;
+  return html;
 }
 
 async function topicPage(name) {
@@ -232,6 +245,7 @@ async function dlqPage() {
 function route() {
   const h = decodeURIComponent(location.hash.replace(/^#/, "")) || "/";
   const parts = h.split("/").filter(Boolean);
+  if (parts[0] === "new-topic") return { nav: "topics", render: newTopicPage, live: false };
   if (parts[0] === "topics" && parts[1]) return { nav: "topics", render: () => topicPage(parts.slice(1).join("/")), live: true };
   if (parts[0] === "topics") return { nav: "topics", render: topics, live: true };
   if (parts[0] === "groups" && parts[1]) return { nav: "groups", render: () => groupPage(parts.slice(1).join("/")), live: true };
@@ -280,6 +294,13 @@ page.addEventListener("submit", (e) => {
   } else if (form === "dlqform") {
     dlqGroup = String(f.get("group") || "");
     dlqNote = "";
+  } else if (form === "topicform") {
+    const body = { topic: String(f.get("topic") || ""), queues: Number(f.get("queues") || 8), messageType: String(f.get("messageType") || "") || null };
+    api("/api/topics", { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body) })
+      .then((d) => { topicNote = `created ${d.topic} (${d.messageType || "any message type"}) on ${d.brokers.join(", ")}`; })
+      .catch((err) => { topicNote = err.message; })
+      .then(refresh);
+    return;
   }
   refresh();
 });
