@@ -2,6 +2,7 @@
 //! shares (delay levels, retry-topic diversion to the DLQ).
 
 use crate::caller::Caller;
+use crate::clock::wall_ms;
 use crate::reply::{Handled, Reject};
 use crate::shared::Shared;
 use shoal_proto::body::TopicMessageType;
@@ -72,12 +73,21 @@ pub fn store_reject(e: StoreError) -> Reject {
 
 /// Applies the delay rule (spec 6): a message with `DELAY` ≥ 1 is parked in the schedule topic
 /// at queue level−1 with its real topic and queue saved. Returns the level used, if any.
+///
+/// A timed message (RocketMQ 5's `TIMER_DELIVER_MS`, or `TIMER_DELAY_MS` / `TIMER_DELAY_SEC`
+/// from now) with no delay level travels through the delay levels in hops: the longest level
+/// that does not pass its time (the shortest when none fits), again at each arrival until the
+/// time has come, so it is delivered at its time or up to one shortest level later, never
+/// before.
 pub fn apply_delay(
     b: &Shared,
     msg: &mut MessageExtBrokerInner,
     props: &mut Properties,
 ) -> Option<i32> {
-    let level: i32 = props.get(property::DELAY)?.trim().parse().ok()?;
+    let level: i32 = match props.get(property::DELAY) {
+        Some(l) => l.trim().parse().ok()?,
+        None => timer_hop(b, props, wall_ms())?,
+    };
     if level < 1 || msg.sys_flag & 0xC == 0x4 {
         return None;
     }
@@ -88,6 +98,34 @@ pub fn apply_delay(
     msg.topic = SCHEDULE_TOPIC.into();
     msg.queue_id = level - 1;
     Some(level)
+}
+
+/// The delay level of a timed message's next hop (its time is made `TIMER_DELIVER_MS`), `None`
+/// when it is not timed or its time has come.
+fn timer_hop(b: &Shared, props: &mut Properties, now: i64) -> Option<i32> {
+    let number = |k: &str| props.get(k).and_then(|v| v.trim().parse::<i64>().ok());
+    let deliver = match number(property::TIMER_DELIVER_MS) {
+        Some(t) => t,
+        None => {
+            let after = number(property::TIMER_DELAY_MS)
+                .or_else(|| number(property::TIMER_DELAY_SEC).map(|s| s.saturating_mul(1000)))?;
+            let t = now.saturating_add(after);
+            props.shift_remove(property::TIMER_DELAY_MS);
+            props.shift_remove(property::TIMER_DELAY_SEC);
+            props.insert(property::TIMER_DELIVER_MS.into(), t.to_string());
+            t
+        }
+    };
+    let left = deliver.saturating_sub(now);
+    if left <= 0 {
+        return None;
+    }
+    let levels = &b.delay_levels_ms;
+    let fits = (0..levels.len())
+        .filter(|&i| levels[i] as i64 <= left)
+        .max_by_key(|&i| levels[i]);
+    let shortest = (0..levels.len()).min_by_key(|&i| levels[i]);
+    fits.or(shortest).map(|i| i as i32 + 1)
 }
 
 /// Stores messages through the store's appender (no blocking, no thread hop) and counts them.
@@ -461,8 +499,8 @@ struct PlainProperties<'a> {
 
 /// `Some` (with UNIQ_KEY's value and where the store's properties are) when `raw` is exactly
 /// what decoding and re-encoding it would give (every pair well formed, no key twice) and
-/// holds none of DELAY, CLUSTER and TRAN_MSG (the keys the broker acts on: delay levels, its
-/// own cluster, half messages): then the stored properties are `raw` plus CLUSTER, with no
+/// holds none of DELAY, the timer keys, CLUSTER and TRAN_MSG (the keys the broker acts on:
+/// delay levels and timed messages, its own cluster, half messages): then the stored properties are `raw` plus CLUSTER, with no
 /// map built.
 fn plain_properties_ok(raw: &str) -> Option<PlainProperties<'_>> {
     // One pass over the bytes: every pair is a non-empty key up to its 0x01, then a non-empty
@@ -500,7 +538,12 @@ fn plain_properties_ok(raw: &str) -> Option<PlainProperties<'_>> {
         // Checked above: the string's length fits a u32.
         let at = Some((value_at as u32, end as u32));
         match k {
-            property::DELAY | property::CLUSTER | property::TRAN_MSG => return None,
+            property::DELAY
+            | property::TIMER_DELIVER_MS
+            | property::TIMER_DELAY_MS
+            | property::TIMER_DELAY_SEC
+            | property::CLUSTER
+            | property::TRAN_MSG => return None,
             property::UNIQ_KEY => {
                 found.uniq = Some(v);
                 found.known.uniq = at;
@@ -640,9 +683,16 @@ mod tests {
     fn plain_properties_ok_reference(raw: &str) -> Option<Option<&str>> {
         let props = decode_properties(raw);
         let round_trip = encode_properties(&props).ok()? == raw;
-        let acted_on = [property::DELAY, property::CLUSTER, property::TRAN_MSG]
-            .iter()
-            .any(|k| props.contains_key(*k));
+        let acted_on = [
+            property::DELAY,
+            property::TIMER_DELIVER_MS,
+            property::TIMER_DELAY_MS,
+            property::TIMER_DELAY_SEC,
+            property::CLUSTER,
+            property::TRAN_MSG,
+        ]
+        .iter()
+        .any(|k| props.contains_key(*k));
         if !round_trip || acted_on || props.len() > 24 {
             return None;
         }
