@@ -12,7 +12,6 @@ use crate::timeline::{ObservedRebalance, Outcome};
 use shoal_group::coordinator::{Coordinator, RebalanceRecord};
 use shoal_group::state::GroupMode;
 use shoal_proto::body::TopicConfig;
-use shoal_proto::constants::perm;
 use shoal_store::MessageStore;
 use std::future::Future;
 use std::sync::Arc;
@@ -71,7 +70,7 @@ pub struct BrokerSummary {
 /// A cheap handle on a running broker's API. See the [module documentation](self).
 #[derive(Debug, Clone)]
 pub struct BrokerApi {
-    b: Arc<Shared>,
+    pub(crate) b: Arc<Shared>,
 }
 
 impl BrokerApi {

@@ -31,6 +31,10 @@ pub struct BrokerConfig {
     /// HTTP address for `/metrics` and the dashboard (served by the `shoal` binary); none by
     /// default (`shoal dev` turns it on).
     pub http_listen_addr: Option<String>,
+    /// gRPC address for RocketMQ 5 clients (`apache.rocketmq.v2.MessagingService`, served by
+    /// the `shoal` binary with the listener's TLS); none by default (`shoal dev` serves
+    /// 127.0.0.1:8081, RocketMQ proxy's port).
+    pub grpc_listen_addr: Option<String>,
     /// Name server addresses (`host:port`), registered with in parallel.
     pub namesrv_addrs: Vec<String>,
     /// Data directory (commit log, consume queues, index, configs, offsets).
@@ -359,6 +363,7 @@ impl Default for BrokerConfig {
             listen_addr: "127.0.0.1:10911".into(),
             announce_addr: None,
             http_listen_addr: None,
+            grpc_listen_addr: None,
             namesrv_addrs: vec!["127.0.0.1:9876".into()],
             data_dir: PathBuf::from("shoal-data/broker"),
             flush_mode: FlushMode::Async,

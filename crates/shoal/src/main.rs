@@ -13,6 +13,7 @@ mod bench;
 mod client_cmd;
 mod dashboard;
 mod group_view;
+mod grpc_cmd;
 mod http;
 mod kafka_bridge;
 mod pop_cmd;

@@ -9,7 +9,7 @@
 pub mod consume;
 pub mod journal;
 pub mod remoting;
-mod revive;
+pub(crate) mod revive;
 pub mod view;
 
 use crate::config::FlushMode;
