@@ -542,9 +542,13 @@ impl MessagingService for Service {
         };
         let api = self.api.clone();
         let renewals = self.renewals.clone();
+        let sessions = self.sessions.clone();
         tokio::spawn(async move {
+            // The receiver left (stream dropped) or said it terminates: stop holding.
             let closed = tx.clone();
-            let got = api.pop(query, poll, move || closed.is_closed()).await;
+            let who = client.clone();
+            let gone = move || closed.is_closed() || sessions.is_terminated(&who);
+            let got = api.pop(query, poll, gone).await;
             let batch = match got {
                 Ok(Some(b)) => b,
                 Ok(None) => {

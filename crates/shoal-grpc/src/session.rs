@@ -33,6 +33,8 @@ struct Stream {
 struct Client {
     streams: Vec<Stream>,
     last_seen: Option<Instant>,
+    /// It said it terminates (NotifyClientTermination): its held receives end at once.
+    terminated: bool,
 }
 
 /// The connected clients. See the [module documentation](self).
@@ -55,6 +57,7 @@ impl Sessions {
         let mut clients = self.clients.lock();
         let c = clients.entry(client_id.to_string()).or_default();
         c.last_seen = Some(Instant::now());
+        c.terminated = false;
         c.streams.push(Stream {
             id,
             push,
@@ -113,22 +116,36 @@ impl Sessions {
         }
     }
 
-    /// The client said it terminates: forgotten at once.
+    /// The client said it terminates: offline at once (its receipts are not renewed, its held
+    /// receives end).
     pub(crate) fn terminated(&self, client_id: &str) {
         let mut clients = self.clients.lock();
-        if let Some(c) = clients.get_mut(client_id) {
-            c.streams.clear();
-            c.last_seen = None;
-        }
+        let c = clients.entry(client_id.to_string()).or_default();
+        let closed = c.streams.len();
+        c.streams.clear();
+        // Remembered a while (held receives see it), then swept.
+        c.last_seen = Some(Instant::now());
+        c.terminated = true;
+        self.open
+            .fetch_sub(closed, std::sync::atomic::Ordering::AcqRel);
+    }
+
+    /// Whether the client said it terminates.
+    pub(crate) fn is_terminated(&self, client_id: &str) -> bool {
+        self.clients
+            .lock()
+            .get(client_id)
+            .is_some_and(|c| c.terminated)
     }
 
     /// Online: a Telemetry stream is open, or the client called within
     /// [`ONLINE_WITHOUT_STREAM`].
     pub(crate) fn online(&self, client_id: &str) -> bool {
         self.clients.lock().get(client_id).is_some_and(|c| {
-            !c.streams.is_empty()
-                || c.last_seen
-                    .is_some_and(|t| t.elapsed() < ONLINE_WITHOUT_STREAM)
+            !c.terminated
+                && (!c.streams.is_empty()
+                    || c.last_seen
+                        .is_some_and(|t| t.elapsed() < ONLINE_WITHOUT_STREAM))
         })
     }
 
