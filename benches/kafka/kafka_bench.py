@@ -1,8 +1,9 @@
 """Kafka-protocol throughput and rebalance on Shoal (see benches/kafka/run.sh).
 
-kafka_bench.py BOOTSTRAP SHOAL_PID produce|fetch|rebalance|sync|e2e [options as env]
+kafka_bench.py BOOTSTRAP SHOAL_PID produce|fetch|rebalance|sync|e2e|groups [options as env]
 Prints one JSON line per run: throughput, and the broker process's CPU per message
 (utime+stime of SHOAL_PID, or of a peer broker's PID, from /proc/PID/stat over the run).
+`groups` (benches/kafka/groups.sh) is in kafka_groups.py.
 """
 import json
 import os
@@ -293,4 +294,11 @@ def e2e():
         "over_20ms": sum(1 for x in lat if x > 0.02)})
 
 
-{"produce": produce, "fetch": fetch, "rebalance": rebalance, "sync": sync, "e2e": e2e}[WHAT]()
+def groups():
+    import kafka_groups
+    kafka_groups.run(BS, cpu_s, create)
+
+
+if __name__ == "__main__":
+    {"produce": produce, "fetch": fetch, "rebalance": rebalance, "sync": sync, "e2e": e2e,
+     "groups": groups}[WHAT]()

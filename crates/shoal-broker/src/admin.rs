@@ -492,6 +492,7 @@ pub fn runtime_info(b: &Shared) -> Handled {
         ("netPausedWriteQueue", n.paused_write_queue),
         ("netPartialFrameBytes", n.partial_frame_bytes),
         ("netRequestsReceived", n.requests_received),
+        ("netRequestsBinaryHeader", n.requests_binary_header),
         ("netReadCalls", n.read_calls),
         ("netWriteCalls", n.write_calls),
         ("netTlsHandshakes", n.tls_handshakes),

@@ -155,6 +155,7 @@ impl BrokerApi {
     /// Tells the broker how a protocol listener describes its own groups (once; `Err` when
     /// one was set already).
     pub fn set_listener_groups(&self, groups: ListenerGroups) -> Result<(), ListenerGroups> {
+        self.b.groups.set_listener(groups.clone());
         self.b.listener_groups.set(groups)
     }
 

@@ -120,10 +120,11 @@ impl Broker {
             tokio::spawn(housekeeping_loop(shared.clone())),
             tokio::spawn(group_timer_loop(shared.clone())),
             tokio::spawn(timeline_loop(shared.clone())),
+            tokio::spawn(crate::route_notices::route_notice_loop(shared.clone())),
         ];
         tasks.extend(crate::schedule::start(shared.clone()));
         tasks.push(crate::transaction::service::start(shared.clone()));
-        tasks.push(crate::pop::start(shared.clone()));
+        tasks.push(crate::pop::revive::start(shared.clone()));
         let registered = shared.register_all().await;
         let everywhere = registered == shared.namesrv.count();
         if !everywhere {
@@ -303,6 +304,7 @@ pub(crate) fn assemble(a: Assembly) -> Result<Arc<Shared>, BrokerError> {
         member_list_version_base: SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_micros() as u64),
+        broker_name: Some(config.broker_name.clone()),
     };
     let restored = crate::persist::read_json::<CoordinatorSnapshot>(&coordinator_path)?;
     let state = match restored.clone() {

@@ -416,6 +416,11 @@ fn encode_net(
             n.requests_received,
         ),
         (
+            "shoal_broker_net_requests_binary_header",
+            "Requests received whose header came in RocketMQ's binary encoding (the others came as JSON).",
+            n.requests_binary_header,
+        ),
+        (
             "shoal_broker_net_socket_reads",
             "Read calls on client sockets (one read takes every frame available).",
             n.read_calls,

@@ -155,6 +155,104 @@ pub struct BrokerConfig {
     /// TLS of the broker's listener and of its connections to the name servers (`[tls]`
     /// table).
     pub tls: TlsSettings,
+    /// Who may use the HTTP port (dashboard, its API, `/metrics`) and how it is served
+    /// (`[http]` table; see docs/security.md).
+    pub http: HttpSettings,
+    /// The Kafka listener's `[kafka]` table: read and checked by the `shoal` binary, which
+    /// runs the listener (the keys of `shoal_kafka::KafkaFile`; docs/configuration.md). The
+    /// broker itself does not use it.
+    #[serde(skip_serializing_if = "toml::Table::is_empty")]
+    pub kafka: toml::Table,
+}
+
+/// The HTTP port (`[http]` in the broker's TOML file). Sign-in is required when ACL is on or a
+/// `token` is set; see docs/security.md for what the port exposes in each mode.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HttpSettings {
+    /// A token an operator may sign in with instead of an ACL account (at least 16
+    /// characters). With ACL on, the dashboard's requests of a token session are signed as
+    /// `token_account`.
+    pub token: Option<String>,
+    /// The ACL account (an `accessKey` of `acl_file`) a token session acts as; needed with ACL
+    /// on and a `token`.
+    pub token_account: Option<String>,
+    /// `/metrics` takes `Authorization: Bearer <metrics_token>` when set (at least 16
+    /// characters); without it `/metrics` is open (Prometheus scrapers), in every mode.
+    pub metrics_token: Option<String>,
+    /// TLS of the HTTP port: `disabled`, `permissive` (HTTPS and HTTP, chosen by each
+    /// connection's first byte) or `enforcing` (HTTPS only), with `[tls]`'s certificate and
+    /// key. Default: the mode of `[tls]`.
+    pub tls_mode: Option<shoal_net::TlsMode>,
+    /// A signed-in session ends after this long, seconds (28800: 8 h).
+    pub session_timeout_secs: u64,
+    /// Sessions held at once (256); a sign-in beyond it ends the oldest session.
+    pub max_sessions: usize,
+}
+
+impl Default for HttpSettings {
+    fn default() -> Self {
+        Self {
+            token: None,
+            token_account: None,
+            metrics_token: None,
+            tls_mode: None,
+            session_timeout_secs: 8 * 3600,
+            max_sessions: 256,
+        }
+    }
+}
+
+impl HttpSettings {
+    fn validate(&self, b: &BrokerConfig) -> Result<(), ConfigError> {
+        for (key, v) in [
+            ("token", &self.token),
+            ("metrics_token", &self.metrics_token),
+        ] {
+            if v.as_ref().is_some_and(|t| t.chars().count() < 16) {
+                return Err(ConfigError(format!(
+                    "http.{key} must be at least 16 characters (a guessable token is no protection)"
+                )));
+            }
+        }
+        if b.acl_enabled && self.token.is_some() && self.token_account.is_none() {
+            return Err(ConfigError(
+                "http.token with ACL on needs http.token_account: the ACL account whose \
+                 permissions a token session has (the dashboard signs its requests as it)"
+                    .into(),
+            ));
+        }
+        if self.token_account.is_some() && self.token.is_none() {
+            return Err(ConfigError(
+                "http.token_account is the account of a token session: set http.token".into(),
+            ));
+        }
+        if self.effective_tls_mode(b) != shoal_net::TlsMode::Disabled
+            && (b.tls.cert_path.is_none() || b.tls.key_path.is_none())
+        {
+            return Err(ConfigError(
+                "http.tls_mode needs tls.cert_path and tls.key_path (the HTTP port serves the \
+                 listener's certificate)"
+                    .into(),
+            ));
+        }
+        if self.session_timeout_secs == 0 || self.max_sessions == 0 {
+            return Err(ConfigError(
+                "http.session_timeout_secs and http.max_sessions must be positive".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Whether the dashboard and its API need a sign-in: ACL on, or a token set.
+    pub fn sign_in_required(&self, b: &BrokerConfig) -> bool {
+        b.acl_enabled || self.token.is_some()
+    }
+
+    /// The HTTP port's TLS mode: `tls_mode`, else the listener's.
+    pub fn effective_tls_mode(&self, b: &BrokerConfig) -> shoal_net::TlsMode {
+        self.tls_mode.unwrap_or(b.tls.mode)
+    }
 }
 
 /// TLS of the broker (`[tls]` in the broker's TOML file; RocketMQ's `tls.*` settings in
@@ -413,6 +511,8 @@ impl Default for BrokerConfig {
             coordinator: shoal_group::coordinator::CoordinatorConfig::default(),
             net: NetLimits::default(),
             tls: TlsSettings::default(),
+            http: HttpSettings::default(),
+            kafka: toml::Table::new(),
         }
     }
 }
@@ -527,6 +627,7 @@ impl BrokerConfig {
         parse_delay_levels(&self.delay_levels)?;
         self.net.validate()?;
         self.tls.validate()?;
+        self.http.validate(self)?;
         Ok(())
     }
 
@@ -568,13 +669,32 @@ pub fn read_acl_config(
     Ok(cfg)
 }
 
-/// The name server's configuration file (`shoal namesrv --config FILE`, TOML): the `[net]`
-/// table, with the broker's keys, defaults and checks. Unknown keys are errors.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// The name server's configuration file (`shoal namesrv --config FILE`, TOML): the limits of
+/// pushed routes, and the `[net]` table, with the broker's keys, defaults and checks. Unknown
+/// keys are errors.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct NamesrvFile {
+    /// Route watches (connection, topic) of Shoal clients held at most; over it a watch is
+    /// refused (the client keeps its periodic route poll) and counted in
+    /// `shoal_namesrv_route_watch_refused_total`. 0 turns pushed routes off.
+    pub max_route_watches: usize,
+    /// Topics one client connection may watch.
+    pub max_route_watches_per_connection: usize,
     /// Transport limits of the name server's listener.
     pub net: NetLimits,
+}
+
+impl Default for NamesrvFile {
+    /// `shoal_namesrv::server::DEFAULT_MAX_ROUTE_WATCHES` and
+    /// `DEFAULT_MAX_ROUTE_WATCHES_PER_CONNECTION` (a test checks they agree).
+    fn default() -> Self {
+        Self {
+            max_route_watches: 100_000,
+            max_route_watches_per_connection: 1_000,
+            net: NetLimits::default(),
+        }
+    }
 }
 
 impl NamesrvFile {
@@ -613,6 +733,22 @@ mod tests {
             NetLimits::default().idle_timeout_secs
         );
         assert_eq!(NamesrvFile::from_toml("").unwrap(), NamesrvFile::default());
+        let d = NamesrvFile::default();
+        assert_eq!(
+            d.max_route_watches,
+            shoal_namesrv::server::DEFAULT_MAX_ROUTE_WATCHES
+        );
+        assert_eq!(
+            d.max_route_watches_per_connection,
+            shoal_namesrv::server::DEFAULT_MAX_ROUTE_WATCHES_PER_CONNECTION
+        );
+        let f =
+            NamesrvFile::from_toml("max_route_watches = 5\nmax_route_watches_per_connection = 2\n")
+                .unwrap();
+        assert_eq!(
+            (f.max_route_watches, f.max_route_watches_per_connection),
+            (5, 2)
+        );
         let e = NamesrvFile::from_toml("[net]\nmax_conections_per_ip = 2\n").unwrap_err();
         assert!(e.0.contains("max_conections_per_ip"), "{e}");
         let e = NamesrvFile::from_toml("[net]\nmax_inflight_requests = 0\n").unwrap_err();

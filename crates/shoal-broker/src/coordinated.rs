@@ -67,6 +67,7 @@ pub(crate) async fn heartbeat(
             .session_timeout_ms
             .map(|ms| cx.config.clamp_session_timeout(ms)),
         assignor: body.assignor,
+        last_epoch: body.last_epoch,
     };
     // A client that does not name its session timeout in GROUP_HEARTBEAT gets its HEART_BEAT
     // session's (already bounded), as in classic mode; else the coordinator's default.
@@ -126,6 +127,9 @@ struct DescribeAnswer {
     target_epoch: Option<i32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     assignor: Option<String>,
+    /// `default` (no member asks for an assignor) or `members`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    assignor_source: Option<shoal_group::coordinator::AssignorSource>,
     #[serde(skip_serializing_if = "Option::is_none")]
     reconciled: Option<bool>,
     members: Vec<MemberView>,
@@ -224,6 +228,7 @@ pub(crate) fn describe(
                 group_epoch: Some(d.group_epoch),
                 target_epoch: Some(d.target_epoch),
                 assignor: Some(d.assignor),
+                assignor_source: Some(d.assignor_source),
                 reconciled: Some(d.reconciled),
                 members: d
                     .members
@@ -244,6 +249,7 @@ pub(crate) fn describe(
             group_epoch: None,
             target_epoch: None,
             assignor: None,
+            assignor_source: None,
             reconciled: None,
             members: Vec::new(),
             classic_clients: classic,

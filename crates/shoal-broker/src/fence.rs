@@ -6,7 +6,7 @@ use crate::group_ctx::GroupCtx;
 use crate::reply::Reject;
 use shoal_group::state::CommitCheck;
 use shoal_group::GroupError;
-use shoal_proto::coordinated::{member_stamp, response_code as cresp};
+use shoal_proto::coordinated::{member_stamp, response_code as cresp, stamp_coordinator};
 use shoal_proto::ext;
 use shoal_proto::{MessageQueue, RemotingCommand};
 use tracing::debug;
@@ -35,6 +35,11 @@ pub(crate) fn check_stamp(
     let Some(stamp) = member_stamp(req) else {
         return Ok(());
     };
+    // Another broker's coordinator gave this epoch: not this broker's to fence (the queue's
+    // lock guards it).
+    if stamp_coordinator(req).is_some_and(|c| c != cx.config.announce_addr()) {
+        return Ok(());
+    }
     let (member, epoch) =
         stamp.map_err(|e| Reject::new(shoal_proto::code::response_code::INVALID_PARAMETER, e))?;
     cx.groups

@@ -8,49 +8,13 @@
 
 use crate::reply::{ok, Handled, Reject};
 use crate::shared::Shared;
-use parking_lot::Mutex;
 use shoal_filter::{RawProperties, Selector};
 use shoal_proto::body::{CheckClientRequestBody, ExpressionType, SubscriptionData};
 use shoal_proto::code::response_code as resp;
 use shoal_proto::message::RecordView;
 use shoal_proto::RemotingCommand;
 use shoal_store::{GetMessageResult, GetMessageStatus};
-use std::collections::HashMap;
 use std::sync::Arc;
-
-/// Compiled selectors kept at once; the cache is emptied when it is full (clients send the
-/// same few selectors on every pull).
-pub const SELECTOR_CACHE_ENTRIES: usize = 1024;
-
-/// Compiled SQL92 selectors by their text (bounded: [`SELECTOR_CACHE_ENTRIES`]).
-#[derive(Debug, Default)]
-pub struct SelectorCache {
-    compiled: Mutex<HashMap<String, Arc<Selector>>>,
-}
-
-impl SelectorCache {
-    /// The compiled selector for `sql`.
-    ///
-    /// # Errors
-    /// The parse error, for a selector that does not compile.
-    pub fn get(&self, sql: &str) -> Result<Arc<Selector>, shoal_filter::ParseError> {
-        if let Some(s) = self.compiled.lock().get(sql) {
-            return Ok(Arc::clone(s));
-        }
-        let s = Arc::new(Selector::parse(sql)?);
-        let mut map = self.compiled.lock();
-        if map.len() >= SELECTOR_CACHE_ENTRIES {
-            map.clear();
-        }
-        map.insert(sql.to_owned(), Arc::clone(&s));
-        Ok(s)
-    }
-
-    /// Selectors cached now.
-    pub fn len(&self) -> usize {
-        self.compiled.lock().len()
-    }
-}
 
 /// The selector of an SQL92 expression, checked as RocketMQ checks a subscription:
 /// SYSTEM_ERROR when the broker's property filter is off, SUBSCRIPTION_PARSE_FAILED when it

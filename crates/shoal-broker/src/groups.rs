@@ -43,6 +43,8 @@ pub(crate) struct Groups {
     frozen: AtomicBool,
     /// The state's next deadline may have moved earlier.
     deadline_moved: Notify,
+    /// Where notices to members without a remoting connection go (a protocol listener's).
+    listener: std::sync::OnceLock<crate::listener::ListenerGroups>,
 }
 
 /// What [`Groups`] needs besides its state.
@@ -71,7 +73,14 @@ impl Groups {
             dirty: AtomicBool::new(restored),
             frozen: AtomicBool::new(false),
             deadline_moved: Notify::new(),
+            listener: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Notices to members that have no remoting connection go to the protocol listener
+    /// (its members learn of changes by heartbeating); once.
+    pub(crate) fn set_listener(&self, listener: crate::listener::ListenerGroups) {
+        let _ = self.listener.set(listener);
     }
 
     /// The group state's clock now.
@@ -254,6 +263,10 @@ impl Groups {
         req.set_oneway();
         if self.sink.notify(conn_id, req) {
             self.counters.coordinator_notices_sent.inc();
+        } else if let Some(l) = self.listener.get() {
+            // No such connection: a protocol listener's member (its held heartbeat answer
+            // goes out now), or a member whose connection is gone (the listener skips it).
+            (l.notify_member)(group, member_id);
         }
     }
 

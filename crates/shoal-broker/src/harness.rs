@@ -422,6 +422,7 @@ impl RealBroker {
             client_id: client_id.to_string(),
             group: GROUP.into(),
             instance_id: instance_id.clone(),
+            last_epoch: None,
             member_epoch: *epoch,
             member_id: member_id.clone(),
             owned: owned.clone(),

@@ -1,5 +1,6 @@
 //! What a protocol listener of this broker (the Kafka listener) tells the broker about its
-//! groups beyond the broker's group state, so GROUP_DESCRIBE shows them.
+//! groups beyond the broker's group state, so GROUP_DESCRIBE shows them, and where the
+//! coordinator's notices to the listener's members go.
 
 use std::sync::Arc;
 
@@ -13,7 +14,13 @@ pub struct ListenerGroups {
     /// The hosts of the listener's members of a coordinated group (member id, host as the
     /// listener saw it): the coordinator knows their client ids only.
     pub member_hosts: Arc<ListenerMemberHosts>,
+    /// The coordinator asks a member that has no remoting connection (a Kafka
+    /// consumer-protocol member) to heartbeat now: (group, member id).
+    pub notify_member: Arc<ListenerNotifyMember>,
 }
+
+/// The function behind [`ListenerGroups::notify_member`].
+pub type ListenerNotifyMember = dyn Fn(&str, &str) + Send + Sync;
 
 /// The function behind [`ListenerGroups::describe`].
 pub type DescribeListenerGroup =

@@ -17,6 +17,7 @@ use crate::caller::Caller;
 use crate::pop::consume::{self, PopAsk, PopOutcome};
 use crate::pop::revive::pop_retry_topic;
 use crate::reply::Reject;
+pub use crate::transaction::front::{TransactionCheck, TransactionChecker};
 use bytes::Bytes;
 use shoal_group::pop::QueueKey;
 use shoal_proto::body::{SubscriptionData, TopicConfig};
@@ -29,7 +30,6 @@ use shoal_proto::header::{
 use shoal_proto::message::{encode_properties, MessageExt, OffsetMsgId, Properties};
 use shoal_proto::RemotingCommand;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
 /// Connection id of requests a front end runs through the remoting handlers (no socket).
@@ -151,41 +151,6 @@ pub struct PopBatch {
     /// The messages.
     pub messages: Vec<PoppedMessage>,
     outcome: PopOutcome,
-}
-
-/// A transaction check due for a producer of a front end: the half message (with its real
-/// topic and queue) and the ids an END_TRANSACTION names it by.
-#[derive(Debug, Clone)]
-pub struct TransactionCheck {
-    /// Producer group of the half message.
-    pub producer_group: String,
-    /// The half message as its producer sent it (real topic and queue).
-    pub message: MessageExt,
-    /// Commit-log offset of the copy to decide.
-    pub commit_log_offset: i64,
-    /// Queue offset of the copy in the half topic.
-    pub queue_offset: i64,
-}
-
-/// Routes a transaction check to a front end's producer; answers `true` when one was asked.
-#[derive(Clone)]
-pub struct TransactionChecker(Arc<dyn Fn(TransactionCheck) -> bool + Send + Sync>);
-
-impl TransactionChecker {
-    /// A checker calling `f`.
-    pub fn new(f: impl Fn(TransactionCheck) -> bool + Send + Sync + 'static) -> Self {
-        Self(Arc::new(f))
-    }
-
-    pub(crate) fn ask(&self, check: TransactionCheck) -> bool {
-        (self.0)(check)
-    }
-}
-
-impl std::fmt::Debug for TransactionChecker {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("TransactionChecker")
-    }
 }
 
 /// The queue a receipt names: `topic`, or its POP retry topic when the receipt says so.

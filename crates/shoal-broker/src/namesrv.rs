@@ -1,14 +1,18 @@
 //! The broker's side of the name servers: registration and unregistration, and the other
-//! brokers' queues of a topic (the coordinator allocates every queue of the cluster), cached.
+//! brokers' queues of a topic (the coordinator allocates every queue of the cluster), cached
+//! and watched: a Shoal name server pushes changes of those routes (NOTIFY_ROUTE_CHANGED),
+//! which `route_notices.rs` turns into fresh queues for the coordinator.
 
 use parking_lot::Mutex;
-use shoal_net::{NetConfig, NotSupportedProcessor, RemotingClient};
+use shoal_net::{processor_fn, request_code_not_supported, NetConfig, RemotingClient};
 use shoal_proto::acl::SessionCredentials;
 use shoal_proto::code::{request_code as rc, response_code as resp};
+use shoal_proto::route_watch;
 use shoal_proto::{MessageQueue, RemotingCommand};
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tokio::sync::Notify;
 use tracing::warn;
 
 /// How long another broker's queues of a topic are taken from the cache.
@@ -26,7 +30,20 @@ pub(crate) struct NameServers {
     broker_name: String,
     /// Other brokers' queues of a topic and when they were fetched.
     route_cache: Mutex<HashMap<String, (Vec<MessageQueue>, Instant)>>,
+    /// Topics whose route a name server said changed, not yet fetched again.
+    notices: Arc<RouteNotices>,
 }
+
+/// Topics named by NOTIFY_ROUTE_CHANGED, waiting for the broker's route task.
+#[derive(Debug, Default)]
+struct RouteNotices {
+    topics: Mutex<BTreeSet<String>>,
+    wake: Notify,
+}
+
+/// Topics waiting at most (the broker watches only the topics its coordinator asked about;
+/// more than this from a name server is not believed, and the cache's expiry still holds).
+const MAX_PENDING_NOTICES: usize = 4096;
 
 impl NameServers {
     pub(crate) fn new(
@@ -35,17 +52,68 @@ impl NameServers {
         broker_name: String,
         tls: Option<shoal_net::ClientTls>,
     ) -> Self {
+        let notices = Arc::new(RouteNotices::default());
+        let heard = Arc::clone(&notices);
+        // The name servers' requests on these connections: route notices only.
+        let processor = processor_fn(move |_ctx, req: RemotingCommand| {
+            let heard = Arc::clone(&heard);
+            async move {
+                if req.code != route_watch::request_code::NOTIFY_ROUTE_CHANGED {
+                    return Ok(Some(request_code_not_supported(&req)));
+                }
+                let n: route_watch::RouteChangedNotice = req.decode_json_body()?;
+                {
+                    let mut topics = heard.topics.lock();
+                    for t in n.topics {
+                        if topics.len() >= MAX_PENDING_NOTICES {
+                            break;
+                        }
+                        topics.insert(t);
+                    }
+                }
+                heard.wake.notify_one();
+                Ok(None)
+            }
+        });
         Self {
-            client: RemotingClient::with_tls(
-                NetConfig::default(),
-                Arc::new(NotSupportedProcessor),
-                tls,
-            ),
+            client: RemotingClient::with_tls(NetConfig::default(), Arc::new(processor), tls),
             addrs,
             credentials,
             broker_name,
             route_cache: Mutex::new(HashMap::new()),
+            notices,
         }
+    }
+
+    /// Waits for route notices; returns the topics they named whose other brokers' queues
+    /// this broker keeps (the others are not its business).
+    pub(crate) async fn changed_topics(&self) -> Vec<String> {
+        loop {
+            let taken = std::mem::take(&mut *self.notices.topics.lock());
+            let kept: Vec<String> = {
+                let cache = self.route_cache.lock();
+                taken
+                    .into_iter()
+                    .filter(|t| cache.contains_key(t))
+                    .collect()
+            };
+            if !kept.is_empty() {
+                return kept;
+            }
+            self.notices.wake.notified().await;
+        }
+    }
+
+    /// Fetches the other brokers' queues of `topic` again (the cache aside); true when they
+    /// differ from those cached.
+    pub(crate) async fn refresh_other_queues(&self, topic: &str) -> bool {
+        let Some(fresh) = self.fetch_other_queues(topic).await else {
+            return false;
+        };
+        let mut cache = self.route_cache.lock();
+        let changed = cache.get(topic).is_none_or(|(q, _)| *q != fresh);
+        cache.insert(topic.to_string(), (fresh, Instant::now()));
+        changed
     }
 
     /// How many name servers there are.
@@ -115,13 +183,15 @@ impl NameServers {
     }
 
     async fn fetch_other_queues(&self, topic: &str) -> Option<Vec<MessageQueue>> {
-        let req = RemotingCommand::request_with_header(
+        let mut req = RemotingCommand::request_with_header(
             rc::GET_ROUTEINFO_BY_TOPIC,
             &shoal_proto::header::GetRouteInfoRequestHeader {
                 topic: topic.to_string(),
                 ..Default::default()
             },
         );
+        // Changes are pushed from now on (a Shoal name server; the cache's expiry otherwise).
+        route_watch::watch(&mut req);
         for addr in &self.addrs {
             match self.client.invoke(addr, req.clone(), NAMESRV_TIMEOUT).await {
                 Ok(r) if r.code == resp::SUCCESS => {

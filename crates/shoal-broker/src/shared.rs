@@ -59,7 +59,7 @@ pub(crate) struct Shared {
     pub(crate) connections: Arc<Connections>,
     pub(crate) holds: PullHoldTable,
     /// Compiled SQL92 selectors of subscriptions (bounded).
-    pub(crate) selectors: crate::filter::SelectorCache,
+    pub(crate) selectors: crate::selectors::SelectorCache,
     /// POP consumption: the lease engine, its journal, request modes.
     pub(crate) pop: crate::pop::PopService,
     pub(crate) observer: Arc<Observer>,
@@ -85,7 +85,7 @@ pub(crate) struct Shared {
     pub(crate) listener_groups: OnceLock<ListenerGroups>,
     /// Where transaction checks go when no remoting producer of the group is connected (a
     /// protocol front end's producers); set once by whoever starts the front end.
-    pub(crate) transaction_checker: OnceLock<crate::messaging::TransactionChecker>,
+    pub(crate) transaction_checker: OnceLock<crate::transaction::front::TransactionChecker>,
     /// Serializes writes of the config tables.
     persist_lock: Mutex<()>,
 }

@@ -43,6 +43,7 @@ impl Member {
             client_id: self.client_id.clone(),
             group: "G".into(),
             instance_id: self.instance.clone(),
+            last_epoch: None,
             member_epoch: self.epoch,
             member_id: self.id.clone(),
             owned: self.owned.clone(),

@@ -18,6 +18,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
+mod cluster;
+pub use cluster::{DrainStatus, GroupDrain, PermChange};
+
 /// Errors of admin calls; each names what failed.
 #[derive(Debug, thiserror::Error)]
 pub enum AdminError {
@@ -433,7 +436,13 @@ impl AdminClient {
                 "no broker is registered with the name server".into(),
             ));
         }
-        for addr in &brokers {
+        self.create_topic_at(spec, &brokers).await?;
+        Ok(brokers)
+    }
+
+    /// Creates or updates a topic on the brokers at `addrs`.
+    async fn create_topic_at(&self, spec: &TopicSpec, addrs: &[String]) -> AdminResult<()> {
+        for addr in addrs {
             let req = RemotingCommand::request_with_header(
                 rc::UPDATE_AND_CREATE_TOPIC,
                 &CreateTopicRequestHeader {
@@ -452,7 +461,7 @@ impl AdminClient {
             );
             self.call_ok("create topic", addr, req).await?;
         }
-        Ok(brokers)
+        Ok(())
     }
 
     /// Deletes a topic from its brokers and the name servers.
@@ -850,6 +859,10 @@ impl AdminClient {
             if r.code == resp::SUCCESS {
                 return Self::first_message(&addr, &r, id);
             }
+            // A refusal (the ACL) is said as one, not as "not found".
+            if r.code == resp::NO_PERMISSION {
+                return Err(refused("VIEW_MESSAGE_BY_ID", &addr, &r));
+            }
             if topic.is_none() {
                 return Err(AdminError::MessageNotFound(id.into()));
             }
@@ -879,6 +892,9 @@ impl AdminClient {
             let r = self.call(addr, req).await?;
             if r.code == resp::SUCCESS {
                 return Self::first_message(addr, &r, id);
+            }
+            if r.code == resp::NO_PERMISSION {
+                return Err(refused("QUERY_MESSAGE", addr, &r));
             }
         }
         Err(AdminError::MessageNotFound(id.into()))
@@ -910,6 +926,9 @@ impl AdminClient {
                 },
             );
             let r = self.call(addr, req).await?;
+            if r.code == resp::NO_PERMISSION {
+                return Err(refused("QUERY_MESSAGE", addr, &r));
+            }
             if r.code == resp::SUCCESS {
                 let body = r.body.clone().unwrap_or_default();
                 found.extend(

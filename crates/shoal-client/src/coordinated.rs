@@ -70,7 +70,8 @@ const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(45);
 pub struct Membership {
     group: String,
     protocol: GroupProtocol,
-    assignor: String,
+    /// The assignor asked for; `None`: the coordinator's default.
+    assignor: Option<String>,
     rebalance_timeout_ms: u64,
     core: Mutex<CoordinatedMember>,
     wake: Notify,
@@ -85,7 +86,7 @@ impl Membership {
         member_id: String,
         instance_id: Option<String>,
         protocol: GroupProtocol,
-        assignor: &str,
+        assignor: Option<&str>,
     ) -> Self {
         let config = MemberConfig {
             group: group.to_string(),
@@ -97,7 +98,7 @@ impl Membership {
         Self {
             group: group.to_string(),
             protocol,
-            assignor: assignor.to_string(),
+            assignor: assignor.map(str::to_string),
             rebalance_timeout_ms: 60_000,
             core: Mutex::new(CoordinatedMember::new(config, 0)),
             wake: Notify::new(),
@@ -232,33 +233,25 @@ impl Membership {
         owned: Vec<MessageQueue>,
     ) -> Outcome {
         let now = self.now_ms();
-        let (moved, sent, member_id, instance_id) = {
+        let (moved, sent, member_id, instance_id, last_epoch) = {
             let mut c = self.core.lock();
             c.handle_held(now, owned.clone());
             let moved = c.handle_coordinator(now, addr);
             c.handle_wake(now);
-            let sent = if moved.is_some() {
-                None
-            } else {
-                c.poll_heartbeat(now)
-            };
             (
                 moved,
-                sent,
+                c.poll_heartbeat(now),
                 c.config().member_id.clone(),
                 c.config().instance_id.clone(),
+                c.last_epoch(),
             )
         };
-        if let Some(old) = moved {
-            info!(group = %self.group, from = %old, to = %addr, "the group's coordinator moved: dropping every queue, then joining the new one");
+        if let Some(old) = &moved {
+            // The queues stay: the new coordinator adopts what nobody else owns, and their
+            // broker locks keep them exclusive meanwhile.
+            info!(group = %self.group, from = %old, to = %addr, "the group's coordinator moved: joining the new one with the queues held");
             instance.set_member_stamp(&self.group, None);
-            self.leave_at(instance, &old, true).await;
-            return Outcome {
-                changed: true,
-                again: false,
-            };
         }
-        // Nothing to send while moving with queues still held (the release wakes us again).
         let Some(epoch) = sent else {
             return Outcome::default();
         };
@@ -269,11 +262,17 @@ impl Membership {
                 epoch,
                 &member_id,
                 instance_id,
+                last_epoch,
                 subscriptions,
                 owned,
             )
             .await;
-        self.answered(instance, addr, epoch, answer)
+        let out = self.answered(instance, addr, epoch, answer);
+        if let Some(old) = moved {
+            // After the join: a dead old coordinator must not delay it.
+            self.leave_at(instance, &old, true).await;
+        }
+        out
     }
 
     /// Sends one heartbeat and reads its answer (Apache RocketMQ brokers and Shoal brokers
@@ -286,6 +285,7 @@ impl Membership {
         epoch: i32,
         member_id: &str,
         instance_id: Option<String>,
+        last_epoch: Option<i32>,
         subscriptions: Vec<String>,
         owned: Vec<MessageQueue>,
     ) -> MemberAnswer {
@@ -298,10 +298,11 @@ impl Membership {
             }
         }
         let body = GroupHeartbeatRequest {
-            assignor: Some(self.assignor.clone()),
+            assignor: self.assignor.clone(),
             client_id: instance.client_id().to_string(),
             group: self.group.clone(),
             instance_id,
+            last_epoch,
             member_epoch: epoch,
             member_id: member_id.to_string(),
             owned,
@@ -379,7 +380,7 @@ impl Membership {
                 MemberMode::Probing => {}
             }
         } else if c.fences() > fences && mode == MemberMode::Coordinated {
-            warn!(group = %self.group, member = %c.config().member_id, "no heartbeat answer within the session timeout, or fenced: dropping every queue");
+            warn!(group = %self.group, member = %c.config().member_id, "fenced by the coordinator: dropping every queue");
         }
         instance.set_member_stamp(&self.group, c.stamp());
         Outcome {
@@ -417,8 +418,8 @@ impl Membership {
         }
         if !permanent {
             self.core.lock().handle_left();
+            instance.set_member_stamp(&self.group, None);
         }
-        instance.set_member_stamp(&self.group, None);
     }
 
     /// The protocol asked for.

@@ -98,6 +98,12 @@ impl LatencyFaultTolerance {
         }
     }
 
+    /// Forgets what was recorded of a broker: it registered with the name server again (a
+    /// restart, or back after it left the route), which is evidence it is up.
+    pub fn forget(&mut self, broker: &str) {
+        self.items.remove(broker);
+    }
+
     /// True when the broker may be used now.
     pub fn is_available(&self, broker: &str, now_ms: u64) -> bool {
         self.items
@@ -128,6 +134,13 @@ impl LatencyFaultTolerance {
 
     /// As [`LatencyFaultTolerance::select`], giving the chosen queue's index in `queues`
     /// (no copy of the queue).
+    ///
+    /// The queues are tried in tiers: available brokers other than the last failed one, then
+    /// reachable ones, then any. Within the first tier that has any, the choice is
+    /// round-robin over **that tier's queues**, so that sends spread evenly over the queues
+    /// still trusted: a rotation over every queue that skipped to the next trusted one would
+    /// give the first trusted queue after a run of untrusted ones the share of the whole run
+    /// (with one of two brokers unavailable, 5 of 8 sends to one queue).
     pub fn select_index(
         &mut self,
         queues: &[MessageQueue],
@@ -137,31 +150,48 @@ impl LatencyFaultTolerance {
         if queues.is_empty() {
             return None;
         }
-        let start = self.next_index;
+        let turn = self.next_index;
         self.next_index = self.next_index.wrapping_add(1);
-        let n = queues.len();
-        let rotation = (0..n).map(|i| (start.wrapping_add(i)) % n);
-        let not_last = |i: &usize| Some(queues[*i].broker_name.as_str()) != last_failed_broker;
+        let not_last = |q: &MessageQueue| Some(q.broker_name.as_str()) != last_failed_broker;
         if self.enabled {
-            if let Some(i) = rotation
-                .clone()
-                .filter(not_last)
-                .find(|i| self.is_available(&queues[*i].broker_name, now_ms))
-            {
+            if let Some(i) = nth_matching(queues, turn, |q| {
+                not_last(q) && self.is_available(&q.broker_name, now_ms)
+            }) {
                 return Some(i);
             }
-            if let Some(i) = rotation
-                .clone()
-                .filter(not_last)
-                .find(|i| self.is_reachable(&queues[*i].broker_name))
-            {
+            if let Some(i) = nth_matching(queues, turn, |q| {
+                not_last(q) && self.is_reachable(&q.broker_name)
+            }) {
                 return Some(i);
             }
-        } else if let Some(i) = rotation.clone().find(not_last) {
+        } else if let Some(i) = nth_matching(queues, turn, not_last) {
             return Some(i);
         }
-        Some(start % n)
+        Some(turn % queues.len())
     }
+}
+
+/// The index in `queues` of the `turn % k`-th of the `k` queues that match, if any match
+/// (two passes, no allocation: a send calls this).
+fn nth_matching(
+    queues: &[MessageQueue],
+    turn: usize,
+    matches: impl Fn(&MessageQueue) -> bool,
+) -> Option<usize> {
+    let k = queues.iter().filter(|q| matches(q)).count();
+    if k == 0 {
+        return None;
+    }
+    if k == queues.len() {
+        return Some(turn % k);
+    }
+    let n = turn % k;
+    queues
+        .iter()
+        .enumerate()
+        .filter(|(_, q)| matches(q))
+        .nth(n)
+        .map(|(i, _)| i)
 }
 
 #[cfg(test)]
@@ -230,6 +260,10 @@ mod tests {
         // Everything failed: still returns a queue rather than nothing.
         f.record("broker-a", 5, true, 0);
         assert!(f.select(&qs, Some("broker-a"), 100).is_some());
+        // broker-b registered again: usable at once.
+        f.forget("broker-b");
+        assert!(f.is_available("broker-b", 100) && f.is_reachable("broker-b"));
+        assert_eq!(f.select(&qs, None, 100).unwrap().broker_name, "broker-b");
     }
 
     #[test]
@@ -244,5 +278,59 @@ mod tests {
                 "broker-b"
             );
         }
+    }
+
+    /// With one broker unavailable, sends spread evenly over the other broker's queues (the
+    /// rotation over every queue gave the first trusted queue 5 of 8 sends).
+    #[test]
+    fn sends_spread_evenly_over_the_queues_still_trusted() {
+        let qs: Vec<MessageQueue> = ["broker-a", "broker-b"]
+            .iter()
+            .flat_map(|b| (0..4).map(move |q| MessageQueue::new("T", *b, q)))
+            .collect();
+        let count = |f: &mut LatencyFaultTolerance, last: Option<&str>, sends: usize| {
+            let mut per_queue = std::collections::BTreeMap::<(String, i32), usize>::new();
+            for _ in 0..sends {
+                let q = f.select(&qs, last, 1_000).unwrap();
+                *per_queue.entry((q.broker_name, q.queue_id)).or_default() += 1;
+            }
+            per_queue
+        };
+        // broker-b failed a send: isolated.
+        let mut f = LatencyFaultTolerance::new(true, FaultTable::default());
+        f.record("broker-b", 5, true, 0);
+        let spread = count(&mut f, None, 800);
+        assert_eq!(spread.len(), 4, "{spread:?}");
+        assert!(spread.keys().all(|(b, _)| b == "broker-a"), "{spread:?}");
+        assert!(spread.values().all(|n| *n == 200), "{spread:?}");
+        // Slow rather than failed (latency tier), and the plain round-robin avoiding the last
+        // failed broker: the same.
+        let mut f = LatencyFaultTolerance::new(true, FaultTable::default());
+        f.record("broker-a", 600, false, 500);
+        let spread = count(&mut f, None, 800);
+        assert!(spread.keys().all(|(b, _)| b == "broker-b"), "{spread:?}");
+        assert!(spread.values().all(|n| *n == 200), "{spread:?}");
+        let mut f = LatencyFaultTolerance::new(false, FaultTable::default());
+        let spread = count(&mut f, Some("broker-a"), 800);
+        assert!(spread.values().all(|n| *n == 200), "{spread:?}");
+        // Every broker available: every queue in turn.
+        let mut f = LatencyFaultTolerance::new(true, FaultTable::default());
+        let spread = count(&mut f, None, 800);
+        assert_eq!(spread.len(), 8);
+        assert!(spread.values().all(|n| *n == 100), "{spread:?}");
+        // Uneven brokers (3 queues on one, 5 on the other), one unavailable: even over the 5.
+        let uneven: Vec<MessageQueue> = (0..3)
+            .map(|q| MessageQueue::new("T", "broker-a", q))
+            .chain((0..5).map(|q| MessageQueue::new("T", "broker-b", q)))
+            .collect();
+        let mut f = LatencyFaultTolerance::new(true, FaultTable::default());
+        f.record("broker-a", 5, true, 0);
+        let mut per = std::collections::BTreeMap::<i32, usize>::new();
+        for _ in 0..500 {
+            let q = f.select(&uneven, None, 1_000).unwrap();
+            assert_eq!(q.broker_name, "broker-b");
+            *per.entry(q.queue_id).or_default() += 1;
+        }
+        assert!(per.values().all(|n| *n == 100), "{per:?}");
     }
 }

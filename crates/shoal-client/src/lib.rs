@@ -32,6 +32,7 @@ pub mod process_queue;
 pub mod producer;
 mod rebalance;
 pub mod transaction;
+mod transaction_check;
 
 pub use config::ClientConfig;
 pub use consumer::{

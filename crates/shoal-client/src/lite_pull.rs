@@ -46,8 +46,10 @@ pub struct LitePullConfig {
     pub consume_from_where: ConsumeFromWhere,
     /// Timestamp for `ConsumeFromTimestamp`, ms (default 30 minutes before start).
     pub consume_timestamp_ms: i64,
-    /// Allocation strategy for `subscribe` (`AVG`).
-    pub allocate_strategy: String,
+    /// Allocation strategy for `subscribe`. `None` (the default): `AVG` in classic mode, the
+    /// coordinator's default assignor in coordinated mode (as
+    /// [`ConsumerConfig::allocate_strategy`](crate::consumer::ConsumerConfig::allocate_strategy)).
+    pub allocate_strategy: Option<String>,
     /// Commit automatically (true).
     pub auto_commit: bool,
     /// Auto commit period (5 s).
@@ -84,7 +86,7 @@ impl LitePullConfig {
             client: ClientConfig::default(),
             consume_from_where: ConsumeFromWhere::ConsumeFromLastOffset,
             consume_timestamp_ms: crate::now_ms_u64() as i64 - 30 * 60 * 1000,
-            allocate_strategy: "AVG".into(),
+            allocate_strategy: None,
             auto_commit: true,
             auto_commit_interval: Duration::from_secs(5),
             pull_batch_size: 10,
@@ -181,8 +183,12 @@ impl LitePullConsumer {
                 "pull_batch_size and buffered_batches must be positive".into(),
             ));
         }
-        let strategy: Arc<dyn AllocateStrategy> =
-            Arc::from(strategy_by_name(&config.allocate_strategy)?);
+        let strategy: Arc<dyn AllocateStrategy> = Arc::from(strategy_by_name(
+            config
+                .allocate_strategy
+                .as_deref()
+                .unwrap_or(crate::consumer::CLASSIC_DEFAULT_STRATEGY),
+        )?);
         let instance = ClientInstance::start(config.client.clone())?;
         let (tx, rx) = mpsc::channel(config.buffered_batches);
         let driver_cfg = DriverConfig {
@@ -203,7 +209,7 @@ impl LitePullConsumer {
                         new_member_id(instance.client_id()),
                         config.instance_id.clone(),
                         config.protocol,
-                        &config.allocate_strategy,
+                        config.allocate_strategy.as_deref(),
                     )
                     .with_session_timeout(config.session_timeout),
                 )
@@ -781,6 +787,13 @@ impl ConsumerHandle for Inner {
         }
     }
 
+    fn route_changed(&self) {
+        if let Some(d) = self.driver.get() {
+            d.member_wake();
+            d.notice();
+        }
+    }
+
     fn lock_freed(&self, queues: Vec<MessageQueue>) {
         if let Some(d) = self.driver.get() {
             d.lock_freed(queues);
@@ -807,7 +820,8 @@ impl ConsumerHandle for Inner {
         if let Some(d) = self.driver.get() {
             // A member may have left or joined a group that runs classic: ask again.
             d.member_wake();
-            d.notice();
+            // The notice may be about the topic's queues: routes first, then the rebalance.
+            d.refresh_routes_then_notice();
         }
     }
 

@@ -14,9 +14,9 @@ use shoal_proto::code::{request_code as rc, response_code as resp};
 use shoal_proto::command::ExtFields;
 use shoal_proto::constants::{is_retry_topic, AUTO_CREATE_TOPIC_KEY_TOPIC};
 use shoal_proto::hash::java_string_hash;
-use shoal_proto::header::{HeaderValue, SendMessageRequestHeaderV2, SendResponseRef};
+use shoal_proto::header::{HeaderValue, SendResponseRef};
 use shoal_proto::message::{
-    compress_for_send, encode_batch, encode_properties, property, property::encode_pairs_into,
+    compress_for_send, encode_batch, property, property::encode_pairs_into,
     property::push_pairs_json, CompressionType, Message, Properties, UniqKeyGenerator,
     DEFAULT_COMPRESS_BODY_OVER, DEFAULT_COMPRESS_LEVEL, DEFAULT_MAX_MESSAGE_SIZE,
 };
@@ -172,6 +172,12 @@ struct Inner {
     metrics: crate::metrics::ProducerMetrics,
 }
 
+impl crate::instance::ProducerHandle for Inner {
+    fn broker_appeared(&self, broker: &str) {
+        self.fault.lock().forget(broker);
+    }
+}
+
 /// A started producer. Cheap to clone; clones share the instance.
 #[derive(Clone)]
 pub struct Producer {
@@ -276,15 +282,16 @@ impl Producer {
             .unwrap_or(IpAddr::from([127, 0, 0, 1]));
         let fault =
             LatencyFaultTolerance::new(config.latency_fault_enabled, config.fault_table.clone());
-        Ok(Producer {
-            inner: Arc::new(Inner {
-                instance,
-                fault: Mutex::new(fault),
-                uniq: UniqKeyGenerator::new(ip),
-                metrics: crate::metrics::ProducerMetrics::new(&config.group),
-                config,
-            }),
-        })
+        let inner = Arc::new(Inner {
+            instance,
+            fault: Mutex::new(fault),
+            uniq: UniqKeyGenerator::new(ip),
+            metrics: crate::metrics::ProducerMetrics::new(&config.group),
+            config,
+        });
+        let weak = Arc::downgrade(&inner);
+        inner.instance.watch_brokers(weak);
+        Ok(Producer { inner })
     }
 
     /// The client instance (client id, routes).
@@ -334,6 +341,34 @@ impl Producer {
             return Err(ClientError::NoRoute(topic.to_owned()));
         }
         Ok(queues)
+    }
+
+    /// Learns `topic`'s route and what kind of broker each of its masters is, so that the
+    /// first send already goes the way later ones do: with binary headers to a Shoal broker
+    /// ([`ClientConfig::binary_sends_to_shoal`](crate::ClientConfig::binary_sends_to_shoal)).
+    /// A long-running producer learns a broker's kind in the background after its first send
+    /// there; a short-lived one (`shoal send`) calls this first. A broker that does not answer
+    /// stays unknown, and sends to it use the configured encoding.
+    ///
+    /// # Errors
+    /// As [`Producer::publish_queues`].
+    pub async fn prepare_topic(&self, topic: &str) -> Result<()> {
+        let queues = self.publish_queues(topic).await?;
+        let inst = &self.inner.instance;
+        if !inst.config().binary_sends_to_shoal {
+            return Ok(());
+        }
+        let mut brokers: Vec<&str> = queues.iter().map(|q| &*q.broker_name).collect();
+        brokers.sort_unstable();
+        brokers.dedup();
+        for name in brokers {
+            if let Some(addr) = inst.master_addr_shared(name) {
+                if let Err(e) = inst.broker_kind(&addr).await {
+                    debug!(broker = %addr, error = %e, "broker kind not known");
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The write queues a send picks from: the instance's shared list for a cached route,
@@ -457,26 +492,26 @@ impl Producer {
             reconsume_times: reconsume,
             max_reconsume_times: max_reconsume,
             broker_name: &mq.broker_name,
+            batch: false,
         };
-        let mut req = RemotingCommand::request(rc::SEND_MESSAGE_V2).with_body(body);
-        // A request that goes unsigned carries its header as JSON text or binary entries
-        // written straight from the values; signing (ACL) needs the map.
+        self.send_command(rc::SEND_MESSAGE_V2, &h, body, binary)
+    }
+
+    /// A send request (`code` SEND_MESSAGE_V2 or SEND_BATCH_MESSAGE) with header `h`. A request
+    /// that goes unsigned carries its header as JSON text or binary entries written straight
+    /// from the values (binary when `binary` or the configured encoding says so); signing
+    /// (ACL) needs the map.
+    fn send_command(
+        &self,
+        code: i32,
+        h: &SendV2<'_>,
+        body: Bytes,
+        binary: bool,
+    ) -> Result<RemotingCommand> {
         let config = self.inner.instance.config();
-        let binary = binary
-            || config.serialize_type.for_request_code(rc::SEND_MESSAGE_V2)
-                == SerializeType::RocketMq;
-        if binary {
-            req.serialize_type = SerializeType::RocketMq;
-        }
-        req.ext_fields_raw = match (config.credentials.is_some(), binary) {
-            (true, _) => {
-                req.ext_fields = Some(send_v2_ext(&h)?);
-                None
-            }
-            (false, true) => Some(RawExtFields::Binary(send_v2_binary(&h)?)),
-            (false, false) => Some(RawExtFields::Json(send_v2_json(&h)?)),
-        };
-        Ok(req)
+        let binary =
+            binary || config.serialize_type.for_request_code(code) == SerializeType::RocketMq;
+        send_command(code, h, body, binary, config.credentials.is_some())
     }
 
     /// Sends `req` to `mq`'s broker (at `addr` when known) and reads its answer as a send's,
@@ -747,7 +782,7 @@ impl Producer {
         let mut batch_props = Properties::default();
         batch_props.insert(property::WAIT.to_owned(), "true".to_owned());
         batch_props.insert(property::UNIQ_KEY.to_owned(), self.inner.uniq.next_key());
-        let props = encode_properties(&batch_props)?;
+        let body = Bytes::from(body);
         let started = Instant::now();
         let timeout = self.inner.config.send_timeout;
         let mut last_failed: Option<String> = None;
@@ -766,28 +801,27 @@ impl Producer {
                 break;
             };
             made += 1;
-            let header = SendMessageRequestHeaderV2 {
-                a: self.inner.config.group.clone(),
-                b: topic.clone(),
-                c: AUTO_CREATE_TOPIC_KEY_TOPIC.to_owned(),
-                d: self.inner.config.default_topic_queue_nums,
-                e: mq.queue_id,
-                f: 0,
-                g: now_ms(),
-                h: 0,
-                i: Some(props.clone()),
-                j: Some(0),
-                k: Some(false),
-                m: Some(true),
-                n: Some(mq.broker_name.clone()),
-                ..Default::default()
-            };
-            let mut req = RemotingCommand::request_with_header(rc::SEND_BATCH_MESSAGE, &header)
-                .with_body(body.clone());
             let (addr, binary) = self.inner.instance.send_target(&mq.broker_name);
-            if binary {
-                req.serialize_type = SerializeType::RocketMq;
-            }
+            let req = self.send_command(
+                rc::SEND_BATCH_MESSAGE,
+                &SendV2 {
+                    group: &self.inner.config.group,
+                    topic: &topic,
+                    default_topic_queue_nums: self.inner.config.default_topic_queue_nums,
+                    queue_id: mq.queue_id,
+                    sys_flag: 0,
+                    born_timestamp: now_ms(),
+                    flag: 0,
+                    properties: &batch_props,
+                    uniq_key: None,
+                    reconsume_times: Some(0),
+                    max_reconsume_times: None,
+                    broker_name: &mq.broker_name,
+                    batch: true,
+                },
+                body.clone(),
+                binary,
+            )?;
             let t0 = Instant::now();
             let outcome = self.send_request(req, &mq, addr, left).await;
             let latency = t0.elapsed().as_millis() as u64;
@@ -849,9 +883,20 @@ struct SendV2<'a> {
     reconsume_times: Option<i32>,
     max_reconsume_times: Option<i32>,
     broker_name: &'a str,
+    /// SEND_BATCH_MESSAGE's header (`m` true: the body is a batch).
+    batch: bool,
 }
 
 impl<'a> SendV2<'a> {
+    /// The `m` entry: whether the body is a batch.
+    fn batch_text(&self) -> &'static str {
+        if self.batch {
+            "true"
+        } else {
+            "false"
+        }
+    }
+
     /// The properties sent: the message's, then the UNIQ_KEY made for the send if any.
     fn props(&self) -> impl Iterator<Item = (&'a str, &'a str)> + Clone {
         property::pairs_of(self.properties).chain(self.uniq_key.map(|k| (property::UNIQ_KEY, k)))
@@ -871,7 +916,7 @@ impl<'a> SendV2<'a> {
 
 /// The extFields of [`SendMessageRequestHeaderV2`] for a single send, written straight into
 /// the map's buffer (the typed header would copy every string twice): the same entries in the
-/// same order, with `k` and `m` false and `c` `TBW102`.
+/// same order, with `k` false, `m` true for a batch, and `c` `TBW102`.
 fn send_v2_ext(h: &SendV2<'_>) -> Result<ExtFields> {
     let mut ext = ExtFields::with_capacity(13);
     ext.insert("a", h.group);
@@ -892,9 +937,34 @@ fn send_v2_ext(h: &SendV2<'_>) -> Result<ExtFields> {
     if let Some(l) = h.max_reconsume_times {
         ext.insert_with("l", |o| l.push_value(o));
     }
-    ext.insert("m", "false");
+    ext.insert("m", h.batch_text());
     ext.insert("n", h.broker_name);
     Ok(ext)
+}
+
+/// A send request (`code`) with header `h`: its entries as a map when the request is to be
+/// `signed` (ACL signs the map), otherwise as binary entries (`binary`) or JSON text written
+/// straight from the values, with no map built.
+fn send_command(
+    code: i32,
+    h: &SendV2<'_>,
+    body: Bytes,
+    binary: bool,
+    signed: bool,
+) -> Result<RemotingCommand> {
+    let mut req = RemotingCommand::request(code).with_body(body);
+    if binary {
+        req.serialize_type = SerializeType::RocketMq;
+    }
+    req.ext_fields_raw = match (signed, binary) {
+        (true, _) => {
+            req.ext_fields = Some(send_v2_ext(h)?);
+            None
+        }
+        (false, true) => Some(RawExtFields::Binary(send_v2_binary(h)?)),
+        (false, false) => Some(RawExtFields::Json(send_v2_json(h)?)),
+    };
+    Ok(req)
 }
 
 /// [`send_v2_ext`]'s entries, in its order, as a ROCKETMQ binary header's extFields area
@@ -934,7 +1004,7 @@ fn send_v2_binary(h: &SendV2<'_>) -> Result<Vec<u8>> {
     if let Some(l) = h.max_reconsume_times {
         number(&mut out, "l", i64::from(l))?;
     }
-    entry(&mut out, "m", "false")?;
+    entry(&mut out, "m", h.batch_text())?;
     entry(&mut out, "n", h.broker_name)?;
     Ok(out)
 }
@@ -974,7 +1044,9 @@ fn send_v2_json(h: &SendV2<'_>) -> Result<String> {
         l.push_value(&mut out);
         out.push('"');
     }
-    out.push_str(",\"m\":\"false\",\"n\":");
+    out.push_str(",\"m\":\"");
+    out.push_str(h.batch_text());
+    out.push_str("\",\"n\":");
     push_json_str(&mut out, h.broker_name);
     out.push('}');
     Ok(out)
@@ -983,7 +1055,8 @@ fn send_v2_json(h: &SendV2<'_>) -> Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use shoal_proto::header::CommandHeader;
+    use shoal_proto::header::{CommandHeader, SendMessageRequestHeaderV2};
+    use shoal_proto::message::encode_properties;
 
     /// The size of the future a method taking one argument returns.
     fn future_size<'a, A: 'a, B, F, Fut>(_: F) -> usize
@@ -1035,6 +1108,7 @@ mod tests {
                 reconsume_times: j,
                 max_reconsume_times: l,
                 broker_name: "broker-a",
+                batch: false,
             };
             let mut with_map = RemotingCommand::request(rc::SEND_MESSAGE_V2);
             let mut with_json = with_map.clone();
@@ -1088,6 +1162,7 @@ mod tests {
                 reconsume_times: j,
                 max_reconsume_times: l,
                 broker_name: "broker-a",
+                batch: false,
             })
             .unwrap();
             let typed = SendMessageRequestHeaderV2 {
@@ -1113,6 +1188,76 @@ mod tests {
                 ext.iter().collect::<Vec<_>>(),
                 typed.iter().collect::<Vec<_>>()
             );
+        }
+    }
+
+    /// SEND_BATCH_MESSAGE's header as RocketMQ's producer writes it (`j` 0, `k` false, `m`
+    /// true), in each encoding, with no map built unless the request is signed.
+    #[test]
+    fn batch_header_is_written_straight_in_each_encoding() {
+        let mut props = Properties::default();
+        props.insert(property::WAIT.into(), "true".into());
+        props.insert(property::UNIQ_KEY.into(), "ABC".into());
+        let h = SendV2 {
+            group: "G",
+            topic: "T",
+            default_topic_queue_nums: 4,
+            queue_id: 1,
+            sys_flag: 0,
+            born_timestamp: 1_700_000_000_000,
+            flag: 0,
+            properties: &props,
+            uniq_key: None,
+            reconsume_times: Some(0),
+            max_reconsume_times: None,
+            broker_name: "broker-a",
+            batch: true,
+        };
+        let typed = SendMessageRequestHeaderV2 {
+            a: "G".into(),
+            b: "T".into(),
+            c: AUTO_CREATE_TOPIC_KEY_TOPIC.into(),
+            d: 4,
+            e: 1,
+            f: 0,
+            g: 1_700_000_000_000,
+            h: 0,
+            i: Some(encode_properties(&props).unwrap()),
+            j: Some(0),
+            k: Some(false),
+            m: Some(true),
+            n: Some("broker-a".into()),
+            ..Default::default()
+        };
+        let body = Bytes::from_static(b"batch");
+        let header = |req: &RemotingCommand| {
+            let mut b = bytes::BytesMut::new();
+            req.encode_header(&mut b).unwrap();
+            b
+        };
+        for binary in [false, true] {
+            let mut expected = RemotingCommand::request_with_header(rc::SEND_BATCH_MESSAGE, &typed);
+            if binary {
+                expected.serialize_type = SerializeType::RocketMq;
+            }
+            let unsigned =
+                send_command(rc::SEND_BATCH_MESSAGE, &h, body.clone(), binary, false).unwrap();
+            assert!(unsigned.ext_fields.is_none(), "no map for an unsigned send");
+            assert!(matches!(
+                (&unsigned.ext_fields_raw, binary),
+                (Some(RawExtFields::Binary(_)), true) | (Some(RawExtFields::Json(_)), false)
+            ));
+            assert_eq!(header(&unsigned), header(&expected), "binary {binary}");
+            let signed =
+                send_command(rc::SEND_BATCH_MESSAGE, &h, body.clone(), binary, true).unwrap();
+            assert_eq!(
+                signed
+                    .ext_fields
+                    .as_ref()
+                    .map(|e| e.iter().collect::<Vec<_>>()),
+                Some(typed.to_ext_fields().iter().collect::<Vec<_>>())
+            );
+            assert_eq!(header(&signed), header(&expected));
         }
     }
 

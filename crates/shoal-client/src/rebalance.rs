@@ -131,6 +131,34 @@ impl DriverHandle {
     pub fn notice(&self) {
         self.notice.notify_one();
     }
+    /// NOTIFY_CONSUMER_IDS_CHANGED without a member list: the group's subscriptions or a
+    /// subscribed topic's queues changed (or the broker sends no lists). The subscribed topics'
+    /// routes are fetched again first and the rebalance runs after, so that it allocates over
+    /// the queue list the broker's notice is about: members allocating AVG over different
+    /// lists could leave a queue without an owner until the next route poll.
+    pub fn refresh_routes_then_notice(&self) {
+        let this = self.clone();
+        tokio::spawn(async move {
+            let topics: Vec<String> = this
+                .snapshot
+                .lock()
+                .topics
+                .iter()
+                .filter(|t| !is_retry_topic(t))
+                .cloned()
+                .collect();
+            let refreshes = topics.iter().map(|t| this.instance.update_route(t));
+            for (t, r) in topics
+                .iter()
+                .zip(futures::future::join_all(refreshes).await)
+            {
+                if let Err(e) = r {
+                    debug!(topic = %t, error = %e, "route refresh after a notice failed");
+                }
+            }
+            this.notice();
+        });
+    }
     pub fn lock_freed(&self, queues: Vec<MessageQueue>) {
         let _ = self.tx.send(Cmd::LockFreed(queues));
     }

@@ -34,7 +34,7 @@ async fn start_on(
     let mut c = cluster.consumer_config(group);
     c.subscriptions.insert(topic.into(), "*".into());
     c.rebalance_interval = Duration::from_secs(60);
-    c.allocate_strategy = "STICKY".into();
+    c.allocate_strategy = Some("STICKY".into());
     c.protocol = GroupProtocol::Coordinated;
     c.instance_id = instance.map(str::to_string);
     start_with_config(c, seen).await

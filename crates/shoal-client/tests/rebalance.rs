@@ -26,6 +26,9 @@ async fn start_consumer(cluster: &Cluster, group: &str, topic: &str, seen: &Seen
     let mut c = cluster.consumer_config(group);
     c.subscriptions.insert(topic.into(), "*".into());
     c.rebalance_interval = Duration::from_secs(60);
+    // The layout checked is AVG's: chosen explicitly (a coordinated group's default is the
+    // coordinator's sticky assignor).
+    c.allocate_strategy = Some("AVG".into());
     let seen = seen.clone();
     PushConsumer::start(
         c,

@@ -14,10 +14,16 @@
 //! Mode rules (`docs/rebalance.md`): a broker that does not coordinate answers
 //! REQUEST_CODE_NOT_SUPPORTED (`Unsupported`: classic allocation); a group with a classic-only
 //! member is answered GROUP_CLASSIC_MODE (the member allocates client-side until the broker
-//! says otherwise). Fenced or unknown: drop every queue, rejoin with epoch 0. No successful
-//! heartbeat for a session timeout: drop every queue (the coordinator has given them away by
-//! then). The coordinator moved (routes changed): leave the old one, drop every queue, and join
-//! the new one only once nothing is held, so no queue is consumed twice across coordinators.
+//! says otherwise). Fenced or unknown: drop every queue, rejoin with epoch 0.
+//!
+//! **No stop of the world when the coordinator goes.** A member that gets no answer keeps its
+//! target: it goes on consuming the queues it holds for as long as their broker locks' leases
+//! last (the rebalancer fences a queue whose lease runs out), whatever happens to the
+//! coordinator, since the lock is what makes its ownership exclusive. When the group's
+//! coordinator moves (the routes changed: a broker died, left or joined), the member keeps its
+//! queues and joins the new coordinator at once with epoch 0, reporting them; the new
+//! coordinator adopts what nobody else owns ([`crate::state::GroupState`]), so a consistent
+//! group moves without a revocation. The old coordinator is left (its group empties).
 
 use crate::coordinator::JOIN_EPOCH;
 use crate::rebalance::Rebalancer;
@@ -41,13 +47,11 @@ pub enum MemberMode {
 }
 
 /// What the membership tells the consumer's rebalancer: its target source, and how many fences
-/// and rejoins happened so far (each is applied once, see [`Applied`]).
+/// happened so far (each is applied once, see [`Applied`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Directive {
     /// Fences so far ([`Rebalancer::handle_fenced`]).
     pub fences: u64,
-    /// Rejoins so far ([`Rebalancer::handle_rejoin`]).
-    pub rejoins: u64,
     /// Where the target comes from now.
     pub source: TargetSource,
 }
@@ -68,24 +72,19 @@ pub enum TargetSource {
     Classic,
 }
 
-/// The fences and rejoins of a membership already given to a rebalancer.
+/// The fences of a membership already given to a rebalancer.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Applied {
     fences: u64,
-    rejoins: u64,
 }
 
 impl Directive {
-    /// Gives the directive to the consumer's rebalancer: new fences and rejoins (once each),
-    /// then the target.
+    /// Gives the directive to the consumer's rebalancer: new fences (once each), then the
+    /// target.
     pub fn apply(&self, rb: &mut Rebalancer, now: u64, applied: &mut Applied) {
         if self.fences > applied.fences {
             applied.fences = self.fences;
             rb.handle_fenced(now);
-        }
-        if self.rejoins > applied.rejoins {
-            applied.rejoins = self.rejoins;
-            rb.handle_rejoin(now);
         }
         match &self.source {
             TargetSource::Waiting => {
@@ -147,6 +146,17 @@ pub struct MemberConfig {
     pub interval_ms: u64,
 }
 
+/// What a coordinated member's pulls, commits and lock requests carry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemberStamp {
+    /// The member id.
+    pub member_id: String,
+    /// Its member epoch.
+    pub epoch: i32,
+    /// The coordinator that gave the epoch (a broker fences only its own coordinator's).
+    pub coordinator: Option<String>,
+}
+
 /// The membership. See the [module documentation](self).
 #[derive(Debug)]
 pub struct CoordinatedMember {
@@ -160,10 +170,10 @@ pub struct CoordinatedMember {
     interval_ms: u64,
     /// The coordinator the membership is with.
     coordinator: Option<String>,
-    /// The group's coordinator changed: join this one once nothing is held.
-    moving_to: Option<String>,
+    /// The epoch under the previous coordinator, until the new one answered (its epochs
+    /// continue above it).
+    last_epoch: Option<i32>,
     fences: u64,
-    rejoins: u64,
     in_flight: bool,
     /// Woken while a heartbeat was in flight: heartbeat again after its answer.
     again: bool,
@@ -184,9 +194,8 @@ impl CoordinatedMember {
             stamped: false,
             last_ok: None,
             coordinator: None,
-            moving_to: None,
+            last_epoch: None,
             fences: 0,
-            rejoins: 0,
             in_flight: false,
             again: false,
             next_at: now_ms,
@@ -221,18 +230,19 @@ impl CoordinatedMember {
         matches!(self.mode, MemberMode::Coordinated | MemberMode::Probing)
     }
 
-    /// The stamp (member id, epoch) the member's pulls, commits and locks carry, once a
-    /// coordinator answered.
-    pub fn stamp(&self) -> Option<(String, i32)> {
-        self.stamped
-            .then(|| (self.config.member_id.clone(), self.epoch))
+    /// The stamp the member's pulls, commits and locks carry, once a coordinator answered.
+    pub fn stamp(&self) -> Option<MemberStamp> {
+        self.stamped.then(|| MemberStamp {
+            member_id: self.config.member_id.clone(),
+            epoch: self.epoch,
+            coordinator: self.coordinator.clone(),
+        })
     }
 
     /// What the rebalancer should do now (see [`Directive`]).
     pub fn directive(&self) -> Directive {
         let source = match self.mode {
             MemberMode::Probing => TargetSource::Waiting,
-            MemberMode::Coordinated if self.moving_to.is_some() => TargetSource::Waiting,
             MemberMode::Coordinated => TargetSource::Coordinator {
                 epoch: self.epoch,
                 queues: self.assignment.clone(),
@@ -241,7 +251,6 @@ impl CoordinatedMember {
         };
         Directive {
             fences: self.fences,
-            rejoins: self.rejoins,
             source,
         }
     }
@@ -256,6 +265,11 @@ impl CoordinatedMember {
             .filter(|q| q.topic == topic)
             .cloned()
             .collect()
+    }
+
+    /// The member's epoch under the group's previous coordinator, while it joins a new one.
+    pub fn last_epoch(&self) -> Option<i32> {
+        self.last_epoch
     }
 
     /// Fences so far.
@@ -287,19 +301,21 @@ impl CoordinatedMember {
     }
 
     /// The group's coordinator by the current routes. When it moved away from the one the
-    /// membership is with, every queue is dropped and the old coordinator's address is
-    /// returned: leave it (permanently), then join the new one once nothing is held.
+    /// membership is with, the member joins the new one at once (epoch 0, reporting the queues
+    /// it holds, which it keeps consuming) and the old coordinator's address is returned: leave
+    /// it.
     #[must_use]
     pub fn handle_coordinator(&mut self, now_ms: u64, addr: &str) -> Option<String> {
         match self.coordinator.clone() {
             Some(c) if c != addr && self.mode == MemberMode::Coordinated => {
-                self.moving_to = Some(addr.to_string());
-                self.coordinator = None;
-                self.assignment.clear();
+                self.coordinator = Some(addr.to_string());
+                if self.epoch != JOIN_EPOCH {
+                    self.last_epoch = Some(self.epoch);
+                }
                 self.epoch = JOIN_EPOCH;
+                // The old coordinator's epoch means nothing to the new one.
                 self.stamped = false;
-                self.rejoins += 1;
-                self.next_at = self.next_at.min(now_ms);
+                self.handle_wake(now_ms);
                 Some(c)
             }
             _ => None,
@@ -307,21 +323,11 @@ impl CoordinatedMember {
     }
 
     /// The heartbeat to send now, if one is due: the member epoch it carries (the held
-    /// queues are [`Self::handle_held`]'s). Marks it in flight until
-    /// [`Self::handle_answer`]. While moving to a new coordinator, nothing is sent until
-    /// every queue is released.
+    /// queues are [`Self::handle_held`]'s). Marks it in flight until [`Self::handle_answer`].
     #[must_use]
     pub fn poll_heartbeat(&mut self, now_ms: u64) -> Option<i32> {
         if self.in_flight || self.next_at > now_ms {
             return None;
-        }
-        if self.moving_to.is_some() {
-            if !self.held.is_empty() {
-                // Still releasing; the release wakes us again.
-                self.next_at = now_ms.saturating_add(self.interval_ms);
-                return None;
-            }
-            self.moving_to = None;
         }
         self.in_flight = true;
         self.again = false;
@@ -353,7 +359,10 @@ impl CoordinatedMember {
                 interval_ms,
             } => {
                 self.mode = MemberMode::Coordinated;
-                self.coordinator = addr.map(str::to_string).or(self.coordinator.take());
+                self.last_epoch = None;
+                if let Some(a) = addr {
+                    self.coordinator = Some(a.to_string());
+                }
                 self.epoch = epoch;
                 self.assignment = queues.into_iter().collect();
                 self.stamped = true;
@@ -379,17 +388,8 @@ impl CoordinatedMember {
                 self.stamped = false;
             }
             MemberAnswer::NoAnswer => {
-                // No successful heartbeat for a session timeout: the coordinator has given
-                // our queues away.
-                let expired = self.mode == MemberMode::Coordinated
-                    && self.last_ok.is_some_and(|t| {
-                        now_ms.saturating_sub(t) >= self.config.session_timeout_ms
-                    });
-                if expired && !self.assignment.is_empty() {
-                    self.assignment.clear();
-                    self.epoch = JOIN_EPOCH;
-                    self.fences += 1;
-                }
+                // The queues stay: their broker locks' leases decide how long they may still
+                // be consumed, not the coordinator's silence.
             }
         }
         self.next_at = now_ms.saturating_add(self.interval_ms);
@@ -445,7 +445,10 @@ mod tests {
             m.handle_answer(5, Some("b1"), 0, assigned(1, &[0, 1]))
                 .changed
         );
-        assert_eq!(m.stamp(), Some(("m1".into(), 1)));
+        assert_eq!(
+            m.stamp().map(|s| (s.member_id, s.epoch)),
+            Some(("m1".into(), 1))
+        );
         assert_eq!(m.poll_timeout(), Some(1_005));
         assert_eq!(m.poll_heartbeat(500), None);
         m.handle_wake(500);
@@ -475,43 +478,53 @@ mod tests {
                 queues: BTreeSet::new()
             }
         );
-        assert_eq!(m.stamp(), Some(("m1".into(), 0)));
+        assert_eq!(
+            m.stamp().map(|s| (s.member_id, s.epoch)),
+            Some(("m1".into(), 0))
+        );
         assert_eq!(m.poll_heartbeat(1_002), Some(0));
     }
 
+    /// The coordinator's silence takes nothing away: the broker locks' leases decide.
     #[test]
-    fn no_answer_for_a_session_drops_the_queues() {
+    fn no_answer_keeps_the_queues() {
         let mut m = member();
         let _ = m.poll_heartbeat(0);
         let _ = m.handle_answer(0, Some("b1"), 0, assigned(1, &[0]));
-        let _ = m.poll_heartbeat(1_000);
-        assert!(
-            !m.handle_answer(2_000, None, 1, MemberAnswer::NoAnswer)
-                .changed
-        );
-        let _ = m.poll_heartbeat(3_000);
-        assert!(
-            m.handle_answer(3_000, None, 1, MemberAnswer::NoAnswer)
-                .changed
-        );
-        assert_eq!(m.directive().fences, 1);
+        for t in [1_000, 2_000, 3_000, 10_000] {
+            let _ = m.poll_heartbeat(t);
+            assert!(!m.handle_answer(t, None, 1, MemberAnswer::NoAnswer).changed);
+        }
+        assert_eq!(m.directive().fences, 0);
+        assert_eq!(m.assignment_of("T").len(), 1);
     }
 
+    /// A moved coordinator is joined at once, the queues kept meanwhile.
     #[test]
-    fn a_moved_coordinator_is_joined_once_nothing_is_held() {
+    fn a_moved_coordinator_is_joined_at_once_keeping_the_queues() {
         let mut m = member();
         let _ = m.poll_heartbeat(0);
         let _ = m.handle_answer(0, Some("b1"), 0, assigned(2, &[0, 1]));
         m.handle_held(0, vec![q(0), q(1)]);
+        assert_eq!(m.stamp().and_then(|s| s.coordinator).as_deref(), Some("b1"));
         assert_eq!(m.handle_coordinator(10, "b2").as_deref(), Some("b1"));
-        assert_eq!(m.stamp(), None);
-        assert_eq!(m.directive().source, TargetSource::Waiting);
-        assert_eq!(m.directive().rejoins, 1);
-        assert_eq!(m.poll_heartbeat(10), None, "still holding queues");
-        m.handle_held(20, Vec::new());
-        assert_eq!(m.poll_heartbeat(1_010), Some(0));
-        let _ = m.handle_answer(1_011, Some("b2"), 0, assigned(1, &[0, 1]));
+        assert_eq!(
+            m.stamp(),
+            None,
+            "the old coordinator's epoch is not carried"
+        );
+        assert_eq!(
+            m.directive().source,
+            TargetSource::Coordinator {
+                epoch: 0,
+                queues: [q(0), q(1)].into()
+            }
+        );
+        assert_eq!(m.poll_heartbeat(10), Some(0), "joins the new one at once");
+        assert_eq!(m.last_epoch(), Some(2), "and tells it the epoch it had");
+        let _ = m.handle_answer(11, Some("b2"), 0, assigned(1, &[0, 1]));
         assert_eq!(m.coordinator(), Some("b2"));
+        assert_eq!(m.directive().fences, 0);
     }
 
     #[test]

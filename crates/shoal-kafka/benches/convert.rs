@@ -68,7 +68,7 @@ fn stored(recs: &[Record]) -> Bytes {
     let host = "127.0.0.1:9".parse().unwrap();
     let mut out: Vec<u8> = Vec::new();
     for (i, r) in recs.iter().enumerate() {
-        let m = record_to_message(r, "T", 0, host, "c").unwrap();
+        let m = record_to_message(r, &support::headers_of(r), "T", 0, host, "c").unwrap();
         encode_stored(&m, i as i64, m.born_timestamp, host, &mut out);
     }
     Bytes::from(out)
@@ -96,7 +96,8 @@ fn bench(c: &mut Criterion) {
                     let sets = RecordBatchDecoder::decode_all(&mut x).unwrap();
                     let mut out: Vec<u8> = Vec::with_capacity(N * (size + 200));
                     for r in &sets[0].records {
-                        let m = record_to_message(r, "T", 0, host, "c").unwrap();
+                        let m = record_to_message(r, &support::headers_of(r), "T", 0, host, "c")
+                            .unwrap();
                         encode_stored(&m, 0, 0, host, &mut out);
                     }
                     out

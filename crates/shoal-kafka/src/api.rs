@@ -1,25 +1,14 @@
 //! Request routing: the supported API versions, header decoding, response framing.
 
-use crate::server::ConnInfo;
+use crate::request::{frame, ConnInfo, Reply, RequestCtx};
 use crate::state::State;
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::Bytes;
 use kafka_protocol::messages::api_versions_response::ApiVersion;
 use kafka_protocol::messages::*;
-use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
+use kafka_protocol::protocol::{Decodable, StrBytes};
 use kafka_protocol::ResponseError;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-
-/// What a handler hands back to the connection.
-#[derive(Debug)]
-pub(crate) enum Reply {
-    /// A response frame, size prefix included.
-    Frame(Bytes),
-    /// No response (Produce with acks=0).
-    Nothing,
-    /// Close the connection; the reason is logged.
-    Close(String),
-}
 
 /// The APIs and versions this listener implements (what ApiVersions reports).
 pub(crate) const SUPPORTED: &[(ApiKey, i16, i16)] = &[
@@ -54,44 +43,6 @@ fn supported(key: ApiKey) -> Option<(i16, i16)> {
         .iter()
         .find(|(k, _, _)| *k == key)
         .map(|(_, lo, hi)| (*lo, *hi))
-}
-
-/// Encodes a response frame: size, header (version by API), body.
-pub(crate) fn frame<R: Encodable>(
-    key: ApiKey,
-    version: i16,
-    correlation_id: i32,
-    body: &R,
-) -> Reply {
-    match try_frame(key, version, correlation_id, body) {
-        Ok(frame) => Reply::Frame(frame),
-        Err(reason) => {
-            tracing::error!(api = ?key, version, reason = %reason, "kafka response encoding failed");
-            Reply::Close(reason)
-        }
-    }
-}
-
-/// [`frame`] without the logging: the encoder's refusal (a version the response type does
-/// not have, a field set that the version lacks) as the reason.
-pub(crate) fn try_frame<R: Encodable>(
-    key: ApiKey,
-    version: i16,
-    correlation_id: i32,
-    body: &R,
-) -> Result<Bytes, String> {
-    let header_version = key.response_header_version(version);
-    let mut buf = BytesMut::with_capacity(256);
-    buf.put_i32(0);
-    let header = ResponseHeader::default().with_correlation_id(correlation_id);
-    header
-        .encode(&mut buf, header_version)
-        .map_err(|e| format!("{key:?} v{version}: response header encoding failed: {e}"))?;
-    body.encode(&mut buf, version)
-        .map_err(|e| format!("{key:?} v{version}: response encoding failed: {e}"))?;
-    let len = (buf.len() - 4) as i32;
-    buf[0..4].copy_from_slice(&len.to_be_bytes());
-    Ok(buf.freeze())
 }
 
 fn api_versions_body(error: i16) -> ApiVersionsResponse {
@@ -129,8 +80,22 @@ fn decode<R: Decodable>(
     R::decode(buf, version).map_err(|e| malformed(e.to_string()))
 }
 
-/// Reads one request frame and answers it.
-pub(crate) async fn dispatch(state: &Arc<State>, mut buf: Bytes, conn: &ConnInfo) -> Reply {
+/// Whether the request in `frame` (its header first) may have its answer held: the group
+/// heartbeats (classic Heartbeat, ConsumerGroupHeartbeat).
+pub(crate) fn holdable(frame: &[u8]) -> bool {
+    let key = frame.get(..2).map(|k| i16::from_be_bytes([k[0], k[1]]));
+    key == Some(ApiKey::Heartbeat as i16) || key == Some(ApiKey::ConsumerGroupHeartbeat as i16)
+}
+
+/// Reads one request frame and answers it. `next_request` (for [`holdable`] requests) is
+/// notified when the connection's next request arrives or the connection closes: a held
+/// answer must then go out.
+pub(crate) async fn dispatch(
+    state: &Arc<State>,
+    mut buf: Bytes,
+    conn: &ConnInfo,
+    next_request: Option<Arc<tokio::sync::Notify>>,
+) -> Reply {
     let api_key = i16::from_be_bytes([buf[0], buf[1]]);
     let version = i16::from_be_bytes([buf[2], buf[3]]);
     let correlation_id = i32::from_be_bytes([buf[4], buf[5], buf[6], buf[7]]);
@@ -180,32 +145,34 @@ pub(crate) async fn dispatch(state: &Arc<State>, mut buf: Bytes, conn: &ConnInfo
         .client_id
         .clone()
         .unwrap_or_else(|| StrBytes::from_static_str(""));
+    if key == ApiKey::ApiVersions && version >= 3 {
+        // librdkafka looks answers up by correlation id: a held heartbeat answer need not
+        // hold back the connection's later answers (see `server::serve`).
+        if let Ok(req) = ApiVersionsRequest::decode(&mut buf.clone(), version) {
+            if is_librdkafka(&req.client_software_name, &req.client_software_version) {
+                conn.answers_by_correlation_id
+                    .store(true, Ordering::Relaxed);
+            }
+        }
+    }
     let ctx = RequestCtx {
         key,
         version,
         correlation_id,
         client_id,
         peer: conn.peer,
+        next_request,
     };
     match route(state, &ctx, buf).await {
         Ok(r) | Err(r) => r,
     }
 }
 
-/// Per-request facts handlers need.
-#[derive(Debug, Clone)]
-pub(crate) struct RequestCtx {
-    pub key: ApiKey,
-    pub version: i16,
-    pub correlation_id: i32,
-    pub client_id: StrBytes,
-    pub peer: std::net::SocketAddr,
-}
-
-impl RequestCtx {
-    pub fn reply<R: Encodable>(&self, body: &R) -> Reply {
-        frame(self.key, self.version, self.correlation_id, body)
-    }
+/// Whether ApiVersions' client software (KIP-511) is librdkafka: itself (`librdkafka`), or a
+/// binding that names its librdkafka in its version (confluent-kafka-python, -go, -dotnet:
+/// `2.16.1-rdkafka-2.16.0`).
+pub(crate) fn is_librdkafka(name: &str, version: &str) -> bool {
+    name == "librdkafka" || version.contains("-rdkafka-")
 }
 
 async fn route(state: &Arc<State>, ctx: &RequestCtx, mut buf: Bytes) -> Result<Reply, Reply> {
@@ -246,7 +213,7 @@ async fn route(state: &Arc<State>, ctx: &RequestCtx, mut buf: Bytes) -> Result<R
                 None => Reply::Nothing,
             }
         }
-        ApiKey::InitProducerId => answer!(crate::producer::init_producer_id, no_ctx),
+        ApiKey::InitProducerId => answer!(crate::produce::init_producer_id, no_ctx),
         ApiKey::Fetch => answer!(crate::fetch::fetch, await),
         ApiKey::ListOffsets => answer!(crate::offsets::list_offsets, await),
         ApiKey::OffsetForLeaderEpoch => answer!(crate::offsets::offset_for_leader_epoch, no_ctx),
@@ -255,12 +222,12 @@ async fn route(state: &Arc<State>, ctx: &RequestCtx, mut buf: Bytes) -> Result<R
         ApiKey::FindCoordinator => answer!(crate::groups::find_coordinator),
         ApiKey::JoinGroup => answer!(crate::groups::join_group, await),
         ApiKey::SyncGroup => answer!(crate::groups::sync_group, await),
-        ApiKey::Heartbeat => answer!(crate::groups::heartbeat, no_ctx),
+        ApiKey::Heartbeat => answer!(crate::groups::heartbeat, await),
         ApiKey::LeaveGroup => answer!(crate::groups::leave_group),
         ApiKey::DescribeGroups => answer!(crate::groups::describe_groups),
         ApiKey::ListGroups => answer!(crate::groups::list_groups, no_ctx),
         ApiKey::DeleteGroups => answer!(crate::groups::delete_groups, no_ctx),
-        ApiKey::ConsumerGroupHeartbeat => answer!(crate::consumer_group::heartbeat),
+        ApiKey::ConsumerGroupHeartbeat => answer!(crate::consumer_group::heartbeat, await),
         ApiKey::ConsumerGroupDescribe => answer!(crate::consumer_group::describe, no_ctx),
         // `dispatch` answers every API outside SUPPORTED before routing.
         other => crate::unsupported::answer(
@@ -270,14 +237,4 @@ async fn route(state: &Arc<State>, ctx: &RequestCtx, mut buf: Bytes) -> Result<R
             &format!("{other:?} has no handler"),
         ),
     })
-}
-
-/// `Some(StrBytes)` from a `&str`.
-pub(crate) fn sb(s: &str) -> StrBytes {
-    StrBytes::from_string(s.to_string())
-}
-
-/// The error code of a [`ResponseError`].
-pub(crate) fn code(e: ResponseError) -> i16 {
-    e.code()
 }

@@ -3,18 +3,17 @@
 //! record's fields and properties as slices, without decoding the record into a message.
 //!
 //! What a record shows is [`message_to_record`]'s mapping. A stored record whose slices cannot
-//! show it exactly (a compressed body, packed Kafka headers, a property name written twice,
+//! show it exactly (a compressed body, a Kafka header list, a property name written twice,
 //! more than [`FAST_MAX_PROPERTIES`] properties) is decoded into a message and converted by
 //! [`message_to_record`] itself; both kinds are written by the same record writer.
 
 use crate::convert::{
-    message_to_record, BuiltBatch, EMPTY_KEY, HIDDEN, PROP_HEADERS, PROP_KEY_B64, PROP_NULL_VALUE,
-    PROP_ORIGIN,
+    message_to_record, BuiltBatch, ShownRecord, EMPTY_KEY, HIDDEN, PROP_HEADERS, PROP_HEADER_LIST,
+    PROP_KEY_B64, PROP_NULL_VALUE, PROP_ORIGIN,
 };
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine as _;
 use bytes::{BufMut, Bytes, BytesMut};
-use kafka_protocol::records::Record;
 use shoal_proto::message::property::{self, iter_properties};
 use shoal_proto::message::record::{iter_records, DecodeOptions, RecordView};
 use shoal_proto::message::sys_flag::COMPRESSED_FLAG;
@@ -39,7 +38,7 @@ enum Headers<'a> {
     /// The user properties of the stored record (see [`is_header`]).
     Properties { props: &'a str, from_kafka: bool },
     /// The headers [`message_to_record`] built.
-    Built(&'a Record),
+    Built(&'a ShownRecord),
 }
 
 /// Whether a property is shown as a header: not bookkeeping ([`HIDDEN`]), and not `KEYS` of a
@@ -79,7 +78,11 @@ fn from_slices<'a>(view: &RecordView<'a>) -> Option<Shown<'a>> {
     let (mut from_kafka, mut null_value) = (false, false);
     let (mut keys, mut key_b64) = (None, None);
     for (n, (name, value)) in iter_properties(props).enumerate() {
-        if n == FAST_MAX_PROPERTIES || names[..n].contains(&name) || name == PROP_HEADERS {
+        if n == FAST_MAX_PROPERTIES
+            || names[..n].contains(&name)
+            || name == PROP_HEADERS
+            || name == PROP_HEADER_LIST
+        {
             return None;
         }
         names[n] = name;
@@ -129,7 +132,7 @@ pub(crate) fn write_batch(stored: &Bytes, max_decompressed: usize) -> Result<Bui
         }
     }
     // Records that need the full conversion, converted up front (they are borrowed below).
-    let mut built: Vec<Record> = Vec::new();
+    let mut built: Vec<ShownRecord> = Vec::new();
     let mut shown: Vec<Option<Shown<'_>>> = Vec::with_capacity(views.len());
     for v in &views {
         let s = from_slices(v);

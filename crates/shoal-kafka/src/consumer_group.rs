@@ -8,26 +8,26 @@
 //! (topic, this broker, queue id).
 //!
 //! Kafka heartbeats leave out what did not change (subscriptions, owned partitions); the
-//! coordinator wants them every time, so the last ones per member are kept here (entries of
-//! members the coordinator no longer has are pruned by the listener's timer). The cache lock
-//! and the broker's group-state lock are never held together.
+//! coordinator wants them every time, so the last ones per member are kept (in
+//! `member_cache.rs`; entries of members the coordinator no longer has are pruned by the
+//! listener's timer). The cache lock and the broker's group-state lock are never held
+//! together.
+//!
+//! [`BrokerHandle::with_coordinator`]: crate::BrokerHandle::with_coordinator
 
-use crate::api::{code, sb, RequestCtx};
-use crate::config::KafkaConfig;
-use crate::host::BrokerHandle;
+use crate::member_cache::{error_of, on_coordinator, state_name, MemberCache};
+use crate::request::{code, sb, RequestCtx};
 use crate::state::{topic_id, State};
-use crate::KafkaError;
 use kafka_protocol::messages::consumer_group_describe_response as cgd;
 use kafka_protocol::messages::consumer_group_heartbeat_response as cgh;
 use kafka_protocol::messages::*;
 use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::ResponseError;
-use parking_lot::Mutex;
-use shoal_group::coordinator::{Coordinator, GroupDescription, HeartbeatRequest};
-use shoal_group::GroupError;
+use shoal_group::coordinator::HeartbeatRequest;
 use shoal_proto::mq::MessageQueue;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Kafka's leave epochs.
 const LEAVE_EPOCH: i32 = -1;
@@ -38,36 +38,6 @@ const STATIC_LEAVE_EPOCH: i32 = -2;
 /// coordinator's push notices to it go nowhere (Kafka members learn changes by heartbeating).
 const KAFKA_CONN_ID: u64 = 0;
 
-#[derive(Debug, Default, Clone)]
-struct MemberCache {
-    subscriptions: BTreeSet<String>,
-    owned: BTreeSet<MessageQueue>,
-    assignor: Option<String>,
-    rebalance_timeout_ms: Option<u64>,
-    last_sent: Option<Vec<MessageQueue>>,
-    client_host: String,
-}
-
-/// The Kafka side of the consumer groups of this listener: what Kafka heartbeats leave out.
-#[derive(Debug)]
-pub(crate) struct ConsumerGroups {
-    members: Mutex<HashMap<(String, String), MemberCache>>,
-    broker_name: String,
-    heartbeat_interval_ms: u64,
-}
-
-fn error_of(e: &GroupError) -> ResponseError {
-    match e {
-        GroupError::FencedMemberEpoch { .. } => ResponseError::FencedMemberEpoch,
-        GroupError::UnknownMember { .. } => ResponseError::UnknownMemberId,
-        GroupError::UnreleasedInstanceId { .. } => ResponseError::UnreleasedInstanceId,
-        GroupError::GroupFull { .. } => ResponseError::GroupMaxSizeReached,
-        GroupError::TooManyGroups(_) => ResponseError::CoordinatorNotAvailable,
-        GroupError::UnknownStrategy(_) => ResponseError::UnsupportedAssignor,
-        _ => ResponseError::InvalidRequest,
-    }
-}
-
 /// Kafka's server-side assignor names (`uniform`, `range`) and Shoal's strategy names.
 fn assignor_name(kafka: &str) -> String {
     match kafka {
@@ -77,198 +47,112 @@ fn assignor_name(kafka: &str) -> String {
     }
 }
 
-/// Runs `f` once on the broker's coordinator (see [`BrokerHandle::with_coordinator`]).
-fn on_coordinator<R>(
-    host: &dyn BrokerHandle,
-    group: Option<&str>,
-    topics: &[String],
-    f: impl FnOnce(&mut Coordinator, u64) -> R,
-) -> Result<R, KafkaError> {
-    let mut f = Some(f);
-    let mut out = None;
-    host.with_coordinator(group, topics, &mut |c, now| {
-        if let Some(f) = f.take() {
-            out = Some(f(c, now));
-        }
-    })?;
-    out.ok_or_else(|| KafkaError::Broker("the broker did not run the coordinator request".into()))
+/// How much earlier than a heartbeat's timeout (the interval the member was given) its held
+/// answer goes out: a twentieth, at least 20 ms.
+fn hold_margin(interval_ms: u64) -> u64 {
+    (interval_ms / 20).max(20)
 }
 
-/// Kafka's state name of a consumer group.
-fn state_name(d: &GroupDescription) -> &'static str {
-    if d.members.is_empty() {
-        "Empty"
-    } else if d.reconciled {
-        "Stable"
-    } else {
-        "Reconciling"
-    }
+/// A heartbeat that passed the checks: what to ask the coordinator.
+struct Prepared {
+    hb: HeartbeatRequest,
+    cache: MemberCache,
+    topics: Vec<String>,
 }
 
-impl ConsumerGroups {
-    pub fn new(config: &KafkaConfig, broker_name: String) -> ConsumerGroups {
-        ConsumerGroups {
-            members: Mutex::new(HashMap::new()),
-            broker_name,
-            heartbeat_interval_ms: config.consumer_heartbeat_interval_ms,
-        }
+fn fail(
+    req: &ConsumerGroupHeartbeatRequest,
+    e: ResponseError,
+    m: String,
+) -> ConsumerGroupHeartbeatResponse {
+    if e == ResponseError::InvalidRequest || e == ResponseError::UnsupportedAssignor {
+        tracing::info!(group = %req.group_id.0.as_str(), error = %m, "ConsumerGroupHeartbeat refused");
     }
-
-    fn queue(&self, topic: &str, partition: i32) -> MessageQueue {
-        MessageQueue {
-            topic: topic.to_string(),
-            broker_name: self.broker_name.clone(),
-            queue_id: partition,
-        }
-    }
-
-    /// Forgets the cached heartbeat fields of members the coordinator no longer has (left,
-    /// expired, fenced, or cleared when the group went classic).
-    pub fn prune(&self, host: &dyn BrokerHandle) {
-        let keys: Vec<(String, String)> = self.members.lock().keys().cloned().collect();
-        if keys.is_empty() {
-            return;
-        }
-        let gone = on_coordinator(host, None, &[], |c, _| {
-            keys.into_iter()
-                .filter(|(g, m)| !c.has_member(g, m))
-                .collect::<Vec<_>>()
-        });
-        match gone {
-            Ok(gone) => {
-                let mut members = self.members.lock();
-                for k in gone {
-                    members.remove(&k);
-                }
-            }
-            Err(e) => tracing::debug!(error = %e, "kafka consumer-group cache not pruned"),
-        }
-    }
-
-    /// (member id, host) of the members of `group` this listener has heard from.
-    pub fn member_hosts(&self, group: &str) -> Vec<(String, String)> {
-        self.members
-            .lock()
-            .iter()
-            .filter(|((g, _), _)| g == group)
-            .map(|((_, m), c)| (m.clone(), c.client_host.clone()))
-            .collect()
-    }
-
-    /// Whether the coordinator knows this group (it then fences the group's commits).
-    pub fn has_group(&self, host: &dyn BrokerHandle, group: &str) -> bool {
-        on_coordinator(host, None, &[], |c, _| c.knows_group(group)).unwrap_or(false)
-    }
-
-    /// Whether the coordinator's group has members (Kafka's or Shoal's).
-    pub fn has_members(&self, host: &dyn BrokerHandle, group: &str) -> bool {
-        on_coordinator(host, None, &[], |c, _| c.has_members(group)).unwrap_or(false)
-    }
-
-    /// Offset-commit fencing for a consumer-group member at `epoch`.
-    pub fn validate_commit(
-        &self,
-        host: &dyn BrokerHandle,
-        group: &str,
-        member_id: &str,
-        epoch: i32,
-        topic: &str,
-        partition: i32,
-    ) -> Result<(), ResponseError> {
-        let q = self.queue(topic, partition);
-        match on_coordinator(host, None, &[], |c, _| {
-            c.validate(group, member_id, epoch, &q)
-        }) {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(GroupError::FencedMemberEpoch { .. })) => Err(ResponseError::StaleMemberEpoch),
-            Ok(Err(e)) => Err(error_of(&e)),
-            Err(_) => Err(ResponseError::CoordinatorNotAvailable),
-        }
-    }
-
-    /// Group names with their state (for ListGroups): every group of the coordinator, Kafka's
-    /// and Shoal's coordinated ones.
-    pub fn list(&self, host: &dyn BrokerHandle) -> Vec<(String, &'static str)> {
-        on_coordinator(host, None, &[], |c, now| {
-            c.group_names()
-                .into_iter()
-                .map(|g| {
-                    let st = c.describe(&g, now).as_ref().map_or("Dead", state_name);
-                    (g, st)
-                })
-                .collect()
-        })
-        .unwrap_or_default()
-    }
-
-    /// Forgets the members-less group's coordinator state (DeleteGroups); `Ok(false)` when
-    /// the coordinator does not know it.
-    pub fn delete(&self, host: &dyn BrokerHandle, group: &str) -> Result<bool, ResponseError> {
-        on_coordinator(host, None, &[], |c, now| {
-            if !c.knows_group(group) {
-                return Ok(false);
-            }
-            if c.has_members(group) {
-                return Err(ResponseError::NonEmptyGroup);
-            }
-            c.clear_group(group, now);
-            Ok(true)
-        })
-        .unwrap_or(Err(ResponseError::CoordinatorNotAvailable))
-    }
+    let mut resp = ConsumerGroupHeartbeatResponse::default();
+    resp.error_code = code(e);
+    resp.error_message = Some(StrBytes::from_string(m));
+    resp
 }
 
-/// ConsumerGroupHeartbeat.
-pub(crate) fn heartbeat(
+/// ConsumerGroupHeartbeat. A member that is reconciled and gets nothing new in the answer
+/// has the answer held (up to `consumer_heartbeat_hold_ms`) until its assignment changes,
+/// so it learns of a change at once rather than at its next heartbeat; the connection's next
+/// request also ends the hold (answers go out in request order). A member with partitions to
+/// revoke or to receive is given `consumer_reconcile_heartbeat_interval_ms`.
+pub(crate) async fn heartbeat(
     state: &Arc<State>,
     ctx: &RequestCtx,
     req: ConsumerGroupHeartbeatRequest,
 ) -> ConsumerGroupHeartbeatResponse {
     let cg = &state.consumer_groups;
+    let prepared = match prepare(state, ctx, &req) {
+        Ok(p) => p,
+        Err(resp) => return *resp,
+    };
+    let key = (prepared.hb.group.clone(), prepared.hb.member_id.clone());
+    // A heartbeat after a new assignment: the member is past its rebalance callback.
+    state.release_fetches(&key);
+    // Watched before the coordinator runs, so a change right after it is not missed.
+    let wake = cg.watch(&key);
+    let (resp, hold) = answer(state, &req, &prepared);
+    let resp = match hold {
+        Some(hold) => {
+            tokio::select! {
+                // The coordinator told this member to heartbeat: answer as of now.
+                _ = wake.notified() => answer(state, &req, &prepared).0,
+                _ = tokio::time::sleep(hold) => resp,
+                _ = ctx.next_request() => resp,
+            }
+        }
+        None => resp,
+    };
+    cg.unwatch(&key, &wake);
+    resp
+}
+
+/// Checks a heartbeat and builds the coordinator's request from it and the member's cache;
+/// `Err` is the final answer (a refusal, or a leave).
+fn prepare(
+    state: &Arc<State>,
+    ctx: &RequestCtx,
+    req: &ConsumerGroupHeartbeatRequest,
+) -> Result<Prepared, Box<ConsumerGroupHeartbeatResponse>> {
+    let cg = &state.consumer_groups;
     let host = state.host.as_ref();
     let group = req.group_id.0.to_string();
-    let mut resp = ConsumerGroupHeartbeatResponse::default();
-    let fail = |mut resp: ConsumerGroupHeartbeatResponse, e: ResponseError, m: String| {
-        if e == ResponseError::InvalidRequest || e == ResponseError::UnsupportedAssignor {
-            tracing::info!(group = %req.group_id.0.as_str(), error = %m, "ConsumerGroupHeartbeat refused");
-        }
-        resp.error_code = code(e);
-        resp.error_message = Some(StrBytes::from_string(m));
-        resp
-    };
     if group.is_empty() {
-        return fail(
-            resp,
+        return Err(Box::new(fail(
+            req,
             ResponseError::InvalidGroupId,
             "group id is empty".into(),
-        );
+        )));
     }
     if state.groups.has_members(&group) {
-        return fail(
-            resp,
+        return Err(Box::new(fail(
+            req,
             ResponseError::GroupIdNotFound,
             format!("group {group} is a classic group with members"),
-        );
+        )));
     }
     if req
         .subscribed_topic_regex
         .as_ref()
         .is_some_and(|r| !r.is_empty())
     {
-        return fail(
-            resp,
+        return Err(Box::new(fail(
+            req,
             ResponseError::InvalidRequest,
             "regular-expression subscriptions are not supported by Shoal's Kafka listener".into(),
-        );
+        )));
     }
     let mut member_id = req.member_id.to_string();
     if member_id.is_empty() {
         if req.member_epoch != 0 || ctx.version >= 1 {
-            return fail(
-                resp,
+            return Err(Box::new(fail(
+                req,
                 ResponseError::UnknownMemberId,
                 "member id is empty".into(),
-            );
+            )));
         }
         member_id = uuid::Uuid::from_bytes(rand::random()).simple().to_string();
     }
@@ -279,24 +163,25 @@ pub(crate) fn heartbeat(
             c.leave(&group, &member_id, permanent, now)
         });
         cg.members.lock().remove(&key);
-        return match left {
+        return Err(Box::new(match left {
             Ok(Ok(())) => {
+                let mut resp = ConsumerGroupHeartbeatResponse::default();
                 resp.member_id = Some(sb(&member_id));
                 resp.member_epoch = req.member_epoch;
                 resp
             }
-            Ok(Err(e)) => fail(resp, error_of(&e), "leave failed".into()),
-            Err(e) => fail(resp, ResponseError::CoordinatorNotAvailable, e.to_string()),
-        };
+            Ok(Err(e)) => fail(req, error_of(&e), "leave failed".into()),
+            Err(e) => fail(req, ResponseError::CoordinatorNotAvailable, e.to_string()),
+        }));
     }
     let mut cache = cg.members.lock().get(&key).cloned().unwrap_or_default();
     if req.member_epoch == 0 {
         let Some(subs) = &req.subscribed_topic_names else {
-            return fail(
-                resp,
+            return Err(Box::new(fail(
+                req,
                 ResponseError::InvalidRequest,
                 "a joining member must send its subscription".into(),
-            );
+            )));
         };
         cache = MemberCache {
             subscriptions: subs.iter().map(|t| t.0.to_string()).collect(),
@@ -325,8 +210,8 @@ pub(crate) fn heartbeat(
     }
     cache.client_host = format!("/{}", ctx.peer.ip());
     let hb = HeartbeatRequest {
-        group: group.clone(),
-        member_id: member_id.clone(),
+        group,
+        member_id,
         member_epoch: req.member_epoch,
         instance_id: req.instance_id.as_ref().map(|s| s.to_string()),
         client_id: ctx.client_id.to_string(),
@@ -338,63 +223,36 @@ pub(crate) fn heartbeat(
         // Kafka's consumer protocol has no member session timeout: the group's (coordinator's).
         session_timeout_ms: None,
         assignor: cache.assignor.clone(),
+        last_epoch: None,
     };
     // The coordinator learns the subscribed topics' queues from the broker, in the same lock.
     let topics: Vec<String> = cache.subscriptions.iter().cloned().collect();
-    let result = match on_coordinator(host, Some(&group), &topics, |c, now| c.heartbeat(hb, now)) {
+    Ok(Prepared { hb, cache, topics })
+}
+
+/// Runs the heartbeat on the coordinator and builds the answer; `Some(hold)` when the answer
+/// tells the member nothing new and may be held that long.
+fn answer(
+    state: &Arc<State>,
+    req: &ConsumerGroupHeartbeatRequest,
+    p: &Prepared,
+) -> (ConsumerGroupHeartbeatResponse, Option<Duration>) {
+    let cg = &state.consumer_groups;
+    let host = state.host.as_ref();
+    let (group, key) = (&p.hb.group, (p.hb.group.clone(), p.hb.member_id.clone()));
+    let mut cache = p.cache.clone();
+    let hb = p.hb.clone();
+    let result = match on_coordinator(host, Some(group), &p.topics, |c, now| c.heartbeat(hb, now)) {
         Ok(r) => r,
         Err(e) => {
             cg.members.lock().remove(&key);
             let code_e = ResponseError::try_from_code(e.code())
                 .unwrap_or(ResponseError::CoordinatorNotAvailable);
-            return fail(resp, code_e, e.to_string());
+            return (fail(req, code_e, e.to_string()), None);
         }
     };
-    match result {
-        Ok(r) => {
-            resp.member_id = Some(sb(&r.member_id));
-            resp.member_epoch = r.member_epoch;
-            let interval = r.heartbeat_interval_ms.min(cg.heartbeat_interval_ms);
-            resp.heartbeat_interval_ms = interval.min(i32::MAX as u64) as i32;
-            // Kafka partitions are this broker's queues; in a cluster the coordinator also
-            // allocates other brokers' queues of the topic, which this listener does not serve.
-            let own: Vec<MessageQueue> = r
-                .assignment
-                .iter()
-                .filter(|q| q.broker_name == cg.broker_name)
-                .cloned()
-                .collect();
-            let changed = cache.last_sent.as_ref() != Some(&own) || req.member_epoch == 0;
-            if changed {
-                let mut by_topic: BTreeMap<String, Vec<i32>> = BTreeMap::new();
-                for q in &own {
-                    by_topic
-                        .entry(q.topic.clone())
-                        .or_default()
-                        .push(q.queue_id);
-                }
-                let mut a = cgh::Assignment::default();
-                a.topic_partitions = by_topic
-                    .into_iter()
-                    .map(|(t, mut ps)| {
-                        ps.sort_unstable();
-                        let mut tp = cgh::TopicPartitions::default();
-                        tp.topic_id = topic_id(&t);
-                        tp.partitions = ps;
-                        tp
-                    })
-                    .collect();
-                resp.assignment = Some(a);
-                cache.last_sent = Some(own);
-            }
-            cg.members
-                .lock()
-                .insert((group.clone(), r.member_id.clone()), cache);
-            if let Err(e) = host.ensure_group(&group) {
-                tracing::debug!(group = %group, error = %e, "Kafka group not registered as a subscription group");
-            }
-            resp
-        }
+    let r = match result {
+        Ok(r) => r,
         Err(e) => {
             let code_e = error_of(&e);
             if code_e == ResponseError::UnknownMemberId
@@ -402,9 +260,92 @@ pub(crate) fn heartbeat(
             {
                 cg.members.lock().remove(&key);
             }
-            fail(resp, code_e, e.to_string())
+            return (fail(req, code_e, e.to_string()), None);
+        }
+    };
+    let mut resp = ConsumerGroupHeartbeatResponse::default();
+    resp.member_id = Some(sb(&r.member_id));
+    resp.member_epoch = r.member_epoch;
+    let steady = r.heartbeat_interval_ms.min(cg.heartbeat_interval_ms).max(1);
+    let told_before = cache.told_ms;
+    // With held answers a member waiting for something is answered when it comes, and keeps
+    // the steady interval: librdkafka times a heartbeat out after the interval it was last
+    // given, so a short interval would leave it unreachable while the interval grows back.
+    // Without them, a member with work left is asked back after the short interval.
+    let interval = if r.reconciling && cg.hold_ms == 0 {
+        cg.reconcile_interval_ms.min(steady)
+    } else {
+        steady
+    };
+    resp.heartbeat_interval_ms = interval.min(i32::MAX as u64) as i32;
+    cache.told_ms = Some(interval);
+    // Kafka partitions are this broker's queues; in a cluster the coordinator also
+    // allocates other brokers' queues of the topic, which this listener does not serve.
+    let own: Vec<MessageQueue> = r
+        .assignment
+        .iter()
+        .filter(|q| q.broker_name == cg.broker_name)
+        .cloned()
+        .collect();
+    let changed = cache.last_sent.as_ref() != Some(&own) || req.member_epoch == 0;
+    if changed {
+        let mut by_topic: BTreeMap<String, Vec<i32>> = BTreeMap::new();
+        for q in &own {
+            by_topic
+                .entry(q.topic.clone())
+                .or_default()
+                .push(q.queue_id);
+        }
+        let mut a = cgh::Assignment::default();
+        a.topic_partitions = by_topic
+            .into_iter()
+            .map(|(t, mut ps)| {
+                ps.sort_unstable();
+                let mut tp = cgh::TopicPartitions::default();
+                tp.topic_id = topic_id(&t);
+                tp.partitions = ps;
+                tp
+            })
+            .collect();
+        resp.assignment = Some(a);
+        cache.last_sent = Some(own);
+        // Its fetches of what it held wait for its rebalance callback (crate::fetch_hold).
+        if req.member_epoch > 0 {
+            let held: Vec<(String, i32)> =
+                p.hb.owned
+                    .iter()
+                    .filter(|q| q.broker_name == cg.broker_name)
+                    .map(|q| (q.topic.clone(), q.queue_id))
+                    .collect();
+            state.hold_fetches(&key, held);
         }
     }
+    cg.members
+        .lock()
+        .insert((group.clone(), r.member_id.clone()), cache);
+    if let Err(e) = host.ensure_group(group) {
+        tracing::debug!(group = %group, error = %e, "Kafka group not registered as a subscription group");
+    }
+    // An answer that changes nothing the member consumes (it is reconciled, or waits for
+    // partitions others still hold, or joins and waits for its first) may wait for a change,
+    // as long as the client waits for it (librdkafka times a heartbeat out after the interval
+    // it was last given). One that takes partitions away or gives some goes out at once.
+    let owned: Vec<&MessageQueue> =
+        p.hb.owned
+            .iter()
+            .filter(|q| q.broker_name == cg.broker_name)
+            .collect();
+    let quiet = r
+        .assignment
+        .iter()
+        .filter(|q| q.broker_name == cg.broker_name)
+        .eq(owned);
+    let hold = (cg.hold_ms * steady / cg.heartbeat_interval_ms.max(1))
+        .min(told_before.map_or(u64::MAX, |t| t.saturating_sub(hold_margin(t))));
+    (
+        resp,
+        (quiet && hold > 0).then(|| Duration::from_millis(hold)),
+    )
 }
 
 fn assignment(queues: &[MessageQueue]) -> cgd::Assignment {

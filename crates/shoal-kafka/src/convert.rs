@@ -2,8 +2,13 @@
 //!
 //! Produce: each record becomes one message of the partition's queue; value -> body, key ->
 //! `KEYS` (or `KAFKA_KEY_B64` when the key is not plain text), timestamp -> born timestamp,
-//! text headers -> user properties of the same name (`TAGS` sets the RocketMQ tag), other
-//! headers -> `KAFKA_HEADERS` (JSON, base64 values), `KAFKA=1` marks the origin.
+//! `KAFKA=1` marks the origin. Headers are an ordered list in which a name may repeat and a
+//! value may be binary, empty or null, and a fetch gives them back exactly: when every header
+//! is plain text under a distinct name, each is a user property of that name, in order
+//! (`TAGS` sets the RocketMQ tag); otherwise the whole list is kept in `KAFKA_HEADER_LIST`
+//! (JSON `[[name, base64 value or null], ...]`), and the plain-text ones are also user
+//! properties (a repeated name: its last value, as Kafka's `lastHeader`) for RocketMQ
+//! consumers.
 //! Fetch: the reverse, plus RocketMQ messages' `TAGS`, `KEYS` and user properties as headers.
 
 use base64::engine::general_purpose::STANDARD as B64;
@@ -25,8 +30,16 @@ pub const PROP_KEY_B64: &str = "KAFKA_KEY_B64";
 pub(crate) const EMPTY_KEY: &str = "-";
 /// Set when the record value was null (a tombstone); the body is empty.
 pub const PROP_NULL_VALUE: &str = "KAFKA_NULL_VALUE";
-/// Headers that cannot be user properties: JSON array of `[name, base64 value or null]`.
+/// Headers that could not be user properties, as written before [`PROP_HEADER_LIST`]: JSON
+/// array of `[name, base64 value or null]`, shown after the user properties. Still read.
 pub const PROP_HEADERS: &str = "KAFKA_HEADERS";
+/// Every header of a record, in order, when the user properties cannot show them exactly (a
+/// repeated name, a value that is binary, empty or null, a name taken by RocketMQ): JSON array
+/// of `[name, base64 value or null]`. A fetch shows exactly this list.
+pub const PROP_HEADER_LIST: &str = "KAFKA_HEADER_LIST";
+
+/// A record's headers in order: a name may repeat, a value may be null.
+pub type HeaderList = Vec<(String, Option<Bytes>)>;
 
 /// Properties the broker and RocketMQ clients use for bookkeeping; never shown as headers,
 /// and a Kafka header with one of these names goes into [`PROP_HEADERS`].
@@ -35,6 +48,7 @@ pub(crate) const HIDDEN: &[&str] = &[
     PROP_KEY_B64,
     PROP_NULL_VALUE,
     PROP_HEADERS,
+    PROP_HEADER_LIST,
     property::CLUSTER,
     property::WAIT,
     property::MSG_REGION,
@@ -65,9 +79,11 @@ fn plain_text(s: &str) -> bool {
         && !s.contains(property::PROPERTY_SEPARATOR)
 }
 
-/// Converts one Kafka record to the message stored for (topic, partition).
+/// Converts one Kafka record, whose headers are `headers` (as sent: kafka-protocol's map
+/// keeps one value per name), to the message stored for (topic, partition).
 pub fn record_to_message(
     record: &Record,
+    headers: &[(String, Option<Bytes>)],
     topic: &str,
     partition: i32,
     born_host: SocketAddr,
@@ -91,24 +107,30 @@ pub fn record_to_message(
     if record.value.is_none() {
         props.insert(PROP_NULL_VALUE.into(), "true".into());
     }
-    let mut packed: Vec<(String, Option<String>)> = Vec::new();
-    for (name, value) in &record.headers {
-        let text = value.as_ref().and_then(|v| std::str::from_utf8(v).ok());
-        match text {
-            Some(t)
-                if plain_text(name.as_str())
-                    && plain_text(t)
-                    && !reserved_for_header(name.as_str())
-                    && !props.contains_key(name.as_str()) =>
-            {
-                props.insert(name.to_string(), t.to_string());
-            }
-            _ => packed.push((name.to_string(), value.as_ref().map(|v| B64.encode(v)))),
+    // A header a property can carry: plain text under a name RocketMQ leaves to users.
+    let as_property = |name: &str, value: &Option<Bytes>| -> Option<String> {
+        let t = std::str::from_utf8(value.as_deref()?).ok()?;
+        (plain_text(name) && plain_text(t) && !reserved_for_header(name)).then(|| t.to_string())
+    };
+    let distinct = headers
+        .iter()
+        .enumerate()
+        .all(|(i, (n, _))| headers[..i].iter().all(|(m, _)| m != n));
+    let exact = distinct && headers.iter().all(|(n, v)| as_property(n, v).is_some());
+    for (name, value) in headers {
+        // Reserved names never pass, so nothing set above is replaced; a repeated name keeps
+        // its last value (`insert` replaces in place).
+        if let Some(t) = as_property(name, value) {
+            props.insert(name.clone(), t);
         }
     }
-    if !packed.is_empty() {
-        let json = serde_json::to_string(&packed).map_err(|e| e.to_string())?;
-        props.insert(PROP_HEADERS.into(), json);
+    if !exact {
+        let list: Vec<(&str, Option<String>)> = headers
+            .iter()
+            .map(|(n, v)| (n.as_str(), v.as_ref().map(|v| B64.encode(v))))
+            .collect();
+        let json = serde_json::to_string(&list).map_err(|e| e.to_string())?;
+        props.insert(PROP_HEADER_LIST.into(), json);
     }
     props.insert(property::CLUSTER.into(), cluster.to_string());
     let properties = encode_properties(&props).map_err(|e| e.to_string())?;
@@ -127,8 +149,9 @@ pub fn record_to_message(
     })
 }
 
-/// Parses [`PROP_HEADERS`]; a malformed value yields no headers (it was not written by us).
-fn parse_packed(s: &str) -> Vec<(String, Option<Bytes>)> {
+/// Parses [`PROP_HEADER_LIST`] or [`PROP_HEADERS`]; a malformed value yields no headers (it
+/// was not written by us).
+fn parse_packed(s: &str) -> HeaderList {
     let Ok(list) = serde_json::from_str::<Vec<(String, Option<String>)>>(s) else {
         return Vec::new();
     };
@@ -140,8 +163,48 @@ fn parse_packed(s: &str) -> Vec<(String, Option<Bytes>)> {
         .collect()
 }
 
+/// A stored message as a fetch shows it (the fields of a Kafka record that vary).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShownRecord {
+    /// The message's queue offset.
+    pub offset: i64,
+    /// Creation time (the born timestamp).
+    pub timestamp: i64,
+    /// The record key (`None`: null).
+    pub key: Option<Bytes>,
+    /// The record value (`None`: null, a tombstone).
+    pub value: Option<Bytes>,
+    /// In order; a name may repeat.
+    pub headers: HeaderList,
+}
+
+impl ShownRecord {
+    /// As kafka-protocol's record (whose header map keeps one value per name).
+    pub fn to_record(&self) -> Record {
+        Record {
+            transactional: false,
+            control: false,
+            delete_horizon: false,
+            partition_leader_epoch: 0,
+            producer_id: -1,
+            producer_epoch: -1,
+            timestamp_type: TimestampType::Creation,
+            offset: self.offset,
+            sequence: -1,
+            timestamp: self.timestamp,
+            key: self.key.clone(),
+            value: self.value.clone(),
+            headers: self
+                .headers
+                .iter()
+                .map(|(k, v)| (StrBytes::from_string(k.clone()), v.clone()))
+                .collect::<IndexMap<_, _>>(),
+        }
+    }
+}
+
 /// Builds the Kafka record a stored message is shown as.
-pub fn message_to_record(msg: &MessageExt) -> Record {
+pub fn message_to_record(msg: &MessageExt) -> ShownRecord {
     let props = &msg.properties;
     let from_kafka = props.contains_key(PROP_ORIGIN);
     let key = if let Some(b64) = props.get(PROP_KEY_B64) {
@@ -160,31 +223,24 @@ pub fn message_to_record(msg: &MessageExt) -> Record {
     } else {
         Some(msg.body.clone())
     };
-    let mut headers: IndexMap<StrBytes, Option<Bytes>> = IndexMap::new();
-    for (name, v) in props {
-        if HIDDEN.contains(&name.as_str()) || (from_kafka && name == property::KEYS) {
-            continue;
+    let headers = match props.get(PROP_HEADER_LIST) {
+        Some(list) => parse_packed(list),
+        None => {
+            let mut headers: HeaderList = props
+                .iter()
+                .filter(|(name, _)| {
+                    !(HIDDEN.contains(&name.as_str()) || (from_kafka && *name == property::KEYS))
+                })
+                .map(|(name, v)| (name.clone(), Some(Bytes::copy_from_slice(v.as_bytes()))))
+                .collect();
+            if let Some(packed) = props.get(PROP_HEADERS) {
+                headers.extend(parse_packed(packed));
+            }
+            headers
         }
-        headers.insert(
-            StrBytes::from_string(name.clone()),
-            Some(Bytes::copy_from_slice(v.as_bytes())),
-        );
-    }
-    if let Some(packed) = props.get(PROP_HEADERS) {
-        for (name, v) in parse_packed(packed) {
-            headers.insert(StrBytes::from_string(name), v);
-        }
-    }
-    Record {
-        transactional: false,
-        control: false,
-        delete_horizon: false,
-        partition_leader_epoch: 0,
-        producer_id: -1,
-        producer_epoch: -1,
-        timestamp_type: TimestampType::Creation,
+    };
+    ShownRecord {
         offset: msg.queue_offset,
-        sequence: -1,
         timestamp: msg.born_timestamp,
         key,
         value,
@@ -243,7 +299,11 @@ pub(crate) fn stored_to_batch_via_messages(
         });
     }
     let base = run.messages[0].queue_offset;
-    let mut records: Vec<Record> = run.messages.iter().map(message_to_record).collect();
+    let mut records: Vec<Record> = run
+        .messages
+        .iter()
+        .map(|m| message_to_record(m).to_record())
+        .collect();
     // One batch: the encoder keeps records together while offset - sequence is constant, so
     // number them from -1 (base sequence -1, "no sequence", as for non-idempotent batches).
     for r in &mut records {
@@ -268,7 +328,7 @@ pub(crate) fn stored_to_batch_via_messages(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use kafka_protocol::records::RecordBatchDecoder;
     use proptest::prelude::*;
@@ -304,8 +364,15 @@ mod tests {
         crate::test_records::record(0, key, value, headers)
     }
 
-    fn sbs(s: &str) -> StrBytes {
-        StrBytes::from_string(s.to_string())
+    /// The message stored for `r` (its headers as its map holds them).
+    fn convert(r: &Record, partition: i32) -> MessageExtBrokerInner {
+        let headers = crate::test_records::headers_of(r);
+        record_to_message(r, &headers, "T", partition, host(), "c").unwrap()
+    }
+
+    /// The value of the first header named `name`.
+    fn header<'a>(r: &'a ShownRecord, name: &str) -> Option<&'a Option<Bytes>> {
+        r.headers.iter().find(|(n, _)| n == name).map(|(_, v)| v)
     }
 
     fn host() -> SocketAddr {
@@ -319,7 +386,7 @@ mod tests {
             Some(b"v"),
             &[("trace", Some(b"abc")), ("TAGS", Some(b"red"))],
         );
-        let m = record_to_message(&r, "T", 2, host(), "c").unwrap();
+        let m = convert(&r, 2);
         let p = decode_properties(&m.properties);
         assert_eq!(p.get("KEYS").map(String::as_str), Some("order-1"));
         assert_eq!(p.get("trace").map(String::as_str), Some("abc"));
@@ -330,16 +397,19 @@ mod tests {
         assert_eq!(back.key.as_deref(), Some(&b"order-1"[..]));
         assert_eq!(back.offset, 7);
         assert!(
-            !back.headers.contains_key(&sbs("KEYS")),
+            header(&back, "KEYS").is_none(),
             "a Kafka key is not repeated as a header"
         );
         assert_eq!(
-            back.headers
-                .get(&sbs("trace"))
-                .cloned()
-                .flatten()
-                .as_deref(),
-            Some(&b"abc"[..])
+            back.headers,
+            vec![
+                ("trace".to_string(), Some(Bytes::from_static(b"abc"))),
+                ("TAGS".to_string(), Some(Bytes::from_static(b"red")))
+            ]
+        );
+        assert!(
+            p.get(PROP_HEADER_LIST).is_none(),
+            "plain headers: properties only"
         );
     }
 
@@ -366,19 +436,59 @@ mod tests {
         let r = message_to_record(&stored(&m, 0));
         assert_eq!(r.key.as_deref(), Some(&b"k1"[..]));
         assert_eq!(
-            r.headers.get(&sbs("TAGS")).cloned().flatten().as_deref(),
+            header(&r, "TAGS").cloned().flatten().as_deref(),
             Some(&b"tagA"[..])
         );
         assert_eq!(
-            r.headers.get(&sbs("KEYS")).cloned().flatten().as_deref(),
+            header(&r, "KEYS").cloned().flatten().as_deref(),
             Some(&b"k1"[..])
         );
-        assert!(r.headers.contains_key(&sbs("UNIQ_KEY")));
-        assert!(!r.headers.contains_key(&sbs("CLUSTER")));
+        assert!(header(&r, "UNIQ_KEY").is_some());
+        assert!(header(&r, "CLUSTER").is_none());
     }
 
     fn arb_bytes() -> impl Strategy<Value = Option<Vec<u8>>> {
         proptest::option::of(proptest::collection::vec(any::<u8>(), 0..40))
+    }
+
+    /// The case users reported: a repeated name, binary, ordered.
+    #[test]
+    fn repeated_binary_empty_and_null_headers_come_back_exactly() {
+        let headers: HeaderList = vec![
+            ("seq".into(), Some(Bytes::from_static(b"0"))),
+            ("codec".into(), Some(Bytes::from_static(b"gzip"))),
+            ("bin".into(), Some(Bytes::from_static(b"\x00\xff\x00\n\r"))),
+            ("dup".into(), Some(Bytes::from_static(b"first"))),
+            ("dup".into(), Some(Bytes::from_static(b"second"))),
+            ("empty".into(), Some(Bytes::new())),
+            ("null".into(), None),
+        ];
+        let r = record(Some(b"k"), Some(b"v"), &[]);
+        let m = record_to_message(&r, &headers, "T", 0, host(), "c").unwrap();
+        let back = message_to_record(&stored(&m, 0));
+        assert_eq!(back.headers, headers);
+        // A RocketMQ consumer sees the plain-text ones as properties (the last `dup`), and
+        // the whole list in KAFKA_HEADER_LIST.
+        let p = decode_properties(&m.properties);
+        assert_eq!(p.get("seq").map(String::as_str), Some("0"));
+        assert_eq!(p.get("codec").map(String::as_str), Some("gzip"));
+        assert_eq!(p.get("dup").map(String::as_str), Some("second"));
+        assert!(p.get("bin").is_none() && p.get("empty").is_none() && p.get("null").is_none());
+        assert!(p.get(PROP_HEADER_LIST).is_some());
+    }
+
+    /// Header lists as produced: names from a few (so that they repeat), values null, empty,
+    /// binary or text (with RocketMQ's property separators too).
+    pub(crate) fn arb_headers() -> impl Strategy<Value = HeaderList> {
+        let name = "[a-c]|TAGS|KEYS|KAFKA|KAFKA_HEADER_LIST|[ -~\u{1}\u{2}é]{1,8}";
+        let value = proptest::option::of(prop_oneof![
+            proptest::collection::vec(any::<u8>(), 0..24),
+            "[a-z0-9 \u{1}\u{2}]{0,10}".prop_map(String::into_bytes),
+        ]);
+        proptest::collection::vec(
+            (name, value).prop_map(|(n, v)| (n, v.map(Bytes::from))),
+            0..8,
+        )
     }
 
     proptest! {
@@ -386,22 +496,32 @@ mod tests {
         fn records_survive_the_round_trip(
             key in arb_bytes(),
             value in arb_bytes(),
-            headers in proptest::collection::btree_map("[ -~\u{1}\u{2}é]{1,12}", arb_bytes(), 0..5),
+            headers in arb_headers(),
             ts in 0i64..4_000_000_000_000,
         ) {
-            let hs: Vec<(&str, Option<&[u8]>)> = headers.iter().map(|(k, v)| (k.as_str(), v.as_deref())).collect();
-            let mut r = record(key.as_deref(), value.as_deref(), &hs);
+            let mut r = record(key.as_deref(), value.as_deref(), &[]);
             r.timestamp = ts;
-            let m = record_to_message(&r, "T", 0, host(), "c").unwrap();
+            let m = record_to_message(&r, &headers, "T", 0, host(), "c").unwrap();
             let back = message_to_record(&stored(&m, 3));
             prop_assert_eq!(back.key, r.key.clone());
             prop_assert_eq!(back.value, r.value.clone());
             prop_assert_eq!(back.timestamp, ts);
-            let mut want: Vec<_> = r.headers.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
-            let mut got: Vec<_> = back.headers.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
-            want.sort();
-            got.sort();
-            prop_assert_eq!(got, want);
+            prop_assert_eq!(&back.headers, &headers);
+            // Every plain-text header under a name left to users is a property with the last
+            // value of that name.
+            let p = decode_properties(&m.properties);
+            for (name, v) in &headers {
+                let Some(t) = v.as_deref().and_then(|v| std::str::from_utf8(v).ok()) else {
+                    continue;
+                };
+                if plain_text(name) && plain_text(t) && !reserved_for_header(name) {
+                    let last = headers.iter().rev().find(|(n, v)| {
+                        n == name && v.as_deref().and_then(|v| std::str::from_utf8(v).ok()).is_some_and(plain_text)
+                    });
+                    let want = last.and_then(|(_, v)| v.as_deref()).and_then(|v| std::str::from_utf8(v).ok());
+                    prop_assert_eq!(p.get(name.as_str()).map(String::as_str), want);
+                }
+            }
         }
     }
 
@@ -410,7 +530,7 @@ mod tests {
         let mut buf = Vec::new();
         for i in 0..5 {
             let r = record(Some(format!("k{i}").as_bytes()), Some(b"body"), &[]);
-            let m = record_to_message(&r, "T", 0, host(), "c").unwrap();
+            let m = convert(&r, 0);
             let mut ext = stored(&m, 10 + i);
             ext.store_timestamp = 1;
             ext.encode(&mut buf).unwrap();

@@ -3,9 +3,9 @@
 //! hold service when there is not enough data yet. Fetch sessions (KIP-227) are not kept:
 //! every answer says session 0, so clients send full fetches.
 
-use crate::api::{code, RequestCtx};
 use crate::convert::stored_to_batch;
 use crate::host::WaitPosition;
+use crate::request::{code, RequestCtx};
 use crate::state::State;
 use bytes::{Bytes, BytesMut};
 use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
@@ -31,6 +31,18 @@ struct Wanted {
     partition: i32,
     offset: i64,
     max_bytes: usize,
+}
+
+/// Waits while a member that fetches `all` is in its rebalance callback
+/// ([`crate::fetch_hold`]).
+async fn wait_fetch_holds(state: &State, all: &[Wanted]) {
+    if state.fetch_holds_any() {
+        let fetched: Vec<(String, i32)> = all
+            .iter()
+            .filter_map(|w| w.name.clone().map(|n| (n, w.partition)))
+            .collect();
+        state.wait_fetch_holds(&fetched).await;
+    }
 }
 
 struct Read {
@@ -84,6 +96,8 @@ pub(crate) async fn fetch(
         Duration::from_millis((req.max_wait_ms.max(0) as u64).min(state.config.max_fetch_wait_ms));
     let deadline = Instant::now() + max_wait;
     let all: Vec<Wanted> = topics.iter().flat_map(|(_, _, w)| w.clone()).collect();
+    // A member being told of a new assignment: answered after its rebalance callback.
+    wait_fetch_holds(state, &all).await;
     let mut held = false;
     let reads = loop {
         let reads = if waiting_messages(state, &all) <= INLINE_FETCH_MESSAGES {
@@ -103,6 +117,10 @@ pub(crate) async fn fetch(
             || now >= deadline
             || (bytes > 0 && min_bytes <= 1)
         {
+            // A fetch that waited for data may have been overtaken by a new assignment.
+            if held {
+                wait_fetch_holds(state, &all).await;
+            }
             break reads;
         }
         if !held {
@@ -137,7 +155,7 @@ pub(crate) async fn fetch(
         if v >= 13 {
             t.topic_id = id;
         } else {
-            t.topic = TopicName(crate::api::sb(name.as_deref().unwrap_or("")));
+            t.topic = TopicName(crate::request::sb(name.as_deref().unwrap_or("")));
         }
         for w in wanted {
             let r = it.next().unwrap_or(Read {

@@ -4,8 +4,8 @@
 //! lock; a JoinGroup or SyncGroup that has to wait registers a one-shot channel under a
 //! request id and awaits it outside the lock; a timer task runs the group timers.
 
-use crate::api::{code, sb, RequestCtx};
-use crate::config::KafkaConfig;
+use crate::classic_groups::{assigned_queues, err_code, error_of, GroupCoordinator, Inner, Waiter};
+use crate::request::{code, sb, RequestCtx};
 use crate::state::State;
 use bytes::Bytes;
 use kafka_protocol::messages::delete_groups_response::DeletableGroupResult;
@@ -15,158 +15,17 @@ use kafka_protocol::messages::join_group_response::JoinGroupResponseMember;
 use kafka_protocol::messages::leave_group_response::MemberResponse;
 use kafka_protocol::messages::list_groups_response::ListedGroup;
 use kafka_protocol::messages::*;
-use kafka_protocol::protocol::Decodable;
 use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::ResponseError;
-use parking_lot::Mutex;
 use shoal_group::classic_group::{
-    ClassicConfig, ClassicError, ClassicGroupDescription, ClassicGroups, JoinRequest, JoinResponse,
-    LeavingMember, Output, RequestId, SyncRequest, SyncResponse,
+    ClassicError, ClassicGroups, JoinRequest, LeavingMember, Output, RequestId, SyncRequest,
 };
-use shoal_proto::mq::MessageQueue;
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{oneshot, watch, Notify};
-
-enum Waiter {
-    Join(oneshot::Sender<JoinResponse>),
-    Sync(oneshot::Sender<SyncResponse>),
-}
-
-#[derive(Default)]
-struct Inner {
-    groups: ClassicGroups,
-    waiters: HashMap<RequestId, Waiter>,
-}
-
-/// The classic groups of this listener and the requests waiting on them.
-pub(crate) struct GroupCoordinator {
-    inner: Mutex<Inner>,
-    next_req: AtomicU64,
-    wake: Notify,
-}
-
-impl std::fmt::Debug for GroupCoordinator {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("GroupCoordinator")
-            .field("groups", &self.inner.lock().groups.iter().count())
-            .finish()
-    }
-}
-
-fn error_of(e: ClassicError) -> ResponseError {
-    match e {
-        ClassicError::UnknownMemberId => ResponseError::UnknownMemberId,
-        ClassicError::IllegalGeneration => ResponseError::IllegalGeneration,
-        ClassicError::RebalanceInProgress => ResponseError::RebalanceInProgress,
-        ClassicError::InconsistentGroupProtocol => ResponseError::InconsistentGroupProtocol,
-        ClassicError::MemberIdRequired => ResponseError::MemberIdRequired,
-        ClassicError::InvalidSessionTimeout => ResponseError::InvalidSessionTimeout,
-        ClassicError::GroupMaxSizeReached => ResponseError::GroupMaxSizeReached,
-        ClassicError::FencedInstanceId => ResponseError::FencedInstanceId,
-        ClassicError::CoordinatorNotAvailable | ClassicError::TooManyGroups => {
-            ResponseError::CoordinatorNotAvailable
-        }
-        ClassicError::NonEmptyGroup => ResponseError::NonEmptyGroup,
-        ClassicError::GroupIdNotFound => ResponseError::GroupIdNotFound,
-    }
-}
-
-/// The queues a `consumer`-protocol assignment names (Kafka's ConsumerProtocolAssignment:
-/// a version, then the topics with their partitions), as this broker's queues. Anything
-/// else (another protocol type, bytes that do not decode) names none.
-fn assigned_queues(protocol_type: &str, bytes: &[u8], broker_name: &str) -> Vec<MessageQueue> {
-    if protocol_type != "consumer" || !plausible_assignment(bytes) {
-        return Vec::new();
-    }
-    let Some((version, body)) = bytes.split_first_chunk::<2>() else {
-        return Vec::new();
-    };
-    // Newer versions only add fields at the end: read what version 3 knows.
-    let version = i16::from_be_bytes(*version).clamp(0, 3);
-    let mut buf = Bytes::copy_from_slice(body);
-    match ConsumerProtocolAssignment::decode(&mut buf, version) {
-        Ok(a) => a
-            .assigned_partitions
-            .iter()
-            .flat_map(|tp| {
-                tp.partitions.iter().map(|p| MessageQueue {
-                    topic: tp.topic.0.to_string(),
-                    broker_name: broker_name.to_string(),
-                    queue_id: *p,
-                })
-            })
-            .collect(),
-        Err(_) => Vec::new(),
-    }
-}
-
-/// Whether the array lengths an assignment declares fit in its bytes (the decoder reserves
-/// room for a declared length before it reads the elements, so a forged length must not
-/// reach it).
-fn plausible_assignment(bytes: &[u8]) -> bool {
-    fn take<const N: usize>(b: &mut &[u8]) -> Option<[u8; N]> {
-        let (head, rest) = b.split_first_chunk::<N>()?;
-        *b = rest;
-        Some(*head)
-    }
-    let mut b = bytes;
-    let check = |b: &mut &[u8]| -> Option<()> {
-        take::<2>(b)?;
-        let topics = i32::from_be_bytes(take::<4>(b)?);
-        // Each topic takes at least 6 bytes (name length, partition count).
-        if topics < 0 || topics as usize > b.len() / 6 {
-            return None;
-        }
-        for _ in 0..topics {
-            let name = i16::from_be_bytes(take::<2>(b)?);
-            if name < 0 || name as usize > b.len() {
-                return None;
-            }
-            *b = &b[name as usize..];
-            let parts = i32::from_be_bytes(take::<4>(b)?);
-            if parts < 0 || parts as usize > b.len() / 4 {
-                return None;
-            }
-            *b = &b[parts as usize * 4..];
-        }
-        Some(())
-    };
-    check(&mut b).is_some()
-}
-
-fn err_code(e: Option<ClassicError>) -> i16 {
-    e.map_or(0, |e| error_of(e).code())
-}
+use tokio::sync::{oneshot, watch};
 
 impl GroupCoordinator {
-    /// A classic group with members as `shoal group describe` shows it; assignments of the
-    /// `consumer` protocol are decoded into this broker's queues.
-    pub fn describe(&self, group: &str, broker_name: &str) -> Option<ClassicGroupDescription> {
-        let inner = self.inner.lock();
-        let g = inner.groups.get(group).filter(|g| !g.is_empty())?;
-        Some(g.describe(|pt, bytes| assigned_queues(pt, bytes, broker_name)))
-    }
-
-    pub fn new(config: &KafkaConfig) -> GroupCoordinator {
-        GroupCoordinator {
-            inner: Mutex::new(Inner {
-                groups: ClassicGroups::new(ClassicConfig {
-                    initial_rebalance_delay_ms: config.group_initial_rebalance_delay_ms,
-                    min_session_timeout_ms: config.group_min_session_timeout_ms,
-                    max_session_timeout_ms: config.group_max_session_timeout_ms,
-                    max_size: config.group_max_size,
-                    max_groups: config.max_groups,
-                }),
-                waiters: HashMap::new(),
-            }),
-            next_req: AtomicU64::new(1),
-            wake: Notify::new(),
-        }
-    }
-
     fn deliver(inner: &mut Inner, outs: Vec<Output>, state: &State) {
         for o in outs {
             match o {
@@ -178,6 +37,11 @@ impl GroupCoordinator {
                 Output::Sync(r, s) => {
                     if let Some(Waiter::Sync(tx)) = inner.waiters.remove(&r) {
                         let _ = tx.send(s);
+                    }
+                }
+                Output::Heartbeat(r, h) => {
+                    if let Some(Waiter::Heartbeat(tx)) = inner.waiters.remove(&r) {
+                        let _ = tx.send(h);
                     }
                 }
                 Output::Rebalanced {
@@ -199,16 +63,7 @@ impl GroupCoordinator {
         }
     }
 
-    /// Whether a classic group has members (then it is not a consumer group).
-    pub fn has_members(&self, group: &str) -> bool {
-        self.inner
-            .lock()
-            .groups
-            .get(group)
-            .is_some_and(|g| !g.is_empty())
-    }
-
-    /// Offset commit fencing.
+    /// Offset commit fencing of a commit of `partitions` (topic, partition).
     pub fn validate_commit(
         &self,
         state: &State,
@@ -216,12 +71,20 @@ impl GroupCoordinator {
         member_id: &str,
         instance_id: Option<&str>,
         generation: i32,
+        partitions: &[(String, i32)],
     ) -> Result<(), ResponseError> {
         let now = state.now_ms();
+        let broker = state.host.broker_name();
+        let covers = |protocol_type: &str, bytes: &[u8]| {
+            let held = assigned_queues(protocol_type, bytes, &broker);
+            partitions
+                .iter()
+                .all(|(t, p)| held.iter().any(|q| &q.topic == t && q.queue_id == *p))
+        };
         self.inner
             .lock()
             .groups
-            .validate_commit(group, member_id, instance_id, generation, now)
+            .validate_commit(group, member_id, instance_id, generation, now, covers)
             .map_err(error_of)
     }
 }
@@ -334,6 +197,8 @@ pub(crate) async fn join_group(
         resp.generation_id = -1;
         return resp;
     }
+    // A member that joins is past its rebalance callback (crate::fetch_hold).
+    state.release_fetches(&(group.clone(), req.member_id.to_string()));
     let session = req.session_timeout_ms.max(0) as u64;
     let rebalance = if v == 0 || req.rebalance_timeout_ms < 0 {
         session
@@ -375,6 +240,14 @@ pub(crate) async fn join_group(
         resp.generation_id = -1;
         return resp;
     };
+    let limit = match j.error {
+        Some(ClassicError::GroupMaxSizeReached) => Some(&state.counters.limit_group_max_size),
+        Some(ClassicError::TooManyGroups) => Some(&state.counters.limit_max_groups),
+        _ => None,
+    };
+    if let Some(c) = limit {
+        c.fetch_add(1, Ordering::Relaxed);
+    }
     if j.error.is_none() {
         if let Err(e) = state.host.ensure_group(&group) {
             tracing::debug!(group = %group, error = %e, "Kafka group not registered as a subscription group");
@@ -417,6 +290,16 @@ fn ask<T>(
     run: impl FnOnce(&mut ClassicGroups, RequestId, u64) -> Vec<Output>,
 ) -> impl std::future::Future<Output = Option<T>> {
     let id = state.groups.next_req.fetch_add(1, Ordering::Relaxed);
+    ask_as(state, id, waiter, run)
+}
+
+/// [`ask`] with the request id chosen by the caller.
+fn ask_as<T>(
+    state: &Arc<State>,
+    id: RequestId,
+    waiter: fn(oneshot::Sender<T>) -> Waiter,
+    run: impl FnOnce(&mut ClassicGroups, RequestId, u64) -> Vec<Output>,
+) -> impl std::future::Future<Output = Option<T>> {
     let (tx, rx) = oneshot::channel();
     {
         let mut inner = state.groups.inner.lock();
@@ -447,12 +330,28 @@ pub(crate) async fn sync_group(
             .map(|a| (a.member_id.to_string(), a.assignment.to_vec()))
             .collect(),
     };
+    let key = (group.clone(), req.member_id.to_string());
+    state.release_fetches(&key);
+    // What the member holds now: its assignment of the previous generation.
+    let mut held = Vec::new();
     let asked = ask(state, Waiter::Sync, |groups, id, now| {
+        if let Some(g) = groups.get(&group) {
+            if let (Some(pt), Some(a)) = (g.protocol_type(), g.assignment_of(&key.1)) {
+                held = assigned_queues(pt, a, &state.host.broker_name());
+            }
+        }
         groups.sync(&group, id, sync, now)
     });
     let mut resp = SyncGroupResponse::default();
     match asked.await {
         Some(s) => {
+            if s.error.is_none() {
+                // Its fetches of what it held wait for its rebalance callback.
+                state.hold_fetches(
+                    &key,
+                    held.into_iter().map(|q| (q.topic, q.queue_id)).collect(),
+                );
+            }
             resp.error_code = err_code(s.error);
             resp.assignment = Bytes::from(s.assignment);
             if ctx.version >= 5 {
@@ -465,19 +364,43 @@ pub(crate) async fn sync_group(
     resp
 }
 
-/// Heartbeat.
-pub(crate) fn heartbeat(state: &Arc<State>, req: HeartbeatRequest) -> HeartbeatResponse {
-    let now = state.now_ms();
-    let r = state.groups.inner.lock().groups.heartbeat(
-        req.group_id.0.as_str(),
-        req.member_id.as_str(),
-        req.group_instance_id.as_ref().map(|s| s.as_str()),
-        req.generation_id,
-        now,
-    );
+/// Heartbeat. In a Stable group the answer is held until a rebalance starts (answered
+/// REBALANCE_IN_PROGRESS at once), the hold ends, or the connection's next request arrives
+/// (answers go out in request order, so that one is not kept waiting).
+pub(crate) async fn heartbeat(
+    state: &Arc<State>,
+    ctx: &RequestCtx,
+    req: HeartbeatRequest,
+) -> HeartbeatResponse {
+    let group = req.group_id.0.to_string();
+    let id = state.groups.next_req.fetch_add(1, Ordering::Relaxed);
+    let answer = ask_as(state, id, Waiter::Heartbeat, |groups, id, now| {
+        groups.heartbeat(
+            &group,
+            id,
+            req.member_id.as_str(),
+            req.group_instance_id.as_ref().map(|s| s.as_str()),
+            req.generation_id,
+            now,
+        )
+    });
+    tokio::pin!(answer);
+    let r = tokio::select! {
+        r = &mut answer => r,
+        _ = ctx.next_request() => {
+            {
+                let mut inner = state.groups.inner.lock();
+                let outs = inner.groups.release_heartbeat(&group, id, state.now_ms());
+                GroupCoordinator::deliver(&mut inner, outs, state);
+            }
+            answer.await
+        }
+    };
     let mut resp = HeartbeatResponse::default();
-    if let Err(e) = r {
-        resp.error_code = code(error_of(e));
+    match r {
+        Some(Ok(())) => {}
+        Some(Err(e)) => resp.error_code = code(error_of(e)),
+        None => resp.error_code = code(ResponseError::CoordinatorNotAvailable),
     }
     resp
 }
@@ -503,6 +426,9 @@ pub(crate) fn leave_group(
             instance_id: None,
         }]
     };
+    for l in &leaving {
+        state.release_fetches(&(group.clone(), l.member_id.clone()));
+    }
     let results = {
         let mut inner = state.groups.inner.lock();
         let (results, outs) = inner.groups.leave(&group, &leaving, state.now_ms());

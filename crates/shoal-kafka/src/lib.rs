@@ -15,20 +15,25 @@
 
 mod api;
 mod batch_writer;
+mod classic_groups;
+mod clock;
 mod config;
 mod consumer_group;
 pub mod convert;
 mod error;
 mod fetch;
+mod fetch_hold;
 mod groups;
 mod guard;
 mod host;
+mod member_cache;
 mod metadata;
 mod metrics;
 mod offsets;
 mod produce;
 mod producer;
 mod records;
+mod request;
 mod server;
 mod state;
 /// Record builders shared by the unit tests, `tests/` and `benches/`.
@@ -37,7 +42,7 @@ mod state;
 mod test_records;
 mod unsupported;
 
-pub use config::KafkaConfig;
+pub use config::{KafkaConfig, KafkaFile};
 pub use error::KafkaError;
 pub use host::{BrokerHandle, TopicInfo, WaitPosition};
 pub use metrics::KafkaCollector;

@@ -2,8 +2,8 @@
 //! table as Kafka clients and admin tools see it. A topic's partitions are its queues on this
 //! broker, which leads every partition (epoch 0, one replica).
 
-use crate::api::{code, sb, RequestCtx};
 use crate::host::TopicInfo;
+use crate::request::{code, sb, RequestCtx};
 use crate::state::{topic_id, State};
 use crate::KafkaError;
 use kafka_protocol::messages::create_partitions_response::CreatePartitionsTopicResult;

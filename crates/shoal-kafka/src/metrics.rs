@@ -37,17 +37,12 @@ impl Collector for KafkaCollector {
 }
 
 /// The counters, by metric name (without `_total`) and help text.
-fn counters(c: &Counters) -> [(&'static str, &'static str, &AtomicU64); 15] {
+fn counters(c: &Counters) -> [(&'static str, &'static str, &AtomicU64); 13] {
     [
         (
             "shoal_kafka_connections_accepted",
             "Kafka connections accepted since the listener started.",
             &c.connections_accepted,
-        ),
-        (
-            "shoal_kafka_connections_refused",
-            "Kafka connections closed at accept because max_connections was reached.",
-            &c.connections_refused,
         ),
         (
             "shoal_kafka_requests",
@@ -105,15 +100,35 @@ fn counters(c: &Counters) -> [(&'static str, &'static str, &AtomicU64); 15] {
             &c.concurrent_writes_refused,
         ),
         (
-            "shoal_kafka_producer_states_evicted",
-            "Idempotent producer states forgotten because max_producer_states was reached.",
-            &c.producer_states_evicted,
-        ),
-        (
             "shoal_kafka_rebalances",
             "Classic Kafka group rebalances completed (generations started).",
             &c.rebalances,
         ),
+    ]
+}
+
+/// The limit counters, as (config key in the broker file's `[kafka]` table, what the listener
+/// did, counter): the rows of `shoal_kafka_limit_hits_total`.
+fn limit_hits(c: &Counters) -> [(&'static str, &'static str, &AtomicU64); 6] {
+    [
+        ("kafka.max_connections", "refused", &c.limit_max_connections),
+        (
+            "kafka.max_request_bytes",
+            "closed",
+            &c.limit_max_request_bytes,
+        ),
+        (
+            "kafka.max_batch_decompressed_bytes",
+            "refused",
+            &c.limit_max_batch_decompressed_bytes,
+        ),
+        (
+            "kafka.max_producer_states",
+            "evicted",
+            &c.limit_max_producer_states,
+        ),
+        ("kafka.group_max_size", "refused", &c.limit_group_max_size),
+        ("kafka.max_groups", "refused", &c.limit_max_groups),
     ]
 }
 
@@ -129,6 +144,17 @@ fn encode(e: &mut DescriptorEncoder<'_>, c: &Counters) -> Result<(), std::fmt::E
     for (name, help, v) in counters(c) {
         encode_counters(e, name, help, [(none, v.load(Ordering::Relaxed))])?;
     }
+    encode_counters(
+        e,
+        "shoal_kafka_limit_hits",
+        "Limits of the Kafka listener hit, by limit (the [kafka] config key) and action: refused (a connection closed at accept, a batch or a join refused), closed (the connection closed), evicted (the least recently used producer state forgotten).",
+        limit_hits(c).map(|(limit, action, v)| {
+            (
+                [("limit", limit), ("action", action)],
+                v.load(Ordering::Relaxed),
+            )
+        }),
+    )?;
     Ok(())
 }
 
@@ -155,6 +181,18 @@ mod tests {
         for (i, (_, _, v)) in counters(&c).into_iter().enumerate() {
             v.store(100 + i as u64, Ordering::Relaxed);
         }
+        for (i, (_, _, v)) in limit_hits(&c).into_iter().enumerate() {
+            v.store(200 + i as u64, Ordering::Relaxed);
+        }
+        let limits: Vec<String> = limit_hits(&c)
+            .into_iter()
+            .map(|(limit, action, v)| {
+                format!(
+                    "\nshoal_kafka_limit_hits_total{{limit=\"{limit}\",action=\"{action}\"}} {}\n",
+                    v.load(Ordering::Relaxed)
+                )
+            })
+            .collect();
         let expected: Vec<(&str, u64)> = counters(&c)
             .into_iter()
             .map(|(name, _, v)| (name, v.load(Ordering::Relaxed)))
@@ -180,12 +218,15 @@ mod tests {
                 "{name}_total {v} not in {text}"
             );
         }
-        // 15 counters and the gauge; and the names are distinct.
-        assert_eq!(text.matches("# TYPE shoal_kafka_").count(), 16, "{text}");
+        for row in &limits {
+            assert!(text.contains(row.as_str()), "{row} not in {text}");
+        }
+        // 13 counters, the limit family and the gauge; and the names are distinct.
+        assert_eq!(text.matches("# TYPE shoal_kafka_").count(), 15, "{text}");
         let mut names: Vec<&str> = expected.iter().map(|(n, _)| *n).collect();
         names.sort_unstable();
         names.dedup();
-        assert_eq!(names.len(), 15);
+        assert_eq!(names.len(), 13);
     }
 
     #[test]
@@ -205,6 +246,12 @@ mod tests {
             .iter()
             .map(|(n, _, _)| n.trim_start_matches("shoal_kafka_").to_string())
             .collect();
+        // The `limit_*` fields are the rows of the limit family, named by their config key.
+        exported.extend(
+            limit_hits(&c)
+                .iter()
+                .map(|(k, _, _)| format!("limit_{}", k.trim_start_matches("kafka."))),
+        );
         exported.push("connections_open".into());
         let mut f = fields.clone();
         f.sort();

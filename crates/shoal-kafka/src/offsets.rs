@@ -2,7 +2,7 @@
 //! offsets; committed offsets live in the store's offset table beside RocketMQ groups' (a
 //! Kafka commit of offset N means "next to read is N", as RocketMQ's commit does).
 
-use crate::api::{code, RequestCtx};
+use crate::request::{code, RequestCtx};
 use crate::state::State;
 use kafka_protocol::messages::list_offsets_response::{
     ListOffsetsPartitionResponse, ListOffsetsTopicResponse,
@@ -173,12 +173,22 @@ pub(crate) fn offset_commit(
     let check = if consumer {
         Ok(())
     } else {
+        let partitions: Vec<(String, i32)> = req
+            .topics
+            .iter()
+            .flat_map(|t| {
+                t.partitions
+                    .iter()
+                    .map(|p| (t.name.0.to_string(), p.partition_index))
+            })
+            .collect();
         state.groups.validate_commit(
             state,
             &group,
             req.member_id.as_str(),
             req.group_instance_id.as_ref().map(|s| s.as_str()),
             req.generation_id_or_member_epoch,
+            &partitions,
         )
     };
     if check.is_ok() {
@@ -283,7 +293,7 @@ pub(crate) fn offset_fetch(
         });
         for (name, offs) in committed(state, &group, topics) {
             let mut tr = OffsetFetchResponseTopic::default();
-            tr.name = TopicName(crate::api::sb(&name));
+            tr.name = TopicName(crate::request::sb(&name));
             tr.partitions = offs
                 .into_iter()
                 .map(|(p, o)| {
@@ -308,7 +318,7 @@ pub(crate) fn offset_fetch(
         });
         for (name, offs) in committed(state, &group, topics) {
             let mut tr = OffsetFetchResponseTopics::default();
-            tr.name = TopicName(crate::api::sb(&name));
+            tr.name = TopicName(crate::request::sb(&name));
             tr.partitions = offs
                 .into_iter()
                 .map(|(p, o)| {

@@ -2,15 +2,19 @@
 //! partition's queue. acks=0 answers nothing, acks=1 and acks=all answer once the store has
 //! the messages (after fsync under sync flush; there is one copy, so "all" is this broker).
 
-use crate::api::{code, RequestCtx};
-use crate::convert::record_to_message;
+use crate::clock::wall_ms;
+use crate::convert::{record_to_message, HeaderList};
 use crate::producer::{ProducerEntry, SeqCheck};
 use crate::records::BatchError;
-use crate::state::{wall_ms, State};
+use crate::request::{code, RequestCtx};
+use crate::state::State;
 use bytes::Bytes;
 use futures::future::join_all;
 use kafka_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
-use kafka_protocol::messages::{ProduceRequest, ProduceResponse, TopicName};
+use kafka_protocol::messages::{
+    InitProducerIdRequest, InitProducerIdResponse, ProduceRequest, ProduceResponse, ProducerId,
+    TopicName,
+};
 use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::records::Record;
 use kafka_protocol::ResponseError;
@@ -229,11 +233,15 @@ fn prepare(
                     BatchError::TooLarge { .. } => ResponseError::RecordListTooLarge,
                     BatchError::Malformed(_) => ResponseError::CorruptMessage,
                 };
-                if !matches!(e, BatchError::LegacyFormat(_)) {
-                    state
-                        .counters
-                        .batches_malformed
-                        .fetch_add(1, Ordering::Relaxed);
+                let counter = match e {
+                    BatchError::LegacyFormat(_) => None,
+                    BatchError::TooLarge { .. } => {
+                        Some(&state.counters.limit_max_batch_decompressed_bytes)
+                    }
+                    BatchError::Malformed(_) => Some(&state.counters.batches_malformed),
+                };
+                if let Some(c) = counter {
+                    c.fetch_add(1, Ordering::Relaxed);
                 }
                 return Err(Outcome::err(err, format!("record batch rejected: {e}")));
             }
@@ -241,47 +249,52 @@ fn prepare(
     let max = state.host.max_message_bytes();
     let cluster = state.host.cluster_name();
     let now = wall_ms();
-    let convert = |recs: &[Record]| -> Result<Vec<MessageExtBrokerInner>, Outcome> {
-        recs.iter()
-            .map(|r| {
-                let size = r.value.as_ref().map_or(0, |v| v.len());
-                if size > max {
-                    return Err(Outcome::err(
-                        ResponseError::MessageTooLarge,
-                        format!("record of {size} bytes exceeds the limit of {max} bytes"),
-                    ));
-                }
-                let mut m = record_to_message(r, topic, index, peer, &cluster)
-                    .map_err(|e| Outcome::err(ResponseError::InvalidRecord, e))?;
-                if m.born_timestamp < 0 {
-                    m.born_timestamp = now;
-                }
-                Ok(m)
-            })
-            .collect()
-    };
+    let convert =
+        |recs: &[Record], headers: &[HeaderList]| -> Result<Vec<MessageExtBrokerInner>, Outcome> {
+            recs.iter()
+                .zip(headers)
+                .map(|(r, headers)| {
+                    let size = r.value.as_ref().map_or(0, |v| v.len());
+                    if size > max {
+                        return Err(Outcome::err(
+                            ResponseError::MessageTooLarge,
+                            format!("record of {size} bytes exceeds the limit of {max} bytes"),
+                        ));
+                    }
+                    let mut m = record_to_message(r, headers, topic, index, peer, &cluster)
+                        .map_err(|e| Outcome::err(ResponseError::InvalidRecord, e))?;
+                    if m.born_timestamp < 0 {
+                        m.born_timestamp = now;
+                    }
+                    Ok(m)
+                })
+                .collect()
+        };
     for s in &sets {
-        if s.records.iter().any(|r| r.transactional || r.control) {
+        if s.set.records.iter().any(|r| r.transactional || r.control) {
             return Err(Outcome::err(
                 ResponseError::InvalidRecord,
                 "transactional and control batches are not supported",
             ));
         }
     }
-    let first = sets.iter().find_map(|s| s.records.first());
+    let first = sets.iter().find_map(|s| s.set.records.first());
     let Some(producer_id) = first.map(|r| r.producer_id).filter(|&id| id >= 0) else {
-        let all: Vec<Record> = sets.into_iter().flat_map(|s| s.records).collect();
-        if all.is_empty() {
+        let mut msgs = Vec::new();
+        for s in &sets {
+            msgs.extend(convert(&s.set.records, &s.headers)?);
+        }
+        if msgs.is_empty() {
             return Err(Outcome::err(
                 ResponseError::CorruptMessage,
                 "empty record batch",
             ));
         }
-        return convert(&all).map(Prepared::Plain);
+        return Ok(Prepared::Plain(msgs));
     };
     let mut batches = Vec::with_capacity(sets.len());
     for s in &sets {
-        let (Some(head), Some(tail)) = (s.records.first(), s.records.last()) else {
+        let (Some(head), Some(tail)) = (s.set.records.first(), s.set.records.last()) else {
             continue;
         };
         if head.producer_id != producer_id {
@@ -294,7 +307,7 @@ fn prepare(
             epoch: head.producer_epoch,
             first_seq: head.sequence,
             last_seq: tail.sequence,
-            msgs: convert(&s.records)?,
+            msgs: convert(&s.set.records, &s.headers)?,
         });
     }
     Ok(Prepared::Idempotent {
@@ -427,4 +440,44 @@ async fn store(state: &State, msgs: Vec<MessageExtBrokerInner>) -> Result<i64, O
         .first()
         .map(|m| m.queue_offset as i64)
         .ok_or_else(|| Outcome::err(ResponseError::KafkaStorageError, "the store stored nothing"))
+}
+
+/// InitProducerId for idempotent (non-transactional) producers.
+pub(crate) fn init_producer_id(
+    state: &Arc<State>,
+    req: InitProducerIdRequest,
+) -> InitProducerIdResponse {
+    let mut resp = InitProducerIdResponse::default();
+    if req.transactional_id.is_some() {
+        // Transactions are not implemented; TRANSACTIONAL_ID_AUTHORIZATION_FAILED would mislead.
+        resp.error_code = ResponseError::UnsupportedVersion.code();
+        resp.producer_id = ProducerId(-1);
+        resp.producer_epoch = -1;
+        tracing::info!("InitProducerId with a transactional id refused: transactions are not supported over Kafka");
+        return resp;
+    }
+    let existing = (req.producer_id.0 >= 0).then_some((req.producer_id.0, req.producer_epoch));
+    match state.producers.init(existing) {
+        Ok(((id, epoch), evicted)) => {
+            if evicted > 0 {
+                state
+                    .counters
+                    .limit_max_producer_states
+                    .fetch_add(evicted as u64, Ordering::Relaxed);
+                tracing::warn!(
+                    evicted,
+                    limit = state.config.max_producer_states,
+                    "idempotent producer states forgotten: max_producer_states reached"
+                );
+            }
+            resp.producer_id = ProducerId(id);
+            resp.producer_epoch = epoch;
+        }
+        Err(e) => {
+            resp.error_code = e.code();
+            resp.producer_id = ProducerId(-1);
+            resp.producer_epoch = -1;
+        }
+    }
+    resp
 }

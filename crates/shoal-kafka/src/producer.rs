@@ -7,8 +7,7 @@
 //! forgotten first); after a restart producers are unknown and re-initialise
 //! (UNKNOWN_PRODUCER_ID), so a retry that straddles a restart can be stored twice.
 
-use crate::state::{wall_ms, State};
-use kafka_protocol::messages::{InitProducerIdRequest, InitProducerIdResponse, ProducerId};
+use crate::clock::wall_ms;
 use kafka_protocol::ResponseError;
 use parking_lot::Mutex;
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -185,7 +184,10 @@ impl ProducerTable {
 
     /// Registers a new producer (or a new epoch of a known one); returns (id, epoch) and how
     /// many states were evicted to make room.
-    fn init(&self, existing: Option<(i64, i16)>) -> Result<((i64, i16), usize), ResponseError> {
+    pub(crate) fn init(
+        &self,
+        existing: Option<(i64, i16)>,
+    ) -> Result<((i64, i16), usize), ResponseError> {
         let tick = self.clock.fetch_add(1, Ordering::Relaxed);
         let mut slots = self.slots.lock();
         if let Some((id, epoch)) = existing {
@@ -234,46 +236,6 @@ impl ProducerTable {
     pub fn len(&self) -> usize {
         self.slots.lock().len()
     }
-}
-
-/// InitProducerId for idempotent (non-transactional) producers.
-pub(crate) fn init_producer_id(
-    state: &Arc<State>,
-    req: InitProducerIdRequest,
-) -> InitProducerIdResponse {
-    let mut resp = InitProducerIdResponse::default();
-    if req.transactional_id.is_some() {
-        // Transactions are not implemented; TRANSACTIONAL_ID_AUTHORIZATION_FAILED would mislead.
-        resp.error_code = ResponseError::UnsupportedVersion.code();
-        resp.producer_id = ProducerId(-1);
-        resp.producer_epoch = -1;
-        tracing::info!("InitProducerId with a transactional id refused: transactions are not supported over Kafka");
-        return resp;
-    }
-    let existing = (req.producer_id.0 >= 0).then_some((req.producer_id.0, req.producer_epoch));
-    match state.producers.init(existing) {
-        Ok(((id, epoch), evicted)) => {
-            if evicted > 0 {
-                state
-                    .counters
-                    .producer_states_evicted
-                    .fetch_add(evicted as u64, Ordering::Relaxed);
-                tracing::warn!(
-                    evicted,
-                    limit = state.config.max_producer_states,
-                    "idempotent producer states forgotten: max_producer_states reached"
-                );
-            }
-            resp.producer_id = ProducerId(id);
-            resp.producer_epoch = epoch;
-        }
-        Err(e) => {
-            resp.error_code = e.code();
-            resp.producer_id = ProducerId(-1);
-            resp.producer_epoch = -1;
-        }
-    }
-    resp
 }
 
 #[cfg(test)]

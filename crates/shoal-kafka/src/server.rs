@@ -1,9 +1,10 @@
 //! The listener: accepts Kafka connections, reads size-prefixed request frames, answers them
 //! in order (one request at a time per connection, as Kafka brokers do), and stops cleanly.
 
-use crate::api::{self, Reply};
+use crate::api;
 use crate::config::KafkaConfig;
 use crate::host::BrokerHandle;
+use crate::request::{ConnInfo, Reply};
 use crate::state::State;
 use crate::KafkaError;
 use bytes::BytesMut;
@@ -11,18 +12,12 @@ use shoal_group::classic_group::ClassicGroupDescription;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn, Instrument};
-
-/// What a connection handler knows about its peer.
-#[derive(Debug, Clone)]
-pub(crate) struct ConnInfo {
-    /// Peer address.
-    pub peer: SocketAddr,
-}
 
 /// A running Kafka listener.
 #[derive(Debug)]
@@ -99,6 +94,19 @@ impl KafkaServer {
         }
     }
 
+    /// What the broker calls when its coordinator asks a member of a consumer (KIP-848)
+    /// group to heartbeat now (`Effect::Notify` for a member without a remoting connection):
+    /// the member's held heartbeat answer goes out at once. Does nothing once the listener
+    /// is gone (it holds the listener weakly).
+    pub fn consumer_group_notifier(&self) -> impl Fn(&str, &str) + Send + Sync + 'static {
+        let state = Arc::downgrade(&self.state);
+        move |group, member| {
+            if let Some(s) = state.upgrade() {
+                s.consumer_groups.notify_member(group, member);
+            }
+        }
+    }
+
     /// Counters of the listener.
     pub fn counters(&self) -> &crate::Counters {
         &self.state.counters
@@ -154,7 +162,7 @@ async fn accept_loop(listener: TcpListener, state: Arc<State>, mut stop: watch::
                 .fetch_sub(1, Ordering::AcqRel);
             state
                 .counters
-                .connections_refused
+                .limit_max_connections
                 .fetch_add(1, Ordering::Relaxed);
             warn!(peer = %peer, limit = state.config.max_connections, "kafka connection refused: max_connections reached");
             drop(stream);
@@ -178,6 +186,83 @@ async fn accept_loop(listener: TcpListener, state: Arc<State>, mut stop: watch::
     }
 }
 
+/// A held heartbeat answer that later requests of the connection do not wait for.
+type Parked<'a> = (
+    std::pin::Pin<Box<dyn std::future::Future<Output = Reply> + Send + 'a>>,
+    Arc<Notify>,
+);
+
+/// Resolves with a parked answer once it is ready (never while none is parked).
+async fn parked_reply(parked: &mut Option<Parked<'_>>) -> Reply {
+    match parked {
+        Some((fut, _)) => {
+            let r = fut.await;
+            *parked = None;
+            r
+        }
+        None => std::future::pending().await,
+    }
+}
+
+/// Writes an answer; `false` when the connection must end.
+async fn write_reply(state: &State, wr: &mut OwnedWriteHalf, reply: Reply) -> bool {
+    match reply {
+        Reply::Frame(bytes) => {
+            if let Err(e) = wr.write_all(&bytes).await {
+                debug!(error = %e, "kafka response could not be written (client gone)");
+                return false;
+            }
+            true
+        }
+        Reply::Nothing => true,
+        Reply::Close(reason) => {
+            state
+                .counters
+                .requests_refused
+                .fetch_add(1, Ordering::Relaxed);
+            warn!(reason = %reason, "closing kafka connection");
+            let _ = wr.shutdown().await;
+            false
+        }
+    }
+}
+
+/// Reads one request frame (`None`: the connection ends).
+async fn read_frame(state: &State, rd: &mut BufReader<OwnedReadHalf>) -> Option<BytesMut> {
+    let len = match rd.read_i32().await {
+        Ok(l) => l,
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return None,
+        Err(e) => {
+            debug!(error = %e, "kafka connection read failed");
+            return None;
+        }
+    };
+    if len < 8 || len as usize > state.config.max_request_bytes {
+        state
+            .counters
+            .requests_refused
+            .fetch_add(1, Ordering::Relaxed);
+        if len > 0 && len as usize > state.config.max_request_bytes {
+            state
+                .counters
+                .limit_max_request_bytes
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        warn!(
+            size = len,
+            limit = state.config.max_request_bytes,
+            "closing kafka connection: request size outside 8..=max_request_bytes"
+        );
+        return None;
+    }
+    let mut buf = BytesMut::zeroed(len as usize);
+    if let Err(e) = rd.read_exact(&mut buf).await {
+        debug!(error = %e, "kafka connection closed mid-request");
+        return None;
+    }
+    Some(buf)
+}
+
 async fn serve(
     state: Arc<State>,
     stream: TcpStream,
@@ -185,65 +270,80 @@ async fn serve(
     mut stop: watch::Receiver<bool>,
 ) {
     let _ = stream.set_nodelay(true);
-    let conn = ConnInfo { peer };
+    let conn = ConnInfo {
+        peer,
+        answers_by_correlation_id: std::sync::atomic::AtomicBool::new(false),
+    };
     let (rd, mut wr) = stream.into_split();
     let mut rd = BufReader::with_capacity(64 * 1024, rd);
+    // A group heartbeat's answer may be held (docs/kafka.md, "Heartbeats"). Answers go out in
+    // request order, so a held answer is released as soon as the connection's next request
+    // arrives; a client that matches answers by correlation id (librdkafka, from ApiVersions)
+    // instead gets later answers first while the held one stays parked.
+    let mut parked: Option<Parked<'_>> = None;
     loop {
-        let len = tokio::select! {
-            r = rd.read_i32() => r,
-            _ = stop.changed() => return,
-        };
-        let len = match len {
-            Ok(l) => l,
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return,
-            Err(e) => {
-                debug!(error = %e, "kafka connection read failed");
-                return;
+        let frame = {
+            let read = read_frame(&state, &mut rd);
+            tokio::pin!(read);
+            loop {
+                tokio::select! {
+                    f = &mut read => break f,
+                    reply = parked_reply(&mut parked) => {
+                        if !write_reply(&state, &mut wr, reply).await {
+                            return;
+                        }
+                    }
+                    _ = stop.changed() => return,
+                }
             }
         };
-        if len < 8 || len as usize > state.config.max_request_bytes {
-            state
-                .counters
-                .requests_refused
-                .fetch_add(1, Ordering::Relaxed);
-            warn!(
-                size = len,
-                limit = state.config.max_request_bytes,
-                "closing kafka connection: request size outside 8..=max_request_bytes"
-            );
+        let Some(buf) = frame else {
             return;
-        }
-        let mut buf = BytesMut::zeroed(len as usize);
-        let read = tokio::select! {
-            r = rd.read_exact(&mut buf) => r,
-            _ = stop.changed() => return,
         };
-        if let Err(e) = read {
-            debug!(error = %e, "kafka connection closed mid-request");
-            return;
-        }
         state.counters.requests.fetch_add(1, Ordering::Relaxed);
-        let reply = tokio::select! {
-            r = api::dispatch(&state, buf.freeze(), &conn) => r,
-            _ = stop.changed() => return,
-        };
-        match reply {
-            Reply::Frame(bytes) => {
-                if let Err(e) = wr.write_all(&bytes).await {
-                    debug!(error = %e, "kafka response could not be written (client gone)");
+        let holdable = api::holdable(&buf);
+        let next_request = holdable.then(|| Arc::new(Notify::new()));
+        if holdable {
+            // One held answer per connection: a parked one is answered first.
+            if let Some((_, n)) = &parked {
+                n.notify_one();
+                let reply = tokio::select! {
+                    r = parked_reply(&mut parked) => r,
+                    _ = stop.changed() => return,
+                };
+                if !write_reply(&state, &mut wr, reply).await {
                     return;
                 }
             }
-            Reply::Nothing => {}
-            Reply::Close(reason) => {
-                state
-                    .counters
-                    .requests_refused
-                    .fetch_add(1, Ordering::Relaxed);
-                warn!(reason = %reason, "closing kafka connection");
-                let _ = wr.shutdown().await;
-                return;
+        }
+        let dispatch = api::dispatch(&state, buf.freeze(), &conn, next_request.clone());
+        if let Some(n) = next_request.clone() {
+            if conn.answers_by_correlation_id.load(Ordering::Relaxed) {
+                parked = Some((Box::pin(dispatch), n));
+                continue;
             }
+        }
+        tokio::pin!(dispatch);
+        let mut watching = next_request.is_some();
+        let reply = loop {
+            tokio::select! {
+                r = &mut dispatch => break r,
+                reply = parked_reply(&mut parked) => {
+                    if !write_reply(&state, &mut wr, reply).await {
+                        return;
+                    }
+                }
+                _ = stop.changed() => return,
+                _ = rd.fill_buf(), if watching => {
+                    watching = false;
+                    if let Some(n) = &next_request {
+                        n.notify_one();
+                    }
+                }
+            }
+        };
+        if !write_reply(&state, &mut wr, reply).await {
+            return;
         }
     }
 }

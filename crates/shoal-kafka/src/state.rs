@@ -1,9 +1,10 @@
 //! State shared by the connections of one listener.
 
+use crate::classic_groups::GroupCoordinator;
 use crate::config::KafkaConfig;
-use crate::consumer_group::ConsumerGroups;
-use crate::groups::GroupCoordinator;
+use crate::fetch_hold::{FetchHolds, MemberKey};
 use crate::host::{BrokerHandle, TopicInfo};
+use crate::member_cache::ConsumerGroups;
 use crate::producer::ProducerTable;
 use md5::{Digest, Md5};
 use shoal_store::MessageStore;
@@ -15,7 +16,9 @@ use uuid::Uuid;
 /// Counters of the Kafka listener: plain atomics, updated on the request path without a
 /// registry. The metrics module's `KafkaCollector` reads them at scrape time and exports each
 /// field at `/metrics` as `shoal_kafka_<field>` (`connections_open` a gauge, every other
-/// field a counter, `_total` appended); docs/operations.md lists them.
+/// field a counter, `_total` appended), except the `limit_*` fields: each is one row of
+/// `shoal_kafka_limit_hits_total{limit="kafka.KEY",action}`, the `*_limit_hits_total` family of
+/// the other listeners; docs/operations.md lists them.
 #[derive(Debug, Default)]
 pub struct Counters {
     /// Connections open now.
@@ -23,7 +26,20 @@ pub struct Counters {
     /// Connections accepted since start.
     pub connections_accepted: AtomicU64,
     /// Connections closed at accept because `max_connections` was reached.
-    pub connections_refused: AtomicU64,
+    pub limit_max_connections: AtomicU64,
+    /// Connections closed because a request frame was over `max_request_bytes`.
+    pub limit_max_request_bytes: AtomicU64,
+    /// Produce batches refused (RECORD_LIST_TOO_LARGE) because they inflate past
+    /// `max_batch_decompressed_bytes`.
+    pub limit_max_batch_decompressed_bytes: AtomicU64,
+    /// Idempotent producer states forgotten because `max_producer_states` was reached.
+    pub limit_max_producer_states: AtomicU64,
+    /// JoinGroup requests refused (GROUP_MAX_SIZE_REACHED) because the classic group had
+    /// `group_max_size` members.
+    pub limit_group_max_size: AtomicU64,
+    /// JoinGroup requests refused because `max_groups` classic groups were held and none was
+    /// empty.
+    pub limit_max_groups: AtomicU64,
     /// Requests read.
     pub requests: AtomicU64,
     /// Requests that closed their connection (too large, malformed, unsupported API).
@@ -35,8 +51,8 @@ pub struct Counters {
     /// Requests whose body was malformed (a declared length past the end of the frame, or
     /// refused by the decoder); each closed its connection.
     pub requests_malformed: AtomicU64,
-    /// Record batches refused before decoding (a declared record or header count past the
-    /// end, or more than `max_batch_decompressed_bytes` after decompression).
+    /// Record batches refused before decoding as malformed (a declared record or header
+    /// count past the end, a bad compression stream).
     pub batches_malformed: AtomicU64,
     /// Records stored by Produce.
     pub records_produced: AtomicU64,
@@ -51,8 +67,6 @@ pub struct Counters {
     /// Idempotent batches answered REQUEST_TIMED_OUT (retriable) because another request of
     /// the same producer was still writing the same partition (a retry on a new connection).
     pub concurrent_writes_refused: AtomicU64,
-    /// Idempotent producer states forgotten because `max_producer_states` was reached.
-    pub producer_states_evicted: AtomicU64,
     /// Classic group rebalances completed (generations started).
     pub rebalances: AtomicU64,
 }
@@ -69,6 +83,11 @@ pub(crate) struct State {
     pub producers: ProducerTable,
     pub groups: GroupCoordinator,
     pub consumer_groups: ConsumerGroups,
+    /// Fetches held across a member's rebalance callback ([`crate::fetch_hold`]).
+    fetch_holds: parking_lot::Mutex<FetchHolds>,
+    /// Set while `fetch_holds` may hold something: fetches skip the lock otherwise.
+    fetch_holds_any: std::sync::atomic::AtomicBool,
+    fetch_released: tokio::sync::Notify,
     started: std::time::Instant,
 }
 
@@ -101,7 +120,67 @@ impl State {
             groups,
             consumer_groups,
             config,
+            fetch_holds: parking_lot::Mutex::new(FetchHolds::default()),
+            fetch_holds_any: std::sync::atomic::AtomicBool::new(false),
+            fetch_released: tokio::sync::Notify::new(),
             started: std::time::Instant::now(),
+        }
+    }
+
+    /// `member` was just told of a new assignment: fetches of the partitions it held wait
+    /// until its next group request, at most `rebalance_fetch_hold_ms`.
+    pub fn hold_fetches(&self, member: &MemberKey, partitions: Vec<(String, i32)>) {
+        let hold = self.config.rebalance_fetch_hold_ms;
+        if hold == 0 || partitions.is_empty() {
+            return;
+        }
+        let now = std::time::Instant::now();
+        self.fetch_holds.lock().hold(
+            member,
+            partitions,
+            now,
+            now + std::time::Duration::from_millis(hold),
+        );
+        self.fetch_holds_any
+            .store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Whether fetches may have to wait ([`State::wait_fetch_holds`]).
+    pub fn fetch_holds_any(&self) -> bool {
+        self.fetch_holds_any
+            .load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// `member` sent a group request: it is past its rebalance callback.
+    pub fn release_fetches(&self, member: &MemberKey) {
+        let released = {
+            let mut h = self.fetch_holds.lock();
+            !h.is_empty() && h.release(member)
+        };
+        if released {
+            self.fetch_released.notify_waiters();
+        }
+    }
+
+    /// Waits while a fetch of `partitions` is held.
+    pub async fn wait_fetch_holds(&self, partitions: &[(String, i32)]) {
+        loop {
+            let released = self.fetch_released.notified();
+            let wait = {
+                let h = self.fetch_holds.lock();
+                if h.is_empty() {
+                    self.fetch_holds_any
+                        .store(false, std::sync::atomic::Ordering::Release);
+                }
+                h.wait_for(partitions, std::time::Instant::now())
+            };
+            let Some(wait) = wait else {
+                return;
+            };
+            tokio::select! {
+                _ = released => {}
+                _ = tokio::time::sleep(wait) => {}
+            }
         }
     }
 
@@ -128,12 +207,4 @@ pub fn topic_id(name: &str) -> Uuid {
     bytes[6] = (bytes[6] & 0x0f) | 0x30;
     bytes[8] = (bytes[8] & 0x3f) | 0x80;
     Uuid::from_bytes(bytes)
-}
-
-/// Wall-clock milliseconds since the Unix epoch.
-pub fn wall_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
 }

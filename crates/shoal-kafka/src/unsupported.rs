@@ -18,7 +18,7 @@
 //! logged, as Kafka does. The request body is not decoded (its layout at an unknown version
 //! is not known to the listener's length checks).
 
-use crate::api::{sb, try_frame, Reply};
+use crate::request::{sb, try_frame, Reply};
 use bytes::Bytes;
 use kafka_protocol::messages::*;
 use kafka_protocol::ResponseError;

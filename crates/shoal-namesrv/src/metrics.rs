@@ -1,8 +1,8 @@
 //! The name server's Prometheus metrics (described in `docs/operations.md`).
 
-use crate::server::NamesrvProcessor;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use shoal_metrics::{encode_counters, encode_gauges, prometheus_client, Metrics, RequestMetrics};
 use std::sync::{Arc, Weak};
@@ -16,6 +16,8 @@ pub struct NamesrvMetrics {
     pub requests: RequestMetrics,
     /// Open connections (brokers and clients).
     pub connections: Gauge,
+    /// NOTIFY_ROUTE_CHANGED notices sent to route watchers.
+    pub route_notices: Counter,
 }
 
 impl Default for NamesrvMetrics {
@@ -38,26 +40,52 @@ impl NamesrvMetrics {
                 "shoal_namesrv_connections",
                 "Connections open now (brokers and clients).",
             ),
+            route_notices: registry.counter(
+                "shoal_namesrv_route_notices",
+                "Route change notices (NOTIFY_ROUTE_CHANGED) sent to Shoal clients watching the changed topics.",
+            ),
             requests,
             registry,
         }
     }
 }
 
+/// The route table's size at one moment.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RouteStats {
+    /// Broker names registered.
+    pub brokers: usize,
+    /// Topics in the route table.
+    pub topics: usize,
+    /// Route watches held (connection, topic pairs).
+    pub watches: usize,
+    /// Connections watching at least one topic.
+    pub watching_connections: usize,
+    /// Watches refused by `max_route_watches` so far.
+    pub watch_refused_total: u64,
+    /// Watches refused by `max_route_watches_per_connection` so far.
+    pub watch_refused_per_connection: u64,
+}
+
+/// Where [`NamesrvCollector`] reads the route table's size at scrape time (the name server's
+/// processor, [`NamesrvProcessor`](crate::NamesrvProcessor)).
+pub trait RouteStatsSource: Send + Sync + std::fmt::Debug {
+    /// The route table's size now.
+    fn route_stats(&self) -> RouteStats;
+}
+
 /// Reads the route table's size at scrape time.
 #[derive(Debug)]
 pub struct NamesrvCollector {
-    processor: Weak<NamesrvProcessor>,
+    source: Weak<dyn RouteStatsSource>,
     net: Option<Arc<shoal_net::NetStats>>,
 }
 
 impl NamesrvCollector {
     /// A collector over a name server's processor (held weakly).
-    pub fn new(p: &Arc<NamesrvProcessor>) -> Self {
-        Self {
-            processor: Arc::downgrade(p),
-            net: None,
-        }
+    pub fn new<S: RouteStatsSource + 'static>(p: &Arc<S>) -> Self {
+        let source: Weak<S> = Arc::downgrade(p);
+        Self { source, net: None }
     }
 
     /// Also exports the listener's TLS counters.
@@ -70,10 +98,17 @@ impl NamesrvCollector {
 
 impl Collector for NamesrvCollector {
     fn encode(&self, mut e: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
-        let Some(p) = self.processor.upgrade() else {
+        let Some(source) = self.source.upgrade() else {
             return Ok(());
         };
-        let (brokers, topics) = p.sizes();
+        let RouteStats {
+            brokers,
+            topics,
+            watches,
+            watching_connections,
+            watch_refused_total,
+            watch_refused_per_connection,
+        } = source.route_stats();
         let none: [(&str, &str); 0] = [];
         encode_gauges(
             &mut e,
@@ -86,6 +121,30 @@ impl Collector for NamesrvCollector {
             "shoal_namesrv_topics",
             "Topics in the route table now.",
             [(none, topics as i64)],
+        )?;
+        encode_gauges(
+            &mut e,
+            "shoal_namesrv_route_watches",
+            "Route watches held now: (connection, topic) pairs a Shoal client asked to be told about (bounded by max_route_watches).",
+            [(none, watches as i64)],
+        )?;
+        encode_gauges(
+            &mut e,
+            "shoal_namesrv_route_watching_connections",
+            "Connections watching at least one topic's route now.",
+            [(none, watching_connections as i64)],
+        )?;
+        encode_counters(
+            &mut e,
+            "shoal_namesrv_route_watch_refused",
+            "Route watches refused by a limit (the config key: max_route_watches or max_route_watches_per_connection); the route is answered and the client keeps its periodic poll.",
+            [
+                ([("limit", "max_route_watches")], watch_refused_total),
+                (
+                    [("limit", "max_route_watches_per_connection")],
+                    watch_refused_per_connection,
+                ),
+            ],
         )?;
         if let Some(n) = self.net.as_ref().map(|n| n.snapshot()) {
             let by_result = |rows: &[(&'static str, u64)]| {
@@ -127,7 +186,7 @@ impl Collector for NamesrvCollector {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::NamesrvConfig;
+    use crate::{NamesrvConfig, NamesrvProcessor};
 
     #[test]
     fn route_table_sizes_are_exported() {
@@ -137,5 +196,16 @@ mod tests {
         assert!(text.contains("shoal_namesrv_brokers 0\n"), "{text}");
         assert!(text.contains("shoal_namesrv_topics 0\n"), "{text}");
         assert!(text.contains("shoal_namesrv_connections 0\n"), "{text}");
+        assert!(text.contains("shoal_namesrv_route_watches 0\n"), "{text}");
+        assert!(
+            text.contains(
+                "shoal_namesrv_route_watch_refused_total{limit=\"max_route_watches\"} 0\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("shoal_namesrv_route_notices_total 0\n"),
+            "{text}"
+        );
     }
 }

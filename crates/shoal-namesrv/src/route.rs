@@ -5,7 +5,11 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
+use shoal_proto::constants::perm::PERM_WRITE;
 pub use shoal_proto::constants::MASTER_ID;
+
+/// Topics whose route changed (what a route watcher is told).
+pub type ChangedTopics = BTreeSet<String>;
 
 /// The queues one broker serves for one topic (RocketMQ's `QueueData`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -87,6 +91,11 @@ pub struct RegisterResult {
     pub master_addr: Option<String>,
     /// The master's HA address, for a slave.
     pub ha_server_addr: Option<String>,
+    /// Topics whose route this registration changed: a broker that was not registered, a
+    /// broker group whose addresses changed, topics added to or removed from the broker, or
+    /// their queue counts or permissions changed. Empty for a periodic registration that
+    /// changed nothing.
+    pub changed_topics: ChangedTopics,
 }
 
 #[derive(Debug, Clone)]
@@ -109,6 +118,8 @@ pub struct RemovedBroker {
     pub broker_addr: String,
     /// Broker name.
     pub broker_name: String,
+    /// Topics whose route changed because it left (those its broker group served).
+    pub changed_topics: ChangedTopics,
 }
 
 /// The route table (RocketMQ's `RouteInfoManager`).
@@ -122,6 +133,11 @@ pub struct RouteTable {
     clusters: BTreeMap<String, BTreeSet<String>>,
     /// (cluster, broker address) -> liveness.
     live: HashMap<(String, String), LiveBroker>,
+    /// Broker names whose write permission was wiped (WIPE_WRITE_PERM_OF_BROKER): their
+    /// queues are served read-only until ADD_WRITE_PERM_OF_BROKER or until the broker group
+    /// leaves the table (a restarted broker registers writable, as in RocketMQ). The topics'
+    /// registered permissions are kept as registered, so restoring gives them back exactly.
+    write_wiped: BTreeSet<String>,
 }
 
 impl RouteTable {
@@ -133,6 +149,7 @@ impl RouteTable {
     /// Registers (or refreshes) a broker and, for a master, its topic table.
     pub fn register(&mut self, reg: BrokerRegistration, now_ms: u64) -> RegisterResult {
         let key = (reg.cluster.clone(), reg.broker_addr.clone());
+        let info_before = self.brokers.get(&reg.broker_name).cloned();
         self.clusters
             .entry(reg.cluster.clone())
             .or_default()
@@ -161,10 +178,15 @@ impl RouteTable {
             .insert(reg.broker_id, reg.broker_addr.clone());
 
         let previous = self.live.get(&key);
-        let changed =
+        let data_changed =
             previous.is_none_or(|p| p.data_version != reg.data_version || p.data_version.is_none());
-        if reg.broker_id == MASTER_ID && changed {
-            self.replace_topics_of(&reg.broker_name, &reg.topics);
+        let mut changed_topics = ChangedTopics::new();
+        if reg.broker_id == MASTER_ID && data_changed {
+            changed_topics = self.replace_topics_of(&reg.broker_name, &reg.topics);
+        }
+        if info_before.as_ref() != self.brokers.get(&reg.broker_name) {
+            // The broker group's addresses (or zone) changed: every route naming it changed.
+            changed_topics.extend(self.topics_served_by(&reg.broker_name));
         }
         self.live.insert(
             key,
@@ -180,7 +202,10 @@ impl RouteTable {
         );
 
         if reg.broker_id == MASTER_ID {
-            return RegisterResult::default();
+            return RegisterResult {
+                changed_topics,
+                ..RegisterResult::default()
+            };
         }
         let master_addr = self
             .brokers
@@ -195,23 +220,82 @@ impl RouteTable {
         RegisterResult {
             master_addr,
             ha_server_addr: ha,
+            changed_topics,
         }
     }
 
-    fn replace_topics_of(&mut self, broker_name: &str, topics: &[TopicRegistration]) {
+    /// Replaces a broker's topics with the registered ones; returns the topics whose queues
+    /// on that broker changed (added, removed, other counts or permission).
+    fn replace_topics_of(
+        &mut self,
+        broker_name: &str,
+        topics: &[TopicRegistration],
+    ) -> ChangedTopics {
+        let mut changed = ChangedTopics::new();
         let wanted: BTreeSet<&str> = topics.iter().map(|t| t.topic.as_str()).collect();
         self.topic_queues.retain(|topic, by_broker| {
-            if !wanted.contains(topic.as_str()) {
-                by_broker.remove(broker_name);
+            if !wanted.contains(topic.as_str()) && by_broker.remove(broker_name).is_some() {
+                changed.insert(topic.clone());
             }
             !by_broker.is_empty()
         });
         for t in topics {
-            self.topic_queues
-                .entry(t.topic.clone())
-                .or_default()
-                .insert(broker_name.to_string(), t.queues.clone());
+            let by_broker = self.topic_queues.entry(t.topic.clone()).or_default();
+            if by_broker.get(broker_name) != Some(&t.queues) {
+                by_broker.insert(broker_name.to_string(), t.queues.clone());
+                changed.insert(t.topic.clone());
+            }
         }
+        changed
+    }
+
+    /// The topics a broker group serves queues of.
+    fn topics_served_by(&self, broker_name: &str) -> ChangedTopics {
+        self.topic_queues
+            .iter()
+            .filter(|(_, by_broker)| by_broker.contains_key(broker_name))
+            .map(|(t, _)| t.clone())
+            .collect()
+    }
+
+    /// Topics of a broker group whose registered permission lets producers write.
+    fn writable_topics_of(&self, broker_name: &str) -> ChangedTopics {
+        self.topic_queues
+            .iter()
+            .filter(|(_, by_broker)| {
+                by_broker
+                    .get(broker_name)
+                    .is_some_and(|q| q.perm & PERM_WRITE != 0)
+            })
+            .map(|(t, _)| t.clone())
+            .collect()
+    }
+
+    /// WIPE_WRITE_PERM_OF_BROKER: the broker group's queues are served without the write
+    /// permission (producers stop sending there, consumers keep reading), through every
+    /// registration, until [`RouteTable::add_write_perm`] or until the group leaves the
+    /// table. Returns the topics that lost the write permission (none when the broker is
+    /// unknown or already wiped).
+    pub fn wipe_write_perm(&mut self, broker_name: &str) -> ChangedTopics {
+        if !self.brokers.contains_key(broker_name) || self.write_wiped.contains(broker_name) {
+            return ChangedTopics::new();
+        }
+        self.write_wiped.insert(broker_name.to_string());
+        self.writable_topics_of(broker_name)
+    }
+
+    /// ADD_WRITE_PERM_OF_BROKER: undoes [`RouteTable::wipe_write_perm`]; the topics get the
+    /// permissions the broker registered back. Returns the topics that are writable again.
+    pub fn add_write_perm(&mut self, broker_name: &str) -> ChangedTopics {
+        if !self.write_wiped.remove(broker_name) {
+            return ChangedTopics::new();
+        }
+        self.writable_topics_of(broker_name)
+    }
+
+    /// True while a broker group's write permission is wiped.
+    pub fn is_write_wiped(&self, broker_name: &str) -> bool {
+        self.write_wiped.contains(broker_name)
     }
 
     /// Refreshes a broker's liveness without changing its topics (BROKER_HEARTBEAT).
@@ -241,14 +325,22 @@ impl RouteTable {
             .remove(&(cluster.to_string(), broker_addr.to_string()))
             .is_some();
         let mut group_gone = false;
+        let mut addr_gone = false;
         if let Some(b) = self.brokers.get_mut(broker_name) {
             if b.broker_addrs.get(&broker_id).map(String::as_str) == Some(broker_addr) {
                 b.broker_addrs.remove(&broker_id);
+                addr_gone = true;
             }
             group_gone = b.broker_addrs.is_empty();
         }
+        let changed_topics = if addr_gone || group_gone {
+            self.topics_served_by(broker_name)
+        } else {
+            ChangedTopics::new()
+        };
         if group_gone {
             self.brokers.remove(broker_name);
+            self.write_wiped.remove(broker_name);
             if let Some(names) = self.clusters.get_mut(cluster) {
                 names.remove(broker_name);
                 if names.is_empty() {
@@ -264,6 +356,7 @@ impl RouteTable {
             cluster: cluster.to_string(),
             broker_addr: broker_addr.to_string(),
             broker_name: broker_name.to_string(),
+            changed_topics,
         })
     }
 
@@ -303,10 +396,17 @@ impl RouteTable {
         if brokers.is_empty() {
             return None;
         }
-        Some(Route {
-            queues: queues.clone(),
-            brokers,
-        })
+        let queues = queues
+            .iter()
+            .map(|(name, q)| {
+                let mut q = q.clone();
+                if self.write_wiped.contains(name) {
+                    q.perm &= !PERM_WRITE;
+                }
+                (name.clone(), q)
+            })
+            .collect();
+        Some(Route { queues, brokers })
     }
 
     /// True when a broker group of this name is registered.
@@ -466,5 +566,94 @@ mod tests {
         assert!(t.delete_topic("T", Some("DefaultCluster")));
         assert!(t.route("T").is_none());
         assert_eq!(t.topics_of_cluster("DefaultCluster"), Vec::<String>::new());
+    }
+    fn topics(list: &[&str]) -> ChangedTopics {
+        list.iter().map(|t| t.to_string()).collect()
+    }
+
+    #[test]
+    fn registrations_report_the_topics_whose_route_changed() {
+        let mut t = RouteTable::new();
+        let mut a = reg("broker-a", "127.0.0.1:1", 0, &[("T", 4), ("U", 4)]);
+        a.data_version = Some((1, 1));
+        // A new broker: every topic it serves.
+        assert_eq!(t.register(a.clone(), 0).changed_topics, topics(&["T", "U"]));
+        // The periodic registration, same data version: nothing.
+        assert!(t.register(a.clone(), 10).changed_topics.is_empty());
+        // A new data version with the same table (no data version at all, likewise): nothing.
+        a.data_version = Some((1, 2));
+        assert!(t.register(a.clone(), 20).changed_topics.is_empty());
+        let mut none = a.clone();
+        none.data_version = None;
+        assert!(t.register(none, 25).changed_topics.is_empty());
+        // U grows, V is added, T leaves.
+        let mut a2 = reg("broker-a", "127.0.0.1:1", 0, &[("U", 8), ("V", 1)]);
+        a2.data_version = Some((1, 3));
+        assert_eq!(
+            t.register(a2.clone(), 30).changed_topics,
+            topics(&["T", "U", "V"])
+        );
+        // A permission change is a change.
+        a2.topics[0].queues.perm = 4;
+        a2.data_version = Some((1, 4));
+        assert_eq!(t.register(a2, 40).changed_topics, topics(&["U"]));
+        // A second broker on U: only U (and its own new topic) changed.
+        let b = reg("broker-b", "127.0.0.1:2", 0, &[("U", 2)]);
+        assert_eq!(t.register(b, 50).changed_topics, topics(&["U"]));
+        // A slave of broker-a joins: the broker group's addresses are in every route of it.
+        let slave = reg("broker-a", "127.0.0.1:3", 1, &[]);
+        assert_eq!(
+            t.register(slave.clone(), 60).changed_topics,
+            topics(&["U", "V"])
+        );
+        assert!(t.register(slave, 70).changed_topics.is_empty());
+        // The slave leaves: the same routes change back.
+        let gone = t
+            .unregister("DefaultCluster", "127.0.0.1:3", "broker-a", 1)
+            .unwrap();
+        assert_eq!(gone.changed_topics, topics(&["U", "V"]));
+        // The master expires: its topics.
+        let expired = t.expire(40 + 120_001);
+        let names: Vec<&str> = expired.iter().map(|b| b.broker_name.as_str()).collect();
+        assert_eq!(names, ["broker-a"]);
+        assert_eq!(expired[0].changed_topics, topics(&["U", "V"]));
+        assert!(t.route("V").is_none());
+    }
+
+    #[test]
+    fn wiped_write_permission_holds_through_registrations_until_restored() {
+        let mut t = RouteTable::new();
+        let mut a = reg("broker-a", "127.0.0.1:1", 0, &[("T", 4), ("R", 4)]);
+        a.topics[1].queues.perm = 4; // R is read-only as registered
+        t.register(a.clone(), 0);
+        t.register(reg("broker-b", "127.0.0.1:2", 0, &[("T", 4)]), 0);
+        assert!(t.wipe_write_perm("nope").is_empty());
+        assert_eq!(t.wipe_write_perm("broker-a"), topics(&["T"]));
+        assert!(t.is_write_wiped("broker-a"));
+        // Wiping again changes nothing.
+        assert!(t.wipe_write_perm("broker-a").is_empty());
+        let perm = |t: &RouteTable, topic: &str, b: &str| t.route(topic).unwrap().queues[b].perm;
+        assert_eq!(perm(&t, "T", "broker-a"), 4);
+        assert_eq!(perm(&t, "T", "broker-b"), 6);
+        // A registration with a new table (a topic created on the broker) keeps it read-only.
+        let mut a2 = a.clone();
+        a2.topics.push(TopicRegistration {
+            topic: "N".into(),
+            queues: a.topics[0].queues.clone(),
+        });
+        assert_eq!(t.register(a2.clone(), 10).changed_topics, topics(&["N"]));
+        assert_eq!(perm(&t, "N", "broker-a"), 4);
+        assert_eq!(perm(&t, "T", "broker-a"), 4);
+        // Restored: the registered permissions come back (R stays read-only).
+        assert_eq!(t.add_write_perm("broker-a"), topics(&["N", "T"]));
+        assert!(t.add_write_perm("broker-a").is_empty());
+        assert_eq!(perm(&t, "T", "broker-a"), 6);
+        assert_eq!(perm(&t, "R", "broker-a"), 4);
+        // Wiped, then the broker leaves and comes back: writable again.
+        t.wipe_write_perm("broker-a");
+        t.unregister("DefaultCluster", "127.0.0.1:1", "broker-a", 0);
+        assert!(!t.is_write_wiped("broker-a"));
+        t.register(a2, 20);
+        assert_eq!(perm(&t, "T", "broker-a"), 6);
     }
 }

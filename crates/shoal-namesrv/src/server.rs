@@ -1,7 +1,8 @@
 //! The name server process: a [`RouteTable`] behind the remoting protocol.
 
-use crate::metrics::NamesrvMetrics;
-use crate::route::{BrokerRegistration, QueueInfo, RouteTable, TopicRegistration};
+use crate::metrics::{NamesrvMetrics, RouteStats, RouteStatsSource};
+use crate::route::{BrokerRegistration, ChangedTopics, QueueInfo, RouteTable, TopicRegistration};
+use crate::watch::{RouteWatches, Watch, WatchLimit};
 use futures::future::BoxFuture;
 use parking_lot::Mutex;
 use shoal_net::{
@@ -12,6 +13,10 @@ use shoal_proto::body::{
     BrokerData, ClusterInfo, KVTable, QueueData, RegisterBrokerBody, TopicList, TopicRouteData,
 };
 use shoal_proto::code::{request_code as rc, response_code as resp};
+use shoal_proto::header::{
+    AddWritePermOfBrokerRequestHeader, AddWritePermOfBrokerResponseHeader,
+    WipeWritePermOfBrokerRequestHeader, WipeWritePermOfBrokerResponseHeader,
+};
 use shoal_proto::header::{
     BrokerHeartbeatRequestHeader, DeleteKvConfigRequestHeader, DeleteTopicFromNamesrvRequestHeader,
     GetKvConfigRequestHeader, GetKvConfigResponseHeader, GetKvListByNamespaceRequestHeader,
@@ -25,7 +30,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::task::JoinHandle;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 /// The client version (`MQVersion` ordinal of V4_9_4) from which routes are sent as standard
 /// JSON; older clients get fastjson's bare numeric map keys (spec 1.6, 3.1).
@@ -50,7 +55,17 @@ pub struct NamesrvConfig {
     /// Transport limits of the listener (frame size, requests in flight, answers waiting,
     /// idle timeout, partial frames, connections per IP).
     pub net: NetConfig,
+    /// Pushed routes: (connection, topic) watches held at most, over every connection
+    /// (`max_route_watches`); a watch over the limit is refused and the client keeps polling.
+    pub max_route_watches: usize,
+    /// Pushed routes: topics one connection may watch (`max_route_watches_per_connection`).
+    pub max_route_watches_per_connection: usize,
 }
+
+/// Default of [`NamesrvConfig::max_route_watches`].
+pub const DEFAULT_MAX_ROUTE_WATCHES: usize = 100_000;
+/// Default of [`NamesrvConfig::max_route_watches_per_connection`].
+pub const DEFAULT_MAX_ROUTE_WATCHES_PER_CONNECTION: usize = 1_000;
 
 /// Name server requests that need an admin account when ACL is on.
 pub const NAMESRV_WRITE_CODES: &[i32] = &[
@@ -75,6 +90,8 @@ impl Default for NamesrvConfig {
             acl: None,
             tls: shoal_net::ServerTls::disabled(),
             net: NetConfig::default(),
+            max_route_watches: DEFAULT_MAX_ROUTE_WATCHES,
+            max_route_watches_per_connection: DEFAULT_MAX_ROUTE_WATCHES_PER_CONNECTION,
         }
     }
 }
@@ -103,6 +120,10 @@ struct State {
 /// The request processor of the name server.
 pub struct NamesrvProcessor {
     state: Mutex<State>,
+    /// Route watches of Shoal clients (its own lock, never taken with `state`'s: a watch is
+    /// taken before the route is read, and notices are computed after a change is applied, so
+    /// no change falls between the two).
+    watches: Mutex<RouteWatches<Connection>>,
     metrics: Arc<NamesrvMetrics>,
     started: Instant,
     default_timeout_ms: u64,
@@ -113,6 +134,21 @@ pub struct NamesrvProcessor {
 impl std::fmt::Debug for NamesrvProcessor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("NamesrvProcessor").finish_non_exhaustive()
+    }
+}
+
+impl RouteStatsSource for NamesrvProcessor {
+    fn route_stats(&self) -> RouteStats {
+        let (brokers, topics) = self.sizes();
+        let w = self.watches.lock();
+        RouteStats {
+            brokers,
+            topics,
+            watches: w.len(),
+            watching_connections: w.connections(),
+            watch_refused_total: w.refused(WatchLimit::Total),
+            watch_refused_per_connection: w.refused(WatchLimit::PerConnection),
+        }
     }
 }
 
@@ -136,6 +172,10 @@ impl NamesrvProcessor {
                 routes: RouteTable::new(),
                 kv: BTreeMap::new(),
             }),
+            watches: Mutex::new(RouteWatches::new(
+                config.max_route_watches,
+                config.max_route_watches_per_connection,
+            )),
             metrics: Arc::new(NamesrvMetrics::new()),
             started: Instant::now(),
             default_timeout_ms: config.default_broker_timeout.as_millis() as u64,
@@ -188,10 +228,49 @@ impl NamesrvProcessor {
     pub fn scan_expired(&self) -> usize {
         let now = self.now_ms();
         let removed = self.state.lock().routes.expire(now);
+        let mut changed = ChangedTopics::new();
         for b in &removed {
             warn!(broker = %b.broker_name, addr = %b.broker_addr, "broker expired: no registration within its timeout");
+            changed.extend(b.changed_topics.iter().cloned());
         }
+        self.notify_watchers(&changed);
         removed.len()
+    }
+
+    /// Route watches held now (connection, topic pairs).
+    pub fn route_watches(&self) -> usize {
+        self.watches.lock().len()
+    }
+
+    /// Tells the connections watching `changed` topics (NOTIFY_ROUTE_CHANGED, oneway, sent
+    /// in the background; a closed connection just misses it and its watches end with it).
+    fn notify_watchers(&self, changed: &ChangedTopics) {
+        if changed.is_empty() {
+            return;
+        }
+        let notices = self.watches.lock().notices(changed);
+        if notices.is_empty() {
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        debug!(
+            topics = changed.len(),
+            connections = notices.len(),
+            "routes changed: telling the watchers"
+        );
+        for (conn, topics) in notices {
+            let Ok(req) = shoal_proto::route_watch::notice(topics) else {
+                continue;
+            };
+            self.metrics.route_notices.inc();
+            rt.spawn(async move {
+                if let Err(e) = conn.oneway(req).await {
+                    debug!(peer = %conn.peer_addr(), error = %e, "a route notice was not sent");
+                }
+            });
+        }
     }
 
     fn handle(&self, conn: &Connection, req: &RemotingCommand) -> Option<Handled> {
@@ -199,7 +278,9 @@ impl NamesrvProcessor {
             rc::REGISTER_BROKER => self.register_broker(conn, req),
             rc::UNREGISTER_BROKER => self.unregister_broker(req),
             rc::BROKER_HEARTBEAT => self.broker_heartbeat(conn, req),
-            rc::GET_ROUTEINFO_BY_TOPIC => self.route(req),
+            rc::GET_ROUTEINFO_BY_TOPIC => self.route(conn, req),
+            rc::WIPE_WRITE_PERM_OF_BROKER => self.wipe_write_perm(req),
+            rc::ADD_WRITE_PERM_OF_BROKER => self.add_write_perm(req),
             rc::GET_BROKER_CLUSTER_INFO => self.cluster_info(),
             rc::GET_ALL_TOPIC_LIST_FROM_NAMESERVER => {
                 let topics = self.state.lock().routes.topics();
@@ -264,7 +345,7 @@ impl NamesrvProcessor {
             connection_id: Some(conn.id()),
         };
         let now = self.now_ms();
-        let result = {
+        let mut result = {
             let mut st = self.state.lock();
             let first = !st.routes.has_broker(&h.broker_name);
             let r = st.routes.register(reg, now);
@@ -273,6 +354,7 @@ impl NamesrvProcessor {
             }
             r
         };
+        self.notify_watchers(&std::mem::take(&mut result.changed_topics));
         let header = RegisterBrokerResponseHeader {
             ha_server_addr: result.ha_server_addr,
             master_addr: result.master_addr,
@@ -288,10 +370,37 @@ impl NamesrvProcessor {
             &h.broker_name,
             h.broker_id,
         );
-        if removed.is_some() {
+        if let Some(r) = removed {
             info!(broker = %h.broker_name, addr = %h.broker_addr, "broker unregistered");
+            self.notify_watchers(&r.changed_topics);
         }
         Ok(RemotingCommand::response(resp::SUCCESS, None))
+    }
+
+    fn wipe_write_perm(&self, req: &RemotingCommand) -> Handled {
+        let h: WipeWritePermOfBrokerRequestHeader =
+            req.decode_command_header().map_err(bad_request)?;
+        let changed = self.state.lock().routes.wipe_write_perm(&h.broker_name);
+        info!(broker = %h.broker_name, topics = changed.len(), "write permission of a broker wiped");
+        self.notify_watchers(&changed);
+        Ok(RemotingCommand::response(resp::SUCCESS, None).with_header(
+            &WipeWritePermOfBrokerResponseHeader {
+                wipe_topic_count: changed.len() as i32,
+            },
+        ))
+    }
+
+    fn add_write_perm(&self, req: &RemotingCommand) -> Handled {
+        let h: AddWritePermOfBrokerRequestHeader =
+            req.decode_command_header().map_err(bad_request)?;
+        let changed = self.state.lock().routes.add_write_perm(&h.broker_name);
+        info!(broker = %h.broker_name, topics = changed.len(), "write permission of a broker restored");
+        self.notify_watchers(&changed);
+        Ok(RemotingCommand::response(resp::SUCCESS, None).with_header(
+            &AddWritePermOfBrokerResponseHeader {
+                add_topic_count: changed.len() as i32,
+            },
+        ))
     }
 
     fn broker_heartbeat(&self, _conn: &Connection, req: &RemotingCommand) -> Handled {
@@ -304,8 +413,20 @@ impl NamesrvProcessor {
         Ok(RemotingCommand::response(resp::SUCCESS, None))
     }
 
-    fn route(&self, req: &RemotingCommand) -> Handled {
+    fn route(&self, conn: &Connection, req: &RemotingCommand) -> Handled {
         let h: GetRouteInfoRequestHeader = req.decode_command_header().map_err(bad_request)?;
+        // The watch first, then the route: a change either shows in this answer or is
+        // pushed after it.
+        let watched = shoal_proto::route_watch::wants_watch(req).then(|| {
+            let w = self.watches.lock().watch(conn.id(), conn, &h.topic);
+            if let Watch::Refused(limit) = w {
+                let n = self.watches.lock().refused(limit);
+                if n.is_power_of_two() {
+                    warn!(peer = %conn.peer_addr(), topic = %h.topic, limit = limit.key(), refused = n, "route watch refused: limit reached (the client keeps polling)");
+                }
+            }
+            w == Watch::Watching
+        });
         let route = self.state.lock().routes.route(&h.topic);
         let Some(route) = route else {
             return Err((
@@ -316,6 +437,16 @@ impl NamesrvProcessor {
                 ),
             ));
         };
+        let mut answer = RemotingCommand::response(resp::SUCCESS, None);
+        if let Some(watched) = watched {
+            answer
+                .ext_fields
+                .get_or_insert_with(Default::default)
+                .insert(
+                    shoal_proto::route_watch::field::WATCHED,
+                    if watched { "true" } else { "false" },
+                );
+        }
         let data = TopicRouteData {
             broker_datas: route.brokers.iter().map(broker_data).collect(),
             filter_server_table: BTreeMap::new(),
@@ -346,7 +477,7 @@ impl NamesrvProcessor {
         } else {
             fastjson_route_bytes(&data).map_err(bad_request)?
         };
-        Ok(RemotingCommand::response(resp::SUCCESS, None).with_body(body))
+        Ok(answer.with_body(body))
     }
 
     fn cluster_info(&self) -> Handled {
@@ -373,10 +504,14 @@ impl NamesrvProcessor {
     fn delete_topic(&self, req: &RemotingCommand) -> Handled {
         let h: DeleteTopicFromNamesrvRequestHeader =
             req.decode_command_header().map_err(bad_request)?;
-        self.state
+        let deleted = self
+            .state
             .lock()
             .routes
             .delete_topic(&h.topic, h.cluster_name.as_deref());
+        if deleted {
+            self.notify_watchers(&[h.topic.clone()].into());
+        }
         Ok(RemotingCommand::response(resp::SUCCESS, None))
     }
 
@@ -529,10 +664,14 @@ impl Processor for NamesrvProcessor {
 
     fn on_connection_close(&self, conn: &Connection) {
         self.metrics.connections.dec();
+        self.watches.lock().forget(conn.id());
         let removed = self.state.lock().routes.connection_closed(conn.id());
+        let mut changed = ChangedTopics::new();
         for b in removed {
             info!(broker = %b.broker_name, addr = %b.broker_addr, "broker connection closed: removed from routes");
+            changed.extend(b.changed_topics);
         }
+        self.notify_watchers(&changed);
     }
 }
 

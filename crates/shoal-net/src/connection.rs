@@ -1,7 +1,8 @@
 //! [`Connection`]: one connection carrying remoting commands in both directions, and the
 //! settings of connections ([`NetConfig`]).
 //!
-//! A connection is run by **one task** (its driver, see `driver.rs`) that owns the stream:
+//! A connection is run by **one task** (its driver, see `driver.rs`, where
+//! [`Connection::start`] starts it) that owns the stream:
 //! it reads every byte available, decodes every complete frame, completes pending requests by
 //! `opaque`, runs the futures of incoming requests itself, and writes every frame ready at that
 //! moment with one vectored write. Other tasks (callers of [`Connection::request`], late
@@ -9,153 +10,22 @@
 //! connection's write queue and wake the driver. Shared state: the write queue and the table of
 //! pending requests, each behind one short lock never held across `.await`.
 
-use crate::driver::{self, Driver};
-use crate::outbuf::OutBuf;
-use crate::processor::Processor;
-use crate::stats::NetStats;
+pub use crate::config::NetConfig;
+use crate::state::{ConnectionState, Waiter};
 use crate::{NetError, Result};
-use foldhash::{HashMap, HashMapExt};
-use futures::task::AtomicWaker;
-use parking_lot::Mutex;
 use shoal_proto::code::response_code::SYSTEM_ERROR;
-use shoal_proto::command::{FLAG_ONEWAY, FLAG_RESPONSE, MAX_FRAME_LEN};
+use shoal_proto::command::{FLAG_ONEWAY, FLAG_RESPONSE};
 use shoal_proto::RemotingCommand;
 use std::collections::hash_map::Entry;
 use std::fmt;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::TcpStream;
-use tokio::sync::{oneshot, Notify};
+use tokio::sync::oneshot;
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
-use tracing::{debug, warn, Instrument};
-
-/// Connection ids are unique within the process; this is the allocator (an id counter, not
-/// shared state anyone reads).
-static NEXT_CONNECTION_ID: AtomicU64 = AtomicU64::new(1);
-
-/// Settings shared by servers, clients and their connections. Every limit bounds what a peer
-/// can make this side hold; see `docs/configuration.md` (`[net]`) for the broker's keys.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NetConfig {
-    /// Largest frame accepted or sent, in bytes including the length field
-    /// (default [`MAX_FRAME_LEN`], 16 MiB, as Java).
-    pub max_frame_len: usize,
-    /// Time allowed to establish a TCP connection (default 3 s, Java's `connectTimeoutMillis`).
-    pub connect_timeout: Duration,
-    /// Incoming requests of one connection being processed or waiting for a late answer at
-    /// once (default 4096). At the limit the connection stops reading from its socket until
-    /// one completes (backpressure: TCP flow control then slows the peer down).
-    pub max_inflight_requests: usize,
-    /// Bytes of encoded frames waiting to be written on one connection (default 4 MiB). Over
-    /// it the connection stops reading (a peer that sends but does not read its answers is
-    /// slowed down instead of growing memory) and local senders of requests wait. A single
-    /// frame larger than this is still accepted when nothing else waits.
-    pub max_pending_write_bytes: usize,
-    /// A connection with no byte read or written for this long, and no request in flight in
-    /// either direction, is closed (default 120 s, RocketMQ's
-    /// `serverChannelMaxIdleTimeSeconds`). `None`: never.
-    pub idle_timeout: Option<Duration>,
-    /// Bytes of incomplete incoming frames held by all connections of one server or client
-    /// together (default 256 MiB). A connection whose partial frame would take the total over
-    /// it is closed. Frame buffers grow with the bytes that arrive, not with the length a frame
-    /// declares.
-    pub max_partial_frame_bytes: usize,
-    /// Connections a [`Server`](crate::Server) accepts at once from one IP address (default
-    /// 1024); more are closed at accept.
-    pub max_connections_per_ip: usize,
-}
-
-impl Default for NetConfig {
-    fn default() -> Self {
-        Self {
-            max_frame_len: MAX_FRAME_LEN,
-            connect_timeout: Duration::from_secs(3),
-            max_inflight_requests: 4096,
-            max_pending_write_bytes: 4 << 20,
-            idle_timeout: Some(Duration::from_secs(120)),
-            max_partial_frame_bytes: 256 << 20,
-            max_connections_per_ip: 1024,
-        }
-    }
-}
-
-pub(crate) struct PendingTable {
-    pub(crate) waiting: HashMap<i32, Waiter>,
-    /// Set once the connection has closed; nothing is registered after that.
-    pub(crate) closed: bool,
-    /// When the driver next looks for requests past their deadline: never later than the
-    /// earliest deadline in `waiting` (it may be earlier, when that request has completed).
-    /// One timer per connection instead of one per request.
-    pub(crate) sweep_at: Option<Instant>,
-}
-
-/// A request waiting for its response.
-pub(crate) struct Waiter {
-    tx: oneshot::Sender<Result<RemotingCommand>>,
-    deadline: Instant,
-    timeout: Duration,
-    /// The caller reads the answer's binary extFields area as it came (see
-    /// [`Connection::start_request_keeping_answer_area`]).
-    pub(crate) keep_area: bool,
-}
-
-impl PendingTable {
-    /// Removes the requests whose deadline is at or before `now`, re-arms `sweep_at` for the
-    /// rest, and returns the removed ones with the error to give them.
-    pub(crate) fn expire(
-        &mut self,
-        now: Instant,
-        peer: SocketAddr,
-    ) -> Vec<(oneshot::Sender<Result<RemotingCommand>>, NetError)> {
-        let due: Vec<i32> = self
-            .waiting
-            .iter()
-            .filter(|(_, w)| w.deadline <= now)
-            .map(|(&opaque, _)| opaque)
-            .collect();
-        let expired = due
-            .into_iter()
-            .filter_map(|opaque| {
-                let w = self.waiting.remove(&opaque)?;
-                let e = NetError::Timeout {
-                    peer,
-                    opaque,
-                    timeout: w.timeout,
-                };
-                Some((w.tx, e))
-            })
-            .collect();
-        let next = self.waiting.values().map(|w| w.deadline).min();
-        self.sweep_at = next;
-        expired
-    }
-}
-
-pub(crate) struct Inner {
-    pub(crate) id: u64,
-    pub(crate) peer: SocketAddr,
-    pub(crate) local: SocketAddr,
-    pub(crate) config: NetConfig,
-    /// Frames encoded by anyone, waiting for the driver to write them.
-    pub(crate) out: Mutex<OutBuf>,
-    /// Senders waiting for room in `out`.
-    pub(crate) out_space: Notify,
-    /// The driver's waker: woken when frames are queued or a request completes elsewhere.
-    pub(crate) driver_waker: AtomicWaker,
-    pub(crate) pending: Mutex<PendingTable>,
-    pub(crate) next_opaque: AtomicI32,
-    pub(crate) closed: CancellationToken,
-    /// Incoming requests not yet answered (see `Ticket`).
-    pub(crate) inflight: AtomicUsize,
-    /// Set while the driver does not read because of a limit (wakes are then needed).
-    pub(crate) read_paused: AtomicBool,
-    pub(crate) stats: Arc<NetStats>,
-}
+use tracing::{debug, warn};
 
 /// One remoting connection, usable by both sides: send requests and correlate their responses,
 /// send oneway requests and responses, learn the peer, close, and be told of closing.
@@ -165,7 +35,7 @@ pub(crate) struct Inner {
 /// past the idle timeout, or its server or client shuts down.
 #[derive(Clone)]
 pub struct Connection {
-    pub(crate) inner: Arc<Inner>,
+    pub(crate) inner: Arc<ConnectionState>,
 }
 
 impl fmt::Debug for Connection {
@@ -188,87 +58,6 @@ impl PartialEq for Connection {
 impl Eq for Connection {}
 
 impl Connection {
-    /// Starts a connection over an established TCP stream and returns its handle with its
-    /// driver, the future that runs it. Spawn the driver with `tokio::spawn`; it ends when the
-    /// connection has closed, after [`Processor::on_connection_close`].
-    ///
-    /// `shutdown`, when given, closes the connection when cancelled (a server's or client's
-    /// shutdown token).
-    ///
-    /// # Errors
-    /// [`NetError::Io`] when the socket's addresses cannot be read (it is already dead).
-    pub fn start(
-        stream: TcpStream,
-        processor: Arc<dyn Processor>,
-        config: &NetConfig,
-        shutdown: Option<&CancellationToken>,
-    ) -> Result<(Connection, impl Future<Output = ()> + Send + 'static)> {
-        Self::start_tcp(stream, processor, config, shutdown, Arc::default())
-    }
-
-    pub(crate) fn start_tcp(
-        stream: TcpStream,
-        processor: Arc<dyn Processor>,
-        config: &NetConfig,
-        shutdown: Option<&CancellationToken>,
-        stats: Arc<NetStats>,
-    ) -> Result<(Connection, impl Future<Output = ()> + Send + 'static)> {
-        let peer = stream.peer_addr()?;
-        let local = stream.local_addr()?;
-        if let Err(e) = stream.set_nodelay(true) {
-            debug!(%peer, error = %e, "cannot set TCP_NODELAY");
-        }
-        Ok(Self::start_io(
-            stream, peer, local, processor, config, shutdown, stats,
-        ))
-    }
-
-    /// Starts a connection over any byte stream (a TCP stream, or a TLS stream wrapping one)
-    /// whose peer and local addresses are given. See [`Connection::start`].
-    pub fn start_io<S>(
-        io: S,
-        peer: SocketAddr,
-        local: SocketAddr,
-        processor: Arc<dyn Processor>,
-        config: &NetConfig,
-        shutdown: Option<&CancellationToken>,
-        stats: Arc<NetStats>,
-    ) -> (Connection, impl Future<Output = ()> + Send + 'static)
-    where
-        S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
-    {
-        let closed = shutdown.map_or_else(CancellationToken::new, CancellationToken::child_token);
-        let id = NEXT_CONNECTION_ID.fetch_add(1, Ordering::Relaxed);
-        let mut config = config.clone();
-        config.max_inflight_requests = config.max_inflight_requests.max(1);
-        let conn = Connection {
-            inner: Arc::new(Inner {
-                id,
-                peer,
-                local,
-                config,
-                out: Mutex::new(OutBuf::default()),
-                out_space: Notify::new(),
-                driver_waker: AtomicWaker::new(),
-                pending: Mutex::new(PendingTable {
-                    waiting: HashMap::new(),
-                    closed: false,
-                    sweep_at: None,
-                }),
-                next_opaque: AtomicI32::new(0),
-                closed,
-                inflight: AtomicUsize::new(0),
-                read_paused: AtomicBool::new(false),
-                stats,
-            }),
-        };
-        // At debug level: entering a span on every poll of the connection costs about 700
-        // instructions per request when it is enabled (its fields are for debug logs).
-        let span = tracing::debug_span!("conn", id, %peer);
-        let driver = Driver::new(conn.clone(), io, processor);
-        (conn, driver::run(driver).instrument(span))
-    }
-
     /// The connection's id: unique in this process, stable for the connection's life.
     pub fn id(&self) -> u64 {
         self.inner.id

@@ -13,10 +13,13 @@
 //! connections; a connection idle for `idle_timeout` is closed.
 
 use crate::codec::check_frame_length;
+use crate::config::NetConfig;
 use crate::connection::Connection;
 use crate::outbuf::Writing;
-use crate::processor::{ProcessResult, Processor, RequestContext, Ticket};
-use crate::stats::bump;
+use crate::processor::{ProcessResult, Processor, RequestContext};
+use crate::state::{ConnectionState, Ticket};
+use crate::stats::{bump, NetStats};
+use crate::Result;
 use bytes::{Buf, BytesMut};
 use futures::future::BoxFuture;
 use futures::stream::FuturesUnordered;
@@ -25,6 +28,7 @@ use shoal_proto::code::response_code::SYSTEM_ERROR;
 use shoal_proto::RemotingCommand;
 use std::future::{poll_fn, Future};
 use std::io::IoSlice;
+use std::net::SocketAddr;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
@@ -32,9 +36,76 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
-use tokio_util::sync::WaitForCancellationFutureOwned;
-use tracing::{debug, error, info, warn};
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
+use tracing::{debug, error, info, warn, Instrument};
+
+impl Connection {
+    /// Starts a connection over an established TCP stream and returns its handle with its
+    /// driver, the future that runs it. Spawn the driver with `tokio::spawn`; it ends when the
+    /// connection has closed, after [`Processor::on_connection_close`].
+    ///
+    /// `shutdown`, when given, closes the connection when cancelled (a server's or client's
+    /// shutdown token).
+    ///
+    /// # Errors
+    /// [`NetError::Io`](crate::NetError::Io) when the socket's addresses cannot be read (it is
+    /// already dead).
+    pub fn start(
+        stream: TcpStream,
+        processor: Arc<dyn Processor>,
+        config: &NetConfig,
+        shutdown: Option<&CancellationToken>,
+    ) -> Result<(Connection, impl Future<Output = ()> + Send + 'static)> {
+        Self::start_tcp(stream, processor, config, shutdown, Arc::default())
+    }
+
+    pub(crate) fn start_tcp(
+        stream: TcpStream,
+        processor: Arc<dyn Processor>,
+        config: &NetConfig,
+        shutdown: Option<&CancellationToken>,
+        stats: Arc<NetStats>,
+    ) -> Result<(Connection, impl Future<Output = ()> + Send + 'static)> {
+        let peer = stream.peer_addr()?;
+        let local = stream.local_addr()?;
+        if let Err(e) = stream.set_nodelay(true) {
+            debug!(%peer, error = %e, "cannot set TCP_NODELAY");
+        }
+        Ok(Self::start_io(
+            stream, peer, local, processor, config, shutdown, stats,
+        ))
+    }
+
+    /// Starts a connection over any byte stream (a TCP stream, or a TLS stream wrapping one)
+    /// whose peer and local addresses are given. See [`Connection::start`].
+    pub fn start_io<S>(
+        io: S,
+        peer: SocketAddr,
+        local: SocketAddr,
+        processor: Arc<dyn Processor>,
+        config: &NetConfig,
+        shutdown: Option<&CancellationToken>,
+        stats: Arc<NetStats>,
+    ) -> (Connection, impl Future<Output = ()> + Send + 'static)
+    where
+        S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+    {
+        let closed = shutdown.map_or_else(CancellationToken::new, CancellationToken::child_token);
+        let mut config = config.clone();
+        config.max_inflight_requests = config.max_inflight_requests.max(1);
+        let conn = Connection {
+            inner: Arc::new(ConnectionState::new(peer, local, config, closed, stats)),
+        };
+        let id = conn.inner.id;
+        // At debug level: entering a span on every poll of the connection costs about 700
+        // instructions per request when it is enabled (its fields are for debug logs).
+        let span = tracing::debug_span!("conn", id, %peer);
+        let driver = Driver::new(conn.clone(), io, processor);
+        (conn, run(driver).instrument(span))
+    }
+}
 
 /// How long a closing connection may spend flushing frames already queued for writing.
 const CLOSE_FLUSH_TIMEOUT: Duration = Duration::from_secs(1);
@@ -386,6 +457,9 @@ where
     /// Starts one incoming request: its future runs on this task.
     fn dispatch(&mut self, request: RemotingCommand) {
         bump(&self.conn.inner.stats.requests_received);
+        if request.serialize_type == shoal_proto::SerializeType::RocketMq {
+            bump(&self.conn.inner.stats.requests_binary_header);
+        }
         // Counted from now until its future ends (then its responders count it, if any).
         let ticket = Ticket::new(Arc::clone(&self.conn.inner));
         let opaque = request.opaque;

@@ -20,12 +20,14 @@
 
 pub mod client;
 pub mod codec;
+mod config;
 pub mod connection;
 mod driver;
 pub mod error;
 mod outbuf;
 pub mod processor;
 pub mod server;
+mod state;
 pub mod stats;
 pub mod tls;
 

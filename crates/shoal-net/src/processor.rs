@@ -1,7 +1,8 @@
 //! [`Processor`]: what handles the requests arriving on connections, with what it gets for
 //! each request ([`RequestContext`]) and how it answers late ([`Responder`]).
 
-use crate::connection::{Connection, Inner};
+use crate::connection::Connection;
+use crate::state::Ticket;
 use crate::Result;
 use futures::future::BoxFuture;
 use shoal_proto::code::response_code::REQUEST_CODE_NOT_SUPPORTED;
@@ -9,7 +10,6 @@ use shoal_proto::{RemotingCommand, SerializeType};
 use std::fmt;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 /// The error a [`Processor`] may return; it is answered with SYSTEM_ERROR (1) and the error's
@@ -142,29 +142,6 @@ pub fn request_code_not_supported(request: &RemotingCommand) -> RemotingCommand 
         REQUEST_CODE_NOT_SUPPORTED,
         Some(format!(" request type {} not supported", request.code)),
     )
-}
-
-/// One incoming request counted against the connection's `max_inflight_requests` while its
-/// future runs or one of its [`Responder`]s lives (each holds a ticket of its own, so a
-/// request is counted once or more while it is unanswered, never zero times).
-pub(crate) struct Ticket {
-    inner: Arc<Inner>,
-}
-
-impl Ticket {
-    pub(crate) fn new(inner: Arc<Inner>) -> Ticket {
-        inner.inflight.fetch_add(1, Ordering::AcqRel);
-        Ticket { inner }
-    }
-}
-
-impl Drop for Ticket {
-    fn drop(&mut self) {
-        self.inner.inflight.fetch_sub(1, Ordering::AcqRel);
-        if self.inner.read_paused.load(Ordering::Acquire) {
-            self.inner.driver_waker.wake();
-        }
-    }
 }
 
 /// What a [`Processor`] gets with each request.

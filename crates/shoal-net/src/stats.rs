@@ -16,6 +16,7 @@ pub struct NetStats {
     pub(crate) paused_inflight: AtomicU64,
     pub(crate) paused_write_queue: AtomicU64,
     pub(crate) requests_received: AtomicU64,
+    pub(crate) requests_binary_header: AtomicU64,
     pub(crate) responses_too_large: AtomicU64,
     pub(crate) read_calls: AtomicU64,
     pub(crate) write_calls: AtomicU64,
@@ -53,6 +54,9 @@ pub struct NetStatsSnapshot {
     pub paused_write_queue: u64,
     /// Requests received (oneway included).
     pub requests_received: u64,
+    /// Requests among them whose header came in RocketMQ's binary encoding (the others came
+    /// as JSON).
+    pub requests_binary_header: u64,
     /// Answers that did not fit the frame limit and were replaced by SYSTEM_ERROR.
     pub responses_too_large: u64,
     /// Read calls on sockets (a read takes every byte available, many frames at once).
@@ -89,6 +93,7 @@ impl NetStats {
             paused_inflight: g(&self.paused_inflight),
             paused_write_queue: g(&self.paused_write_queue),
             requests_received: g(&self.requests_received),
+            requests_binary_header: g(&self.requests_binary_header),
             responses_too_large: g(&self.responses_too_large),
             read_calls: g(&self.read_calls),
             write_calls: g(&self.write_calls),

@@ -230,6 +230,24 @@ impl ServerTls {
         self
     }
 
+    /// The rustls acceptor of the certificate and key (`None` when disabled), for another
+    /// listener of the process that serves the same certificate (the HTTP port).
+    pub fn acceptor(&self) -> Option<tokio_rustls::TlsAcceptor> {
+        self.acceptor.clone()
+    }
+
+    /// A copy with another mode and the same certificate and key (`Disabled` when there are
+    /// none).
+    pub fn with_mode(&self, mode: TlsMode) -> Self {
+        let mut t = self.clone();
+        t.mode = if t.acceptor.is_some() {
+            mode
+        } else {
+            TlsMode::Disabled
+        };
+        t
+    }
+
     /// The mode.
     pub fn mode(&self) -> TlsMode {
         self.mode
@@ -513,6 +531,15 @@ fn describe_handshake_error(e: &std::io::Error, name: &ServerName<'_>) -> String
         Some(rustls::Error::InvalidCertificate(
             CertificateError::Expired | CertificateError::ExpiredContext { .. },
         )) => "the server's certificate has expired".to_owned(),
+        Some(rustls::Error::InvalidCertificate(CertificateError::Other(other)))
+            if format!("{other:?}").contains("CaUsedAsEndEntity") =>
+        {
+            "the server presents a CA certificate as its own (CaUsedAsEndEntity): give the \
+             server a certificate that says basicConstraints CA:FALSE, signed by the CA the \
+             client trusts; for a self-signed trial certificate add -addext \
+             \"basicConstraints=critical,CA:FALSE\" to `openssl req -x509` (docs/security.md)"
+                .to_owned()
+        }
         Some(other) => other.to_string(),
         None if matches!(
             e.kind(),

@@ -221,6 +221,42 @@ async fn a_certificate_from_another_ca_is_refused_with_a_clear_error() {
     .await;
 }
 
+/// A server whose own certificate is a CA certificate (what `openssl req -x509` makes unless
+/// told `CA:FALSE`): the client's error says what to change.
+#[tokio::test]
+async fn a_ca_certificate_as_the_servers_own_is_refused_with_what_to_do() {
+    bounded(async {
+        let mut p = CertificateParams::new(vec!["localhost".to_owned()]).unwrap();
+        p.subject_alt_names
+            .push(SanType::IpAddress("127.0.0.1".parse().unwrap()));
+        p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let key = KeyPair::generate().unwrap();
+        let cert = p.self_signed(&key).unwrap();
+        let tls = ServerTls::new(
+            TlsMode::Enforcing,
+            vec![cert.der().clone()],
+            PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
+        )
+        .unwrap();
+        let server = echo_server(tls).await;
+        let addr = server.local_addr().to_string();
+        let trusting_it =
+            ClientTls::new(TrustRoots::Certificates(vec![cert.der().clone()]), None).unwrap();
+        let err = echo(&client(Some(trusting_it)), &addr, b"x")
+            .await
+            .unwrap_err();
+        let text = err.to_string();
+        assert!(matches!(err, NetError::TlsHandshake { .. }), "{text}");
+        assert!(
+            text.contains("presents a CA certificate as its own (CaUsedAsEndEntity)")
+                && text.contains("basicConstraints=critical,CA:FALSE"),
+            "{text}"
+        );
+        server.shutdown().await;
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn the_server_name_is_verified_and_can_be_given() {
     bounded(async {

@@ -53,11 +53,34 @@ pub const MEMBER_ID_EXT: &str = "shoalMemberId";
 /// extField carrying the member epoch on pulls, commits and lock requests.
 pub const MEMBER_EPOCH_EXT: &str = "shoalMemberEpoch";
 
+/// extField naming the coordinator (its address) that gave the member its epoch: a broker
+/// fences only stamps of its own coordinator (another coordinator's epochs mean nothing to it;
+/// queue locks guard the hand-over across a coordinator move).
+pub const MEMBER_COORDINATOR_EXT: &str = "shoalMemberCoordinator";
+
 /// Adds a coordinated member's id and epoch to a request's extFields.
 pub fn stamp(cmd: &mut RemotingCommand, member_id: &str, member_epoch: i32) {
     let ext = cmd.ext_fields.get_or_insert_with(Default::default);
     ext.insert(MEMBER_ID_EXT, member_id);
     ext.insert(MEMBER_EPOCH_EXT, member_epoch.to_string());
+}
+
+/// Adds the member's id and epoch and the coordinator that gave them.
+pub fn stamp_from(
+    cmd: &mut RemotingCommand,
+    member_id: &str,
+    member_epoch: i32,
+    coordinator: &str,
+) {
+    stamp(cmd, member_id, member_epoch);
+    if let Some(ext) = cmd.ext_fields.as_mut() {
+        ext.insert(MEMBER_COORDINATOR_EXT, coordinator);
+    }
+}
+
+/// The coordinator a stamp names, if it names one (older clients do not).
+pub fn stamp_coordinator(cmd: &RemotingCommand) -> Option<&str> {
+    cmd.ext(MEMBER_COORDINATOR_EXT)
 }
 
 /// The member id and epoch a request is stamped with: `None` when it is not stamped,
@@ -108,6 +131,10 @@ pub struct GroupHeartbeatRequest {
     /// Subscribed topics.
     #[serde(default)]
     pub subscriptions: Vec<String>,
+    /// A joining member's epoch under the group's previous coordinator (the coordinator
+    /// moved): the new coordinator's epochs continue above it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_epoch: Option<i32>,
 }
 
 /// GROUP_HEARTBEAT answer body.

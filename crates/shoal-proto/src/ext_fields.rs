@@ -663,21 +663,6 @@ mod tests {
     use proptest::prelude::*;
 
     #[test]
-    fn letter_values_reads_one_letter_keys_shared_or_decoded() {
-        use crate::command::{RemotingCommand, SerializeType};
-        // `a` plain (a span of the frame), `b` written with an escape (decoded into the map's
-        // own text), `bb` and `n` not among the letters asked for, `c` replaced by a later entry.
-        let header = br#"{"code":310,"extFields":{"a":"G","\u0062":"T\u0001x","bb":"no","c":"1","n":"broker","c":"2"}}"#;
-        let cmd = RemotingCommand::decode_header(SerializeType::Json, header).unwrap();
-        let ext = cmd.ext_fields.as_ref().unwrap();
-        let found: [Option<&str>; 4] = ext.letter_values(b'a');
-        assert_eq!(found, [Some("G"), Some("T\u{1}x"), Some("2"), None]);
-        // Letters below `first` are not folded into the table.
-        let found: [Option<&str>; 2] = ext.letter_values(b'b');
-        assert_eq!(found, [Some("T\u{1}x"), Some("2")]);
-    }
-
-    #[test]
     fn insert_replaces_in_place_and_keeps_order() {
         let mut m = ExtFields::new();
         m.insert("a", "1");
@@ -734,51 +719,6 @@ mod tests {
     }
 
     proptest! {
-        /// The map behaves as an `IndexMap` would, below and above the index threshold, with
-        /// repeated keys and removals.
-        #[test]
-        fn behaves_like_an_index_map(
-            initial in proptest::collection::vec((0u8..40, any::<bool>(), "[a-c\n]{0,3}"), 0..20),
-            ops in proptest::collection::vec((0u8..40, any::<bool>(), "[a-c]{0,3}"), 0..120),
-        ) {
-            // The map starts as decoded from a frame's JSON header: plain keys and values
-            // shared with the header, escaped ones (a `\n`, a key written with `\u006b`) in
-            // the map's own text.
-            let mut model: indexmap::IndexMap<String, String> = indexmap::IndexMap::new();
-            let mut json = String::from(r#"{"extFields":{"#);
-            for (i, (k, escaped, v)) in initial.iter().enumerate() {
-                let key = format!("k{k}");
-                let written = if *escaped { format!("\\u006b{k}") } else { key.clone() };
-                if i > 0 {
-                    json.push(',');
-                }
-                json.push_str(&format!(r#""{written}":"{}""#, v.replace('\n', "\\n")));
-                model.insert(key, v.clone());
-            }
-            json.push_str("}}");
-            let decoded = crate::command::decode_json_header_fast(json.as_bytes())
-                .expect("takes the fast path");
-            let mut ours = decoded.ext_fields.expect("extFields");
-            prop_assert_eq!(ours.len(), model.len());
-            for (k, remove, v) in ops {
-                let key = format!("k{k}");
-                if remove {
-                    prop_assert_eq!(ours.remove(&key), model.shift_remove(&key));
-                } else {
-                    ours.insert(&key, &v);
-                    model.insert(key, v);
-                }
-                prop_assert_eq!(ours.len(), model.len());
-            }
-            let got: Vec<(String, String)> = ours.clone().into_iter().collect();
-            let want: Vec<(String, String)> = model.clone().into_iter().collect();
-            prop_assert_eq!(got, want);
-            for (k, v) in &model {
-                prop_assert_eq!(ours.get(k), Some(v.as_str()));
-            }
-            prop_assert_eq!(ours.get("absent"), None);
-        }
-
         /// Lookups (hits and misses, through the key filter) agree with a model map under
         /// inserts, removals, `retain` and `clear`, for short keys of any shape.
         #[test]

@@ -24,6 +24,7 @@ pub mod hash;
 pub mod header;
 pub mod message;
 pub mod mq;
+pub mod route_watch;
 
 pub use command::{
     push_binary_decimal, push_binary_entry, push_binary_entry_with, push_decimal, LanguageCode,

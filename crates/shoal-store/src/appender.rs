@@ -33,10 +33,10 @@ use crate::config::FlushMode;
 use crate::consume_queue::{ConsumeQueue, CqEntry};
 use crate::error::Result;
 use crate::index::{key_hash_continue, key_hash_prefix};
-use crate::store::{
-    for_each_index_key, now_ms, validate_topic, AppendedMessage, FlushStatus, Inner,
-    MessageArrival, MessageExtBrokerInner, MessageStore, PutMessageResult, WriterState,
-    TORN_PROPERTIES_END,
+use crate::record::{for_each_index_key, now_ms, validate_topic, TORN_PROPERTIES_END};
+use crate::store::{Inner, MessageStore, WriterState};
+use crate::types::{
+    AppendedMessage, FlushStatus, MessageArrival, MessageExtBrokerInner, PutMessageResult,
 };
 use crate::StoreError;
 
@@ -381,6 +381,33 @@ fn take_result(slot: &Slot, cx: &Context<'_>) -> Option<Result<PutMessageResult>
 }
 
 impl MessageStore {
+    /// Appends one message. See [`Self::put_messages`].
+    pub fn put_message(&self, msg: &MessageExtBrokerInner) -> Result<PutMessageResult> {
+        self.put_messages(std::slice::from_ref(msg))
+    }
+
+    /// Appends messages (any mix of topics and queues) as one batch: queue offsets are
+    /// assigned per (topic, queue) in order, the records are written with one write per
+    /// segment, and under sync flush the call returns after one fsync covering all of them
+    /// (unless every message carries `WAIT=false`, as RocketMQ, then `NotFlushed`).
+    /// Either all messages are appended or (on error) none is visible.
+    pub fn put_messages(&self, msgs: &[MessageExtBrokerInner]) -> Result<PutMessageResult> {
+        let inner = &*self.inner;
+        if inner.closed.load(Ordering::Acquire) {
+            return Err(StoreError::Closed);
+        }
+        if msgs.is_empty() {
+            return Ok(PutMessageResult {
+                messages: Vec::new(),
+                flush: FlushStatus::NotFlushed,
+            });
+        }
+        // Encoded outside the lock; offsets and store timestamp are patched in under it,
+        // together with every put queued by others (see above).
+        let job = Job::encode(inner, Cow::Borrowed(msgs))?;
+        inner.put_blocking(job)
+    }
+
     /// Queues messages for the appender without blocking: they are validated and encoded now,
     /// appended together with every other put waiting when the returned future is polled again
     /// (or when someone calls [`MessageStore::drain_appends`]), and the future completes when
@@ -614,7 +641,7 @@ impl Inner {
             let batch = {
                 let mut waiters = self.appends.sync_waiters.lock();
                 while waiters.is_empty() {
-                    if *self.stop.lock() {
+                    if self.stop.is_raised() {
                         return;
                     }
                     self.appends
@@ -747,7 +774,8 @@ impl Inner {
                 Some(slot) => slot,
                 None => {
                     let cq = self
-                        .queue(&m.topic, m.queue_id, true)?
+                        .queues
+                        .get(&m.topic, m.queue_id, true)?
                         .ok_or_else(|| StoreError::InvalidArgument("queue not created".into()))?;
                     let next = cq.max_offset();
                     s.queues.push(QueueSlot {

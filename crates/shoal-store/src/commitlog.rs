@@ -13,7 +13,7 @@
 //! it is open, and the zeros are given back ([`StoreFile::seal`]) when the writer moves on to
 //! the next segment and at shutdown. After a crash the zeros are on disk: recovery reads the
 //! last segment's records up to the first zero header and, when only zeros follow to the end
-//! of the file, treats them as free space (see `store.rs`), then truncates the file there.
+//! of the file, treats them as free space (see `scan.rs`), then truncates the file there.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -21,6 +21,7 @@ use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 use parking_lot::RwLock;
+use shoal_proto::message::record::store_timestamp_pos;
 
 use crate::backend::{Backend, SegmentOptions, StoreFile};
 use crate::error::{io_err, Result};
@@ -199,6 +200,17 @@ impl CommitLog {
         let mut buf = BytesMut::with_capacity(len);
         self.read_into(offset, len, &mut buf)?;
         Ok(buf.freeze())
+    }
+
+    /// The store timestamp of the record at `phys`.
+    pub(crate) fn store_timestamp_at(&self, phys: u64) -> Result<i64> {
+        let head = self.read(phys, 40)?;
+        let sys_flag = i32::from_be_bytes([head[36], head[37], head[38], head[39]]);
+        let at = store_timestamp_pos(sys_flag) as u64;
+        let ts = self.read(phys + at, 8)?;
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&ts);
+        Ok(i64::from_be_bytes(b))
     }
 
     fn segment_at_base(&self, base: u64, create: bool) -> Result<Arc<Segment>> {

@@ -908,7 +908,7 @@ mod tests {
 
 #[cfg(test)]
 mod key_tests {
-    use crate::store::index_keys;
+    use crate::record::index_keys;
 
     #[test]
     fn a_record_is_indexed_under_its_keys_then_its_unique_key_once() {
@@ -937,7 +937,7 @@ mod key_tests {
             topic in "[A-Za-z#]{0,6}",
         ) {
             use crate::index::{key_hash, key_hash_continue, key_hash_prefix};
-            use crate::store::{for_each_index_key, index_keys_of};
+            use crate::record::{for_each_index_key, index_keys_of};
             let want: Vec<&str> = index_keys_of(keys.as_deref(), uniq.as_deref()).collect();
             let mut got = Vec::new();
             for_each_index_key(keys.as_deref(), uniq.as_deref(), |k| got.push(k));

@@ -27,17 +27,28 @@
 
 mod appender;
 pub mod backend;
+mod checkpoint;
 mod commitlog;
 mod config;
 mod consume_queue;
+mod corrupt;
 mod error;
+mod file;
+mod flusher;
 mod index;
 #[cfg(target_os = "linux")]
 mod mapped;
 mod offsets;
 #[cfg(target_os = "linux")]
 mod prefetch;
+mod queues;
+mod read;
+mod record;
+mod recovery;
+mod retention;
+mod scan;
 mod store;
+mod types;
 
 pub use appender::PutFuture;
 pub use commitlog::{BLANK_MAGIC_CODE, END_OF_SEGMENT_MIN_BLANK};
@@ -45,10 +56,12 @@ pub use config::{CorruptRecordPolicy, FlushMode, StoreConfig};
 pub use consume_queue::{CqEntry, CQ_ENTRY_SIZE};
 pub use error::{Result, StoreError};
 pub use index::INDEX_ENTRY_SIZE;
-pub use store::{
+pub use recovery::LOCK_FILE;
+pub use store::MessageStore;
+pub use types::{
     AppendedMessage, ArrivalListener, BoundaryType, FlushStatus, GetMessageResult,
-    GetMessageStatus, KnownProperties, MessageArrival, MessageExtBrokerInner, MessageStore,
-    PutMessageResult, RecoveryReport, RetentionReport, LOCK_FILE,
+    GetMessageStatus, KnownProperties, MessageArrival, MessageExtBrokerInner, PutMessageResult,
+    RecoveryReport, RetentionReport,
 };
 
 #[cfg(test)]

@@ -37,7 +37,7 @@ use std::sync::Arc;
 use memmap2::{MmapOptions, MmapRaw};
 use parking_lot::Mutex;
 
-use crate::backend::{SegmentOptions, StoreFile};
+use crate::file::{SegmentOptions, StoreFile};
 use crate::prefetch::{Populate, Prefetcher};
 
 /// A segment file appended to through a memory map of reserved space.

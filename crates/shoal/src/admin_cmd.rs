@@ -1,6 +1,7 @@
 //! `shoal topic`, `shoal group`, `shoal cluster`, `shoal message`, `shoal dlq`: administration
 //! through the name server, with human tables by default and `--json` for scripts.
 
+use crate::table::Table;
 use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
 use serde_json::json;
@@ -206,7 +207,8 @@ impl Common {
 /// `shoal topic ...`
 #[derive(Debug, Subcommand)]
 pub enum TopicCmd {
-    /// Create a topic on every broker of the cluster.
+    /// Create a topic on every broker (of a cluster with --cluster, or on chosen brokers with
+    /// --brokers).
     Create(TopicCreate),
     /// Change a topic's queue counts or permission (same options as create).
     Update(TopicCreate),
@@ -242,8 +244,13 @@ pub struct TopicCreate {
     #[arg(long, default_value_t = 8)]
     pub queues: i32,
     /// Only on the brokers of this cluster.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "brokers")]
     pub cluster: Option<String>,
+    /// Only on these brokers: names as `shoal cluster list` shows them, or `host:port`,
+    /// separated by commas (RocketMQ's `updateTopic -b`). `topic update --brokers` changes
+    /// the topic on those brokers only, and adds it to those that lack it.
+    #[arg(long, value_delimiter = ',', num_args = 1..)]
+    pub brokers: Vec<String>,
     /// Permission: 6 = read+write, 4 = read only, 2 = write only.
     #[arg(long, default_value_t = 6)]
     pub perm: i32,
@@ -373,48 +380,6 @@ pub enum DlqCmd {
     },
 }
 
-/// A plain text table with aligned columns.
-pub(crate) struct Table {
-    header: Vec<String>,
-    rows: Vec<Vec<String>>,
-}
-
-impl Table {
-    pub(crate) fn new(header: &[&str]) -> Self {
-        Self {
-            header: header.iter().map(|s| s.to_string()).collect(),
-            rows: Vec::new(),
-        }
-    }
-
-    pub(crate) fn row(&mut self, cells: Vec<String>) {
-        self.rows.push(cells);
-    }
-
-    pub(crate) fn print(&self) {
-        let mut widths: Vec<usize> = self.header.iter().map(|h| h.chars().count()).collect();
-        for r in &self.rows {
-            for (i, c) in r.iter().enumerate() {
-                if let Some(w) = widths.get_mut(i) {
-                    *w = (*w).max(c.chars().count());
-                }
-            }
-        }
-        let line = |cells: &[String]| {
-            let parts: Vec<String> = cells
-                .iter()
-                .enumerate()
-                .map(|(i, c)| format!("{:<w$}", c, w = widths.get(i).copied().unwrap_or(0)))
-                .collect();
-            println!("{}", parts.join("  ").trim_end());
-        };
-        line(&self.header);
-        for r in &self.rows {
-            line(r);
-        }
-    }
-}
-
 fn fmt_time(ms: i64) -> String {
     if ms <= 0 {
         return "-".into();
@@ -504,6 +469,9 @@ pub async fn topic(common: &Common, cmd: TopicCmd) -> anyhow::Result<()> {
                         );
                     }
                     for q in &route.queue_datas {
+                        if !c.brokers.is_empty() && !c.brokers.contains(&q.broker_name) {
+                            continue;
+                        }
                         let had = q.write_queue_nums.max(q.read_queue_nums);
                         if c.queues < had {
                             eprintln!(
@@ -532,7 +500,11 @@ pub async fn topic(common: &Common, cmd: TopicCmd) -> anyhow::Result<()> {
                 message_type,
                 ..TopicSpec::new(&c.topic, c.queues)
             };
-            let brokers = admin.create_topic(&spec, c.cluster.as_deref()).await?;
+            let brokers = if c.brokers.is_empty() {
+                admin.create_topic(&spec, c.cluster.as_deref()).await?
+            } else {
+                admin.create_topic_on(&spec, &c.brokers).await?
+            };
             if common.json {
                 println!(
                     "{}",
@@ -990,34 +962,6 @@ pub async fn broker_status(common: &Common, broker: Option<String>) -> anyhow::R
     }
     if common.json {
         println!("{}", serde_json::Value::Object(all));
-    }
-    admin.shutdown();
-    Ok(())
-}
-
-/// `shoal cluster list`.
-pub async fn cluster_list(common: &Common) -> anyhow::Result<()> {
-    let admin = common.admin()?;
-    let info = admin.cluster_info().await?;
-    if common.json {
-        println!("{}", serde_json::to_string(&info)?);
-    } else {
-        let mut t = Table::new(&["CLUSTER", "BROKER", "ID", "ADDRESS"]);
-        for (cluster, names) in &info.cluster_addr_table {
-            for name in names {
-                if let Some(b) = info.broker_addr_table.get(name) {
-                    for (id, addr) in &b.broker_addrs {
-                        t.row(vec![
-                            cluster.clone(),
-                            name.clone(),
-                            id.to_string(),
-                            addr.clone(),
-                        ]);
-                    }
-                }
-            }
-        }
-        t.print();
     }
     admin.shutdown();
     Ok(())

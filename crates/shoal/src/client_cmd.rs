@@ -80,13 +80,16 @@ pub struct ConsumeArgs {
     /// Where a new group starts: `first`, `last`, or a time (epoch ms, RFC 3339, `10m` ago).
     #[arg(long, default_value = "last")]
     pub from: String,
-    /// Exit after this many messages: exactly this many are printed and acknowledged; messages
-    /// fetched beyond them are left for the group (not committed).
+    /// Exit after this many deliveries: exactly this many are printed and answered (acknowledged,
+    /// or failed with --fail); messages fetched beyond them are left for the group (not
+    /// committed).
     #[arg(long)]
     pub count: Option<u64>,
-    /// Allocation strategy (AVG, AVG_BY_CIRCLE, CONSISTENT_HASH, BALANCED_STICKY, ...).
-    #[arg(long, default_value = "AVG")]
-    pub strategy: String,
+    /// Allocation strategy (AVG, AVG_BY_CIRCLE, CONSISTENT_HASH, BALANCED_STICKY, STICKY, ...).
+    /// Default: AVG in classic mode; in coordinated mode the broker's default assignor
+    /// (STICKY: balanced, moves the fewest queues when members come and go).
+    #[arg(long)]
+    pub strategy: Option<String>,
     /// Instance name (the client id is `ip@instance`; default: pid and time).
     #[arg(long)]
     pub instance: Option<String>,
@@ -168,6 +171,10 @@ pub async fn send(common: &Common, a: SendArgs) -> anyhow::Result<()> {
         .start()
         .await
         .context("starting the producer")?;
+    // The route and the broker's kind before the first send, so that a one-shot send goes
+    // as the library's later sends do (binary headers to a Shoal broker). A failure here is
+    // reported by the send that follows.
+    let _ = producer.prepare_topic(&a.topic).await;
     let from_stdin = a.body.is_none() && a.size.is_none();
     let count = a.count.unwrap_or(if from_stdin { u64::MAX } else { 1 });
     // Bodies arrive through a small channel: standard input is read line by line by a thread
@@ -292,6 +299,12 @@ pub async fn send(common: &Common, a: SendArgs) -> anyhow::Result<()> {
     }
     pb.finish_and_clear();
     producer.shutdown().await;
+    if from_stdin && i == 0 {
+        bail!(
+            "standard input was empty: nothing read, no message sent to {} (give the body with --body or --size, or lines on standard input)",
+            a.topic
+        );
+    }
     if failed > 0 {
         bail!(
             "{failed} of {} messages not sent to {} ({sent} sent)",
@@ -325,6 +338,7 @@ pub(crate) fn print_record(
             "msgId": m.msg_id(), "topic": m.topic, "broker": broker,
             "queue": queue, "queueOffset": m.queue_offset, "tags": m.tags(),
             "keys": m.keys(), "reconsumeTimes": m.reconsume_times, "storeTimestamp": m.store_timestamp,
+            "properties": m.properties,
             "body": String::from_utf8_lossy(&m.body),
             // When the listener got it (µs since the epoch): delivery records of separate
             // processes can be ordered by it.
@@ -356,10 +370,8 @@ pub(crate) fn print_record(
 
 /// `shoal consume`: prints messages until Ctrl-C / SIGTERM (or --count), then leaves the group
 /// gracefully (offsets committed, queues handed over at once).
+/// (`--pop` is [`consume_pop`](crate::pop_cmd), chosen by the caller.)
 pub async fn consume(common: &Common, a: ConsumeArgs) -> anyhow::Result<()> {
-    if a.pop {
-        return crate::pop_cmd::consume_pop(common, a).await;
-    }
     let (mut from, ts) = match a.from.as_str() {
         "first" | "earliest" => (ConsumeFromWhere::ConsumeFromFirstOffset, None),
         "last" | "latest" => (ConsumeFromWhere::ConsumeFromLastOffset, None),
@@ -370,12 +382,13 @@ pub async fn consume(common: &Common, a: ConsumeArgs) -> anyhow::Result<()> {
             ),
         },
     };
-    if shoal_group::strategy_by_name(&a.strategy).is_err() {
-        bail!(
-            "unknown allocation strategy {:?}; known: {}",
-            a.strategy,
-            shoal_group::STRATEGY_NAMES.join(", ")
-        );
+    if let Some(s) = &a.strategy {
+        if shoal_group::strategy_by_name(s).is_err() {
+            bail!(
+                "unknown allocation strategy {s:?}; known: {}",
+                shoal_group::STRATEGY_NAMES.join(", ")
+            );
+        }
     }
     // Before joining: is the name server there, and does the topic exist? A consumer of a
     // topic that does not exist yet waits here for it (polling the name server each second)
@@ -433,40 +446,41 @@ pub async fn consume(common: &Common, a: ConsumeArgs) -> anyhow::Result<()> {
         fail.as_deref()
             .is_some_and(|f| f == "*" || String::from_utf8_lossy(&m.body).contains(f))
     };
+    // Every delivery counts towards --count, failed ones too: a run that fails every message
+    // ends after N deliveries instead of waiting for a success that never comes.
+    let failures = Arc::new(AtomicU64::new(0));
+    let failed_counter = failures.clone();
+    let deliver = move |msgs: &[MessageExt], ctx: &ConsumeContext| {
+        let failed = msgs.iter().any(&fails);
+        for m in msgs {
+            print_message(json_out, m, ctx, failed);
+            if failed {
+                failed_counter.fetch_add(1, Ordering::AcqRel);
+            }
+            tick();
+        }
+        failed
+    };
     let listener = if a.orderly {
         MessageListener::orderly(move |msgs, ctx| {
-            if !msgs.iter().any(&fails) && !claim(msgs.len()) {
+            if !claim(msgs.len()) {
                 return ConsumeOrderlyStatus::SuspendCurrentQueueAMoment;
             }
-            if msgs.iter().any(&fails) {
-                for m in msgs {
-                    print_message(json_out, m, ctx, true);
-                }
+            if deliver(msgs, ctx) {
                 return ConsumeOrderlyStatus::SuspendCurrentQueueAMoment;
-            }
-            for m in msgs {
-                print_message(json_out, m, ctx, false);
-                tick();
             }
             ConsumeOrderlyStatus::Success
         })
     } else {
         MessageListener::concurrently(move |msgs, ctx| {
-            if !msgs.iter().any(&fails) && !claim(msgs.len()) {
+            if !claim(msgs.len()) {
                 futures::executor::block_on(ctx.queue_stopped());
                 // The queue was stopped: "later" on a stopped queue keeps the messages below
                 // the committed offset (nothing is sent back).
                 return ConsumeConcurrentlyStatus::ReconsumeLater;
             }
-            if msgs.iter().any(&fails) {
-                for m in msgs {
-                    print_message(json_out, m, ctx, true);
-                }
+            if deliver(msgs, ctx) {
                 return ConsumeConcurrentlyStatus::ReconsumeLater;
-            }
-            for m in msgs {
-                print_message(json_out, m, ctx, false);
-                tick();
             }
             ConsumeConcurrentlyStatus::ConsumeSuccess
         })
@@ -483,7 +497,6 @@ pub async fn consume(common: &Common, a: ConsumeArgs) -> anyhow::Result<()> {
             MessageModel::Clustering
         })
         .consume_from_where(from)
-        .allocate_strategy(a.strategy.clone())
         .protocol(a.protocol)
         .rebalance_interval(Duration::from_secs(a.rebalance_interval_secs.max(1)))
         .session_timeout(Duration::from_millis(a.session_timeout_ms))
@@ -492,6 +505,9 @@ pub async fn consume(common: &Common, a: ConsumeArgs) -> anyhow::Result<()> {
         });
     if let Some(id) = &a.instance_id {
         builder = builder.instance_id(id.clone());
+    }
+    if let Some(s) = &a.strategy {
+        builder = builder.allocate_strategy(s.clone());
     }
     if let Some(ts) = ts {
         builder = builder.consume_timestamp_ms(ts);
@@ -543,8 +559,14 @@ pub async fn consume(common: &Common, a: ConsumeArgs) -> anyhow::Result<()> {
     }
     consumer.shutdown().await;
     if !json_out {
+        let failed = failures.load(Ordering::Acquire);
+        let failed = if failed > 0 {
+            format!(" ({failed} failed, sent back for a later attempt)")
+        } else {
+            String::new()
+        };
         eprintln!(
-            "{} messages consumed; offsets committed, queues handed over",
+            "{} messages consumed{failed}; offsets committed, queues handed over",
             seen.load(Ordering::Acquire)
         );
     }

@@ -3,7 +3,8 @@
 //! timeline and the broker's own counters come from the broker of this process.
 
 use crate::http::HttpState;
-use axum::extract::{Path, Query, State};
+use crate::http_auth::RequestAdmin;
+use axum::extract::{Extension, Path, Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -71,6 +72,13 @@ impl From<shoal_client::admin::AdminError> for ApiError {
                 StatusCode::NOT_FOUND
             }
             E::Invalid(_) => StatusCode::BAD_REQUEST,
+            // Refused by a server's ACL: a refusal, shown as one.
+            E::Refused { code, .. } if *code == shoal_proto::code::response_code::NO_PERMISSION => {
+                return ApiError(
+                    StatusCode::FORBIDDEN,
+                    format!("refused by the ACL (the signed-in account may not do this): {e}"),
+                );
+            }
             _ => StatusCode::BAD_GATEWAY,
         };
         ApiError(code, e.to_string())
@@ -79,8 +87,8 @@ impl From<shoal_client::admin::AdminError> for ApiError {
 
 type ApiResult = Result<Json<Value>, ApiError>;
 
-fn admin(s: &HttpState) -> Result<&AdminClient, ApiError> {
-    s.admin.as_deref().ok_or_else(|| {
+fn admin(a: &RequestAdmin) -> Result<&AdminClient, ApiError> {
+    a.0.as_deref().ok_or_else(|| {
         ApiError(
             StatusCode::SERVICE_UNAVAILABLE,
             "no name server configured".into(),
@@ -111,8 +119,8 @@ pub fn is_system_topic(t: &str) -> bool {
 }
 
 /// `/api/cluster`: clusters and brokers; this broker's runtime counters.
-async fn cluster(State(s): State<HttpState>) -> ApiResult {
-    let info = admin(&s)?.cluster_info().await?;
+async fn cluster(State(s): State<HttpState>, Extension(ra): Extension<RequestAdmin>) -> ApiResult {
+    let info = admin(&ra)?.cluster_info().await?;
     let mut clusters = Vec::new();
     for (cluster, names) in &info.cluster_addr_table {
         let mut brokers = Vec::new();
@@ -142,8 +150,12 @@ struct TopicsQuery {
 
 /// `/api/topics`: every topic with its queues and stored messages, and this broker's traffic
 /// counters (the page derives rates from successive polls).
-async fn topics(State(s): State<HttpState>, Query(q): Query<TopicsQuery>) -> ApiResult {
-    let admin = admin(&s)?;
+async fn topics(
+    State(s): State<HttpState>,
+    Extension(ra): Extension<RequestAdmin>,
+    Query(q): Query<TopicsQuery>,
+) -> ApiResult {
+    let admin = admin(&ra)?;
     let names = admin.topic_list().await?;
     let mut out = Vec::new();
     for t in names
@@ -206,8 +218,11 @@ fn default_queues() -> i32 {
 
 /// `POST /api/topics`: creates a topic on every broker (as `shoal topic create`), with RocketMQ
 /// 5's message type when one is given.
-async fn create_topic(State(s): State<HttpState>, Json(t): Json<NewTopic>) -> ApiResult {
-    let admin = admin(&s)?;
+async fn create_topic(
+    Extension(ra): Extension<RequestAdmin>,
+    Json(t): Json<NewTopic>,
+) -> ApiResult {
+    let admin = admin(&ra)?;
     if t.queues <= 0 || t.queues > 1024 {
         return Err(ApiError(
             StatusCode::BAD_REQUEST,
@@ -244,8 +259,8 @@ async fn create_topic(State(s): State<HttpState>, Json(t): Json<NewTopic>) -> Ap
 }
 
 /// `/api/topics/{topic}`: per queue offsets and last store time.
-async fn topic(State(s): State<HttpState>, Path(topic): Path<String>) -> ApiResult {
-    let st = admin(&s)?.topic_status(&topic).await?;
+async fn topic(Extension(ra): Extension<RequestAdmin>, Path(topic): Path<String>) -> ApiResult {
+    let st = admin(&ra)?.topic_status(&topic).await?;
     let queues: Vec<Value> = st
         .offset_table
         .iter()
@@ -293,8 +308,8 @@ fn state_of(
 }
 
 /// `/api/groups`: every group with members, mode, lag and state.
-async fn groups(State(s): State<HttpState>) -> ApiResult {
-    let admin = admin(&s)?;
+async fn groups(State(s): State<HttpState>, Extension(ra): Extension<RequestAdmin>) -> ApiResult {
+    let admin = admin(&ra)?;
     let names = admin.group_list().await?;
     let mut out = Vec::new();
     for g in names.iter().take(200) {
@@ -320,8 +335,12 @@ async fn groups(State(s): State<HttpState>) -> ApiResult {
 
 /// `/api/groups/{group}`: members, each queue's owner and lag, health flags and the rebalance
 /// timeline.
-async fn group(State(s): State<HttpState>, Path(group): Path<String>) -> ApiResult {
-    let admin = admin(&s)?;
+async fn group(
+    State(s): State<HttpState>,
+    Extension(ra): Extension<RequestAdmin>,
+    Path(group): Path<String>,
+) -> ApiResult {
+    let admin = admin(&ra)?;
     let p = admin.group_progress(&group).await?;
     let conns = admin.consumer_connections(&group).await.ok();
     let members: Vec<Value> = conns
@@ -463,8 +482,11 @@ struct MessageQuery {
 }
 
 /// `/api/messages?id=..[&topic=..]` or `?key=..&topic=..`.
-async fn messages(State(s): State<HttpState>, Query(q): Query<MessageQuery>) -> ApiResult {
-    let admin = admin(&s)?;
+async fn messages(
+    Extension(ra): Extension<RequestAdmin>,
+    Query(q): Query<MessageQuery>,
+) -> ApiResult {
+    let admin = admin(&ra)?;
     let topic = q.topic.as_deref().filter(|t| !t.is_empty());
     let found = match (
         q.id.as_deref().filter(|i| !i.is_empty()),
@@ -489,8 +511,8 @@ async fn messages(State(s): State<HttpState>, Query(q): Query<MessageQuery>) -> 
 }
 
 /// `/api/dlq/{group}`: the group's dead-letter messages.
-async fn dlq(State(s): State<HttpState>, Path(group): Path<String>) -> ApiResult {
-    let msgs = admin(&s)?.dlq_messages(&group, 200).await?;
+async fn dlq(Extension(ra): Extension<RequestAdmin>, Path(group): Path<String>) -> ApiResult {
+    let msgs = admin(&ra)?.dlq_messages(&group, 200).await?;
     Ok(Json(
         json!({"group": group, "messages": msgs.iter().map(message_json).collect::<Vec<_>>()}),
     ))
@@ -504,11 +526,11 @@ struct ResendQuery {
 
 /// `POST /api/dlq/{group}/resend[?id=..]`: sends dead-letter messages back to their topic.
 async fn dlq_resend(
-    State(s): State<HttpState>,
+    Extension(ra): Extension<RequestAdmin>,
     Path(group): Path<String>,
     Query(q): Query<ResendQuery>,
 ) -> ApiResult {
-    let admin = admin(&s)?;
+    let admin = admin(&ra)?;
     let msgs = admin.dlq_messages(&group, 1000).await?;
     let chosen: Vec<&MessageExt> = msgs
         .iter()

@@ -1,6 +1,6 @@
 //! `shoal group describe` and `shoal group history`: tables of the coordinator's answers.
 
-use crate::admin_cmd::Table;
+use crate::table::Table;
 
 /// `topic@broker#id` of a queue as the coordinator's JSON writes it.
 fn queue_name(q: &serde_json::Value) -> String {
@@ -84,8 +84,13 @@ pub(crate) fn print_describe(broker: &str, v: &serde_json::Value) {
         return print_kafka_classic(broker, v);
     }
     let text = |k: &str| text_of(v, k);
+    let source = match v["assignorSource"].as_str() {
+        Some("default") => " (default: balanced, moves the fewest queues)",
+        Some("members") => " (chosen by the members)",
+        _ => "",
+    };
     println!(
-        "group {}  mode {}  group epoch {}  target epoch {}  assignor {}  reconciled {}  (coordinator {broker})",
+        "group {}  mode {}  group epoch {}  target epoch {}  assignor {}{source}  reconciled {}  (coordinator {broker})",
         text("group"),
         text("mode"),
         text("groupEpoch"),

@@ -1,9 +1,12 @@
 //! The HTTP port of `shoal broker`, `shoal namesrv` and `shoal dev`: Prometheus metrics at
-//! `/metrics`, and (where a broker runs) the dashboard and its JSON API (see `dashboard`).
+//! `/metrics`, and (where a broker runs) the dashboard and its JSON API (see `dashboard`),
+//! behind sign-in when ACL is on (`http_auth`), over TLS when asked (`http_listener`).
 
+use crate::http_auth::{Access, AccessSettings, Peer};
+use crate::http_listener::HttpListener;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::Router;
 use shoal_broker::BrokerApi;
 use shoal_namesrv::NamesrvProcessor;
@@ -21,8 +24,12 @@ pub struct HttpState {
     pub namesrv: Option<Arc<NamesrvProcessor>>,
     /// Name servers the dashboard asks for cluster-wide views.
     pub namesrv_addrs: Vec<String>,
-    /// Admin client over those name servers.
+    /// Admin client over those name servers (unsigned: for a port without ACL).
     pub admin: Option<Arc<shoal_client::AdminClient>>,
+    /// TLS to the name servers, for the admin clients of signed-in sessions.
+    pub namesrv_tls: Option<shoal_net::ClientTls>,
+    /// Who may use the port.
+    pub access: Arc<Access>,
 }
 
 impl HttpState {
@@ -44,11 +51,20 @@ impl HttpState {
             namesrv,
             namesrv_addrs,
             admin,
+            namesrv_tls: None,
+            access: Arc::new(Access::new(AccessSettings::default())),
         }
+    }
+
+    /// Sign-in, sessions and tokens of the port (`[http]` of the broker file).
+    pub fn with_access(mut self, settings: AccessSettings) -> Self {
+        self.access = Arc::new(Access::new(settings));
+        self
     }
 
     /// The dashboard's cluster views reach the name servers over TLS.
     pub fn with_namesrv_tls(mut self, tls: Option<shoal_net::ClientTls>) -> Self {
+        self.namesrv_tls = tls.clone();
         if let Some(tls) = tls {
             if !self.namesrv_addrs.is_empty() {
                 self.admin = Some(Arc::new(
@@ -82,14 +98,25 @@ pub struct HttpServer {
 }
 
 impl HttpServer {
-    /// Binds `addr` and serves `state`.
+    /// Binds `addr` and serves `state` over plain HTTP.
     pub async fn start(addr: &str, state: HttpState) -> anyhow::Result<HttpServer> {
-        let listener = tokio::net::TcpListener::bind(addr)
+        Self::start_with_tls(addr, state, shoal_net::ServerTls::disabled()).await
+    }
+
+    /// Binds `addr` and serves `state` in `tls`'s mode (HTTP, HTTPS or both).
+    pub async fn start_with_tls(
+        addr: &str,
+        state: HttpState,
+        tls: shoal_net::ServerTls,
+    ) -> anyhow::Result<HttpServer> {
+        let tcp = tokio::net::TcpListener::bind(addr)
             .await
             .map_err(|e| anyhow::anyhow!("HTTP port {addr}: {e}"))?;
-        let bound = listener.local_addr()?;
+        let bound = tcp.local_addr()?;
+        let mode = tls.mode();
+        let listener = HttpListener::new(tcp, tls)?;
         let admin = state.admin.clone();
-        let app = router(state);
+        let app = router(state).into_make_service_with_connect_info::<Peer>();
         let stop = Shutdown::default();
         let wait = stop.clone();
         let task = tokio::spawn(async move {
@@ -100,7 +127,7 @@ impl HttpServer {
                 tracing::warn!(error = %e, "HTTP server failed");
             }
         });
-        tracing::info!(addr = %bound, "HTTP (metrics, dashboard) listening");
+        tracing::info!(addr = %bound, tls = %mode, "HTTP (metrics, dashboard) listening");
         Ok(HttpServer {
             addr: bound,
             stop,
@@ -136,10 +163,19 @@ fn router(state: HttpState) -> Router {
     let r = Router::new().route("/metrics", get(metrics));
     let r = if state.broker.is_some() {
         crate::dashboard::routes(r)
+            .route(
+                "/api/session",
+                get(crate::http_auth::session).post(crate::http_auth::sign_in),
+            )
+            .route("/api/session/end", post(crate::http_auth::sign_out))
     } else {
         r.route("/", get(no_dashboard))
     };
-    r.with_state(state)
+    r.layer(axum::middleware::from_fn_with_state(
+        state.clone(),
+        crate::http_auth::guard,
+    ))
+    .with_state(state)
 }
 
 async fn no_dashboard() -> &'static str {
@@ -161,6 +197,7 @@ async fn metrics(
         .iter()
         .map(|b| b.metrics())
         .chain(state.namesrv.iter().map(|n| n.metrics().registry.clone()))
+        .chain(state.broker.is_some().then(|| state.access.registry()))
         .collect();
     // Collectors read store offsets and tables: off the async threads.
     let body = tokio::task::spawn_blocking(move || {

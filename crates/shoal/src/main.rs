@@ -11,14 +11,18 @@ mod alloc;
 mod admin_cmd;
 mod bench;
 mod client_cmd;
+mod cluster_cmd;
 mod dashboard;
 mod group_view;
 mod grpc_cmd;
 mod http;
+mod http_auth;
+mod http_listener;
 mod kafka_bridge;
 mod pop_cmd;
 mod rebalance;
 mod server;
+mod table;
 
 /// Shoal: a RocketMQ-compatible message queue with consumer-group rebalancing you can trust.
 #[derive(Debug, Parser)]
@@ -28,12 +32,6 @@ struct Cli {
     common: admin_cmd::Common,
     #[command(subcommand)]
     command: Command,
-}
-
-#[derive(Debug, Subcommand)]
-enum ClusterCmd {
-    /// List clusters, brokers and their addresses.
-    List,
 }
 
 #[derive(Debug, Subcommand)]
@@ -54,9 +52,9 @@ enum Command {
     /// Consumer groups: list, progress, connections, reset offsets.
     #[command(subcommand)]
     Group(admin_cmd::GroupCmd),
-    /// Brokers and clusters.
+    /// Brokers and clusters: list, drain a broker before stopping it, undo a drain.
     #[command(subcommand)]
-    Cluster(ClusterCmd),
+    Cluster(cluster_cmd::ClusterCmd),
     /// Look messages up.
     #[command(subcommand)]
     Message(admin_cmd::MessageCmd),
@@ -174,11 +172,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     let common = cli.common;
     match cli.command {
         Command::Send(a) => return client(client_cmd::send(&common, a)),
+        Command::Consume(a) if a.pop => return client_mt("warn", pop_cmd::consume_pop(&common, a)),
         Command::Consume(a) => return client_mt("warn", client_cmd::consume(&common, a)),
         Command::Bench(c) => return client_mt("warn", bench::run(&common, c)),
         Command::Topic(c) => return admin(admin_cmd::topic(&common, c)),
         Command::Group(c) => return admin(admin_cmd::group(&common, c)),
-        Command::Cluster(ClusterCmd::List) => return admin(admin_cmd::cluster_list(&common)),
+        Command::Cluster(c) => return admin(cluster_cmd::run(&common, c)),
         Command::Message(c) => return admin(admin_cmd::message(&common, c)),
         Command::Dlq(c) => return admin(admin_cmd::dlq(&common, c)),
         Command::Dev(a) => return serve(server::run_dev(a)),

@@ -5,7 +5,7 @@ use crate::kafka_bridge::BrokerBridge;
 use anyhow::{bail, Context};
 use clap::{Args, Subcommand, ValueEnum};
 use shoal_broker::{Broker, BrokerConfig, FlushMode};
-use shoal_kafka::{KafkaConfig, KafkaServer};
+use shoal_kafka::{KafkaConfig, KafkaFile, KafkaServer};
 use shoal_namesrv::{NameServer, NamesrvConfig};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -300,24 +300,127 @@ pub fn broker_config(
 /// Kafka's default port, where `shoal dev` listens unless told otherwise.
 const DEFAULT_KAFKA_PORT: u16 = 9092;
 
-/// Kafka listener settings from `--kafka-listen` / `--kafka-advertised`.
-pub fn kafka_config(listen: &str, advertised: Option<&str>) -> anyhow::Result<KafkaConfig> {
-    let mut cfg = KafkaConfig {
-        listen_addr: listen.to_string(),
+/// The `[kafka]` table of a config file (empty without a file); its errors name the file,
+/// the line and the key.
+fn kafka_file(path: Option<&std::path::Path>) -> anyhow::Result<KafkaFile> {
+    #[derive(serde::Deserialize)]
+    struct Section {
+        #[serde(default)]
+        kafka: KafkaFile,
+    }
+    let Some(path) = path else {
+        return Ok(KafkaFile::default());
+    };
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read config file {}", path.display()))?;
+    let s: Section = toml::from_str(&text)
+        .with_context(|| format!("in {}: the [kafka] table", path.display()))?;
+    Ok(s.kafka)
+}
+
+/// The Kafka listener's settings: `base` (the defaults of the command), then the file's
+/// `[kafka]` keys, then the flags `listen` and `advertised`.
+fn kafka_config(
+    mut base: KafkaConfig,
+    file: &KafkaFile,
+    path: Option<&std::path::Path>,
+    listen: Option<String>,
+    advertised: Option<&str>,
+) -> anyhow::Result<KafkaConfig> {
+    let in_file = || match path {
+        Some(p) => format!("in {}: [kafka]", p.display()),
+        None => "[kafka]".to_string(),
+    };
+    file.apply(&mut base).with_context(in_file)?;
+    if let Some(l) = listen {
+        base.listen_addr = l;
+    }
+    if let Some(a) = advertised {
+        base.set_advertised(a)
+            .with_context(|| format!("--kafka-advertised {a:?}"))?;
+    }
+    base.validate()?;
+    Ok(base)
+}
+
+/// The Kafka listener of `shoal broker`: on when `--kafka-listen` or the file's
+/// `[kafka] listen_addr` says where; Kafka's defaults where the file is silent.
+fn broker_kafka_config(args: &BrokerArgs) -> anyhow::Result<Option<KafkaConfig>> {
+    let file = kafka_file(args.config.as_deref())?;
+    if args.kafka_listen.is_none() && file.listen_addr.is_none() {
+        if file != KafkaFile::default() || args.kafka_advertised.is_some() {
+            bail!(
+                "the Kafka listener is off: give its address with --kafka-listen or [kafka] listen_addr"
+            );
+        }
+        return Ok(None);
+    }
+    kafka_config(
+        KafkaConfig::default(),
+        &file,
+        args.config.as_deref(),
+        args.kafka_listen.clone(),
+        args.kafka_advertised.as_deref(),
+    )
+    .map(Some)
+}
+
+/// The Kafka listener of `shoal dev` (none with `--no-kafka`): dev's defaults (127.0.0.1:9092,
+/// no initial rebalance delay, 1 s consumer heartbeats) where the file's `[kafka]` table is
+/// silent, and `--kafka-port` / `--kafka-advertised` over both. The second value says whether
+/// the address was chosen (a flag or the file), so that a failure to bind is an error.
+fn dev_kafka_config(args: &DevArgs) -> anyhow::Result<Option<(KafkaConfig, bool)>> {
+    if args.no_kafka {
+        return Ok(None);
+    }
+    let file = kafka_file(args.config.as_deref())?;
+    let dev = KafkaConfig {
+        listen_addr: format!("127.0.0.1:{DEFAULT_KAFKA_PORT}"),
+        // Local development: a group's first rebalance does not wait for more members.
+        group_initial_rebalance_delay_ms: 0,
         ..KafkaConfig::default()
     };
-    if let Some(a) = advertised {
-        let (host, port) = a
-            .rsplit_once(':')
-            .with_context(|| format!("--kafka-advertised {a:?} is not host:port"))?;
-        let port: u16 = port
-            .parse()
-            .with_context(|| format!("--kafka-advertised {a:?}: bad port"))?;
-        cfg.advertised_host = Some(host.to_string());
-        cfg.advertised_port = Some(port);
+    let chosen = args.kafka_port.is_some() || file.listen_addr.is_some();
+    let cfg = kafka_config(
+        dev,
+        &file,
+        args.config.as_deref(),
+        args.kafka_port.map(|p| format!("127.0.0.1:{p}")),
+        args.kafka_advertised.as_deref(),
+    )?;
+    Ok(Some((cfg, chosen)))
+}
+
+/// Who may use the HTTP port and its TLS, from the broker's `[http]`, `[tls]` and ACL file.
+fn http_access(
+    cfg: &BrokerConfig,
+) -> anyhow::Result<(crate::http_auth::AccessSettings, shoal_net::ServerTls)> {
+    let acl = match (&cfg.acl_enabled, &cfg.acl_file) {
+        (true, Some(path)) => Some(shoal_broker::config::load_acl(path)?),
+        _ => None,
+    };
+    let access = crate::http_auth::AccessSettings::from_broker(cfg, acl)?;
+    let mode = cfg.http.effective_tls_mode(cfg);
+    let tls = match (&cfg.tls.cert_path, &cfg.tls.key_path) {
+        (Some(cert), Some(key)) if mode != shoal_net::TlsMode::Disabled => {
+            shoal_net::ServerTls::from_pem_files(mode, cert, key)
+                .context("the HTTP port's TLS ([http] tls_mode, [tls] cert_path and key_path)")?
+                .with_handshake_timeout(std::time::Duration::from_millis(
+                    cfg.tls.handshake_timeout_ms,
+                ))
+        }
+        _ => shoal_net::ServerTls::disabled(),
+    };
+    Ok((access, tls))
+}
+
+/// `https` when the HTTP port takes TLS connections.
+fn http_scheme(tls: &shoal_net::ServerTls) -> &'static str {
+    if tls.mode() == shoal_net::TlsMode::Disabled {
+        "http"
+    } else {
+        "https"
     }
-    cfg.validate()?;
-    Ok(cfg)
 }
 
 /// Starts the Kafka listener on a running broker.
@@ -329,9 +432,12 @@ async fn start_kafka(broker: &Broker, cfg: KafkaConfig) -> anyhow::Result<KafkaS
         .map_err(anyhow::Error::new)?;
     // `shoal group describe` shows the listener's classic groups, and the hosts of its
     // KIP-848 members (the coordinator knows their client ids only).
+    // Its consumer-protocol members have no remoting connection: the coordinator's notices
+    // to them go to the listener, which answers their held heartbeats.
     let groups = shoal_broker::ListenerGroups {
         describe: Arc::new(server.classic_group_describer()),
         member_hosts: Arc::new(server.consumer_group_member_hosts()),
+        notify_member: Arc::new(server.consumer_group_notifier()),
     };
     if api.set_listener_groups(groups).is_err() {
         tracing::warn!("a listener's classic groups are already described by this broker");
@@ -391,6 +497,8 @@ pub async fn run_namesrv(args: NamesrvArgs) -> anyhow::Result<()> {
         acl,
         tls,
         net: file.net.net_config(),
+        max_route_watches: file.max_route_watches,
+        max_route_watches_per_connection: file.max_route_watches_per_connection,
         ..NamesrvConfig::default()
     })
     .await?;
@@ -420,10 +528,7 @@ pub async fn run_namesrv(args: NamesrvArgs) -> anyhow::Result<()> {
 pub async fn run_broker(args: BrokerArgs, common: crate::admin_cmd::Common) -> anyhow::Result<()> {
     let stop = shutdown_signal();
     let cfg = broker_config(&args, &common)?;
-    let kafka_cfg = match &args.kafka_listen {
-        Some(l) => Some(kafka_config(l, args.kafka_advertised.as_deref())?),
-        None => None,
-    };
+    let kafka_cfg = broker_kafka_config(&args)?;
     let broker = Broker::start(cfg.clone()).await?;
     println!(
         "shoal broker {} listening on {} (TLS {}; data in {}, name servers {}{})",
@@ -436,11 +541,14 @@ pub async fn run_broker(args: BrokerArgs, common: crate::admin_cmd::Common) -> a
     );
     let http = match &cfg.http_listen_addr {
         Some(addr) => {
+            let (access, tls) = http_access(&cfg)?;
+            let scheme = http_scheme(&tls);
             let state = HttpState::new(Some(broker.api()), None, cfg.namesrv_addrs.clone())
-                .with_namesrv_tls(cfg.tls.namesrv_client_tls()?);
-            match HttpServer::start(addr, state).await {
+                .with_namesrv_tls(cfg.tls.namesrv_client_tls()?)
+                .with_access(access);
+            match HttpServer::start_with_tls(addr, state, tls).await {
                 Ok(h) => {
-                    println!("metrics and dashboard at http://{}/", h.local_addr());
+                    println!("metrics and dashboard at {scheme}://{}/", h.local_addr());
                     Some(h)
                 }
                 Err(e) => {
@@ -540,6 +648,8 @@ fn dev_broker_config(
 pub async fn run_dev(args: DevArgs) -> anyhow::Result<()> {
     let stop = shutdown_signal();
     let tls = args.tls.settings()?;
+    // Checked before anything starts: a mistake in the file is said at once.
+    let kafka_cfg = dev_kafka_config(&args)?;
     let ns = NameServer::start(NamesrvConfig {
         listen_addr: format!("127.0.0.1:{}", args.namesrv_port),
         tls: args.tls.server_tls()?,
@@ -564,43 +674,22 @@ pub async fn run_dev(args: DevArgs) -> anyhow::Result<()> {
             return Err(anyhow::Error::new(e).context(hint));
         }
     };
-    let kafka = if args.no_kafka {
-        None
-    } else {
-        let k = kafka_config(
-            &format!(
-                "127.0.0.1:{}",
-                args.kafka_port.unwrap_or(DEFAULT_KAFKA_PORT)
-            ),
-            args.kafka_advertised.as_deref(),
-        )
-        .map(|mut k| {
-            // Local development: a group's first rebalance does not wait for more members.
-            k.group_initial_rebalance_delay_ms = 0;
-            k.consumer_heartbeat_interval_ms = 1_000;
-            k
-        });
-        match k {
-            Ok(k) => match start_kafka(&broker, k).await {
-                Ok(s) => Some(s),
-                Err(e) if args.kafka_port.is_none() => {
-                    eprintln!("warning: Kafka listener not started ({e:#}); pass --kafka-port to choose a free port, or --no-kafka");
-                    None
-                }
-                Err(e) => {
-                    broker.shutdown().await;
-                    ns.shutdown().await;
-                    return Err(
-                        e.context("starting the Kafka listener (try --kafka-port or --no-kafka)")
-                    );
-                }
-            },
+    let kafka = match kafka_cfg {
+        None => None,
+        Some((k, chosen)) => match start_kafka(&broker, k).await {
+            Ok(s) => Some(s),
+            Err(e) if !chosen => {
+                eprintln!("warning: Kafka listener not started ({e:#}); pass --kafka-port to choose a free port, or --no-kafka");
+                None
+            }
             Err(e) => {
                 broker.shutdown().await;
                 ns.shutdown().await;
-                return Err(e);
+                return Err(e.context(
+                    "starting the Kafka listener (try --kafka-port, [kafka] listen_addr or --no-kafka)",
+                ));
             }
-        }
+        },
     };
     let grpc = if args.no_grpc {
         None
@@ -633,16 +722,20 @@ pub async fn run_dev(args: DevArgs) -> anyhow::Result<()> {
     let http = if args.no_http {
         None
     } else {
+        let (access, tls) = http_access(&cfg)?;
+        let scheme = http_scheme(&tls);
         let state = HttpState::new(
             Some(broker.api()),
             Some(ns.processor().clone()),
             vec![namesrv.clone()],
         )
-        .with_namesrv_tls(cfg.tls.namesrv_client_tls()?);
-        match HttpServer::start(&format!("127.0.0.1:{}", args.http_port), state).await {
+        .with_namesrv_tls(cfg.tls.namesrv_client_tls()?)
+        .with_access(access);
+        match HttpServer::start_with_tls(&format!("127.0.0.1:{}", args.http_port), state, tls).await
+        {
             Ok(h) => {
                 println!(
-                    "  dashboard    http://{}/ (metrics at /metrics)",
+                    "  dashboard    {scheme}://{}/ (metrics at /metrics)",
                     h.local_addr()
                 );
                 Some(h)
@@ -753,5 +846,114 @@ mod tests {
         std::fs::write(&file, "no_such_key = 1\n").unwrap();
         let err = dev_broker_config(&dev(&["--config", path]), "n:1", None).unwrap_err();
         assert!(format!("{err:#}").contains(path), "{err:#}");
+    }
+
+    #[derive(Parser)]
+    struct Broker {
+        #[command(flatten)]
+        args: BrokerArgs,
+    }
+
+    fn broker(args: &[&str]) -> BrokerArgs {
+        Broker::try_parse_from(std::iter::once("broker").chain(args.iter().copied()))
+            .unwrap()
+            .args
+    }
+
+    /// `[kafka]` of the broker file: read by dev (its defaults only where the file is silent,
+    /// its flags over the file) and by broker (Kafka's defaults; the table's listen_addr turns
+    /// the listener on), with mistakes named.
+    #[test]
+    fn the_kafka_table_is_read_by_dev_and_broker() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("broker.toml");
+        let path = file.to_str().unwrap();
+        // Silent file: dev's defaults.
+        std::fs::write(&file, "mmap_commit_log = true\n").unwrap();
+        let (k, chosen) = dev_kafka_config(&dev(&["-c", path])).unwrap().unwrap();
+        assert_eq!(k.listen_addr, "127.0.0.1:9092");
+        assert_eq!(k.group_initial_rebalance_delay_ms, 0);
+        assert_eq!(k.consumer_heartbeat_interval_ms, 5_000);
+        assert!(!chosen);
+        assert!(broker_kafka_config(&broker(&["-c", path]))
+            .unwrap()
+            .is_none());
+        // The file's keys win over dev's defaults; dev's flags over the file.
+        std::fs::write(
+            &file,
+            "[kafka]\nlisten_addr = \"127.0.0.1:19092\"\ngroup_initial_rebalance_delay_ms = 2500\n\
+             max_connections = 3\n",
+        )
+        .unwrap();
+        let (k, chosen) = dev_kafka_config(&dev(&["-c", path])).unwrap().unwrap();
+        assert_eq!(
+            (
+                k.listen_addr.as_str(),
+                k.group_initial_rebalance_delay_ms,
+                k.consumer_heartbeat_interval_ms,
+                k.max_connections,
+                chosen
+            ),
+            ("127.0.0.1:19092", 2500, 5_000, 3, true)
+        );
+        let (k, _) = dev_kafka_config(&dev(&[
+            "-c",
+            path,
+            "--kafka-port",
+            "7",
+            "--kafka-advertised",
+            "h:8",
+        ]))
+        .unwrap()
+        .unwrap();
+        assert_eq!(k.listen_addr, "127.0.0.1:7");
+        assert_eq!(
+            (k.advertised_host.as_deref(), k.advertised_port),
+            (Some("h"), Some(8))
+        );
+        assert!(dev_kafka_config(&dev(&["-c", path, "--no-kafka"]))
+            .unwrap()
+            .is_none());
+        // shoal broker: on from the table, Kafka's defaults where it is silent.
+        let k = broker_kafka_config(&broker(&["-c", path]))
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (
+                k.listen_addr.as_str(),
+                k.group_initial_rebalance_delay_ms,
+                k.consumer_heartbeat_interval_ms
+            ),
+            ("127.0.0.1:19092", 2500, 5_000)
+        );
+        let k = broker_kafka_config(&broker(&["-c", path, "--kafka-listen", "127.0.0.1:5"]))
+            .unwrap()
+            .unwrap();
+        assert_eq!(k.listen_addr, "127.0.0.1:5");
+        // The broker's own keys still read from the same file.
+        broker_file(Some(&file)).unwrap();
+        // Settings without an address under shoal broker: said, not ignored.
+        std::fs::write(&file, "[kafka]\nmax_connections = 3\n").unwrap();
+        let e = broker_kafka_config(&broker(&["-c", path])).unwrap_err();
+        assert!(
+            format!("{e:#}").contains("the Kafka listener is off"),
+            "{e:#}"
+        );
+        // Mistakes: named with the file, the line and the key.
+        for (text, says) in [
+            (
+                "[kafka]\nmax_conections = 3\n",
+                "unknown field `max_conections`",
+            ),
+            (
+                "[kafka]\nmax_connections = 0\n",
+                "max_connections must be at least 1",
+            ),
+            ("[kafka]\nadvertised_addr = \"x\"\n", "advertised_addr"),
+        ] {
+            std::fs::write(&file, text).unwrap();
+            let e = format!("{:#}", dev_kafka_config(&dev(&["-c", path])).unwrap_err());
+            assert!(e.contains(path) && e.contains(says), "{text}: {e}");
+        }
     }
 }

@@ -468,3 +468,51 @@ fn rebalance_schedule_with_pause_and_repeats() {
         }
     }
 }
+
+/// Coordinated mode with no strategy chosen: the coordinator's default assignor, balanced and
+/// moving the minimum. 16 queues: 4 members joining 4 move 8 queues (AVG moved 14), 4 leaving
+/// move their 8.
+#[test]
+fn coordinated_rebalance_moves_the_minimum_by_default() {
+    let dev = Dev::start();
+    let r = dev.bench_within(
+        &[
+            "rebalance",
+            "--topic",
+            "BenchC",
+            "--queues",
+            "16",
+            "--consumers",
+            "4",
+            "--schedule",
+            "join:4,leave:4",
+            "--stagger",
+            "20ms",
+            "--interval",
+            "4s",
+            "--mode",
+            "coordinated",
+            "--rate",
+            "100",
+            "--drain",
+            "10s",
+        ],
+        Duration::from_secs(120),
+    );
+    assert_eq!(
+        r.pointer("/rebalance/strategy").and_then(Value::as_str),
+        Some("default (STICKY)"),
+        "{r}"
+    );
+    let events = r
+        .pointer("/rebalance/events")
+        .and_then(Value::as_array)
+        .expect("events");
+    let moved: Vec<(&str, u64)> = events
+        .iter()
+        .filter(|e| e["kind"] != "start")
+        .map(|e| (e["event"].as_str().unwrap_or("?"), u(e, "/moved_queues")))
+        .collect();
+    assert_eq!(moved, [("join 4", 8), ("leave 4", 8)], "{r}");
+    assert_eq!(u(&r, "/consume/lost"), 0, "{r}");
+}

@@ -1,7 +1,8 @@
 //! The dashboard in a real browser: Debian's chromium driven by playwright-core
 //! (`tests/browser/dashboard.cjs`, installed by `.ci/setup.d/40-browser.sh`) against
 //! `shoal dev` with a live group that had members join and leave, and a dead-letter queue.
-//! Screenshots of every page go to `target/screenshots/` (kept as CI artifacts).
+//! Screenshots of every page go to `target/screenshots/` (kept as CI artifacts). A second test
+//! signs in to the dashboard of a broker with ACL on (`tests/browser/signin.cjs`).
 
 mod support;
 
@@ -164,6 +165,82 @@ fn dashboard_shows_owners_lag_and_rebalances_in_a_browser() {
         "messages",
         "dlq",
     ] {
+        assert!(
+            shots.join(format!("{page}.png")).exists(),
+            "no screenshot of {page}"
+        );
+    }
+}
+
+/// The dashboard of a broker with ACL on, in a browser: the sign-in form, a wrong secret
+/// refused, an admin account's pages, a lookup refused for an account without the
+/// permission (shown as a refusal), the token, signing out.
+#[test]
+fn dashboard_sign_in_with_acl_in_a_browser() {
+    let root = external::repo_root();
+    let modules = root.join("target/external/browser/node_modules");
+    if !std::path::Path::new("/usr/bin/chromium").exists()
+        || !modules.join("playwright-core/package.json").exists()
+    {
+        external::skip("chromium or playwright-core not installed (run .ci/setup.d/40-browser.sh)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let acl = dir.path().join("plain_acl.toml");
+    std::fs::write(
+        &acl,
+        "[[accounts]]\naccessKey = \"operator\"\nsecretKey = \"operator-secret\"\nadmin = true\n\n\
+         [[accounts]]\naccessKey = \"app-user\"\nsecretKey = \"app-secret-1\"\ndefaultTopicPerm = \"DENY\"\n",
+    )
+    .unwrap();
+    let token = "dashboard-token-0123456789";
+    let cfg = dir.path().join("broker.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "acl_enabled = true\nacl_file = \"{}\"\n[http]\ntoken = \"{token}\"\ntoken_account = \"operator\"\n",
+            acl.display()
+        ),
+    )
+    .unwrap();
+    let dev = Dev::start_with(&["-c", cfg.to_str().unwrap()]);
+    let operator = |args: &[&str]| {
+        let o = Command::new(support::shoal())
+            .args(args)
+            .env("SHOAL_NAMESRV", &dev.namesrv)
+            .env("SHOAL_ACCESS_KEY", "operator")
+            .env("SHOAL_SECRET_KEY", "operator-secret")
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    };
+    operator(&["topic", "create", "Secret", "--queues", "1"]);
+    operator(&[
+        "send",
+        "Secret",
+        "--body",
+        "the-secret-body",
+        "--key",
+        "k-secret",
+    ]);
+    let expect = serde_json::json!({
+        "admin": ["operator", "operator-secret"], "user": ["app-user", "app-secret-1"],
+        "token": token, "topic": "Secret", "key": "k-secret", "body": "the-secret-body",
+    });
+    let shots = root.join("target/screenshots");
+    let status = Command::new("node")
+        .arg(root.join("tests/browser/signin.cjs"))
+        .env("NODE_PATH", &modules)
+        .env("DASHBOARD_URL", format!("http://{}", dev.http))
+        .env("EXPECT", expect.to_string())
+        .env("SCREENSHOTS", &shots)
+        .status()
+        .expect("node runs");
+    assert!(
+        status.success(),
+        "the browser sign-in checks failed (see above)"
+    );
+    for page in ["sign-in", "signed-in", "refused"] {
         assert!(
             shots.join(format!("{page}.png")).exists(),
             "no screenshot of {page}"

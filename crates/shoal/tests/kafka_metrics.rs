@@ -202,13 +202,22 @@ fn kafka_counters_on_metrics_move_with_real_requests() {
     ));
     let m = wait_for(&dev, "shoal_kafka_connections_open", 0.0);
     assert_eq!(sample(&m, "shoal_kafka_requests_refused_total"), Some(1.0));
+    // ... and as a hit of its limit, in the `*_limit_hits_total` style of the other listeners.
+    assert_eq!(
+        sample(
+            &m,
+            "shoal_kafka_limit_hits_total{limit=\"kafka.max_request_bytes\",action=\"closed\"}"
+        ),
+        Some(1.0),
+        "{m}"
+    );
     assert_eq!(sample(&m, "shoal_kafka_requests_total"), Some(4.0));
     assert_eq!(
         sample(&m, "shoal_kafka_connections_accepted_total"),
         Some(1.0)
     );
     for zero in [
-        "shoal_kafka_connections_refused_total",
+        "shoal_kafka_limit_hits_total{limit=\"kafka.max_connections\",action=\"refused\"}",
         "shoal_kafka_requests_malformed_total",
         "shoal_kafka_batches_malformed_total",
         "shoal_kafka_duplicate_batches_total",
@@ -240,7 +249,7 @@ fn kafka_counters_on_metrics_move_with_real_requests() {
         );
         families += 1;
     }
-    assert_eq!(families, 16, "{m}");
+    assert_eq!(families, 15, "{m}");
 }
 
 #[test]
@@ -250,4 +259,54 @@ fn no_kafka_series_without_the_listener() {
     assert_eq!(status, 200);
     assert!(m.contains("shoal_broker_connections"), "{m}");
     assert!(!m.contains("shoal_kafka_"), "{m}");
+}
+
+/// `shoal dev -c FILE` takes the listener's settings from the file's `[kafka]` table: with
+/// `max_connections = 1` a second connection is closed at accept and counted as a hit of that
+/// limit. A mistake in the table stops `shoal broker -c` before anything starts, naming the
+/// file, the line and the key.
+#[test]
+fn the_kafka_table_of_the_config_file_sets_the_listener() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("broker.toml");
+    std::fs::write(&file, "[kafka]\nmax_connections = 1\n").unwrap();
+    let port = support::free_port().to_string();
+    let dev = Dev::start_with(&["-c", file.to_str().unwrap(), "--kafka-port", &port]);
+    let addr = format!("127.0.0.1:{port}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while TcpStream::connect(&dev.http).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "shoal dev's HTTP port did not open"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let first = Client::connect(&addr);
+    wait_for(&dev, "shoal_kafka_connections_open", 1.0);
+    let mut second = TcpStream::connect(&addr).unwrap();
+    assert!(support::closed_within(&mut second, Duration::from_secs(10)));
+    wait_for(
+        &dev,
+        "shoal_kafka_limit_hits_total{limit=\"kafka.max_connections\",action=\"refused\"}",
+        1.0,
+    );
+    drop(first);
+
+    std::fs::write(
+        &file,
+        "broker_name = \"b\"\n[kafka]\nlisten_addr = \"127.0.0.1:1\"\nmax_conections = 1\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(support::shoal())
+        .args(["broker", "-c", file.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(file.to_str().unwrap())
+            && err.contains("line 4")
+            && err.contains("unknown field `max_conections`"),
+        "{err}"
+    );
 }

@@ -146,7 +146,8 @@ fn enforcing_name_server_and_broker_serve_the_cli_over_tls_only() {
             "listen_addr = \"{broker}\"\nnamesrv_addrs = [\"{ns}\"]\ndata_dir = \"{}\"\n\
              http_listen_addr = \"{http}\"\nauto_create_topic = true\n\n[tls]\n\
              mode = \"enforcing\"\ncert_path = \"{}\"\nkey_path = \"{}\"\n\
-             namesrv_tls = true\ntrust_cert_path = \"{}\"\n",
+             namesrv_tls = true\ntrust_cert_path = \"{}\"\n\n\
+             [http]\ntls_mode = \"permissive\"\n",
             dir.path().join("data").display(),
             f.cert.display(),
             f.key.display(),

@@ -1,9 +1,10 @@
 """Real Kafka clients against `shoal dev` (see run-kafka-clients.sh).
 
 Usage: kafka_clients.py SCENARIO BOOTSTRAP NAMESRV SHOAL_BIN
-Scenarios: roundtrip, interop, group-range, group-cooperative, group-consumer, static, commit-before, commit-after.
+Scenarios: roundtrip, headers, interop, group-range, group-cooperative, group-consumer, static, commit-before, commit-after.
 Each prints what it checked and exits non-zero on the first failed check.
 """
+import base64
 import json
 import subprocess
 import sys
@@ -84,6 +85,37 @@ def roundtrip():
         check(len(py) == 41, f"kafka-python consumer read 41 records ({comp}), got {len(py)}")
         mine = [m for m in py if m.key and m.key.startswith(b"py-")]
         check(all(m.headers == [("from", b"kafka-python")] for m in mine), "kafka-python headers kept")
+
+
+# The headers of issue 45: order, a repeated name, binary, empty and null values.
+HEADERS = [("seq", b"0"), ("codec", b"gzip"), ("bin", b"\x00\xff\x00\n\r"), ("dup", b"first"),
+           ("dup", b"second"), ("empty", b""), ("null", None)]
+
+
+def headers():
+    for comp in ["none", "gzip", "snappy", "lz4", "zstd"]:
+        topic = f"KHeaders-{comp}"
+        create_topic(topic, 1)
+        p = Producer({"bootstrap.servers": BS, "compression.type": comp, "linger.ms": 5})
+        for i in range(3):
+            p.produce(topic, key=f"h-{i}", value=f"v-{i}", headers=HEADERS)
+        check(p.flush(15) == 0, f"confluent-kafka: 3 records with repeated, binary, empty and null headers ({comp})")
+        got = consume_all({"group.id": f"gh-{comp}"}, topic, 3)
+        check(len(got) == 3 and all(m.headers() == HEADERS for m in got),
+              f"confluent-kafka reads the headers back exactly: order, repeats, binary, empty, null ({comp}): "
+              f"{[m.headers() for m in got]!r}")
+        # A RocketMQ consumer sees the plain-text headers as properties (a repeated name: its
+        # last value) and the whole list in KAFKA_HEADER_LIST.
+        out = shoal("consume", topic, "--group", f"rmq-h-{comp}", "--from", "first", "--count", "3", "--json")
+        msgs = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        check(len(msgs) == 3, f"a RocketMQ consumer reads the 3 records ({comp})")
+        for m in msgs:
+            props = m["properties"]
+            listed = [(n, None if v is None else base64.b64decode(v))
+                      for n, v in json.loads(props["KAFKA_HEADER_LIST"])]
+            check(props.get("seq") == "0" and props.get("codec") == "gzip" and props.get("dup") == "second"
+                  and "bin" not in props and listed == HEADERS,
+                  f"RocketMQ properties of a Kafka record ({comp}): {props!r}")
 
 
 def group_listed(gid, mode):
@@ -378,6 +410,7 @@ def commit_after():
 
 SCENARIOS = {
     "roundtrip": roundtrip,
+    "headers": headers,
     "interop": interop,
     "group-range": lambda: group("range"),
     "group-cooperative": lambda: group("cooperative-sticky"),

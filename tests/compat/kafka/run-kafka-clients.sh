@@ -53,7 +53,7 @@ ns=127.0.0.1:$ns_port
 start_dev
 if want python; then
   py() { timeout 240 "$venv/bin/python" tests/compat/kafka/kafka_clients.py "$1" "$bs" "$ns" "$SHOAL_BIN" || fail; }
-  for s in roundtrip interop group-range group-cooperative group-consumer static commit-before; do
+  for s in roundtrip headers interop group-range group-cooperative group-consumer static commit-before; do
     echo "== python: $s"; py "$s"
   done
   echo "== restart shoal dev (SIGTERM, same data directory)"

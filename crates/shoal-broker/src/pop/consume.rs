@@ -3,7 +3,7 @@
 //! polling, acks and invisibility changes by receipt, and "has the group anything to pop".
 
 use super::revive::pop_retry_topic;
-use super::{now_ms, view};
+use super::view;
 use crate::reply::Reject;
 use crate::shared::Shared;
 use bytes::Bytes;
@@ -96,7 +96,7 @@ fn records(r: &shoal_store::GetMessageResult) -> Vec<(u64, Bytes)> {
 /// # Errors
 /// Store or journal failures.
 pub fn try_pop(b: &Shared, ask: &PopAsk) -> Result<PopOutcome, Reject> {
-    let now = now_ms(b);
+    let now = b.clock.now_ms();
     let retry = pop_retry_topic(&ask.group, &ask.topic);
     let mut cands: Vec<(QueueKey, bool)> = Vec::new();
     match ask.queue_id {
@@ -111,85 +111,87 @@ pub fn try_pop(b: &Shared, ask: &PopAsk) -> Result<PopOutcome, Reject> {
     }
     let tags = ask.tags.clone();
     let pass = move |code: i64| tags.as_ref().is_none_or(|f| f.matches_tags_code(code));
-    let outcome = b.pop.with_engine(b, |e| -> Result<PopOutcome, Reject> {
-        let order = e.plan_pop(&ask.group, &ask.topic, &cands);
-        let pop_time = e.next_pop_time(now);
-        let mut out = PopOutcome {
-            pop_time,
-            invisible_ms: e.invisible_ms(ask.invisible_ms),
-            ..PopOutcome::default()
-        };
-        for key in order {
-            let left = ask.max.saturating_sub(out.messages.len());
-            let (min, max_off) = view::queue_bounds(b, &key.topic, key.queue_id);
-            if left == 0 {
+    let outcome = b
+        .pop
+        .with_engine(&b.store, |e| -> Result<PopOutcome, Reject> {
+            let order = e.plan_pop(&ask.group, &ask.topic, &cands);
+            let pop_time = e.next_pop_time(now);
+            let mut out = PopOutcome {
+                pop_time,
+                invisible_ms: e.invisible_ms(ask.invisible_ms),
+                ..PopOutcome::default()
+            };
+            for key in order {
+                let left = ask.max.saturating_sub(out.messages.len());
+                let (min, max_off) = view::queue_bounds(b, &key.topic, key.queue_id);
+                if left == 0 {
+                    if let Some((_, cursor)) = e.queue_offsets(&key) {
+                        out.rest += max_off.saturating_sub(cursor);
+                    }
+                    continue;
+                }
+                let is_retry = key.topic.starts_with(RETRY_GROUP_TOPIC_PREFIX);
+                let start = view::start_offset(b, &key, ask.from_min || is_retry);
+                let fifo = ask.fifo && !is_retry;
+                let Some(plan) = e.read_plan(&key, fifo, left, start, min) else {
+                    continue;
+                };
+                let mut found: Vec<(u64, Bytes)> = Vec::new();
+                for &o in &plan.redeliver {
+                    let r = view::read(b, &key.topic, key.queue_id, o, 1, &|_| true)?;
+                    found.extend(records(&r).into_iter().filter(|(qo, _)| *qo == o));
+                }
+                let mut scanned_to = plan.from;
+                if plan.max_fresh > 0 && plan.from < max_off {
+                    let mut r = view::read(
+                        b,
+                        &key.topic,
+                        key.queue_id,
+                        plan.from,
+                        plan.max_fresh,
+                        &pass,
+                    )?;
+                    if let Some(sql) = ask.sql.as_ref().filter(|_| !is_retry) {
+                        crate::filter::retain_matching(sql, &mut r);
+                    }
+                    use shoal_store::GetMessageStatus as S;
+                    if matches!(r.status, S::Found | S::NoMatchedMessage) {
+                        scanned_to = r.next_begin_offset;
+                    }
+                    found.extend(records(&r));
+                }
+                let cands: Vec<Candidate> = found
+                    .iter()
+                    .map(|(o, _)| Candidate {
+                        offset: *o,
+                        matched: true,
+                    })
+                    .collect();
+                let grant = e.handle_read(
+                    now,
+                    pop_time,
+                    &key,
+                    &ask.consumer,
+                    &cands,
+                    scanned_to,
+                    ask.invisible_ms,
+                );
+                for g in &grant.leases {
+                    if let Some((_, rec)) = found.iter().find(|(o, _)| *o == g.offset) {
+                        out.messages.push(Popped {
+                            key: key.clone(),
+                            offset: g.offset,
+                            record: rec.clone(),
+                            attempts: g.attempts,
+                        });
+                    }
+                }
                 if let Some((_, cursor)) = e.queue_offsets(&key) {
                     out.rest += max_off.saturating_sub(cursor);
                 }
-                continue;
             }
-            let is_retry = key.topic.starts_with(RETRY_GROUP_TOPIC_PREFIX);
-            let start = view::start_offset(b, &key, ask.from_min || is_retry);
-            let fifo = ask.fifo && !is_retry;
-            let Some(plan) = e.read_plan(&key, fifo, left, start, min) else {
-                continue;
-            };
-            let mut found: Vec<(u64, Bytes)> = Vec::new();
-            for &o in &plan.redeliver {
-                let r = view::read(b, &key.topic, key.queue_id, o, 1, &|_| true)?;
-                found.extend(records(&r).into_iter().filter(|(qo, _)| *qo == o));
-            }
-            let mut scanned_to = plan.from;
-            if plan.max_fresh > 0 && plan.from < max_off {
-                let mut r = view::read(
-                    b,
-                    &key.topic,
-                    key.queue_id,
-                    plan.from,
-                    plan.max_fresh,
-                    &pass,
-                )?;
-                if let Some(sql) = ask.sql.as_ref().filter(|_| !is_retry) {
-                    crate::filter::retain_matching(sql, &mut r);
-                }
-                use shoal_store::GetMessageStatus as S;
-                if matches!(r.status, S::Found | S::NoMatchedMessage) {
-                    scanned_to = r.next_begin_offset;
-                }
-                found.extend(records(&r));
-            }
-            let cands: Vec<Candidate> = found
-                .iter()
-                .map(|(o, _)| Candidate {
-                    offset: *o,
-                    matched: true,
-                })
-                .collect();
-            let grant = e.handle_read(
-                now,
-                pop_time,
-                &key,
-                &ask.consumer,
-                &cands,
-                scanned_to,
-                ask.invisible_ms,
-            );
-            for g in &grant.leases {
-                if let Some((_, rec)) = found.iter().find(|(o, _)| *o == g.offset) {
-                    out.messages.push(Popped {
-                        key: key.clone(),
-                        offset: g.offset,
-                        record: rec.clone(),
-                        attempts: g.attempts,
-                    });
-                }
-            }
-            if let Some((_, cursor)) = e.queue_offsets(&key) {
-                out.rest += max_off.saturating_sub(cursor);
-            }
-        }
-        Ok(out)
-    });
+            Ok(out)
+        });
     let outcome =
         outcome.map_err(|e| Reject::system(format!("POP journal write failed: {e}")))??;
     let c = if outcome.messages.is_empty() {
@@ -260,9 +262,9 @@ pub fn refused(e: ReceiptError) -> Reject {
 /// # Errors
 /// NO_MESSAGE for a stale, foreign or lapsed receipt; SYSTEM_ERROR when the journal failed.
 pub fn ack(b: &Shared, key: &QueueKey, offset: u64, pop_time: u64) -> Result<(), Reject> {
-    let now = now_ms(b);
+    let now = b.clock.now_ms();
     b.pop
-        .with_engine(b, |e| e.handle_ack(now, key, offset, pop_time))
+        .with_engine(&b.store, |e| e.handle_ack(now, key, offset, pop_time))
         .map_err(|e| Reject::system(format!("POP journal write failed: {e}")))?
         .map_err(refused)
 }
@@ -289,10 +291,10 @@ pub fn change_invisible(
     pop_time: u64,
     invisible_ms: u64,
 ) -> Result<(u64, u64), Reject> {
-    let now = now_ms(b);
+    let now = b.clock.now_ms();
     let g = b
         .pop
-        .with_engine(b, |e| {
+        .with_engine(&b.store, |e| {
             e.handle_change_invisible(now, key, offset, pop_time, invisible_ms)
         })
         .map_err(|e| Reject::system(format!("POP journal write failed: {e}")))?

@@ -3,12 +3,13 @@
 //! `max_attempts` times), its dead-letter topic. The offset is done only once the copy is
 //! stored; a failed write is tried again.
 
-use super::{now_ms, view, ReviveJob};
+use super::{view, ReviveJob};
 use crate::shared::Shared;
 use shoal_proto::constants::{dlq_topic, RETRY_GROUP_TOPIC_PREFIX};
 use shoal_proto::message::{decode_record, encode_properties, property, DecodeOptions};
 use shoal_store::MessageExtBrokerInner;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// The POP retry topic of a group and topic: RocketMQ's v1 name (its default,
 /// `enableRetryTopicV2=false`; the v2 name's `+` is not a valid topic character), receipt
@@ -23,11 +24,11 @@ pub fn pop_retry_topic(group: &str, topic: &str) -> String {
 /// Writes the copy of one lapsed message and tells the engine.
 pub async fn run(b: &Arc<Shared>, (key, offset, pop_time, fifo_dead): ReviveJob) {
     let outcome = copy(b, &key.group, &key.topic, key.queue_id, offset, fifo_dead).await;
-    let _ = b.pop.with_engine(b, |e| match outcome {
+    let _ = b.pop.with_engine(&b.store, |e| match outcome {
         Ok(dead) => e.handle_revived(&key, offset, pop_time, dead),
         Err(ref why) => {
             tracing::warn!(group = %key.group, topic = %key.topic, queue = key.queue_id, offset, error = %why, "POP revive failed; trying again");
-            e.handle_revive_failed(now_ms(b), &key, offset, pop_time);
+            e.handle_revive_failed(b.clock.now_ms(), &key, offset, pop_time);
         }
     });
 }
@@ -91,4 +92,33 @@ pub(crate) async fn copy(
         tracing::info!(%group, %original, attempts = reconsume, "POP message moved to the dead-letter queue");
     }
     Ok(dead)
+}
+
+/// Starts the revive service: lapses leases at their deadlines and writes the copies.
+pub(crate) fn start(b: Arc<Shared>) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            let now = b.clock.now_ms();
+            let next = b.pop.with_engine(&b.store, |e| {
+                e.handle_timeout(now);
+                e.poll_timeout()
+            });
+            let jobs: Vec<ReviveJob> = b.pop.revives.lock().drain(..).collect();
+            let any = !jobs.is_empty();
+            for job in jobs {
+                run(&b, job).await;
+            }
+            if any {
+                // FIFO redeliveries and retry copies are new messages for held pops.
+                b.pop.arrivals.notify_waiters();
+            }
+            let wait = next.ok().flatten().map_or(Duration::from_secs(1), |t| {
+                Duration::from_millis(t.saturating_sub(b.clock.now_ms()).min(1_000))
+            });
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = b.pop.revive_wakeup.notified() => {}
+            }
+        }
+    })
 }

@@ -105,12 +105,6 @@ pub fn read(
         .map_err(|e| Reject::system(format!("get message failed: {e}")))
 }
 
-/// The group's consumer offset of a queue (what `group progress` shows).
-pub fn commit_offset(b: &Shared, key: &QueueKey, ack: u64) {
-    b.store
-        .commit_offset(&key.group, &key.topic, key.queue_id, ack as i64);
-}
-
 /// Stores messages through the send path (retry and dead-letter copies).
 pub async fn put(
     b: &std::sync::Arc<Shared>,

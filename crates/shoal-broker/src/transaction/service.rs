@@ -255,7 +255,7 @@ async fn send_check(b: &Arc<Shared>, m: &MessageExt, check_times: i32) -> Result
             let mut message = m.clone();
             message.topic = real_topic;
             message.queue_id = real_qid;
-            let asked = checker.ask(crate::messaging::TransactionCheck {
+            let asked = checker.ask(super::front::TransactionCheck {
                 producer_group: group.clone(),
                 message,
                 commit_log_offset: copy.physical_offset as i64,

@@ -119,8 +119,11 @@ pub struct ConsumerConfig {
     /// Topics whose expression in `subscriptions` is an SQL92 selector (RocketMQ's
     /// `MessageSelector.bySql`), evaluated by the broker.
     pub sql92_topics: BTreeSet<String>,
-    /// Allocation strategy name ([`shoal_group::strategy_by_name`], default `AVG`).
-    pub allocate_strategy: String,
+    /// Allocation strategy name ([`shoal_group::strategy_by_name`]). `None` (the default):
+    /// RocketMQ's `AVG` in classic mode; in coordinated mode the coordinator's default
+    /// assignor (`STICKY`: balanced, moving the fewest queues when members come and go). A
+    /// strategy set here is used in both modes.
+    pub allocate_strategy: Option<String>,
     /// Concurrent consume batches running at once (`consumeThreadMax`, 20).
     pub consume_thread_max: usize,
     /// Messages per listener call (`consumeMessageBatchMaxSize`, 1).
@@ -170,7 +173,18 @@ pub struct ConsumerConfig {
     pub instance_id: Option<String>,
 }
 
+/// The strategy of a classic-mode consumer that names none (RocketMQ's default).
+pub const CLASSIC_DEFAULT_STRATEGY: &str = "AVG";
+
 impl ConsumerConfig {
+    /// The strategy this consumer allocates with in classic mode: the one chosen, else
+    /// [`CLASSIC_DEFAULT_STRATEGY`].
+    pub fn classic_strategy(&self) -> &str {
+        self.allocate_strategy
+            .as_deref()
+            .unwrap_or(CLASSIC_DEFAULT_STRATEGY)
+    }
+
     /// Defaults for a group.
     pub fn new(group: impl Into<String>) -> Self {
         let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("."), PathBuf::from);
@@ -182,7 +196,7 @@ impl ConsumerConfig {
             consume_timestamp_ms: crate::now_ms_u64() as i64 - 30 * 60 * 1000,
             subscriptions: BTreeMap::new(),
             sql92_topics: BTreeSet::new(),
-            allocate_strategy: "AVG".into(),
+            allocate_strategy: None,
             consume_thread_max: 20,
             consume_batch_size: 1,
             pull_batch_size: 32,
@@ -264,9 +278,9 @@ impl PushConsumerBuilder {
         self.config.consume_timestamp_ms = t;
         self
     }
-    /// Allocation strategy name.
+    /// Allocation strategy name (see [`ConsumerConfig::allocate_strategy`]).
     pub fn allocate_strategy(mut self, name: impl Into<String>) -> Self {
-        self.config.allocate_strategy = name.into();
+        self.config.allocate_strategy = Some(name.into());
         self
     }
     /// Concurrent batches at once.
@@ -374,7 +388,7 @@ mod tests {
         assert_eq!(c.message_model, MessageModel::Broadcasting);
         assert_eq!(c.consume_from_where, ConsumeFromWhere::ConsumeFromTimestamp);
         assert_eq!(c.consume_timestamp_ms, 42);
-        assert_eq!(c.allocate_strategy, "BALANCED_STICKY");
+        assert_eq!(c.allocate_strategy.as_deref(), Some("BALANCED_STICKY"));
         assert_eq!(
             (
                 c.consume_thread_max,
@@ -403,7 +417,8 @@ mod tests {
         assert_eq!(c.consume_concurrently_max_span, 2000);
         assert_eq!(c.pull_suspend_ms, 15_000);
         assert_eq!(c.message_model, MessageModel::Clustering);
-        assert_eq!(c.allocate_strategy, "AVG");
+        assert_eq!(c.allocate_strategy, None);
+        assert_eq!(c.classic_strategy(), "AVG");
         assert_eq!(c.session_timeout, Duration::from_secs(10));
         assert_eq!(c.session_heartbeat_interval, Duration::from_secs(3));
     }

@@ -28,7 +28,7 @@ mod send_back;
 pub(crate) use config::{ConcurrentlyFn, OrderlyFn};
 pub use config::{
     ConsumeConcurrentlyStatus, ConsumeContext, ConsumeOrderlyStatus, ConsumerConfig,
-    MessageListener, PushConsumerBuilder,
+    MessageListener, PushConsumerBuilder, CLASSIC_DEFAULT_STRATEGY,
 };
 
 use crate::coordinated::{new_member_id, GroupProtocol, MemberMode, Membership};
@@ -45,7 +45,7 @@ use shoal_proto::body::{
     ConsumeMessageDirectlyResult, ConsumeResult, ConsumeStatus, ConsumeType, ConsumerData,
     ConsumerRunningInfo, MessageModel, ProcessQueueInfo, SubscriptionData,
 };
-use shoal_proto::constants::{is_retry_topic, retry_topic};
+use shoal_proto::constants::retry_topic;
 use shoal_proto::message::MessageExt;
 use shoal_proto::MessageQueue;
 use std::collections::{BTreeMap, HashMap};
@@ -242,7 +242,7 @@ impl PushConsumer {
             crate::producer::validate_topic(t)?;
         }
         let strategy: Arc<dyn AllocateStrategy> =
-            Arc::from(strategy_by_name(&config.allocate_strategy)?);
+            Arc::from(strategy_by_name(config.classic_strategy())?);
         let instance = ClientInstance::start(config.client.clone())?;
         let sub_version = crate::now_ms_u64() as i64;
         let mut subs = BTreeMap::new();
@@ -281,7 +281,7 @@ impl PushConsumer {
                         new_member_id(instance.client_id()),
                         config.instance_id.clone(),
                         config.protocol,
-                        &config.allocate_strategy,
+                        config.allocate_strategy.as_deref(),
                     )
                     .with_session_timeout(config.session_timeout),
                 )
@@ -738,23 +738,11 @@ impl ConsumerHandle for Inner {
             // A member may have left or joined a group that runs classic: ask again.
             m.wake();
         }
-        self.rebalance_now();
-        // The notice may be about the topic's queues: refresh the routes too; a changed route
-        // triggers one more rebalance (`store_route`).
-        let instance = self.instance.clone();
-        let topics: Vec<String> = self
-            .subs
-            .keys()
-            .filter(|t| !is_retry_topic(t))
-            .cloned()
-            .collect();
-        tokio::spawn(async move {
-            for t in topics {
-                if let Err(e) = instance.update_route(&t).await {
-                    debug!(topic = %t, error = %e, "route refresh after a notification failed");
-                }
-            }
-        });
+        // The notice may be about the topic's queues: the routes are refreshed before the
+        // rebalance runs (a changed route also triggers one, `store_route`).
+        if let Some(d) = self.driver.get() {
+            d.refresh_routes_then_notice();
+        }
     }
 
     fn members_changed(&self, broker_addr: &str, notice: shoal_proto::ext::ConsumerIdsNotice) {
@@ -773,6 +761,13 @@ impl ConsumerHandle for Inner {
         if let Some(d) = self.driver.get() {
             d.notice();
         }
+    }
+
+    fn route_changed(&self) {
+        if let Some(m) = &self.membership {
+            m.wake();
+        }
+        self.rebalance_now();
     }
 
     fn lock_freed(&self, queues: Vec<MessageQueue>) {

@@ -37,10 +37,19 @@ impl Cluster {
     }
 
     pub async fn start_with(brokers: usize, tweak: impl Fn(&mut BrokerConfig)) -> Cluster {
+        Self::start_configured(brokers, NamesrvConfig::default(), tweak).await
+    }
+
+    /// `brokers` brokers and a name server with `namesrv`'s settings (its address aside).
+    pub async fn start_configured(
+        brokers: usize,
+        namesrv: NamesrvConfig,
+        tweak: impl Fn(&mut BrokerConfig),
+    ) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
         let namesrv = NameServer::start(NamesrvConfig {
             listen_addr: "127.0.0.1:0".into(),
-            ..NamesrvConfig::default()
+            ..namesrv
         })
         .await
         .unwrap();

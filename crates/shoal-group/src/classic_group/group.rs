@@ -43,6 +43,8 @@ struct Member {
     assignment: Vec<u8>,
     awaiting_join: Option<RequestId>,
     awaiting_sync: Option<RequestId>,
+    /// A held heartbeat and when it is answered at the latest.
+    awaiting_heartbeat: Option<(RequestId, u64)>,
     last_heartbeat: u64,
     supports_skip_assignment: bool,
 }
@@ -95,6 +97,14 @@ pub struct ClassicGroup {
     initial_delay_until: Option<u64>,
     /// CompletingRebalance: members that have not synced by then are removed.
     sync_deadline: Option<u64>,
+    /// PreparingRebalance started by new members: when the members are told (their held
+    /// heartbeats and waiting syncs answered REBALANCE_IN_PROGRESS); `None` once told.
+    tell_at: Option<u64>,
+    /// When that new-member window opened (it is extended by each new member, up to ten
+    /// windows).
+    window_started: Option<u64>,
+    /// The generation whose assignments the members hold (the last one the leader synced).
+    assignment_generation: i32,
 }
 
 fn err_join(req: RequestId, e: ClassicError, member_id: &str) -> Output {
@@ -107,6 +117,15 @@ fn err_join(req: RequestId, e: ClassicError, member_id: &str) -> Output {
             ..JoinResponse::default()
         },
     )
+}
+
+/// Kafka's answer to a heartbeat of a current member in `state`.
+fn heartbeat_result(state: GroupState) -> Result<(), ClassicError> {
+    match state {
+        GroupState::Empty => Err(ClassicError::UnknownMemberId),
+        GroupState::PreparingRebalance => Err(ClassicError::RebalanceInProgress),
+        GroupState::CompletingRebalance | GroupState::Stable => Ok(()),
+    }
 }
 
 fn err_sync(req: RequestId, e: ClassicError) -> Output {
@@ -136,6 +155,9 @@ impl ClassicGroup {
             join_deadline: None,
             initial_delay_until: None,
             sync_deadline: None,
+            tell_at: None,
+            window_started: None,
+            assignment_generation: 0,
         }
     }
 
@@ -277,6 +299,9 @@ impl ClassicGroup {
         if let Some(r) = m.awaiting_sync.take() {
             out.push(err_sync(r, ClassicError::FencedInstanceId));
         }
+        if let Some((r, _)) = m.awaiting_heartbeat.take() {
+            out.push(Output::Heartbeat(r, Err(ClassicError::FencedInstanceId)));
+        }
         let same_protocols = m.protocols == join.protocols;
         m.client_id = join.client_id.clone();
         m.client_host = join.client_host.clone();
@@ -308,6 +333,7 @@ impl ClassicGroup {
                 out.extend(self.prepare_rebalance(
                     now,
                     "static member rejoined with changes or during a rebalance",
+                    false,
                 ));
                 out
             }
@@ -338,14 +364,16 @@ impl ClassicGroup {
                 assignment: Vec::new(),
                 awaiting_join: Some(req),
                 awaiting_sync: None,
+                awaiting_heartbeat: None,
                 last_heartbeat: now,
                 supports_skip_assignment: join.supports_skip_assignment,
             },
         );
         let mut out = if self.state == GroupState::PreparingRebalance {
+            self.extend_window(now);
             Vec::new()
         } else {
-            self.prepare_rebalance(now, reason)
+            self.prepare_rebalance(now, reason, true)
         };
         out.extend(self.try_complete_join(now));
         out
@@ -366,6 +394,9 @@ impl ClassicGroup {
         // A member that joins again while its previous join is waiting: the old one ends.
         if let Some(r) = m.awaiting_join.take() {
             out.push(err_join(r, ClassicError::RebalanceInProgress, &id));
+        }
+        if let Some((r, _)) = m.awaiting_heartbeat.take() {
+            out.push(Output::Heartbeat(r, heartbeat_result(self.state)));
         }
         let same = m.protocols == join.protocols;
         m.last_heartbeat = now;
@@ -396,7 +427,7 @@ impl ClassicGroup {
             GroupState::CompletingRebalance | GroupState::Stable => {
                 m.protocols = join.protocols;
                 m.awaiting_join = Some(req);
-                out.extend(self.prepare_rebalance(now, "member rejoined with new metadata"));
+                out.extend(self.prepare_rebalance(now, "member rejoined with new metadata", false));
                 out.extend(self.try_complete_join(now));
             }
             GroupState::Empty => out.push(err_join(req, ClassicError::UnknownMemberId, &id)),
@@ -449,28 +480,63 @@ impl ClassicGroup {
             .collect()
     }
 
-    fn prepare_rebalance(&mut self, now: u64, _reason: &'static str) -> Vec<Output> {
-        let mut out = Vec::new();
-        if self.state == GroupState::CompletingRebalance {
-            for m in self.members.values_mut() {
-                if let Some(r) = m.awaiting_sync.take() {
-                    out.push(err_sync(r, ClassicError::RebalanceInProgress));
-                }
-            }
-        }
+    /// Starts a join phase. Members are told at once (waiting syncs and held heartbeats
+    /// answered REBALANCE_IN_PROGRESS), unless new members started it in a group that has
+    /// others: then they are told once the new-member window closes.
+    fn prepare_rebalance(
+        &mut self,
+        now: u64,
+        _reason: &'static str,
+        new_member: bool,
+    ) -> Vec<Output> {
+        let was = self.state;
         let timeout = self
             .members
             .values()
             .map(|m| m.rebalance_timeout_ms)
             .max()
             .unwrap_or(0);
-        if self.state == GroupState::Empty && self.config.initial_rebalance_delay_ms > 0 {
+        if was == GroupState::Empty && self.config.initial_rebalance_delay_ms > 0 {
             self.initial_delay_until =
                 Some(now + self.config.initial_rebalance_delay_ms.min(timeout.max(1)));
         }
         self.state = GroupState::PreparingRebalance;
         self.sync_deadline = None;
         self.join_deadline = Some(now + timeout);
+        let window = self.config.new_member_window_ms;
+        if new_member && was != GroupState::Empty && window > 0 {
+            self.window_started = Some(now);
+            self.tell_at = Some(now + window);
+            Vec::new()
+        } else {
+            self.tell(now)
+        }
+    }
+
+    /// Another new member joined while the new-member window is open: it closes `window`
+    /// after this one, at most ten windows after it opened.
+    fn extend_window(&mut self, now: u64) {
+        let window = self.config.new_member_window_ms;
+        if let (Some(start), Some(_)) = (self.window_started, self.tell_at) {
+            self.tell_at = Some((now + window).min(start + 10 * window));
+        }
+    }
+
+    /// Tells every member that a rebalance runs: waiting syncs and held heartbeats are
+    /// answered REBALANCE_IN_PROGRESS.
+    fn tell(&mut self, now: u64) -> Vec<Output> {
+        self.tell_at = None;
+        self.window_started = None;
+        let mut out = Vec::new();
+        for m in self.members.values_mut() {
+            if let Some(r) = m.awaiting_sync.take() {
+                out.push(err_sync(r, ClassicError::RebalanceInProgress));
+            }
+            if let Some((r, _)) = m.awaiting_heartbeat.take() {
+                m.last_heartbeat = now;
+                out.push(Output::Heartbeat(r, Err(ClassicError::RebalanceInProgress)));
+            }
+        }
         out
     }
 
@@ -499,6 +565,9 @@ impl ClassicGroup {
             }
             if let Some(r) = m.awaiting_sync.take() {
                 out.push(err_sync(r, ClassicError::UnknownMemberId));
+            }
+            if let Some((r, _)) = m.awaiting_heartbeat.take() {
+                out.push(Output::Heartbeat(r, Err(ClassicError::UnknownMemberId)));
             }
             if let Some(inst) = &m.instance_id {
                 if self.statics.get(inst).map(String::as_str) == Some(id) {
@@ -531,6 +600,8 @@ impl ClassicGroup {
         self.pending.clear();
         self.join_deadline = None;
         self.initial_delay_until = None;
+        self.tell_at = None;
+        self.window_started = None;
         self.generation += 1;
         if self.members.is_empty() {
             self.state = GroupState::Empty;
@@ -676,6 +747,7 @@ impl ClassicGroup {
                     for (mid, m) in self.members.iter_mut() {
                         m.assignment = sync.assignments.get(mid).cloned().unwrap_or_default();
                     }
+                    self.assignment_generation = self.generation;
                     self.state = GroupState::Stable;
                     self.sync_deadline = None;
                     for m in self.members.values_mut() {
@@ -697,31 +769,57 @@ impl ClassicGroup {
         }
     }
 
-    /// Heartbeat: keeps the session alive; tells members to rejoin during a rebalance.
+    /// Heartbeat: keeps the session alive; tells members to rejoin during a rebalance. In a
+    /// Stable group it is held (see [`ClassicConfig::heartbeat_hold_ms`]) and answered when a
+    /// rebalance starts, when the hold ends, or on [`ClassicGroup::release_heartbeat`]; while
+    /// the new-member window is open it is held until the window closes.
     pub fn heartbeat(
         &mut self,
+        req: RequestId,
         member_id: &str,
         instance_id: Option<&str>,
         generation: i32,
         now: u64,
-    ) -> Result<(), ClassicError> {
+    ) -> Vec<Output> {
         if let Some(e) = self.check_member(member_id, instance_id) {
-            return Err(e);
+            return vec![Output::Heartbeat(req, Err(e))];
         }
         if generation != self.generation {
-            return Err(ClassicError::IllegalGeneration);
+            return vec![Output::Heartbeat(req, Err(ClassicError::IllegalGeneration))];
         }
-        let state = self.state;
-        let m = self
-            .members
-            .get_mut(member_id)
-            .ok_or(ClassicError::UnknownMemberId)?;
+        let (state, tell_at) = (self.state, self.tell_at);
+        let Some(m) = self.members.get_mut(member_id) else {
+            return vec![Output::Heartbeat(req, Err(ClassicError::UnknownMemberId))];
+        };
         m.last_heartbeat = now;
-        match state {
-            GroupState::Empty => Err(ClassicError::UnknownMemberId),
-            GroupState::PreparingRebalance => Err(ClassicError::RebalanceInProgress),
-            GroupState::CompletingRebalance | GroupState::Stable => Ok(()),
+        let mut out = Vec::new();
+        // One heartbeat of a member at a time: an earlier held one is answered first.
+        if let Some((r, _)) = m.awaiting_heartbeat.take() {
+            out.push(Output::Heartbeat(r, heartbeat_result(state)));
         }
+        let hold = self.config.heartbeat_hold_ms.min(m.session_timeout_ms / 3);
+        match state {
+            GroupState::Stable if hold > 0 => m.awaiting_heartbeat = Some((req, now + hold)),
+            GroupState::PreparingRebalance if tell_at.is_some_and(|t| now < t) => {
+                m.awaiting_heartbeat = tell_at.map(|t| (req, t));
+            }
+            _ => out.push(Output::Heartbeat(req, heartbeat_result(state))),
+        }
+        out
+    }
+
+    /// Answers the held heartbeat `req` now, as the group's state says (nothing if it is not
+    /// held).
+    pub fn release_heartbeat(&mut self, req: RequestId, now: u64) -> Vec<Output> {
+        let state = self.state;
+        for m in self.members.values_mut() {
+            if m.awaiting_heartbeat.is_some_and(|(r, _)| r == req) {
+                m.awaiting_heartbeat = None;
+                m.last_heartbeat = now;
+                return vec![Output::Heartbeat(req, heartbeat_result(state))];
+            }
+        }
+        Vec::new()
     }
 
     /// LeaveGroup.
@@ -776,7 +874,7 @@ impl ClassicGroup {
                     self.sync_deadline = None;
                     Vec::new()
                 } else {
-                    let mut out = self.prepare_rebalance(now, "member removed");
+                    let mut out = self.prepare_rebalance(now, "member removed", false);
                     out.extend(self.try_complete_join(now));
                     out
                 }
@@ -788,13 +886,18 @@ impl ClassicGroup {
 
     /// Offset commit fencing (Kafka's rules): a commit without generation is allowed only in
     /// an empty group; otherwise member and generation must be current, and not while the
-    /// group waits for the leader's assignment.
+    /// group waits for the leader's assignment. One exception: a member may still commit with
+    /// the generation whose assignment it holds while no newer assignment has been handed out
+    /// (the group moved to a new generation while the member was committing what it revoked
+    /// or releases on close), for partitions of that assignment (`covers` decides, given the
+    /// protocol type and the assignment bytes): nobody else has been given them yet.
     pub fn validate_commit(
         &mut self,
         member_id: &str,
         instance_id: Option<&str>,
         generation: i32,
         now: u64,
+        covers: impl FnOnce(&str, &[u8]) -> bool,
     ) -> Result<(), ClassicError> {
         if generation < 0 && member_id.is_empty() {
             return if self.members.is_empty() {
@@ -807,7 +910,15 @@ impl ClassicGroup {
             return Err(e);
         }
         if generation != self.generation {
-            return Err(ClassicError::IllegalGeneration);
+            let held = self.members.get(member_id).filter(|m| {
+                generation == self.assignment_generation
+                    && generation < self.generation
+                    && !m.assignment.is_empty()
+            });
+            return match held {
+                Some(m) if covers(&m.protocol_type, &m.assignment) => Ok(()),
+                _ => Err(ClassicError::IllegalGeneration),
+            };
         }
         if self.state == GroupState::CompletingRebalance {
             return Err(ClassicError::RebalanceInProgress);
@@ -829,6 +940,7 @@ impl ClassicGroup {
             .filter(|(_, m)| {
                 m.awaiting_join.is_none()
                     && m.awaiting_sync.is_none()
+                    && m.awaiting_heartbeat.is_none()
                     && now >= m.last_heartbeat + m.session_timeout_ms
             })
             .map(|(id, _)| id.clone())
@@ -852,6 +964,18 @@ impl ClassicGroup {
                 removed = true;
             }
         }
+        if self.state == GroupState::PreparingRebalance && self.tell_at.is_some_and(|t| now >= t) {
+            out.extend(self.tell(now));
+        }
+        let state = self.state;
+        for m in self.members.values_mut() {
+            if m.awaiting_heartbeat.is_some_and(|(_, until)| now >= until) {
+                if let Some((r, _)) = m.awaiting_heartbeat.take() {
+                    m.last_heartbeat = now;
+                    out.push(Output::Heartbeat(r, heartbeat_result(state)));
+                }
+            }
+        }
         if removed {
             out.extend(self.after_removal(now));
         } else {
@@ -865,17 +989,26 @@ impl ClassicGroup {
         let sessions = self
             .members
             .values()
-            .filter(|m| m.awaiting_join.is_none() && m.awaiting_sync.is_none())
+            .filter(|m| {
+                m.awaiting_join.is_none()
+                    && m.awaiting_sync.is_none()
+                    && m.awaiting_heartbeat.is_none()
+            })
             .map(|m| m.last_heartbeat + m.session_timeout_ms);
+        let held = self
+            .members
+            .values()
+            .filter_map(|m| m.awaiting_heartbeat.map(|(_, until)| until));
         let pending = self.pending.values().copied();
         let phase = [
             self.join_deadline,
             self.initial_delay_until,
             self.sync_deadline,
+            self.tell_at,
         ]
         .into_iter()
         .flatten();
-        sessions.chain(pending).chain(phase).min()
+        sessions.chain(held).chain(pending).chain(phase).min()
     }
 
     /// The protocol type a member joined with (all members share it).

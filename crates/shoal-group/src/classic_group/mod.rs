@@ -149,6 +149,8 @@ pub enum Output {
     Join(RequestId, JoinResponse),
     /// Answer a waiting SyncGroup.
     Sync(RequestId, SyncResponse),
+    /// Answer a (held) Heartbeat.
+    Heartbeat(RequestId, Result<(), ClassicError>),
     /// A new generation started with these members.
     Rebalanced {
         /// Group.
@@ -182,6 +184,17 @@ pub struct ClassicConfig {
     pub max_size: usize,
     /// Most groups held.
     pub max_groups: usize,
+    /// How long a heartbeat of a member of a Stable group is held before it is answered
+    /// (at most a third of the member's session timeout; 0: answered at once, as Kafka does).
+    /// A held heartbeat is answered REBALANCE_IN_PROGRESS as soon as a rebalance starts, so
+    /// members learn of it at once instead of at their next heartbeat. Best a little below
+    /// the clients' heartbeat interval (3 s by default), so the next heartbeat follows the
+    /// answer at once.
+    pub heartbeat_hold_ms: u64,
+    /// When new members join a group that has members, those are told of the rebalance only
+    /// once no new member joined for this long (at most ten times this after the first), so
+    /// members that start together join one generation (0: told at once).
+    pub new_member_window_ms: u64,
 }
 
 impl Default for ClassicConfig {
@@ -192,6 +205,8 @@ impl Default for ClassicConfig {
             max_session_timeout_ms: 1_800_000,
             max_size: 1_000,
             max_groups: 10_000,
+            heartbeat_hold_ms: 2_750,
+            new_member_window_ms: 200,
         }
     }
 }
@@ -288,18 +303,31 @@ impl ClassicGroups {
         }
     }
 
-    /// Heartbeat.
+    /// Heartbeat. The answer comes as an [`Output::Heartbeat`] for `req`: at once, or, for a
+    /// member of a Stable group, when a rebalance starts, when the hold ends
+    /// ([`ClassicConfig::heartbeat_hold_ms`]) or when the driver calls
+    /// [`ClassicGroups::release_heartbeat`].
     pub fn heartbeat(
         &mut self,
         group: &str,
+        req: RequestId,
         member_id: &str,
         instance_id: Option<&str>,
         generation: i32,
         now: u64,
-    ) -> Result<(), ClassicError> {
+    ) -> Vec<Output> {
         match self.groups.get_mut(group) {
-            Some(g) => g.heartbeat(member_id, instance_id, generation, now),
-            None => Err(ClassicError::UnknownMemberId),
+            Some(g) => g.heartbeat(req, member_id, instance_id, generation, now),
+            None => vec![Output::Heartbeat(req, Err(ClassicError::UnknownMemberId))],
+        }
+    }
+
+    /// Answers a held heartbeat now (the member sent another request on its connection, or
+    /// the connection closed); nothing if it was answered already.
+    pub fn release_heartbeat(&mut self, group: &str, req: RequestId, now: u64) -> Vec<Output> {
+        match self.groups.get_mut(group) {
+            Some(g) => g.release_heartbeat(req, now),
+            None => Vec::new(),
         }
     }
 
@@ -322,7 +350,9 @@ impl ClassicGroups {
         }
     }
 
-    /// Checks an offset commit against the group (and counts it as a heartbeat).
+    /// Checks an offset commit against the group (and counts it as a heartbeat); `covers`
+    /// says whether a member's assignment (protocol type, bytes) names every committed
+    /// partition (see [`ClassicGroup::validate_commit`]).
     pub fn validate_commit(
         &mut self,
         group: &str,
@@ -330,9 +360,10 @@ impl ClassicGroups {
         instance_id: Option<&str>,
         generation: i32,
         now: u64,
+        covers: impl FnOnce(&str, &[u8]) -> bool,
     ) -> Result<(), ClassicError> {
         match self.groups.get_mut(group) {
-            Some(g) => g.validate_commit(member_id, instance_id, generation, now),
+            Some(g) => g.validate_commit(member_id, instance_id, generation, now, covers),
             None if generation < 0 => Ok(()),
             None => Err(ClassicError::IllegalGeneration),
         }

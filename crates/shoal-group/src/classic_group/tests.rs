@@ -7,11 +7,50 @@ use shoal_proto::mq::MessageQueue;
 const SESSION: u64 = 10_000;
 const REBALANCE: u64 = 30_000;
 
+/// Heartbeats answered at once and members told of a rebalance at once (as Kafka does);
+/// [`held`] turns both on.
 fn cfg(delay: u64) -> ClassicConfig {
     ClassicConfig {
         initial_rebalance_delay_ms: delay,
+        heartbeat_hold_ms: 0,
+        new_member_window_ms: 0,
         ..ClassicConfig::default()
     }
+}
+
+/// Heartbeats held up to `hold` ms and a new-member window of `window` ms.
+fn held(hold: u64, window: u64) -> ClassicConfig {
+    ClassicConfig {
+        initial_rebalance_delay_ms: 0,
+        heartbeat_hold_ms: hold,
+        new_member_window_ms: window,
+        ..ClassicConfig::default()
+    }
+}
+
+/// A heartbeat that must be answered at once.
+fn hb(
+    g: &mut ClassicGroups,
+    member: &str,
+    instance: Option<&str>,
+    gen: i32,
+    now: u64,
+) -> Result<(), ClassicError> {
+    let out = g.heartbeat("G", 9_999, member, instance, gen, now);
+    beats(&out)
+        .into_iter()
+        .find(|(r, _)| *r == 9_999)
+        .map(|(_, a)| a)
+        .unwrap_or_else(|| panic!("heartbeat of {member} not answered: {out:?}"))
+}
+
+fn beats(out: &[Output]) -> Vec<(RequestId, Result<(), ClassicError>)> {
+    out.iter()
+        .filter_map(|o| match o {
+            Output::Heartbeat(r, a) => Some((*r, *a)),
+            _ => None,
+        })
+        .collect()
 }
 
 fn join_req(member: &str, new_id: &str, instance: Option<&str>, meta: &[u8]) -> JoinRequest {
@@ -83,13 +122,13 @@ fn one_member_becomes_leader_and_gets_its_assignment() {
     let s = syncs(&out);
     assert_eq!(s[0].1.assignment, b"all");
     assert_eq!(g.get("G").unwrap().state(), GroupState::Stable);
-    assert_eq!(g.heartbeat("G", "a", None, 1, 2), Ok(()));
+    assert_eq!(hb(&mut g, "a", None, 1, 2), Ok(()));
     assert_eq!(
-        g.heartbeat("G", "a", None, 0, 2),
+        hb(&mut g, "a", None, 0, 2),
         Err(ClassicError::IllegalGeneration)
     );
     assert_eq!(
-        g.heartbeat("G", "x", None, 1, 2),
+        hb(&mut g, "x", None, 1, 2),
         Err(ClassicError::UnknownMemberId)
     );
 }
@@ -137,7 +176,7 @@ fn a_second_member_triggers_a_rebalance_that_waits_for_the_first() {
     let out = first_join(&mut g, "b", 10, 100);
     assert!(joins(&out).is_empty());
     assert_eq!(
-        g.heartbeat("G", "a", None, 1, 200),
+        hb(&mut g, "a", None, 1, 200),
         Err(ClassicError::RebalanceInProgress)
     );
     let out = g.join("G", 20, join_req("a", "", None, b"m"), 300);
@@ -224,7 +263,7 @@ fn a_member_that_does_not_rejoin_is_dropped_at_the_rebalance_timeout() {
     g.join("G", 20, join_req("a", "", None, b"m"), 1000);
     for t in (2000..1000 + REBALANCE).step_by(2000) {
         assert_eq!(
-            g.heartbeat("G", "b", None, 2, t),
+            hb(&mut g, "b", None, 2, t),
             Err(ClassicError::RebalanceInProgress)
         );
         assert!(joins(&g.tick(t)).is_empty());
@@ -246,7 +285,7 @@ fn sessions_expire_without_heartbeats() {
     let mut g = ClassicGroups::new(cfg(0));
     let (gen, _) = stable_pair(&mut g);
     for t in (1000..SESSION + 2000).step_by(1000) {
-        g.heartbeat("G", "a", None, gen, t).ok();
+        hb(&mut g, "a", None, gen, t).ok();
         g.tick(t);
     }
     assert_eq!(g.get("G").unwrap().member_ids(), vec!["a".to_string()]);
@@ -279,7 +318,9 @@ fn leaving_rebalances_and_the_last_leave_empties_the_group() {
     );
     assert_eq!(r, vec![Ok(())]);
     assert_eq!(g.get("G").unwrap().state(), GroupState::Empty);
-    assert!(g.validate_commit("G", "", None, -1, 40).is_ok());
+    assert!(g
+        .validate_commit("G", "", None, -1, 40, |_, _| true)
+        .is_ok());
     assert_eq!(g.delete("G"), Ok(()));
 }
 
@@ -311,10 +352,10 @@ fn a_static_member_restarting_moves_nothing_and_fences_its_old_self() {
     );
     // The old incarnation is fenced.
     assert_eq!(
-        g.heartbeat("G", "b1", Some("ib"), gen, 5001),
+        hb(&mut g, "b1", Some("ib"), gen, 5001),
         Err(ClassicError::FencedInstanceId)
     );
-    assert_eq!(g.heartbeat("G", "b2", Some("ib"), gen, 5001), Ok(()));
+    assert_eq!(hb(&mut g, "b2", Some("ib"), gen, 5001), Ok(()));
 }
 
 #[test]
@@ -365,15 +406,17 @@ fn the_group_size_is_bounded() {
     );
 }
 
-/// Random schedules of joins, syncs, heartbeats, leaves and time jumps: every answered
-/// request is answered once, members of a Stable group share one generation and all got an
-/// assignment from that generation's leader, and a group always gets out of
-/// PreparingRebalance by the rebalance timeout.
+/// Random schedules of joins, syncs, heartbeats (answered at once, or held and released by
+/// a later request of the member), leaves and time jumps: every answered request is answered
+/// once, members of a Stable group share one generation and all got an assignment from that
+/// generation's leader, a group always gets out of PreparingRebalance by the rebalance
+/// timeout, and every heartbeat is answered by the end of its hold.
 #[derive(Debug, Clone)]
 enum Step {
     Join(usize),
     Sync(usize),
     Heartbeat(usize),
+    Release(usize),
     Leave(usize),
     Advance(u64),
 }
@@ -383,6 +426,7 @@ fn step() -> impl Strategy<Value = Step> {
         (0usize..4).prop_map(Step::Join),
         (0usize..4).prop_map(Step::Sync),
         (0usize..4).prop_map(Step::Heartbeat),
+        (0usize..4).prop_map(Step::Release),
         (0usize..4).prop_map(Step::Leave),
         (1u64..15_000).prop_map(Step::Advance),
     ]
@@ -390,8 +434,14 @@ fn step() -> impl Strategy<Value = Step> {
 
 proptest! {
     #[test]
-    fn random_schedules_keep_the_invariants(steps in proptest::collection::vec(step(), 1..80)) {
-        let mut g = ClassicGroups::new(cfg(0));
+    fn random_schedules_keep_the_invariants(
+        steps in proptest::collection::vec(step(), 1..80),
+        holds in any::<bool>(),
+    ) {
+        let config = if holds { held(3_000, 200) } else { cfg(0) };
+        let mut g = ClassicGroups::new(config);
+        // Per client: its heartbeat waiting for an answer.
+        let mut beating: Vec<Option<RequestId>> = vec![None; 4];
         let mut now = 0u64;
         let mut next_req: RequestId = 1;
         // Per client: its member id and generation as it believes them.
@@ -417,14 +467,21 @@ proptest! {
                     }
                     None => Vec::new(),
                 },
-                Step::Heartbeat(c) => {
-                    if let Some((m, gen)) = ids[c].clone() {
-                        if g.heartbeat("G", &m, None, gen, now) == Err(ClassicError::UnknownMemberId) {
-                            ids[c] = None;
-                        }
+                Step::Heartbeat(c) => match ids[c].clone() {
+                    Some((m, gen)) if beating[c].is_none() => {
+                        let req = next_req; next_req += 1;
+                        waiting.insert(req, c);
+                        beating[c] = Some(req);
+                        g.heartbeat("G", req, &m, None, gen, now)
                     }
-                    Vec::new()
-                }
+                    _ => Vec::new(),
+                },
+                // Another request of the client on its connection: its held heartbeat is
+                // answered first.
+                Step::Release(c) => match beating[c] {
+                    Some(req) => g.release_heartbeat("G", req, now),
+                    None => Vec::new(),
+                },
                 Step::Leave(c) => match ids[c].take() {
                     Some((m, _)) => g.leave("G", &[LeavingMember { member_id: m, instance_id: None }], now).1,
                     None => Vec::new(),
@@ -435,6 +492,16 @@ proptest! {
                 let (req, member, gen, err) = match o {
                     Output::Join(r, j) => (*r, Some(j.member_id.clone()), j.generation, j.error),
                     Output::Sync(r, s) => (*r, None, -2, s.error),
+                    Output::Heartbeat(r, a) => {
+                        prop_assert!(answered.insert(*r), "heartbeat {} answered twice", r);
+                        if let Some(c) = waiting.remove(r) {
+                            beating[c] = None;
+                            if *a == Err(ClassicError::UnknownMemberId) {
+                                ids[c] = None;
+                            }
+                        }
+                        continue;
+                    }
                     _ => continue,
                 };
                 prop_assert!(answered.insert(req), "request {} answered twice", req);
@@ -464,5 +531,209 @@ proptest! {
                 }
             }
         }
+        // Every heartbeat is answered by the end of its hold (or of the new-member window).
+        let end = now + 3_000 + 10 * 200 + 1;
+        for o in g.tick(end) {
+            if let Output::Heartbeat(r, _) = o {
+                prop_assert!(answered.insert(r), "heartbeat {} answered twice", r);
+                if let Some(c) = waiting.remove(&r) {
+                    beating[c] = None;
+                }
+            }
+        }
+        prop_assert!(beating.iter().all(Option::is_none), "heartbeats never answered: {:?}", beating);
     }
+}
+
+/// a and b in a Stable group whose heartbeats are held (requests 41 and 42); returns the
+/// generation.
+fn holding_pair(g: &mut ClassicGroups, now: u64) -> i32 {
+    let (gen, _) = stable_pair(g);
+    assert!(g.heartbeat("G", 41, "a", None, gen, now).is_empty());
+    assert!(g.heartbeat("G", 42, "b", None, gen, now).is_empty());
+    gen
+}
+
+#[test]
+fn a_held_heartbeat_is_answered_at_the_end_of_its_hold_or_when_released() {
+    let mut g = ClassicGroups::new(held(3_000, 0));
+    let gen = holding_pair(&mut g, 100);
+    assert_eq!(g.get("G").unwrap().next_deadline(), Some(3_100));
+    assert!(beats(&g.tick(3_099)).is_empty());
+    assert_eq!(beats(&g.tick(3_100)), vec![(41, Ok(())), (42, Ok(()))]);
+    // Another request on b's connection answers its held heartbeat at once.
+    assert!(g.heartbeat("G", 43, "b", None, gen, 3_200).is_empty());
+    assert_eq!(
+        beats(&g.release_heartbeat("G", 43, 3_250)),
+        vec![(43, Ok(()))]
+    );
+    assert!(
+        g.release_heartbeat("G", 43, 3_260).is_empty(),
+        "answered once"
+    );
+    // A member with a held heartbeat is alive: held heartbeats keep the session going.
+    for t in (3_300..3 * SESSION).step_by(3_000) {
+        g.heartbeat("G", 1_000 + t, "a", None, gen, t);
+        g.heartbeat("G", 2_000 + t, "b", None, gen, t);
+        g.tick(t + 1);
+    }
+    assert_eq!(g.get("G").unwrap().member_ids().len(), 2);
+    // The hold is at most a third of the session timeout.
+    let mut g = ClassicGroups::new(held(60_000, 0));
+    holding_pair(&mut g, 0);
+    assert_eq!(g.get("G").unwrap().next_deadline(), Some(SESSION / 3));
+}
+
+#[test]
+fn a_rebalance_answers_held_heartbeats_at_once() {
+    let mut g = ClassicGroups::new(held(3_000, 0));
+    let gen = holding_pair(&mut g, 0);
+    // c joins: a and b learn it from their held heartbeats, not at their next heartbeat.
+    let out = first_join(&mut g, "c", 10, 500);
+    let mut told = beats(&out);
+    told.sort_unstable_by_key(|(r, _)| *r);
+    let rip = Err(ClassicError::RebalanceInProgress);
+    assert_eq!(told, vec![(41, rip), (42, rip)]);
+    g.join("G", 20, join_req("a", "", None, b"m"), 501);
+    let j = joins(&g.join("G", 21, join_req("b", "", None, b"m"), 501));
+    assert_eq!(j.len(), 3, "a new generation at once");
+    assert!(j.iter().all(|(_, r)| r.generation == gen + 1));
+    // A leave does the same.
+    let gen = gen + 1;
+    sync_all(&mut g, gen, &j[0].1.leader, &["b", "c", "a"], 502);
+    assert!(g.heartbeat("G", 50, "a", None, gen, 503).is_empty());
+    let (_, out) = g.leave(
+        "G",
+        &[LeavingMember {
+            member_id: "c".into(),
+            instance_id: None,
+        }],
+        504,
+    );
+    assert_eq!(beats(&out), vec![(50, rip)]);
+}
+
+/// Members that start together join one generation: the old members are told only once no
+/// new member joined for the window, so the cooperative protocol needs two rounds (the
+/// first revokes, the second assigns), not one more for each late joiner.
+#[test]
+fn new_members_within_the_window_join_one_generation() {
+    let mut g = ClassicGroups::new(held(3_000, 200));
+    let gen = holding_pair(&mut g, 0);
+    // c, d and e start 50-150 ms apart; nobody is told until 200 ms after e.
+    assert!(beats(&first_join(&mut g, "c", 10, 1_000)).is_empty());
+    assert!(beats(&first_join(&mut g, "d", 20, 1_050)).is_empty());
+    assert!(beats(&first_join(&mut g, "e", 30, 1_200)).is_empty());
+    assert_eq!(g.get("G").unwrap().next_deadline(), Some(1_400));
+    // A heartbeat that arrives meanwhile waits for the window too.
+    assert!(beats(&g.release_heartbeat("G", 42, 1_300)).len() == 1);
+    assert!(g.heartbeat("G", 43, "b", None, gen, 1_300).is_empty());
+    assert!(beats(&g.tick(1_399)).is_empty());
+    let rip = Err(ClassicError::RebalanceInProgress);
+    assert_eq!(beats(&g.tick(1_400)), vec![(41, rip), (43, rip)]);
+    g.join("G", 60, join_req("a", "", None, b"m"), 1_401);
+    let j = joins(&g.join("G", 61, join_req("b", "", None, b"m"), 1_401));
+    assert_eq!(j.len(), 5, "one generation for the five members");
+    let gen = gen + 1;
+    let leader = j[0].1.leader.clone();
+    sync_all(&mut g, gen, &leader, &["b", "c", "d", "e", "a"], 1_402);
+    // Round two: a revoked what moves and rejoins with its new metadata; the others are
+    // told at once (no new member, no window), and one more generation completes.
+    for (i, m) in ["b", "c", "d", "e"].iter().enumerate() {
+        assert!(g
+            .heartbeat("G", 70 + i as u64, m, None, gen, 1_403)
+            .is_empty());
+    }
+    let out = g.join("G", 80, join_req("a", "", None, b"m-revoked"), 1_404);
+    assert_eq!(beats(&out).len(), 4);
+    assert!(beats(&out).iter().all(|(_, a)| *a == rip));
+    let mut out = Vec::new();
+    for (i, m) in ["b", "c", "d", "e"].iter().enumerate() {
+        out = g.join("G", 90 + i as u64, join_req(m, "", None, b"m"), 1_405);
+    }
+    let j = joins(&out);
+    assert_eq!(j.len(), 5);
+    assert!(j.iter().all(|(_, r)| r.generation == gen + 1));
+}
+
+#[test]
+fn the_new_member_window_is_bounded() {
+    let mut g = ClassicGroups::new(held(3_000, 200));
+    holding_pair(&mut g, 0);
+    // A new member every 150 ms: the members are told ten windows after the first.
+    let mut told_at = None;
+    for i in 0..30u64 {
+        let t = 1_000 + i * 150;
+        let mut out = first_join(&mut g, &format!("n{i}"), 100 + 10 * i, t);
+        out.extend(g.tick(t));
+        if !beats(&out).is_empty() {
+            told_at = Some(t);
+            break;
+        }
+    }
+    assert_eq!(
+        told_at,
+        Some(3_100),
+        "1000 + ten windows of 200 ms, on the next join"
+    );
+}
+
+/// With no initial delay, a new group's first members get their assignments without
+/// waiting for a heartbeat interval: the first member's held heartbeat tells it of the
+/// others at once, and the cooperative second round follows at once.
+#[test]
+fn a_new_group_settles_without_waiting_for_heartbeat_intervals() {
+    let mut g = ClassicGroups::new(held(3_000, 200));
+    first_join(&mut g, "a", 1, 0);
+    sync_all(&mut g, 1, "a", &["a"], 1);
+    assert!(g.heartbeat("G", 40, "a", None, 1, 2).is_empty());
+    for (i, m) in ["b", "c", "d"].iter().enumerate() {
+        first_join(&mut g, m, 10 * (i as u64 + 1), 45 + i as u64);
+    }
+    let out = g.tick(247);
+    assert_eq!(
+        beats(&out),
+        vec![(40, Err(ClassicError::RebalanceInProgress))]
+    );
+    let j = joins(&g.join("G", 50, join_req("a", "", None, b"m"), 248));
+    assert_eq!(j.len(), 4);
+    assert!(j.iter().all(|(_, r)| r.generation == 2));
+    assert_eq!(g.get("G").unwrap().state(), GroupState::CompletingRebalance);
+}
+
+/// A member that commits what it releases while the group already moved to a new generation
+/// (fast rebalances make this common: it is told at once) keeps its commit, as long as no
+/// newer assignment was handed out and the partitions are in the assignment it holds; a
+/// commit of other partitions, or one after the new assignment is out, is fenced.
+#[test]
+fn a_commit_with_the_generation_of_the_held_assignment_is_kept_until_a_newer_one_is_out() {
+    let mut g = ClassicGroups::new(held(3_000, 0));
+    let gen = holding_pair(&mut g, 0);
+    // c joins; a and b are told and rejoin: a new generation, its assignment not out yet.
+    first_join(&mut g, "c", 10, 100);
+    g.join("G", 20, join_req("a", "", None, b"m"), 101);
+    let j = joins(&g.join("G", 21, join_req("b", "", None, b"m"), 101));
+    assert_eq!(j[0].1.generation, gen + 1);
+    let mine = |_: &str, bytes: &[u8]| bytes == b"for-a";
+    assert_eq!(g.validate_commit("G", "a", None, gen, 102, mine), Ok(()));
+    assert_eq!(
+        g.validate_commit("G", "a", None, gen, 102, |_, _| false),
+        Err(ClassicError::IllegalGeneration),
+        "partitions it does not hold"
+    );
+    assert_eq!(
+        g.validate_commit("G", "a", None, gen - 1, 102, mine),
+        Err(ClassicError::IllegalGeneration),
+        "an older generation"
+    );
+    // The leader hands out the new assignment: the old generation is fenced.
+    sync_all(&mut g, gen + 1, &j[0].1.leader, &["a", "b", "c"], 103);
+    assert_eq!(
+        g.validate_commit("G", "a", None, gen, 104, mine),
+        Err(ClassicError::IllegalGeneration)
+    );
+    assert_eq!(
+        g.validate_commit("G", "a", None, gen + 1, 104, |_, _| true),
+        Ok(())
+    );
 }

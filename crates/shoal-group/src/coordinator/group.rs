@@ -20,6 +20,10 @@ pub(crate) struct Ctx<'a> {
     pub(crate) now_ms: u64,
 }
 
+/// The epoch recorded in [`Member::released`] for a queue a member reported at its join
+/// without being given it: any later report of it is stale (it is on its way out).
+const RELEASING_AT_JOIN: i32 = i32::MAX;
+
 /// Where a member is in its reconciliation (Kafka's member states, plus `Away`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
@@ -299,6 +303,12 @@ impl Group {
                 }
             }
             self.adopt(&id, &req.adoptable);
+            self.releasing(&id, &req.owned);
+            // The group's coordinator moved here: its epochs continue above the member's
+            // epoch under the previous one (members ignore targets older than theirs).
+            if let Some(e) = req.last_epoch {
+                self.epoch = self.epoch.max(e);
+            }
         } else {
             let m = self
                 .members
@@ -345,11 +355,14 @@ impl Group {
             }));
         }
         m.assignor = assignor;
-        if let Some(a) = self.preferred_assignor() {
-            if a != self.assignor {
-                self.assignor = a.clone();
-                cause = cause.or(Some(RebalanceCause::AssignorChanged { assignor: a }));
-            }
+        // The assignor most members ask for; when none asks, the coordinator's default (also
+        // after the last member that asked for another one left).
+        let a = self
+            .preferred_assignor()
+            .unwrap_or_else(|| cfg.default_assignor.clone());
+        if a != self.assignor {
+            self.assignor = a.clone();
+            cause = cause.or(Some(RebalanceCause::AssignorChanged { assignor: a }));
         }
         let bumped = cause.is_some();
         if let Some(c) = cause {
@@ -368,11 +381,13 @@ impl Group {
             .members
             .get(&id)
             .ok_or_else(|| GroupError::InvalidRequest("member vanished".into()))?;
+        let reconciling = !self.is_reconciled(m);
         Ok(HeartbeatResponse {
             member_id: id,
             member_epoch: m.epoch,
             group_epoch: self.epoch,
             assignment: m.assigned.keys().cloned().collect(),
+            reconciling,
             // At least three heartbeats per session (Kafka's advice for
             // heartbeat.interval.ms), so a short session is not lost to one late heartbeat.
             heartbeat_interval_ms: cfg
@@ -380,6 +395,18 @@ impl Group {
                 .min(m.session_timeout(cfg) / 3)
                 .max(1),
         })
+    }
+
+    /// Whether the member owns exactly its target at the target epoch with nothing to release
+    /// and nothing to wait for: until the group changes, nothing is left for it to do.
+    fn is_reconciled(&self, m: &Member) -> bool {
+        let empty = BTreeSet::new();
+        m.state == MemberState::Stable
+            && m.pending.is_empty()
+            && m.epoch == self.target_epoch
+            && m.assigned
+                .keys()
+                .eq(self.target.get(&m.id).unwrap_or(&empty).iter())
     }
 
     /// Whether `member` naming `queue` (neither assigned nor pending) in a heartbeat stamped
@@ -404,6 +431,21 @@ impl Group {
             received,
             current: m.epoch,
             detail,
+        }
+    }
+
+    /// Queues a joining member reports holding but was not given (another member owns them,
+    /// or it could not show it holds them) are queues it will release: its reports of them
+    /// are stale until it stops naming them, not claims to fence it for. Their next owner
+    /// gets them only through their locks, once it has let go.
+    fn releasing(&mut self, id: &str, owned: &BTreeSet<MessageQueue>) {
+        let Some(m) = self.members.get_mut(id) else {
+            return;
+        };
+        for q in owned {
+            if !m.assigned.contains_key(q) && !m.pending.contains_key(q) {
+                m.released.insert(q.clone(), RELEASING_AT_JOIN);
+            }
         }
     }
 
@@ -942,6 +984,11 @@ impl Group {
             group_epoch: self.epoch,
             target_epoch: self.target_epoch,
             assignor: self.assignor.clone(),
+            assignor_source: if self.preferred_assignor().is_some() {
+                super::AssignorSource::Members
+            } else {
+                super::AssignorSource::Default
+            },
             reconciled,
             members,
         }

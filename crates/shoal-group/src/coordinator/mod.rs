@@ -107,7 +107,9 @@ pub struct CoordinatorConfig {
     pub max_owned: usize,
     /// Longest member id, instance id, client id or group name.
     pub max_id_len: usize,
-    /// Assignor of a group whose members name none.
+    /// Assignor of a group whose members name none: `STICKY`, balanced (loads differ by at
+    /// most one) and moving the fewest queues when members come and go, given the current
+    /// assignment (as KIP-848's default assignor is sticky).
     pub default_assignor: String,
 }
 
@@ -160,6 +162,9 @@ pub struct HeartbeatRequest {
     pub session_timeout_ms: Option<u64>,
     /// The assignor the member asks for (the group uses the one most members ask for).
     pub assignor: Option<String>,
+    /// A joining member's epoch under the group's previous coordinator (the group's
+    /// coordinator moved): the group's epoch continues above it, so epochs never move back.
+    pub last_epoch: Option<i32>,
 }
 
 /// The coordinator's answer to a heartbeat.
@@ -176,6 +181,13 @@ pub struct HeartbeatResponse {
     pub assignment: Vec<MessageQueue>,
     /// When to heartbeat next if nothing happens, ms.
     pub heartbeat_interval_ms: u64,
+    /// The member has work left after this answer: queues to release, target queues still
+    /// held by others, or an epoch below the target's. A member told of its changes by push
+    /// (Shoal's coordinated mode) waits for the notice; one that only learns by heartbeating
+    /// (Kafka's consumer protocol) should be asked back soon, and given the steady interval
+    /// again once this is false.
+    #[serde(default)]
+    pub reconciling: bool,
 }
 
 /// What the broker must do after an event.
@@ -230,6 +242,17 @@ pub enum RemovalReason {
     Replaced,
 }
 
+/// Where a coordinated group's assignor comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum AssignorSource {
+    /// No member asks for one: the coordinator's `default_assignor` (`STICKY`: balanced, and
+    /// moves the fewest queues when members come and go).
+    Default,
+    /// The one most members ask for (a strategy chosen in the client's configuration).
+    Members,
+}
+
 /// The group as `shoal group describe` shows it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -242,6 +265,9 @@ pub struct GroupDescription {
     pub target_epoch: i32,
     /// The assignor in use.
     pub assignor: String,
+    /// Why that one: the members asked for it, or none did and it is the coordinator's
+    /// default.
+    pub assignor_source: AssignorSource,
     /// True when every member owns exactly its target and nothing is pending.
     pub reconciled: bool,
     /// The members, by member id.
@@ -282,11 +308,13 @@ impl Coordinator {
     }
 
     /// The next effect to execute, if any.
+    #[must_use]
     pub fn poll_effect(&mut self) -> Option<Effect> {
         self.effects.pop_front()
     }
 
     /// Every pending effect.
+    #[must_use]
     pub fn drain_effects(&mut self) -> Vec<Effect> {
         self.effects.drain(..).collect()
     }
@@ -454,6 +482,7 @@ impl Coordinator {
     }
 
     /// The earliest time [`tick`](Self::tick) has something to do.
+    #[must_use]
     pub fn next_deadline(&self) -> Option<u64> {
         self.groups.values().filter_map(Group::next_deadline).min()
     }

@@ -65,7 +65,9 @@ impl Client {
             adoptable: BTreeSet::new(),
             rebalance_timeout_ms: Some(10_000),
             session_timeout_ms: self.session_timeout_ms,
-            assignor: Some(self.assignor.clone()),
+            // "" names none (the coordinator's default).
+            assignor: (!self.assignor.is_empty()).then(|| self.assignor.clone()),
+            last_epoch: None,
         }
     }
 
@@ -200,7 +202,7 @@ fn revoke_then_assign_on_join() {
     let mut a = Client::new("a", 1, "STICKY");
     a.slow = true;
     a.heartbeat(&mut c, 0);
-    c.drain_effects();
+    let _ = c.drain_effects();
     let mut b = Client::new("b", 2, "STICKY");
     b.heartbeat(&mut c, 10);
     // b gets nothing yet: a must release first. a is told to heartbeat.
@@ -237,6 +239,97 @@ fn revoke_then_assign_on_join() {
     assert_eq!(h.last().unwrap().moved(), 8);
 }
 
+/// The answer's `reconciling` flag: set while the member has queues to release or waits for
+/// queues another member still holds, cleared by the answer that leaves it nothing to do (a
+/// Kafka member is asked back soon while it is set, and given the steady interval after).
+#[test]
+fn reconciling_is_set_while_a_member_has_work_left() {
+    let mut c = coordinator();
+    let hb = |c: &mut Coordinator, cl: &Client, now| c.heartbeat(cl.request("G"), now).unwrap();
+    let mut a = Client::new("a", 1, "STICKY");
+    a.slow = true;
+    let r = hb(&mut c, &a, 0);
+    assert!(!r.reconciling, "alone, a owns its whole target at once");
+    a.apply(Ok(r));
+    let mut b = Client::new("b", 2, "STICKY");
+    let r = hb(&mut c, &b, 10);
+    assert!(r.reconciling, "b waits for queues a still holds");
+    assert!(r.assignment.is_empty());
+    b.apply(Ok(r));
+    let r = hb(&mut c, &a, 11);
+    assert!(r.reconciling, "a must release half of its queues");
+    a.apply(Ok(r));
+    let r = hb(&mut c, &a, 12);
+    assert!(r.reconciling, "a still holds what it must release");
+    a.apply(Ok(r));
+    a.release_now();
+    let r = hb(&mut c, &a, 13);
+    assert!(!r.reconciling, "a released: nothing left for it");
+    a.apply(Ok(r));
+    let r = hb(&mut c, &b, 14);
+    assert!(!r.reconciling, "this answer hands b its queues");
+    assert_eq!(r.assignment.len(), 8);
+    b.apply(Ok(r));
+    // Steady: both stay reconciled.
+    assert!(!hb(&mut c, &a, 15).reconciling);
+    assert!(!hb(&mut c, &b, 15).reconciling);
+}
+
+/// Every member whose assignment changes is told at once ([`Effect::Notify`]), on a join, a
+/// leave and a session expiry: a Kafka member's held heartbeat is answered on that notice.
+#[test]
+fn every_member_whose_assignment_changes_is_notified() {
+    let notified = |c: &mut Coordinator| -> BTreeSet<String> {
+        c.drain_effects()
+            .into_iter()
+            .filter_map(|e| match e {
+                Effect::Notify { member_id, .. } => Some(member_id),
+                _ => None,
+            })
+            .collect()
+    };
+    let mut c = coordinator();
+    let mut all: Vec<Client> = ["a", "b", "c"]
+        .iter()
+        .enumerate()
+        .map(|(i, id)| Client::new(id, i as u64 + 1, "STICKY"))
+        .collect();
+    converge(&mut c, &mut all, 0);
+    let _ = c.drain_effects();
+    // A join: every old member gives up a queue or more, and is told.
+    let mut d = Client::new("d", 4, "STICKY");
+    d.heartbeat(&mut c, 10);
+    assert_eq!(notified(&mut c), ["a", "b", "c"].map(String::from).into());
+    all.push(d);
+    converge(&mut c, &mut all, 11);
+    let _ = c.drain_effects();
+    // A leave: the members that receive its queues are told.
+    c.leave("G", "d", true, 20).unwrap();
+    all.pop();
+    let told = notified(&mut c);
+    assert!(!told.is_empty() && !told.contains("d"), "{told:?}");
+    for cl in &all {
+        let grows = c
+            .describe("G", 20)
+            .unwrap()
+            .members
+            .iter()
+            .any(|m| m.member_id == cl.member_id && m.target.len() > cl.owned.len());
+        assert_eq!(grows, told.contains(&cl.member_id), "{}", cl.member_id);
+    }
+    converge(&mut c, &mut all, 21);
+    let _ = c.drain_effects();
+    // A session expiry: the same.
+    let expiry = 21 + CoordinatorConfig::default().session_timeout_ms;
+    for cl in all.iter_mut().take(2) {
+        cl.heartbeat(&mut c, expiry - 1);
+    }
+    let _ = c.drain_effects();
+    c.tick(expiry + 1);
+    let told = notified(&mut c);
+    assert_eq!(told, ["a", "b"].map(String::from).into());
+}
+
 #[test]
 fn unlock_evidence_frees_queues_before_the_heartbeat() {
     let mut c = coordinator();
@@ -246,7 +339,7 @@ fn unlock_evidence_frees_queues_before_the_heartbeat() {
     b.heartbeat(&mut c, 1);
     let revoked: Vec<MessageQueue> = c.describe("G", 1).unwrap().members[0].revoking.clone();
     assert_eq!(revoked.len(), 8);
-    c.drain_effects();
+    let _ = c.drain_effects();
     // The broker saw a unlock them.
     c.released_by_client("G", "client-a", &revoked, 2);
     let fx = c.drain_effects();
@@ -377,7 +470,8 @@ fn a_report_newer_than_the_unlock_is_fenced_only_on_a_conflict() {
 /// exclusive at every step and complete after each change.
 #[test]
 fn sticky_moves_the_minimum_4_8_4() {
-    for assignor in ["STICKY", "COOPERATIVE_STICKY"] {
+    // "": members that name no assignor get the coordinator's default.
+    for assignor in ["", "STICKY", "COOPERATIVE_STICKY"] {
         let mut c = coordinator();
         let mut clients: Vec<Client> = (0..4)
             .map(|i| Client::new(&format!("m{i}"), i as u64, assignor))
@@ -415,7 +509,47 @@ fn sticky_moves_the_minimum_4_8_4() {
             now += 100;
         }
         assert_eq!(assignment_of(&clients).load_range(), (4, 4));
+        let d = c.describe("G", now).unwrap();
+        let source = if assignor.is_empty() {
+            AssignorSource::Default
+        } else {
+            AssignorSource::Members
+        };
+        assert_eq!(d.assignor_source, source, "{assignor:?}");
     }
+}
+
+/// A group whose members name no assignor uses the coordinator's default (balanced, fewest
+/// moves); a member's explicit choice is kept while members ask for it, and the group goes
+/// back to the default when none does any more.
+#[test]
+fn default_assignor_unless_members_choose_one() {
+    let mut c = coordinator();
+    let mut clients = vec![Client::new("a", 1, ""), Client::new("b", 2, "")];
+    converge(&mut c, &mut clients, 0);
+    let d = c.describe("G", 0).unwrap();
+    assert_eq!(
+        (d.assignor.as_str(), d.assignor_source),
+        ("STICKY", AssignorSource::Default)
+    );
+    // An explicit choice: the group follows it (one member asks, none asks otherwise).
+    clients.push(Client::new("c", 3, "AVG"));
+    converge(&mut c, &mut clients, 10);
+    let d = c.describe("G", 10).unwrap();
+    assert_eq!(
+        (d.assignor.as_str(), d.assignor_source),
+        ("AVG", AssignorSource::Members)
+    );
+    // The member that asked for it leaves: back to the default.
+    let gone = clients.pop().unwrap();
+    c.leave("G", &gone.member_id, false, 20).unwrap();
+    converge(&mut c, &mut clients, 20);
+    let d = c.describe("G", 20).unwrap();
+    assert_eq!(
+        (d.assignor.as_str(), d.assignor_source),
+        ("STICKY", AssignorSource::Default)
+    );
+    assert!(complete(&c, &clients));
 }
 
 #[test]
@@ -1044,4 +1178,47 @@ proptest! {
     ) {
         run(ops, assignor);
     }
+}
+
+/// A group whose coordinator moved: members join the new coordinator with the queues they
+/// hold, one after the other. The first adopts what it holds (and is given what nobody
+/// holds yet); a later member that reports queues it was not given is not fenced for naming
+/// them while it lets go of them, and what it was given becomes its own as usual.
+#[test]
+fn members_rejoining_a_new_coordinator_are_not_fenced_for_what_they_hold() {
+    let mut c = coordinator();
+    c.set_topic_queues(T, queues(4), 0);
+    let q = queues(4);
+    let join = |member: &str, conn: u64, owned: &[MessageQueue]| HeartbeatRequest {
+        group: "G".into(),
+        member_id: member.into(),
+        member_epoch: 0,
+        client_id: member.into(),
+        conn_id: conn,
+        subscriptions: [T.to_string()].into(),
+        owned: owned.iter().cloned().collect(),
+        adoptable: owned.iter().cloned().collect(),
+        ..Default::default()
+    };
+    let a = c.heartbeat(join("a", 1, &q[..2]), 10).unwrap();
+    assert!(a.assignment.contains(&q[0]) && a.assignment.contains(&q[1]));
+    // b held q2 and q3 under the old coordinator (and still q1, which it is releasing).
+    let b = c.heartbeat(join("b", 2, &q[1..]), 11).unwrap();
+    assert!(!b.assignment.contains(&q[1]), "q1 stays with a");
+    // b's next heartbeat still names what it holds: stale reports, not claims.
+    let mut again = join("b", 2, &q[1..]);
+    again.member_epoch = b.member_epoch;
+    let b2 = c
+        .heartbeat(again, 12)
+        .expect("not fenced for queues it holds and lets go of");
+    // Once it stopped naming q1, naming it again is a claim and fenced.
+    let mut without = join("b", 2, &b2.assignment);
+    without.member_epoch = b2.member_epoch;
+    let b3 = c.heartbeat(without, 13).unwrap();
+    let mut claim = join("b", 2, &q[1..2]);
+    claim.member_epoch = b3.member_epoch;
+    assert!(matches!(
+        c.heartbeat(claim, 14),
+        Err(GroupError::FencedMemberEpoch { .. })
+    ));
 }

@@ -171,6 +171,7 @@ impl SimBroker {
             // than the run): as the client sends it.
             session_timeout_ms: Some(self.session_timeout_ms),
             assignor: Some(self.assignor.clone()),
+            last_epoch: None,
         };
         match self.state.handle_group_heartbeat(now, request, Vec::new()) {
             Ok(Some(r)) => GroupAnswer::Assigned {

@@ -45,7 +45,7 @@ impl Membership {
 
     /// The stamp pulls, commits and locks carry (member id, epoch) once joined.
     pub fn stamp(&self) -> Option<(String, i32)> {
-        self.core.stamp()
+        self.core.stamp().map(|s| (s.member_id, s.epoch))
     }
 }
 

@@ -70,6 +70,10 @@ pub struct GroupStateConfig {
     /// First version of the member lists sent with notices (seeded from the wall clock in
     /// microseconds, so a restarted broker's lists are newer).
     pub member_list_version_base: u64,
+    /// This broker's name: a joining member's claim to a queue of another broker (whose lock
+    /// this broker cannot see) is adopted when nobody else owns it, so a group whose
+    /// coordinator moved keeps its queues. `None`: every queue is this broker's.
+    pub broker_name: Option<String>,
 }
 
 impl Default for GroupStateConfig {
@@ -80,6 +84,7 @@ impl Default for GroupStateConfig {
             coordinator: CoordinatorConfig::default(),
             session_base: 1,
             member_list_version_base: 0,
+            broker_name: None,
         }
     }
 }
@@ -162,6 +167,7 @@ pub struct GroupState {
     /// Version of the last member list sent with a notice.
     member_list_version: u64,
     client_expiry_ms: u64,
+    broker_name: Option<String>,
     effects: VecDeque<GroupEffect>,
 }
 
@@ -188,6 +194,7 @@ impl GroupState {
             classic: BTreeSet::new(),
             member_list_version: config.member_list_version_base,
             client_expiry_ms: config.client_expiry_ms,
+            broker_name: config.broker_name,
             effects: VecDeque::new(),
         }
     }
@@ -622,11 +629,19 @@ impl GroupState {
             return Ok(None);
         }
         if req.member_epoch == JOIN_EPOCH {
+            // What a joining member verifiably holds: the locks of this broker's queues; for
+            // other brokers' queues (their locks are theirs to check) the member's word, which
+            // the coordinator takes only where nobody else owns the queue. Either way the
+            // queue's lock keeps consumption exclusive.
             let client = req.client_id.clone();
+            let broker = self.broker_name.clone();
             req.adoptable = req
                 .owned
                 .iter()
-                .filter(|q| self.locks.owner(&group, q, now_ms) == Some(client.as_str()))
+                .filter(|q| {
+                    let elsewhere = broker.as_deref().is_some_and(|b| q.broker_name != b);
+                    elsewhere || self.locks.owner(&group, q, now_ms) == Some(client.as_str())
+                })
                 .cloned()
                 .collect();
         }

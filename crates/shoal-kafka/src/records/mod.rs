@@ -7,7 +7,11 @@
 //! of its records, each record's length and header count fit, and a compressed batch is
 //! inflated by this module, stopping at `limit` bytes. kafka-protocol then decodes the checked
 //! batch from the bytes inflated here (CRC-32C and the rest of its checks still apply).
+//!
+//! Each record's headers are read here too, as the ordered list they are on the wire:
+//! kafka-protocol keeps them in a map, which loses a repeated name and the order around it.
 
+use crate::convert::HeaderList;
 use bytes::Bytes;
 use kafka_protocol::records::{Compression, RecordBatchDecoder, RecordSet};
 use std::io::Read;
@@ -45,8 +49,16 @@ fn malformed<T>(m: String) -> Result<T, BatchError> {
     Err(BatchError::Malformed(m))
 }
 
+/// One batch of a Produce request: kafka-protocol's decoding, and each record's headers as
+/// sent (one list per record, in order).
+#[derive(Debug)]
+pub(crate) struct DecodedBatch {
+    pub set: RecordSet,
+    pub headers: Vec<HeaderList>,
+}
+
 /// Decodes the record set of one partition of a Produce request after checking it.
-pub(crate) fn decode_record_set(set: Bytes, limit: usize) -> Result<Vec<RecordSet>, BatchError> {
+pub(crate) fn decode_record_set(set: Bytes, limit: usize) -> Result<Vec<DecodedBatch>, BatchError> {
     let mut out = Vec::new();
     let mut pos = 0;
     while pos < set.len() {
@@ -91,14 +103,21 @@ pub(crate) fn decode_record_set(set: Bytes, limit: usize) -> Result<Vec<RecordSe
             }
             other => return malformed(format!("unknown compression {other}")),
         };
-        check_records(&records, count)?;
+        let headers = check_records(&records, count)?;
         let mut b = batch.clone();
         let set = RecordBatchDecoder::decode_with_custom_compression(
             &mut b,
             Some(|_: &mut Bytes, _: Compression| Ok(records.clone())),
         )
         .or_else(|e| malformed(e.to_string()))?;
-        out.push(set);
+        if set.records.len() != headers.len() {
+            return malformed(format!(
+                "batch at byte {pos}: {} records decoded, {} read",
+                set.records.len(),
+                headers.len()
+            ));
+        }
+        out.push(DecodedBatch { set, headers });
         pos += len;
     }
     Ok(out)
@@ -190,14 +209,15 @@ fn varint(buf: &[u8], pos: &mut usize, max: usize) -> Option<i64> {
 }
 
 /// The records of a batch: `count` fits the bytes; each record's length ends inside, and its
-/// header count fits the record's bytes.
-fn check_records(records: &[u8], count: i32) -> Result<(), BatchError> {
+/// header count and headers fit the record's bytes. Returns each record's headers, in order.
+fn check_records(records: &Bytes, count: i32) -> Result<Vec<HeaderList>, BatchError> {
     if count < 0 || count as usize > records.len() {
         return malformed(format!(
             "batch declares {count} records in {} bytes",
             records.len()
         ));
     }
+    let mut out = Vec::with_capacity(count as usize);
     let mut pos = 0;
     for i in 0..count {
         let bad = |what: &str| malformed(format!("record {i} of the batch: {what}"));
@@ -226,8 +246,8 @@ fn check_records(records: &[u8], count: i32) -> Result<(), BatchError> {
                 _ => return bad("key or value length past the record's end"),
             }
         }
-        match varint(r, &mut pos, 5) {
-            Some(n) if n >= 0 && (n as usize) <= r.len().saturating_sub(pos) => {}
+        let n = match varint(r, &mut pos, 5) {
+            Some(n) if n >= 0 && (n as usize) <= r.len().saturating_sub(pos) => n as usize,
             Some(n) => {
                 return bad(&format!(
                     "{n} headers declared in {} bytes",
@@ -235,10 +255,36 @@ fn check_records(records: &[u8], count: i32) -> Result<(), BatchError> {
                 ))
             }
             None => return bad("truncated"),
+        };
+        let mut headers = HeaderList::with_capacity(n);
+        for h in 0..n {
+            // name: length and UTF-8 bytes (never null); value: length (-1 null) and bytes.
+            let name = match varint(r, &mut pos, 5) {
+                Some(l) if l >= 0 && (l as usize) <= r.len().saturating_sub(pos) => {
+                    let bytes = &r[pos..pos + l as usize];
+                    pos += l as usize;
+                    match std::str::from_utf8(bytes) {
+                        Ok(s) => s.to_string(),
+                        Err(_) => return bad(&format!("header {h}'s name is not UTF-8")),
+                    }
+                }
+                _ => return bad(&format!("header {h}'s name length past the record's end")),
+            };
+            let value = match varint(r, &mut pos, 5) {
+                Some(-1) => None,
+                Some(l) if l >= 0 && (l as usize) <= r.len().saturating_sub(pos) => {
+                    let v = records.slice(pos..pos + l as usize);
+                    pos += l as usize;
+                    Some(v)
+                }
+                _ => return bad(&format!("header {h}'s value length past the record's end")),
+            };
+            headers.push((name, value));
         }
+        out.push(headers);
         pos = end;
     }
-    Ok(())
+    Ok(out)
 }
 
 #[cfg(test)]

@@ -43,8 +43,20 @@ fn well_formed_sets_decode_as_kafka_protocol_decodes_them() {
         let theirs = RecordBatchDecoder::decode_all(&mut set.clone()).unwrap();
         assert_eq!(ours.len(), theirs.len(), "{c:?}");
         for (a, b) in ours.iter().zip(&theirs) {
-            assert_eq!(a.records, b.records, "{c:?}");
-            assert_eq!(a.compression, c);
+            assert_eq!(a.set.records, b.records, "{c:?}");
+            assert_eq!(a.set.compression, c);
+            // The headers read here are the records' (no name repeats in these).
+            let from_map: Vec<HeaderList> = b
+                .records
+                .iter()
+                .map(|r| {
+                    r.headers
+                        .iter()
+                        .map(|(k, v)| (k.to_string(), v.clone()))
+                        .collect()
+                })
+                .collect();
+            assert_eq!(a.headers, from_map, "{c:?}");
         }
     }
 }
@@ -120,7 +132,10 @@ fn inflating_stops_at_the_limit() {
             BatchError::TooLarge { limit: 100_000 },
             "{c:?}"
         );
-        assert_eq!(decode_record_set(b, 400_000).unwrap()[0].records.len(), 1);
+        assert_eq!(
+            decode_record_set(b, 400_000).unwrap()[0].set.records.len(),
+            1
+        );
     }
     // Raw snappy declaring 4 GiB in its length prefix: refused from the prefix.
     let mut b = batch(&[record(0, b"x".to_vec())], Compression::None);

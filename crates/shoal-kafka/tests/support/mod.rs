@@ -1,3 +1,4 @@
 //! Helpers of the integration tests.
 
+pub mod broker;
 pub mod records;

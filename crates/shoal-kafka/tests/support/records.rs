@@ -1,5 +1,5 @@
 //! Kafka records and record batches as a producer sends them, for the crate's tests and
-//! benches (unit tests, `tests/listener.rs` and `benches/convert.rs` include this file with
+//! benches (unit tests, `tests/listener/` and `benches/convert.rs` include this file with
 //! `#[path]`, so it is not part of the library; so does the `shoal` crate's
 //! `tests/kafka_metrics.rs`).
 
@@ -46,6 +46,14 @@ pub fn record(
         value: value.map(Bytes::copy_from_slice),
         headers: h,
     }
+}
+
+/// A record's headers as a list, in its map's order.
+pub fn headers_of(r: &Record) -> Vec<(String, Option<Bytes>)> {
+    r.headers
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.clone()))
+        .collect()
 }
 
 /// One magic-2 record batch of `records` (CRC-32C, `compression`).

@@ -295,6 +295,36 @@ impl AccessControl {
         self.accounts.len()
     }
 
+    /// Checks an account's keys as given by a person signing in (the HTTP dashboard): the
+    /// account exists, the secret key is its own (compared in constant time), and `remote` is
+    /// an address the account may be used from. The refusal does not say which part failed.
+    pub fn sign_in(
+        &self,
+        access_key: &str,
+        secret_key: &str,
+        remote: IpAddr,
+    ) -> Result<super::SessionCredentials, AccessDenied> {
+        let refused = || AccessDenied(format!("sign-in refused for accessKey={access_key}"));
+        let account = self.accounts.get(access_key).ok_or_else(refused)?;
+        if !same(secret_key, &account.secret_key) {
+            return Err(refused());
+        }
+        if account.white.as_ref().is_some_and(|w| !w.matches(remote)) {
+            return Err(AccessDenied(format!(
+                "accessKey={access_key} may not be used from {remote}"
+            )));
+        }
+        Ok(super::SessionCredentials::new(access_key, secret_key))
+    }
+
+    /// The keys of an account, to sign requests made on its behalf (the dashboard's token
+    /// sign-in acts as a configured account).
+    pub fn credentials(&self, access_key: &str) -> Option<super::SessionCredentials> {
+        self.accounts
+            .get(access_key)
+            .map(|a| super::SessionCredentials::new(access_key, a.secret_key.clone()))
+    }
+
     /// Decides a request. `admin_codes` are the request codes only admin accounts may make.
     ///
     /// Order: a globally allowed address passes; otherwise the access key must name an

@@ -206,3 +206,27 @@ fn bad_configs_are_refused() {
     assert!(AccessControl::new(&pattern).is_err());
     assert!(serde_json::from_value::<PlainAclConfig>(serde_json::json!({"acounts": []})).is_err());
 }
+
+#[test]
+fn sign_in_checks_the_keys_and_the_address() {
+    let a = acl();
+    let here: IpAddr = "192.168.0.7".parse().unwrap();
+    let c = a.sign_in("RocketMQ", "12345678", here).unwrap();
+    assert_eq!(
+        (c.access_key.as_str(), c.secret_key.as_str()),
+        ("RocketMQ", "12345678")
+    );
+    // Its whiteRemoteAddress holds for a sign-in too.
+    let e = a
+        .sign_in("RocketMQ", "12345678", "127.0.0.1".parse().unwrap())
+        .unwrap_err()
+        .0;
+    assert!(e.contains("may not be used from 127.0.0.1"), "{e}");
+    // Wrong secret and unknown account: the same refusal, which does not say which.
+    let wrong = a.sign_in("RocketMQ", "12345679", here).unwrap_err().0;
+    let unknown = a.sign_in("nobody1", "12345678", here).unwrap_err().0;
+    assert!(wrong.contains("sign-in refused") && unknown.contains("sign-in refused"));
+    assert!(!wrong.contains("secret"));
+    assert_eq!(a.credentials("RocketMQ").unwrap().secret_key, "12345678");
+    assert!(a.credentials("nobody1").is_none());
+}

@@ -1,5 +1,7 @@
 //! Enums of the JSON bodies: written by name, read by name or ordinal (fastjson accepts both;
 //! the C++ client writes ordinals, spec section 10 — its orders match Java's for these enums).
+//! Names are read regardless of ASCII case, as fastjson's enum reader does (the Go client writes
+//! `messageModel` as `Clustering` / `BroadCasting`).
 
 use crate::LanguageCode;
 use serde::de::{Error, Unexpected, Visitor};
@@ -35,6 +37,13 @@ macro_rules! java_enum {
                 match name { $( $java => Some($name::$variant), )* _ => None }
             }
 
+            /// Looks a Java enum name up in any ASCII case (as fastjson reads enum names).
+            pub fn from_name_any_case(name: &str) -> Option<Self> {
+                Self::from_name(name).or_else(|| {
+                    Self::ALL.iter().copied().find(|v| v.name().eq_ignore_ascii_case(name))
+                })
+            }
+
             /// The Java ordinal.
             pub fn ordinal(self) -> usize {
                 Self::ALL.iter().position(|v| *v == self).unwrap_or(0)
@@ -62,7 +71,7 @@ macro_rules! java_enum {
             fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
                 d.deserialize_any(NameOrOrdinal::<$name>(
                     stringify!($name),
-                    $name::from_name,
+                    $name::from_name_any_case,
                     $name::from_ordinal,
                 ))
             }

@@ -53,7 +53,9 @@ pub struct ProducerData {
 ///
 /// Reading accepts what the C++ client sends (spec 10): `subVersion` as a string, and missing
 /// `classFilterMode`, `expressionType` (TAG), `tagsSet` (derived from `subString`) and `codeSet`
-/// (hashes of the tags).
+/// (hashes of the tags); and what the Go client sends: `codeSet` as strings of digits
+/// (`["2598919"]`), `subVersion` in nanoseconds. Apache RocketMQ's broker (fastjson) reads the
+/// same shapes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", from = "SubscriptionDataWire")]
 pub struct SubscriptionData {
@@ -153,6 +155,7 @@ fn parse_tags(expression: &str) -> BTreeSet<String> {
 #[serde(rename_all = "camelCase", default)]
 struct SubscriptionDataWire {
     class_filter_mode: bool,
+    #[serde(deserialize_with = "lenient::opt_i32_set")]
     code_set: Option<BTreeSet<i32>>,
     expression_type: Option<ExpressionType>,
     sub_string: String,

@@ -188,6 +188,17 @@ pub(crate) mod lenient {
         i32::try_from(v).map_err(|_| D::Error::invalid_value(Unexpected::Signed(v), &"an i32"))
     }
 
+    /// A set of `i32`s, each a JSON number or a string of digits (the Go client writes tag hash
+    /// codes as strings); `null` or absent is `None`.
+    pub(crate) fn opt_i32_set<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<std::collections::BTreeSet<i32>>, D::Error> {
+        #[derive(Deserialize)]
+        struct Item(#[serde(deserialize_with = "i32_or_string")] i32);
+        let items = Option::<Vec<Item>>::deserialize(d)?;
+        Ok(items.map(|v| v.into_iter().map(|Item(i)| i).collect()))
+    }
+
     /// An `f64` written as a JSON number or as a string holding one.
     pub(crate) fn f64_or_string<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
         struct V;

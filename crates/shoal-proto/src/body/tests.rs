@@ -160,6 +160,48 @@ fn heartbeat_from_cpp_client() {
     assert!(from_json_slice::<ConsumerData>(br#"{"messageModel":"CLUSTER"}"#).is_err());
 }
 
+/// The HEART_BEAT body of Apache RocketMQ's Go client (rocketmq-client-go v2) with a push
+/// consumer subscribed `TagA || TagB`: `codeSet` as strings of digits, `messageModel` as
+/// `Clustering`, `subVersion` in nanoseconds. Apache's broker (fastjson: numbers from strings,
+/// enum names in any case) accepts it; so must Shoal.
+#[test]
+fn heartbeat_from_go_client() {
+    let go = r#"{"clientID":"127.0.0.1@1234#5678","producerDataSet":[{"groupName":"PG"}],
+        "consumerDataSet":[{"groupName":"CG","consumeType":"CONSUME_PASSIVELY",
+        "messageModel":"Clustering","consumeFromWhere":"CONSUME_FROM_FIRST_OFFSET",
+        "subscriptionDataSet":[{"classFilterMode":false,"topic":"T","subString":"TagA || TagB",
+        "tagsSet":["TagA","TagB"],"codeSet":["2598919","2598920"],"subVersion":1733356800123456789,
+        "expressionType":"TAG"},{"classFilterMode":false,"topic":"%RETRY%CG","subString":"*",
+        "tagsSet":[],"codeSet":[],"subVersion":1733356800123456790,"expressionType":"TAG"}],
+        "unitMode":false}]}"#;
+    let h: HeartbeatData = dec(go);
+    let c = &h.consumer_data_set[0];
+    assert_eq!(c.message_model, MessageModel::Clustering);
+    assert_eq!(
+        c.consume_from_where,
+        ConsumeFromWhere::ConsumeFromFirstOffset
+    );
+    let s = &c.subscription_data_set[0];
+    assert_eq!(s.code_set, BTreeSet::from([2598919, 2598920]));
+    assert_eq!(
+        s.code_set,
+        SubscriptionData::from_tag_expression("T", "TagA || TagB", 0).code_set
+    );
+    assert_eq!(s.sub_version, 1_733_356_800_123_456_789);
+    assert!(c.subscription_data_set[1].is_sub_all());
+    // Broadcasting as the Go client spells it; numbers still read as numbers.
+    let b: ConsumerData = dec(
+        r#"{"messageModel":"BroadCasting","subscriptionDataSet":[{"topic":"T","subString":"a","codeSet":[97]}]}"#,
+    );
+    assert_eq!(b.message_model, MessageModel::Broadcasting);
+    assert_eq!(b.subscription_data_set[0].code_set, BTreeSet::from([97]));
+    // Not numbers: still an error.
+    assert!(from_json_slice::<SubscriptionData>(br#"{"topic":"T","codeSet":["x"]}"#).is_err());
+    assert!(
+        from_json_slice::<SubscriptionData>(br#"{"topic":"T","codeSet":["99999999999"]}"#).is_err()
+    );
+}
+
 #[test]
 fn subscription_from_tag_expressions() {
     let s = SubscriptionData::from_tag_expression("T", "", 1);

@@ -697,8 +697,8 @@ mod tests {
         assert_eq!(ok.inflight, 256);
         let max = load(&["produce"]).unwrap();
         assert_eq!((max.rate, max.inflight), (None, 1));
-        assert!(check_strategy("NOPE").is_err());
-        assert!(check_strategy("AVG").is_ok());
+        assert!(check_strategy(Some("NOPE")).is_err());
+        assert!(check_strategy(Some("AVG")).is_ok() && check_strategy(None).is_ok());
     }
 
     #[test]

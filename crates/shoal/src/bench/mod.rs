@@ -118,9 +118,10 @@ pub struct GroupArgs {
     /// Consumer group (default: a fresh `shoal-bench-<pid>-<time>` group).
     #[arg(long)]
     pub group: Option<String>,
-    /// Allocation strategy (AVG, BALANCED_STICKY, ...).
-    #[arg(long, default_value = "AVG")]
-    pub strategy: String,
+    /// Allocation strategy (AVG, BALANCED_STICKY, STICKY, ...). Default: AVG in classic mode,
+    /// the broker's default assignor (STICKY) in coordinated mode.
+    #[arg(long)]
+    pub strategy: Option<String>,
 }
 
 /// `max` (as fast as possible, 0) or messages per second.
@@ -463,10 +464,13 @@ fn check_group(g: &GroupArgs) -> anyhow::Result<()> {
     if g.consumers == 0 {
         bail!("--consumers must be at least 1");
     }
-    check_strategy(&g.strategy)
+    check_strategy(g.strategy.as_deref())
 }
 
-fn check_strategy(s: &str) -> anyhow::Result<()> {
+fn check_strategy(s: Option<&str>) -> anyhow::Result<()> {
+    let Some(s) = s else {
+        return Ok(());
+    };
     if shoal_group::strategy_by_name(s).is_err() {
         bail!(
             "unknown allocation strategy {s:?}; known: {}",

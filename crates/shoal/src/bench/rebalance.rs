@@ -79,9 +79,10 @@ pub struct RebalanceArgs {
     /// Consumer group (default: a fresh one).
     #[arg(long)]
     group: Option<String>,
-    /// Allocation strategy.
-    #[arg(long, default_value = "AVG")]
-    strategy: String,
+    /// Allocation strategy. Default: AVG in classic mode; in coordinated mode the broker's
+    /// default assignor (STICKY: balanced, moves the fewest queues when members come and go).
+    #[arg(long)]
+    strategy: Option<String>,
     /// Group protocol of the consumers: `classic` (client-side allocation, hand-over by
     /// locks and notices), `coordinated` (the broker coordinates: epochs, revoke then
     /// assign), `auto` (the consumers' default: coordinated against a Shoal broker).
@@ -299,7 +300,8 @@ pub struct EventSummary {
 pub struct RebalanceReport {
     /// Queues in the topic.
     pub queues: usize,
-    /// Allocation strategy.
+    /// Allocation strategy: the one chosen, `AVG` (classic mode's default) or `default
+    /// (STICKY)` (the coordinator's default assignor).
     pub strategy: String,
     /// Group protocol asked for (`auto`, `classic`, `coordinated`).
     pub mode: String,
@@ -398,7 +400,7 @@ pub(super) async fn run(common: &Common, a: RebalanceArgs) -> anyhow::Result<Rep
     if a.consumers == 0 {
         bail!("--consumers must be at least 1");
     }
-    check_strategy(&a.strategy)?;
+    check_strategy(a.strategy.as_deref())?;
     if a.repeat == 0 {
         bail!("--repeat must be at least 1");
     }
@@ -666,7 +668,7 @@ pub(super) async fn run(common: &Common, a: RebalanceArgs) -> anyhow::Result<Rep
         consume: Some(tracker.report(Some(lost.len() as u64))),
         rebalance: Some(RebalanceReport {
             queues: nq,
-            strategy: a.strategy.clone(),
+            strategy: strategy_label(a.strategy.as_deref(), a.mode),
             mode: format!("{:?}", a.mode).to_ascii_lowercase(),
             stagger_ms: ms_of(a.stagger),
             repeat: a.repeat,
@@ -775,6 +777,18 @@ fn losses_per_interval(starts: &[u64], lost_sent_us: &[u64]) -> Vec<u64> {
         }
     }
     out
+}
+
+/// The strategy a report names: the one chosen, else the consumers' default for the mode.
+fn strategy_label(chosen: Option<&str>, mode: shoal_client::GroupProtocol) -> String {
+    match (chosen, mode) {
+        (Some(s), _) => s.to_string(),
+        (None, shoal_client::GroupProtocol::Classic) => {
+            shoal_client::consumer::CLASSIC_DEFAULT_STRATEGY.to_string()
+        }
+        (None, shoal_client::GroupProtocol::Coordinated) => "default (STICKY)".to_string(),
+        (None, _) => "default".to_string(),
+    }
 }
 
 // ---- rendering ------------------------------------------------------------------------

@@ -299,7 +299,8 @@ impl Member {
 pub(super) struct GroupSpec {
     pub(super) group: String,
     pub(super) topic: String,
-    pub(super) strategy: String,
+    /// The strategy chosen (`None`: the consumers' default for their mode).
+    pub(super) strategy: Option<String>,
     pub(super) protocol: shoal_client::GroupProtocol,
     pub(super) from: ConsumeFromWhere,
     pub(super) from_ts_ms: i64,
@@ -333,12 +334,14 @@ async fn start_consumer(
     let mut builder = PushConsumer::builder(spec.group.clone())
         .client_config(cfg)
         .subscribe(spec.topic.clone(), "*")
-        .allocate_strategy(spec.strategy.clone())
         .protocol(spec.protocol)
         .rebalance_interval(spec.rebalance_interval)
         .consume_from_where(spec.from)
         .consume_timestamp_ms(spec.from_ts_ms)
         .consume_batch_size(32);
+    if let Some(s) = &spec.strategy {
+        builder = builder.allocate_strategy(s.clone());
+    }
     if let Some(d) = spec.session_timeout {
         // As `shoal consume --session-timeout-ms`: heartbeats three times per session.
         builder = builder.configure(|c| {

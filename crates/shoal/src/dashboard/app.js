@@ -36,11 +36,56 @@ function rate(key, value, atMs) {
 function fmtRate(r) {
   return r === null ? "…" : `${r.toFixed(r < 10 ? 1 : 0)}/s`;
 }
-async function api(path, opts) {
-  const r = await fetch(path, opts);
+// The port's sign-in state ({required, signedIn, account, csrf}) from /api/session.
+let session = null;
+class SignInNeeded extends Error {}
+async function loadSession() {
+  const r = await fetch("/api/session", { credentials: "same-origin" });
+  session = await r.json();
+  const who = document.getElementById("who");
+  who.innerHTML = session.signedIn
+    ? `<span data-testid="account">${esc(session.account)}</span> <button class="secondary" data-signout="1" data-testid="sign-out">Sign out</button>`
+    : "";
+}
+// Every POST carries the page's token (cross-site request protection).
+async function api(path, opts = {}) {
+  const o = { credentials: "same-origin", ...opts, headers: { ...(opts.headers || {}) } };
+  if ((o.method || "GET") !== "GET") o.headers["X-Shoal-Csrf"] = session ? session.csrf : "";
+  const r = await fetch(path, o);
   const body = await r.json().catch(() => ({ error: `HTTP ${r.status}` }));
+  if (r.status === 401 && body.signIn) throw new SignInNeeded(body.error);
   if (!r.ok) throw new Error(body.error || `HTTP ${r.status}`);
   return body;
+}
+let signInNote = "";
+function signInPage() {
+  const acl = session && session.acl;
+  const token = session && session.token;
+  let html = `<h1>Sign in</h1><p class="muted">This port is behind ${acl ? "the broker's ACL" : "a token"}.</p>`;
+  if (signInNote) html += `<div class="warn" data-testid="sign-in-error">${esc(signInNote)}</div>`;
+  if (acl) {
+    html += `<form class="inline" id="signin" data-testid="sign-in-acl">
+      <input type="text" name="accessKey" placeholder="access key" autocomplete="username">
+      <input type="password" name="secretKey" placeholder="secret key" autocomplete="current-password">
+      <button type="submit">Sign in</button></form>`;
+  }
+  if (token) {
+    html += `<form class="inline" id="signin-token" data-testid="sign-in-token">
+      <input type="password" name="token" placeholder="token">
+      <button type="submit">Sign in with the token</button></form>`;
+  }
+  return html;
+}
+async function signIn(payload) {
+  try {
+    const d = await api("/api/session", { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(payload) });
+    signInNote = "";
+    session = { ...session, signedIn: true, account: d.account, csrf: d.csrf };
+  } catch (e) {
+    signInNote = e.message;
+  }
+  await loadSession();
+  schedule();
 }
 function card(k, v, testid) {
   return `<div class="card"><div class="k">${esc(k)}</div><div class="v" data-testid="${esc(testid || "")}">${esc(v)}</div></div>`;
@@ -259,6 +304,13 @@ async function refresh() {
   const g = generation;
   const r = route();
   document.querySelectorAll("header nav a").forEach((a) => a.classList.toggle("active", a.dataset.nav === r.nav));
+  if (session && session.required && !session.signedIn) {
+    clearInterval(timer);
+    page.innerHTML = signInPage();
+    statusEl.textContent = "signed out";
+    page.dataset.loaded = "sign-in";
+    return;
+  }
   try {
     const html = await r.render();
     if (g !== generation) return;
@@ -268,6 +320,13 @@ async function refresh() {
     page.dataset.loaded = r.nav;
   } catch (e) {
     if (g !== generation) return;
+    if (e instanceof SignInNeeded) {
+      // The session ended (expired, or signed out elsewhere): back to the sign-in form.
+      signInNote = e.message;
+      await loadSession();
+      schedule();
+      return;
+    }
     page.innerHTML = `<div class="warn" data-testid="error">${esc(e.message)}</div>`;
     statusEl.textContent = "error";
   }
@@ -301,8 +360,20 @@ page.addEventListener("submit", (e) => {
       .catch((err) => { topicNote = err.message; })
       .then(refresh);
     return;
+  } else if (form === "signin") {
+    signIn({ accessKey: String(f.get("accessKey") || ""), secretKey: String(f.get("secretKey") || "") });
+    return;
+  } else if (form === "signin-token") {
+    signIn({ token: String(f.get("token") || "") });
+    return;
   }
   refresh();
+});
+document.getElementById("who").addEventListener("click", async (e) => {
+  if (!e.target.dataset || !e.target.dataset.signout) return;
+  await api("/api/session/end", { method: "POST" }).catch(() => {});
+  await loadSession();
+  schedule();
 });
 page.addEventListener("click", async (e) => {
   const id = e.target.dataset ? e.target.dataset.resend : undefined;
@@ -317,4 +388,4 @@ page.addEventListener("click", async (e) => {
   refresh();
 });
 window.addEventListener("hashchange", schedule);
-schedule();
+loadSession().catch(() => {}).then(schedule);

@@ -59,6 +59,7 @@ public class KafkaCheck {
             check(admin.listTopics().names().get().contains("JRound"), "admin: topic listed");
         }
         roundTrip();
+        headers();
         for (String mode : modes) {
             if (mode.equals("classic")) {
                 group("classic", "org.apache.kafka.clients.consumer.RangeAssignor");
@@ -111,6 +112,58 @@ public class KafkaCheck {
                 c.commitSync();
             }
             check(matched == 25, comp + ": 25 records with their keys, values and headers read back by a classic-group consumer");
+        }
+    }
+
+    /** The headers of issue 45: order, a repeated name, binary, empty and null values. */
+    static final String[] H_NAMES = {"seq", "codec", "bin", "dup", "dup", "empty", "null"};
+    static final byte[][] H_VALUES = {
+        "0".getBytes(StandardCharsets.UTF_8), "gzip".getBytes(StandardCharsets.UTF_8),
+        {0, (byte) 0xff, 0, '\n', '\r'}, "first".getBytes(StandardCharsets.UTF_8),
+        "second".getBytes(StandardCharsets.UTF_8), new byte[0], null};
+
+    static String show(Iterable<Header> hs) {
+        StringBuilder b = new StringBuilder();
+        for (Header h : hs) b.append(h.key()).append('=').append(h.value() == null ? "null" : Arrays.toString(h.value())).append(' ');
+        return b.toString();
+    }
+
+    static void headers() throws Exception {
+        for (String comp : List.of("none", "gzip", "snappy", "lz4", "zstd")) {
+            String topic = "JHeaders-" + comp;
+            Properties pp = new Properties();
+            pp.put("bootstrap.servers", bs);
+            pp.put("compression.type", comp);
+            pp.put("key.serializer", StringSerializer.class.getName());
+            pp.put("value.serializer", StringSerializer.class.getName());
+            pp.put("linger.ms", "5");
+            try (KafkaProducer<String, String> p = new KafkaProducer<>(pp)) {
+                List<Future<RecordMetadata>> acks = new ArrayList<>();
+                for (int i = 0; i < 3; i++) {
+                    ProducerRecord<String, String> rec = new ProducerRecord<>(topic, "h" + i, "v" + i);
+                    for (int j = 0; j < H_NAMES.length; j++) rec.headers().add(H_NAMES[j], H_VALUES[j]);
+                    acks.add(p.send(rec));
+                }
+                for (Future<RecordMetadata> a : acks) a.get(15, TimeUnit.SECONDS);
+            }
+            Properties cp = consumerProps("jh-" + comp, "classic", "org.apache.kafka.clients.consumer.RangeAssignor");
+            int matched = 0;
+            try (KafkaConsumer<String, String> c = new KafkaConsumer<>(cp)) {
+                c.subscribe(List.of(topic));
+                long end = System.currentTimeMillis() + 30000;
+                while (matched < 3 && System.currentTimeMillis() < end) {
+                    for (ConsumerRecord<String, String> r : c.poll(Duration.ofMillis(500))) {
+                        Header[] got = r.headers().toArray();
+                        boolean same = got.length == H_NAMES.length;
+                        for (int j = 0; same && j < got.length; j++) {
+                            same = got[j].key().equals(H_NAMES[j]) && Arrays.equals(got[j].value(), H_VALUES[j]);
+                        }
+                        check(same, comp + ": headers of " + r.key() + " read back exactly: " + show(r.headers()));
+                        matched++;
+                    }
+                }
+            }
+            check(matched == 3, comp + ": 3 records with repeated, binary, empty and null headers read back in order");
         }
     }
 
