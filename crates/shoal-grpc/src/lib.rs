@@ -73,6 +73,9 @@ pub struct GrpcConfig {
     pub advertised: Option<String>,
     /// TLS of the listener (the broker's `[tls]`); ALPN `h2` is added.
     pub tls: ServerTls,
+    /// The long polling consumers are told to use for their receives (the settings'
+    /// `long_polling_timeout`; the broker's `grpc_long_polling_ms`).
+    pub long_polling: std::time::Duration,
 }
 
 /// A running gRPC endpoint.
@@ -170,7 +173,8 @@ impl GrpcServer {
         let sessions = Arc::new(session::Sessions::default());
         let renewals = Arc::new(renew::Renewals::default());
         let svc =
-            service::Service::new(api.clone(), sessions.clone(), renewals.clone(), advertised);
+            service::Service::new(api.clone(), sessions.clone(), renewals.clone(), advertised)
+                .with_long_polling(config.long_polling);
         svc.install_transaction_checker();
         let tls = config.tls.clone().with_alpn(&[b"h2"]);
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();

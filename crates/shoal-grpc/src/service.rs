@@ -28,6 +28,8 @@ pub const GRPC_PRODUCER_GROUP: &str = "GRPC_PRODUCER";
 const MAX_LONG_POLLING: Duration = Duration::from_secs(60);
 /// Long polling of a receive that names none.
 const DEFAULT_LONG_POLLING: Duration = Duration::from_secs(20);
+/// The long polling consumers are told to use unless the broker says otherwise.
+const DEFAULT_ADVERTISED_LONG_POLLING: Duration = Duration::from_secs(30);
 /// Receives answered this much before the client's own deadline would end the call.
 const POLL_RESERVE: Duration = Duration::from_millis(500);
 /// Most messages a receive asks (RocketMQ's POP batch limit).
@@ -43,6 +45,8 @@ pub(crate) struct Service {
     renewals: Arc<Renewals>,
     /// `host:port` routes name when the client names no endpoint.
     advertised: String,
+    /// The long polling consumers are told to use.
+    long_polling: Duration,
 }
 
 fn peer<T>(r: &Request<T>) -> SocketAddr {
@@ -103,7 +107,14 @@ impl Service {
             sessions,
             renewals,
             advertised,
+            long_polling: DEFAULT_ADVERTISED_LONG_POLLING,
         }
+    }
+
+    /// The long polling consumers are told to use (within 1 s..=[`MAX_LONG_POLLING`]).
+    pub(crate) fn with_long_polling(mut self, d: Duration) -> Self {
+        self.long_polling = d.clamp(Duration::from_secs(1), MAX_LONG_POLLING);
+        self
     }
 
     /// Sends the broker's checks of gRPC producers' transactions over their Telemetry
@@ -232,7 +243,7 @@ impl Service {
                     subscriptions: s.subscriptions.clone(),
                     fifo: Some(self.api.group_is_fifo(&group)),
                     receive_batch_size: Some(MAX_BATCH),
-                    long_polling_timeout: Some(convert::duration(Duration::from_secs(30))),
+                    long_polling_timeout: Some(convert::duration(self.long_polling)),
                     lite_subscription_quota: None,
                     max_lite_topic_size: None,
                 }));

@@ -47,6 +47,7 @@ async fn start(tweak: impl FnOnce(&mut BrokerConfig)) -> Env {
             listen: "127.0.0.1:0".into(),
             advertised: None,
             tls: shoal_net::ServerTls::disabled(),
+            long_polling: std::time::Duration::from_secs(7),
         },
     )
     .await
@@ -434,6 +435,36 @@ async fn settings_delays_and_transactions_with_check_back() {
             Some(pb::settings::PubSub::Publishing(p)) => {
                 assert!(p.validate_message_type);
                 assert!(p.max_body_size > 0);
+            }
+            other => panic!("{other:?}"),
+        },
+        other => panic!("{other:?}"),
+    }
+    // A consumer is told the endpoint's long polling (its GrpcConfig, 7 s here).
+    let (cout, crx) = tokio::sync::mpsc::channel::<pb::TelemetryCommand>(8);
+    let mut cin = c
+        .telemetry(req(tokio_stream::wrappers::ReceiverStream::new(crx)))
+        .await
+        .unwrap()
+        .into_inner();
+    cout.send(pb::TelemetryCommand {
+        status: None,
+        command: Some(pb::telemetry_command::Command::Settings(pb::Settings {
+            client_type: Some(pb::ClientType::PushConsumer as i32),
+            pub_sub: Some(pb::settings::PubSub::Subscription(pb::Subscription {
+                group: res("g-settings"),
+                ..Default::default()
+            })),
+            ..Default::default()
+        })),
+    })
+    .await
+    .unwrap();
+    match cin.message().await.unwrap().unwrap().command {
+        Some(pb::telemetry_command::Command::Settings(s)) => match s.pub_sub {
+            Some(pb::settings::PubSub::Subscription(s)) => {
+                let d = s.long_polling_timeout.unwrap();
+                assert_eq!((d.seconds, d.nanos), (7, 0));
             }
             other => panic!("{other:?}"),
         },

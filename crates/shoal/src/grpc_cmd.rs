@@ -18,6 +18,7 @@ pub async fn start_grpc(
             listen: listen.to_string(),
             advertised: None,
             tls,
+            long_polling: std::time::Duration::from_millis(cfg.grpc_long_polling_ms),
         },
     )
     .await

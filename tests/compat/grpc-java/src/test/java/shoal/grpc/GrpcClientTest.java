@@ -212,7 +212,6 @@ class GrpcClientTest {
         } finally {
             admin.shutdown();
         }
-        System.err.println("DEBUG start " + java.time.Instant.now());
         Map<String, Integer> seen = new ConcurrentHashMap<>();
         CountDownLatch all = new CountDownLatch(10);
         List<String> order = new CopyOnWriteArrayList<>();
@@ -234,8 +233,6 @@ class GrpcClientTest {
                      fifo.countDown();
                      return ConsumeResult.SUCCESS;
                  }).build()) {
-            long t0 = System.nanoTime();
-            System.err.println("DEBUG consumers built " + java.time.Instant.now());
             for (int i = 0; i < 10; i++) {
                 p.send(message("GPush", "p" + i));
             }
@@ -244,12 +241,9 @@ class GrpcClientTest {
                     .setBody(("o" + i).getBytes(StandardCharsets.UTF_8)).build());
             }
             assertTrue(all.await(30, TimeUnit.SECONDS), "push consumer got " + seen + "\n" + s.log());
-            System.err.println("DEBUG all after ms " + (System.nanoTime() - t0) / 1000000);
             assertTrue(fifo.await(30, TimeUnit.SECONDS), "FIFO push consumer got " + order + "\n" + s.log());
             assertEquals(10, seen.size());
             assertEquals(List.of("o0", "o1", "o2", "o3", "o4"), order.subList(0, 5));
-            System.err.println("DEBUG fifo after ms " + (System.nanoTime() - t0) / 1000000);
         }
-        System.err.println("DEBUG closed " + java.time.Instant.now());
     }
 }

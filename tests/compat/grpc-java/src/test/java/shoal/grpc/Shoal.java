@@ -61,9 +61,11 @@ public final class Shoal implements AutoCloseable {
             throw new IllegalStateException("SHOAL_BIN is not set (the path of the shoal binary)");
         }
         Path dir = Files.createTempDirectory("shoal-grpc-compat");
-        // Short transaction checks, so a check-back comes within the test.
+        // Short transaction checks, so a check-back comes within the test; short long polling,
+        // so a PushConsumer's close (which waits for its receives in flight) is quick.
         Path cfg = dir.resolve("broker.toml");
-        Files.writeString(cfg, "transaction_timeout_ms = 1000\ntransaction_check_interval_ms = 500\n");
+        Files.writeString(cfg, "transaction_timeout_ms = 1000\ntransaction_check_interval_ms = 500\n"
+            + "grpc_long_polling_ms = 2000\n");
         int ns = freePort(), broker = freePort(), grpc = freePort();
         List<String> cmd = new ArrayList<>(List.of(bin, "dev", "--data-dir", dir.resolve("data").toString(),
             "--config", cfg.toString(), "--namesrv-port", String.valueOf(ns), "--broker-port", String.valueOf(broker),
