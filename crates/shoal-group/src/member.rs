@@ -52,6 +52,9 @@ pub enum MemberMode {
 pub struct Directive {
     /// Fences so far ([`Rebalancer::handle_fenced`]).
     pub fences: u64,
+    /// Coordinator moves so far ([`Rebalancer::handle_coordinator_moved`]: the new
+    /// coordinator's epochs start a new lineage).
+    pub moves: u64,
     /// Where the target comes from now.
     pub source: TargetSource,
 }
@@ -76,6 +79,7 @@ pub enum TargetSource {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Applied {
     fences: u64,
+    moves: u64,
 }
 
 impl Directive {
@@ -85,6 +89,10 @@ impl Directive {
         if self.fences > applied.fences {
             applied.fences = self.fences;
             rb.handle_fenced(now);
+        }
+        if self.moves > applied.moves {
+            applied.moves = self.moves;
+            rb.handle_coordinator_moved(now);
         }
         match &self.source {
             TargetSource::Waiting => {
@@ -174,6 +182,8 @@ pub struct CoordinatedMember {
     /// continue above it).
     last_epoch: Option<i32>,
     fences: u64,
+    /// Coordinator moves so far.
+    moves: u64,
     in_flight: bool,
     /// Woken while a heartbeat was in flight: heartbeat again after its answer.
     again: bool,
@@ -196,6 +206,7 @@ impl CoordinatedMember {
             coordinator: None,
             last_epoch: None,
             fences: 0,
+            moves: 0,
             in_flight: false,
             again: false,
             next_at: now_ms,
@@ -251,6 +262,7 @@ impl CoordinatedMember {
         };
         Directive {
             fences: self.fences,
+            moves: self.moves,
             source,
         }
     }
@@ -313,6 +325,7 @@ impl CoordinatedMember {
                     self.last_epoch = Some(self.epoch);
                 }
                 self.epoch = JOIN_EPOCH;
+                self.moves += 1;
                 // The old coordinator's epoch means nothing to the new one.
                 self.stamped = false;
                 self.handle_wake(now_ms);
@@ -525,6 +538,11 @@ mod tests {
         let _ = m.handle_answer(11, Some("b2"), 0, assigned(1, &[0, 1]));
         assert_eq!(m.coordinator(), Some("b2"));
         assert_eq!(m.directive().fences, 0);
+        assert_eq!(
+            m.directive().moves,
+            1,
+            "a new lineage of epochs for the rebalancer"
+        );
     }
 
     #[test]

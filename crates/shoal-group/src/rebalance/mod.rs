@@ -348,6 +348,18 @@ impl Rebalancer {
         self.step(now);
     }
 
+    /// Coordinated mode: the group's coordinator moved and the member joined the new one,
+    /// keeping its queues (their broker locks' leases decide how long they may be consumed).
+    /// The target stays as it is; the next [`Rebalancer::handle_target`] is accepted whatever
+    /// its epoch (the new coordinator's member epochs are a new lineage: a joining member is
+    /// at epoch 0 until it has released what it must).
+    pub fn handle_coordinator_moved(&mut self, now: u64) {
+        if let Source::Coordinated { epoch } = &mut self.source {
+            *epoch = None;
+        }
+        self.step(now);
+    }
+
     /// Back to classic allocation (the group got a classic-only member, or the broker does
     /// not coordinate it): every topic's view is fetched at once and the strategy decides
     /// again. Queues held meanwhile stay held until the new share says otherwise; hand-over

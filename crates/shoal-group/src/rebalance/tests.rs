@@ -599,6 +599,22 @@ fn a_coordinator_target_replaces_the_views() {
 }
 
 #[test]
+fn after_a_coordinator_move_the_new_lineage_starts_at_any_epoch() {
+    let t0: u64 = 0;
+    let mut a = rb("a");
+    a.handle_subscribe(t0, "T");
+    a.handle_target(t0, 7, qs(&[0, 1]).into_iter().collect());
+    drain(&mut a);
+    a.handle_coordinator_moved(t0);
+    assert_eq!(a.target().len(), 2, "the queues stay where they are");
+    assert!(drain(&mut a).is_empty());
+    // The new coordinator's joining member is at epoch 0 until it released what it must.
+    a.handle_target(t0, 0, qs(&[0]).into_iter().collect());
+    assert_eq!(a.target_epoch(), Some(0));
+    assert_eq!(a.target().iter().cloned().collect::<Vec<_>>(), qs(&[0]));
+}
+
+#[test]
 fn a_lock_granted_after_the_queue_left_the_target_is_given_back() {
     let t0: u64 = 0;
     let mut a = rb("a");

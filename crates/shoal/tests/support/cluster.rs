@@ -59,6 +59,11 @@ impl Cluster {
     /// Starts broker `name` (its data under the cluster's directory, kept across restarts)
     /// and waits until the name server lists it.
     pub fn start_broker(&mut self, name: &str) {
+        self.start_broker_with(name, &[]);
+    }
+
+    /// [`Cluster::start_broker`] with `extra` arguments to `shoal broker`.
+    pub fn start_broker_with(&mut self, name: &str, extra: &[&str]) {
         let addr = match self.brokers.get(name) {
             Some(b) => b.addr.clone(),
             None => format!("127.0.0.1:{}", free_port()),
@@ -76,6 +81,7 @@ impl Cluster {
                 "--broker-name",
                 name,
             ])
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -132,12 +138,15 @@ impl Cluster {
     }
 }
 
-/// A consumed (or sent) message: when, on which broker, its body.
+/// A consumed (or sent) message: when, on which broker and queue, its body, and who consumed
+/// it (empty for a send).
 #[derive(Debug, Clone)]
 pub struct Line {
     pub at: Instant,
     pub broker: String,
+    pub queue: i64,
     pub body: String,
+    pub member: String,
 }
 
 /// A [`Group`] whose consumers' lines also keep the broker each message came from.
@@ -184,7 +193,9 @@ impl TrackedGroup {
                 lines.lock().unwrap().push(Line {
                     at,
                     broker: v["broker"].as_str().unwrap_or_default().to_string(),
+                    queue: v["queue"].as_i64().unwrap_or(-1),
                     body: body.clone(),
+                    member: who.clone(),
                 });
                 seen.lock().unwrap().push(Seen {
                     consumer: who.clone(),
@@ -252,7 +263,9 @@ impl SteadyProducer {
                 s.lock().unwrap().push(Line {
                     at: Instant::now(),
                     broker: v["broker"].as_str().unwrap_or_default().to_string(),
+                    queue: v["queue"].as_i64().unwrap_or(-1),
                     body: format!("{prefix}-{i}"),
+                    member: String::new(),
                 });
             }
         });
