@@ -6,7 +6,7 @@ use crate::shared::Shared;
 use shoal_proto::body::{
     ConsumeStats, ConsumerConnection, ConsumerOffsetSerializeWrapper, GroupList, KVTable,
     OffsetWrapper, ResetOffsetBody, SubscriptionGroupConfig, TopicConfig, TopicFilterType,
-    TopicOffset, TopicStatsTable,
+    TopicMessageType, TopicOffset, TopicStatsTable,
 };
 use shoal_proto::code::{request_code as rc, response_code as resp};
 use shoal_proto::constants::{AUTO_CREATE_TOPIC_KEY_TOPIC, SCHEDULE_TOPIC};
@@ -51,27 +51,13 @@ pub async fn create_topic(b: &Shared, req: &RemotingCommand) -> Handled {
             ),
         )
     })?;
-    let mut attributes = BTreeMap::new();
-    for item in h
-        .attributes
-        .as_deref()
-        .unwrap_or("")
-        .split(',')
-        .filter(|s| !s.is_empty())
-    {
-        let item = item.trim_start_matches(['+', '-']);
-        match item.split_once('=') {
-            Some((k, v)) => {
-                attributes.insert(k.to_string(), v.to_string());
-            }
-            None => {
-                return Err(Reject::new(
-                    resp::INVALID_PARAMETER,
-                    format!("attribute {item:?} is not key=value"),
-                ))
-            }
-        }
-    }
+    // RocketMQ's attribute syntax: `+key=value` sets, `-key` removes (from the topic's
+    // current attributes when it exists).
+    let mut attributes = b
+        .topics
+        .read(&h.topic, |c| c.map(|c| c.attributes.clone()))
+        .unwrap_or_default();
+    apply_attributes(&mut attributes, h.attributes.as_deref().unwrap_or(""))?;
     let config = TopicConfig {
         attributes,
         order: h.order,
@@ -102,6 +88,44 @@ pub async fn create_topic(b: &Shared, req: &RemotingCommand) -> Handled {
         }
     }
     ok()
+}
+
+/// Applies RocketMQ's attribute changes (`+key=value,-key`) to a topic's attributes; the
+/// message type (`message.type`) must be one RocketMQ defines, and is stored upper case.
+pub(crate) fn apply_attributes(
+    attributes: &mut BTreeMap<String, String>,
+    changes: &str,
+) -> Result<(), Reject> {
+    for item in changes.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        if let Some(key) = item.strip_prefix('-') {
+            attributes.remove(key.split('=').next().unwrap_or(key));
+            continue;
+        }
+        let item = item.trim_start_matches('+');
+        let Some((k, v)) = item.split_once('=') else {
+            return Err(Reject::new(
+                resp::INVALID_PARAMETER,
+                format!("attribute {item:?} is not key=value"),
+            ));
+        };
+        let v = if k == TopicMessageType::ATTRIBUTE {
+            TopicMessageType::parse(v)
+                .ok_or_else(|| {
+                    Reject::new(
+                        resp::INVALID_PARAMETER,
+                        format!(
+                            "message.type {v:?} is not one of NORMAL, FIFO, DELAY, TRANSACTION, MIXED, UNSPECIFIED"
+                        ),
+                    )
+                })?
+                .name()
+                .to_string()
+        } else {
+            v.to_string()
+        };
+        attributes.insert(k.to_string(), v);
+    }
+    Ok(())
 }
 
 /// DELETE_TOPIC_IN_BROKER: the topic's config, consume queues and offsets go.

@@ -30,6 +30,7 @@ mod harness;
 mod hold;
 mod lease;
 mod listener;
+mod messaging;
 mod metrics;
 mod namesrv;
 mod observe;
@@ -57,7 +58,12 @@ pub use broker::{Broker, BrokerError};
 pub use clock::wall_ms;
 pub use config::{BrokerConfig, CorruptRecordPolicy, FlushMode, NetLimits};
 pub use listener::{DescribeListenerGroup, ListenerGroups, ListenerMemberHosts};
+pub use messaging::{
+    Filter, OutgoingMessage, PopBatch, PopQuery, PoppedMessage, Refusal, SendReceipt,
+    TransactionCheck, TransactionChecker,
+};
 pub use metrics::{BrokerMetrics, TopicTraffic};
 pub use persist::PersistError;
+pub use pop::{PopConsumerView, PopGroupView, PopQueueView};
 pub use timeline::{Move, ObservedRebalance, Outcome};
 pub use topic::TopicError;

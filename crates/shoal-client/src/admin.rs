@@ -90,6 +90,9 @@ pub struct TopicSpec {
     pub perm: i32,
     /// Ordered topic.
     pub order: bool,
+    /// RocketMQ 5's message type (`message.type` attribute): NORMAL, FIFO, DELAY,
+    /// TRANSACTION or MIXED; `None` takes every type.
+    pub message_type: Option<shoal_proto::body::TopicMessageType>,
 }
 
 impl TopicSpec {
@@ -101,6 +104,7 @@ impl TopicSpec {
             write_queues: queues,
             perm: 6,
             order: false,
+            message_type: None,
         }
     }
 }
@@ -449,6 +453,9 @@ impl AdminClient {
                     perm: spec.perm,
                     topic_filter_type: "SINGLE_TAG".into(),
                     order: spec.order,
+                    attributes: spec.message_type.map(|t| {
+                        format!("+{}={}", shoal_proto::body::TopicMessageType::ATTRIBUTE, t)
+                    }),
                     ..Default::default()
                 },
             );
@@ -558,7 +565,7 @@ impl AdminClient {
                 self.coordinator_query(
                     group,
                     shoal_proto::coordinated::request_code::GROUP_DESCRIBE,
-                    |v| v["mode"] != "empty",
+                    |v| v["mode"] != "empty" || v["pop"].is_object(),
                 )
                 .await
             }

@@ -138,6 +138,11 @@ pub struct BrokerArgs {
     /// Turn ACL on with this file (TOML, plain_acl keys; see docs/security.md).
     #[arg(long)]
     pub acl_file: Option<PathBuf>,
+    /// Also serve RocketMQ 5 clients (gRPC, `rocketmq-client-java` 5.x and the other
+    /// `rocketmq-clients`) on this address, e.g. 0.0.0.0:8081 (config key `grpc_listen_addr`;
+    /// off by default). TLS as the broker's listener.
+    #[arg(long)]
+    pub grpc_listen: Option<String>,
     /// Also serve Kafka clients on this address (e.g. 0.0.0.0:9092); off by default.
     #[arg(long)]
     pub kafka_listen: Option<String>,
@@ -183,6 +188,13 @@ pub struct DevArgs {
     /// Do not start the Kafka listener.
     #[arg(long)]
     pub no_kafka: bool,
+    /// gRPC port for RocketMQ 5 clients (endpoints 127.0.0.1:PORT); default 8081, and when
+    /// 8081 is taken dev runs without gRPC (a port given here must bind).
+    #[arg(long)]
+    pub grpc_port: Option<u16>,
+    /// Do not serve RocketMQ 5 clients (gRPC).
+    #[arg(long)]
+    pub no_grpc: bool,
     /// `host:port` Kafka clients are told to connect to (default 127.0.0.1:<kafka port>).
     #[arg(long)]
     pub kafka_advertised: Option<String>,
@@ -259,6 +271,9 @@ pub fn broker_config(
     }
     if let Some(v) = &args.http_listen {
         cfg.http_listen_addr = Some(v.clone());
+    }
+    if let Some(v) = &args.grpc_listen {
+        cfg.grpc_listen_addr = Some(v.clone());
     }
     if let Some(p) = &args.acl_file {
         cfg.acl_enabled = true;
@@ -560,7 +575,29 @@ pub async fn run_broker(args: BrokerArgs, common: crate::admin_cmd::Common) -> a
         },
         None => None,
     };
+    let grpc = match &cfg.grpc_listen_addr {
+        Some(addr) => match crate::grpc_cmd::start_grpc(&broker, &cfg, addr).await {
+            Ok(g) => {
+                println!("RocketMQ 5 clients (gRPC) on {}", g.local_addr());
+                Some(g)
+            }
+            Err(e) => {
+                if let Some(k) = kafka {
+                    k.shutdown().await;
+                }
+                if let Some(h) = http {
+                    h.shutdown().await;
+                }
+                broker.shutdown().await;
+                return Err(e);
+            }
+        },
+        None => None,
+    };
     stop.await;
+    if let Some(g) = grpc {
+        g.shutdown().await;
+    }
     if let Some(k) = kafka {
         k.shutdown().await;
     }
@@ -654,6 +691,26 @@ pub async fn run_dev(args: DevArgs) -> anyhow::Result<()> {
             }
         },
     };
+    let grpc = if args.no_grpc {
+        None
+    } else {
+        let port = args.grpc_port.unwrap_or(shoal_grpc::DEFAULT_PORT);
+        match crate::grpc_cmd::start_grpc(&broker, &cfg, &format!("127.0.0.1:{port}")).await {
+            Ok(g) => Some(g),
+            Err(e) if args.grpc_port.is_none() => {
+                eprintln!("warning: gRPC endpoint not started ({e:#}); pass --grpc-port to choose a free port, or --no-grpc");
+                None
+            }
+            Err(e) => {
+                if let Some(k) = kafka {
+                    k.shutdown().await;
+                }
+                broker.shutdown().await;
+                ns.shutdown().await;
+                return Err(e);
+            }
+        }
+    };
     println!("Shoal dev is running (Ctrl-C to stop)");
     println!("  name server  {namesrv}");
     println!(
@@ -692,6 +749,12 @@ pub async fn run_dev(args: DevArgs) -> anyhow::Result<()> {
     if let Some(k) = &kafka {
         println!("  kafka        {} (bootstrap.servers)", k.local_addr());
     }
+    if let Some(g) = &grpc {
+        println!(
+            "  gRPC         {} (RocketMQ 5 clients' endpoints)",
+            g.local_addr()
+        );
+    }
     if let Some((mode, cert, _)) = &tls {
         println!(
             "  TLS          {mode} (certificate {}); clients: --tls-ca <the CA that signed it>, \
@@ -716,6 +779,9 @@ pub async fn run_dev(args: DevArgs) -> anyhow::Result<()> {
     println!("  shoal consume TopicTest --group demo --from first --count 3{ns_flag}");
     stop.await;
     println!("stopping: flushing offsets and topics, unregistering from the name server");
+    if let Some(g) = grpc {
+        g.shutdown().await;
+    }
     if let Some(k) = kafka {
         k.shutdown().await;
     }

@@ -6,10 +6,14 @@
 //! Broker state is reached only through the functions of [`view`], so that it can be
 //! re-pointed in one place.
 
+pub mod consume;
+pub mod describe;
 pub mod journal;
 pub mod remoting;
 pub(crate) mod revive;
 pub mod view;
+
+pub use describe::{describe_group, PopConsumerView, PopGroupView, PopQueueView};
 
 use crate::config::FlushMode;
 use parking_lot::Mutex;
@@ -219,6 +223,11 @@ impl PopService {
             }
         }
         g.into_iter().collect()
+    }
+
+    /// A queue's acked offset and cursor, if the engine knows it.
+    pub fn queue_offsets(&self, key: &QueueKey) -> Option<(u64, u64)> {
+        self.core.lock().engine.queue_offsets(key)
     }
 
     /// The engine's counters (leases, acks, refusals, lapses, revives, dead letters).

@@ -35,7 +35,7 @@ pub async fn run(b: &Arc<Shared>, (key, offset, pop_time, fifo_dead): ReviveJob)
 
 /// Stores the copy; returns whether it went to the dead-letter topic. A message that is no
 /// longer in the store (retention) has nothing to copy and counts as done.
-async fn copy(
+pub(crate) async fn copy(
     b: &Arc<Shared>,
     group: &str,
     topic: &str,

@@ -60,12 +60,19 @@ pub fn consumer_ids(b: &Shared, group: &str) -> Vec<String> {
 }
 
 /// Where a queue the engine has not seen starts: the group's committed offset, else the
-/// queue's first (`from_min`) or last offset.
+/// queue's first offset (`from_min`, or a queue that still has its first message, as RocketMQ's
+/// `initPopOffsetByCheckMsgInMem` does) or its last.
 pub fn start_offset(b: &Shared, key: &QueueKey, from_min: bool) -> u64 {
     match b.store.query_offset(&key.group, &key.topic, key.queue_id) {
         Some(o) if o >= 0 => o as u64,
-        _ if from_min => b.store.min_offset(&key.topic, key.queue_id),
-        _ => b.store.max_offset(&key.topic, key.queue_id),
+        _ => {
+            let min = b.store.min_offset(&key.topic, key.queue_id);
+            if from_min || min == 0 {
+                min
+            } else {
+                b.store.max_offset(&key.topic, key.queue_id)
+            }
+        }
     }
 }
 

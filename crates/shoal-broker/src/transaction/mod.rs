@@ -24,6 +24,7 @@
 
 pub mod check;
 pub mod end;
+pub mod front;
 pub mod half;
 pub mod service;
 

@@ -249,6 +249,23 @@ async fn send_check(b: &Arc<Shared>, m: &MessageExt, check_times: i32) -> Result
     let channels = b.groups.read(|g, _| g.clients().producer_channels(&group));
     let counters = &b.transactions.counters;
     if channels.is_empty() {
+        // A front end's producer (gRPC) may know the transaction.
+        if let Some(checker) = b.transaction_checker.get() {
+            let (real_topic, real_qid) = half::real_destination(m)?;
+            let mut message = m.clone();
+            message.topic = real_topic;
+            message.queue_id = real_qid;
+            let asked = checker.ask(super::front::TransactionCheck {
+                producer_group: group.clone(),
+                message,
+                commit_log_offset: copy.physical_offset as i64,
+                queue_offset: copy.queue_offset as i64,
+            });
+            if asked {
+                counters.checks_sent.fetch_add(1, Ordering::Relaxed);
+                return Ok(());
+            }
+        }
         counters
             .checks_without_producer
             .fetch_add(1, Ordering::Relaxed);
