@@ -2,8 +2,8 @@
 //! go through the name server (as `shoal topic|group|message|dlq` do); the rebalance
 //! timeline and the broker's own counters come from the broker of this process.
 
-use crate::http::HttpState;
-use crate::http_auth::RequestAdmin;
+use crate::http_access::RequestAdmin;
+use crate::http_state::HttpState;
 use axum::extract::{Extension, Path, Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};

@@ -4,7 +4,7 @@
 //! closed). Handshakes run in their own tasks, bounded by the handshake timeout, so a slow
 //! client never holds up the others.
 
-use crate::http_auth::Peer;
+use crate::http_access::Peer;
 use axum::extract::connect_info::Connected;
 use axum::serve::{IncomingStream, Listener};
 use shoal_net::{ServerTls, TlsMode};

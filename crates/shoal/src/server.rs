@@ -394,12 +394,12 @@ fn dev_kafka_config(args: &DevArgs) -> anyhow::Result<Option<(KafkaConfig, bool)
 /// Who may use the HTTP port and its TLS, from the broker's `[http]`, `[tls]` and ACL file.
 fn http_access(
     cfg: &BrokerConfig,
-) -> anyhow::Result<(crate::http_auth::AccessSettings, shoal_net::ServerTls)> {
+) -> anyhow::Result<(crate::http_access::AccessSettings, shoal_net::ServerTls)> {
     let acl = match (&cfg.acl_enabled, &cfg.acl_file) {
         (true, Some(path)) => Some(shoal_broker::config::load_acl(path)?),
         _ => None,
     };
-    let access = crate::http_auth::AccessSettings::from_broker(cfg, acl)?;
+    let access = crate::http_access::AccessSettings::from_broker(cfg, acl)?;
     let mode = cfg.http.effective_tls_mode(cfg);
     let tls = match (&cfg.tls.cert_path, &cfg.tls.key_path) {
         (Some(cert), Some(key)) if mode != shoal_net::TlsMode::Disabled => {
