@@ -4,7 +4,7 @@
 
 use crate::http_access::Peer;
 use crate::http_listener::HttpListener;
-pub use crate::http_state::HttpState;
+pub(crate) use crate::http_state::HttpState;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -16,7 +16,7 @@ use tokio_util_shutdown::Shutdown;
 
 /// A running HTTP server; stops when dropped or by [`HttpServer::shutdown`].
 #[derive(Debug)]
-pub struct HttpServer {
+pub(crate) struct HttpServer {
     addr: SocketAddr,
     stop: Shutdown,
     task: Option<JoinHandle<()>>,
@@ -25,12 +25,12 @@ pub struct HttpServer {
 
 impl HttpServer {
     /// Binds `addr` and serves `state` over plain HTTP.
-    pub async fn start(addr: &str, state: HttpState) -> anyhow::Result<HttpServer> {
+    pub(crate) async fn start(addr: &str, state: HttpState) -> anyhow::Result<HttpServer> {
         Self::start_with_tls(addr, state, shoal_net::ServerTls::disabled()).await
     }
 
     /// Binds `addr` and serves `state` in `tls`'s mode (HTTP, HTTPS or both).
-    pub async fn start_with_tls(
+    pub(crate) async fn start_with_tls(
         addr: &str,
         state: HttpState,
         tls: shoal_net::ServerTls,
@@ -63,12 +63,12 @@ impl HttpServer {
     }
 
     /// The bound address.
-    pub fn local_addr(&self) -> SocketAddr {
+    pub(crate) fn local_addr(&self) -> SocketAddr {
         self.addr
     }
 
     /// Stops serving (open requests finish) and waits.
-    pub async fn shutdown(mut self) {
+    pub(crate) async fn shutdown(mut self) {
         self.stop.trigger();
         if let Some(a) = &self.admin {
             a.shutdown();
@@ -164,7 +164,7 @@ mod tokio_util_shutdown {
     use tokio::sync::watch;
 
     #[derive(Debug, Clone)]
-    pub struct Shutdown {
+    pub(super) struct Shutdown {
         tx: Arc<watch::Sender<bool>>,
     }
 
@@ -177,11 +177,11 @@ mod tokio_util_shutdown {
     }
 
     impl Shutdown {
-        pub fn trigger(&self) {
+        pub(super) fn trigger(&self) {
             self.tx.send_replace(true);
         }
 
-        pub async fn wait(&self) {
+        pub(super) async fn wait(&self) {
             let mut rx = self.tx.subscribe();
             let _ = rx.wait_for(|v| *v).await;
         }

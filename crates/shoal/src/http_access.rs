@@ -17,11 +17,11 @@ use std::time::{Duration, Instant};
 /// The session cookie.
 pub(crate) const COOKIE: &str = "shoal_session";
 /// The header every POST carries.
-pub const CSRF_HEADER: &str = "x-shoal-csrf";
+pub(crate) const CSRF_HEADER: &str = "x-shoal-csrf";
 
 /// The HTTP port's access settings (`[http]` of the broker file, with the broker's ACL).
 #[derive(Clone, Default)]
-pub struct AccessSettings {
+pub(crate) struct AccessSettings {
     /// The broker's ACL, when on.
     pub acl: Option<AccessControl>,
     /// Sign-in token.
@@ -52,7 +52,7 @@ impl std::fmt::Debug for AccessSettings {
 
 impl AccessSettings {
     /// From the broker's configuration and its compiled ACL.
-    pub fn from_broker(
+    pub(crate) fn from_broker(
         cfg: &shoal_broker::config::BrokerConfig,
         acl: Option<AccessControl>,
     ) -> anyhow::Result<Self> {
@@ -91,11 +91,11 @@ struct Session {
 /// The admin client a request's handlers use: the session's (signed as its account) or the
 /// port's shared one.
 #[derive(Clone)]
-pub struct RequestAdmin(pub Option<Arc<AdminClient>>);
+pub(crate) struct RequestAdmin(pub Option<Arc<AdminClient>>);
 
 /// The peer of a connection, and whether it came over TLS.
 #[derive(Debug, Clone, Copy)]
-pub struct Peer {
+pub(crate) struct Peer {
     /// Its address.
     pub addr: SocketAddr,
     /// HTTPS.
@@ -103,7 +103,7 @@ pub struct Peer {
 }
 
 /// The access state of one HTTP port.
-pub struct Access {
+pub(crate) struct Access {
     pub(crate) settings: AccessSettings,
     /// The token of POSTs that have no session (sign-in; everything when no sign-in is
     /// required).
@@ -144,7 +144,7 @@ impl Default for Access {
 
 impl Access {
     /// The access state for `settings`.
-    pub fn new(settings: AccessSettings) -> Self {
+    pub(crate) fn new(settings: AccessSettings) -> Self {
         let registry = Arc::new(shoal_metrics::Metrics::new());
         let sign_ins = registry.counter_family(
             "shoal_http_sign_ins",
@@ -165,12 +165,12 @@ impl Access {
     }
 
     /// Whether `/api/*` needs a session.
-    pub fn sign_in_required(&self) -> bool {
+    pub(crate) fn sign_in_required(&self) -> bool {
         self.settings.acl.is_some() || self.settings.token.is_some()
     }
 
     /// The port's counters (served at `/metrics`).
-    pub fn registry(&self) -> Arc<shoal_metrics::Metrics> {
+    pub(crate) fn registry(&self) -> Arc<shoal_metrics::Metrics> {
         self.registry.clone()
     }
 

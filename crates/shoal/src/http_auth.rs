@@ -52,7 +52,11 @@ fn cross_site(headers: &HeaderMap) -> bool {
 
 /// The guard in front of every route: `/metrics`'s token, cross-site request protection on
 /// POSTs, sessions for `/api/*`; it hands the handlers their admin client.
-pub async fn guard(State(state): State<HttpState>, mut req: Request, next: Next) -> Response {
+pub(crate) async fn guard(
+    State(state): State<HttpState>,
+    mut req: Request,
+    next: Next,
+) -> Response {
     let access = state.access.clone();
     let path = req.uri().path().to_string();
     let headers = req.headers().clone();
@@ -112,7 +116,7 @@ pub async fn guard(State(state): State<HttpState>, mut req: Request, next: Next)
 
 /// `GET /api/session`: whether a sign-in is needed, who is signed in, and the token POSTs
 /// carry.
-pub async fn session(State(state): State<HttpState>, headers: HeaderMap) -> Response {
+pub(crate) async fn session(State(state): State<HttpState>, headers: HeaderMap) -> Response {
     let access = &state.access;
     let (account, csrf) = match access.session_of(&headers) {
         Some((account, csrf, _)) => (Some(account), csrf),
@@ -132,14 +136,14 @@ pub async fn session(State(state): State<HttpState>, headers: HeaderMap) -> Resp
 /// What a sign-in sends.
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct SignIn {
+pub(crate) struct SignIn {
     access_key: Option<String>,
     secret_key: Option<String>,
     token: Option<String>,
 }
 
 /// `POST /api/session`: signs in with an ACL account's keys or the token.
-pub async fn sign_in(
+pub(crate) async fn sign_in(
     State(state): State<HttpState>,
     ConnectInfo(Peer { addr: peer, tls }): ConnectInfo<Peer>,
     Json(body): Json<SignIn>,
@@ -210,7 +214,7 @@ pub async fn sign_in(
 }
 
 /// `POST /api/session/end`: signs out.
-pub async fn sign_out(State(state): State<HttpState>, headers: HeaderMap) -> Response {
+pub(crate) async fn sign_out(State(state): State<HttpState>, headers: HeaderMap) -> Response {
     state.access.end_session(&headers);
     let mut r = Json(json!({"signedIn": false})).into_response();
     r.headers_mut().insert(

@@ -17,7 +17,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
 /// A connection of the HTTP port.
-pub enum HttpIo {
+pub(crate) enum HttpIo {
     /// HTTP.
     Plain(TcpStream),
     /// HTTPS.
@@ -65,7 +65,7 @@ impl AsyncWrite for HttpIo {
 }
 
 /// Connections ready for HTTP (handshakes done), handed to axum.
-pub struct HttpListener {
+pub(crate) struct HttpListener {
     ready: mpsc::Receiver<(HttpIo, Peer)>,
     local: SocketAddr,
     accept_task: tokio::task::JoinHandle<()>,
@@ -79,7 +79,7 @@ impl Drop for HttpListener {
 
 impl HttpListener {
     /// Accepts on `tcp` in `tls`'s mode.
-    pub fn new(tcp: TcpListener, tls: ServerTls) -> io::Result<Self> {
+    pub(crate) fn new(tcp: TcpListener, tls: ServerTls) -> io::Result<Self> {
         let local = tcp.local_addr()?;
         let (tx, ready) = mpsc::channel(64);
         let accept_task = tokio::spawn(async move {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 /// What one HTTP port serves.
 #[derive(Clone, Default)]
-pub struct HttpState {
+pub(crate) struct HttpState {
     /// The broker of this process, if any.
     pub broker: Option<BrokerApi>,
     /// The name server of this process, if any.
@@ -26,7 +26,7 @@ pub struct HttpState {
 impl HttpState {
     /// What a process with this broker and/or name server serves; the dashboard's cluster
     /// views ask `namesrv_addrs`.
-    pub fn new(
+    pub(crate) fn new(
         broker: Option<BrokerApi>,
         namesrv: Option<Arc<NamesrvProcessor>>,
         namesrv_addrs: Vec<String>,
@@ -48,13 +48,13 @@ impl HttpState {
     }
 
     /// Sign-in, sessions and tokens of the port (`[http]` of the broker file).
-    pub fn with_access(mut self, settings: AccessSettings) -> Self {
+    pub(crate) fn with_access(mut self, settings: AccessSettings) -> Self {
         self.access = Arc::new(Access::new(settings));
         self
     }
 
     /// The dashboard's cluster views reach the name servers over TLS.
-    pub fn with_namesrv_tls(mut self, tls: Option<shoal_net::ClientTls>) -> Self {
+    pub(crate) fn with_namesrv_tls(mut self, tls: Option<shoal_net::ClientTls>) -> Self {
         self.namesrv_tls = tls.clone();
         if let Some(tls) = tls {
             if !self.namesrv_addrs.is_empty() {

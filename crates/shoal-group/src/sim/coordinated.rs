@@ -21,7 +21,7 @@ pub(super) struct Membership {
 }
 
 impl Membership {
-    pub fn new(
+    pub(super) fn new(
         member_id: String,
         instance_id: Option<String>,
         now: u64,
@@ -44,7 +44,7 @@ impl Membership {
     }
 
     /// The stamp pulls, commits and locks carry (member id, epoch) once joined.
-    pub fn stamp(&self) -> Option<(String, i32)> {
+    pub(super) fn stamp(&self) -> Option<(String, i32)> {
         self.core.stamp().map(|s| (s.member_id, s.epoch))
     }
 }

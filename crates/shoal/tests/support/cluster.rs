@@ -1,6 +1,12 @@
 //! A cluster of separate `shoal` processes on 127.0.0.1: one name server and brokers started,
 //! stopped (SIGTERM) and killed (SIGKILL) one by one; consumers and producers whose every line
 //! is kept with the time it was printed (which broker each message went to and came from).
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    unreachable_pub,
+    reason = "test code: a failed unwrap is a failed test"
+)]
 
 use super::{free_port, log_sink, shoal, Dev, Group, Proc, Seen};
 use serde_json::Value;

@@ -1,6 +1,11 @@
 //! Runs the built `shoal` binary as separate processes: a dev server, consumers that print JSON
 //! lines, producers and admin commands. Everything on 127.0.0.1 with ports chosen at run time.
-
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    unreachable_pub,
+    reason = "test code: a failed unwrap is a failed test"
+)]
 #![allow(dead_code)]
 
 pub mod cluster;
