@@ -2,7 +2,7 @@
 //! message lookup and DLQ resend — what `mqadmin` does, as async Rust.
 //!
 //! Every call goes to the name servers for routes and then to the brokers that serve the topic
-//! or group. Written by the lead for the `shoal` command; extend it rather than replacing it.
+//! or group.
 
 use shoal_net::{NetConfig, NotSupportedProcessor, RemotingClient};
 use shoal_proto::body::{
