@@ -12,7 +12,6 @@ use crate::timeline::{ObservedRebalance, Outcome};
 use shoal_group::coordinator::{Coordinator, RebalanceRecord};
 use shoal_group::state::GroupMode;
 use shoal_proto::body::TopicConfig;
-use shoal_proto::constants::perm;
 use shoal_store::MessageStore;
 use std::future::Future;
 use std::sync::Arc;
@@ -71,7 +70,7 @@ pub struct BrokerSummary {
 /// A cheap handle on a running broker's API. See the [module documentation](self).
 #[derive(Debug, Clone)]
 pub struct BrokerApi {
-    b: Arc<Shared>,
+    pub(crate) b: Arc<Shared>,
 }
 
 impl BrokerApi {
@@ -128,6 +127,12 @@ impl BrokerApi {
         self.b.groups.read(|g, _| g.mode(group))
     }
 
+    /// The group's POP consumption on this broker (consumers, leases, redeliveries, dead
+    /// letters), `None` when it does not pop here.
+    pub fn pop_group(&self, group: &str) -> Option<crate::pop::PopGroupView> {
+        crate::pop::describe_group(&self.b, group)
+    }
+
     /// The rebalances the broker observed of a classic group, oldest first.
     pub fn observed_rebalances(&self, group: &str) -> Vec<ObservedRebalance> {
         self.b.observer.history(group)
@@ -168,19 +173,39 @@ impl BrokerApi {
 
     /// Creates a topic of `queues` read and write queues, durable before it returns.
     pub fn create_topic(&self, name: &str, queues: i32) -> Result<TopicConfig, ApiError> {
+        self.create_typed_topic(name, queues, None)
+    }
+
+    /// Creates a topic of `queues` read and write queues that takes only messages of
+    /// `message_type` (every type when `None`), durable before it returns.
+    pub fn create_typed_topic(
+        &self,
+        name: &str,
+        queues: i32,
+        message_type: Option<shoal_proto::body::TopicMessageType>,
+    ) -> Result<TopicConfig, ApiError> {
         if self.b.topics.get(name).is_some() {
             return Err(ApiError::TopicExists(name.into()));
         }
-        let e = self
+        let mut config = TopicConfig::new(name, queues);
+        if let Some(t) = message_type {
+            config.attributes.insert(
+                shoal_proto::body::TopicMessageType::ATTRIBUTE.into(),
+                t.name().into(),
+            );
+        }
+        crate::topic::validate_topic_name(name).map_err(|e| ApiError::Invalid(e.to_string()))?;
+        let created = self
             .b
             .topics
-            .ensure(name, queues, perm::PERM_READ_WRITE)
+            .upsert(config.clone())
             .map_err(|e| ApiError::Invalid(e.to_string()))?;
-        if !e.created {
+        if !created {
             return Err(ApiError::TopicExists(name.into()));
         }
+        // (The change wakes the registration: the name servers learn the topic.)
         self.persist_topics()?;
-        Ok(e.config)
+        Ok(config)
     }
 
     /// Deletes a topic with its consume queues and offsets.

@@ -31,6 +31,14 @@ pub struct BrokerConfig {
     /// HTTP address for `/metrics` and the dashboard (served by the `shoal` binary); none by
     /// default (`shoal dev` turns it on).
     pub http_listen_addr: Option<String>,
+    /// gRPC address for RocketMQ 5 clients (`apache.rocketmq.v2.MessagingService`, served by
+    /// the `shoal` binary with the listener's TLS); none by default (`shoal dev` serves
+    /// 127.0.0.1:8081, RocketMQ proxy's port).
+    pub grpc_listen_addr: Option<String>,
+    /// gRPC: the long polling a consumer is told to use for its receives, ms (30 s; 1 s to
+    /// 60 s). A PushConsumer's close waits for its receives in flight, up to this plus its
+    /// request timeout.
+    pub grpc_long_polling_ms: u64,
     /// Name server addresses (`host:port`), registered with in parallel.
     pub namesrv_addrs: Vec<String>,
     /// Data directory (commit log, consume queues, index, configs, offsets).
@@ -457,6 +465,8 @@ impl Default for BrokerConfig {
             listen_addr: "127.0.0.1:10911".into(),
             announce_addr: None,
             http_listen_addr: None,
+            grpc_listen_addr: None,
+            grpc_long_polling_ms: 30_000,
             namesrv_addrs: vec!["127.0.0.1:9876".into()],
             data_dir: PathBuf::from("shoal-data/broker"),
             flush_mode: FlushMode::Async,
@@ -541,6 +551,12 @@ impl BrokerConfig {
         }
         if self.cluster_name.is_empty() {
             return Err(ConfigError("cluster_name is empty".into()));
+        }
+        if !(1_000..=60_000).contains(&self.grpc_long_polling_ms) {
+            return Err(ConfigError(format!(
+                "grpc_long_polling_ms {} must be within 1000..=60000",
+                self.grpc_long_polling_ms
+            )));
         }
         if self.commit_log_segment_bytes < 64 * 1024 {
             return Err(ConfigError(format!(
@@ -634,7 +650,7 @@ impl BrokerConfig {
 
 /// Parses RocketMQ's `messageDelayLevel` string ("1s 5s 10s 30s 1m ... 2h") into milliseconds
 /// (see [`shoal_proto::constants::parse_delay_levels`]; `ms` is accepted too). Empty is an error.
-pub fn parse_delay_levels(text: &str) -> Result<Vec<u64>, ConfigError> {
+pub(crate) fn parse_delay_levels(text: &str) -> Result<Vec<u64>, ConfigError> {
     let levels = shoal_proto::constants::parse_delay_levels(text)
         .map_err(|e| ConfigError(format!("delay_levels: {e}")))?;
     if levels.is_empty() {
@@ -709,7 +725,7 @@ impl NamesrvFile {
 }
 
 /// Parses and compiles ACL TOML text.
-pub fn parse_acl(text: &str) -> Result<shoal_proto::acl::AccessControl, String> {
+pub(crate) fn parse_acl(text: &str) -> Result<shoal_proto::acl::AccessControl, String> {
     let cfg: shoal_proto::acl::PlainAclConfig = toml::from_str(text).map_err(|e| e.to_string())?;
     shoal_proto::acl::AccessControl::new(&cfg)
 }
@@ -774,6 +790,13 @@ mod tests {
         let e = BrokerConfig::from_toml("brokr_name = \"b1\"").unwrap_err();
         assert!(e.0.contains("brokr_name"), "{e}");
         assert!(BrokerConfig::from_toml("max_message_bytes = 0").is_err());
+        assert!(BrokerConfig::from_toml("grpc_long_polling_ms = 500").is_err());
+        assert_eq!(
+            BrokerConfig::from_toml("grpc_long_polling_ms = 5000")
+                .unwrap()
+                .grpc_long_polling_ms,
+            5_000
+        );
     }
 
     #[test]

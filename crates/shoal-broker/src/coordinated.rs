@@ -135,6 +135,9 @@ struct DescribeAnswer {
     members: Vec<MemberView>,
     /// Members that only speak the classic protocol (client ids).
     classic_clients: Vec<String>,
+    /// The group's POP consumption on this broker, if it pops here.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pop: Option<crate::pop::PopGroupView>,
 }
 
 /// GROUP_DESCRIBE's answer for a Kafka classic group of the Kafka listener.
@@ -156,8 +159,13 @@ struct ListenerGroupAnswer {
 
 /// GROUP_DESCRIBE: mode, epochs, assignor, members with owned and target queues and lag (for
 /// a Kafka classic group: state, generation, assignor, leader, members with their queues).
-pub(crate) fn describe(cx: &GroupCtx<'_>, req: &RemotingCommand) -> Handled {
+pub(crate) fn describe(
+    cx: &GroupCtx<'_>,
+    pop: impl FnOnce(&str) -> Option<crate::pop::PopGroupView>,
+    req: &RemotingCommand,
+) -> Handled {
     let body: GroupRef = req.decode_json_body()?;
+    let pop = pop(&body.group);
     let (mode, desc, classic): (GroupMode, Option<GroupDescription>, Vec<String>) =
         cx.groups.read(|g, now| {
             (
@@ -232,6 +240,7 @@ pub(crate) fn describe(cx: &GroupCtx<'_>, req: &RemotingCommand) -> Handled {
                     })
                     .collect(),
                 classic_clients: classic,
+                pop,
             }
         }
         _ => DescribeAnswer {
@@ -244,6 +253,7 @@ pub(crate) fn describe(cx: &GroupCtx<'_>, req: &RemotingCommand) -> Handled {
             reconciled: None,
             members: Vec::new(),
             classic_clients: classic,
+            pop,
         },
     };
     ok_json(&answer)

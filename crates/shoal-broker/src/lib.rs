@@ -17,7 +17,7 @@ mod caller;
 mod client;
 mod clock;
 mod collector;
-pub mod config;
+mod config;
 mod connections;
 mod coordinated;
 mod fence;
@@ -30,6 +30,7 @@ mod harness;
 mod hold;
 mod lease;
 mod listener;
+mod messaging;
 mod metrics;
 mod namesrv;
 mod observe;
@@ -55,9 +56,17 @@ mod transaction;
 pub use api::{ApiError, BrokerApi, BrokerSummary};
 pub use broker::{Broker, BrokerError};
 pub use clock::wall_ms;
-pub use config::{BrokerConfig, CorruptRecordPolicy, FlushMode, NetLimits};
+pub use config::{
+    load_acl, read_acl_config, BrokerConfig, ConfigError, CorruptRecordPolicy, FlushMode,
+    HttpSettings, NamesrvFile, NetLimits, TlsSettings,
+};
 pub use listener::{DescribeListenerGroup, ListenerGroups, ListenerMemberHosts};
+pub use messaging::{
+    Filter, OutgoingMessage, PopBatch, PopQuery, PoppedMessage, Refusal, SendReceipt,
+    TransactionCheck, TransactionChecker,
+};
 pub use metrics::{BrokerMetrics, TopicTraffic};
 pub use persist::PersistError;
+pub use pop::{PopConsumerView, PopGroupView, PopQueueView};
 pub use timeline::{Move, ObservedRebalance, Outcome};
 pub use topic::TopicError;

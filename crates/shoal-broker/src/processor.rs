@@ -122,6 +122,8 @@ impl BrokerProcessor {
             rc::GET_ALL_CONSUMER_OFFSET => crate::admin::all_consumer_offsets(b),
             rc::POP_MESSAGE => crate::pop::remoting::pop_message(b, ctx, req).await,
             rc::ACK_MESSAGE => crate::pop::remoting::ack_message(b, req),
+            rc::BATCH_ACK_MESSAGE => crate::pop::remoting::batch_ack_message(b, req),
+            rc::PEEK_MESSAGE => crate::pop::remoting::peek_message(b, req),
             rc::CHANGE_MESSAGE_INVISIBLETIME => crate::pop::remoting::change_invisible_time(b, req),
             rc::NOTIFICATION => crate::pop::remoting::notification(b, ctx, req).await,
             rc::POLLING_INFO => crate::pop::remoting::polling_info(b),
@@ -131,7 +133,11 @@ impl BrokerProcessor {
                 crate::coordinated::heartbeat(&b.group_ctx(), caller, req).await
             }
             crc::GROUP_LEAVE => crate::coordinated::leave(&b.group_ctx(), req),
-            crc::GROUP_DESCRIBE => crate::coordinated::describe(&b.group_ctx(), req),
+            crc::GROUP_DESCRIBE => crate::coordinated::describe(
+                &b.group_ctx(),
+                |g| crate::pop::describe_group(b, g),
+                req,
+            ),
             crc::GROUP_HISTORY => crate::coordinated::history(&b.group_ctx(), req),
             _ => return None,
         })

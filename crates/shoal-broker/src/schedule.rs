@@ -17,7 +17,7 @@ use tokio::task::JoinHandle;
 use tracing::{debug, warn};
 
 /// Starts one delivery task per delay level.
-pub fn start(b: Arc<Shared>) -> Vec<JoinHandle<()>> {
+pub(crate) fn start(b: Arc<Shared>) -> Vec<JoinHandle<()>> {
     (1..=b.delay_levels_ms.len() as i32)
         .map(|level| tokio::spawn(run_level(b.clone(), level)))
         .collect()
@@ -96,7 +96,7 @@ async fn deliver_due(b: &Arc<Shared>, level: i32) -> Result<Step, Reject> {
             (Some(topic), Some(queue_id)) => {
                 let mut props = msg.properties.clone();
                 props.shift_remove(property::DELAY);
-                let inner = MessageExtBrokerInner {
+                let mut inner = MessageExtBrokerInner {
                     topic,
                     queue_id,
                     flag: msg.flag,
@@ -106,9 +106,12 @@ async fn deliver_due(b: &Arc<Shared>, level: i32) -> Result<Step, Reject> {
                     reconsume_times: msg.reconsume_times,
                     prepared_transaction_offset: 0,
                     body: msg.body.clone(),
-                    properties: encode_properties(&props)?,
+                    properties: String::new(),
                     known: None,
                 };
+                // A timed message whose time has not come yet takes its next hop.
+                crate::send::apply_delay(b, &mut inner, &mut props);
+                inner.properties = encode_properties(&props)?;
                 put(b, vec![inner]).await?;
                 debug!(level, msg_id = %msg.msg_id(), "delayed message delivered");
             }

@@ -2,8 +2,10 @@
 //! shares (delay levels, retry-topic diversion to the DLQ).
 
 use crate::caller::Caller;
+use crate::clock::wall_ms;
 use crate::reply::{Handled, Reject};
 use crate::shared::Shared;
+use shoal_proto::body::TopicMessageType;
 use shoal_proto::code::{request_code as rc, response_code as resp};
 use shoal_proto::constants::{
     dlq_topic, group_of_retry_topic, is_retry_topic, perm, DEFAULT_REGION, SCHEDULE_TOPIC,
@@ -23,7 +25,7 @@ const V3_4_9: i32 = 121;
 
 /// System topics a client may not send to (RocketMQ's `TopicValidator` "not allowed send"
 /// set): the broker writes them itself (delay levels, transaction half and op messages).
-pub const NOT_ALLOWED_SEND_TOPICS: [&str; 6] = [
+pub(crate) const NOT_ALLOWED_SEND_TOPICS: [&str; 6] = [
     "SCHEDULE_TOPIC_XXXX",
     "RMQ_SYS_TRANS_HALF_TOPIC",
     "RMQ_SYS_TRANS_OP_HALF_TOPIC",
@@ -35,7 +37,7 @@ pub const NOT_ALLOWED_SEND_TOPICS: [&str; 6] = [
 /// Refuses a client's send to a system topic with NO_PERMISSION, as Java's broker does.
 /// Only the request's own topic is checked: the broker's internal writes (delay levels,
 /// transaction half messages) do not pass through here.
-pub fn refuse_system_topic(b: &Shared, topic: &str) -> Result<(), Reject> {
+pub(crate) fn refuse_system_topic(b: &Shared, topic: &str) -> Result<(), Reject> {
     if !NOT_ALLOWED_SEND_TOPICS.contains(&topic) {
         return Ok(());
     }
@@ -54,7 +56,7 @@ pub fn refuse_system_topic(b: &Shared, topic: &str) -> Result<(), Reject> {
 }
 
 /// Maps a store error to RocketMQ's answer.
-pub fn store_reject(e: StoreError) -> Reject {
+pub(crate) fn store_reject(e: StoreError) -> Reject {
     match e {
         StoreError::MessageTooLarge { size, max } => Reject::new(
             resp::MESSAGE_ILLEGAL,
@@ -71,12 +73,21 @@ pub fn store_reject(e: StoreError) -> Reject {
 
 /// Applies the delay rule (spec 6): a message with `DELAY` ≥ 1 is parked in the schedule topic
 /// at queue level−1 with its real topic and queue saved. Returns the level used, if any.
-pub fn apply_delay(
+///
+/// A timed message (RocketMQ 5's `TIMER_DELIVER_MS`, or `TIMER_DELAY_MS` / `TIMER_DELAY_SEC`
+/// from now) with no delay level travels through the delay levels in hops: the longest level
+/// that does not pass its time (the shortest when none fits), again at each arrival until the
+/// time has come, so it is delivered at its time or up to one shortest level later, never
+/// before.
+pub(crate) fn apply_delay(
     b: &Shared,
     msg: &mut MessageExtBrokerInner,
     props: &mut Properties,
 ) -> Option<i32> {
-    let level: i32 = props.get(property::DELAY)?.trim().parse().ok()?;
+    let level: i32 = match props.get(property::DELAY) {
+        Some(l) => l.trim().parse().ok()?,
+        None => timer_hop(b, props, wall_ms())?,
+    };
     if level < 1 || msg.sys_flag & 0xC == 0x4 {
         return None;
     }
@@ -89,8 +100,36 @@ pub fn apply_delay(
     Some(level)
 }
 
+/// The delay level of a timed message's next hop (its time is made `TIMER_DELIVER_MS`), `None`
+/// when it is not timed or its time has come.
+fn timer_hop(b: &Shared, props: &mut Properties, now: i64) -> Option<i32> {
+    let number = |k: &str| props.get(k).and_then(|v| v.trim().parse::<i64>().ok());
+    let deliver = match number(property::TIMER_DELIVER_MS) {
+        Some(t) => t,
+        None => {
+            let after = number(property::TIMER_DELAY_MS)
+                .or_else(|| number(property::TIMER_DELAY_SEC).map(|s| s.saturating_mul(1000)))?;
+            let t = now.saturating_add(after);
+            props.shift_remove(property::TIMER_DELAY_MS);
+            props.shift_remove(property::TIMER_DELAY_SEC);
+            props.insert(property::TIMER_DELIVER_MS.into(), t.to_string());
+            t
+        }
+    };
+    let left = deliver.saturating_sub(now);
+    if left <= 0 {
+        return None;
+    }
+    let levels = &b.delay_levels_ms;
+    let fits = (0..levels.len())
+        .filter(|&i| levels[i] as i64 <= left)
+        .max_by_key(|&i| levels[i]);
+    let shortest = (0..levels.len()).min_by_key(|&i| levels[i]);
+    fits.or(shortest).map(|i| i as i32 + 1)
+}
+
 /// Stores messages through the store's appender (no blocking, no thread hop) and counts them.
-pub async fn put(
+pub(crate) async fn put(
     b: &std::sync::Arc<Shared>,
     msgs: Vec<MessageExtBrokerInner>,
 ) -> Result<PutMessageResult, Reject> {
@@ -168,7 +207,7 @@ fn flush_code(flush: FlushStatus) -> Result<i32, Reject> {
 /// Everything but the store's write is done before the first await ([`prepare`]): what the
 /// future keeps across its awaits is the put and the few fields of the answer, so the future
 /// allocated and moved once per request stays small.
-pub async fn send_message(
+pub(crate) async fn send_message(
     b: &std::sync::Arc<Shared>,
     caller: &Caller<'_>,
     req: &RemotingCommand,
@@ -235,6 +274,9 @@ fn prepare<'r>(
     }
 
     let raw_props = h.properties.unwrap_or("");
+    if !is_batch {
+        check_message_type(h.topic, topic_config.message_type, raw_props)?;
+    }
     // Decoded into a map only when something has to change in them (retry, delay, batch).
     // (A cluster name that cannot be appended verbatim takes the map as well.)
     let plain_found = if !is_batch && !is_retry_topic(&topic) && b.cluster_property.is_some() {
@@ -319,6 +361,7 @@ fn prepare<'r>(
             };
             let raw = std::str::from_utf8(&item.properties)
                 .map_err(|_| bad(shoal_proto::ProtoError::Utf8("message properties")))?;
+            check_message_type(&inner.topic, topic_config.message_type, raw)?;
             // As a plain send: stored as they came plus CLUSTER when decoding and encoding
             // would give the same text, else through a map.
             let plain = plain_properties_ok(raw).and_then(|found| {
@@ -456,8 +499,8 @@ struct PlainProperties<'a> {
 
 /// `Some` (with UNIQ_KEY's value and where the store's properties are) when `raw` is exactly
 /// what decoding and re-encoding it would give (every pair well formed, no key twice) and
-/// holds none of DELAY, CLUSTER and TRAN_MSG (the keys the broker acts on: delay levels, its
-/// own cluster, half messages): then the stored properties are `raw` plus CLUSTER, with no
+/// holds none of DELAY, the timer keys, CLUSTER and TRAN_MSG (the keys the broker acts on:
+/// delay levels and timed messages, its own cluster, half messages): then the stored properties are `raw` plus CLUSTER, with no
 /// map built.
 fn plain_properties_ok(raw: &str) -> Option<PlainProperties<'_>> {
     // One pass over the bytes: every pair is a non-empty key up to its 0x01, then a non-empty
@@ -495,7 +538,12 @@ fn plain_properties_ok(raw: &str) -> Option<PlainProperties<'_>> {
         // Checked above: the string's length fits a u32.
         let at = Some((value_at as u32, end as u32));
         match k {
-            property::DELAY | property::CLUSTER | property::TRAN_MSG => return None,
+            property::DELAY
+            | property::TIMER_DELIVER_MS
+            | property::TIMER_DELAY_MS
+            | property::TIMER_DELAY_SEC
+            | property::CLUSTER
+            | property::TRAN_MSG => return None,
             property::UNIQ_KEY => {
                 found.uniq = Some(v);
                 found.known.uniq = at;
@@ -536,6 +584,9 @@ struct SendTopic {
     write_queue_nums: i32,
     read_queue_nums: i32,
     perm: i32,
+    /// The topic's message type: a send of another type is refused (UNSPECIFIED and MIXED
+    /// take every type).
+    message_type: TopicMessageType,
 }
 
 impl SendTopic {
@@ -544,8 +595,31 @@ impl SendTopic {
             write_queue_nums: c.write_queue_nums,
             read_queue_nums: c.read_queue_nums,
             perm: c.perm,
+            message_type: c.message_type(),
         }
     }
+}
+
+/// Refuses a message whose type (from its properties, as RocketMQ decides it) the topic's
+/// type does not take.
+fn check_message_type(topic: &str, topic_type: TopicMessageType, raw: &str) -> Result<(), Reject> {
+    if matches!(
+        topic_type,
+        TopicMessageType::Unspecified | TopicMessageType::Mixed
+    ) {
+        return Ok(());
+    }
+    let props = decode_properties(raw);
+    let message_type = TopicMessageType::of_message(|k| props.get(k).map(String::as_str));
+    if topic_type.accepts(message_type) {
+        return Ok(());
+    }
+    Err(Reject::new(
+        resp::MESSAGE_ILLEGAL,
+        format!(
+            "topic {topic} takes {topic_type} messages, not {message_type} (RocketMQ's MESSAGE_PROPERTY_CONFLICT_WITH_TYPE)"
+        ),
+    ))
 }
 
 /// Finds the topic of a send, creating it from its template when allowed (spec 7.6).
@@ -609,9 +683,16 @@ mod tests {
     fn plain_properties_ok_reference(raw: &str) -> Option<Option<&str>> {
         let props = decode_properties(raw);
         let round_trip = encode_properties(&props).ok()? == raw;
-        let acted_on = [property::DELAY, property::CLUSTER, property::TRAN_MSG]
-            .iter()
-            .any(|k| props.contains_key(*k));
+        let acted_on = [
+            property::DELAY,
+            property::TIMER_DELIVER_MS,
+            property::TIMER_DELAY_MS,
+            property::TIMER_DELAY_SEC,
+            property::CLUSTER,
+            property::TRAN_MSG,
+        ]
+        .iter()
+        .any(|k| props.contains_key(*k));
         if !round_trip || acted_on || props.len() > 24 {
             return None;
         }

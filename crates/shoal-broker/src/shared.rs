@@ -83,6 +83,9 @@ pub(crate) struct Shared {
     /// Classic groups of a protocol listener on this broker (Kafka's JoinGroup/SyncGroup
     /// groups), so GROUP_DESCRIBE shows them; set once by whoever starts the listener.
     pub(crate) listener_groups: OnceLock<ListenerGroups>,
+    /// Where transaction checks go when no remoting producer of the group is connected (a
+    /// protocol front end's producers); set once by whoever starts the front end.
+    pub(crate) transaction_checker: OnceLock<crate::transaction::front::TransactionChecker>,
     /// Serializes writes of the config tables.
     persist_lock: Mutex<()>,
 }
@@ -135,6 +138,7 @@ impl Shared {
             delay_levels_ms: p.delay_levels_ms,
             schedule_wakeup: Notify::new(),
             listener_groups: OnceLock::new(),
+            transaction_checker: OnceLock::new(),
             persist_lock: Mutex::new(()),
         }
     }

@@ -1,6 +1,11 @@
 //! ACL over TCP: a broker and a name server with RocketMQ's plain ACL model. Unauthenticated
 //! and wrongly signed requests are refused with NO_PERMISSION, permissions hold per topic and
 //! group, admin requests need an admin account, and a fake broker cannot register routes.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a failed unwrap is a failed test"
+)]
 
 mod common;
 
@@ -232,5 +237,5 @@ async fn name_server_registration_is_authenticated() {
 
 fn toml_acl() -> PlainAclConfig {
     let files = tempfile::tempdir().unwrap();
-    shoal_broker::config::read_acl_config(&acl_file(files.path())).unwrap()
+    shoal_broker::read_acl_config(&acl_file(files.path())).unwrap()
 }

@@ -704,6 +704,70 @@ async fn delayed_messages_are_delivered_after_their_level() {
 }
 
 #[tokio::test]
+async fn timed_messages_hop_through_the_levels_and_are_never_early() {
+    // Levels 300 ms and 1 s: a message due in 1.5 s hops 1 s, then 300 ms twice.
+    let c = Cluster::start_with(|cfg| cfg.delay_levels = "300ms 1s".into()).await;
+    let client = RawClient::new(&c.broker_addr);
+    ok(&client.call(create_topic_req("T", 1)).await);
+    client.join("c1", "G", &[("T", "*")]).await;
+    let sent = Instant::now();
+    let due = shoal_broker::wall_ms() + 1_500;
+    ok(&client
+        .call(send_req(
+            "T",
+            0,
+            b"timed",
+            &props(&[("TIMER_DELIVER_MS", &due.to_string())]),
+        ))
+        .await);
+    let r = client.call(pull_req("G", "T", 0, 0, 0, 0)).await;
+    assert_eq!(
+        r.code,
+        resp::PULL_NOT_FOUND,
+        "timed message visible at once"
+    );
+    let mut got = None;
+    while sent.elapsed() < Duration::from_secs(10) && got.is_none() {
+        let r = client
+            .call(pull_req("G", "T", 0, 0, pull_sys_flag::SUSPEND, 2_000))
+            .await;
+        if r.code == resp::SUCCESS {
+            got = decode(&r).into_iter().next();
+        }
+    }
+    let m = got.expect("timed message never delivered");
+    assert!(
+        shoal_broker::wall_ms() >= due,
+        "delivered {} ms early",
+        due - shoal_broker::wall_ms()
+    );
+    assert_eq!(m.body.as_ref(), b"timed");
+    assert_eq!(m.property(property::DELAY), None);
+    // A relative timer (TIMER_DELAY_SEC) becomes an absolute one.
+    let before = shoal_broker::wall_ms();
+    ok(&client
+        .call(send_req(
+            "T",
+            0,
+            b"rel",
+            &props(&[("TIMER_DELAY_SEC", "1")]),
+        ))
+        .await);
+    let r = client
+        .call(pull_req("G", "T", 0, 1, pull_sys_flag::SUSPEND, 5_000))
+        .await;
+    ok(&r);
+    let m = decode(&r).remove(0);
+    let at: i64 = m
+        .property(property::TIMER_DELIVER_MS)
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(at >= before + 1_000 && shoal_broker::wall_ms() >= at);
+    c.stop().await;
+}
+
+#[tokio::test]
 async fn batch_send_and_admin_requests() {
     let c = Cluster::start().await;
     let client = RawClient::new(&c.broker_addr);

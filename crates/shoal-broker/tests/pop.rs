@@ -2,6 +2,11 @@
 //! stale, foreign and repeated receipts, redelivery of a lapsed lease through the POP retry
 //! topic with its reconsume count, invisibility changes, long polling, FIFO order, and lease
 //! state across a broker restart.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a failed unwrap is a failed test"
+)]
 
 mod common;
 
@@ -291,6 +296,152 @@ async fn leases_survive_a_restart() {
         c.call(pop_req("T", 3, 5_000, 0, false)).await.code,
         resp::PULL_NOT_FOUND
     );
+    c.shutdown();
+    cluster.stop().await;
+}
+
+fn order_counts(r: &RemotingCommand) -> Vec<shoal_proto::header::PopOrderCount> {
+    let h: PopMessageResponseHeader = r.decode_command_header().unwrap();
+    shoal_proto::header::parse_order_count_info(h.order_count_info.as_deref().unwrap_or(""))
+        .unwrap()
+}
+
+#[tokio::test]
+async fn fifo_pops_tell_the_delivery_attempt_in_order_count_info() {
+    let cluster = Cluster::start().await;
+    let c = setup(&cluster, 1, 2).await;
+    let r = c.call(pop_req("T", 2, 1_000, 0, true)).await;
+    let first = popped(&r);
+    assert_eq!(bodies(&first), ["m0", "m1"]);
+    // First delivery: no earlier ones, one entry per message (Java's queue-offset form).
+    let counts = order_counts(&r);
+    assert_eq!(counts.len(), 2);
+    assert!(counts.iter().all(|c| c.count == 0 && c.queue_id == 0));
+    assert_eq!(
+        counts.iter().map(|c| c.queue_offset).collect::<Vec<_>>(),
+        [0, 1]
+    );
+    ok(&c.call(ack_req("T", &first[0])).await);
+    // m1 lapses and comes back in place: one earlier delivery.
+    tokio::time::sleep(Duration::from_millis(1_300)).await;
+    let r = c.call(pop_req("T", 2, 5_000, 0, true)).await;
+    assert_eq!(bodies(&popped(&r)), ["m1"]);
+    let counts = order_counts(&r);
+    assert_eq!(counts.len(), 1);
+    assert_eq!((counts[0].queue_offset, counts[0].count), (1, 1));
+    // A normal pop carries no order counts.
+    let h: PopMessageResponseHeader = c
+        .call(pop_req("T", 1, 1_000, 0, false))
+        .await
+        .decode_command_header()
+        .unwrap_or_default();
+    assert!(h.order_count_info.is_none());
+    c.shutdown();
+    cluster.stop().await;
+}
+
+#[tokio::test]
+async fn peek_shows_without_leasing_and_batch_ack_acks_a_bit_set() {
+    use shoal_proto::body::{BatchAck, BatchAckMessageRequestBody};
+    use shoal_proto::header::PeekMessageRequestHeader;
+    let cluster = Cluster::start().await;
+    let c = setup(&cluster, 1, 4).await;
+    let peek = || {
+        RemotingCommand::request_with_header(
+            rc::PEEK_MESSAGE,
+            &PeekMessageRequestHeader {
+                consumer_group: "G".into(),
+                topic: "T".into(),
+                queue_id: -1,
+                max_msg_nums: 3,
+                ..Default::default()
+            },
+        )
+    };
+    let r = c.call(peek()).await;
+    ok(&r);
+    let peeked = decode(&r);
+    assert_eq!(peeked.len(), 3);
+    let h: PopMessageResponseHeader = r.decode_command_header().unwrap();
+    assert_eq!(h.rest_num, 1);
+    // Peeking leased nothing: a pop gets all four.
+    let got = popped(&c.call(pop_req("T", 4, 10_000, 0, false)).await);
+    assert_eq!(got.len(), 4);
+    // Still shown by a peek while under lease (nothing is acked yet).
+    assert_eq!(decode(&c.call(peek()).await).len(), 3);
+
+    // One batch ack for offsets 0, 1 and 3; a stale receipt time refuses nothing else.
+    let mut a = BatchAck {
+        consumer_group: "G".into(),
+        topic: "T".into(),
+        retry: Some("0".into()),
+        start_offset: 0,
+        queue_id: 0,
+        pop_time: got[0].extra.pop_time,
+        invisible_time: got[0].extra.invisible_time,
+        ..Default::default()
+    };
+    a.set_offsets(&[0, 1, 3]);
+    let batch = |acks: Vec<BatchAck>| {
+        RemotingCommand::request(rc::BATCH_ACK_MESSAGE)
+            .with_json_body(&BatchAckMessageRequestBody {
+                broker_name: "broker-a".into(),
+                acks,
+            })
+            .unwrap()
+    };
+    ok(&c.call(batch(vec![a.clone()])).await);
+    // Again: all three are refused now (already acknowledged), and said so.
+    let again = c.call(batch(vec![a])).await;
+    assert_eq!(again.code, resp::NO_MESSAGE);
+    assert!(
+        again.remark.as_deref().unwrap_or("").contains("3 of 3"),
+        "{:?}",
+        again.remark
+    );
+    // Offset 2 is the only one left: its own ack works, and the peek starts there.
+    let two = got.iter().find(|g| g.msg.queue_offset == 2).unwrap();
+    let r = c.call(peek()).await;
+    assert_eq!(decode(&r)[0].queue_offset, 2);
+    ok(&c.call(ack_req("T", two)).await);
+    assert_eq!(c.call(peek()).await.code, resp::PULL_NOT_FOUND);
+    c.shutdown();
+    cluster.stop().await;
+}
+
+#[tokio::test]
+async fn group_describe_shows_a_pop_group() {
+    use shoal_proto::coordinated::{request_code as crc, GroupRef};
+    let cluster = Cluster::start().await;
+    let c = setup(&cluster, 2, 4).await;
+    let got = popped(&c.call(pop_req("T", 4, 1_000, 0, false)).await);
+    assert_eq!(got.len(), 4);
+    ok(&c.call(ack_req("T", &got[0])).await);
+    let describe = || {
+        RemotingCommand::request(crc::GROUP_DESCRIBE)
+            .with_json_body(&GroupRef { group: "G".into() })
+            .unwrap()
+    };
+    let r = c.call(describe()).await;
+    ok(&r);
+    let v: serde_json::Value = serde_json::from_slice(r.body.as_deref().unwrap()).unwrap();
+    let pop = &v["pop"];
+    assert_eq!(pop["inflight"], 3, "{v}");
+    assert_eq!(pop["leased"], 4);
+    assert_eq!(pop["acked"], 1);
+    assert_eq!(pop["consumers"].as_array().unwrap().len(), 1);
+    assert_eq!(pop["consumers"][0]["inflight"], 3);
+    // The three lapse: redeliveries counted.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let v: serde_json::Value =
+            serde_json::from_slice(c.call(describe()).await.body.as_deref().unwrap()).unwrap();
+        if v["pop"]["redeliveries"] == 3 && v["pop"]["inflight"] == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{v}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     c.shutdown();
     cluster.stop().await;
 }

@@ -27,9 +27,11 @@ pub mod instance;
 pub mod lite_pull;
 pub mod metrics;
 pub mod offset_store;
+pub mod pop;
 pub mod process_queue;
 pub mod producer;
 mod rebalance;
+mod send_header;
 pub mod transaction;
 mod transaction_check;
 
@@ -42,6 +44,7 @@ pub use coordinated::GroupProtocol;
 pub use error::{ClientError, Result};
 pub use instance::ClientInstance;
 pub use lite_pull::{LitePullConfig, LitePullConsumer};
+pub use pop::{PopConsumeResult, PopConsumer, PopConsumerConfig, PoppedMessage};
 
 pub use admin::{AdminClient, GroupProgress, QueueProgress, TopicSpec};
 pub use producer::{Producer, ProducerBuilder, ProducerConfig, SendResult, SendStatus};

@@ -42,4 +42,4 @@ pub use processor::{
 pub use server::Server;
 pub use shoal_proto::RemotingCommand;
 pub use stats::{NetStats, NetStatsSnapshot};
-pub use tls::{ClientTls, ServerTls, TlsMode, TrustRoots};
+pub use tls::{Accepted, ClientTls, ServerTls, TlsMode, TrustRoots};

@@ -218,6 +218,18 @@ impl ServerTls {
         self
     }
 
+    /// The same settings whose handshakes offer `protocols` by ALPN (a gRPC listener needs
+    /// `h2`).
+    #[must_use]
+    pub fn with_alpn(mut self, protocols: &[&[u8]]) -> Self {
+        if let Some(a) = &self.acceptor {
+            let mut config = (**a.config()).clone();
+            config.alpn_protocols = protocols.iter().map(|p| p.to_vec()).collect();
+            self.acceptor = Some(tokio_rustls::TlsAcceptor::from(Arc::new(config)));
+        }
+        self
+    }
+
     /// The rustls acceptor of the certificate and key (`None` when disabled), for another
     /// listener of the process that serves the same certificate (the HTTP port).
     pub fn acceptor(&self) -> Option<tokio_rustls::TlsAcceptor> {
@@ -247,16 +259,66 @@ impl ServerTls {
     }
 }
 
-/// A connection accepted by a TLS-aware server, ready for [`Connection::start_io`](crate::Connection::start_io).
-pub(crate) enum Accepted {
+/// A connection accepted by a TLS-aware server, ready for [`Connection::start_io`](crate::Connection::start_io)
+/// (or for another protocol's server: it reads and writes as the stream it wraps).
+#[derive(Debug)]
+pub enum Accepted {
+    /// Plaintext.
     Plain(TcpStream),
+    /// TLS, handshake done.
     Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
+}
+
+impl tokio::io::AsyncRead for Accepted {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Accepted::Plain(s) => std::pin::Pin::new(s).poll_read(cx, buf),
+            Accepted::Tls(s) => std::pin::Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl tokio::io::AsyncWrite for Accepted {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Accepted::Plain(s) => std::pin::Pin::new(s).poll_write(cx, buf),
+            Accepted::Tls(s) => std::pin::Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Accepted::Plain(s) => std::pin::Pin::new(s).poll_flush(cx),
+            Accepted::Tls(s) => std::pin::Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Accepted::Plain(s) => std::pin::Pin::new(s).poll_shutdown(cx),
+            Accepted::Tls(s) => std::pin::Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
 }
 
 /// What a server in permissive or enforcing mode does with a new connection: waits (bounded)
 /// for its first byte, then serves it over TLS (after the handshake), over plaintext
 /// (permissive), or closes it (enforcing, plaintext). `None`: closed, and counted.
-pub(crate) async fn accept(
+pub async fn accept(
     stream: TcpStream,
     peer: SocketAddr,
     tls: &ServerTls,

@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Options every admin command takes.
 #[derive(Debug, Args, Clone)]
-pub struct Common {
+pub(crate) struct Common {
     /// Name server addresses, separated by `;` or `,`.
     #[arg(
         long,
@@ -78,7 +78,7 @@ pub struct Common {
 
 /// `--serialize-type`: the client's header encodings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum HeaderEncoding {
+pub(crate) enum HeaderEncoding {
     /// JSON, but binary for sends to Shoal brokers.
     Auto,
     /// JSON for every request.
@@ -90,7 +90,7 @@ pub enum HeaderEncoding {
 
 impl HeaderEncoding {
     /// The encoding of requests other than sends to Shoal brokers.
-    pub fn serialize_type(self) -> shoal_proto::SerializeType {
+    pub(crate) fn serialize_type(self) -> shoal_proto::SerializeType {
         match self {
             HeaderEncoding::RocketMq => shoal_proto::SerializeType::RocketMq,
             HeaderEncoding::Auto | HeaderEncoding::Json => shoal_proto::SerializeType::Json,
@@ -98,14 +98,16 @@ impl HeaderEncoding {
     }
 
     /// [`shoal_client::ClientConfig::binary_sends_to_shoal`].
-    pub fn binary_sends_to_shoal(self) -> bool {
+    pub(crate) fn binary_sends_to_shoal(self) -> bool {
         self != HeaderEncoding::Json
     }
 }
 
 impl Common {
     /// The ACL credentials from the flags, the environment or the credentials file.
-    pub fn credentials(&self) -> anyhow::Result<Option<shoal_proto::acl::SessionCredentials>> {
+    pub(crate) fn credentials(
+        &self,
+    ) -> anyhow::Result<Option<shoal_proto::acl::SessionCredentials>> {
         let mut ak = self.access_key.clone();
         let mut sk = self.secret_key.clone();
         let mut token = self.security_token.clone();
@@ -147,7 +149,7 @@ impl Common {
 
     /// TLS from `--tls`, `--tls-ca`, `--tls-insecure`, `--tls-server-name` (`None`:
     /// plaintext).
-    pub fn client_tls(&self) -> anyhow::Result<Option<shoal_net::ClientTls>> {
+    pub(crate) fn client_tls(&self) -> anyhow::Result<Option<shoal_net::ClientTls>> {
         let on = self.tls || self.tls_ca.is_some() || self.tls_insecure;
         if !on {
             if self.tls_server_name.is_some() {
@@ -171,7 +173,7 @@ impl Common {
     }
 
     /// Client settings: name servers, credentials and TLS.
-    pub fn client_config(&self) -> anyhow::Result<shoal_client::ClientConfig> {
+    pub(crate) fn client_config(&self) -> anyhow::Result<shoal_client::ClientConfig> {
         Ok(shoal_client::ClientConfig {
             credentials: self.credentials()?,
             tls: self.client_tls()?,
@@ -206,7 +208,7 @@ impl Common {
 
 /// `shoal topic ...`
 #[derive(Debug, Subcommand)]
-pub enum TopicCmd {
+pub(crate) enum TopicCmd {
     /// Create a topic on every broker (of a cluster with --cluster, or on chosen brokers with
     /// --brokers).
     Create(TopicCreate),
@@ -237,7 +239,7 @@ pub enum TopicCmd {
 
 /// Options of `topic create` / `topic update`.
 #[derive(Debug, Args)]
-pub struct TopicCreate {
+pub(crate) struct TopicCreate {
     /// Topic.
     pub topic: String,
     /// Queues per broker (read and write).
@@ -257,6 +259,11 @@ pub struct TopicCreate {
     /// Mark the topic ordered.
     #[arg(long)]
     pub order: bool,
+    /// RocketMQ 5's message type: NORMAL, FIFO, DELAY, TRANSACTION or MIXED. A typed topic
+    /// refuses messages of another type (RocketMQ 5 clients check it before sending); a topic
+    /// without a type takes every type.
+    #[arg(long, value_name = "TYPE")]
+    pub message_type: Option<String>,
     /// `topic create` only: change the topic if it exists already (as `topic update` does)
     /// instead of refusing.
     #[arg(long)]
@@ -265,7 +272,7 @@ pub struct TopicCreate {
 
 /// `shoal group ...`
 #[derive(Debug, Subcommand)]
-pub enum GroupCmd {
+pub(crate) enum GroupCmd {
     /// Every consumer group known to the brokers with its members, mode, total lag and state
     /// (STABLE, REBALANCING, EMPTY), like `kafka-consumer-groups --describe --all-groups`.
     List,
@@ -326,7 +333,7 @@ pub enum GroupCmd {
 
 /// `shoal message ...`
 #[derive(Debug, Subcommand)]
-pub enum MessageCmd {
+pub(crate) enum MessageCmd {
     /// Messages of a topic with a key (the KEYS property), from the brokers' index.
     Query {
         /// Topic.
@@ -351,7 +358,7 @@ pub enum MessageCmd {
 
 /// `shoal dlq ...`
 #[derive(Debug, Subcommand)]
-pub enum DlqCmd {
+pub(crate) enum DlqCmd {
     /// List the messages of a group's dead-letter queue.
     List {
         /// Consumer group.
@@ -392,7 +399,7 @@ fn now_ms() -> i64 {
 
 /// Parses `earliest`, `latest`, epoch ms, RFC 3339, or a duration ago (`10m`, `2h 30m`) into
 /// the timestamp the broker expects (`-1` = latest, `0` = earliest).
-pub fn parse_time(s: &str) -> anyhow::Result<i64> {
+pub(crate) fn parse_time(s: &str) -> anyhow::Result<i64> {
     let s = s.trim();
     match s {
         "earliest" | "first" => return Ok(0),
@@ -437,7 +444,7 @@ fn message_json(m: &MessageExt) -> serde_json::Value {
 }
 
 /// `shoal topic`.
-pub async fn topic(common: &Common, cmd: TopicCmd) -> anyhow::Result<()> {
+pub(crate) async fn topic(common: &Common, cmd: TopicCmd) -> anyhow::Result<()> {
     let admin = common.admin()?;
     // `topic update` is `topic create --update`.
     let cmd = match cmd {
@@ -479,9 +486,20 @@ pub async fn topic(common: &Common, cmd: TopicCmd) -> anyhow::Result<()> {
                 Err(shoal_client::admin::AdminError::TopicNotFound(_)) => {}
                 Err(e) => return Err(e.into()),
             }
+            let message_type = match c.message_type.as_deref() {
+                None => None,
+                Some(t) => Some(shoal_proto::body::TopicMessageType::parse(t).ok_or_else(
+                    || {
+                        anyhow::anyhow!(
+                            "--message-type {t:?}: use NORMAL, FIFO, DELAY, TRANSACTION or MIXED"
+                        )
+                    },
+                )?),
+            };
             let spec = TopicSpec {
                 perm: c.perm,
                 order: c.order,
+                message_type,
                 ..TopicSpec::new(&c.topic, c.queues)
             };
             let brokers = if c.brokers.is_empty() {
@@ -492,14 +510,16 @@ pub async fn topic(common: &Common, cmd: TopicCmd) -> anyhow::Result<()> {
             if common.json {
                 println!(
                     "{}",
-                    json!({"topic": c.topic, "queues": c.queues, "brokers": brokers})
+                    json!({"topic": c.topic, "queues": c.queues, "brokers": brokers,
+                        "messageType": message_type.map(|t| t.name())})
                 );
             } else {
                 println!(
-                    "topic {} with {} queues on {}",
+                    "topic {} with {} queues on {}{}",
                     c.topic,
                     c.queues,
-                    brokers.join(", ")
+                    brokers.join(", "),
+                    message_type.map_or(String::new(), |t| format!(" (message type {t})"))
                 );
             }
         }
@@ -589,7 +609,7 @@ pub async fn topic(common: &Common, cmd: TopicCmd) -> anyhow::Result<()> {
 }
 
 /// `shoal group`.
-pub async fn group(common: &Common, cmd: GroupCmd) -> anyhow::Result<()> {
+pub(crate) async fn group(common: &Common, cmd: GroupCmd) -> anyhow::Result<()> {
     let admin = common.admin()?;
     match cmd {
         GroupCmd::List => {
@@ -922,7 +942,7 @@ fn rocketmq_state(members: usize, progress: Option<&GroupProgress>) -> &'static 
 }
 
 /// `shoal broker status`.
-pub async fn broker_status(common: &Common, broker: Option<String>) -> anyhow::Result<()> {
+pub(crate) async fn broker_status(common: &Common, broker: Option<String>) -> anyhow::Result<()> {
     let admin = common.admin()?;
     let addrs = match broker {
         Some(b) => vec![b],
@@ -950,7 +970,7 @@ pub async fn broker_status(common: &Common, broker: Option<String>) -> anyhow::R
 }
 
 /// `shoal message get`.
-pub async fn message(common: &Common, cmd: MessageCmd) -> anyhow::Result<()> {
+pub(crate) async fn message(common: &Common, cmd: MessageCmd) -> anyhow::Result<()> {
     let admin = common.admin()?;
     let (id, topic) = match cmd {
         MessageCmd::Get { id, topic } => (id, topic),
@@ -1017,7 +1037,7 @@ pub async fn message(common: &Common, cmd: MessageCmd) -> anyhow::Result<()> {
 }
 
 /// `shoal dlq`.
-pub async fn dlq(common: &Common, cmd: DlqCmd) -> anyhow::Result<()> {
+pub(crate) async fn dlq(common: &Common, cmd: DlqCmd) -> anyhow::Result<()> {
     let admin = common.admin()?;
     match cmd {
         DlqCmd::List { group, max } => {

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 /// Options of `shoal send`.
 #[derive(Debug, Args)]
-pub struct SendArgs {
+pub(crate) struct SendArgs {
     /// Topic.
     pub topic: String,
     /// Message body (`{i}` is replaced by the message number). Without it (and without
@@ -57,7 +57,7 @@ pub struct SendArgs {
 
 /// Options of `shoal consume`.
 #[derive(Debug, Args)]
-pub struct ConsumeArgs {
+pub(crate) struct ConsumeArgs {
     /// Topic.
     pub topic: String,
     /// Consumer group.
@@ -117,6 +117,17 @@ pub struct ConsumeArgs {
     /// group and its queue locks (leases) end; a frozen member's queues move after it.
     #[arg(long, default_value_t = 10_000)]
     pub session_timeout_ms: u64,
+    /// Consume by POP (RocketMQ 5): the broker picks the queues and leases each message; no
+    /// rebalance, any number of consumers per queue. With --orderly: FIFO pops (a queue hands
+    /// out its next message only after the previous one is acknowledged).
+    #[arg(long, conflicts_with_all = ["broadcast", "protocol", "instance_id", "strategy"])]
+    pub pop: bool,
+    /// POP: invisibility of a received message, seconds (renewed while the listener runs).
+    #[arg(long, default_value_t = 60, requires = "pop")]
+    pub invisible_secs: u64,
+    /// POP: a failed message comes back after this many seconds.
+    #[arg(long, default_value_t = 10, requires = "pop")]
+    pub retry_delay_secs: u64,
 }
 
 fn progress(total: u64) -> ProgressBar {
@@ -136,7 +147,7 @@ fn progress(total: u64) -> ProgressBar {
 
 /// Whether the name servers know `topic`; an unreachable name server is an error, said once
 /// (the clients would retry and log it again and again).
-async fn topic_exists(common: &Common, topic: &str) -> anyhow::Result<bool> {
+pub(crate) async fn topic_exists(common: &Common, topic: &str) -> anyhow::Result<bool> {
     let admin = common.admin()?;
     let r = admin.topic_route(topic).await;
     admin.shutdown();
@@ -150,7 +161,7 @@ async fn topic_exists(common: &Common, topic: &str) -> anyhow::Result<bool> {
 }
 
 /// `shoal send`.
-pub async fn send(common: &Common, a: SendArgs) -> anyhow::Result<()> {
+pub(crate) async fn send(common: &Common, a: SendArgs) -> anyhow::Result<()> {
     if a.body.is_some() && a.size.is_some() {
         bail!("give either --body or --size, not both");
     }
@@ -308,27 +319,44 @@ pub async fn send(common: &Common, a: SendArgs) -> anyhow::Result<()> {
 }
 
 fn print_message(json_out: bool, m: &MessageExt, ctx: &ConsumeContext, failed: bool) {
+    let mq = &ctx.message_queue;
+    print_record(json_out, m, &mq.broker_name, mq.queue_id, failed, None);
+}
+
+/// Prints one message (a line of text, or of JSON); `attempt` is a POP delivery's.
+pub(crate) fn print_record(
+    json_out: bool,
+    m: &MessageExt,
+    broker: &str,
+    queue: i32,
+    failed: bool,
+    attempt: Option<u32>,
+) {
     let line = if json_out {
-        json!({
+        let mut v = json!({
             "failed": failed,
-            "msgId": m.msg_id(), "topic": m.topic, "broker": ctx.message_queue.broker_name,
-            "queue": ctx.message_queue.queue_id, "queueOffset": m.queue_offset, "tags": m.tags(),
+            "msgId": m.msg_id(), "topic": m.topic, "broker": broker,
+            "queue": queue, "queueOffset": m.queue_offset, "tags": m.tags(),
             "keys": m.keys(), "reconsumeTimes": m.reconsume_times, "storeTimestamp": m.store_timestamp,
             "properties": m.properties,
             "body": String::from_utf8_lossy(&m.body),
             // When the listener got it (µs since the epoch): delivery records of separate
             // processes can be ordered by it.
             "atUs": std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or_default(),
-        })
-        .to_string()
+        });
+        if let Some(a) = attempt {
+            v["attempt"] = json!(a);
+        }
+        v.to_string()
     } else {
         format!(
-            "{}{} {}#{} offset {} tags={} keys={} body={}",
+            "{}{} {}#{} offset {}{} tags={} keys={} body={}",
             if failed { "FAILED " } else { "" },
             m.msg_id(),
-            ctx.message_queue.broker_name,
-            ctx.message_queue.queue_id,
+            broker,
+            queue,
             m.queue_offset,
+            attempt.map_or(String::new(), |a| format!(" attempt {a}")),
             m.tags().unwrap_or("-"),
             m.keys().unwrap_or("-"),
             String::from_utf8_lossy(&m.body)
@@ -342,7 +370,8 @@ fn print_message(json_out: bool, m: &MessageExt, ctx: &ConsumeContext, failed: b
 
 /// `shoal consume`: prints messages until Ctrl-C / SIGTERM (or --count), then leaves the group
 /// gracefully (offsets committed, queues handed over at once).
-pub async fn consume(common: &Common, a: ConsumeArgs) -> anyhow::Result<()> {
+/// (`--pop` is [`consume_pop`](crate::pop_cmd), chosen by the caller.)
+pub(crate) async fn consume(common: &Common, a: ConsumeArgs) -> anyhow::Result<()> {
     let (mut from, ts) = match a.from.as_str() {
         "first" | "earliest" => (ConsumeFromWhere::ConsumeFromFirstOffset, None),
         "last" | "latest" => (ConsumeFromWhere::ConsumeFromLastOffset, None),

@@ -2,8 +2,8 @@
 //! go through the name server (as `shoal topic|group|message|dlq` do); the rebalance
 //! timeline and the broker's own counters come from the broker of this process.
 
-use crate::http::HttpState;
-use crate::http_auth::RequestAdmin;
+use crate::http_access::RequestAdmin;
+use crate::http_state::HttpState;
 use axum::extract::{Extension, Path, Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -21,7 +21,7 @@ const APP_JS: &str = include_str!("dashboard/app.js");
 const STYLE_CSS: &str = include_str!("dashboard/style.css");
 
 /// Adds the dashboard's pages and API to `r`.
-pub fn routes(r: Router<HttpState>) -> Router<HttpState> {
+pub(crate) fn routes(r: Router<HttpState>) -> Router<HttpState> {
     r.route(
         "/",
         get(|| async { asset("text/html; charset=utf-8", INDEX_HTML) }),
@@ -35,7 +35,7 @@ pub fn routes(r: Router<HttpState>) -> Router<HttpState> {
         get(|| async { asset("text/css; charset=utf-8", STYLE_CSS) }),
     )
     .route("/api/cluster", get(cluster))
-    .route("/api/topics", get(topics))
+    .route("/api/topics", get(topics).post(create_topic))
     .route("/api/topics/{topic}", get(topic))
     .route("/api/groups", get(groups))
     .route("/api/groups/{group}", get(group))
@@ -97,7 +97,7 @@ fn admin(a: &RequestAdmin) -> Result<&AdminClient, ApiError> {
 }
 
 /// System topics: RocketMQ's own and the per group retry and dead-letter topics.
-pub fn is_system_topic(t: &str) -> bool {
+pub(crate) fn is_system_topic(t: &str) -> bool {
     shoal_proto::constants::is_retry_topic(t)
         || t.starts_with("%DLQ%")
         || t.starts_with("rmq_sys_")
@@ -178,10 +178,19 @@ async fn topics(
             Err(_) => 0,
         };
         let traffic = s.broker.as_ref().and_then(|b| b.topic_traffic(t));
+        // RocketMQ 5's message type, from this process's broker ("any" when untyped).
+        let message_type = match s.broker.as_ref().and_then(|b| b.topic(t)) {
+            Some(c) => match c.message_type() {
+                shoal_proto::body::TopicMessageType::Unspecified => "any",
+                other => other.name(),
+            },
+            None => "-",
+        };
         out.push(json!({
             "topic": t,
             "system": is_system_topic(t),
             "brokers": route.queue_datas.iter().map(|d| d.broker_name.clone()).collect::<Vec<_>>(),
+            "messageType": message_type,
             "readQueues": read,
             "writeQueues": write,
             "messages": stored,
@@ -190,6 +199,63 @@ async fn topics(
         }));
     }
     Ok(Json(json!({"topics": out, "atMs": now_ms()})))
+}
+
+/// `POST /api/topics`'s body.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct NewTopic {
+    topic: String,
+    #[serde(default = "default_queues")]
+    queues: i32,
+    #[serde(default)]
+    message_type: Option<String>,
+}
+
+fn default_queues() -> i32 {
+    8
+}
+
+/// `POST /api/topics`: creates a topic on every broker (as `shoal topic create`), with RocketMQ
+/// 5's message type when one is given.
+async fn create_topic(
+    Extension(ra): Extension<RequestAdmin>,
+    Json(t): Json<NewTopic>,
+) -> ApiResult {
+    let admin = admin(&ra)?;
+    if t.queues <= 0 || t.queues > 1024 {
+        return Err(ApiError(
+            StatusCode::BAD_REQUEST,
+            "queues must be 1 to 1024".into(),
+        ));
+    }
+    let message_type = match t.message_type.as_deref().filter(|m| !m.is_empty()) {
+        None => None,
+        Some(m) => Some(
+            shoal_proto::body::TopicMessageType::parse(m).ok_or_else(|| {
+                ApiError(
+                    StatusCode::BAD_REQUEST,
+                    format!("message type {m:?}: use NORMAL, FIFO, DELAY, TRANSACTION or MIXED"),
+                )
+            })?,
+        ),
+    };
+    if admin.topic_route(&t.topic).await.is_ok() {
+        return Err(ApiError(
+            StatusCode::CONFLICT,
+            format!("topic {} exists already", t.topic),
+        ));
+    }
+    let spec = shoal_client::TopicSpec {
+        message_type,
+        ..shoal_client::TopicSpec::new(&t.topic, t.queues)
+    };
+    let brokers = admin.create_topic(&spec, None).await?;
+    Ok(Json(json!({
+        "topic": t.topic,
+        "brokers": brokers,
+        "messageType": message_type.map(|m| m.name()),
+    })))
 }
 
 /// `/api/topics/{topic}`: per queue offsets and last store time.
@@ -319,7 +385,9 @@ async fn group(
         })
         .collect();
     let (timeline, source) = timeline(&s, &group);
+    let pop = s.broker.as_ref().and_then(|b| b.pop_group(&group));
     Ok(Json(json!({
+        "pop": pop,
         "group": group,
         "mode": mode_of(&s, &group),
         "messageModel": model,

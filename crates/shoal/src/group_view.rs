@@ -126,6 +126,49 @@ pub(crate) fn print_describe(broker: &str, v: &serde_json::Value) {
     if !classic.is_empty() {
         println!("classic-only members: {}", classic.join(", "));
     }
+    if v["pop"].is_object() {
+        print_pop(&v["pop"]);
+    }
+}
+
+/// The POP section of a group: consumers holding leases, queues, redeliveries, dead letters.
+fn print_pop(p: &serde_json::Value) {
+    println!(
+        "POP: {} in flight under lease, {} leased, {} acked, {} redelivered (lease lapsed), {} receipts refused, {} dead-lettered, {} in the DLQ now",
+        text_of(p, "inflight"),
+        text_of(p, "leased"),
+        text_of(p, "acked"),
+        text_of(p, "redeliveries"),
+        text_of(p, "refused"),
+        text_of(p, "deadLettered"),
+        text_of(p, "dlqMessages"),
+    );
+    let topics: Vec<&str> = p["popModeTopics"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|t| t.as_str())
+        .collect();
+    if !topics.is_empty() {
+        println!("POP request mode set for: {}", topics.join(", "));
+    }
+    let mut t = Table::new(&["CONSUMER", "IN FLIGHT"]);
+    for c in p["consumers"].as_array().into_iter().flatten() {
+        t.row(vec![text_of(c, "consumer"), text_of(c, "inflight")]);
+    }
+    t.print();
+    let mut t = Table::new(&["TOPIC", "QUEUE", "ACKED", "CURSOR", "MAX", "IN FLIGHT"]);
+    for q in p["queues"].as_array().into_iter().flatten() {
+        t.row(vec![
+            text_of(q, "topic"),
+            text_of(q, "queueId"),
+            text_of(q, "ackedOffset"),
+            text_of(q, "cursor"),
+            text_of(q, "maxOffset"),
+            text_of(q, "inflight"),
+        ]);
+    }
+    t.print();
 }
 
 pub(crate) fn print_history(broker: &str, v: &serde_json::Value) {

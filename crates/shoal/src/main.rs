@@ -14,10 +14,14 @@ mod client_cmd;
 mod cluster_cmd;
 mod dashboard;
 mod group_view;
+mod grpc_cmd;
 mod http;
+mod http_access;
 mod http_auth;
 mod http_listener;
+mod http_state;
 mod kafka_bridge;
+mod pop_cmd;
 mod rebalance;
 mod server;
 mod table;
@@ -170,6 +174,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     let common = cli.common;
     match cli.command {
         Command::Send(a) => return client(client_cmd::send(&common, a)),
+        Command::Consume(a) if a.pop => return client_mt("warn", pop_cmd::consume_pop(&common, a)),
         Command::Consume(a) => return client_mt("warn", client_cmd::consume(&common, a)),
         Command::Bench(c) => return client_mt("warn", bench::run(&common, c)),
         Command::Topic(c) => return admin(admin_cmd::topic(&common, c)),

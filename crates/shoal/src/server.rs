@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 /// TLS options of a server's remoting listener.
 #[derive(Debug, Args, Clone, Default)]
-pub struct TlsServerArgs {
+pub(crate) struct TlsServerArgs {
     /// TLS on the remoting listener: disabled, permissive (TLS and plaintext clients) or
     /// enforcing (TLS only), as RocketMQ's `tls.server.mode`; needs --tls-cert and --tls-key.
     #[arg(long, value_name = "MODE")]
@@ -50,7 +50,7 @@ impl TlsServerArgs {
 
 /// Options of `shoal namesrv`.
 #[derive(Debug, Args)]
-pub struct NamesrvArgs {
+pub(crate) struct NamesrvArgs {
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:9876")]
     pub listen: String,
@@ -72,7 +72,7 @@ pub struct NamesrvArgs {
 
 /// Flush mode on the command line.
 #[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum FlushArg {
+pub(crate) enum FlushArg {
     /// Acknowledge after the write; fsync in the background.
     Async,
     /// Acknowledge after fsync (group commit).
@@ -81,7 +81,7 @@ pub enum FlushArg {
 
 /// Commands about running brokers (`shoal broker status`).
 #[derive(Debug, Subcommand)]
-pub enum BrokerAction {
+pub(crate) enum BrokerAction {
     /// A broker's runtime counters as GET_BROKER_RUNTIME_INFO reports them (messages in and
     /// out, held pulls, commit log offsets, ...), like `mqadmin brokerStatus`.
     Status {
@@ -97,7 +97,7 @@ pub enum BrokerAction {
 /// Options of `shoal broker`. Flags override the config file; the file overrides defaults.
 #[derive(Debug, Args)]
 #[command(args_conflicts_with_subcommands = true)]
-pub struct BrokerArgs {
+pub(crate) struct BrokerArgs {
     /// `shoal broker status`: ask running brokers instead of running one.
     #[command(subcommand)]
     pub action: Option<BrokerAction>,
@@ -138,6 +138,11 @@ pub struct BrokerArgs {
     /// Turn ACL on with this file (TOML, plain_acl keys; see docs/security.md).
     #[arg(long)]
     pub acl_file: Option<PathBuf>,
+    /// Also serve RocketMQ 5 clients (gRPC, `rocketmq-client-java` 5.x and the other
+    /// `rocketmq-clients`) on this address, e.g. 0.0.0.0:8081 (config key `grpc_listen_addr`;
+    /// off by default). TLS as the broker's listener.
+    #[arg(long)]
+    pub grpc_listen: Option<String>,
     /// Also serve Kafka clients on this address (e.g. 0.0.0.0:9092); off by default.
     #[arg(long)]
     pub kafka_listen: Option<String>,
@@ -153,7 +158,7 @@ pub struct BrokerArgs {
 
 /// Options of `shoal dev`.
 #[derive(Debug, Args)]
-pub struct DevArgs {
+pub(crate) struct DevArgs {
     /// Data directory.
     #[arg(long, default_value = "shoal-data")]
     pub data_dir: PathBuf,
@@ -183,6 +188,13 @@ pub struct DevArgs {
     /// Do not start the Kafka listener.
     #[arg(long)]
     pub no_kafka: bool,
+    /// gRPC port for RocketMQ 5 clients (endpoints 127.0.0.1:PORT); default 8081, and when
+    /// 8081 is taken dev runs without gRPC (a port given here must bind).
+    #[arg(long)]
+    pub grpc_port: Option<u16>,
+    /// Do not serve RocketMQ 5 clients (gRPC).
+    #[arg(long)]
+    pub no_grpc: bool,
     /// `host:port` Kafka clients are told to connect to (default 127.0.0.1:<kafka port>).
     #[arg(long)]
     pub kafka_advertised: Option<String>,
@@ -196,7 +208,7 @@ pub struct DevArgs {
 const DEFAULT_NAMESRV: &str = "127.0.0.1:9876";
 
 /// Default HTTP port of `shoal dev`.
-pub const DEV_HTTP_PORT: u16 = 8090;
+pub(crate) const DEV_HTTP_PORT: u16 = 8090;
 
 fn split_addrs(s: &str) -> Vec<String> {
     s.split([';', ','])
@@ -218,7 +230,7 @@ fn broker_file(path: Option<&std::path::Path>) -> anyhow::Result<BrokerConfig> {
 
 /// Builds the broker configuration from defaults, the file and the flags (`common`: the
 /// client options, whose TLS settings apply to the connections to the name servers).
-pub fn broker_config(
+pub(crate) fn broker_config(
     args: &BrokerArgs,
     common: &crate::admin_cmd::Common,
 ) -> anyhow::Result<BrokerConfig> {
@@ -259,6 +271,9 @@ pub fn broker_config(
     }
     if let Some(v) = &args.http_listen {
         cfg.http_listen_addr = Some(v.clone());
+    }
+    if let Some(v) = &args.grpc_listen {
+        cfg.grpc_listen_addr = Some(v.clone());
     }
     if let Some(p) = &args.acl_file {
         cfg.acl_enabled = true;
@@ -379,12 +394,12 @@ fn dev_kafka_config(args: &DevArgs) -> anyhow::Result<Option<(KafkaConfig, bool)
 /// Who may use the HTTP port and its TLS, from the broker's `[http]`, `[tls]` and ACL file.
 fn http_access(
     cfg: &BrokerConfig,
-) -> anyhow::Result<(crate::http_auth::AccessSettings, shoal_net::ServerTls)> {
+) -> anyhow::Result<(crate::http_access::AccessSettings, shoal_net::ServerTls)> {
     let acl = match (&cfg.acl_enabled, &cfg.acl_file) {
-        (true, Some(path)) => Some(shoal_broker::config::load_acl(path)?),
+        (true, Some(path)) => Some(shoal_broker::load_acl(path)?),
         _ => None,
     };
-    let access = crate::http_auth::AccessSettings::from_broker(cfg, acl)?;
+    let access = crate::http_access::AccessSettings::from_broker(cfg, acl)?;
     let mode = cfg.http.effective_tls_mode(cfg);
     let tls = match (&cfg.tls.cert_path, &cfg.tls.key_path) {
         (Some(cert), Some(key)) if mode != shoal_net::TlsMode::Disabled => {
@@ -464,16 +479,16 @@ fn shutdown_signal() -> impl std::future::Future<Output = ()> {
 }
 
 /// `shoal namesrv`.
-pub async fn run_namesrv(args: NamesrvArgs) -> anyhow::Result<()> {
+pub(crate) async fn run_namesrv(args: NamesrvArgs) -> anyhow::Result<()> {
     let stop = shutdown_signal();
     let acl = match &args.acl_file {
-        Some(p) => Some(shoal_broker::config::read_acl_config(p)?),
+        Some(p) => Some(shoal_broker::read_acl_config(p)?),
         None => None,
     };
     let file = match &args.config {
-        Some(p) => shoal_broker::config::NamesrvFile::read(p)
+        Some(p) => shoal_broker::NamesrvFile::read(p)
             .map_err(|e| anyhow::anyhow!("name server configuration {}", e.0))?,
-        None => shoal_broker::config::NamesrvFile::default(),
+        None => shoal_broker::NamesrvFile::default(),
     };
     let tls = args.tls.server_tls()?;
     let mode = tls.mode();
@@ -510,7 +525,10 @@ pub async fn run_namesrv(args: NamesrvArgs) -> anyhow::Result<()> {
 }
 
 /// `shoal broker`.
-pub async fn run_broker(args: BrokerArgs, common: crate::admin_cmd::Common) -> anyhow::Result<()> {
+pub(crate) async fn run_broker(
+    args: BrokerArgs,
+    common: crate::admin_cmd::Common,
+) -> anyhow::Result<()> {
     let stop = shutdown_signal();
     let cfg = broker_config(&args, &common)?;
     let kafka_cfg = broker_kafka_config(&args)?;
@@ -560,7 +578,29 @@ pub async fn run_broker(args: BrokerArgs, common: crate::admin_cmd::Common) -> a
         },
         None => None,
     };
+    let grpc = match &cfg.grpc_listen_addr {
+        Some(addr) => match crate::grpc_cmd::start_grpc(&broker, &cfg, addr).await {
+            Ok(g) => {
+                println!("RocketMQ 5 clients (gRPC) on {}", g.local_addr());
+                Some(g)
+            }
+            Err(e) => {
+                if let Some(k) = kafka {
+                    k.shutdown().await;
+                }
+                if let Some(h) = http {
+                    h.shutdown().await;
+                }
+                broker.shutdown().await;
+                return Err(e);
+            }
+        },
+        None => None,
+    };
     stop.await;
+    if let Some(g) = grpc {
+        g.shutdown().await;
+    }
     if let Some(k) = kafka {
         k.shutdown().await;
     }
@@ -594,21 +634,21 @@ fn dev_broker_config(
     }
     if let Some((mode, cert, key)) = tls {
         let enforcing = *mode == shoal_net::TlsMode::Enforcing;
-        cfg.tls = shoal_broker::config::TlsSettings {
+        cfg.tls = shoal_broker::TlsSettings {
             mode: *mode,
             cert_path: Some(cert.clone()),
             key_path: Some(key.clone()),
             // The name server is in this process, on loopback.
             namesrv_tls: enforcing,
             insecure: enforcing,
-            ..shoal_broker::config::TlsSettings::default()
+            ..shoal_broker::TlsSettings::default()
         };
     }
     cfg.validate()?;
     Ok(cfg)
 }
 
-pub async fn run_dev(args: DevArgs) -> anyhow::Result<()> {
+pub(crate) async fn run_dev(args: DevArgs) -> anyhow::Result<()> {
     let stop = shutdown_signal();
     let tls = args.tls.settings()?;
     // Checked before anything starts: a mistake in the file is said at once.
@@ -654,6 +694,26 @@ pub async fn run_dev(args: DevArgs) -> anyhow::Result<()> {
             }
         },
     };
+    let grpc = if args.no_grpc {
+        None
+    } else {
+        let port = args.grpc_port.unwrap_or(shoal_grpc::DEFAULT_PORT);
+        match crate::grpc_cmd::start_grpc(&broker, &cfg, &format!("127.0.0.1:{port}")).await {
+            Ok(g) => Some(g),
+            Err(e) if args.grpc_port.is_none() => {
+                eprintln!("warning: gRPC endpoint not started ({e:#}); pass --grpc-port to choose a free port, or --no-grpc");
+                None
+            }
+            Err(e) => {
+                if let Some(k) = kafka {
+                    k.shutdown().await;
+                }
+                broker.shutdown().await;
+                ns.shutdown().await;
+                return Err(e);
+            }
+        }
+    };
     println!("Shoal dev is running (Ctrl-C to stop)");
     println!("  name server  {namesrv}");
     println!(
@@ -692,6 +752,12 @@ pub async fn run_dev(args: DevArgs) -> anyhow::Result<()> {
     if let Some(k) = &kafka {
         println!("  kafka        {} (bootstrap.servers)", k.local_addr());
     }
+    if let Some(g) = &grpc {
+        println!(
+            "  gRPC         {} (RocketMQ 5 clients' endpoints)",
+            g.local_addr()
+        );
+    }
     if let Some((mode, cert, _)) = &tls {
         println!(
             "  TLS          {mode} (certificate {}); clients: --tls-ca <the CA that signed it>, \
@@ -716,6 +782,9 @@ pub async fn run_dev(args: DevArgs) -> anyhow::Result<()> {
     println!("  shoal consume TopicTest --group demo --from first --count 3{ns_flag}");
     stop.await;
     println!("stopping: flushing offsets and topics, unregistering from the name server");
+    if let Some(g) = grpc {
+        g.shutdown().await;
+    }
     if let Some(k) = kafka {
         k.shutdown().await;
     }

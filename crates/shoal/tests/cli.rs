@@ -250,3 +250,39 @@ fn topic_cluster_message_and_group_commands() {
         Some(1)
     );
 }
+
+#[test]
+fn topics_with_a_message_type() {
+    let dev = Dev::start();
+    let o = dev.cmd(&[
+        "topic",
+        "create",
+        "Orders",
+        "--queues",
+        "2",
+        "--message-type",
+        "fifo",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("(message type FIFO)"), "{}", stdout(&o));
+    // A plain message is refused with the reason; one with a message group is taken.
+    let o = dev.cmd(&["send", "Orders", "--body", "x"]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("takes FIFO messages, not NORMAL"),
+        "{}",
+        stderr(&o)
+    );
+    let o = dev.cmd(&[
+        "send",
+        "Orders",
+        "--body",
+        "x",
+        "--property",
+        "__SHARDINGKEY=o1",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = dev.cmd(&["topic", "create", "Odd", "--message-type", "sometimes"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("--message-type"), "{}", stderr(&o));
+}

@@ -276,6 +276,26 @@ pub struct PopEngine {
     /// The last receipt time handed out (receipt times only grow).
     last_pop_time: u64,
     counters: PopCounters,
+    /// The same counters per group (since the engine started).
+    by_group: HashMap<String, PopCounters>,
+}
+
+/// Adds to the engine's counters and to its group's.
+fn bump(
+    all: &mut PopCounters,
+    by_group: &mut HashMap<String, PopCounters>,
+    group: &str,
+    f: impl Fn(&mut PopCounters),
+) {
+    f(all);
+    match by_group.get_mut(group) {
+        Some(c) => f(c),
+        None => {
+            let mut c = PopCounters::default();
+            f(&mut c);
+            by_group.insert(group.to_owned(), c);
+        }
+    }
 }
 
 impl PopEngine {
@@ -521,7 +541,10 @@ impl PopEngine {
         let before = q.ack;
         q.advance_ack();
         let ack = (q.ack != before).then_some(q.ack);
-        self.counters.leased += leases.len() as u64;
+        let n = leases.len() as u64;
+        bump(&mut self.counters, &mut self.by_group, &key.group, |c| {
+            c.leased += n
+        });
         self.deadlines.extend(deadlines);
         self.journal(records);
         if let Some(ack) = ack {
@@ -578,10 +601,14 @@ impl PopEngine {
     ) -> Result<(), ReceiptError> {
         self.lapse_due(now);
         if let Err(e) = self.check_receipt(now, key, offset, pop_time) {
-            self.counters.refused += 1;
+            bump(&mut self.counters, &mut self.by_group, &key.group, |c| {
+                c.refused += 1
+            });
             return Err(e);
         }
-        self.counters.acked += 1;
+        bump(&mut self.counters, &mut self.by_group, &key.group, |c| {
+            c.acked += 1
+        });
         self.finish(key, offset);
         Ok(())
     }
@@ -625,7 +652,9 @@ impl PopEngine {
     ) -> Result<Grant, ReceiptError> {
         self.lapse_due(now);
         if let Err(e) = self.check_receipt(now, key, offset, pop_time) {
-            self.counters.refused += 1;
+            bump(&mut self.counters, &mut self.by_group, &key.group, |c| {
+                c.refused += 1
+            });
             return Err(e);
         }
         let invisible_ms = self.invisible_ms(invisible_ms);
@@ -647,7 +676,9 @@ impl PopEngine {
         let attempts = l.attempts;
         self.deadlines.insert((deadline, key.clone(), offset));
         self.actions.push_back(PopAction::Journal(record));
-        self.counters.changed += 1;
+        bump(&mut self.counters, &mut self.by_group, &key.group, |c| {
+            c.changed += 1
+        });
         Ok(Grant {
             pop_time: new_time,
             invisible_ms,
@@ -707,7 +738,9 @@ impl PopEngine {
             if l.state != LeaseState::Leased {
                 continue;
             }
-            self.counters.lapsed += 1;
+            bump(&mut self.counters, &mut self.by_group, &key.group, |c| {
+                c.lapsed += 1
+            });
             let pop_time = l.pop_time;
             if fifo && l.attempts < max_attempts {
                 l.state = LeaseState::Lapsed;
@@ -745,10 +778,12 @@ impl PopEngine {
             .and_then(|q| q.leases.get(&offset))
             .is_some_and(|l| l.pop_time == pop_time && l.state == LeaseState::Reviving);
         if reviving {
-            self.counters.revived += 1;
-            if dead_letter {
-                self.counters.dead_lettered += 1;
-            }
+            bump(&mut self.counters, &mut self.by_group, &key.group, |c| {
+                c.revived += 1;
+                if dead_letter {
+                    c.dead_lettered += 1;
+                }
+            });
             self.finish(key, offset);
         }
     }
@@ -931,6 +966,11 @@ impl PopEngine {
         out
     }
 
+    /// The counters of one group since the engine started.
+    pub fn group_counters(&self, group: &str) -> PopCounters {
+        self.by_group.get(group).copied().unwrap_or_default()
+    }
+
     /// Groups with POP state.
     pub fn groups(&self) -> BTreeSet<String> {
         self.queues.keys().map(|k| k.group.clone()).collect()
@@ -942,6 +982,7 @@ impl PopEngine {
         self.deadlines.retain(|d| d.1.group != group);
         self.retry_revives.retain(|d| d.1.group != group);
         self.rotation.retain(|k, _| k.0 != group);
+        self.by_group.remove(group);
     }
 
     /// True when every offset below the cursor of every queue is done or leased exactly once

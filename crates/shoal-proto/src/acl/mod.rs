@@ -15,7 +15,7 @@ mod model;
 
 pub use address::{AddressPattern, AddressPatternError};
 pub use model::{
-    parse_perm, AccessControl, AccessDenied, AccessRequest, AccountConfig, PlainAclConfig,
+    parse_perm, perm, AccessControl, AccessDenied, AccessRequest, AccountConfig, PlainAclConfig,
     ADMIN_REQUEST_CODES,
 };
 

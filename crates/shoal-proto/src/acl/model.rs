@@ -183,6 +183,14 @@ impl AccessRequest {
                 add(group_res(field(cmd, "consumerGroup")).as_deref(), perm::SUB);
             }
             rc::QUERY_MESSAGE => add(field(cmd, "topic"), perm::SUB),
+            rc::POP_MESSAGE
+            | rc::PEEK_MESSAGE
+            | rc::NOTIFICATION
+            | rc::ACK_MESSAGE
+            | rc::CHANGE_MESSAGE_INVISIBLETIME => {
+                add(field(cmd, "topic"), perm::SUB);
+                add(group_res(field(cmd, "consumerGroup")).as_deref(), perm::SUB);
+            }
             rc::HEART_BEAT => match cmd.decode_json_body::<HeartbeatData>() {
                 Ok(hb) => {
                     for c in &hb.consumer_data_set {

@@ -445,3 +445,127 @@ pub struct SetMessageRequestModeRequestBody {
     /// Topic.
     pub topic: String,
 }
+
+/// One entry of BATCH_ACK_MESSAGE (200151): the acknowledged messages of one pop of one queue,
+/// as a bit set over offsets from `startOffset` (bit `i` acknowledges `startOffset + i`).
+/// RocketMQ writes short names (`c`, `t`, ...) and reads the long ones too; so does this.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct BatchAck {
+    /// Java's `BitSet.toByteArray()` (little-endian bytes; bit `j` of byte `i` is bit
+    /// `8i + j`), written by fastjson as an array of signed bytes or a base64 string.
+    #[serde(rename = "b", alias = "bitSet", with = "bit_set")]
+    pub bit_set: Vec<u8>,
+    /// Consumer group.
+    #[serde(rename = "c", alias = "consumerGroup")]
+    pub consumer_group: String,
+    /// Invisible time of the receipts, ms.
+    #[serde(rename = "it", alias = "invisibleTime")]
+    pub invisible_time: i64,
+    /// Pop time of the receipts, ms.
+    #[serde(rename = "pt", alias = "popTime")]
+    pub pop_time: i64,
+    /// Queue id.
+    #[serde(rename = "q", alias = "queueId")]
+    pub queue_id: i32,
+    /// `"1"` for the POP retry topic (`"0"` or absent: the topic itself).
+    #[serde(rename = "r", alias = "retry")]
+    pub retry: Option<String>,
+    /// Revive queue id of the receipts.
+    #[serde(rename = "rq", alias = "reviveQueueId")]
+    pub revive_queue_id: i32,
+    /// Offset of bit 0.
+    #[serde(rename = "so", alias = "startOffset")]
+    pub start_offset: i64,
+    /// Topic (the subscribed one; `retry` says whether the queue is its POP retry topic's).
+    #[serde(rename = "t", alias = "topic")]
+    pub topic: String,
+}
+
+impl BatchAck {
+    /// The acknowledged offsets, ascending; at most `limit` (a larger set is cut there).
+    pub fn offsets(&self, limit: usize) -> Vec<i64> {
+        let mut out = Vec::new();
+        for (i, byte) in self.bit_set.iter().enumerate() {
+            for j in 0..8 {
+                if byte & (1 << j) != 0 {
+                    if out.len() >= limit {
+                        return out;
+                    }
+                    out.push(self.start_offset.saturating_add((i * 8 + j) as i64));
+                }
+            }
+        }
+        out
+    }
+
+    /// Sets the bits of `offsets` (each at or above `start_offset`).
+    pub fn set_offsets(&mut self, offsets: &[i64]) {
+        for &o in offsets {
+            let Ok(bit) = usize::try_from(o - self.start_offset) else {
+                continue;
+            };
+            if self.bit_set.len() <= bit / 8 {
+                self.bit_set.resize(bit / 8 + 1, 0);
+            }
+            self.bit_set[bit / 8] |= 1 << (bit % 8);
+        }
+    }
+}
+
+/// BATCH_ACK_MESSAGE (200151) request body.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct BatchAckMessageRequestBody {
+    /// The acks.
+    pub acks: Vec<BatchAck>,
+    /// The broker the receipts name.
+    pub broker_name: String,
+}
+
+/// A Java `BitSet` as fastjson writes it: an array of signed bytes (written so) or a base64
+/// string (read too).
+mod bit_set {
+    use serde::de::{self, SeqAccess, Visitor};
+    use serde::{Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(v: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(v.iter().map(|b| *b as i8))
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Vec<u8>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an array of bytes or a base64 string")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<u8>, A::Error> {
+                let mut out = Vec::new();
+                while let Some(b) = seq.next_element::<i64>()? {
+                    if !(-128..=255).contains(&b) {
+                        return Err(de::Error::custom(format!("{b} is not a byte")));
+                    }
+                    // At most 4 KiB of bits (32,768 offsets) per ack.
+                    if out.len() >= 4096 {
+                        return Err(de::Error::custom("bit set longer than 4096 bytes"));
+                    }
+                    out.push(b as u8);
+                }
+                Ok(out)
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<Vec<u8>, E> {
+                use base64::Engine;
+                base64::engine::general_purpose::STANDARD
+                    .decode(s)
+                    .ok()
+                    .filter(|b| b.len() <= 4096)
+                    .ok_or_else(|| E::custom("not a base64 bit set of at most 4096 bytes"))
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<Vec<u8>, E> {
+                Ok(Vec::new())
+            }
+        }
+        d.deserialize_any(V)
+    }
+}

@@ -920,3 +920,57 @@ fn consumer_running_info_from_the_cpp_client() {
     let err = from_json_slice::<ConsumerRunningInfo>(bad.as_bytes()).unwrap_err();
     assert!(err.to_string().contains("five"), "{err}");
 }
+
+#[test]
+fn batch_ack_body_as_fastjson_writes_it() {
+    // RocketMQ 5.x: short names, the bit set as fastjson2 writes BitSet.toByteArray().
+    let java = r#"{"acks":[{"b":[5,-128],"c":"CG","it":60000,"pt":1700000000000,"q":1,"r":"0","rq":0,"so":10,"t":"T"}],"brokerName":"broker-a"}"#;
+    let v: BatchAckMessageRequestBody = dec(java);
+    assert_eq!(v.broker_name, "broker-a");
+    let a = &v.acks[0];
+    assert_eq!(a.consumer_group, "CG");
+    assert_eq!(a.offsets(100), [10, 12, 25]);
+    assert_eq!(a.offsets(2), [10, 12]);
+    assert_eq!(enc(&v), java);
+    // The long names and a base64 bit set read too.
+    let long = r#"{"brokerName":"b","acks":[{"consumerGroup":"CG","topic":"T","retry":"1","startOffset":3,"queueId":0,"popTime":1,"invisibleTime":2,"bitSet":"Aw=="}]}"#;
+    let v: BatchAckMessageRequestBody = dec(long);
+    assert_eq!(v.acks[0].offsets(10), [3, 4]);
+    assert_eq!(v.acks[0].retry.as_deref(), Some("1"));
+    let mut built = BatchAck {
+        start_offset: 7,
+        ..Default::default()
+    };
+    built.set_offsets(&[7, 9, 22]);
+    assert_eq!(built.offsets(10), [7, 9, 22]);
+    assert!(from_json_slice::<BatchAckMessageRequestBody>(br#"{"acks":[{"b":[300]}]}"#).is_err());
+}
+
+#[test]
+fn topic_message_types_as_rocketmq_decides_them() {
+    use crate::message::property as p;
+    let of = |pairs: &[(&'static str, &'static str)]| {
+        let pairs = pairs.to_vec();
+        TopicMessageType::of_message(move |k| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| *v))
+    };
+    assert_eq!(of(&[]), TopicMessageType::Normal);
+    assert_eq!(of(&[(p::SHARDING_KEY, "g1")]), TopicMessageType::Fifo);
+    assert_eq!(of(&[(p::DELAY, "3")]), TopicMessageType::Delay);
+    assert_eq!(of(&[(p::TIMER_DELIVER_MS, "1")]), TopicMessageType::Delay);
+    assert_eq!(
+        of(&[(p::TRAN_MSG, "true"), (p::SHARDING_KEY, "g")]),
+        TopicMessageType::Transaction
+    );
+    assert_eq!(of(&[(p::TRAN_MSG, "false")]), TopicMessageType::Normal);
+    let mut t = TopicConfig::new("T", 4);
+    assert_eq!(t.message_type(), TopicMessageType::Unspecified);
+    assert!(t.message_type().accepts(TopicMessageType::Fifo));
+    assert_eq!(t.message_type().accepted().len(), 4);
+    t.attributes
+        .insert(TopicMessageType::ATTRIBUTE.into(), "fifo".into());
+    assert_eq!(t.message_type(), TopicMessageType::Fifo);
+    assert!(!t.message_type().accepts(TopicMessageType::Normal));
+    assert_eq!(t.message_type().accepted(), [TopicMessageType::Fifo]);
+    assert!(TopicMessageType::Mixed.accepts(TopicMessageType::Delay));
+    assert_eq!(TopicMessageType::parse("nope"), None);
+}

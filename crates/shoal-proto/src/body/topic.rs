@@ -106,6 +106,122 @@ impl TopicConfig {
     }
 }
 
+/// RocketMQ 5's topic message types (the topic attribute `message.type`). A topic with the
+/// attribute takes only messages of its type (MIXED takes every type); a topic without it
+/// takes every type too.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum TopicMessageType {
+    /// No type set.
+    Unspecified,
+    /// Plain messages.
+    Normal,
+    /// Messages with a message group (sharding key), consumed in order per group.
+    Fifo,
+    /// Delayed or timed messages.
+    Delay,
+    /// Transactional (half) messages.
+    Transaction,
+    /// Every type.
+    Mixed,
+}
+
+impl TopicMessageType {
+    /// The topic attribute that holds the type.
+    pub const ATTRIBUTE: &'static str = "message.type";
+
+    /// The types a producer may set on a message (what a topic of no type accepts).
+    pub const MESSAGE_TYPES: [TopicMessageType; 4] = [
+        TopicMessageType::Normal,
+        TopicMessageType::Fifo,
+        TopicMessageType::Delay,
+        TopicMessageType::Transaction,
+    ];
+
+    /// The name RocketMQ writes.
+    pub fn name(self) -> &'static str {
+        match self {
+            TopicMessageType::Unspecified => "UNSPECIFIED",
+            TopicMessageType::Normal => "NORMAL",
+            TopicMessageType::Fifo => "FIFO",
+            TopicMessageType::Delay => "DELAY",
+            TopicMessageType::Transaction => "TRANSACTION",
+            TopicMessageType::Mixed => "MIXED",
+        }
+    }
+
+    /// Parses a name (any case).
+    pub fn parse(s: &str) -> Option<Self> {
+        [
+            TopicMessageType::Unspecified,
+            TopicMessageType::Normal,
+            TopicMessageType::Fifo,
+            TopicMessageType::Delay,
+            TopicMessageType::Transaction,
+            TopicMessageType::Mixed,
+        ]
+        .into_iter()
+        .find(|t| t.name().eq_ignore_ascii_case(s.trim()))
+    }
+
+    /// A message's type from its properties, as RocketMQ decides it: TRAN_MSG=true is
+    /// TRANSACTION; a delay level or a timer property is DELAY; a sharding key (message group)
+    /// is FIFO; anything else NORMAL.
+    pub fn of_message<'a>(property: impl Fn(&str) -> Option<&'a str>) -> Self {
+        use crate::message::property as p;
+        if property(p::TRAN_MSG) == Some("true") {
+            TopicMessageType::Transaction
+        } else if [
+            p::DELAY,
+            p::TIMER_DELIVER_MS,
+            p::TIMER_DELAY_SEC,
+            p::TIMER_DELAY_MS,
+        ]
+        .iter()
+        .any(|k| property(k).is_some())
+        {
+            TopicMessageType::Delay
+        } else if property(p::SHARDING_KEY).is_some() {
+            TopicMessageType::Fifo
+        } else {
+            TopicMessageType::Normal
+        }
+    }
+
+    /// Whether a topic of this type takes a message of type `message`.
+    pub fn accepts(self, message: TopicMessageType) -> bool {
+        matches!(
+            self,
+            TopicMessageType::Unspecified | TopicMessageType::Mixed
+        ) || self == message
+    }
+
+    /// The message types a topic of this type takes (for routes: what clients may send).
+    pub fn accepted(self) -> Vec<TopicMessageType> {
+        match self {
+            TopicMessageType::Unspecified | TopicMessageType::Mixed => Self::MESSAGE_TYPES.to_vec(),
+            t => vec![t],
+        }
+    }
+}
+
+impl std::fmt::Display for TopicMessageType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl TopicConfig {
+    /// The topic's message type (UNSPECIFIED when it has none, or one RocketMQ does not
+    /// define).
+    pub fn message_type(&self) -> TopicMessageType {
+        self.attributes
+            .get(TopicMessageType::ATTRIBUTE)
+            .and_then(|t| TopicMessageType::parse(t))
+            .unwrap_or(TopicMessageType::Unspecified)
+    }
+}
+
 /// A version stamp of a broker's configuration tables.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default)]

@@ -100,6 +100,20 @@ command_header! {
 }
 
 command_header! {
+    /// PEEK_MESSAGE (200052) request header: read without leasing.
+    pub struct PeekMessageRequestHeader [rpc] {
+        /// Consumer group.
+        consumer_group: String = "consumerGroup";
+        /// Topic.
+        topic: String = "topic";
+        /// Queue id (−1 = every queue).
+        queue_id: i32 = "queueId";
+        /// Maximum number of messages.
+        max_msg_nums: i32 = "maxMsgNums";
+    }
+}
+
+command_header! {
     /// NOTIFICATION (200054) request header.
     pub struct NotificationRequestHeader [rpc] {
         /// Consumer group.
@@ -292,6 +306,69 @@ pub struct PopMsgOffsets {
     pub offsets: Vec<i64>,
 }
 
+/// One entry of a FIFO POP response's `orderCountInfo`, per message:
+/// `"<retryFlag> qo<queueId>%<queueOffset> <count>"`, where the count is how many times the
+/// message was delivered before (the client makes it the message's reconsume times when it is
+/// above 0; a 5.x client's delivery attempt is that plus one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PopOrderCount {
+    /// Which topic.
+    pub retry: PopRetryFlag,
+    /// Queue id.
+    pub queue_id: i32,
+    /// Queue offset of the message.
+    pub queue_offset: i64,
+    /// Earlier deliveries of the message.
+    pub count: i32,
+}
+
+/// Joins `orderCountInfo` entries with `;`.
+pub fn build_order_count_info(entries: &[PopOrderCount]) -> String {
+    entries
+        .iter()
+        .map(|e| {
+            format!(
+                "{} qo{}%{} {}",
+                e.retry.as_str(),
+                e.queue_id,
+                e.queue_offset,
+                e.count
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(";")
+}
+
+/// Parses `orderCountInfo` (empty string = no entries). Entries of the per-queue form
+/// (`"<retryFlag> <queueId> <count>"`, no queue offset) have `queue_offset` −1.
+pub fn parse_order_count_info(s: &str) -> crate::Result<Vec<PopOrderCount>> {
+    const F: &str = "orderCountInfo";
+    s.split(';')
+        .filter(|e| !e.is_empty())
+        .map(|e| {
+            let parts: Vec<&str> = e.split(' ').collect();
+            let [retry, key, count] = parts.as_slice() else {
+                return Err(invalid(F, s, "expected `<retry> <key> <count>` entries"));
+            };
+            let (queue_id, queue_offset) = match key.strip_prefix("qo") {
+                Some(rest) => {
+                    let (q, o) = rest
+                        .split_once('%')
+                        .ok_or_else(|| invalid(F, s, "expected `qo<queueId>%<offset>`"))?;
+                    (num(F, s, q)?, num(F, s, o)?)
+                }
+                None => (num(F, s, key)?, -1),
+            };
+            Ok(PopOrderCount {
+                retry: PopRetryFlag::parse(F, retry)?,
+                queue_id,
+                queue_offset,
+                count: num(F, s, count)?,
+            })
+        })
+        .collect()
+}
+
 /// Joins `startOffsetInfo` entries with `;`.
 pub fn build_start_offset_info(entries: &[PopStartOffset]) -> String {
     entries
@@ -444,12 +521,40 @@ mod extra_info_tests {
         assert!(parse_msg_offset_info("0 1 2,x").is_err());
     }
 
+    #[test]
+    fn order_count_info_as_java_builds_it() {
+        let e = vec![
+            PopOrderCount {
+                retry: PopRetryFlag::Normal,
+                queue_id: 2,
+                queue_offset: 17,
+                count: 0,
+            },
+            PopOrderCount {
+                retry: PopRetryFlag::Normal,
+                queue_id: 2,
+                queue_offset: 18,
+                count: 3,
+            },
+        ];
+        let s = build_order_count_info(&e);
+        assert_eq!(s, "0 qo2%17 0;0 qo2%18 3");
+        assert_eq!(parse_order_count_info(&s).unwrap(), e);
+        let per_queue = parse_order_count_info("1 4 2").unwrap();
+        assert_eq!(per_queue[0].queue_id, 4);
+        assert_eq!(per_queue[0].queue_offset, -1);
+        assert_eq!(per_queue[0].count, 2);
+        assert!(parse_order_count_info("0 qo2 1").is_err());
+        assert!(parse_order_count_info("0 qo2%x 1").is_err());
+    }
+
     proptest! {
         #[test]
         fn extra_info_parse_never_panics(s in "[0-9a-z -]{0,40}") {
             let _ = PopExtraInfo::parse(&s);
             let _ = parse_start_offset_info(&s);
             let _ = parse_msg_offset_info(&s);
+            let _ = parse_order_count_info(&s);
         }
 
         #[test]

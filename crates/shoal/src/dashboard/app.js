@@ -135,12 +135,25 @@ async function topics() {
     const rin = rate(`in:${t.topic}`, t.messagesIn, d.atMs);
     const rout = rate(`out:${t.topic}`, t.messagesOut, d.atMs);
     return `<tr data-topic="${esc(t.topic)}"><td><a href="#/topics/${encodeURIComponent(t.topic)}">${esc(t.topic)}</a></td>
-      <td>${esc(t.brokers.join(", "))}</td><td class="num">${t.readQueues}/${t.writeQueues}</td>
+      <td>${esc(t.brokers.join(", "))}</td><td data-testid="topic-type">${esc(t.messageType)}</td><td class="num">${t.readQueues}/${t.writeQueues}</td>
       <td class="num">${t.messages}</td><td class="num">${fmtRate(rin)}</td><td class="num">${fmtRate(rout)}</td></tr>`;
   });
   return `<h1>Topics</h1>
+    <p><a href="#/new-topic" data-testid="new-topic">Create a topic</a></p>
     <form class="inline"><label><input type="checkbox" id="sys" ${showSystem ? "checked" : ""}> show system topics (retry, dead-letter, internal)</label></form>` +
-    table(["Topic", "Brokers", num("Queues r/w"), num("Messages stored"), num("In (this broker)"), num("Out (this broker)")], rows, "topics");
+    table(["Topic", "Brokers", "Message type", num("Queues r/w"), num("Messages stored"), num("In (this broker)"), num("Out (this broker)")], rows, "topics");
+}
+
+let topicNote = "";
+// Creates a topic on every broker (as `shoal topic create` does), with RocketMQ 5's message type.
+async function newTopicPage() {
+  let html = `<h1>Create a topic</h1>
+    <form class="inline" id="topicform"><input type="text" name="topic" placeholder="topic name" required>
+    <input type="number" name="queues" value="8" min="1" max="1024">
+    <select name="messageType"><option value="">any message type</option><option>NORMAL</option><option>FIFO</option><option>DELAY</option><option>TRANSACTION</option><option>MIXED</option></select>
+    <button type="submit">Create</button></form>`;
+  if (topicNote) html += `<div class="warn" data-testid="topic-note">${esc(topicNote)}</div>`;
+  return html;
 }
 
 async function topicPage(name) {
@@ -187,6 +200,23 @@ function timelineHtml(d) {
   return `<ul class="timeline" data-testid="timeline">${items.join("")}</ul>`;
 }
 
+// A POP group on this broker: leases in flight, redeliveries, dead letters, who holds what.
+function popHtml(p) {
+  let html = `<h2>POP consumption <span class="muted">(this broker)</span></h2><div class="cards">
+    ${card("In flight under lease", p.inflight, "pop-inflight")}
+    ${card("Acked", p.acked, "pop-acked")}
+    ${card("Redelivered", p.redeliveries, "pop-redeliveries")}
+    ${card("Dead-lettered", p.deadLettered, "pop-dead")}
+    ${card("In the DLQ now", p.dlqMessages, "pop-dlq")}
+  </div>`;
+  const consumers = p.consumers.map((c) => `<tr><td>${esc(c.consumer)}</td><td class="num">${c.inflight}</td></tr>`);
+  html += table(["Consumer", num("In flight")], consumers, "pop-consumers");
+  const queues = p.queues.map((q) => `<tr><td>${esc(q.topic)}</td><td class="num">${q.queueId}</td><td class="num">${q.ackedOffset}</td>
+    <td class="num">${q.cursor}</td><td class="num">${q.maxOffset}</td><td class="num">${q.inflight}</td></tr>`);
+  html += table(["Topic", num("Queue"), num("Acked offset"), num("Cursor"), num("Max offset"), num("In flight")], queues, "pop-queues");
+  return html;
+}
+
 async function groupPage(name) {
   const d = await api(`/api/groups/${encodeURIComponent(name)}`);
   const committed = d.queues.reduce((s, q) => s + q.committedOffset, 0);
@@ -209,6 +239,7 @@ async function groupPage(name) {
     <td class="num">${q.brokerOffset}</td><td class="num">${q.committedOffset}</td><td class="num lag ${q.lag > 0 ? "pos" : ""}" data-testid="queue-lag">${q.lag}</td>
     <td data-testid="queue-owner">${esc(q.owner ?? "-")}</td><td>${fmtTime(q.lastConsumedStoreMs)}</td></tr>`);
   html += `<h2>Queues</h2>` + table(["Topic", "Broker", num("Queue"), num("Broker offset"), num("Committed offset"), num("Lag"), "Owner", "Last consumed (store time)"], queues, "queues");
+  if (d.pop) html += popHtml(d.pop);
   html += `<h2>Rebalance timeline <span class="muted">(${d.rebalanceSource === "coordinator" ? "from the group coordinator" : "observed by this broker: membership changes and the first pull of each queue's new owner"})</span></h2>` + timelineHtml(d);
   return html;
 }
@@ -259,6 +290,7 @@ async function dlqPage() {
 function route() {
   const h = decodeURIComponent(location.hash.replace(/^#/, "")) || "/";
   const parts = h.split("/").filter(Boolean);
+  if (parts[0] === "new-topic") return { nav: "topics", render: newTopicPage, live: false };
   if (parts[0] === "topics" && parts[1]) return { nav: "topics", render: () => topicPage(parts.slice(1).join("/")), live: true };
   if (parts[0] === "topics") return { nav: "topics", render: topics, live: true };
   if (parts[0] === "groups" && parts[1]) return { nav: "groups", render: () => groupPage(parts.slice(1).join("/")), live: true };
@@ -321,6 +353,13 @@ page.addEventListener("submit", (e) => {
   } else if (form === "dlqform") {
     dlqGroup = String(f.get("group") || "");
     dlqNote = "";
+  } else if (form === "topicform") {
+    const body = { topic: String(f.get("topic") || ""), queues: Number(f.get("queues") || 8), messageType: String(f.get("messageType") || "") || null };
+    api("/api/topics", { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body) })
+      .then((d) => { topicNote = `created ${d.topic} (${d.messageType || "any message type"}) on ${d.brokers.join(", ")}`; })
+      .catch((err) => { topicNote = err.message; })
+      .then(refresh);
+    return;
   } else if (form === "signin") {
     signIn({ accessKey: String(f.get("accessKey") || ""), secretKey: String(f.get("secretKey") || "") });
     return;
