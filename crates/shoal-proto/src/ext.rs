@@ -14,6 +14,11 @@ pub mod request_code {
     /// Broker → client, oneway: queue locks the member asked for are free now
     /// ([`LockFreedBody`]).
     pub const NOTIFY_LOCK_FREED: i32 = 9001;
+    /// Controller voter → voter, oneway: one Raft message (raft-rs's `eraftpb::Message`,
+    /// protobuf-encoded) as the body.
+    pub const CONTROLLER_RAFT_MESSAGE: i32 = 9080;
+    /// Master → controller: renew the write lease (JSON `RenewLease` request as the body).
+    pub const CONTROLLER_RENEW_LEASE: i32 = 9081;
 }
 
 /// Extension response codes of the rebalance engine (9000–9009).

@@ -30,6 +30,13 @@ pub(crate) enum ClusterCmd {
         #[arg(long, value_name = "SECONDS", default_value_t = 600)]
         timeout: u64,
     },
+    /// The HA controller's view of the replicated broker groups: members, master, epochs,
+    /// in-sync set (as the voter asked has applied them), and which voter leads.
+    Status {
+        /// A controller voter's address.
+        #[arg(long, value_name = "ADDRESS", default_value = "127.0.0.1:9878")]
+        controller: String,
+    },
     /// Undo a drain: producers may send to the broker again (RocketMQ's `addWritePerm`). A
     /// drained broker that restarts registers writable anyway.
     Undrain {
@@ -48,6 +55,9 @@ pub(crate) async fn run(common: &Common, cmd: ClusterCmd) -> anyhow::Result<()> 
             timeout,
         } => drain(common, &broker, !no_wait, Duration::from_secs(timeout)).await,
         ClusterCmd::Undrain { broker } => undrain(common, &broker).await,
+        ClusterCmd::Status { controller } => {
+            crate::controller::status_cmd(&controller, common.json).await
+        }
     }
 }
 

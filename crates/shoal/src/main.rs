@@ -12,6 +12,7 @@ mod admin_cmd;
 mod bench;
 mod client_cmd;
 mod cluster_cmd;
+mod controller;
 mod dashboard;
 mod group_view;
 mod grpc_cmd;
@@ -42,6 +43,8 @@ enum Command {
     Dev(server::DevArgs),
     /// Run a name server.
     Namesrv(server::NamesrvArgs),
+    /// Run a voter of the HA controller (one voter for development; docs/ha.md).
+    Controller(controller::ControllerArgs),
     /// Run a broker (`shoal broker status`: a running broker's counters).
     Broker(server::BrokerArgs),
     /// Send messages (from --body/--size, or one per line of standard input).
@@ -83,6 +86,7 @@ fn without_client_options(cmd: clap::Command) -> clap::Command {
     }
     let remark = match cmd.get_name() {
         "namesrv" => "the name server takes no client options (it listens with --listen)",
+        "controller" => "the controller takes no client options (it listens with --listen)",
         _ => "shoal dev takes no client options (it runs its own name server: --namesrv-port)",
     };
     let mut cmd = cmd.arg(
@@ -129,6 +133,7 @@ fn main() {
     let matches = <Cli as clap::CommandFactory>::command()
         .mut_subcommand("namesrv", without_client_options)
         .mut_subcommand("dev", without_client_options)
+        .mut_subcommand("controller", without_client_options)
         .get_matches();
     let mut cli = match <Cli as clap::FromArgMatches>::from_arg_matches(&matches) {
         Ok(cli) => cli,
@@ -147,7 +152,10 @@ fn main() {
         }
     }
     let tls_options = cli.common.tls || cli.common.tls_ca.is_some() || cli.common.tls_insecure;
-    let server = matches!(cli.command, Command::Namesrv(_) | Command::Dev(_));
+    let server = matches!(
+        cli.command,
+        Command::Namesrv(_) | Command::Dev(_) | Command::Controller(_)
+    );
     let plaintext_client = !tls_options && !server;
     if let Err(e) = run(cli) {
         eprintln!("error: {e:#}");
@@ -184,6 +192,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Dlq(c) => return admin(admin_cmd::dlq(&common, c)),
         Command::Dev(a) => return serve(server::run_dev(a)),
         Command::Namesrv(a) => return serve(server::run_namesrv(a)),
+        Command::Controller(a) => return serve(controller::run(a)),
         Command::Broker(server::BrokerArgs {
             action: Some(server::BrokerAction::Status { broker, namesrv }),
             ..

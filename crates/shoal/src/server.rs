@@ -450,7 +450,7 @@ async fn start_kafka(broker: &Broker, cfg: KafkaConfig) -> anyhow::Result<KafkaS
 
 /// Listens for Ctrl-C or SIGTERM from now on (so a signal during start-up is not lost or
 /// fatal); the returned future ends when one arrives.
-fn shutdown_signal() -> impl std::future::Future<Output = ()> {
+pub(crate) fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};

@@ -65,6 +65,7 @@ fn errors_are_one_line_with_a_non_zero_exit() {
     for sub in [
         vec!["dev"],
         vec!["namesrv"],
+        vec!["controller"],
         vec!["broker"],
         vec!["send"],
         vec!["consume"],
@@ -73,6 +74,7 @@ fn errors_are_one_line_with_a_non_zero_exit() {
         vec!["group", "progress"],
         vec!["group", "reset-offset"],
         vec!["cluster", "list"],
+        vec!["cluster", "status"],
         vec!["message", "get"],
         vec!["dlq", "list"],
         vec!["dlq", "resend"],

@@ -549,7 +549,7 @@ fn small_things_a_newcomer_tripped_on() {
         "error: cannot read --from \"yesterday\": use first, last, epoch milliseconds, an RFC 3339 time or a duration ago such as 10m"
     );
     // The server commands neither list nor accept the client options.
-    for sub in ["namesrv", "dev"] {
+    for sub in ["namesrv", "dev", "controller"] {
         let o = run(&[sub, "--help"]);
         assert_eq!(o.status.code(), Some(0));
         let help = stdout(&o);

@@ -12,8 +12,12 @@ mod command;
 mod metadata;
 mod node;
 mod storage;
+mod wire;
 
 pub use command::{Command, GroupInfo, Member, Outcome, Refusal};
 pub use metadata::{Metadata, MetadataLimits};
 pub use node::{ClientToken, ControllerConfig, ControllerError, ControllerNode, Request, Response};
+/// raft-rs's message between voters, as [`ControllerNode`] takes and gives it.
+pub use raft::eraftpb::Message as RaftMessage;
 pub use storage::ControllerStorage;
+pub use wire::{decode_raft_message, encode_raft_message, WireError};

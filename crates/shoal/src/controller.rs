@@ -1,0 +1,512 @@
+//! `shoal controller`: one voter of the HA controller as a process. The voter's decisions are
+//! `shoal_ha`'s [`ControllerNode`]; this module only carries its inputs and outputs.
+//!
+//! - **One owner.** A single task owns the node. The listener's processor hands it requests
+//!   through a bounded channel and waits for the answer on a oneshot; Raft messages from other
+//!   voters come through the same channel. Nothing is shared behind a lock.
+//! - **Voters** talk remoting too: a Raft message is a oneway `CONTROLLER_RAFT_MESSAGE` (9080)
+//!   with the protobuf-encoded message as its body, sent by one task per peer from a bounded
+//!   queue (a full queue drops the message: Raft sends again).
+//! - **Brokers and operators** use RocketMQ's controller request codes where one exists
+//!   (CONTROLLER_APPLY_BROKER_ID, CONTROLLER_REGISTER_BROKER, BROKER_HEARTBEAT,
+//!   CONTROLLER_ALTER_SYNC_STATE_SET, CONTROLLER_ELECT_MASTER, CONTROLLER_GET_METADATA_INFO)
+//!   and Shoal's `CONTROLLER_RENEW_LEASE` (9081) for the lease. Bodies are Shoal's JSON
+//!   (`shoal_ha::controller::Request` and `Response`), not RocketMQ's headers.
+//! - **Bounds.** At most [`INBOX`] inputs queued, [`MAX_WAITING`] requests waiting for their
+//!   entry to apply (more are answered SYSTEM_BUSY), [`PEER_QUEUE`] messages queued per peer;
+//!   a request not answered within [`ANSWER_TIMEOUT`] is answered SYSTEM_BUSY.
+//!
+//! The Raft log is kept in memory ([`ControllerStorage`]): a restarted voter comes back empty
+//! and catches up from the leader (a snapshot when it is far behind), so a single-voter
+//! controller forgets its groups when it stops.
+
+use anyhow::{bail, Context};
+use clap::Args;
+use futures::future::BoxFuture;
+use serde_json::json;
+use shoal_ha::controller::{
+    decode_raft_message, encode_raft_message, ControllerConfig, ControllerNode, ControllerStorage,
+    RaftMessage, Refusal, Request, Response,
+};
+use shoal_net::{NetConfig, NotSupportedProcessor, Processor, RemotingClient, RequestContext};
+use shoal_proto::code::{request_code as rc, response_code as resp};
+use shoal_proto::ext::request_code as ext;
+use shoal_proto::RemotingCommand;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, oneshot};
+use tracing::{debug, info};
+
+/// Inputs queued for the voter's task at most.
+pub(crate) const INBOX: usize = 4_096;
+/// Requests waiting for their log entry to apply at most.
+pub(crate) const MAX_WAITING: usize = 4_096;
+/// Raft messages queued for one peer at most.
+pub(crate) const PEER_QUEUE: usize = 1_024;
+/// A request not answered within this is answered SYSTEM_BUSY.
+pub(crate) const ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Options of `shoal controller`.
+#[derive(Debug, Args)]
+pub(crate) struct ControllerArgs {
+    /// Address to listen on (brokers, operators and the other voters).
+    #[arg(long, default_value = "127.0.0.1:9878")]
+    pub listen: String,
+    /// This voter's id (1, 2, ...).
+    #[arg(long, default_value_t = 1)]
+    pub id: u64,
+    /// Every voter as ID=ADDRESS, comma-separated (this one may be listed too). None: a
+    /// single-voter controller, for development.
+    #[arg(long, value_delimiter = ',', value_name = "ID=ADDRESS")]
+    pub peers: Vec<String>,
+}
+
+enum Input {
+    Raft(RaftMessage),
+    Request {
+        req: Request,
+        reply: oneshot::Sender<Response>,
+    },
+    Status {
+        reply: oneshot::Sender<serde_json::Value>,
+    },
+}
+
+/// `ID=ADDRESS` pairs, without this voter's own.
+fn parse_peers(id: u64, peers: &[String]) -> anyhow::Result<BTreeMap<u64, String>> {
+    let mut out = BTreeMap::new();
+    for p in peers {
+        let Some((i, addr)) = p.split_once('=') else {
+            bail!("--peers: {p:?} is not ID=ADDRESS");
+        };
+        let i: u64 = i
+            .trim()
+            .parse()
+            .with_context(|| format!("--peers: {i:?} is not a voter id"))?;
+        if i == 0 {
+            bail!("--peers: voter ids start at 1");
+        }
+        if i != id && out.insert(i, addr.trim().to_string()).is_some() {
+            bail!("--peers: voter {i} is listed twice");
+        }
+    }
+    Ok(out)
+}
+
+/// `shoal controller`.
+pub(crate) async fn run(args: ControllerArgs) -> anyhow::Result<()> {
+    let stop = crate::server::shutdown_signal();
+    if args.id == 0 {
+        bail!("--id: voter ids start at 1");
+    }
+    let peers = parse_peers(args.id, &args.peers)?;
+    let mut voters: Vec<u64> = peers.keys().copied().collect();
+    voters.push(args.id);
+    voters.sort_unstable();
+    let (tx, rx) = mpsc::channel(INBOX);
+    let processor = ControllerProcessor { inbox: tx };
+    let server = shoal_net::Server::bind(args.listen.as_str(), Arc::new(processor)).await?;
+    let client = RemotingClient::new(NetConfig::default(), Arc::new(NotSupportedProcessor));
+    let mut senders = BTreeMap::new();
+    for (peer, addr) in &peers {
+        let (ptx, prx) = mpsc::channel(PEER_QUEUE);
+        tokio::spawn(send_to_peer(client.clone(), addr.clone(), prx));
+        senders.insert(*peer, ptx);
+    }
+    let cfg = ControllerConfig::new(args.id, voters.clone());
+    let storage = ControllerStorage::new(voters.clone());
+    let start = Instant::now();
+    let node = ControllerNode::new(cfg, storage, 0)?;
+    let mut addrs = peers.clone();
+    addrs.insert(args.id, server.local_addr().to_string());
+    let voter = tokio::spawn(drive(node, start, rx, senders, addrs));
+    println!(
+        "shoal controller {} listening on {} (voters {:?})",
+        args.id,
+        server.local_addr(),
+        voters
+    );
+    stop.await;
+    voter.abort();
+    server.shutdown().await;
+    client.shutdown();
+    println!("controller stopped");
+    Ok(())
+}
+
+async fn send_to_peer(
+    client: RemotingClient,
+    addr: String,
+    mut queue: mpsc::Receiver<RaftMessage>,
+) {
+    while let Some(msg) = queue.recv().await {
+        let body = match encode_raft_message(&msg) {
+            Ok(b) => b,
+            Err(e) => {
+                debug!(error = %e, "raft message not encoded");
+                continue;
+            }
+        };
+        let mut cmd = RemotingCommand::request(ext::CONTROLLER_RAFT_MESSAGE).with_body(body);
+        cmd.set_oneway();
+        if let Err(e) = client.invoke_oneway(&addr, cmd).await {
+            debug!(peer = %addr, error = %e, "raft message not sent");
+        }
+    }
+}
+
+/// The voter's task: the only owner of the node.
+async fn drive(
+    mut node: ControllerNode,
+    start: Instant,
+    mut inbox: mpsc::Receiver<Input>,
+    peers: BTreeMap<u64, mpsc::Sender<RaftMessage>>,
+    addrs: BTreeMap<u64, String>,
+) {
+    let now = || u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
+    let mut waiting: HashMap<u64, oneshot::Sender<Response>> = HashMap::new();
+    let mut next_token = 0u64;
+    let mut was_leader = false;
+    loop {
+        let wake = start + Duration::from_millis(node.poll_timeout());
+        tokio::select! {
+            () = tokio::time::sleep_until(wake.into()) => {
+                node.handle_timeout(now());
+                // Answers nobody waits for any more (timed out at the listener).
+                waiting.retain(|_, tx| !tx.is_closed());
+            }
+            input = inbox.recv() => match input {
+                None => return,
+                Some(Input::Raft(msg)) => node.handle_message(now(), msg),
+                Some(Input::Request { req, reply }) => {
+                    if waiting.len() >= MAX_WAITING {
+                        waiting.retain(|_, tx| !tx.is_closed());
+                    }
+                    if waiting.len() >= MAX_WAITING {
+                        let _ = reply.send(Response::Busy);
+                    } else {
+                        next_token += 1;
+                        waiting.insert(next_token, reply);
+                        node.handle_request(now(), next_token, req);
+                    }
+                }
+                Some(Input::Status { reply }) => {
+                    let _ = reply.send(status(&node, &addrs));
+                }
+            }
+        }
+        while let Some(msg) = node.poll_transmit() {
+            if let Some(q) = peers.get(&msg.to) {
+                // A full queue drops it: Raft sends again.
+                let _ = q.try_send(msg);
+            }
+        }
+        while let Some((token, answer)) = node.poll_response() {
+            if let Some(reply) = waiting.remove(&token) {
+                let _ = reply.send(answer);
+            }
+        }
+        if node.is_leader() != was_leader {
+            was_leader = node.is_leader();
+            info!(
+                voter = node.id(),
+                term = node.term(),
+                leader = was_leader,
+                "controller leadership changed"
+            );
+        }
+    }
+}
+
+/// What CONTROLLER_GET_METADATA_INFO answers: this voter's view (registration tokens left out).
+fn status(node: &ControllerNode, addrs: &BTreeMap<u64, String>) -> serde_json::Value {
+    let leader = node.leader();
+    let groups: serde_json::Map<String, serde_json::Value> = node
+        .metadata()
+        .groups()
+        .iter()
+        .map(|(name, g)| {
+            let members: BTreeMap<String, &str> = g
+                .members
+                .iter()
+                .map(|(id, m)| (id.to_string(), m.addr.as_str()))
+                .collect();
+            (
+                name.clone(),
+                json!({
+                    "members": members,
+                    "master": g.master,
+                    "masterEpoch": g.master_epoch,
+                    "inSync": g.in_sync,
+                    "inSyncEpoch": g.in_sync_epoch,
+                    "leaseGeneration": g.lease_generation,
+                    "fencedEpoch": g.fenced_epoch,
+                }),
+            )
+        })
+        .collect();
+    json!({
+        "id": node.id(),
+        "isLeader": node.is_leader(),
+        "leaderId": leader,
+        "leaderAddr": leader.and_then(|l| addrs.get(&l)),
+        "term": node.term(),
+        "appliedIndex": node.applied_index(),
+        "voters": addrs,
+        "groups": groups,
+    })
+}
+
+/// The request code each request travels with.
+pub(crate) fn request_code_of(req: &Request) -> i32 {
+    match req {
+        Request::ApplyBrokerId { .. } => rc::CONTROLLER_APPLY_BROKER_ID,
+        Request::Register { .. } => rc::CONTROLLER_REGISTER_BROKER,
+        Request::Heartbeat { .. } => rc::BROKER_HEARTBEAT,
+        Request::RenewLease { .. } => ext::CONTROLLER_RENEW_LEASE,
+        Request::AlterInSyncSet { .. } => rc::CONTROLLER_ALTER_SYNC_STATE_SET,
+        Request::ElectMaster { .. } => rc::CONTROLLER_ELECT_MASTER,
+    }
+}
+
+/// The response code an answer travels with (the body says the rest).
+fn response_code_of(answer: &Response) -> i32 {
+    match answer {
+        Response::BrokerId(_) | Response::Group(_) | Response::LeaseGranted { .. } => resp::SUCCESS,
+        Response::NotLeader { .. } => resp::CONTROLLER_NOT_LEADER,
+        Response::Busy => resp::SYSTEM_BUSY,
+        Response::Refused(r) => match r {
+            Refusal::UnknownGroup | Refusal::UnknownBroker(_) => {
+                resp::CONTROLLER_BROKER_METADATA_NOT_EXIST
+            }
+            Refusal::StaleMasterEpoch { .. } | Refusal::LeaseFenced(_) => {
+                resp::CONTROLLER_FENCED_MASTER_EPOCH
+            }
+            Refusal::StaleInSyncEpoch { .. } => resp::CONTROLLER_FENCED_SYNC_STATE_SET_EPOCH,
+            Refusal::NotMaster => resp::CONTROLLER_INVALID_MASTER,
+            Refusal::InvalidInSyncSet => resp::CONTROLLER_INVALID_REPLICAS,
+            Refusal::NotInSync(_) => resp::CONTROLLER_ELECT_MASTER_FAILED,
+            Refusal::NotFenced => resp::CONTROLLER_MASTER_STILL_EXIST,
+            Refusal::Limit(_) => resp::CONTROLLER_INVALID_REQUEST,
+        },
+    }
+}
+
+struct ControllerProcessor {
+    inbox: mpsc::Sender<Input>,
+}
+
+fn answer(request: &RemotingCommand, code: i32, remark: String) -> RemotingCommand {
+    RemotingCommand::response_to(request, code, Some(remark))
+}
+
+impl Processor for ControllerProcessor {
+    fn process(
+        &self,
+        _ctx: RequestContext,
+        request: RemotingCommand,
+    ) -> BoxFuture<'static, shoal_net::ProcessResult> {
+        let inbox = self.inbox.clone();
+        Box::pin(async move {
+            let code = request.code;
+            if code == ext::CONTROLLER_RAFT_MESSAGE {
+                let body = request.body.as_deref().unwrap_or_default();
+                match decode_raft_message(body) {
+                    // A full inbox drops it: Raft sends again.
+                    Ok(msg) => {
+                        let _ = inbox.try_send(Input::Raft(msg));
+                    }
+                    Err(e) => debug!(error = %e, "raft message dropped"),
+                }
+                return Ok(None);
+            }
+            if code == rc::CONTROLLER_GET_METADATA_INFO {
+                let (reply, rx) = oneshot::channel();
+                if inbox.try_send(Input::Status { reply }).is_err() {
+                    return Ok(Some(answer(&request, resp::SYSTEM_BUSY, "busy".into())));
+                }
+                return Ok(Some(match tokio::time::timeout(ANSWER_TIMEOUT, rx).await {
+                    Ok(Ok(v)) => RemotingCommand::response_to(&request, resp::SUCCESS, None)
+                        .with_body(serde_json::to_vec(&v)?),
+                    _ => answer(&request, resp::SYSTEM_BUSY, "no answer".into()),
+                }));
+            }
+            let known = [
+                rc::CONTROLLER_APPLY_BROKER_ID,
+                rc::CONTROLLER_REGISTER_BROKER,
+                rc::BROKER_HEARTBEAT,
+                ext::CONTROLLER_RENEW_LEASE,
+                rc::CONTROLLER_ALTER_SYNC_STATE_SET,
+                rc::CONTROLLER_ELECT_MASTER,
+            ];
+            if !known.contains(&code) {
+                return Ok(Some(shoal_net::request_code_not_supported(&request)));
+            }
+            let body = request.body.as_deref().unwrap_or_default();
+            let req: Request = match serde_json::from_slice(body) {
+                Ok(r) => r,
+                Err(e) => {
+                    return Ok(Some(answer(
+                        &request,
+                        resp::CONTROLLER_INVALID_REQUEST,
+                        format!("body: {e}"),
+                    )))
+                }
+            };
+            if request_code_of(&req) != code {
+                return Ok(Some(answer(
+                    &request,
+                    resp::CONTROLLER_INVALID_REQUEST,
+                    format!("the body is not a request of code {code}"),
+                )));
+            }
+            let (reply, rx) = oneshot::channel();
+            if inbox.try_send(Input::Request { req, reply }).is_err() {
+                return Ok(Some(answer(&request, resp::SYSTEM_BUSY, "busy".into())));
+            }
+            let response = match tokio::time::timeout(ANSWER_TIMEOUT, rx).await {
+                Ok(Ok(r)) => r,
+                _ => Response::Busy,
+            };
+            let remark = match &response {
+                Response::Refused(r) => Some(r.to_string()),
+                Response::NotLeader { leader } => Some(match leader {
+                    Some(l) => format!("not the leader; voter {l} leads"),
+                    None => "not the leader; no leader known".into(),
+                }),
+                Response::Busy => Some("busy".into()),
+                _ => None,
+            };
+            Ok(Some(
+                RemotingCommand::response_to(&request, response_code_of(&response), remark)
+                    .with_body(serde_json::to_vec(&response)?),
+            ))
+        })
+    }
+}
+
+/// `shoal cluster status --controller ADDR`: one voter's view of the groups.
+pub(crate) async fn status_cmd(controller: &str, json_out: bool) -> anyhow::Result<()> {
+    let client = RemotingClient::new(NetConfig::default(), Arc::new(NotSupportedProcessor));
+    let reply = client
+        .invoke(
+            controller,
+            RemotingCommand::request(rc::CONTROLLER_GET_METADATA_INFO),
+            Duration::from_secs(5),
+        )
+        .await
+        .with_context(|| format!("controller {controller}"))?;
+    client.shutdown();
+    if reply.code != resp::SUCCESS {
+        bail!(
+            "controller {controller}: {} {}",
+            shoal_proto::code::response_code::describe(reply.code),
+            reply.remark.unwrap_or_default()
+        );
+    }
+    let v: serde_json::Value = serde_json::from_slice(reply.body.as_deref().unwrap_or_default())
+        .context("the controller's answer")?;
+    if json_out {
+        println!("{v}");
+        return Ok(());
+    }
+    let leader = match (v["leaderId"].as_u64(), v["leaderAddr"].as_str()) {
+        (Some(id), Some(addr)) => format!("voter {id} at {addr}"),
+        (Some(id), None) => format!("voter {id}"),
+        _ => "none known".into(),
+    };
+    println!(
+        "controller voter {} (term {}, applied {}); leader: {leader}",
+        v["id"], v["term"], v["appliedIndex"]
+    );
+    let mut t = crate::table::Table::new(&[
+        "GROUP",
+        "ID",
+        "ADDRESS",
+        "ROLE",
+        "IN-SYNC",
+        "MASTER-EPOCH",
+        "IN-SYNC-EPOCH",
+    ]);
+    if let Some(groups) = v["groups"].as_object() {
+        for (name, g) in groups {
+            let in_sync: Vec<u64> = g["inSync"]
+                .as_array()
+                .map(|a| a.iter().filter_map(serde_json::Value::as_u64).collect())
+                .unwrap_or_default();
+            if let Some(members) = g["members"].as_object() {
+                for (id, addr) in members {
+                    let idn: u64 = id.parse().unwrap_or_default();
+                    let role = if g["master"].as_u64() == Some(idn) {
+                        "master"
+                    } else {
+                        "replica"
+                    };
+                    t.row(vec![
+                        name.clone(),
+                        id.clone(),
+                        addr.as_str().unwrap_or_default().to_string(),
+                        role.to_string(),
+                        if in_sync.contains(&idn) { "yes" } else { "no" }.to_string(),
+                        g["masterEpoch"].to_string(),
+                        g["inSyncEpoch"].to_string(),
+                    ]);
+                }
+            }
+        }
+    }
+    t.print();
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peers_parse_and_leave_this_voter_out() {
+        let p = parse_peers(
+            2,
+            &[
+                "1=127.0.0.1:1".into(),
+                "2=127.0.0.1:2".into(),
+                " 3 = 127.0.0.1:3".into(),
+            ],
+        )
+        .unwrap();
+        assert_eq!(
+            p,
+            BTreeMap::from([(1, "127.0.0.1:1".into()), (3, "127.0.0.1:3".into())])
+        );
+        assert!(parse_peers(1, &["x=1".into()]).is_err());
+        assert!(parse_peers(1, &["2".into()]).is_err());
+        assert!(parse_peers(1, &["0=a".into()]).is_err());
+        assert!(parse_peers(1, &["2=a".into(), "2=b".into()]).is_err());
+    }
+
+    #[test]
+    fn each_request_has_its_code_and_refusals_their_rocketmq_codes() {
+        let req = Request::Heartbeat {
+            group: "g".into(),
+            broker_id: 1,
+            last_epoch: 0,
+            end_offset: 0,
+        };
+        assert_eq!(request_code_of(&req), 904);
+        let apply = Request::ApplyBrokerId {
+            group: "g".into(),
+            addr: "a".into(),
+            token: "t".into(),
+        };
+        assert_eq!(request_code_of(&apply), 1013);
+        assert_eq!(
+            response_code_of(&Response::Refused(Refusal::StaleInSyncEpoch { current: 2 })),
+            2001
+        );
+        assert_eq!(
+            response_code_of(&Response::NotLeader { leader: None }),
+            2007
+        );
+    }
+}

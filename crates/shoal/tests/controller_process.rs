@@ -1,0 +1,285 @@
+//! The HA controller as separate `shoal controller` processes on 127.0.0.1 (ports chosen at
+//! run time): voters elect a Raft leader, brokers' requests (apply for an id, register,
+//! heartbeat, lease, in-sync set) are answered over remoting, the group's metadata reaches
+//! every voter, and it survives the leader's death. `shoal cluster status` shows it.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a failed unwrap is a failed test"
+)]
+
+mod support;
+
+use serde_json::Value;
+use shoal_ha::controller::{Request, Response};
+use shoal_net::{NetConfig, NotSupportedProcessor, RemotingClient};
+use shoal_proto::RemotingCommand;
+use std::collections::BTreeSet;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use support::{free_port, shoal, Proc};
+
+const LIMIT: Duration = Duration::from_secs(30);
+
+fn start_voter(id: u64, addrs: &[String]) -> Proc {
+    let mut cmd = Command::new(shoal());
+    cmd.args(["controller", "--listen", &addrs[id as usize - 1]])
+        .args(["--id", &id.to_string()]);
+    if addrs.len() > 1 {
+        let peers: Vec<String> = addrs
+            .iter()
+            .enumerate()
+            .map(|(i, a)| format!("{}={a}", i + 1))
+            .collect();
+        cmd.args(["--peers", &peers.join(",")]);
+    }
+    let child = cmd
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    Proc { child }
+}
+
+/// `shoal cluster status --controller ADDR --json`, or `None` while it fails.
+fn status(addr: &str) -> Option<Value> {
+    let out = Command::new(shoal())
+        .args(["cluster", "status", "--controller", addr, "--json"])
+        .output()
+        .unwrap();
+    if !out.status.success() {
+        return None;
+    }
+    serde_json::from_slice(&out.stdout).ok()
+}
+
+/// Polls `addr`'s status until `ok` holds; the status then.
+fn wait_status(addr: &str, what: &str, ok: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        if let Some(v) = status(addr) {
+            if ok(&v) {
+                return v;
+            }
+        }
+        assert!(Instant::now() < deadline, "{addr}: {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn code_of(req: &Request) -> i32 {
+    match req {
+        Request::ApplyBrokerId { .. } => 1013,
+        Request::Register { .. } => 1003,
+        Request::Heartbeat { .. } => 904,
+        Request::RenewLease { .. } => 9081,
+        Request::AlterInSyncSet { .. } => 1001,
+        Request::ElectMaster { .. } => 1002,
+    }
+}
+
+/// One request to the controller at `addr`: the response code and the answer.
+async fn call(client: &RemotingClient, addr: &str, req: &Request) -> (i32, Response) {
+    let cmd = RemotingCommand::request(code_of(req)).with_body(serde_json::to_vec(req).unwrap());
+    let reply = client
+        .invoke(addr, cmd, Duration::from_secs(10))
+        .await
+        .unwrap();
+    let answer = serde_json::from_slice(reply.body.as_deref().unwrap()).unwrap();
+    (reply.code, answer)
+}
+
+fn heartbeat(broker_id: u64) -> Request {
+    Request::Heartbeat {
+        group: "broker-a".into(),
+        broker_id,
+        last_epoch: 0,
+        end_offset: 0,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_voters_keep_a_group_through_the_leaders_death() {
+    let addrs: Vec<String> = (0..3)
+        .map(|_| format!("127.0.0.1:{}", free_port()))
+        .collect();
+    let mut voters: Vec<Proc> = (1..=3).map(|id| start_voter(id, &addrs)).collect();
+    let a0 = addrs[0].clone();
+    let first = tokio::task::spawn_blocking(move || {
+        wait_status(&a0, "no leader elected", |v| v["leaderId"].is_u64())
+    })
+    .await
+    .unwrap();
+    let leader = first["leaderId"].as_u64().unwrap();
+    let leader_addr = addrs[leader as usize - 1].clone();
+    assert_eq!(first["leaderAddr"].as_str(), Some(leader_addr.as_str()));
+
+    let client = RemotingClient::new(NetConfig::default(), Arc::new(NotSupportedProcessor));
+    // A follower sends brokers to the leader.
+    let follower = addrs[leader as usize % 3].clone();
+    let (code, answer) = call(&client, &follower, &heartbeat(1)).await;
+    assert_eq!(code, 2007, "CONTROLLER_NOT_LEADER");
+    assert_eq!(
+        answer,
+        Response::NotLeader {
+            leader: Some(leader)
+        }
+    );
+    // Two brokers apply for ids (the same token gets the same id) and register.
+    let mut ids = Vec::new();
+    for token in ["t1", "t2", "t1"] {
+        let apply = Request::ApplyBrokerId {
+            group: "broker-a".into(),
+            addr: format!("127.0.0.1:{token}"),
+            token: token.into(),
+        };
+        match call(&client, &leader_addr, &apply).await {
+            (0, Response::BrokerId(id)) => ids.push(id),
+            other => panic!("apply: {other:?}"),
+        }
+    }
+    assert_eq!(ids, vec![1, 2, 1]);
+    for id in [1, 2] {
+        let register = Request::Register {
+            group: "broker-a".into(),
+            broker_id: id,
+            addr: format!("127.0.0.1:{}", 10_000 + id),
+        };
+        let (code, answer) = call(&client, &leader_addr, &register).await;
+        assert_eq!(code, 0, "{answer:?}");
+    }
+    // Heartbeats until the leader elects a first master (after one session).
+    let deadline = Instant::now() + LIMIT;
+    let master = loop {
+        let mut master = None;
+        for id in [1, 2] {
+            if let (0, Response::Group(g)) = call(&client, &leader_addr, &heartbeat(id)).await {
+                master = g.master;
+            }
+        }
+        if let Some(m) = master {
+            break m;
+        }
+        assert!(Instant::now() < deadline, "no master elected");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let renew = Request::RenewLease {
+        group: "broker-a".into(),
+        broker_id: master,
+        master_epoch: 1,
+    };
+    let (code, answer) = call(&client, &leader_addr, &renew).await;
+    assert_eq!(code, 0, "{answer:?}");
+    assert!(matches!(
+        answer,
+        Response::LeaseGranted {
+            master_epoch: 1,
+            ..
+        }
+    ));
+    // The master takes the other broker into the in-sync set.
+    let other = 3 - master;
+    let alter = Request::AlterInSyncSet {
+        group: "broker-a".into(),
+        master,
+        master_epoch: 1,
+        in_sync_epoch: 1,
+        in_sync: BTreeSet::from([1, 2]),
+    };
+    let (code, answer) = call(&client, &leader_addr, &alter).await;
+    assert_eq!(code, 0, "{answer:?}");
+    // The same proposal again is fenced by the in-sync-set epoch.
+    let (code, _) = call(&client, &leader_addr, &alter).await;
+    assert_eq!(code, 2001, "CONTROLLER_FENCED_SYNC_STATE_SET_EPOCH");
+
+    // Every voter has applied it.
+    for addr in addrs.clone() {
+        tokio::task::spawn_blocking(move || {
+            wait_status(&addr, "the group did not reach this voter", |v| {
+                let g = &v["groups"]["broker-a"];
+                g["inSync"] == serde_json::json!([1, 2]) && g["masterEpoch"] == 1
+            })
+        })
+        .await
+        .unwrap();
+    }
+
+    // The leader dies; the others elect a new one, which still knows the group. The brokers
+    // keep their session with the new leader, so nothing is re-elected.
+    voters[leader as usize - 1].sigkill();
+    let survivor = follower.clone();
+    let after = tokio::task::spawn_blocking(move || {
+        wait_status(&survivor, "no new leader", |v| {
+            v["leaderId"].as_u64().is_some_and(|l| l != leader)
+        })
+    })
+    .await
+    .unwrap();
+    let new_leader = after["leaderAddr"].as_str().unwrap().to_string();
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        match call(&client, &new_leader, &heartbeat(other)).await {
+            (0, Response::Group(g)) => {
+                assert_eq!(g.master, Some(master));
+                assert_eq!(g.master_epoch, 1);
+                assert_eq!(g.in_sync, BTreeSet::from([1, 2]));
+                break;
+            }
+            // Not sure of its leadership yet.
+            (2007, _) => {}
+            other => panic!("heartbeat to the new leader: {other:?}"),
+        }
+        assert!(Instant::now() < deadline, "the new leader never answered");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // The text form names the group and the master.
+    let out = Command::new(shoal())
+        .args(["cluster", "status", "--controller", &new_leader])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("broker-a") && text.contains("master"),
+        "{text}"
+    );
+    client.shutdown();
+}
+
+#[test]
+fn a_single_voter_leads_at_once_and_answers_brokers() {
+    let addrs = vec![format!("127.0.0.1:{}", free_port())];
+    let _voter = start_voter(1, &addrs);
+    let v = wait_status(&addrs[0], "the single voter did not lead", |v| {
+        v["isLeader"] == true
+    });
+    assert_eq!(v["voters"], serde_json::json!({"1": addrs[0]}));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let client = RemotingClient::new(NetConfig::default(), Arc::new(NotSupportedProcessor));
+        let apply = Request::ApplyBrokerId {
+            group: "broker-b".into(),
+            addr: "127.0.0.1:1".into(),
+            token: "t".into(),
+        };
+        assert_eq!(
+            call(&client, &addrs[0], &apply).await,
+            (0, Response::BrokerId(1))
+        );
+        // A body that is not the request its code says is refused.
+        let cmd = RemotingCommand::request(1003).with_body(serde_json::to_vec(&apply).unwrap());
+        let reply = client
+            .invoke(&addrs[0], cmd, Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert_eq!(reply.code, 2005, "CONTROLLER_INVALID_REQUEST");
+        client.shutdown();
+    });
+    let v = status(&addrs[0]).unwrap();
+    assert_eq!(v["groups"]["broker-b"]["members"]["1"], "127.0.0.1:1");
+}
