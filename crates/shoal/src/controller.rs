@@ -16,9 +16,9 @@
 //!   entry to apply (more are answered SYSTEM_BUSY), [`PEER_QUEUE`] messages queued per peer;
 //!   a request not answered within [`ANSWER_TIMEOUT`] is answered SYSTEM_BUSY.
 //!
-//! The Raft log is kept in memory ([`ControllerStorage`]): a restarted voter comes back empty
-//! and catches up from the leader (a snapshot when it is far behind), so a single-voter
-//! controller forgets its groups when it stops.
+//! The Raft log ([`ControllerStorage`]) is written whole to `--data-dir` at every change, before
+//! anything that depends on it is sent, and read back at start. Without `--data-dir` it is
+//! kept in memory: a restarted voter comes back empty and catches up from the leader.
 
 use anyhow::{bail, Context};
 use clap::Args;
@@ -33,10 +33,11 @@ use shoal_proto::code::{request_code as rc, response_code as resp};
 use shoal_proto::ext::request_code as ext;
 use shoal_proto::RemotingCommand;
 use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
-use tracing::{debug, info};
+use tracing::{debug, error, info};
 
 /// Inputs queued for the voter's task at most.
 pub(crate) const INBOX: usize = 4_096;
@@ -60,6 +61,47 @@ pub(crate) struct ControllerArgs {
     /// single-voter controller, for development.
     #[arg(long, value_delimiter = ',', value_name = "ID=ADDRESS")]
     pub peers: Vec<String>,
+    /// Directory for the voter's Raft log (`controller.log`, written again at every change
+    /// before anything that depends on it is sent). None: the log is kept in memory only.
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+}
+
+/// The voter's log file in `--data-dir`.
+const LOG_FILE: &str = "controller.log";
+/// The process compacts its log every this many entries (the file is written whole).
+const COMPACT_EVERY: u64 = 1_000;
+
+/// Where the voter's log is kept on disk, and the version of it written last.
+struct Disk {
+    storage: ControllerStorage,
+    path: PathBuf,
+    written: u64,
+}
+
+impl Disk {
+    /// Writes the log if it changed: a temporary file, synced, renamed over the old one.
+    fn sync(&mut self) -> anyhow::Result<()> {
+        let version = self.storage.version();
+        if version == self.written {
+            return Ok(());
+        }
+        let bytes = self.storage.to_bytes()?;
+        let tmp = self.path.with_extension("tmp");
+        tokio::task::block_in_place(|| -> std::io::Result<()> {
+            let mut f = std::fs::File::create(&tmp)?;
+            std::io::Write::write_all(&mut f, &bytes)?;
+            f.sync_all()?;
+            std::fs::rename(&tmp, &self.path)?;
+            if let Some(dir) = self.path.parent() {
+                std::fs::File::open(dir)?.sync_all()?;
+            }
+            Ok(())
+        })
+        .with_context(|| format!("writing {}", self.path.display()))?;
+        self.written = version;
+        Ok(())
+    }
 }
 
 enum Input {
@@ -114,25 +156,59 @@ pub(crate) async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         tokio::spawn(send_to_peer(client.clone(), addr.clone(), prx));
         senders.insert(*peer, ptx);
     }
-    let cfg = ControllerConfig::new(args.id, voters.clone());
-    let storage = ControllerStorage::new(voters.clone());
+    let mut cfg = ControllerConfig::new(args.id, voters.clone());
+    cfg.compact_every = COMPACT_EVERY;
+    let (storage, disk) = match &args.data_dir {
+        Some(dir) => {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+            let path = dir.join(LOG_FILE);
+            let storage = match std::fs::read(&path) {
+                Ok(bytes) => ControllerStorage::from_bytes(&bytes)
+                    .with_context(|| format!("reading {}", path.display()))?,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    ControllerStorage::new(voters.clone())
+                }
+                Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+            };
+            let disk = Disk {
+                storage: storage.clone(),
+                path,
+                written: storage.version(),
+            };
+            (storage, Some(disk))
+        }
+        None => (ControllerStorage::new(voters.clone()), None),
+    };
     let start = Instant::now();
     let node = ControllerNode::new(cfg, storage, 0)?;
     let mut addrs = peers.clone();
     addrs.insert(args.id, server.local_addr().to_string());
-    let voter = tokio::spawn(drive(node, start, rx, senders, addrs));
+    let mut voter = tokio::spawn(drive(node, start, rx, senders, addrs, disk));
     println!(
-        "shoal controller {} listening on {} (voters {:?})",
+        "shoal controller {} listening on {} (voters {:?}, log {})",
         args.id,
         server.local_addr(),
-        voters
+        voters,
+        match &args.data_dir {
+            Some(d) => d.join(LOG_FILE).display().to_string(),
+            None => "in memory".into(),
+        }
     );
-    stop.await;
+    let failed = tokio::select! {
+        () = stop => None,
+        r = &mut voter => Some(r),
+    };
     voter.abort();
     server.shutdown().await;
     client.shutdown();
-    println!("controller stopped");
-    Ok(())
+    match failed {
+        Some(Ok(Err(e))) => Err(e.context("the voter stopped")),
+        Some(Err(e)) => Err(anyhow::anyhow!("the voter stopped: {e}")),
+        _ => {
+            println!("controller stopped");
+            Ok(())
+        }
+    }
 }
 
 async fn send_to_peer(
@@ -163,7 +239,8 @@ async fn drive(
     mut inbox: mpsc::Receiver<Input>,
     peers: BTreeMap<u64, mpsc::Sender<RaftMessage>>,
     addrs: BTreeMap<u64, String>,
-) {
+    mut disk: Option<Disk>,
+) -> anyhow::Result<()> {
     let now = || u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
     let mut waiting: HashMap<u64, oneshot::Sender<Response>> = HashMap::new();
     let mut next_token = 0u64;
@@ -177,7 +254,7 @@ async fn drive(
                 waiting.retain(|_, tx| !tx.is_closed());
             }
             input = inbox.recv() => match input {
-                None => return,
+                None => return Ok(()),
                 Some(Input::Raft(msg)) => node.handle_message(now(), msg),
                 Some(Input::Request { req, reply }) => {
                     if waiting.len() >= MAX_WAITING {
@@ -194,6 +271,13 @@ async fn drive(
                 Some(Input::Status { reply }) => {
                     let _ = reply.send(status(&node, &addrs));
                 }
+            }
+        }
+        // What the voter decided is on disk before anyone hears of it (raft-rs's contract).
+        if let Some(d) = &mut disk {
+            if let Err(e) = d.sync() {
+                error!(error = %format!("{e:#}"), "the voter cannot keep its log; stopping");
+                return Err(e);
             }
         }
         while let Some(msg) = node.poll_transmit() {

@@ -22,10 +22,11 @@ use support::{free_port, shoal, Proc};
 
 const LIMIT: Duration = Duration::from_secs(30);
 
-fn start_voter(id: u64, addrs: &[String]) -> Proc {
+fn start_voter(id: u64, addrs: &[String], extra: &[&str]) -> Proc {
     let mut cmd = Command::new(shoal());
     cmd.args(["controller", "--listen", &addrs[id as usize - 1]])
-        .args(["--id", &id.to_string()]);
+        .args(["--id", &id.to_string()])
+        .args(extra);
     if addrs.len() > 1 {
         let peers: Vec<String> = addrs
             .iter()
@@ -104,7 +105,7 @@ async fn three_voters_keep_a_group_through_the_leaders_death() {
     let addrs: Vec<String> = (0..3)
         .map(|_| format!("127.0.0.1:{}", free_port()))
         .collect();
-    let mut voters: Vec<Proc> = (1..=3).map(|id| start_voter(id, &addrs)).collect();
+    let mut voters: Vec<Proc> = (1..=3).map(|id| start_voter(id, &addrs, &[])).collect();
     let a0 = addrs[0].clone();
     let first = tokio::task::spawn_blocking(move || {
         wait_status(&a0, "no leader elected", |v| v["leaderId"].is_u64())
@@ -251,7 +252,7 @@ async fn three_voters_keep_a_group_through_the_leaders_death() {
 #[test]
 fn a_single_voter_leads_at_once_and_answers_brokers() {
     let addrs = vec![format!("127.0.0.1:{}", free_port())];
-    let _voter = start_voter(1, &addrs);
+    let _voter = start_voter(1, &addrs, &[]);
     let v = wait_status(&addrs[0], "the single voter did not lead", |v| {
         v["isLeader"] == true
     });
@@ -282,4 +283,56 @@ fn a_single_voter_leads_at_once_and_answers_brokers() {
     });
     let v = status(&addrs[0]).unwrap();
     assert_eq!(v["groups"]["broker-b"]["members"]["1"], "127.0.0.1:1");
+}
+
+#[test]
+fn a_voter_with_a_data_dir_keeps_its_groups_across_a_kill() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().to_str().unwrap().to_string();
+    let addrs = vec![format!("127.0.0.1:{}", free_port())];
+    let mut voter = start_voter(1, &addrs, &["--data-dir", &data]);
+    wait_status(&addrs[0], "the voter did not lead", |v| {
+        v["isLeader"] == true
+    });
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let apply = |token: &str| Request::ApplyBrokerId {
+        group: "broker-c".into(),
+        addr: format!("127.0.0.1:{token}"),
+        token: token.into(),
+    };
+    rt.block_on(async {
+        let client = RemotingClient::new(NetConfig::default(), Arc::new(NotSupportedProcessor));
+        for (token, id) in [("1", 1), ("2", 2)] {
+            assert_eq!(
+                call(&client, &addrs[0], &apply(token)).await,
+                (0, Response::BrokerId(id))
+            );
+        }
+        client.shutdown();
+    });
+    voter.sigkill();
+    let _voter = start_voter(1, &addrs, &["--data-dir", &data]);
+    let v = wait_status(&addrs[0], "the restarted voter did not lead", |v| {
+        v["isLeader"] == true
+    });
+    assert_eq!(
+        v["groups"]["broker-c"]["members"],
+        serde_json::json!({"1": "127.0.0.1:1", "2": "127.0.0.1:2"})
+    );
+    // Ids are never given twice: a new broker gets 3, a known token its own id.
+    rt.block_on(async {
+        let client = RemotingClient::new(NetConfig::default(), Arc::new(NotSupportedProcessor));
+        assert_eq!(
+            call(&client, &addrs[0], &apply("3")).await,
+            (0, Response::BrokerId(3))
+        );
+        assert_eq!(
+            call(&client, &addrs[0], &apply("1")).await,
+            (0, Response::BrokerId(1))
+        );
+        client.shutdown();
+    });
 }

@@ -4,12 +4,14 @@
 //! raft-rs's `MemStorage` keeps no snapshot data and no term for the compaction point, so a
 //! compacted log could not bring a lagging voter back. This store keeps both. It is held in
 //! memory behind one short lock; a clone is the same log (the simulator keeps a clone as the
-//! voter's disk across crashes). A file-backed store with the same content is what a
-//! controller process needs (see `docs/ha.md`).
+//! voter's disk across crashes). A process keeps it in a file: [`ControllerStorage::to_bytes`]
+//! whenever [`ControllerStorage::version`] moved, [`ControllerStorage::from_bytes`] at start.
 
 use raft::eraftpb::{ConfState, Entry, HardState, Snapshot, SnapshotMetadata};
 use raft::{GetEntriesContext, RaftState, Storage, StorageError};
 use std::sync::{Arc, Mutex, MutexGuard};
+
+const MAGIC: &[u8] = b"SHOALCS1";
 
 #[derive(Debug, Default)]
 struct Log {
@@ -17,6 +19,8 @@ struct Log {
     conf_state: ConfState,
     snapshot: Snapshot,
     entries: Vec<Entry>,
+    /// Grows at every change, so a driver knows when to write the log to disk.
+    version: u64,
 }
 
 impl Log {
@@ -55,9 +59,79 @@ impl ControllerStorage {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The lock, for a change.
+    fn change(&self) -> MutexGuard<'_, Log> {
+        let mut log = self.lock();
+        log.version += 1;
+        log
+    }
+
+    /// Grows at every change of the log: a driver that keeps the log in a file writes it
+    /// again when this moved (before it sends anything the voter polled after the change).
+    pub fn version(&self) -> u64 {
+        self.lock().version
+    }
+
+    /// The whole log as bytes, for a file: `SHOALCS1`, then the hard state, the membership,
+    /// the snapshot and each entry, each as a big-endian `u32` length and its protobuf bytes.
+    ///
+    /// # Errors
+    /// When protobuf refuses a message.
+    pub fn to_bytes(&self) -> Result<Vec<u8>, super::WireError> {
+        use protobuf::Message as _;
+        let log = self.lock();
+        let mut out = Vec::with_capacity(64 + log.snapshot.get_data().len());
+        out.extend_from_slice(MAGIC);
+        let mut put = |bytes: Vec<u8>| {
+            out.extend_from_slice(&(bytes.len() as u32).to_be_bytes());
+            out.extend_from_slice(&bytes);
+        };
+        put(log.hard_state.write_to_bytes()?);
+        put(log.conf_state.write_to_bytes()?);
+        put(log.snapshot.write_to_bytes()?);
+        for e in &log.entries {
+            put(e.write_to_bytes()?);
+        }
+        Ok(out)
+    }
+
+    /// The log [`Self::to_bytes`] wrote.
+    ///
+    /// # Errors
+    /// When `bytes` is not such a log (another file, or one cut short).
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self, super::WireError> {
+        use protobuf::Message as _;
+        let bad = || super::WireError::Format("not a controller log, or cut short");
+        let mut rest = bytes.strip_prefix(MAGIC).ok_or_else(bad)?;
+        let mut take = || -> Result<Option<&[u8]>, super::WireError> {
+            if rest.is_empty() {
+                return Ok(None);
+            }
+            let (len, tail) = rest.split_first_chunk::<4>().ok_or_else(bad)?;
+            let len = u32::from_be_bytes(*len) as usize;
+            let (item, tail) = tail.split_at_checked(len).ok_or_else(bad)?;
+            rest = tail;
+            Ok(Some(item))
+        };
+        let hard_state = HardState::parse_from_bytes(take()?.ok_or_else(bad)?)?;
+        let conf_state = ConfState::parse_from_bytes(take()?.ok_or_else(bad)?)?;
+        let snapshot = Snapshot::parse_from_bytes(take()?.ok_or_else(bad)?)?;
+        let mut entries = Vec::new();
+        while let Some(e) = take()? {
+            entries.push(Entry::parse_from_bytes(e)?);
+        }
+        Ok(Self(Arc::new(Mutex::new(Log {
+            hard_state,
+            conf_state,
+            snapshot,
+            entries,
+            version: 0,
+        }))))
+    }
+
     /// Makes an empty log one of a voter among `voters` (a log that has them already stays).
     pub fn ensure_voters(&self, voters: &[u64]) {
-        let mut log = self.lock();
+        let mut log = self.change();
         if log.conf_state.voters.is_empty() {
             log.conf_state = ConfState::from((voters.to_vec(), vec![]));
             log.snapshot
@@ -71,7 +145,7 @@ impl ControllerStorage {
         let Some(first) = entries.first() else {
             return;
         };
-        let mut log = self.lock();
+        let mut log = self.change();
         let from = first.index.max(log.first_index());
         let keep = from.saturating_sub(log.first_index()) as usize;
         log.entries.truncate(keep);
@@ -82,17 +156,25 @@ impl ControllerStorage {
 
     /// Records Raft's hard state.
     pub fn set_hard_state(&self, hs: HardState) {
-        self.lock().hard_state = hs;
+        let mut log = self.lock();
+        if log.hard_state != hs {
+            log.hard_state = hs;
+            log.version += 1;
+        }
     }
 
     /// Records the commit index Raft reported after a `Ready`.
     pub fn set_commit(&self, commit: u64) {
-        self.lock().hard_state.commit = commit;
+        let mut log = self.lock();
+        if log.hard_state.commit != commit {
+            log.hard_state.commit = commit;
+            log.version += 1;
+        }
     }
 
     /// Installs a snapshot from the leader: everything it covers goes.
     pub fn apply_snapshot(&self, snapshot: Snapshot) {
-        let mut log = self.lock();
+        let mut log = self.change();
         let meta = snapshot.get_metadata();
         if meta.index < log.first_index() {
             return;
@@ -107,7 +189,7 @@ impl ControllerStorage {
 
     /// Replaces entries up to `index` (applied, with `data` the state after it) by a snapshot.
     pub fn compact(&self, index: u64, data: Vec<u8>) {
-        let mut log = self.lock();
+        let mut log = self.change();
         if index < log.first_index() || index > log.last_index() {
             return;
         }
@@ -225,6 +307,34 @@ mod tests {
             term,
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn the_log_round_trips_through_bytes_and_a_cut_file_is_refused() {
+        let s = ControllerStorage::new(vec![1, 2, 3]);
+        let v0 = s.version();
+        s.append(&(1..=6).map(|i| entry(i, 2)).collect::<Vec<_>>());
+        s.set_hard_state(HardState {
+            term: 2,
+            vote: 1,
+            commit: 5,
+            ..Default::default()
+        });
+        s.compact(3, b"{\"groups\":{}}".to_vec());
+        assert!(s.version() > v0);
+        let v = s.version();
+        s.set_commit(5);
+        assert_eq!(s.version(), v, "no change, no new version");
+        let bytes = s.to_bytes().unwrap();
+        let back = ControllerStorage::from_bytes(&bytes).unwrap();
+        assert_eq!(back.to_bytes().unwrap(), bytes);
+        assert_eq!(back.first_index().unwrap(), 4);
+        assert_eq!(back.last_index().unwrap(), 6);
+        assert_eq!(back.term(3).unwrap(), 2);
+        assert_eq!(back.initial_state().unwrap().hard_state.commit, 5);
+        assert_eq!(back.latest_snapshot().get_data(), b"{\"groups\":{}}");
+        assert!(ControllerStorage::from_bytes(&bytes[..bytes.len() - 3]).is_err());
+        assert!(ControllerStorage::from_bytes(b"something else").is_err());
     }
 
     #[test]

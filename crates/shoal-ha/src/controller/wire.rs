@@ -5,10 +5,16 @@
 use protobuf::Message as _;
 use raft::eraftpb::Message;
 
-/// A voter's message that could not be encoded or decoded.
+/// A voter's message or log that could not be encoded or decoded.
 #[derive(Debug, thiserror::Error)]
-#[error("raft message: {0}")]
-pub struct WireError(#[from] protobuf::ProtobufError);
+pub enum WireError {
+    /// protobuf refused it.
+    #[error("raft message: {0}")]
+    Protobuf(#[from] protobuf::ProtobufError),
+    /// Bytes that are not what was expected.
+    #[error("{0}")]
+    Format(&'static str),
+}
 
 /// The protobuf bytes of `msg`.
 ///
