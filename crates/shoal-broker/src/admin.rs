@@ -34,7 +34,7 @@ fn is_system_topic(t: &str) -> bool {
 }
 
 /// UPDATE_AND_CREATE_TOPIC.
-pub async fn create_topic(b: &Shared, req: &RemotingCommand) -> Handled {
+pub(crate) async fn create_topic(b: &Shared, req: &RemotingCommand) -> Handled {
     let h: CreateTopicRequestHeader = req.decode_command_header()?;
     if is_system_topic(&h.topic) {
         return Err(Reject::new(
@@ -129,7 +129,7 @@ pub(crate) fn apply_attributes(
 }
 
 /// DELETE_TOPIC_IN_BROKER: the topic's config, consume queues and offsets go.
-pub async fn delete_topic(b: &Arc<Shared>, req: &RemotingCommand) -> Handled {
+pub(crate) async fn delete_topic(b: &Arc<Shared>, req: &RemotingCommand) -> Handled {
     let h: DeleteTopicRequestHeader = req.decode_command_header()?;
     if is_system_topic(&h.topic) {
         return Err(Reject::new(
@@ -147,13 +147,13 @@ pub async fn delete_topic(b: &Arc<Shared>, req: &RemotingCommand) -> Handled {
 }
 
 /// GET_ALL_TOPIC_CONFIG.
-pub fn all_topic_config(b: &Shared) -> Handled {
+pub(crate) fn all_topic_config(b: &Shared) -> Handled {
     ok_json(&b.topics.wrapper())
 }
 
 /// GET_TOPIC_CONFIG (5.x admin tools ask it before topic and consume stats): the topic's
 /// config; Shoal has no static topics, so never a `mappingDetail`.
-pub fn topic_config(b: &Shared, req: &RemotingCommand) -> Handled {
+pub(crate) fn topic_config(b: &Shared, req: &RemotingCommand) -> Handled {
     let h: shoal_proto::header::GetTopicConfigRequestHeader = req.decode_command_header()?;
     let config = b.topics.get(&h.topic).ok_or_else(|| {
         Reject::new(
@@ -165,7 +165,7 @@ pub fn topic_config(b: &Shared, req: &RemotingCommand) -> Handled {
 }
 
 /// GET_TOPIC_STATS_INFO: per queue min/max offsets and last store time.
-pub async fn topic_stats(b: &Arc<Shared>, req: &RemotingCommand) -> Handled {
+pub(crate) async fn topic_stats(b: &Arc<Shared>, req: &RemotingCommand) -> Handled {
     let h: GetTopicStatsInfoRequestHeader = req.decode_command_header()?;
     let config = b.topics.get(&h.topic).ok_or_else(|| {
         Reject::new(
@@ -225,7 +225,7 @@ fn with_health(body: serde_json::Value, b: &Shared, group: &str) -> Result<Vec<u
 
 /// GET_CONSUMER_CONNECTION_LIST: the group's connections and subscriptions, with Shoal's
 /// duplicate-client-id and inconsistent-subscription flags.
-pub fn consumer_connections(b: &Shared, req: &RemotingCommand) -> Handled {
+pub(crate) fn consumer_connections(b: &Shared, req: &RemotingCommand) -> Handled {
     let h: GetConsumerConnectionListRequestHeader = req.decode_command_header()?;
     let cc = b.groups.read(|state, _| {
         let clients = state.clients();
@@ -279,7 +279,7 @@ fn topics_of_group(b: &Shared, group: &str) -> BTreeSet<String> {
 
 /// GET_CONSUME_STATS: per queue broker offset, consumer offset, last pulled offset and the
 /// store time of the last consumed message, with Shoal's group-health flags.
-pub async fn consume_stats(b: &Arc<Shared>, req: &RemotingCommand) -> Handled {
+pub(crate) async fn consume_stats(b: &Arc<Shared>, req: &RemotingCommand) -> Handled {
     let h: GetConsumeStatsRequestHeader = req.decode_command_header()?;
     let topics: BTreeSet<String> = match (&h.topic, &h.topic_list) {
         (Some(t), _) if !t.is_empty() => [t.clone()].into(),
@@ -408,7 +408,7 @@ async fn call_client(
 }
 
 /// GET_CONSUMER_RUNNING_INFO: asks the client itself and returns its answer.
-pub async fn forward_to_client(b: &Arc<Shared>, req: &RemotingCommand) -> Handled {
+pub(crate) async fn forward_to_client(b: &Arc<Shared>, req: &RemotingCommand) -> Handled {
     let h: GetConsumerRunningInfoRequestHeader = req.decode_command_header()?;
     let mut fwd = RemotingCommand::request(rc::GET_CONSUMER_RUNNING_INFO);
     fwd.ext_fields = req.ext_fields.clone();
@@ -417,7 +417,7 @@ pub async fn forward_to_client(b: &Arc<Shared>, req: &RemotingCommand) -> Handle
 }
 
 /// CONSUME_MESSAGE_DIRECTLY: attaches the stored message and asks the client to consume it.
-pub async fn consume_message_directly(b: &Arc<Shared>, req: &RemotingCommand) -> Handled {
+pub(crate) async fn consume_message_directly(b: &Arc<Shared>, req: &RemotingCommand) -> Handled {
     let h: ConsumeMessageDirectlyRequestHeader = req.decode_command_header()?;
     let client_id = h
         .client_id
@@ -448,7 +448,7 @@ pub async fn consume_message_directly(b: &Arc<Shared>, req: &RemotingCommand) ->
 }
 
 /// GET_BROKER_RUNTIME_INFO: counters and offsets as a string table.
-pub fn runtime_info(b: &Shared) -> Handled {
+pub(crate) fn runtime_info(b: &Shared) -> Handled {
     let c = &b.counters;
     let mut table = BTreeMap::new();
     let mut put = |k: &str, v: String| {
@@ -578,7 +578,7 @@ fn earliest_message_time(b: &Shared) -> Option<i64> {
 /// INVOKE_BROKER_TO_RESET_OFFSET: moves a group's offsets of a topic to a time (or the
 /// latest offset for timestamp -1), stores them, and tells online members
 /// (RESET_CONSUMER_CLIENT_OFFSET). Unlike RocketMQ, an offline group is reset too.
-pub async fn reset_offset(b: &Arc<Shared>, req: &RemotingCommand) -> Handled {
+pub(crate) async fn reset_offset(b: &Arc<Shared>, req: &RemotingCommand) -> Handled {
     let h: ResetOffsetRequestHeader = req.decode_command_header()?;
     let config = b.topics.get(&h.topic).ok_or_else(|| {
         Reject::new(
@@ -668,7 +668,7 @@ pub async fn reset_offset(b: &Arc<Shared>, req: &RemotingCommand) -> Handled {
 }
 
 /// QUERY_TOPIC_CONSUME_BY_WHO: groups that subscribe to or have offsets for a topic.
-pub fn topic_consumed_by(b: &Shared, req: &RemotingCommand) -> Handled {
+pub(crate) fn topic_consumed_by(b: &Shared, req: &RemotingCommand) -> Handled {
     let h: QueryTopicConsumeByWhoRequestHeader = req.decode_command_header()?;
     let mut groups: BTreeSet<String> = b
         .groups
@@ -680,7 +680,7 @@ pub fn topic_consumed_by(b: &Shared, req: &RemotingCommand) -> Handled {
 }
 
 /// UPDATE_AND_CREATE_SUBSCRIPTIONGROUP (body: SubscriptionGroupConfig).
-pub fn upsert_group(b: &Shared, req: &RemotingCommand) -> Handled {
+pub(crate) fn upsert_group(b: &Shared, req: &RemotingCommand) -> Handled {
     let config: SubscriptionGroupConfig = req.decode_json_body()?;
     if config.group_name.is_empty() {
         return Err(Reject::new(resp::INVALID_PARAMETER, "groupName is empty"));
@@ -691,7 +691,7 @@ pub fn upsert_group(b: &Shared, req: &RemotingCommand) -> Handled {
 }
 
 /// DELETE_SUBSCRIPTIONGROUP.
-pub fn delete_group(b: &Shared, req: &RemotingCommand) -> Handled {
+pub(crate) fn delete_group(b: &Shared, req: &RemotingCommand) -> Handled {
     let h: DeleteSubscriptionGroupRequestHeader = req.decode_command_header()?;
     b.sub_groups.remove(&h.group_name);
     b.sub_groups.persist().map_err(Reject::system)?;
@@ -702,7 +702,7 @@ pub fn delete_group(b: &Shared, req: &RemotingCommand) -> Handled {
 }
 
 /// GET_ALL_CONSUMER_OFFSET: `topic@group` -> queue -> offset.
-pub fn all_consumer_offsets(b: &Shared) -> Handled {
+pub(crate) fn all_consumer_offsets(b: &Shared) -> Handled {
     let groups: BTreeSet<String> = b
         .sub_groups
         .names()

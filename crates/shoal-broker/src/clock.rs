@@ -27,14 +27,14 @@ enum Source {
 
 /// The broker's clocks. See the [module documentation](self).
 #[derive(Debug, Clone)]
-pub struct BrokerClock {
+pub(crate) struct BrokerClock {
     source: Source,
     started_wall_ms: i64,
 }
 
 impl BrokerClock {
     /// A clock starting now, when the wall clock says `started_wall_ms`.
-    pub fn starting_at(started_wall_ms: i64) -> Self {
+    pub(crate) fn starting_at(started_wall_ms: i64) -> Self {
         Self {
             source: Source::Real(Instant::now()),
             started_wall_ms,
@@ -43,7 +43,7 @@ impl BrokerClock {
 
     #[cfg(test)]
     /// A clock that moves only when `elapsed_ms` (milliseconds since start) is set.
-    pub fn manual(started_wall_ms: i64, elapsed_ms: Arc<AtomicU64>) -> Self {
+    pub(crate) fn manual(started_wall_ms: i64, elapsed_ms: Arc<AtomicU64>) -> Self {
         Self {
             source: Source::Manual(elapsed_ms),
             started_wall_ms,
@@ -51,7 +51,7 @@ impl BrokerClock {
     }
 
     /// Monotonic milliseconds since the broker started.
-    pub fn mono_ms(&self) -> u64 {
+    pub(crate) fn mono_ms(&self) -> u64 {
         match &self.source {
             Source::Real(started) => started.elapsed().as_millis() as u64,
             #[cfg(test)]
@@ -60,14 +60,14 @@ impl BrokerClock {
     }
 
     /// When the broker started (wall clock, ms).
-    pub fn started_wall_ms(&self) -> i64 {
+    pub(crate) fn started_wall_ms(&self) -> i64 {
         self.started_wall_ms
     }
 
     /// The group state's clock: wall-clock ms at start plus monotonic time since, so it never
     /// goes backwards while the broker runs and stays comparable across restarts (the
     /// coordinator persists deadlines on it).
-    pub fn now_ms(&self) -> u64 {
+    pub(crate) fn now_ms(&self) -> u64 {
         (self.started_wall_ms.max(0) as u64).saturating_add(self.mono_ms())
     }
 }

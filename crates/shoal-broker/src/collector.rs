@@ -30,7 +30,7 @@ impl BrokerCollector {
 
 /// One row of the per group and queue metrics.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct QueueProgress {
+pub(crate) struct QueueProgress {
     /// Consumer group.
     pub group: String,
     /// Topic.
@@ -47,7 +47,7 @@ pub struct QueueProgress {
 
 impl QueueProgress {
     /// Messages not yet committed.
-    pub fn lag(&self) -> i64 {
+    pub(crate) fn lag(&self) -> i64 {
         (self.broker_offset - self.committed_offset).max(0)
     }
 }

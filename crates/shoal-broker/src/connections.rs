@@ -10,7 +10,7 @@ use tracing::debug;
 
 /// Where oneway notices to clients go (NOTIFY_CONSUMER_IDS_CHANGED, NOTIFY_LOCK_FREED,
 /// GROUP_ASSIGNMENT_CHANGED).
-pub trait NoticeSink: Send + Sync + std::fmt::Debug {
+pub(crate) trait NoticeSink: Send + Sync + std::fmt::Debug {
     /// Sends `req` (oneway) to the client on connection `conn_id`; false when that client is
     /// gone. Never blocks.
     fn notify(&self, conn_id: u64, req: RemotingCommand) -> bool;

@@ -19,7 +19,7 @@ use std::sync::Arc;
 /// The selector of an SQL92 expression, checked as RocketMQ checks a subscription:
 /// SYSTEM_ERROR when the broker's property filter is off, SUBSCRIPTION_PARSE_FAILED when it
 /// does not compile.
-pub fn compile_sql(b: &Shared, sql: &str) -> Result<Arc<Selector>, Reject> {
+pub(crate) fn compile_sql(b: &Shared, sql: &str) -> Result<Arc<Selector>, Reject> {
     if !b.config.enable_property_filter {
         return Err(Reject::new(
             resp::SYSTEM_ERROR,
@@ -35,7 +35,7 @@ pub fn compile_sql(b: &Shared, sql: &str) -> Result<Arc<Selector>, Reject> {
 }
 
 /// The selector of a subscription: `None` for TAG subscriptions.
-pub fn compile(b: &Shared, sub: &SubscriptionData) -> Result<Option<Arc<Selector>>, Reject> {
+pub(crate) fn compile(b: &Shared, sub: &SubscriptionData) -> Result<Option<Arc<Selector>>, Reject> {
     match sub.expression_type {
         ExpressionType::Tag => Ok(None),
         ExpressionType::Sql92 => compile_sql(b, &sub.sub_string).map(Some),
@@ -45,7 +45,7 @@ pub fn compile(b: &Shared, sub: &SubscriptionData) -> Result<Option<Arc<Selector
 /// The selector of an expression type and expression as a request names them (pull headers,
 /// POP headers, gRPC filter expressions): `None` for TAG (or no type), an error for a type the
 /// broker does not know.
-pub fn compile_typed(
+pub(crate) fn compile_typed(
     b: &Shared,
     expr_type: Option<&str>,
     expr: &str,
@@ -63,14 +63,14 @@ pub fn compile_typed(
 
 /// True when the stored record in `rec` matches `selector` (a record that does not parse does
 /// not match).
-pub fn record_matches(selector: &Selector, rec: &[u8]) -> bool {
+pub(crate) fn record_matches(selector: &Selector, rec: &[u8]) -> bool {
     RecordView::parse(rec).is_ok_and(|v| selector.matches(&RawProperties(v.properties_str())))
 }
 
 /// Keeps the records of a read that match `selector`. What was scanned stays scanned
 /// (`next_begin_offset` unchanged): a read whose records all fail answers NO_MATCHED_MESSAGE
 /// and the consumer reads on from there, as with tags.
-pub fn retain_matching(selector: &Selector, r: &mut GetMessageResult) {
+pub(crate) fn retain_matching(selector: &Selector, r: &mut GetMessageResult) {
     if r.message_count == 0 {
         return;
     }
@@ -103,7 +103,7 @@ pub fn retain_matching(selector: &Selector, r: &mut GetMessageResult) {
 
 /// CHECK_CLIENT_CONFIG (46): a consumer's start-up check of its subscription. TAG is always
 /// served; SQL92 needs `enable_property_filter` and a selector that compiles.
-pub fn check_client_config(b: &Shared, req: &RemotingCommand) -> Handled {
+pub(crate) fn check_client_config(b: &Shared, req: &RemotingCommand) -> Handled {
     if req.body.as_ref().is_none_or(|body| body.is_empty()) {
         return ok();
     }

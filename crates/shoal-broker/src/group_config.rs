@@ -4,13 +4,13 @@
 
 use crate::persist::{read_json, PersistError};
 use crate::topic::TableSnapshot;
-pub use shoal_proto::body::SubscriptionGroupConfig;
+pub(crate) use shoal_proto::body::SubscriptionGroupConfig;
 use shoal_proto::body::SubscriptionGroupWrapper;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 /// Checks a group name as RocketMQ clients do: 1..=255 characters of `[%|a-zA-Z0-9_-]`.
-pub fn validate_group_name(name: &str) -> Result<(), String> {
+pub(crate) fn validate_group_name(name: &str) -> Result<(), String> {
     if name.is_empty() || name.len() > 255 {
         return Err(format!("group name {name:?} must have 1..=255 characters"));
     }
@@ -27,7 +27,7 @@ pub fn validate_group_name(name: &str) -> Result<(), String> {
 
 /// The group table.
 #[derive(Debug)]
-pub struct GroupTable {
+pub(crate) struct GroupTable {
     path: Option<PathBuf>,
     inner: SubscriptionGroupWrapper,
     defaults: SubscriptionGroupConfig,
@@ -38,7 +38,7 @@ pub struct GroupTable {
 
 impl GroupTable {
     /// Loads the table (or starts empty); `defaults` are used for auto-created groups.
-    pub fn open(
+    pub(crate) fn open(
         path: Option<PathBuf>,
         defaults: SubscriptionGroupConfig,
     ) -> Result<Self, PersistError> {
@@ -56,12 +56,12 @@ impl GroupTable {
     }
 
     /// A group's config.
-    pub fn get(&self, group: &str) -> Option<&SubscriptionGroupConfig> {
+    pub(crate) fn get(&self, group: &str) -> Option<&SubscriptionGroupConfig> {
         self.inner.subscription_group_table.get(group)
     }
 
     /// Creates a group with the defaults if missing; returns (config, created).
-    pub fn ensure(&mut self, group: &str, now_ms: i64) -> (SubscriptionGroupConfig, bool) {
+    pub(crate) fn ensure(&mut self, group: &str, now_ms: i64) -> (SubscriptionGroupConfig, bool) {
         if let Some(c) = self.inner.subscription_group_table.get(group) {
             return (c.clone(), false);
         }
@@ -74,7 +74,7 @@ impl GroupTable {
     }
 
     /// Creates or replaces a group.
-    pub fn upsert(&mut self, config: SubscriptionGroupConfig, now_ms: i64) {
+    pub(crate) fn upsert(&mut self, config: SubscriptionGroupConfig, now_ms: i64) {
         self.inner
             .subscription_group_table
             .insert(config.group_name.clone(), config);
@@ -83,7 +83,7 @@ impl GroupTable {
     }
 
     /// Deletes a group.
-    pub fn remove(&mut self, group: &str, now_ms: i64) -> bool {
+    pub(crate) fn remove(&mut self, group: &str, now_ms: i64) -> bool {
         let removed = self.inner.subscription_group_table.remove(group).is_some();
         if removed {
             self.inner.data_version.next_version(now_ms);
@@ -93,17 +93,17 @@ impl GroupTable {
     }
 
     /// Every group.
-    pub fn all(&self) -> &BTreeMap<String, SubscriptionGroupConfig> {
+    pub(crate) fn all(&self) -> &BTreeMap<String, SubscriptionGroupConfig> {
         &self.inner.subscription_group_table
     }
 
     /// The whole table as GET_ALL_SUBSCRIPTIONGROUP_CONFIG answers it.
-    pub fn wrapper(&self) -> &SubscriptionGroupWrapper {
+    pub(crate) fn wrapper(&self) -> &SubscriptionGroupWrapper {
         &self.inner
     }
 
     /// Writes the table to disk (when it has a path).
-    pub fn persist(&mut self) -> Result<(), PersistError> {
+    pub(crate) fn persist(&mut self) -> Result<(), PersistError> {
         let snapshot = self.snapshot();
         snapshot.write()?;
         self.mark_persisted(snapshot.changes);
@@ -111,12 +111,12 @@ impl GroupTable {
     }
 
     /// Whether changes are not on disk yet.
-    pub fn is_dirty(&self) -> bool {
+    pub(crate) fn is_dirty(&self) -> bool {
         self.persisted < self.changes
     }
 
     /// A copy to write outside the table's lock (then [`Self::mark_persisted`]).
-    pub fn snapshot(&self) -> TableSnapshot<SubscriptionGroupWrapper> {
+    pub(crate) fn snapshot(&self) -> TableSnapshot<SubscriptionGroupWrapper> {
         TableSnapshot {
             path: self.path.clone(),
             value: self.inner.clone(),
@@ -125,12 +125,12 @@ impl GroupTable {
     }
 
     /// Records that the snapshot taken at `changes` is on disk.
-    pub fn mark_persisted(&mut self, changes: u64) {
+    pub(crate) fn mark_persisted(&mut self, changes: u64) {
         self.persisted = self.persisted.max(changes);
     }
 
     /// Number of groups.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.inner.subscription_group_table.len()
     }
 }

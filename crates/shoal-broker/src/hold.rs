@@ -20,7 +20,7 @@ struct Held {
 /// Held pulls by topic, then queue id (looked up by `&str`: a stored message wakes holds
 /// without a copy of its topic).
 #[derive(Default)]
-pub struct PullHoldTable {
+pub(crate) struct PullHoldTable {
     held: Mutex<HashMap<String, HashMap<i32, Vec<Held>>>>,
     next_id: AtomicU64,
 }
@@ -48,7 +48,7 @@ impl std::fmt::Debug for PullHoldTable {
 
 /// A registered hold: await [`HoldTicket::wait`], then re-run the pull.
 #[derive(Debug)]
-pub struct HoldTicket {
+pub(crate) struct HoldTicket {
     id: u64,
     key: (String, i32),
     rx: oneshot::Receiver<()>,
@@ -56,13 +56,13 @@ pub struct HoldTicket {
 
 /// A registered wait on several queues: await [`PullHoldTable::wait_any`].
 #[derive(Debug)]
-pub struct MultiHoldTicket {
+pub(crate) struct MultiHoldTicket {
     tickets: Vec<HoldTicket>,
 }
 
 impl PullHoldTable {
     /// Holds a pull of (topic, queue) at `offset`, woken by a message that passes `filter`.
-    pub fn hold(
+    pub(crate) fn hold(
         &self,
         topic: &str,
         queue_id: i32,
@@ -91,7 +91,7 @@ impl PullHoldTable {
     }
 
     /// A message was stored: wake the holds it satisfies.
-    pub fn notify(&self, arrival: &MessageArrival<'_>) {
+    pub(crate) fn notify(&self, arrival: &MessageArrival<'_>) {
         let mut map = self.held.lock();
         let Some(list) = map
             .get_mut(arrival.topic)
@@ -120,7 +120,7 @@ impl PullHoldTable {
 
     /// Wakes every hold of a queue whose offset is now below `max_offset` (closes the race
     /// between "nothing found" and registering the hold).
-    pub fn recheck(&self, topic: &str, queue_id: i32, max_offset: u64) {
+    pub(crate) fn recheck(&self, topic: &str, queue_id: i32, max_offset: u64) {
         let mut map = self.held.lock();
         if let Some(list) = map.get_mut(topic).and_then(|q| q.get_mut(&queue_id)) {
             let (wake, keep): (Vec<Held>, Vec<Held>) = std::mem::take(list)
@@ -145,7 +145,7 @@ impl PullHoldTable {
 
     /// Holds a wait on several queues at once (a Kafka fetch spans partitions): woken by the
     /// first message stored at or after any of the positions (topic, queue id, offset).
-    pub fn hold_any(&self, positions: &[(String, i32, u64)]) -> MultiHoldTicket {
+    pub(crate) fn hold_any(&self, positions: &[(String, i32, u64)]) -> MultiHoldTicket {
         let tickets = positions
             .iter()
             .map(|(topic, queue_id, offset)| self.hold(topic, *queue_id, *offset, None))
@@ -156,7 +156,11 @@ impl PullHoldTable {
     /// Waits until any hold of the ticket is woken or `timeout` passes; every hold of the
     /// ticket is removed either way (also when the returned future is dropped early).
     /// Returns true when woken by a message.
-    pub async fn wait_any(&self, ticket: MultiHoldTicket, timeout: std::time::Duration) -> bool {
+    pub(crate) async fn wait_any(
+        &self,
+        ticket: MultiHoldTicket,
+        timeout: std::time::Duration,
+    ) -> bool {
         struct Cancel<'a> {
             table: &'a PullHoldTable,
             holds: Vec<(u64, (String, i32))>,
@@ -188,7 +192,7 @@ impl PullHoldTable {
     }
 
     /// Number of held pulls.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.held
             .lock()
             .values()
@@ -199,13 +203,13 @@ impl PullHoldTable {
 
     /// True when nothing is held.
     #[cfg(test)]
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
     /// Waits until the ticket is woken or `timeout` passes; the hold is removed either way.
     /// Returns true when woken by a message.
-    pub async fn wait(&self, ticket: HoldTicket, timeout: std::time::Duration) -> bool {
+    pub(crate) async fn wait(&self, ticket: HoldTicket, timeout: std::time::Duration) -> bool {
         let HoldTicket { id, key, rx } = ticket;
         let woken = matches!(tokio::time::timeout(timeout, rx).await, Ok(Ok(())));
         if !woken {

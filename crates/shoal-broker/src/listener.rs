@@ -20,7 +20,7 @@ pub struct ListenerGroups {
 }
 
 /// The function behind [`ListenerGroups::notify_member`].
-pub type ListenerNotifyMember = dyn Fn(&str, &str) + Send + Sync;
+pub(crate) type ListenerNotifyMember = dyn Fn(&str, &str) + Send + Sync;
 
 /// The function behind [`ListenerGroups::describe`].
 pub type DescribeListenerGroup =

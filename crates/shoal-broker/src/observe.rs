@@ -7,7 +7,7 @@ use parking_lot::Mutex;
 
 /// Per (group, topic, queue): the last pull (offset and time) for consume stats.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct PullMark {
+pub(crate) struct PullMark {
     /// Offset the last pull asked for.
     pub offset: i64,
     /// Wall-clock time of the last pull, ms.

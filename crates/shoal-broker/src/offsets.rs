@@ -26,7 +26,7 @@ fn with_header<H: shoal_proto::header::CommandHeader>(h: &H) -> Handled {
 
 /// Refuses a queue id that cannot exist: negative, or (for a known topic) not below the
 /// topic's queue count. Offsets of such queues would be stored and served forever.
-pub fn check_queue_id(b: &Shared, topic: &str, queue_id: i32) -> Result<(), Reject> {
+pub(crate) fn check_queue_id(b: &Shared, topic: &str, queue_id: i32) -> Result<(), Reject> {
     let queues = b.topics.read(topic, |c| {
         c.map(|c| c.read_queue_nums.max(c.write_queue_nums))
     });
@@ -53,7 +53,7 @@ pub fn check_queue_id(b: &Shared, topic: &str, queue_id: i32) -> Result<(), Reje
 
 /// QUERY_CONSUMER_OFFSET (spec 2.3): the stored offset; without one, 0 when the queue still
 /// starts at 0 unless the client asked `setZeroIfNotFound=false`, else QUERY_NOT_FOUND.
-pub fn query_consumer_offset(b: &Shared, req: &RemotingCommand) -> Handled {
+pub(crate) fn query_consumer_offset(b: &Shared, req: &RemotingCommand) -> Handled {
     let h: QueryConsumerOffsetRequestHeader = req.decode_command_header()?;
     check_queue_id(b, &h.topic, h.queue_id)?;
     if let Some(offset) = b
@@ -108,7 +108,7 @@ pub(crate) fn update_consumer_offset(
 }
 
 /// GET_MAX_OFFSET: the next offset to be written in a queue.
-pub fn get_max_offset(b: &Shared, req: &RemotingCommand) -> Handled {
+pub(crate) fn get_max_offset(b: &Shared, req: &RemotingCommand) -> Handled {
     let h: GetMaxOffsetRequestHeader = req.decode_command_header()?;
     check_queue_id(b, &h.topic, h.queue_id)?;
     let offset = b.store.max_offset(&h.topic, h.queue_id) as i64;
@@ -116,7 +116,7 @@ pub fn get_max_offset(b: &Shared, req: &RemotingCommand) -> Handled {
 }
 
 /// GET_MIN_OFFSET: the smallest offset still stored in a queue.
-pub fn get_min_offset(b: &Shared, req: &RemotingCommand) -> Handled {
+pub(crate) fn get_min_offset(b: &Shared, req: &RemotingCommand) -> Handled {
     let h: GetMinOffsetRequestHeader = req.decode_command_header()?;
     check_queue_id(b, &h.topic, h.queue_id)?;
     let offset = b.store.min_offset(&h.topic, h.queue_id) as i64;
@@ -124,7 +124,7 @@ pub fn get_min_offset(b: &Shared, req: &RemotingCommand) -> Handled {
 }
 
 /// SEARCH_OFFSET_BY_TIMESTAMP: binary search of a queue by store time.
-pub async fn search_offset(b: &Arc<Shared>, req: &RemotingCommand) -> Handled {
+pub(crate) async fn search_offset(b: &Arc<Shared>, req: &RemotingCommand) -> Handled {
     let h: SearchOffsetRequestHeader = req.decode_command_header()?;
     check_queue_id(b, &h.topic, h.queue_id)?;
     let store = b.store.clone();
@@ -144,7 +144,7 @@ pub async fn search_offset(b: &Arc<Shared>, req: &RemotingCommand) -> Handled {
 }
 
 /// GET_EARLIEST_MSG_STORETIME: store time of a queue's first message.
-pub async fn earliest_store_time(b: &Arc<Shared>, req: &RemotingCommand) -> Handled {
+pub(crate) async fn earliest_store_time(b: &Arc<Shared>, req: &RemotingCommand) -> Handled {
     let h: GetEarliestMsgStoretimeRequestHeader = req.decode_command_header()?;
     check_queue_id(b, &h.topic, h.queue_id)?;
     let store = b.store.clone();
@@ -160,7 +160,7 @@ pub async fn earliest_store_time(b: &Arc<Shared>, req: &RemotingCommand) -> Hand
 }
 
 /// VIEW_MESSAGE_BY_ID: the stored record at a commit log offset.
-pub async fn view_message_by_id(b: &Arc<Shared>, req: &RemotingCommand) -> Handled {
+pub(crate) async fn view_message_by_id(b: &Arc<Shared>, req: &RemotingCommand) -> Handled {
     let h: ViewMessageByIdRequestHeader = req.decode_command_header()?;
     if h.offset < 0 {
         return Err(Reject::new(
@@ -188,7 +188,7 @@ pub async fn view_message_by_id(b: &Arc<Shared>, req: &RemotingCommand) -> Handl
 }
 
 /// QUERY_MESSAGE: messages by key (or by UNIQ_KEY when `_UNIQUE_KEY_QUERY` is true).
-pub async fn query_message(b: &Arc<Shared>, req: &RemotingCommand) -> Handled {
+pub(crate) async fn query_message(b: &Arc<Shared>, req: &RemotingCommand) -> Handled {
     let h: QueryMessageRequestHeader = req.decode_command_header()?;
     let store = b.store.clone();
     let max = h.max_num.clamp(1, 64) as usize;

@@ -27,7 +27,7 @@ pub enum PersistError {
 }
 
 /// Writes `value` as pretty JSON to `path` atomically.
-pub fn write_json_atomic<T: Serialize>(path: &Path, value: &T) -> Result<(), PersistError> {
+pub(crate) fn write_json_atomic<T: Serialize>(path: &Path, value: &T) -> Result<(), PersistError> {
     let io = |source| PersistError::Io {
         path: path.display().to_string(),
         source,
@@ -50,7 +50,7 @@ pub fn write_json_atomic<T: Serialize>(path: &Path, value: &T) -> Result<(), Per
 }
 
 /// Reads JSON from `path`; `Ok(None)` when the file does not exist.
-pub fn read_json<T: DeserializeOwned>(path: &Path) -> Result<Option<T>, PersistError> {
+pub(crate) fn read_json<T: DeserializeOwned>(path: &Path) -> Result<Option<T>, PersistError> {
     let bytes = match std::fs::read(path) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),

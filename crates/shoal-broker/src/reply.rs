@@ -36,15 +36,15 @@ impl From<shoal_proto::ProtoError> for Reject {
 
 /// What a handler returns: a response now, nothing now (oneway, or answered later), or a
 /// refusal.
-pub type Handled = Result<Option<RemotingCommand>, Reject>;
+pub(crate) type Handled = Result<Option<RemotingCommand>, Reject>;
 
 /// Success with no header fields and no body.
-pub fn ok() -> Handled {
+pub(crate) fn ok() -> Handled {
     Ok(Some(RemotingCommand::response(resp::SUCCESS, None)))
 }
 
 /// Success with a JSON body.
-pub fn ok_json<T: serde::Serialize>(value: &T) -> Handled {
+pub(crate) fn ok_json<T: serde::Serialize>(value: &T) -> Handled {
     let body = shoal_proto::body::to_json_bytes(value)?;
     Ok(Some(
         RemotingCommand::response(resp::SUCCESS, None).with_body(body),
@@ -52,7 +52,7 @@ pub fn ok_json<T: serde::Serialize>(value: &T) -> Handled {
 }
 
 /// Runs blocking store work off the async threads.
-pub async fn blocking<T: Send + 'static>(
+pub(crate) async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, Reject> + Send + 'static,
 ) -> Result<T, Reject> {
     tokio::task::spawn_blocking(f)
@@ -62,6 +62,6 @@ pub async fn blocking<T: Send + 'static>(
 
 /// Whether a counter just reached a value worth a log line (1, 2, 4, 8, ...), so a flood of
 /// refusals logs a few lines, not one per request.
-pub fn worth_logging(count: u64) -> bool {
+pub(crate) fn worth_logging(count: u64) -> bool {
     count.is_power_of_two()
 }

@@ -17,7 +17,7 @@ use tokio::task::JoinHandle;
 use tracing::{debug, warn};
 
 /// Starts one delivery task per delay level.
-pub fn start(b: Arc<Shared>) -> Vec<JoinHandle<()>> {
+pub(crate) fn start(b: Arc<Shared>) -> Vec<JoinHandle<()>> {
     (1..=b.delay_levels_ms.len() as i32)
         .map(|level| tokio::spawn(run_level(b.clone(), level)))
         .collect()

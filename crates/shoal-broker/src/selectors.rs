@@ -7,11 +7,11 @@ use std::sync::Arc;
 
 /// Compiled selectors kept at once; the cache is emptied when it is full (clients send the
 /// same few selectors on every pull).
-pub const SELECTOR_CACHE_ENTRIES: usize = 1024;
+pub(crate) const SELECTOR_CACHE_ENTRIES: usize = 1024;
 
 /// Compiled SQL92 selectors by their text (bounded: [`SELECTOR_CACHE_ENTRIES`]).
 #[derive(Debug, Default)]
-pub struct SelectorCache {
+pub(crate) struct SelectorCache {
     compiled: Mutex<HashMap<String, Arc<Selector>>>,
 }
 
@@ -20,7 +20,7 @@ impl SelectorCache {
     ///
     /// # Errors
     /// The parse error, for a selector that does not compile.
-    pub fn get(&self, sql: &str) -> Result<Arc<Selector>, shoal_filter::ParseError> {
+    pub(crate) fn get(&self, sql: &str) -> Result<Arc<Selector>, shoal_filter::ParseError> {
         if let Some(s) = self.compiled.lock().get(sql) {
             return Ok(Arc::clone(s));
         }
@@ -34,7 +34,7 @@ impl SelectorCache {
     }
 
     /// Selectors cached now.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.compiled.lock().len()
     }
 }

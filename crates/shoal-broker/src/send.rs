@@ -25,7 +25,7 @@ const V3_4_9: i32 = 121;
 
 /// System topics a client may not send to (RocketMQ's `TopicValidator` "not allowed send"
 /// set): the broker writes them itself (delay levels, transaction half and op messages).
-pub const NOT_ALLOWED_SEND_TOPICS: [&str; 6] = [
+pub(crate) const NOT_ALLOWED_SEND_TOPICS: [&str; 6] = [
     "SCHEDULE_TOPIC_XXXX",
     "RMQ_SYS_TRANS_HALF_TOPIC",
     "RMQ_SYS_TRANS_OP_HALF_TOPIC",
@@ -37,7 +37,7 @@ pub const NOT_ALLOWED_SEND_TOPICS: [&str; 6] = [
 /// Refuses a client's send to a system topic with NO_PERMISSION, as Java's broker does.
 /// Only the request's own topic is checked: the broker's internal writes (delay levels,
 /// transaction half messages) do not pass through here.
-pub fn refuse_system_topic(b: &Shared, topic: &str) -> Result<(), Reject> {
+pub(crate) fn refuse_system_topic(b: &Shared, topic: &str) -> Result<(), Reject> {
     if !NOT_ALLOWED_SEND_TOPICS.contains(&topic) {
         return Ok(());
     }
@@ -56,7 +56,7 @@ pub fn refuse_system_topic(b: &Shared, topic: &str) -> Result<(), Reject> {
 }
 
 /// Maps a store error to RocketMQ's answer.
-pub fn store_reject(e: StoreError) -> Reject {
+pub(crate) fn store_reject(e: StoreError) -> Reject {
     match e {
         StoreError::MessageTooLarge { size, max } => Reject::new(
             resp::MESSAGE_ILLEGAL,
@@ -79,7 +79,7 @@ pub fn store_reject(e: StoreError) -> Reject {
 /// that does not pass its time (the shortest when none fits), again at each arrival until the
 /// time has come, so it is delivered at its time or up to one shortest level later, never
 /// before.
-pub fn apply_delay(
+pub(crate) fn apply_delay(
     b: &Shared,
     msg: &mut MessageExtBrokerInner,
     props: &mut Properties,
@@ -129,7 +129,7 @@ fn timer_hop(b: &Shared, props: &mut Properties, now: i64) -> Option<i32> {
 }
 
 /// Stores messages through the store's appender (no blocking, no thread hop) and counts them.
-pub async fn put(
+pub(crate) async fn put(
     b: &std::sync::Arc<Shared>,
     msgs: Vec<MessageExtBrokerInner>,
 ) -> Result<PutMessageResult, Reject> {
@@ -207,7 +207,7 @@ fn flush_code(flush: FlushStatus) -> Result<i32, Reject> {
 /// Everything but the store's write is done before the first await ([`prepare`]): what the
 /// future keeps across its awaits is the put and the few fields of the answer, so the future
 /// allocated and moved once per request stays small.
-pub async fn send_message(
+pub(crate) async fn send_message(
     b: &std::sync::Arc<Shared>,
     caller: &Caller<'_>,
     req: &RemotingCommand,

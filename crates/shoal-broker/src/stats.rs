@@ -13,7 +13,7 @@ const SAMPLES: usize = 601;
 
 /// Message totals and throughput windows.
 #[derive(Debug, Default)]
-pub struct BrokerStats {
+pub(crate) struct BrokerStats {
     /// UTC day (days since the epoch) of the last sample.
     day: Option<i64>,
     put_today_morning: u64,
@@ -26,7 +26,7 @@ pub struct BrokerStats {
 
 /// One snapshot of the figures, as RocketMQ names them.
 #[derive(Debug, Clone, PartialEq)]
-pub struct StatsSnapshot {
+pub(crate) struct StatsSnapshot {
     /// Messages put before the start of today (UTC) since the broker started.
     pub put_today_morning: u64,
     /// Messages put before the start of yesterday (UTC) since the broker started.
@@ -44,7 +44,7 @@ pub struct StatsSnapshot {
 impl BrokerStats {
     /// Records the counters at wall time `wall_ms` (for day boundaries) and monotonic time
     /// `mono_ms` (for rates).
-    pub fn sample(&mut self, wall_ms: i64, mono_ms: u64, put: u64, got: u64) {
+    pub(crate) fn sample(&mut self, wall_ms: i64, mono_ms: u64, put: u64, got: u64) {
         let day = wall_ms.div_euclid(DAY_MS);
         match self.day {
             None => {}
@@ -71,7 +71,7 @@ impl BrokerStats {
     }
 
     /// The figures now.
-    pub fn snapshot(&self) -> StatsSnapshot {
+    pub(crate) fn snapshot(&self) -> StatsSnapshot {
         let rate = |window_ms: u64, pick: fn(&(u64, u64, u64)) -> u64| -> f64 {
             let Some(last) = self.samples.back() else {
                 return 0.0;
@@ -113,7 +113,7 @@ impl Stats {
 }
 
 /// RocketMQ's format of a tps triple: `"12.50 10.00 3.20"`.
-pub fn format_tps(t: &[f64; 3]) -> String {
+pub(crate) fn format_tps(t: &[f64; 3]) -> String {
     format!("{:.2} {:.2} {:.2}", t[0], t[1], t[2])
 }
 

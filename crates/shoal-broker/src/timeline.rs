@@ -16,15 +16,15 @@ use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 /// Rebalances kept per group.
-pub const HISTORY_PER_GROUP: usize = 32;
+pub(crate) const HISTORY_PER_GROUP: usize = 32;
 /// Groups tracked at once.
-pub const MAX_GROUPS: usize = 1024;
+pub(crate) const MAX_GROUPS: usize = 1024;
 /// Moves kept per rebalance (further ones are counted, not listed).
-pub const MAX_MOVES: usize = 1024;
+pub(crate) const MAX_MOVES: usize = 1024;
 /// Nothing moved for this long, and every queue has a current member pulling it: converged.
-pub const QUIET_MS: i64 = 2_000;
+pub(crate) const QUIET_MS: i64 = 2_000;
 /// A rebalance still not settled after this long is closed as not converged.
-pub const GIVE_UP_MS: i64 = 120_000;
+pub(crate) const GIVE_UP_MS: i64 = 120_000;
 
 /// One queue changing hands.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -164,7 +164,7 @@ impl GroupTimeline {
 
 /// The timelines of every classic group this broker serves.
 #[derive(Debug, Default)]
-pub struct Timeline {
+pub(crate) struct Timeline {
     groups: HashMap<String, GroupTimeline>,
     /// Client id of each member connection seen (kept after it leaves, so its last pulls
     /// can still be named; bounded).
@@ -176,7 +176,7 @@ pub struct Timeline {
 impl Timeline {
     /// An empty timeline.
     #[cfg(test)]
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
@@ -200,7 +200,7 @@ impl Timeline {
 
     /// The group's members are now `members` (after a heartbeat, unregister, expiry or closed
     /// connection); `subscription_changed` when a member's subscriptions changed.
-    pub fn membership(
+    pub(crate) fn membership(
         &mut self,
         group: &str,
         members: Vec<(u64, String)>,
@@ -235,7 +235,7 @@ impl Timeline {
 
     /// The member on connection `conn_id` pulled (topic, queue) at `at_ms` (ignored when the
     /// connection never belonged to a member).
-    pub fn puller_conn(
+    pub(crate) fn puller_conn(
         &mut self,
         group: &str,
         topic: &str,
@@ -249,7 +249,14 @@ impl Timeline {
     }
 
     /// `client_id` pulled (topic, queue) at `at_ms`. A change of puller is a move.
-    pub fn puller(&mut self, group: &str, topic: &str, queue_id: i32, client_id: &str, at_ms: i64) {
+    pub(crate) fn puller(
+        &mut self,
+        group: &str,
+        topic: &str,
+        queue_id: i32,
+        client_id: &str,
+        at_ms: i64,
+    ) {
         let g = self.group(group, at_ms);
         let key = (topic.to_string(), queue_id);
         let from = match g.owners.get(&key) {
@@ -287,7 +294,7 @@ impl Timeline {
     }
 
     /// Closes rebalances that converged or gave up; returns them (for metrics).
-    pub fn tick(&mut self, now_ms: i64) -> Vec<(String, ObservedRebalance)> {
+    pub(crate) fn tick(&mut self, now_ms: i64) -> Vec<(String, ObservedRebalance)> {
         let mut done = std::mem::take(&mut self.closed);
         for (name, g) in self.groups.iter_mut() {
             let Some(open) = g.open.as_ref() else {
@@ -316,7 +323,7 @@ impl Timeline {
     }
 
     /// The group's rebalances, oldest first, the open one last.
-    pub fn history(&self, group: &str) -> Vec<ObservedRebalance> {
+    pub(crate) fn history(&self, group: &str) -> Vec<ObservedRebalance> {
         self.groups
             .get(group)
             .map(|g| g.history.iter().chain(g.open.iter()).cloned().collect())
@@ -325,7 +332,7 @@ impl Timeline {
 
     #[cfg(test)]
     /// Who pulls each queue of the group now, per the last pulls seen.
-    pub fn owners(&self, group: &str) -> BTreeMap<(String, i32), String> {
+    pub(crate) fn owners(&self, group: &str) -> BTreeMap<(String, i32), String> {
         self.groups
             .get(group)
             .map(|g| {

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 /// Longest topic name accepted (RocketMQ `TopicValidator`).
-pub const MAX_TOPIC_LEN: usize = 127;
+pub(crate) const MAX_TOPIC_LEN: usize = 127;
 
 /// Why a topic name or config is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -34,7 +34,7 @@ const TOPIC_BYTE: [bool; 256] = {
 };
 
 /// Checks a topic name as RocketMQ does: 1..=127 characters of `[%|a-zA-Z0-9_-]`.
-pub fn validate_topic_name(name: &str) -> Result<(), TopicError> {
+pub(crate) fn validate_topic_name(name: &str) -> Result<(), TopicError> {
     if name.is_empty() {
         return Err(TopicError::InvalidName(name.into(), "it is empty"));
     }
@@ -57,7 +57,7 @@ pub fn validate_topic_name(name: &str) -> Result<(), TopicError> {
 
 /// The topic table.
 #[derive(Debug)]
-pub struct TopicTable {
+pub(crate) struct TopicTable {
     path: Option<PathBuf>,
     topics: BTreeMap<String, TopicConfig>,
     data_version: DataVersion,
@@ -70,7 +70,7 @@ impl TopicTable {
     /// Loads the table from `<data_dir>/config/topics.json` (or starts empty), then adds the
     /// system topics: SCHEDULE_TOPIC_XXXX (one queue per delay level) and, when auto-create is
     /// on, TBW102 (perm 7, inheritable) as RocketMQ does.
-    pub fn open(
+    pub(crate) fn open(
         path: Option<PathBuf>,
         delay_levels: usize,
         auto_create: bool,
@@ -106,23 +106,23 @@ impl TopicTable {
     }
 
     /// A topic's config.
-    pub fn get(&self, topic: &str) -> Option<&TopicConfig> {
+    pub(crate) fn get(&self, topic: &str) -> Option<&TopicConfig> {
         self.topics.get(topic)
     }
 
     /// Every topic.
-    pub fn all(&self) -> &BTreeMap<String, TopicConfig> {
+    pub(crate) fn all(&self) -> &BTreeMap<String, TopicConfig> {
         &self.topics
     }
 
     /// The data version (changes with every update).
     #[cfg(test)]
-    pub fn data_version(&self) -> DataVersion {
+    pub(crate) fn data_version(&self) -> DataVersion {
         self.data_version
     }
 
     /// The wrapper sent to name servers and in GET_ALL_TOPIC_CONFIG.
-    pub fn wrapper(&self) -> TopicConfigAndMappingSerializeWrapper {
+    pub(crate) fn wrapper(&self) -> TopicConfigAndMappingSerializeWrapper {
         TopicConfigAndMappingSerializeWrapper {
             data_version: self.data_version,
             topic_config_table: self.topics.clone(),
@@ -131,7 +131,7 @@ impl TopicTable {
     }
 
     /// Creates or replaces a topic after validating it; returns true if anything changed.
-    pub fn upsert(&mut self, config: TopicConfig, now_ms: i64) -> Result<bool, TopicError> {
+    pub(crate) fn upsert(&mut self, config: TopicConfig, now_ms: i64) -> Result<bool, TopicError> {
         validate_topic_name(&config.topic_name)?;
         if !(0..=65_535).contains(&config.read_queue_nums)
             || !(0..=65_535).contains(&config.write_queue_nums)
@@ -161,7 +161,7 @@ impl TopicTable {
     }
 
     /// Creates `topic` if missing with `queues` queues and `perm`; returns its config.
-    pub fn ensure(
+    pub(crate) fn ensure(
         &mut self,
         topic: &str,
         queues: i32,
@@ -180,7 +180,7 @@ impl TopicTable {
     /// Creates `topic` on first send from the template `default_topic` (spec 7.6): only when
     /// the template exists and is inheritable. Queue count = min(requested, template's write
     /// queues). Returns the new config, or `None` when the template does not allow it.
-    pub fn create_from_template(
+    pub(crate) fn create_from_template(
         &mut self,
         topic: &str,
         default_topic: &str,
@@ -201,7 +201,7 @@ impl TopicTable {
     }
 
     /// Deletes a topic; returns its config if it existed.
-    pub fn remove(&mut self, topic: &str, now_ms: i64) -> Option<TopicConfig> {
+    pub(crate) fn remove(&mut self, topic: &str, now_ms: i64) -> Option<TopicConfig> {
         let c = self.topics.remove(topic)?;
         self.data_version.next_version(now_ms);
         self.changes += 1;
@@ -209,7 +209,7 @@ impl TopicTable {
     }
 
     /// Writes the table to disk (when it has a path).
-    pub fn persist(&mut self) -> Result<(), PersistError> {
+    pub(crate) fn persist(&mut self) -> Result<(), PersistError> {
         let snapshot = self.snapshot();
         snapshot.write()?;
         self.mark_persisted(snapshot.changes);
@@ -217,12 +217,12 @@ impl TopicTable {
     }
 
     /// Whether changes are not on disk yet.
-    pub fn is_dirty(&self) -> bool {
+    pub(crate) fn is_dirty(&self) -> bool {
         self.persisted < self.changes
     }
 
     /// A copy to write outside the table's lock (then [`Self::mark_persisted`]).
-    pub fn snapshot(&self) -> TableSnapshot<TopicConfigAndMappingSerializeWrapper> {
+    pub(crate) fn snapshot(&self) -> TableSnapshot<TopicConfigAndMappingSerializeWrapper> {
         TableSnapshot {
             path: self.path.clone(),
             value: self.wrapper(),
@@ -231,14 +231,14 @@ impl TopicTable {
     }
 
     /// Records that the snapshot taken at `changes` is on disk.
-    pub fn mark_persisted(&mut self, changes: u64) {
+    pub(crate) fn mark_persisted(&mut self, changes: u64) {
         self.persisted = self.persisted.max(changes);
     }
 }
 
 /// A copy of a config table to write to disk without holding the table's lock.
 #[derive(Debug)]
-pub struct TableSnapshot<T> {
+pub(crate) struct TableSnapshot<T> {
     /// Where it goes (nothing is written without a path).
     pub path: Option<PathBuf>,
     /// The content.
@@ -249,7 +249,7 @@ pub struct TableSnapshot<T> {
 
 impl<T: serde::Serialize> TableSnapshot<T> {
     /// Writes the copy atomically (temp file, fsync, rename).
-    pub fn write(&self) -> Result<(), PersistError> {
+    pub(crate) fn write(&self) -> Result<(), PersistError> {
         match &self.path {
             Some(p) => write_json_atomic(p, &self.value),
             None => Ok(()),

@@ -1,6 +1,11 @@
 //! ACL over TCP: a broker and a name server with RocketMQ's plain ACL model. Unauthenticated
 //! and wrongly signed requests are refused with NO_PERMISSION, permissions hold per topic and
 //! group, admin requests need an admin account, and a fake broker cannot register routes.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a failed unwrap is a failed test"
+)]
 
 mod common;
 

@@ -1,6 +1,11 @@
 //! Coordinated mode over real TCP: group heartbeats, revoke-then-assign with notices, the
 //! member-epoch fence on pulls and commits, unlock evidence, describe and history, the switch
 //! to classic mode when a classic-only member joins, and a coordinator restart.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a failed unwrap is a failed test"
+)]
 
 mod common;
 

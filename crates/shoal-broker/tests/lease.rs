@@ -3,6 +3,11 @@
 //! unlock and stored before the lock frees, fenced as any commit (`commitOnUnlock`), the member
 //! list on NOTIFY_CONSUMER_IDS_CHANGED to Shoal members (`memberListNotice`), and
 //! GET_BROKER_FEATURES listing them.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a failed unwrap is a failed test"
+)]
 
 mod common;
 

@@ -1,5 +1,10 @@
 //! Bounded resources and protocol strictness over TCP against an in-process broker: pull answer
 //! caps, heartbeat limits, system topics, queue ids, expression types, group auto-create.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a failed unwrap is a failed test"
+)]
 
 mod common;
 

@@ -5,6 +5,11 @@
 //! from the fuzz seeds. Each frame-level error closes that connection only; each bad request
 //! is answered with an error on a connection that stays usable; afterwards the broker serves
 //! new connections and every message acknowledged before is still there.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a failed unwrap is a failed test"
+)]
 
 mod common;
 

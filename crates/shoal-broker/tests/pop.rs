@@ -2,6 +2,11 @@
 //! stale, foreign and repeated receipts, redelivery of a lapsed lease through the POP retry
 //! topic with its reconsume count, invisibility changes, long polling, FIFO order, and lease
 //! state across a broker restart.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a failed unwrap is a failed test"
+)]
 
 mod common;
 

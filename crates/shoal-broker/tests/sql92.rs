@@ -1,6 +1,11 @@
 //! SQL92 subscriptions on pull (RocketMQ's `enablePropertyFilter`): refused when the filter is
 //! off, compile errors answered SUBSCRIPTION_PARSE_FAILED, matching records served from the
 //! header's or the heartbeat's subscription, held pulls woken by arrivals.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a failed unwrap is a failed test"
+)]
 
 mod common;
 

@@ -169,11 +169,12 @@ impl Membership {
     }
 
     /// The queues the consumer holds now; a release is reported to the coordinator at once.
-    pub fn report_held(&self, held: Vec<MessageQueue>) {
+    /// `applied_epoch` is the member epoch of the target the rebalancer had applied.
+    pub fn report_held(&self, held: Vec<MessageQueue>, applied_epoch: Option<i64>) {
         let now = self.now_ms();
         let due = {
             let mut c = self.core.lock();
-            c.handle_held(now, held);
+            c.handle_held(now, held, applied_epoch);
             c.poll_timeout().is_some_and(|t| t <= now)
         };
         if due {
@@ -230,12 +231,13 @@ impl Membership {
         instance: &ClientInstance,
         addr: &str,
         subscriptions: Vec<String>,
-        owned: Vec<MessageQueue>,
+        held: Vec<MessageQueue>,
+        applied_epoch: Option<i64>,
     ) -> Outcome {
         let now = self.now_ms();
-        let (moved, sent, member_id, instance_id, last_epoch) = {
+        let (moved, sent, member_id, instance_id, last_epoch, owned) = {
             let mut c = self.core.lock();
-            c.handle_held(now, owned.clone());
+            c.handle_held(now, held, applied_epoch);
             let moved = c.handle_coordinator(now, addr);
             c.handle_wake(now);
             (
@@ -244,6 +246,7 @@ impl Membership {
                 c.config().member_id.clone(),
                 c.config().instance_id.clone(),
                 c.last_epoch(),
+                c.report(),
             )
         };
         if let Some(old) = &moved {

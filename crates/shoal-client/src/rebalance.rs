@@ -108,6 +108,8 @@ pub(crate) struct Snapshot {
     /// Queues whose lock is held: starting, started, draining or committing (what a
     /// coordinated heartbeat reports as owned).
     pub held: Vec<MessageQueue>,
+    /// The member epoch of the coordinator's target the rebalancer had applied with `held`.
+    pub held_epoch: Option<i64>,
     /// Queues stopped and waiting for in-flight listener calls.
     pub draining: usize,
     /// Subscribed topics.
@@ -128,7 +130,7 @@ pub(crate) struct DriverHandle {
 
 impl DriverHandle {
     /// Something changed (membership notice, route change): rebalance now.
-    pub fn notice(&self) {
+    pub(crate) fn notice(&self) {
         self.notice.notify_one();
     }
     /// NOTIFY_CONSUMER_IDS_CHANGED without a member list: the group's subscriptions or a
@@ -136,7 +138,7 @@ impl DriverHandle {
     /// routes are fetched again first and the rebalance runs after, so that it allocates over
     /// the queue list the broker's notice is about: members allocating AVG over different
     /// lists could leave a queue without an owner until the next route poll.
-    pub fn refresh_routes_then_notice(&self) {
+    pub(crate) fn refresh_routes_then_notice(&self) {
         let this = self.clone();
         tokio::spawn(async move {
             let topics: Vec<String> = this
@@ -159,19 +161,19 @@ impl DriverHandle {
             this.notice();
         });
     }
-    pub fn lock_freed(&self, queues: Vec<MessageQueue>) {
+    pub(crate) fn lock_freed(&self, queues: Vec<MessageQueue>) {
         let _ = self.tx.send(Cmd::LockFreed(queues));
     }
     /// A membership notice that carried the member list (see
     /// [`crate::instance::ConsumerHandle::members_changed`]).
-    pub fn members(&self, broker_addr: &str, notice: shoal_proto::ext::ConsumerIdsNotice) {
+    pub(crate) fn members(&self, broker_addr: &str, notice: shoal_proto::ext::ConsumerIdsNotice) {
         let _ = self.tx.send(Cmd::Members(
             broker_addr.to_owned(),
             notice.version,
             notice.consumer_id_list,
         ));
     }
-    pub fn subscribe(&self, topic: &str) {
+    pub(crate) fn subscribe(&self, topic: &str) {
         {
             let mut s = self.snapshot.lock();
             if !s.topics.iter().any(|t| t == topic) {
@@ -181,18 +183,18 @@ impl DriverHandle {
         let _ = self.tx.send(Cmd::Subscribe(topic.to_owned()));
     }
     /// The coordinated membership, if any.
-    pub fn membership(&self) -> Option<&Arc<Membership>> {
+    pub(crate) fn membership(&self) -> Option<&Arc<Membership>> {
         self.membership.as_ref()
     }
     /// Coordinated mode: heartbeat the coordinator now (a notice came).
-    pub fn member_wake(&self) {
+    pub(crate) fn member_wake(&self) {
         if let Some(m) = &self.membership {
             m.wake();
         }
     }
     /// Coordinated mode: one heartbeat to the group's coordinator (reporting the held
     /// queues); its outcome goes to the rebalancer. Returns false without a membership.
-    pub async fn member_heartbeat(&self, topics: &[String]) -> bool {
+    pub(crate) async fn member_heartbeat(&self, topics: &[String]) -> bool {
         let Some(m) = &self.membership else {
             return false;
         };
@@ -205,8 +207,13 @@ impl DriverHandle {
             let _ = self.tx.send(Cmd::Member(m.directive()));
             return true;
         };
-        let held = self.snapshot.lock().held.clone();
-        let out = m.heartbeat(&self.instance, &addr, topics, held).await;
+        let (held, held_epoch) = {
+            let s = self.snapshot.lock();
+            (s.held.clone(), s.held_epoch)
+        };
+        let out = m
+            .heartbeat(&self.instance, &addr, topics, held, held_epoch)
+            .await;
         let _ = self.tx.send(Cmd::Member(m.directive()));
         if out.again {
             m.wake();
@@ -214,7 +221,7 @@ impl DriverHandle {
         true
     }
     /// Coordinated mode: heartbeats on notices, releases and every interval, until `token`.
-    pub fn spawn_membership(&self, token: CancellationToken) {
+    pub(crate) fn spawn_membership(&self, token: CancellationToken) {
         let Some(m) = self.membership.clone() else {
             return;
         };
@@ -233,20 +240,20 @@ impl DriverHandle {
             }
         });
     }
-    pub fn reset(&self, offsets: Vec<(MessageQueue, i64)>) {
+    pub(crate) fn reset(&self, offsets: Vec<(MessageQueue, i64)>) {
         let _ = self.tx.send(Cmd::Reset(offsets));
     }
     /// The queues owned now, sorted.
-    pub fn owned(&self) -> Vec<MessageQueue> {
+    pub(crate) fn owned(&self) -> Vec<MessageQueue> {
         self.snapshot.lock().owned.clone()
     }
-    pub fn stats(&self) -> RebalanceStats {
+    pub(crate) fn stats(&self) -> RebalanceStats {
         self.snapshot.lock().stats
     }
     /// Releases every queue gracefully and waits until done. A queue still draining (a
     /// listener call on it runs) is always waited for, as its lock must not be released under
     /// it; the rest of the release (commits, unlocks) gets `limit` after the last drain.
-    pub async fn shutdown(&self, limit: Duration) {
+    pub(crate) async fn shutdown(&self, limit: Duration) {
         let _ = self.tx.send(Cmd::Shutdown);
         let mut done = self.done.clone();
         loop {
@@ -387,11 +394,12 @@ impl Driver {
                 s.owned = self.rb.owned();
                 s.stats = self.rb.stats();
                 s.held.clone_from(&held);
+                s.held_epoch = self.rb.target_epoch();
             }
             if let Some(m) = &self.cfg.membership {
                 // A release is reported at once: the coordinator gives the queue to its next
                 // owner only then.
-                m.report_held(held);
+                m.report_held(held, self.rb.target_epoch());
             }
             // The snapshot first: a coordinated heartbeat must never name a queue whose
             // unlock (release evidence) is already on its way.

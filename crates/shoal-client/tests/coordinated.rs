@@ -3,6 +3,11 @@
 //! single ownership (coordinator and members agree), no loss and no duplicates (graceful
 //! joins and leaves hand over by evidence); a static member's restart moves nothing; a member
 //! killed without leaving is replaced without loss.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a failed unwrap is a failed test"
+)]
 
 mod common;
 

@@ -3,6 +3,11 @@
 //! server). RocketMQ's table makes a broker with a 550..1800 ms send latency unavailable for
 //! 2 s, so with fault tolerance on the producer sends almost everything to broker-a; with it
 //! off, round-robin keeps hitting the slow broker.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a failed unwrap is a failed test"
+)]
 
 mod common;
 

@@ -1,6 +1,11 @@
 //! Orderly consumption: messages of one sharding key go to one queue and are consumed in send
 //! order, also while the group changes (a second consumer joins, then the first leaves): the
 //! broker lock is taken before a queue is consumed and released at once after the final commit.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a failed unwrap is a failed test"
+)]
 
 mod common;
 

@@ -1,6 +1,11 @@
 //! The POP consumer: two consumers share a topic's queues with no rebalance (every message
 //! once), a slow listener keeps its message by renewing the lease, a failed message comes back
 //! with its attempt count, and the simple API's receipts are checked by the broker.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a failed unwrap is a failed test"
+)]
 
 mod common;
 

@@ -1,5 +1,10 @@
 //! Producer and push consumer against an in-process Shoal name server and broker: tags, keys,
 //! user properties, delay, batch, async and oneway sends, retry up to the DLQ, broadcasting.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a failed unwrap is a failed test"
+)]
 
 mod common;
 

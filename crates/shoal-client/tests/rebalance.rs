@@ -4,6 +4,11 @@
 //! lost, duplicates are counted, and the time to converge after the membership change is
 //! measured (the safety-net timer is set to 60 s so convergence can only come from the
 //! broker's NOTIFY_CONSUMER_IDS_CHANGED). Graceful leave must give zero duplicates.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a failed unwrap is a failed test"
+)]
 
 mod common;
 

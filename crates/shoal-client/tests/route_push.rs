@@ -4,6 +4,11 @@
 //! (AVG over different lists would leave queues without an owner). Without pushes, a
 //! broker's NOTIFY_CONSUMER_IDS_CHANGED about a topic's queues makes each member refresh the
 //! route before it allocates.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a failed unwrap is a failed test"
+)]
 
 mod common;
 

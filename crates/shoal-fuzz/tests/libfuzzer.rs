@@ -8,6 +8,11 @@
 //! test is skipped, unless `SHOAL_REQUIRE_EXTERNAL=1` (as `.ci/run` sets it), where it fails.
 //! A crash fails the test with the input's path under `target/fuzz-artifacts/<target>/` and the
 //! command that reproduces it.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a failed unwrap is a failed test"
+)]
 
 use std::fs;
 use std::path::{Path, PathBuf};

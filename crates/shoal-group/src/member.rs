@@ -190,6 +190,8 @@ pub struct CoordinatedMember {
     next_at: u64,
     /// The queues last reported held (a queue leaving it wakes the membership).
     held: Vec<MessageQueue>,
+    /// The member epoch of the target the rebalancer had applied when it reported `held`.
+    held_epoch: Option<i64>,
 }
 
 impl CoordinatedMember {
@@ -211,6 +213,7 @@ impl CoordinatedMember {
             again: false,
             next_at: now_ms,
             held: Vec::new(),
+            held_epoch: None,
         }
     }
 
@@ -302,11 +305,18 @@ impl CoordinatedMember {
     }
 
     /// The queues the consumer holds now (every queue it may still deliver or is still
-    /// releasing, but none whose unlock is on its way). A release wakes the membership: the
-    /// coordinator gives a queue to its next owner only once it hears of it.
-    pub fn handle_held(&mut self, now_ms: u64, held: Vec<MessageQueue>) {
+    /// releasing, but none whose unlock is on its way), and the member epoch of the target its
+    /// rebalancer had applied then ([`Rebalancer::target_epoch`]). A release wakes the
+    /// membership: the coordinator gives a queue to its next owner only once it hears of it.
+    pub fn handle_held(
+        &mut self,
+        now_ms: u64,
+        held: Vec<MessageQueue>,
+        applied_epoch: Option<i64>,
+    ) {
         let released = self.held.iter().any(|q| !held.contains(q));
         self.held = held;
+        self.held_epoch = applied_epoch;
         if released && self.mode == MemberMode::Coordinated {
             self.handle_wake(now_ms);
         }
@@ -333,6 +343,20 @@ impl CoordinatedMember {
             }
             _ => None,
         }
+    }
+
+    /// The queues a heartbeat names as owned: those held, and while the rebalancer has not
+    /// applied the current assignment yet, that assignment too. A queue just assigned may be
+    /// locked at any moment; leaving it out would tell the coordinator it was released (it
+    /// would give it to another member and fence this one when it names it).
+    pub fn report(&self) -> Vec<MessageQueue> {
+        let applied = self.held_epoch == Some(i64::from(self.epoch));
+        if applied || self.mode != MemberMode::Coordinated {
+            return self.held.clone();
+        }
+        let mut all: BTreeSet<MessageQueue> = self.held.iter().cloned().collect();
+        all.extend(self.assignment.iter().cloned());
+        all.into_iter().collect()
     }
 
     /// The heartbeat to send now, if one is due: the member epoch it carries (the held
@@ -518,7 +542,7 @@ mod tests {
         let mut m = member();
         let _ = m.poll_heartbeat(0);
         let _ = m.handle_answer(0, Some("b1"), 0, assigned(2, &[0, 1]));
-        m.handle_held(0, vec![q(0), q(1)]);
+        m.handle_held(0, vec![q(0), q(1)], Some(2));
         assert_eq!(m.stamp().and_then(|s| s.coordinator).as_deref(), Some("b1"));
         assert_eq!(m.handle_coordinator(10, "b2").as_deref(), Some("b1"));
         assert_eq!(

@@ -1,5 +1,10 @@
 //! Property tests of every allocation strategy over random groups: up to 200 members and
 //! 2000 queues over several topics and brokers (machine rooms as `room@broker`).
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a failed unwrap is a failed test"
+)]
 
 use proptest::prelude::*;
 use shoal_group::allocate::{

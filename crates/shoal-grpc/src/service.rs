@@ -23,7 +23,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 /// PGROUP of the half messages of gRPC producers (RocketMQ 5 producers have no group): the
 /// broker's checks of such transactions go to a gRPC producer of the topic.
-pub const GRPC_PRODUCER_GROUP: &str = "GRPC_PRODUCER";
+pub(crate) const GRPC_PRODUCER_GROUP: &str = "GRPC_PRODUCER";
 
 /// The long polling consumers are told to use unless the broker says otherwise.
 const DEFAULT_ADVERTISED_LONG_POLLING: Duration = Duration::from_secs(30);

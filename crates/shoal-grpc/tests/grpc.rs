@@ -4,6 +4,11 @@
 //! invisibility changes, redelivery with the delivery attempt, delayed messages, transactions
 //! ended by the producer and by the broker's check over Telemetry, dead-lettering, offsets,
 //! unsupported calls, and the ACL's signatures.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a failed unwrap is a failed test"
+)]
 
 use shoal_broker::{Broker, BrokerConfig};
 use shoal_grpc::pb::messaging_service_client::MessagingServiceClient;

@@ -1,6 +1,12 @@
 //! The cost of one storage format: Kafka records -> stored RocketMQ messages (produce) and
 //! stored messages -> a record batch (fetch), per record, beside the Kafka codec alone.
 //! `cargo bench -p shoal-kafka --bench convert`
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    missing_docs,
+    reason = "benchmark code (criterion's macros add undocumented functions); a failed unwrap ends the run"
+)]
 
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};

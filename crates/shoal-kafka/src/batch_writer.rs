@@ -112,6 +112,10 @@ fn from_slices<'a>(view: &RecordView<'a>) -> Option<Shown<'a>> {
 /// module documentation. Bodies compressed by RocketMQ producers are decompressed (up to
 /// `max_decompressed` bytes each). A record that cannot be read ends the batch before it (an
 /// error when it is the first).
+#[allow(
+    clippy::expect_used,
+    reason = "every record not shown was built, in order, just above"
+)]
 pub(crate) fn write_batch(stored: &Bytes, max_decompressed: usize) -> Result<BuiltBatch, String> {
     let opts = DecodeOptions {
         verify_crc: false,

@@ -140,13 +140,17 @@ pub(crate) fn err_code(e: Option<ClassicError>) -> i16 {
 impl GroupCoordinator {
     /// A classic group with members as `shoal group describe` shows it; assignments of the
     /// `consumer` protocol are decoded into this broker's queues.
-    pub fn describe(&self, group: &str, broker_name: &str) -> Option<ClassicGroupDescription> {
+    pub(crate) fn describe(
+        &self,
+        group: &str,
+        broker_name: &str,
+    ) -> Option<ClassicGroupDescription> {
         let inner = self.inner.lock();
         let g = inner.groups.get(group).filter(|g| !g.is_empty())?;
         Some(g.describe(|pt, bytes| assigned_queues(pt, bytes, broker_name)))
     }
 
-    pub fn new(config: &KafkaConfig) -> GroupCoordinator {
+    pub(crate) fn new(config: &KafkaConfig) -> GroupCoordinator {
         GroupCoordinator {
             inner: Mutex::new(Inner {
                 groups: ClassicGroups::new(ClassicConfig {
@@ -166,7 +170,7 @@ impl GroupCoordinator {
     }
 
     /// Whether a classic group has members (then it is not a consumer group).
-    pub fn has_members(&self, group: &str) -> bool {
+    pub(crate) fn has_members(&self, group: &str) -> bool {
         self.inner
             .lock()
             .groups

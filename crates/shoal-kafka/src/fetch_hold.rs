@@ -30,7 +30,7 @@ impl FetchHolds {
     /// `member` was just told of a new assignment: fetches of `partitions` (what it held)
     /// wait until `until` or its next group request. Expired holds are dropped here, so the
     /// table holds at most the partitions of members answered in the last hold period.
-    pub fn hold(
+    pub(crate) fn hold(
         &mut self,
         member: &MemberKey,
         partitions: impl IntoIterator<Item = (String, i32)>,
@@ -44,14 +44,14 @@ impl FetchHolds {
     }
 
     /// `member` sent a group request after its callback: its holds end.
-    pub fn release(&mut self, member: &MemberKey) -> bool {
+    pub(crate) fn release(&mut self, member: &MemberKey) -> bool {
         let before = self.holds.len();
         self.holds.retain(|_, (m, _)| m != member);
         self.holds.len() != before
     }
 
     /// How long a fetch of `partitions` must still wait at `now` (`None`: not at all).
-    pub fn wait_for(&self, partitions: &[(String, i32)], now: Instant) -> Option<Duration> {
+    pub(crate) fn wait_for(&self, partitions: &[(String, i32)], now: Instant) -> Option<Duration> {
         if self.holds.is_empty() {
             return None;
         }
@@ -65,7 +65,7 @@ impl FetchHolds {
     }
 
     /// Whether nothing is held (the fetch path's shortcut).
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.holds.is_empty()
     }
 }

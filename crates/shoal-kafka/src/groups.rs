@@ -64,7 +64,7 @@ impl GroupCoordinator {
     }
 
     /// Offset commit fencing of a commit of `partitions` (topic, partition).
-    pub fn validate_commit(
+    pub(crate) fn validate_commit(
         &self,
         state: &State,
         group: &str,

@@ -83,7 +83,7 @@ pub(crate) fn state_name(d: &GroupDescription) -> &'static str {
 }
 
 impl ConsumerGroups {
-    pub fn new(config: &KafkaConfig, broker_name: String) -> ConsumerGroups {
+    pub(crate) fn new(config: &KafkaConfig, broker_name: String) -> ConsumerGroups {
         ConsumerGroups {
             members: Mutex::new(HashMap::new()),
             watched: Mutex::new(HashMap::new()),
@@ -96,7 +96,7 @@ impl ConsumerGroups {
 
     /// The coordinator asks `member` of `group` to heartbeat now (its assignment changed): a
     /// held answer to it goes out at once. Members that are not being answered are skipped.
-    pub fn notify_member(&self, group: &str, member: &str) {
+    pub(crate) fn notify_member(&self, group: &str, member: &str) {
         if let Some(n) = self
             .watched
             .lock()
@@ -131,7 +131,7 @@ impl ConsumerGroups {
 
     /// Forgets the cached heartbeat fields of members the coordinator no longer has (left,
     /// expired, fenced, or cleared when the group went classic).
-    pub fn prune(&self, host: &dyn BrokerHandle) {
+    pub(crate) fn prune(&self, host: &dyn BrokerHandle) {
         let keys: Vec<(String, String)> = self.members.lock().keys().cloned().collect();
         if keys.is_empty() {
             return;
@@ -153,7 +153,7 @@ impl ConsumerGroups {
     }
 
     /// (member id, host) of the members of `group` this listener has heard from.
-    pub fn member_hosts(&self, group: &str) -> Vec<(String, String)> {
+    pub(crate) fn member_hosts(&self, group: &str) -> Vec<(String, String)> {
         self.members
             .lock()
             .iter()
@@ -163,17 +163,17 @@ impl ConsumerGroups {
     }
 
     /// Whether the coordinator knows this group (it then fences the group's commits).
-    pub fn has_group(&self, host: &dyn BrokerHandle, group: &str) -> bool {
+    pub(crate) fn has_group(&self, host: &dyn BrokerHandle, group: &str) -> bool {
         on_coordinator(host, None, &[], |c, _| c.knows_group(group)).unwrap_or(false)
     }
 
     /// Whether the coordinator's group has members (Kafka's or Shoal's).
-    pub fn has_members(&self, host: &dyn BrokerHandle, group: &str) -> bool {
+    pub(crate) fn has_members(&self, host: &dyn BrokerHandle, group: &str) -> bool {
         on_coordinator(host, None, &[], |c, _| c.has_members(group)).unwrap_or(false)
     }
 
     /// Offset-commit fencing for a consumer-group member at `epoch`.
-    pub fn validate_commit(
+    pub(crate) fn validate_commit(
         &self,
         host: &dyn BrokerHandle,
         group: &str,
@@ -195,7 +195,7 @@ impl ConsumerGroups {
 
     /// Group names with their state (for ListGroups): every group of the coordinator, Kafka's
     /// and Shoal's coordinated ones.
-    pub fn list(&self, host: &dyn BrokerHandle) -> Vec<(String, &'static str)> {
+    pub(crate) fn list(&self, host: &dyn BrokerHandle) -> Vec<(String, &'static str)> {
         on_coordinator(host, None, &[], |c, now| {
             c.group_names()
                 .into_iter()
@@ -210,7 +210,11 @@ impl ConsumerGroups {
 
     /// Forgets the members-less group's coordinator state (DeleteGroups); `Ok(false)` when
     /// the coordinator does not know it.
-    pub fn delete(&self, host: &dyn BrokerHandle, group: &str) -> Result<bool, ResponseError> {
+    pub(crate) fn delete(
+        &self,
+        host: &dyn BrokerHandle,
+        group: &str,
+    ) -> Result<bool, ResponseError> {
         on_coordinator(host, None, &[], |c, now| {
             if !c.knows_group(group) {
                 return Ok(false);

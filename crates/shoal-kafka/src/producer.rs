@@ -56,7 +56,7 @@ pub(crate) enum SeqCheck {
 
 impl ProducerEntry {
     /// Checks a batch (first..=last sequence, epoch) against what was stored before.
-    pub fn check(
+    pub(crate) fn check(
         &self,
         topic: &str,
         partition: i32,
@@ -101,7 +101,7 @@ impl ProducerEntry {
     }
 
     /// Records a stored batch.
-    pub fn record(
+    pub(crate) fn record(
         &mut self,
         topic: &str,
         partition: i32,
@@ -135,12 +135,12 @@ impl ProducerEntry {
 
     /// Marks `(topic, partition)` as being written by a request of this producer; false when
     /// another request of the producer is writing it already (see `writing`).
-    pub fn begin_write(&mut self, topic: &str, partition: i32) -> bool {
+    pub(crate) fn begin_write(&mut self, topic: &str, partition: i32) -> bool {
         self.writing.insert((topic.to_string(), partition))
     }
 
     /// Ends what [`ProducerEntry::begin_write`] began.
-    pub fn end_write(&mut self, topic: &str, partition: i32) {
+    pub(crate) fn end_write(&mut self, topic: &str, partition: i32) {
         self.writing.remove(&(topic.to_string(), partition));
     }
 }
@@ -161,7 +161,7 @@ pub(crate) struct ProducerTable {
 }
 
 impl ProducerTable {
-    pub fn new(max: usize) -> ProducerTable {
+    pub(crate) fn new(max: usize) -> ProducerTable {
         // Ids start from the wall clock so that producers from before a restart do not get
         // their id handed to someone else.
         let base = (wall_ms().max(1) << 20) & i64::MAX;
@@ -174,7 +174,7 @@ impl ProducerTable {
     }
 
     /// The state of a producer, if known.
-    pub fn get(&self, id: i64) -> Option<Arc<Mutex<ProducerEntry>>> {
+    pub(crate) fn get(&self, id: i64) -> Option<Arc<Mutex<ProducerEntry>>> {
         let tick = self.clock.fetch_add(1, Ordering::Relaxed);
         let mut slots = self.slots.lock();
         let slot = slots.get_mut(&id)?;
@@ -233,7 +233,7 @@ impl ProducerTable {
 
     /// Known producers.
     #[cfg(test)]
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.slots.lock().len()
     }
 }

@@ -46,14 +46,14 @@ pub(crate) struct RequestCtx {
 impl RequestCtx {
     /// Resolves when the connection's next request has arrived or the connection closed
     /// (never, for a request whose answer may not be held).
-    pub async fn next_request(&self) {
+    pub(crate) async fn next_request(&self) {
         match &self.next_request {
             Some(n) => n.notified().await,
             None => std::future::pending().await,
         }
     }
 
-    pub fn reply<R: Encodable>(&self, body: &R) -> Reply {
+    pub(crate) fn reply<R: Encodable>(&self, body: &R) -> Reply {
         frame(self.key, self.version, self.correlation_id, body)
     }
 }

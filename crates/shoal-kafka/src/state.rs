@@ -98,7 +98,11 @@ impl std::fmt::Debug for dyn BrokerHandle {
 }
 
 impl State {
-    pub fn new(config: KafkaConfig, host: Arc<dyn BrokerHandle>, bound: SocketAddr) -> State {
+    pub(crate) fn new(
+        config: KafkaConfig,
+        host: Arc<dyn BrokerHandle>,
+        bound: SocketAddr,
+    ) -> State {
         let advertised_host = config.advertised_host.clone().unwrap_or_else(|| {
             if bound.ip().is_unspecified() {
                 "127.0.0.1".to_string()
@@ -129,7 +133,7 @@ impl State {
 
     /// `member` was just told of a new assignment: fetches of the partitions it held wait
     /// until its next group request, at most `rebalance_fetch_hold_ms`.
-    pub fn hold_fetches(&self, member: &MemberKey, partitions: Vec<(String, i32)>) {
+    pub(crate) fn hold_fetches(&self, member: &MemberKey, partitions: Vec<(String, i32)>) {
         let hold = self.config.rebalance_fetch_hold_ms;
         if hold == 0 || partitions.is_empty() {
             return;
@@ -146,13 +150,13 @@ impl State {
     }
 
     /// Whether fetches may have to wait ([`State::wait_fetch_holds`]).
-    pub fn fetch_holds_any(&self) -> bool {
+    pub(crate) fn fetch_holds_any(&self) -> bool {
         self.fetch_holds_any
             .load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// `member` sent a group request: it is past its rebalance callback.
-    pub fn release_fetches(&self, member: &MemberKey) {
+    pub(crate) fn release_fetches(&self, member: &MemberKey) {
         let released = {
             let mut h = self.fetch_holds.lock();
             !h.is_empty() && h.release(member)
@@ -163,7 +167,7 @@ impl State {
     }
 
     /// Waits while a fetch of `partitions` is held.
-    pub async fn wait_fetch_holds(&self, partitions: &[(String, i32)]) {
+    pub(crate) async fn wait_fetch_holds(&self, partitions: &[(String, i32)]) {
         loop {
             let released = self.fetch_released.notified();
             let wait = {
@@ -185,12 +189,12 @@ impl State {
     }
 
     /// Monotonic milliseconds since the listener started (the group state machines' clock).
-    pub fn now_ms(&self) -> u64 {
+    pub(crate) fn now_ms(&self) -> u64 {
         self.started.elapsed().as_millis() as u64
     }
 
     /// Looks a topic up by its id (Fetch v13+, Metadata by id).
-    pub fn topic_by_id(&self, id: Uuid) -> Option<TopicInfo> {
+    pub(crate) fn topic_by_id(&self, id: Uuid) -> Option<TopicInfo> {
         self.host
             .topics()
             .into_iter()

@@ -2,6 +2,11 @@
 //! tells it nothing new gets the answer when its assignment changes or a rebalance starts,
 //! not when its hold ends; the holds here are far longer than the tests' time limits, so an
 //! answer that arrives proves the wake-up, not a timer.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a failed unwrap is a failed test"
+)]
 
 use bytes::Bytes;
 use kafka_protocol::messages::*;

@@ -1,4 +1,9 @@
 //! The name server over real TCP on 127.0.0.1, driven with raw protocol requests.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a failed unwrap is a failed test"
+)]
 
 use shoal_namesrv::{NameServer, NamesrvConfig};
 use shoal_net::{NetConfig, NotSupportedProcessor, RemotingClient};

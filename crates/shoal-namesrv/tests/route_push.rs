@@ -1,6 +1,11 @@
 //! Pushed routes over real TCP on 127.0.0.1: a client that watches a topic's route is told
 //! when it really changes (a broker registered, its queues changed, write permission wiped, a
 //! broker unregistered), not at every periodic registration; the watch limits refuse and count.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a failed unwrap is a failed test"
+)]
 
 use shoal_namesrv::{NameServer, NamesrvConfig};
 use shoal_net::{processor_fn, NetConfig, NotSupportedProcessor, RemotingClient};

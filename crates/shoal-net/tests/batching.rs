@@ -2,6 +2,11 @@
 //! connection that started requests while the processor reports work waiting for the end of
 //! the batch ([`Processor::batch_waiting`]) yields to the runtime once, so the other
 //! connections woken with it add their requests before the batch ends.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a failed unwrap is a failed test"
+)]
 
 use bytes::{Bytes, BytesMut};
 use futures::future::BoxFuture;

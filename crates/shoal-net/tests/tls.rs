@@ -1,6 +1,11 @@
 //! TLS on the transport, over TCP on 127.0.0.1 with certificates made by rcgen: the three
 //! server modes, client verification (wrong CA, wrong name, insecure), and the bounded
 //! handshake.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a failed unwrap is a failed test"
+)]
 
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, SanType};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};

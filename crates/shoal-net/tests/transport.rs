@@ -1,4 +1,9 @@
 //! End-to-end tests of the transport on 127.0.0.1 with ports chosen at run time.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a failed unwrap is a failed test"
+)]
 
 use bytes::{Bytes, BytesMut};
 use futures::future::BoxFuture;

@@ -5,6 +5,12 @@
 //! Run briefly with:
 //! `cargo bench -p shoal-proto --bench header -- --warm-up-time 1 --measurement-time 3`
 //! (add a filter such as `json_header` to run one group).
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    missing_docs,
+    reason = "benchmark code (criterion's macros add undocumented functions); a failed unwrap ends the run"
+)]
 
 use bytes::{Bytes, BytesMut};
 use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughput};

@@ -2,6 +2,12 @@
 //! 1 KiB (full decode and the light header view) and encoding one record.
 //!
 //! Run briefly: `cargo bench -p shoal-proto --bench message -- --warm-up-time 1 --measurement-time 3`
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    missing_docs,
+    reason = "benchmark code (criterion's macros add undocumented functions); a failed unwrap ends the run"
+)]
 
 use std::hint::black_box;
 

@@ -4,6 +4,12 @@
 //!
 //! Run briefly with:
 //! `cargo bench -p shoal-proto --bench typed -- --warm-up-time 1 --measurement-time 3`
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    missing_docs,
+    reason = "benchmark code (criterion's macros add undocumented functions); a failed unwrap ends the run"
+)]
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughput};
 use shoal_proto::body::{

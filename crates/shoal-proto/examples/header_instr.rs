@@ -12,6 +12,11 @@
 //!
 //! Instruction counts repeat to a fraction of a percent, unlike times on a shared machine
 //! (see benches/peers/README.md).
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a tool for measurement; a failed unwrap ends the run"
+)]
 
 use bytes::{BufMut, Bytes, BytesMut};
 use shoal_proto::command::{ExtFields, LanguageCode, RemotingCommand, SerializeType};

@@ -1,5 +1,10 @@
 //! Typed headers and JSON bodies through whole frames (the `command` codec), against the
 //! byte-exact examples of the protocol spec (sections 1.3, 1.4, 2, 3, 8, 10).
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a failed unwrap is a failed test"
+)]
 
 use bytes::Bytes;
 use shoal_proto::body::{

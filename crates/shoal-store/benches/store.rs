@@ -6,6 +6,10 @@
 //! `SHOAL_BENCH_MMAP=1` appends through a memory map instead of one `pwrite` per append
 //! (`StoreConfig::mmap_commit_log`: appends under a page through the map, larger ones still
 //! with `pwrite`), to compare the two in one session.
+#![allow(
+    missing_docs,
+    reason = "benchmark code (criterion's macros add undocumented functions); a failed unwrap ends the run"
+)]
 
 use std::hint::black_box;
 use std::net::SocketAddr;

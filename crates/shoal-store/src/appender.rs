@@ -453,12 +453,14 @@ pub(crate) struct WriterUse<'a> {
 
 impl std::ops::Deref for WriterUse<'_> {
     type Target = WriterState;
+    #[allow(clippy::expect_used, reason = "the guard is taken only in drop")]
     fn deref(&self) -> &WriterState {
         self.guard.as_deref().expect("held until drop")
     }
 }
 
 impl std::ops::DerefMut for WriterUse<'_> {
+    #[allow(clippy::expect_used, reason = "the guard is taken only in drop")]
     fn deref_mut(&mut self) -> &mut WriterState {
         self.guard.as_deref_mut().expect("held until drop")
     }

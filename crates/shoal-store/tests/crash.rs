@@ -5,6 +5,11 @@
 //! every acknowledged-durable message is there exactly once, nothing was invented, each
 //! queue holds a prefix of what was sent to it (no holes, order kept), and the consume queues
 //! agree with the commit log.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a failed unwrap is a failed test"
+)]
 
 mod common;
 

@@ -1,6 +1,11 @@
 //! Memory-mapped commit-log appends on the real file system: segments reserve space ahead of
 //! the writes, a process that dies leaves a zero-filled tail, and recovery finds exactly the
 //! records appended.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a failed unwrap is a failed test"
+)]
 
 mod common;
 

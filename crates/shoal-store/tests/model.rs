@@ -1,6 +1,11 @@
 //! Property tests: random appends (mixed topics, queues, sizes, batches), reads, flushes and
 //! reopens (clean and after a crash that kept everything written) agree with an in-memory
 //! model.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a failed unwrap is a failed test"
+)]
 
 mod common;
 

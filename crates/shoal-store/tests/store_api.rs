@@ -1,4 +1,9 @@
 //! Behaviour of the public `MessageStore` API.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a failed unwrap is a failed test"
+)]
 
 mod common;
 

@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Options every admin command takes.
 #[derive(Debug, Args, Clone)]
-pub struct Common {
+pub(crate) struct Common {
     /// Name server addresses, separated by `;` or `,`.
     #[arg(
         long,
@@ -78,7 +78,7 @@ pub struct Common {
 
 /// `--serialize-type`: the client's header encodings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum HeaderEncoding {
+pub(crate) enum HeaderEncoding {
     /// JSON, but binary for sends to Shoal brokers.
     Auto,
     /// JSON for every request.
@@ -90,7 +90,7 @@ pub enum HeaderEncoding {
 
 impl HeaderEncoding {
     /// The encoding of requests other than sends to Shoal brokers.
-    pub fn serialize_type(self) -> shoal_proto::SerializeType {
+    pub(crate) fn serialize_type(self) -> shoal_proto::SerializeType {
         match self {
             HeaderEncoding::RocketMq => shoal_proto::SerializeType::RocketMq,
             HeaderEncoding::Auto | HeaderEncoding::Json => shoal_proto::SerializeType::Json,
@@ -98,14 +98,16 @@ impl HeaderEncoding {
     }
 
     /// [`shoal_client::ClientConfig::binary_sends_to_shoal`].
-    pub fn binary_sends_to_shoal(self) -> bool {
+    pub(crate) fn binary_sends_to_shoal(self) -> bool {
         self != HeaderEncoding::Json
     }
 }
 
 impl Common {
     /// The ACL credentials from the flags, the environment or the credentials file.
-    pub fn credentials(&self) -> anyhow::Result<Option<shoal_proto::acl::SessionCredentials>> {
+    pub(crate) fn credentials(
+        &self,
+    ) -> anyhow::Result<Option<shoal_proto::acl::SessionCredentials>> {
         let mut ak = self.access_key.clone();
         let mut sk = self.secret_key.clone();
         let mut token = self.security_token.clone();
@@ -147,7 +149,7 @@ impl Common {
 
     /// TLS from `--tls`, `--tls-ca`, `--tls-insecure`, `--tls-server-name` (`None`:
     /// plaintext).
-    pub fn client_tls(&self) -> anyhow::Result<Option<shoal_net::ClientTls>> {
+    pub(crate) fn client_tls(&self) -> anyhow::Result<Option<shoal_net::ClientTls>> {
         let on = self.tls || self.tls_ca.is_some() || self.tls_insecure;
         if !on {
             if self.tls_server_name.is_some() {
@@ -171,7 +173,7 @@ impl Common {
     }
 
     /// Client settings: name servers, credentials and TLS.
-    pub fn client_config(&self) -> anyhow::Result<shoal_client::ClientConfig> {
+    pub(crate) fn client_config(&self) -> anyhow::Result<shoal_client::ClientConfig> {
         Ok(shoal_client::ClientConfig {
             credentials: self.credentials()?,
             tls: self.client_tls()?,
@@ -206,7 +208,7 @@ impl Common {
 
 /// `shoal topic ...`
 #[derive(Debug, Subcommand)]
-pub enum TopicCmd {
+pub(crate) enum TopicCmd {
     /// Create a topic on every broker (of a cluster with --cluster, or on chosen brokers with
     /// --brokers).
     Create(TopicCreate),
@@ -237,7 +239,7 @@ pub enum TopicCmd {
 
 /// Options of `topic create` / `topic update`.
 #[derive(Debug, Args)]
-pub struct TopicCreate {
+pub(crate) struct TopicCreate {
     /// Topic.
     pub topic: String,
     /// Queues per broker (read and write).
@@ -270,7 +272,7 @@ pub struct TopicCreate {
 
 /// `shoal group ...`
 #[derive(Debug, Subcommand)]
-pub enum GroupCmd {
+pub(crate) enum GroupCmd {
     /// Every consumer group known to the brokers with its members, mode, total lag and state
     /// (STABLE, REBALANCING, EMPTY), like `kafka-consumer-groups --describe --all-groups`.
     List,
@@ -331,7 +333,7 @@ pub enum GroupCmd {
 
 /// `shoal message ...`
 #[derive(Debug, Subcommand)]
-pub enum MessageCmd {
+pub(crate) enum MessageCmd {
     /// Messages of a topic with a key (the KEYS property), from the brokers' index.
     Query {
         /// Topic.
@@ -356,7 +358,7 @@ pub enum MessageCmd {
 
 /// `shoal dlq ...`
 #[derive(Debug, Subcommand)]
-pub enum DlqCmd {
+pub(crate) enum DlqCmd {
     /// List the messages of a group's dead-letter queue.
     List {
         /// Consumer group.
@@ -397,7 +399,7 @@ fn now_ms() -> i64 {
 
 /// Parses `earliest`, `latest`, epoch ms, RFC 3339, or a duration ago (`10m`, `2h 30m`) into
 /// the timestamp the broker expects (`-1` = latest, `0` = earliest).
-pub fn parse_time(s: &str) -> anyhow::Result<i64> {
+pub(crate) fn parse_time(s: &str) -> anyhow::Result<i64> {
     let s = s.trim();
     match s {
         "earliest" | "first" => return Ok(0),
@@ -442,7 +444,7 @@ fn message_json(m: &MessageExt) -> serde_json::Value {
 }
 
 /// `shoal topic`.
-pub async fn topic(common: &Common, cmd: TopicCmd) -> anyhow::Result<()> {
+pub(crate) async fn topic(common: &Common, cmd: TopicCmd) -> anyhow::Result<()> {
     let admin = common.admin()?;
     // `topic update` is `topic create --update`.
     let cmd = match cmd {
@@ -607,7 +609,7 @@ pub async fn topic(common: &Common, cmd: TopicCmd) -> anyhow::Result<()> {
 }
 
 /// `shoal group`.
-pub async fn group(common: &Common, cmd: GroupCmd) -> anyhow::Result<()> {
+pub(crate) async fn group(common: &Common, cmd: GroupCmd) -> anyhow::Result<()> {
     let admin = common.admin()?;
     match cmd {
         GroupCmd::List => {
@@ -940,7 +942,7 @@ fn rocketmq_state(members: usize, progress: Option<&GroupProgress>) -> &'static 
 }
 
 /// `shoal broker status`.
-pub async fn broker_status(common: &Common, broker: Option<String>) -> anyhow::Result<()> {
+pub(crate) async fn broker_status(common: &Common, broker: Option<String>) -> anyhow::Result<()> {
     let admin = common.admin()?;
     let addrs = match broker {
         Some(b) => vec![b],
@@ -968,7 +970,7 @@ pub async fn broker_status(common: &Common, broker: Option<String>) -> anyhow::R
 }
 
 /// `shoal message get`.
-pub async fn message(common: &Common, cmd: MessageCmd) -> anyhow::Result<()> {
+pub(crate) async fn message(common: &Common, cmd: MessageCmd) -> anyhow::Result<()> {
     let admin = common.admin()?;
     let (id, topic) = match cmd {
         MessageCmd::Get { id, topic } => (id, topic),
@@ -1035,7 +1037,7 @@ pub async fn message(common: &Common, cmd: MessageCmd) -> anyhow::Result<()> {
 }
 
 /// `shoal dlq`.
-pub async fn dlq(common: &Common, cmd: DlqCmd) -> anyhow::Result<()> {
+pub(crate) async fn dlq(common: &Common, cmd: DlqCmd) -> anyhow::Result<()> {
     let admin = common.admin()?;
     match cmd {
         DlqCmd::List { group, max } => {

@@ -27,7 +27,7 @@ use libmimalloc_sys::{
 const BLOCK_ALIGN: usize = std::mem::size_of::<usize>();
 
 /// mimalloc, with `mi_malloc` for alignments it always meets.
-pub struct Mimalloc;
+pub(crate) struct Mimalloc;
 
 #[allow(unsafe_code)]
 // SAFETY: every pointer returned comes from mimalloc with at least `layout`'s size and

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 /// Options of `shoal send`.
 #[derive(Debug, Args)]
-pub struct SendArgs {
+pub(crate) struct SendArgs {
     /// Topic.
     pub topic: String,
     /// Message body (`{i}` is replaced by the message number). Without it (and without
@@ -57,7 +57,7 @@ pub struct SendArgs {
 
 /// Options of `shoal consume`.
 #[derive(Debug, Args)]
-pub struct ConsumeArgs {
+pub(crate) struct ConsumeArgs {
     /// Topic.
     pub topic: String,
     /// Consumer group.
@@ -161,7 +161,7 @@ pub(crate) async fn topic_exists(common: &Common, topic: &str) -> anyhow::Result
 }
 
 /// `shoal send`.
-pub async fn send(common: &Common, a: SendArgs) -> anyhow::Result<()> {
+pub(crate) async fn send(common: &Common, a: SendArgs) -> anyhow::Result<()> {
     if a.body.is_some() && a.size.is_some() {
         bail!("give either --body or --size, not both");
     }
@@ -371,7 +371,7 @@ pub(crate) fn print_record(
 /// `shoal consume`: prints messages until Ctrl-C / SIGTERM (or --count), then leaves the group
 /// gracefully (offsets committed, queues handed over at once).
 /// (`--pop` is [`consume_pop`](crate::pop_cmd), chosen by the caller.)
-pub async fn consume(common: &Common, a: ConsumeArgs) -> anyhow::Result<()> {
+pub(crate) async fn consume(common: &Common, a: ConsumeArgs) -> anyhow::Result<()> {
     let (mut from, ts) = match a.from.as_str() {
         "first" | "earliest" => (ConsumeFromWhere::ConsumeFromFirstOffset, None),
         "last" | "latest" => (ConsumeFromWhere::ConsumeFromLastOffset, None),

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 /// `shoal cluster ...`
 #[derive(Debug, Subcommand)]
-pub enum ClusterCmd {
+pub(crate) enum ClusterCmd {
     /// List clusters, brokers and their addresses.
     List,
     /// Drain a broker before stopping it: the name servers serve its queues read-only
@@ -39,7 +39,7 @@ pub enum ClusterCmd {
 }
 
 /// `shoal cluster`.
-pub async fn run(common: &Common, cmd: ClusterCmd) -> anyhow::Result<()> {
+pub(crate) async fn run(common: &Common, cmd: ClusterCmd) -> anyhow::Result<()> {
     match cmd {
         ClusterCmd::List => list(common).await,
         ClusterCmd::Drain {

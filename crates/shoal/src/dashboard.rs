@@ -2,8 +2,8 @@
 //! go through the name server (as `shoal topic|group|message|dlq` do); the rebalance
 //! timeline and the broker's own counters come from the broker of this process.
 
-use crate::http::HttpState;
-use crate::http_auth::RequestAdmin;
+use crate::http_access::RequestAdmin;
+use crate::http_state::HttpState;
 use axum::extract::{Extension, Path, Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -21,7 +21,7 @@ const APP_JS: &str = include_str!("dashboard/app.js");
 const STYLE_CSS: &str = include_str!("dashboard/style.css");
 
 /// Adds the dashboard's pages and API to `r`.
-pub fn routes(r: Router<HttpState>) -> Router<HttpState> {
+pub(crate) fn routes(r: Router<HttpState>) -> Router<HttpState> {
     r.route(
         "/",
         get(|| async { asset("text/html; charset=utf-8", INDEX_HTML) }),
@@ -97,7 +97,7 @@ fn admin(a: &RequestAdmin) -> Result<&AdminClient, ApiError> {
 }
 
 /// System topics: RocketMQ's own and the per group retry and dead-letter topics.
-pub fn is_system_topic(t: &str) -> bool {
+pub(crate) fn is_system_topic(t: &str) -> bool {
     shoal_proto::constants::is_retry_topic(t)
         || t.starts_with("%DLQ%")
         || t.starts_with("rmq_sys_")

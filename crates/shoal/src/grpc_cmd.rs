@@ -6,7 +6,7 @@ use shoal_broker::{Broker, BrokerConfig};
 use shoal_grpc::{GrpcConfig, GrpcServer};
 
 /// Serves `MessagingService` on `listen` for the broker.
-pub async fn start_grpc(
+pub(crate) async fn start_grpc(
     broker: &Broker,
     cfg: &BrokerConfig,
     listen: &str,

@@ -2,95 +2,21 @@
 //! `/metrics`, and (where a broker runs) the dashboard and its JSON API (see `dashboard`),
 //! behind sign-in when ACL is on (`http_auth`), over TLS when asked (`http_listener`).
 
-use crate::http_auth::{Access, AccessSettings, Peer};
+use crate::http_access::Peer;
 use crate::http_listener::HttpListener;
+pub(crate) use crate::http_state::HttpState;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use shoal_broker::BrokerApi;
-use shoal_namesrv::NamesrvProcessor;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::task::JoinHandle;
 use tokio_util_shutdown::Shutdown;
 
-/// What one HTTP port serves.
-#[derive(Clone, Default)]
-pub struct HttpState {
-    /// The broker of this process, if any.
-    pub broker: Option<BrokerApi>,
-    /// The name server of this process, if any.
-    pub namesrv: Option<Arc<NamesrvProcessor>>,
-    /// Name servers the dashboard asks for cluster-wide views.
-    pub namesrv_addrs: Vec<String>,
-    /// Admin client over those name servers (unsigned: for a port without ACL).
-    pub admin: Option<Arc<shoal_client::AdminClient>>,
-    /// TLS to the name servers, for the admin clients of signed-in sessions.
-    pub namesrv_tls: Option<shoal_net::ClientTls>,
-    /// Who may use the port.
-    pub access: Arc<Access>,
-}
-
-impl HttpState {
-    /// What a process with this broker and/or name server serves; the dashboard's cluster
-    /// views ask `namesrv_addrs`.
-    pub fn new(
-        broker: Option<BrokerApi>,
-        namesrv: Option<Arc<NamesrvProcessor>>,
-        namesrv_addrs: Vec<String>,
-    ) -> Self {
-        let admin = (!namesrv_addrs.is_empty()).then(|| {
-            Arc::new(
-                shoal_client::AdminClient::new(namesrv_addrs.clone())
-                    .with_timeout(std::time::Duration::from_secs(5)),
-            )
-        });
-        Self {
-            broker,
-            namesrv,
-            namesrv_addrs,
-            admin,
-            namesrv_tls: None,
-            access: Arc::new(Access::new(AccessSettings::default())),
-        }
-    }
-
-    /// Sign-in, sessions and tokens of the port (`[http]` of the broker file).
-    pub fn with_access(mut self, settings: AccessSettings) -> Self {
-        self.access = Arc::new(Access::new(settings));
-        self
-    }
-
-    /// The dashboard's cluster views reach the name servers over TLS.
-    pub fn with_namesrv_tls(mut self, tls: Option<shoal_net::ClientTls>) -> Self {
-        self.namesrv_tls = tls.clone();
-        if let Some(tls) = tls {
-            if !self.namesrv_addrs.is_empty() {
-                self.admin = Some(Arc::new(
-                    shoal_client::AdminClient::new(self.namesrv_addrs.clone())
-                        .with_timeout(std::time::Duration::from_secs(5))
-                        .with_tls(tls),
-                ));
-            }
-        }
-        self
-    }
-}
-
-impl std::fmt::Debug for HttpState {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("HttpState")
-            .field("broker", &self.broker.is_some())
-            .field("namesrv", &self.namesrv.is_some())
-            .field("namesrv_addrs", &self.namesrv_addrs)
-            .finish()
-    }
-}
-
 /// A running HTTP server; stops when dropped or by [`HttpServer::shutdown`].
 #[derive(Debug)]
-pub struct HttpServer {
+pub(crate) struct HttpServer {
     addr: SocketAddr,
     stop: Shutdown,
     task: Option<JoinHandle<()>>,
@@ -99,12 +25,12 @@ pub struct HttpServer {
 
 impl HttpServer {
     /// Binds `addr` and serves `state` over plain HTTP.
-    pub async fn start(addr: &str, state: HttpState) -> anyhow::Result<HttpServer> {
+    pub(crate) async fn start(addr: &str, state: HttpState) -> anyhow::Result<HttpServer> {
         Self::start_with_tls(addr, state, shoal_net::ServerTls::disabled()).await
     }
 
     /// Binds `addr` and serves `state` in `tls`'s mode (HTTP, HTTPS or both).
-    pub async fn start_with_tls(
+    pub(crate) async fn start_with_tls(
         addr: &str,
         state: HttpState,
         tls: shoal_net::ServerTls,
@@ -137,12 +63,12 @@ impl HttpServer {
     }
 
     /// The bound address.
-    pub fn local_addr(&self) -> SocketAddr {
+    pub(crate) fn local_addr(&self) -> SocketAddr {
         self.addr
     }
 
     /// Stops serving (open requests finish) and waits.
-    pub async fn shutdown(mut self) {
+    pub(crate) async fn shutdown(mut self) {
         self.stop.trigger();
         if let Some(a) = &self.admin {
             a.shutdown();
@@ -238,7 +164,7 @@ mod tokio_util_shutdown {
     use tokio::sync::watch;
 
     #[derive(Debug, Clone)]
-    pub struct Shutdown {
+    pub(super) struct Shutdown {
         tx: Arc<watch::Sender<bool>>,
     }
 
@@ -251,11 +177,11 @@ mod tokio_util_shutdown {
     }
 
     impl Shutdown {
-        pub fn trigger(&self) {
+        pub(super) fn trigger(&self) {
             self.tx.send_replace(true);
         }
 
-        pub async fn wait(&self) {
+        pub(super) async fn wait(&self) {
             let mut rx = self.tx.subscribe();
             let _ = rx.wait_for(|v| *v).await;
         }

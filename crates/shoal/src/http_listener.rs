@@ -4,7 +4,7 @@
 //! closed). Handshakes run in their own tasks, bounded by the handshake timeout, so a slow
 //! client never holds up the others.
 
-use crate::http_auth::Peer;
+use crate::http_access::Peer;
 use axum::extract::connect_info::Connected;
 use axum::serve::{IncomingStream, Listener};
 use shoal_net::{ServerTls, TlsMode};
@@ -17,7 +17,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
 /// A connection of the HTTP port.
-pub enum HttpIo {
+pub(crate) enum HttpIo {
     /// HTTP.
     Plain(TcpStream),
     /// HTTPS.
@@ -65,7 +65,7 @@ impl AsyncWrite for HttpIo {
 }
 
 /// Connections ready for HTTP (handshakes done), handed to axum.
-pub struct HttpListener {
+pub(crate) struct HttpListener {
     ready: mpsc::Receiver<(HttpIo, Peer)>,
     local: SocketAddr,
     accept_task: tokio::task::JoinHandle<()>,
@@ -79,7 +79,7 @@ impl Drop for HttpListener {
 
 impl HttpListener {
     /// Accepts on `tcp` in `tls`'s mode.
-    pub fn new(tcp: TcpListener, tls: ServerTls) -> io::Result<Self> {
+    pub(crate) fn new(tcp: TcpListener, tls: ServerTls) -> io::Result<Self> {
         let local = tcp.local_addr()?;
         let (tx, ready) = mpsc::channel(64);
         let accept_task = tokio::spawn(async move {

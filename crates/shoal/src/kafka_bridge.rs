@@ -17,13 +17,13 @@ use std::time::Duration;
 
 /// A running broker as the Kafka listener sees it.
 #[derive(Debug, Clone)]
-pub struct BrokerBridge {
+pub(crate) struct BrokerBridge {
     broker: BrokerApi,
 }
 
 impl BrokerBridge {
     /// Wraps a broker's API.
-    pub fn new(broker: BrokerApi) -> Self {
+    pub(crate) fn new(broker: BrokerApi) -> Self {
         BrokerBridge { broker }
     }
 }

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// `shoal consume --pop`.
-pub async fn consume_pop(common: &Common, a: ConsumeArgs) -> anyhow::Result<()> {
+pub(crate) async fn consume_pop(common: &Common, a: ConsumeArgs) -> anyhow::Result<()> {
     let from_first = match a.from.as_str() {
         "first" | "earliest" => true,
         "last" | "latest" => false,

@@ -24,7 +24,7 @@ const ALL: &[&str] = &[
 
 /// `shoal rebalance` subcommands.
 #[derive(Debug, Subcommand)]
-pub enum RebalanceCommand {
+pub(crate) enum RebalanceCommand {
     /// Run strategies over a sequence of membership changes and report, per step and
     /// strategy: load per member (min/max), queues moved, queues moved beyond the minimum a
     /// balanced assignment needs, and whether ownership is exclusive and complete.
@@ -39,7 +39,7 @@ pub enum RebalanceCommand {
 
 /// Queue layout shared by both subcommands.
 #[derive(Debug, Args)]
-pub struct QueueArgs {
+pub(crate) struct QueueArgs {
     /// Topic names, comma-separated.
     #[arg(long, default_value = "TopicTest", value_delimiter = ',')]
     topics: Vec<String>,
@@ -65,7 +65,7 @@ pub struct QueueArgs {
 
 /// `shoal rebalance simulate` arguments.
 #[derive(Debug, Args)]
-pub struct SimulateArgs {
+pub(crate) struct SimulateArgs {
     #[command(flatten)]
     layout: QueueArgs,
     /// Initial members: a count (named c1..cN) or a comma-separated list of `id[=room]`.
@@ -86,7 +86,7 @@ pub struct SimulateArgs {
 
 /// `shoal rebalance sweep` arguments.
 #[derive(Debug, Args)]
-pub struct SweepArgs {
+pub(crate) struct SweepArgs {
     #[command(flatten)]
     layout: QueueArgs,
     /// Largest group size before the join.
@@ -95,7 +95,7 @@ pub struct SweepArgs {
 }
 
 /// Runs a `shoal rebalance` subcommand.
-pub fn run(cmd: RebalanceCommand) -> Result<()> {
+pub(crate) fn run(cmd: RebalanceCommand) -> Result<()> {
     match cmd {
         RebalanceCommand::Simulate(a) => simulate(a),
         RebalanceCommand::Sweep(a) => sweep(a),

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 /// TLS options of a server's remoting listener.
 #[derive(Debug, Args, Clone, Default)]
-pub struct TlsServerArgs {
+pub(crate) struct TlsServerArgs {
     /// TLS on the remoting listener: disabled, permissive (TLS and plaintext clients) or
     /// enforcing (TLS only), as RocketMQ's `tls.server.mode`; needs --tls-cert and --tls-key.
     #[arg(long, value_name = "MODE")]
@@ -50,7 +50,7 @@ impl TlsServerArgs {
 
 /// Options of `shoal namesrv`.
 #[derive(Debug, Args)]
-pub struct NamesrvArgs {
+pub(crate) struct NamesrvArgs {
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:9876")]
     pub listen: String,
@@ -72,7 +72,7 @@ pub struct NamesrvArgs {
 
 /// Flush mode on the command line.
 #[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum FlushArg {
+pub(crate) enum FlushArg {
     /// Acknowledge after the write; fsync in the background.
     Async,
     /// Acknowledge after fsync (group commit).
@@ -81,7 +81,7 @@ pub enum FlushArg {
 
 /// Commands about running brokers (`shoal broker status`).
 #[derive(Debug, Subcommand)]
-pub enum BrokerAction {
+pub(crate) enum BrokerAction {
     /// A broker's runtime counters as GET_BROKER_RUNTIME_INFO reports them (messages in and
     /// out, held pulls, commit log offsets, ...), like `mqadmin brokerStatus`.
     Status {
@@ -97,7 +97,7 @@ pub enum BrokerAction {
 /// Options of `shoal broker`. Flags override the config file; the file overrides defaults.
 #[derive(Debug, Args)]
 #[command(args_conflicts_with_subcommands = true)]
-pub struct BrokerArgs {
+pub(crate) struct BrokerArgs {
     /// `shoal broker status`: ask running brokers instead of running one.
     #[command(subcommand)]
     pub action: Option<BrokerAction>,
@@ -158,7 +158,7 @@ pub struct BrokerArgs {
 
 /// Options of `shoal dev`.
 #[derive(Debug, Args)]
-pub struct DevArgs {
+pub(crate) struct DevArgs {
     /// Data directory.
     #[arg(long, default_value = "shoal-data")]
     pub data_dir: PathBuf,
@@ -208,7 +208,7 @@ pub struct DevArgs {
 const DEFAULT_NAMESRV: &str = "127.0.0.1:9876";
 
 /// Default HTTP port of `shoal dev`.
-pub const DEV_HTTP_PORT: u16 = 8090;
+pub(crate) const DEV_HTTP_PORT: u16 = 8090;
 
 fn split_addrs(s: &str) -> Vec<String> {
     s.split([';', ','])
@@ -230,7 +230,7 @@ fn broker_file(path: Option<&std::path::Path>) -> anyhow::Result<BrokerConfig> {
 
 /// Builds the broker configuration from defaults, the file and the flags (`common`: the
 /// client options, whose TLS settings apply to the connections to the name servers).
-pub fn broker_config(
+pub(crate) fn broker_config(
     args: &BrokerArgs,
     common: &crate::admin_cmd::Common,
 ) -> anyhow::Result<BrokerConfig> {
@@ -394,12 +394,12 @@ fn dev_kafka_config(args: &DevArgs) -> anyhow::Result<Option<(KafkaConfig, bool)
 /// Who may use the HTTP port and its TLS, from the broker's `[http]`, `[tls]` and ACL file.
 fn http_access(
     cfg: &BrokerConfig,
-) -> anyhow::Result<(crate::http_auth::AccessSettings, shoal_net::ServerTls)> {
+) -> anyhow::Result<(crate::http_access::AccessSettings, shoal_net::ServerTls)> {
     let acl = match (&cfg.acl_enabled, &cfg.acl_file) {
         (true, Some(path)) => Some(shoal_broker::config::load_acl(path)?),
         _ => None,
     };
-    let access = crate::http_auth::AccessSettings::from_broker(cfg, acl)?;
+    let access = crate::http_access::AccessSettings::from_broker(cfg, acl)?;
     let mode = cfg.http.effective_tls_mode(cfg);
     let tls = match (&cfg.tls.cert_path, &cfg.tls.key_path) {
         (Some(cert), Some(key)) if mode != shoal_net::TlsMode::Disabled => {
@@ -479,7 +479,7 @@ fn shutdown_signal() -> impl std::future::Future<Output = ()> {
 }
 
 /// `shoal namesrv`.
-pub async fn run_namesrv(args: NamesrvArgs) -> anyhow::Result<()> {
+pub(crate) async fn run_namesrv(args: NamesrvArgs) -> anyhow::Result<()> {
     let stop = shutdown_signal();
     let acl = match &args.acl_file {
         Some(p) => Some(shoal_broker::config::read_acl_config(p)?),
@@ -525,7 +525,10 @@ pub async fn run_namesrv(args: NamesrvArgs) -> anyhow::Result<()> {
 }
 
 /// `shoal broker`.
-pub async fn run_broker(args: BrokerArgs, common: crate::admin_cmd::Common) -> anyhow::Result<()> {
+pub(crate) async fn run_broker(
+    args: BrokerArgs,
+    common: crate::admin_cmd::Common,
+) -> anyhow::Result<()> {
     let stop = shutdown_signal();
     let cfg = broker_config(&args, &common)?;
     let kafka_cfg = broker_kafka_config(&args)?;
@@ -645,7 +648,7 @@ fn dev_broker_config(
     Ok(cfg)
 }
 
-pub async fn run_dev(args: DevArgs) -> anyhow::Result<()> {
+pub(crate) async fn run_dev(args: DevArgs) -> anyhow::Result<()> {
     let stop = shutdown_signal();
     let tls = args.tls.settings()?;
     // Checked before anything starts: a mistake in the file is said at once.

@@ -1,6 +1,11 @@
 //! ACL with the `shoal` binary as separate processes: `shoal namesrv --acl-file` and `shoal
 //! broker --config` with ACL on; the CLI works with credentials (flags, environment, key
 //! file) and is refused without them.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a failed unwrap is a failed test"
+)]
 
 mod support;
 use std::path::Path;

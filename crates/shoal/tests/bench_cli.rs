@@ -2,6 +2,11 @@
 //! runs against `shoal dev` whose JSON reports must have the right shape and add up
 //! (sent = acknowledged + errors; consumed >= acknowledged; nothing lost; for rebalance in
 //! classic mode no overlaps and no stale deliveries).
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a failed unwrap is a failed test"
+)]
 
 mod support;
 use serde_json::Value;

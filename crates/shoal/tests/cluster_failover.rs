@@ -6,6 +6,11 @@
 //! consumed by two members at once, brokers that stay up keep being consumed, a restarted or
 //! added broker is used at once. Each phase prints its figures (the longest a message on a
 //! broker that stayed up waited to be consumed, when a new broker was first used, duplicates).
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a failed unwrap is a failed test"
+)]
 
 mod support;
 

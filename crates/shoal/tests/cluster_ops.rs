@@ -3,6 +3,11 @@
 //! used by the producer and the group as soon as the name server pushes the route change; a
 //! drained broker gets no more sends, its queues are consumed to the end, and it is stopped
 //! without a message lost or a send failed. Each prints its figures.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a failed unwrap is a failed test"
+)]
 
 mod support;
 

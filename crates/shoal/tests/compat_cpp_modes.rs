@@ -3,6 +3,11 @@
 //! two `shoal consume --protocol auto` members run coordinated; the C++ consumer joins and the
 //! group turns classic (every member allocates AVG client-side, as the C++ client does); it
 //! leaves and the group is coordinated again. Every message sent in each phase is consumed.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a failed unwrap is a failed test"
+)]
 
 mod support;
 

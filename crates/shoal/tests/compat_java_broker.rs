@@ -6,6 +6,11 @@
 //! locks, the lite pull consumer, `group progress`, `reset-offset`, `message get`, `dlq list`
 //! and `dlq resend`, and transactions with the broker's check-back. Skips without java or the
 //! class path unless `SHOAL_REQUIRE_EXTERNAL=1`.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a failed unwrap is a failed test"
+)]
 
 mod support;
 

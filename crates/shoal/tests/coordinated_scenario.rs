@@ -5,6 +5,11 @@
 //! assignments (sampled from `shoal group describe`), the static restart moves 0 queues and is
 //! not a rebalance. Prints the coordinator's convergence per change (`shoal group history`):
 //! the time from the change until every member owned its target and had been told so.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a failed unwrap is a failed test"
+)]
 
 mod support;
 

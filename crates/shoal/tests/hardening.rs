@@ -3,6 +3,11 @@
 //! start, damaged consume queues are rebuilt after a clean shutdown, one corrupt record does not
 //! take the following ones with it, oversized pulls are answered with bounded memory, and a
 //! corrupt config file is named at start-up.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a failed unwrap is a failed test"
+)]
 
 mod support;
 use shoal_net::{NetConfig, NotSupportedProcessor, RemotingClient};

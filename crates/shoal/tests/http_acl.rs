@@ -2,6 +2,11 @@
 //! `[tls]`), over HTTP and HTTPS: the API needs a sign-in (an ACL account or the token),
 //! refusals are refusals, every POST needs the page's token and a same-site origin, and
 //! `/metrics` takes its own token.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a failed unwrap is a failed test"
+)]
 
 mod support;
 

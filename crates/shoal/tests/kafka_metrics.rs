@@ -2,6 +2,11 @@
 //! Kafka requests (ApiVersions, Metadata that auto-creates a topic, Produce, Fetch, then an
 //! oversized frame) and the `shoal_kafka_*` series move by exactly what was done. Without the
 //! listener (`--no-kafka`) there are none.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a failed unwrap is a failed test"
+)]
 
 mod support;
 

@@ -3,6 +3,11 @@
 //! counted at `/metrics`; a bad file stops the start with an error naming it. Waits are
 //! generous liveness bounds only; every check is on evidence (the process saying it listens,
 //! an answer, a closed socket, a counter).
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a failed unwrap is a failed test"
+)]
 
 mod support;
 

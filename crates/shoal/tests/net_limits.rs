@@ -4,6 +4,11 @@
 //! incomplete frames have a memory budget; connections per IP address are limited. Every check
 //! is on evidence (bytes accepted, RSS, the broker's counters, a closed socket); waits are
 //! generous liveness bounds only.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a failed unwrap is a failed test"
+)]
 
 use shoal_net::{NetConfig, NotSupportedProcessor, RemotingClient};
 use shoal_proto::code::{request_code as rc, response_code as resp};

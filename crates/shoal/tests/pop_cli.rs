@@ -1,6 +1,11 @@
 //! `shoal consume --pop` against `shoal dev`: messages leased and acknowledged, a failed one
 //! delivered again (attempt 2, through the POP retry topic), and `shoal group describe`
 //! showing the POP group.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a failed unwrap is a failed test"
+)]
 
 mod support;
 

@@ -1,4 +1,9 @@
 //! End-to-end test of `shoal rebalance simulate` and `shoal rebalance sweep`.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a failed unwrap is a failed test"
+)]
 
 use std::process::Command;
 

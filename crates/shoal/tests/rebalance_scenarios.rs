@@ -10,6 +10,11 @@
 //! message twice, nothing is lost, the killed member's and the frozen member's queues are
 //! taken over, and the frozen member delivers nothing stale after it resumes. Timings are
 //! printed; only generous liveness bounds are asserted (the machine is shared).
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a failed unwrap is a failed test"
+)]
 
 mod support;
 

@@ -1,6 +1,11 @@
 //! The `shoal` binary as separate processes: a broker killed with SIGKILL under sync flush
 //! serves every acknowledged message after restart, exactly once; a broker started before its
 //! name server registers soon after the name server comes up.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a failed unwrap is a failed test"
+)]
 
 mod support;
 use shoal_net::{NetConfig, NotSupportedProcessor, RemotingClient};

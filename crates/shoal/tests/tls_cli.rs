@@ -3,6 +3,11 @@
 //! CLI sending, consuming and administering over TLS; plaintext refused, a wrong CA refused
 //! with a clear error. `shoal dev --tls-mode permissive` serves TLS and plaintext clients.
 //! Certificates are made by rcgen (a CA and a server certificate for 127.0.0.1).
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a failed unwrap is a failed test"
+)]
 
 mod support;
 

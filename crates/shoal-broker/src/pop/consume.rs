@@ -16,13 +16,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Longest long-poll of a pop, ms.
-pub const MAX_POLL_MS: i64 = 60_000;
+pub(crate) const MAX_POLL_MS: i64 = 60_000;
 /// Most messages one pop returns (RocketMQ clients ask 1..32).
-pub const MAX_BATCH: i32 = 32;
+pub(crate) const MAX_BATCH: i32 = 32;
 
 /// A validated pop.
 #[derive(Debug, Clone)]
-pub struct PopAsk {
+pub(crate) struct PopAsk {
     /// Consumer group.
     pub group: String,
     /// Topic (never a retry topic: its retry queues are added).
@@ -47,7 +47,7 @@ pub struct PopAsk {
 
 /// One popped message: its stored record and where it came from.
 #[derive(Debug, Clone)]
-pub struct Popped {
+pub(crate) struct Popped {
     /// The queue (the topic may be the POP retry topic).
     pub key: QueueKey,
     /// Queue offset.
@@ -61,7 +61,7 @@ pub struct Popped {
 
 /// What a pop found.
 #[derive(Debug, Clone, Default)]
-pub struct PopOutcome {
+pub(crate) struct PopOutcome {
     /// Receipt time of every message.
     pub pop_time: u64,
     /// Lease length granted, ms.
@@ -95,7 +95,7 @@ fn records(r: &shoal_store::GetMessageResult) -> Vec<(u64, Bytes)> {
 ///
 /// # Errors
 /// Store or journal failures.
-pub fn try_pop(b: &Shared, ask: &PopAsk) -> Result<PopOutcome, Reject> {
+pub(crate) fn try_pop(b: &Shared, ask: &PopAsk) -> Result<PopOutcome, Reject> {
     let now = b.clock.now_ms();
     let retry = pop_retry_topic(&ask.group, &ask.topic);
     let mut cands: Vec<(QueueKey, bool)> = Vec::new();
@@ -210,7 +210,7 @@ pub fn try_pop(b: &Shared, ask: &PopAsk) -> Result<PopOutcome, Reject> {
 /// `pop_max_polling` held pops, answers `Err(())` at once with POLLING_FULL counted. A held
 /// pop whose client is `gone` (its connection or stream closed) stops without leasing
 /// anything, so no message is leased to nobody.
-pub async fn pop_waiting(
+pub(crate) async fn pop_waiting(
     b: &Arc<Shared>,
     ask: &PopAsk,
     poll: Duration,
@@ -253,7 +253,7 @@ pub async fn pop_waiting(
     result
 }
 
-pub fn refused(e: ReceiptError) -> Reject {
+pub(crate) fn refused(e: ReceiptError) -> Reject {
     Reject::new(resp::NO_MESSAGE, e.to_string())
 }
 
@@ -261,7 +261,7 @@ pub fn refused(e: ReceiptError) -> Reject {
 ///
 /// # Errors
 /// NO_MESSAGE for a stale, foreign or lapsed receipt; SYSTEM_ERROR when the journal failed.
-pub fn ack(b: &Shared, key: &QueueKey, offset: u64, pop_time: u64) -> Result<(), Reject> {
+pub(crate) fn ack(b: &Shared, key: &QueueKey, offset: u64, pop_time: u64) -> Result<(), Reject> {
     let now = b.clock.now_ms();
     b.pop
         .with_engine(&b.store, |e| e.handle_ack(now, key, offset, pop_time))
@@ -272,7 +272,7 @@ pub fn ack(b: &Shared, key: &QueueKey, offset: u64, pop_time: u64) -> Result<(),
 /// Gives back the leases of a pop whose answer could not be delivered (the client left): each
 /// message becomes visible again after the shortest lease (1 s) instead of its whole
 /// invisible time.
-pub fn release(b: &Shared, out: &PopOutcome) {
+pub(crate) fn release(b: &Shared, out: &PopOutcome) {
     for m in &out.messages {
         if let Err(e) = change_invisible(b, &m.key, m.offset, out.pop_time, 0) {
             tracing::debug!(error = %e.remark, "lease of an undelivered pop not released");
@@ -284,7 +284,7 @@ pub fn release(b: &Shared, out: &PopOutcome) {
 ///
 /// # Errors
 /// As [`ack`].
-pub fn change_invisible(
+pub(crate) fn change_invisible(
     b: &Shared,
     key: &QueueKey,
     offset: u64,
@@ -304,7 +304,7 @@ pub fn change_invisible(
 }
 
 /// True when some queue of the ask has a message the group has not been handed.
-pub fn has_message(b: &Shared, group: &str, topic: &str, queue_id: i32) -> bool {
+pub(crate) fn has_message(b: &Shared, group: &str, topic: &str, queue_id: i32) -> bool {
     let mut keys: Vec<QueueKey> = Vec::new();
     let n = view::queue_count(b, topic).unwrap_or(0);
     if queue_id >= 0 {

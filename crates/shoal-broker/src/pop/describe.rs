@@ -61,7 +61,7 @@ pub struct PopGroupView {
 }
 
 /// The POP view of `group` on this broker, `None` when the group has no POP state here.
-pub fn describe_group(b: &Shared, group: &str) -> Option<PopGroupView> {
+pub(crate) fn describe_group(b: &Shared, group: &str) -> Option<PopGroupView> {
     let (consumers, inflight, counters, known) = {
         let core = b.pop.core.lock();
         let e = &core.engine;

@@ -9,11 +9,11 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 
 /// A journal larger than this is compacted to a snapshot.
-pub const COMPACT_BYTES: u64 = 64 * 1024 * 1024;
+pub(crate) const COMPACT_BYTES: u64 = 64 * 1024 * 1024;
 
 /// The open journal.
 #[derive(Debug)]
-pub struct Journal {
+pub(crate) struct Journal {
     path: PathBuf,
     file: File,
     bytes: u64,
@@ -24,7 +24,7 @@ pub struct Journal {
 impl Journal {
     /// Reads the records of `dir/journal` (stopping at a line that does not parse), then
     /// rewrites the file as `snapshot(records)` and opens it for appending.
-    pub fn open(
+    pub(crate) fn open(
         dir: &Path,
         sync: bool,
         snapshot: impl FnOnce(Vec<PopRecord>) -> Vec<PopRecord>,
@@ -57,7 +57,7 @@ impl Journal {
     }
 
     /// Appends records (one write).
-    pub fn append(&mut self, records: &[PopRecord]) -> std::io::Result<()> {
+    pub(crate) fn append(&mut self, records: &[PopRecord]) -> std::io::Result<()> {
         if records.is_empty() {
             return Ok(());
         }
@@ -74,12 +74,12 @@ impl Journal {
     }
 
     /// True when the journal should be compacted.
-    pub fn wants_compaction(&self) -> bool {
+    pub(crate) fn wants_compaction(&self) -> bool {
         self.bytes > COMPACT_BYTES
     }
 
     /// Replaces the journal with `snapshot`.
-    pub fn compact(&mut self, snapshot: &[PopRecord]) -> std::io::Result<()> {
+    pub(crate) fn compact(&mut self, snapshot: &[PopRecord]) -> std::io::Result<()> {
         self.file = write_snapshot(&self.path, snapshot)?;
         self.bytes = self.file.metadata().map(|m| m.len()).unwrap_or(0);
         Ok(())

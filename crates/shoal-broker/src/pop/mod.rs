@@ -6,14 +6,15 @@
 //! Broker state is reached only through the functions of [`view`], so that it can be
 //! re-pointed in one place.
 
-pub mod consume;
-pub mod describe;
-pub mod journal;
-pub mod remoting;
+pub(crate) mod consume;
+pub(crate) mod describe;
+pub(crate) mod journal;
+pub(crate) mod remoting;
 pub(crate) mod revive;
-pub mod view;
+pub(crate) mod view;
 
-pub use describe::{describe_group, PopConsumerView, PopGroupView, PopQueueView};
+pub(crate) use describe::describe_group;
+pub use describe::{PopConsumerView, PopGroupView, PopQueueView};
 
 use crate::config::FlushMode;
 use parking_lot::Mutex;
@@ -28,7 +29,7 @@ type ReviveJob = (QueueKey, u64, u64, bool);
 
 /// The engine and its journal: one lock, held for an engine call and its journal write.
 #[derive(Debug)]
-pub struct PopCore {
+pub(crate) struct PopCore {
     /// The engine.
     pub engine: PopEngine,
     journal: Option<journal::Journal>,
@@ -36,7 +37,7 @@ pub struct PopCore {
 
 /// Counters of POP traffic (for metrics and `shoal group describe`).
 #[derive(Debug, Default)]
-pub struct PopCounters {
+pub(crate) struct PopCounters {
     /// POP requests answered with messages.
     pub pops_found: AtomicU64,
     /// POP requests answered empty.
@@ -49,7 +50,7 @@ pub struct PopCounters {
 
 /// POP state of a broker.
 #[derive(Debug)]
-pub struct PopService {
+pub(crate) struct PopService {
     core: Mutex<PopCore>,
     /// Woken on every stored message (held pops re-try) and on lease changes.
     arrivals: Notify,
@@ -72,7 +73,7 @@ impl PopService {
     ///
     /// # Errors
     /// I/O errors of the journal.
-    pub fn open(config: &crate::BrokerConfig) -> std::io::Result<Self> {
+    pub(crate) fn open(config: &crate::BrokerConfig) -> std::io::Result<Self> {
         let dir = config.data_dir.join("pop");
         let mut engine = PopEngine::new(PopConfig {
             max_inflight_per_queue: config.pop_max_inflight_per_queue,
@@ -115,7 +116,7 @@ impl PopService {
     ///
     /// # Errors
     /// The journal write failed: the caller must not report success.
-    pub fn with_engine<R>(
+    pub(crate) fn with_engine<R>(
         &self,
         store: &shoal_store::MessageStore,
         f: impl FnOnce(&mut PopEngine) -> R,
@@ -177,7 +178,7 @@ impl PopService {
     }
 
     /// The request mode and share count of (topic, group): PULL unless set.
-    pub fn request_mode(&self, topic: &str, group: &str) -> (MessageRequestMode, i32) {
+    pub(crate) fn request_mode(&self, topic: &str, group: &str) -> (MessageRequestMode, i32) {
         self.modes
             .lock()
             .get(&(topic.to_owned(), group.to_owned()))
@@ -189,7 +190,7 @@ impl PopService {
     ///
     /// # Errors
     /// The file could not be written.
-    pub fn set_request_mode(
+    pub(crate) fn set_request_mode(
         &self,
         topic: &str,
         group: &str,
@@ -215,7 +216,7 @@ impl PopService {
     }
 
     /// Groups in POP mode (by request mode, or with POP state).
-    pub fn pop_groups(&self) -> Vec<String> {
+    pub(crate) fn pop_groups(&self) -> Vec<String> {
         let mut g: std::collections::BTreeSet<String> = self.core.lock().engine.groups();
         for ((_, group), (mode, _)) in self.modes.lock().iter() {
             if *mode == MessageRequestMode::Pop {
@@ -226,17 +227,17 @@ impl PopService {
     }
 
     /// A queue's acked offset and cursor, if the engine knows it.
-    pub fn queue_offsets(&self, key: &QueueKey) -> Option<(u64, u64)> {
+    pub(crate) fn queue_offsets(&self, key: &QueueKey) -> Option<(u64, u64)> {
         self.core.lock().engine.queue_offsets(key)
     }
 
     /// The engine's counters (leases, acks, refusals, lapses, revives, dead letters).
-    pub fn engine_counters(&self) -> shoal_group::pop::PopCounters {
+    pub(crate) fn engine_counters(&self) -> shoal_group::pop::PopCounters {
         self.core.lock().engine.counters()
     }
 
     /// A message was stored: held pops look again.
-    pub fn on_arrival(&self) {
+    pub(crate) fn on_arrival(&self) {
         if self.polling.load(Ordering::Relaxed) > 0 {
             self.arrivals.notify_waiters();
         }

@@ -93,7 +93,11 @@ fn pop_response(out: &PopOutcome, fifo: bool) -> RemotingCommand {
 }
 
 /// POP_MESSAGE (200050).
-pub async fn pop_message(b: &Arc<Shared>, ctx: &RequestContext, req: &RemotingCommand) -> Handled {
+pub(crate) async fn pop_message(
+    b: &Arc<Shared>,
+    ctx: &RequestContext,
+    req: &RemotingCommand,
+) -> Handled {
     let h: PopMessageRequestHeader = req.decode_command_header()?;
     view::consumer_group(b, &h.consumer_group)?;
     let n = view::readable_queues(b, &h.topic)?;
@@ -186,7 +190,7 @@ fn parse_receipt(b: &Shared, extra_info: &str) -> Result<PopExtraInfo, Reject> {
 /// PEEK_MESSAGE (200052): up to `maxMsgNums` messages from where the group stands in each
 /// queue (its acked offset, so messages under lease are shown too), leasing nothing and
 /// changing nothing. Answered as a pop is (PULL_NOT_FOUND when there is nothing).
-pub fn peek_message(b: &Shared, req: &RemotingCommand) -> Handled {
+pub(crate) fn peek_message(b: &Shared, req: &RemotingCommand) -> Handled {
     let h: PeekMessageRequestHeader = req.decode_command_header()?;
     view::consumer_group(b, &h.consumer_group)?;
     let n = view::readable_queues(b, &h.topic)?;
@@ -251,7 +255,7 @@ fn check_queue_and_batch(topic: &str, queue_id: i32, queues: i32, max: i32) -> R
 /// good ones are acknowledged even when others are refused, and the answer is SUCCESS only
 /// when none was (otherwise NO_MESSAGE naming the first refusals). At most
 /// [`MAX_BATCH_ACK_OFFSETS`] offsets per request.
-pub fn batch_ack_message(b: &Shared, req: &RemotingCommand) -> Handled {
+pub(crate) fn batch_ack_message(b: &Shared, req: &RemotingCommand) -> Handled {
     let body: BatchAckMessageRequestBody = req.decode_json_body()?;
     if !body.broker_name.is_empty() && body.broker_name != b.config.broker_name {
         return Err(Reject::new(
@@ -311,7 +315,7 @@ pub fn batch_ack_message(b: &Shared, req: &RemotingCommand) -> Handled {
 }
 
 /// ACK_MESSAGE (200051).
-pub fn ack_message(b: &Shared, req: &RemotingCommand) -> Handled {
+pub(crate) fn ack_message(b: &Shared, req: &RemotingCommand) -> Handled {
     let h: AckMessageRequestHeader = req.decode_command_header()?;
     let extra = parse_receipt(b, &h.extra_info)?;
     let key = receipt_key(&h.consumer_group, &h.topic, h.queue_id, &extra);
@@ -325,7 +329,7 @@ pub fn ack_message(b: &Shared, req: &RemotingCommand) -> Handled {
 }
 
 /// CHANGE_MESSAGE_INVISIBLETIME (200053).
-pub fn change_invisible_time(b: &Shared, req: &RemotingCommand) -> Handled {
+pub(crate) fn change_invisible_time(b: &Shared, req: &RemotingCommand) -> Handled {
     let h: ChangeInvisibleTimeRequestHeader = req.decode_command_header()?;
     let extra = parse_receipt(b, &h.extra_info)?;
     let key = receipt_key(&h.consumer_group, &h.topic, h.queue_id, &extra);
@@ -347,7 +351,11 @@ pub fn change_invisible_time(b: &Shared, req: &RemotingCommand) -> Handled {
 }
 
 /// NOTIFICATION (200054): are there messages to pop? Held up to `pollTime` until there are.
-pub async fn notification(b: &Arc<Shared>, ctx: &RequestContext, req: &RemotingCommand) -> Handled {
+pub(crate) async fn notification(
+    b: &Arc<Shared>,
+    ctx: &RequestContext,
+    req: &RemotingCommand,
+) -> Handled {
     let h: NotificationRequestHeader = req.decode_command_header()?;
     view::consumer_group(b, &h.consumer_group)?;
     view::readable_queues(b, &h.topic)?;
@@ -389,7 +397,7 @@ pub async fn notification(b: &Arc<Shared>, ctx: &RequestContext, req: &RemotingC
 }
 
 /// POLLING_INFO (200055): pops held now (extField `pollingNum`).
-pub fn polling_info(b: &Shared) -> Handled {
+pub(crate) fn polling_info(b: &Shared) -> Handled {
     let mut cmd = RemotingCommand::response(resp::SUCCESS, None);
     cmd.ext_fields.get_or_insert_with(Default::default).insert(
         "pollingNum",
@@ -399,7 +407,7 @@ pub fn polling_info(b: &Shared) -> Handled {
 }
 
 /// SET_MESSAGE_REQUEST_MODE (401).
-pub fn set_message_request_mode(b: &Shared, req: &RemotingCommand) -> Handled {
+pub(crate) fn set_message_request_mode(b: &Shared, req: &RemotingCommand) -> Handled {
     let body: SetMessageRequestModeRequestBody = req.decode_json_body()?;
     if body.topic.starts_with(RETRY_GROUP_TOPIC_PREFIX) {
         return Err(Reject::new(
@@ -421,7 +429,7 @@ pub fn set_message_request_mode(b: &Shared, req: &RemotingCommand) -> Handled {
 /// QUERY_ASSIGNMENT (400): the broker assigns. POP mode: every consumer gets every queue as
 /// one queue id −1 (the broker picks at each pop; `popShareQueueNum` is not applied). PULL
 /// mode and retry topics: the group's strategy over its consumers, as clients would compute.
-pub fn query_assignment(b: &Shared, req: &RemotingCommand) -> Handled {
+pub(crate) fn query_assignment(b: &Shared, req: &RemotingCommand) -> Handled {
     let body: QueryAssignmentRequestBody = req.decode_json_body()?;
     let n = view::queue_count(b, &body.topic).ok_or_else(|| {
         Reject::new(

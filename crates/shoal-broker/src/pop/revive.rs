@@ -14,7 +14,7 @@ use std::time::Duration;
 /// The POP retry topic of a group and topic: RocketMQ's v1 name (its default,
 /// `enableRetryTopicV2=false`; the v2 name's `+` is not a valid topic character), receipt
 /// retry flag 1.
-pub fn pop_retry_topic(group: &str, topic: &str) -> String {
+pub(crate) fn pop_retry_topic(group: &str, topic: &str) -> String {
     if topic.starts_with(RETRY_GROUP_TOPIC_PREFIX) {
         return topic.to_owned();
     }
@@ -22,7 +22,7 @@ pub fn pop_retry_topic(group: &str, topic: &str) -> String {
 }
 
 /// Writes the copy of one lapsed message and tells the engine.
-pub async fn run(b: &Arc<Shared>, (key, offset, pop_time, fifo_dead): ReviveJob) {
+pub(crate) async fn run(b: &Arc<Shared>, (key, offset, pop_time, fifo_dead): ReviveJob) {
     let outcome = copy(b, &key.group, &key.topic, key.queue_id, offset, fifo_dead).await;
     let _ = b.pop.with_engine(&b.store, |e| match outcome {
         Ok(dead) => e.handle_revived(&key, offset, pop_time, dead),

@@ -10,7 +10,7 @@ use shoal_proto::constants::perm;
 use shoal_store::{GetMessageResult, MessageExtBrokerInner};
 
 /// A readable topic's read queue count.
-pub fn readable_queues(b: &Shared, topic: &str) -> Result<i32, Reject> {
+pub(crate) fn readable_queues(b: &Shared, topic: &str) -> Result<i32, Reject> {
     let t = b.topics.get(topic).ok_or_else(|| {
         Reject::new(
             resp::TOPIC_NOT_EXIST,
@@ -27,12 +27,12 @@ pub fn readable_queues(b: &Shared, topic: &str) -> Result<i32, Reject> {
 }
 
 /// Read queue count of a topic, if it exists.
-pub fn queue_count(b: &Shared, topic: &str) -> Option<i32> {
+pub(crate) fn queue_count(b: &Shared, topic: &str) -> Option<i32> {
     b.topics.read(topic, |t| t.map(|t| t.read_queue_nums))
 }
 
 /// The group's config (created when auto-create is on), refused when it may not consume.
-pub fn consumer_group(b: &Shared, group: &str) -> Result<SubscriptionGroupConfig, Reject> {
+pub(crate) fn consumer_group(b: &Shared, group: &str) -> Result<SubscriptionGroupConfig, Reject> {
     let g = b
         .sub_groups
         .get_or_auto_create(group)
@@ -47,7 +47,7 @@ pub fn consumer_group(b: &Shared, group: &str) -> Result<SubscriptionGroupConfig
 }
 
 /// Creates a retry or dead-letter topic if missing.
-pub fn ensure_topic(b: &Shared, topic: &str, queues: i32) -> Result<(), Reject> {
+pub(crate) fn ensure_topic(b: &Shared, topic: &str, queues: i32) -> Result<(), Reject> {
     b.topics
         .ensure(topic, queues, perm::PERM_READ_WRITE)
         .map(|_| ())
@@ -55,14 +55,14 @@ pub fn ensure_topic(b: &Shared, topic: &str, queues: i32) -> Result<(), Reject> 
 }
 
 /// The group's client ids (classic heartbeats).
-pub fn consumer_ids(b: &Shared, group: &str) -> Vec<String> {
+pub(crate) fn consumer_ids(b: &Shared, group: &str) -> Vec<String> {
     b.groups.read(|g, _| g.clients().client_ids(group))
 }
 
 /// Where a queue the engine has not seen starts: the group's committed offset, else the
 /// queue's first offset (`from_min`, or a queue that still has its first message, as RocketMQ's
 /// `initPopOffsetByCheckMsgInMem` does) or its last.
-pub fn start_offset(b: &Shared, key: &QueueKey, from_min: bool) -> u64 {
+pub(crate) fn start_offset(b: &Shared, key: &QueueKey, from_min: bool) -> u64 {
     match b.store.query_offset(&key.group, &key.topic, key.queue_id) {
         Some(o) if o >= 0 => o as u64,
         _ => {
@@ -77,7 +77,7 @@ pub fn start_offset(b: &Shared, key: &QueueKey, from_min: bool) -> u64 {
 }
 
 /// The store's first and next offsets of a queue.
-pub fn queue_bounds(b: &Shared, topic: &str, queue_id: i32) -> (u64, u64) {
+pub(crate) fn queue_bounds(b: &Shared, topic: &str, queue_id: i32) -> (u64, u64) {
     (
         b.store.min_offset(topic, queue_id),
         b.store.max_offset(topic, queue_id),
@@ -85,7 +85,7 @@ pub fn queue_bounds(b: &Shared, topic: &str, queue_id: i32) -> (u64, u64) {
 }
 
 /// Reads up to `count` records from `offset` that pass the tag filter.
-pub fn read(
+pub(crate) fn read(
     b: &Shared,
     topic: &str,
     queue_id: i32,
@@ -106,7 +106,7 @@ pub fn read(
 }
 
 /// Stores messages through the send path (retry and dead-letter copies).
-pub async fn put(
+pub(crate) async fn put(
     b: &std::sync::Arc<Shared>,
     msgs: Vec<MessageExtBrokerInner>,
 ) -> Result<(), Reject> {

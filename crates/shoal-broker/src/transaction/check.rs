@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 
 /// Limits of one check round (RocketMQ's `transactionTimeOut`, `transactionCheckMax`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CheckLimits {
+pub(crate) struct CheckLimits {
     /// A half message younger than this (since it was born) is not checked yet, ms.
     pub timeout_ms: i64,
     /// Checks before a half message is discarded.
@@ -18,7 +18,7 @@ pub struct CheckLimits {
 
 /// What the checker sees of one half message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct HalfView {
+pub(crate) struct HalfView {
     /// Its offset in the half queue.
     pub queue_offset: u64,
     /// When the producer created it, ms.
@@ -36,7 +36,7 @@ pub struct HalfView {
 
 /// The checker's decision for one half message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
+pub(crate) enum Verdict {
     /// Committed or rolled back already: nothing to do.
     Decided,
     /// Checked `check_max` times without an answer: move it to the discard topic.
@@ -53,7 +53,7 @@ pub enum Verdict {
 
 /// One check round over the half queue.
 #[derive(Debug, Clone)]
-pub struct CheckRound {
+pub(crate) struct CheckRound {
     limits: CheckLimits,
     start_ms: i64,
     now_ms: i64,
@@ -70,7 +70,7 @@ pub struct CheckRound {
 
 impl CheckRound {
     /// A round starting at `half_offset` and `op_offset` at time `now_ms`.
-    pub fn new(limits: CheckLimits, half_offset: u64, op_offset: u64, now_ms: i64) -> Self {
+    pub(crate) fn new(limits: CheckLimits, half_offset: u64, op_offset: u64, now_ms: i64) -> Self {
         Self {
             limits,
             start_ms: now_ms,
@@ -85,12 +85,12 @@ impl CheckRound {
     }
 
     /// The time used for ages from now on (the driver advances it while the round runs).
-    pub fn set_now(&mut self, now_ms: i64) {
+    pub(crate) fn set_now(&mut self, now_ms: i64) {
         self.now_ms = now_ms;
     }
 
     /// An op message (decisions): at `op_offset`, deciding the half offsets listed.
-    pub fn add_op(&mut self, op_offset: u64, half_offsets: &[u64]) {
+    pub(crate) fn add_op(&mut self, op_offset: u64, half_offsets: &[u64]) {
         let mut live = 0;
         for &h in half_offsets {
             if h >= self.half_start {
@@ -105,12 +105,12 @@ impl CheckRound {
     }
 
     /// The half offset the round wants next.
-    pub fn next_half(&self) -> u64 {
+    pub(crate) fn next_half(&self) -> u64 {
         self.next_half
     }
 
     /// The half queue has nothing at `next_half` up to `to` (expired by retention): move on.
-    pub fn skip_to(&mut self, to: u64) {
+    pub(crate) fn skip_to(&mut self, to: u64) {
         while self.next_half < to {
             self.consume_removed(self.next_half);
             self.next_half += 1;
@@ -132,7 +132,7 @@ impl CheckRound {
 
     /// Whether an END_TRANSACTION for the half message at `queue_offset` was seen by this
     /// round (directly, or for the original a copy continues).
-    pub fn is_decided(&self, m: &HalfView) -> bool {
+    pub(crate) fn is_decided(&self, m: &HalfView) -> bool {
         self.removed.contains_key(&m.queue_offset)
             || m.prepared_offset
                 .is_some_and(|p| self.removed.contains_key(&p))
@@ -140,7 +140,7 @@ impl CheckRound {
 
     /// Judges the half message at `next_half` and, unless the answer is [`Verdict::Wait`],
     /// moves past it.
-    pub fn judge(&mut self, m: &HalfView) -> Verdict {
+    pub(crate) fn judge(&mut self, m: &HalfView) -> Verdict {
         debug_assert_eq!(m.queue_offset, self.next_half);
         let verdict = self.verdict(m);
         if verdict != Verdict::Wait {
@@ -182,7 +182,7 @@ impl CheckRound {
 
     /// Where the round ends: the next half offset to look at, and the first op offset whose
     /// decisions are not all passed yet.
-    pub fn progress(&self) -> (u64, u64) {
+    pub(crate) fn progress(&self) -> (u64, u64) {
         let op = self
             .op_pending
             .keys()
@@ -195,7 +195,7 @@ impl CheckRound {
 }
 
 /// Parses an op message body: half queue offsets separated by commas (`"3,4,"`).
-pub fn parse_op_body(body: &[u8]) -> Vec<u64> {
+pub(crate) fn parse_op_body(body: &[u8]) -> Vec<u64> {
     String::from_utf8_lossy(body)
         .split(',')
         .filter_map(|s| s.trim().parse().ok())

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use tracing::{debug, info, warn};
 
 /// Reads the message stored at a commit log offset.
-pub async fn message_at(b: &Arc<Shared>, offset: i64) -> Result<Option<MessageExt>, Reject> {
+pub(crate) async fn message_at(b: &Arc<Shared>, offset: i64) -> Result<Option<MessageExt>, Reject> {
     if offset < 0 {
         return Ok(None);
     }
@@ -39,7 +39,7 @@ pub async fn message_at(b: &Arc<Shared>, offset: i64) -> Result<Option<MessageEx
 
 /// The key a transaction's decision is remembered by: its `UNIQ_KEY` (the same on every copy
 /// of the half message), else the half message's own offset.
-pub fn transaction_key(m: &MessageExt) -> String {
+pub(crate) fn transaction_key(m: &MessageExt) -> String {
     m.property(property::UNIQ_KEY)
         .or_else(|| m.property(property::TRANSACTION_ID))
         .map(str::to_string)
@@ -47,7 +47,7 @@ pub fn transaction_key(m: &MessageExt) -> String {
 }
 
 /// Handles END_TRANSACTION.
-pub async fn end_transaction(
+pub(crate) async fn end_transaction(
     b: &Arc<Shared>,
     caller: &Caller<'_>,
     req: &RemotingCommand,
@@ -99,7 +99,11 @@ pub async fn end_transaction(
 
 /// Applies a decision to a half message: stores the committed message (commit), records the
 /// decision in the op queue. A transaction already decided is left as it is.
-pub async fn decide(b: &Arc<Shared>, half: &MessageExt, decision: Decision) -> Result<(), Reject> {
+pub(crate) async fn decide(
+    b: &Arc<Shared>,
+    half: &MessageExt,
+    decision: Decision,
+) -> Result<(), Reject> {
     let key = transaction_key(half);
     let t = &b.transactions;
     let prior = {

@@ -11,7 +11,7 @@ use shoal_store::MessageExtBrokerInner;
 
 /// Whether a send's properties make it a half message (`TRAN_MSG=true`), leaving out the
 /// retry sends of clients older than 4.6.1 that kept the property (reconsumed and delayed).
-pub fn is_prepared(props: &Properties, reconsume_times: i32) -> bool {
+pub(crate) fn is_prepared(props: &Properties, reconsume_times: i32) -> bool {
     let tran = props
         .get(property::TRAN_MSG)
         .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"));
@@ -25,7 +25,7 @@ pub fn is_prepared(props: &Properties, reconsume_times: i32) -> bool {
 /// Turns a send into a half message: real topic and queue saved in `REAL_TOPIC` / `REAL_QID`,
 /// the transaction id (`__transactionId__`) set from `UNIQ_KEY`, the transaction bits of the
 /// sysFlag cleared, stored in the half topic's queue 0.
-pub fn to_half(msg: &mut MessageExtBrokerInner, props: &mut Properties) {
+pub(crate) fn to_half(msg: &mut MessageExtBrokerInner, props: &mut Properties) {
     if let Some(uniq) = props.get(property::UNIQ_KEY).cloned() {
         if !uniq.is_empty() {
             props.insert(property::TRANSACTION_ID.into(), uniq);
@@ -62,7 +62,7 @@ fn inner_from(
 /// A copy of a half message for the end of the half queue: with `TRANSACTION_CHECK_TIMES`
 /// set to `check_times` (when checking) and `TRAN_PREPARED_QUEUE_OFFSET` pointing at the
 /// original (when renewing within the producer's immunity time).
-pub fn renewed(
+pub(crate) fn renewed(
     m: &MessageExt,
     check_times: Option<i32>,
     keep_origin: bool,
@@ -81,7 +81,7 @@ pub fn renewed(
 }
 
 /// The real topic and queue of a half message.
-pub fn real_destination(m: &MessageExt) -> Result<(String, i32), Reject> {
+pub(crate) fn real_destination(m: &MessageExt) -> Result<(String, i32), Reject> {
     let topic = m
         .property(property::REAL_TOPIC)
         .filter(|t| !t.is_empty())
@@ -96,7 +96,7 @@ pub fn real_destination(m: &MessageExt) -> Result<(String, i32), Reject> {
 /// The committed message: stored in its real topic and queue, without the transaction
 /// properties, sysFlag marked committed, `preparedTransactionOffset` = the half message's
 /// commit log offset. Returns it with its properties (for the delay rule).
-pub fn committed(m: &MessageExt) -> Result<(MessageExtBrokerInner, Properties), Reject> {
+pub(crate) fn committed(m: &MessageExt) -> Result<(MessageExtBrokerInner, Properties), Reject> {
     let (topic, queue_id) = real_destination(m)?;
     let mut props = m.properties.clone();
     for k in [
@@ -116,14 +116,14 @@ pub fn committed(m: &MessageExt) -> Result<(MessageExtBrokerInner, Properties), 
 }
 
 /// A half message moved to the discard topic (queue 0), properties kept.
-pub fn discarded(m: &MessageExt, topic: &str) -> Result<MessageExtBrokerInner, Reject> {
+pub(crate) fn discarded(m: &MessageExt, topic: &str) -> Result<MessageExtBrokerInner, Reject> {
     inner_from(m, topic.to_string(), 0, &m.properties)
 }
 
 /// An op message recording a decision for the half message at `half_queue_offset` (body
 /// `"<offset>,"`, tag `d`, as RocketMQ writes them), with the transaction id for rebuilding
 /// the decision table on start.
-pub fn op_message(
+pub(crate) fn op_message(
     b: &Shared,
     half_queue_offset: u64,
     transaction_id: Option<&str>,
@@ -155,7 +155,7 @@ pub fn op_message(
 }
 
 /// Property of Shoal's op messages naming the decision (`commit` or `rollback`).
-pub const OP_DECISION: &str = "SHOAL_TRAN_DECISION";
+pub(crate) const OP_DECISION: &str = "SHOAL_TRAN_DECISION";
 
 /// Creates a system topic of the transaction machinery (one queue, read and write) if missing,
 /// as RocketMQ does on first use; registration follows.

@@ -22,29 +22,29 @@
 //! rebuilt from the op queue on start), so a second END_TRANSACTION, or one for a copy written
 //! back by the checker, does not store the message twice.
 
-pub mod check;
-pub mod end;
-pub mod front;
-pub mod half;
-pub mod service;
+pub(crate) mod check;
+pub(crate) mod end;
+pub(crate) mod front;
+pub(crate) mod half;
+pub(crate) mod service;
 
 use std::collections::{HashMap, VecDeque};
 
 /// Topic of half messages.
-pub use shoal_proto::constants::TRANS_HALF_TOPIC as HALF_TOPIC;
+pub(crate) use shoal_proto::constants::TRANS_HALF_TOPIC as HALF_TOPIC;
 /// Topic of op messages (decisions).
-pub use shoal_proto::constants::TRANS_OP_HALF_TOPIC as OP_TOPIC;
+pub(crate) use shoal_proto::constants::TRANS_OP_HALF_TOPIC as OP_TOPIC;
 
 /// RocketMQ's discard topic for half messages checked too often.
-pub const CHECK_MAX_TIME_TOPIC: &str = "TRANS_CHECK_MAX_TIME_TOPIC";
+pub(crate) const CHECK_MAX_TIME_TOPIC: &str = "TRANS_CHECK_MAX_TIME_TOPIC";
 /// The internal group whose offsets record the check service's progress.
-pub const CHECK_GROUP: &str = "CID_RMQ_SYS_TRANS";
+pub(crate) const CHECK_GROUP: &str = "CID_RMQ_SYS_TRANS";
 /// Tag of op messages.
-pub const REMOVE_TAG: &str = "d";
+pub(crate) const REMOVE_TAG: &str = "d";
 
 /// What END_TRANSACTION decided for a transaction.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Decision {
+pub(crate) enum Decision {
     /// Stored in its real topic.
     Committed,
     /// Thrown away.
@@ -53,7 +53,7 @@ pub enum Decision {
 
 /// Decisions by transaction (the half message's `UNIQ_KEY`), bounded; oldest forgotten first.
 #[derive(Debug)]
-pub struct Decisions {
+pub(crate) struct Decisions {
     max: usize,
     by_key: HashMap<String, Decision>,
     order: VecDeque<String>,
@@ -62,7 +62,7 @@ pub struct Decisions {
 
 impl Decisions {
     /// Remembers at most `max` decisions.
-    pub fn new(max: usize) -> Self {
+    pub(crate) fn new(max: usize) -> Self {
         Self {
             max: max.max(1),
             by_key: HashMap::new(),
@@ -72,12 +72,12 @@ impl Decisions {
     }
 
     /// The decision for a transaction, if remembered.
-    pub fn get(&self, key: &str) -> Option<Decision> {
+    pub(crate) fn get(&self, key: &str) -> Option<Decision> {
         self.by_key.get(key).copied()
     }
 
     /// Records a decision unless one exists; returns the one that stands.
-    pub fn decide(&mut self, key: &str, d: Decision) -> Decision {
+    pub(crate) fn decide(&mut self, key: &str, d: Decision) -> Decision {
         if let Some(existing) = self.by_key.get(key) {
             return *existing;
         }
@@ -93,7 +93,7 @@ impl Decisions {
     }
 
     /// Forgets a decision (its storing failed; a retry or the check decides again).
-    pub fn forget(&mut self, key: &str) {
+    pub(crate) fn forget(&mut self, key: &str) {
         if self.by_key.remove(key).is_some() {
             self.order.retain(|k| k != key);
         }
@@ -101,20 +101,20 @@ impl Decisions {
 
     #[cfg(test)]
     /// How many are remembered.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.by_key.len()
     }
 
     #[cfg(test)]
     /// How many were forgotten because the limit was reached.
-    pub fn forgotten(&self) -> u64 {
+    pub(crate) fn forgotten(&self) -> u64 {
         self.forgotten
     }
 }
 
 /// The broker's transaction state: remembered decisions and counters.
 #[derive(Debug)]
-pub struct TransactionState {
+pub(crate) struct TransactionState {
     /// Decisions by transaction.
     pub decisions: parking_lot::Mutex<Decisions>,
     /// Counters.
@@ -123,7 +123,7 @@ pub struct TransactionState {
 
 impl TransactionState {
     /// Remembering at most `max_decisions` decisions.
-    pub fn new(max_decisions: usize) -> Self {
+    pub(crate) fn new(max_decisions: usize) -> Self {
         Self {
             decisions: parking_lot::Mutex::new(Decisions::new(max_decisions)),
             counters: TransactionCounters::default(),
@@ -133,7 +133,7 @@ impl TransactionState {
 
 /// Counters of the transaction machinery (GET_BROKER_RUNTIME_INFO, logs).
 #[derive(Debug, Default)]
-pub struct TransactionCounters {
+pub(crate) struct TransactionCounters {
     /// Half messages stored.
     pub half_stored: std::sync::atomic::AtomicU64,
     /// Commits.

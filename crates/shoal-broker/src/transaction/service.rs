@@ -27,7 +27,7 @@ const BATCH: usize = 32;
 
 /// What one round did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct RoundReport {
+pub(crate) struct RoundReport {
     /// Half messages found decided.
     pub decided: usize,
     /// CHECK_TRANSACTION_STATE requests sent.
@@ -41,7 +41,7 @@ pub struct RoundReport {
 }
 
 /// Starts the check service.
-pub fn start(b: Arc<Shared>) -> JoinHandle<()> {
+pub(crate) fn start(b: Arc<Shared>) -> JoinHandle<()> {
     tokio::spawn(async move {
         match rebuild_decisions(&b).await {
             Ok(0) => {}
@@ -94,7 +94,7 @@ async fn read(
 
 /// Reads the op queue from the stored progress to its end into the decision table (the
 /// decisions of transactions still in the half queue's unchecked part).
-pub async fn rebuild_decisions(b: &Arc<Shared>) -> Result<usize, Reject> {
+pub(crate) async fn rebuild_decisions(b: &Arc<Shared>) -> Result<usize, Reject> {
     if b.topics.get(OP_TOPIC).is_none() {
         return Ok(0);
     }
@@ -138,7 +138,7 @@ fn view(m: &MessageExt) -> HalfView {
 }
 
 /// Runs one check round now.
-pub async fn check_once(b: &Arc<Shared>) -> Result<RoundReport, Reject> {
+pub(crate) async fn check_once(b: &Arc<Shared>) -> Result<RoundReport, Reject> {
     if b.topics.get(HALF_TOPIC).is_none() {
         return Ok(RoundReport::default());
     }

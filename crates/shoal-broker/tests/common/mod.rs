@@ -1,6 +1,11 @@
 //! A name server and a broker on 127.0.0.1 (ports chosen at run time) in a temp directory, and
 //! raw-protocol helpers built from shoal-proto.
-
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    unreachable_pub,
+    reason = "test code: a failed unwrap is a failed test"
+)]
 #![allow(dead_code)]
 
 use bytes::Bytes;

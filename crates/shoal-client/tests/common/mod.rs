@@ -1,6 +1,11 @@
 //! A name server and broker(s) on 127.0.0.1 (ports chosen at run time) in temp directories,
 //! plus client settings with short timers.
-
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    unreachable_pub,
+    reason = "test code: a failed unwrap is a failed test"
+)]
 #![allow(dead_code)]
 
 use shoal_broker::{Broker, BrokerConfig};

@@ -88,7 +88,7 @@ pub struct ConsistentHash {
 }
 
 /// Largest virtual node count accepted (keeps the ring in memory bounds).
-pub const MAX_VIRTUAL_NODES: usize = 10_000;
+pub(super) const MAX_VIRTUAL_NODES: usize = 10_000;
 
 impl Default for ConsistentHash {
     /// Java's default of 10 virtual nodes per member.

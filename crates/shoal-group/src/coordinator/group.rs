@@ -936,6 +936,11 @@ impl Group {
         }
         match m.assigned.get(queue).or_else(|| m.pending.get(queue)) {
             Some(given) if *given <= epoch => Ok(()),
+            // Reported at its join while another member had been given it: it is releasing
+            // the queue, and its final commit (its pulls too) must go through, or the next
+            // owner starts from an older offset. The queue's lock, checked after this fence,
+            // is what keeps the consumption exclusive.
+            None if m.released.get(queue) == Some(&RELEASING_AT_JOIN) => Ok(()),
             Some(given) => Err(self.fenced(
                 m,
                 epoch,

@@ -899,9 +899,24 @@ fn adoption_needs_evidence_and_a_free_queue() {
     r.owned = q[..2].iter().cloned().collect();
     r.adoptable = r.owned.clone();
     // a owns them: b adopts nothing.
+    let b = r.member_id.clone();
     let resp = c.heartbeat(r, 1).unwrap();
     assert!(resp.assignment.is_empty());
     c.check_invariants().unwrap();
+    // b releases them: its final commits pass the member-epoch fence (the lock decides) while
+    // it still reports them, and no longer once it stopped naming them.
+    let epoch = resp.member_epoch;
+    c.validate("G", &b, epoch, &q[0]).unwrap();
+    assert!(c.validate("G", &b, epoch, &q[5]).is_err());
+    let mut r = Client::new("b", 2, "STICKY").request("G");
+    r.member_id = b.clone();
+    r.member_epoch = epoch;
+    r.owned = BTreeSet::new();
+    c.heartbeat(r, 2).unwrap();
+    assert!(matches!(
+        c.validate("G", &b, epoch, &q[0]),
+        Err(GroupError::QueueNotAssigned { .. })
+    ));
 }
 
 #[test]

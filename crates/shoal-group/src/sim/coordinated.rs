@@ -21,7 +21,7 @@ pub(super) struct Membership {
 }
 
 impl Membership {
-    pub fn new(
+    pub(super) fn new(
         member_id: String,
         instance_id: Option<String>,
         now: u64,
@@ -44,7 +44,7 @@ impl Membership {
     }
 
     /// The stamp pulls, commits and locks carry (member id, epoch) once joined.
-    pub fn stamp(&self) -> Option<(String, i32)> {
+    pub(super) fn stamp(&self) -> Option<(String, i32)> {
         self.core.stamp().map(|s| (s.member_id, s.epoch))
     }
 }
@@ -78,18 +78,22 @@ impl World {
             return;
         }
         let held = self.held(m);
+        let applied = self.members[m].rb.target_epoch();
         let now = self.now;
         if let Some(ms) = self.members[m].coord.as_mut() {
-            ms.core.handle_held(now, held);
+            ms.core.handle_held(now, held, applied);
         }
     }
 
     pub(super) fn send_group_heartbeat(&mut self, m: usize) {
         let held = self.held(m);
+        let applied = self.members[m].rb.target_epoch();
         let now = self.now;
         let Some(ms) = self.members[m].coord.as_mut() else {
             return;
         };
+        ms.core.handle_held(now, held, applied);
+        let held = ms.core.report();
         let Some(epoch) = ms.core.poll_heartbeat(now) else {
             return;
         };

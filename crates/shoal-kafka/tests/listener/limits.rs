@@ -1,5 +1,10 @@
 //! What the listener refuses: oversized requests, declared lengths past the frame, and APIs
 //! or versions it does not implement.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a failed unwrap is a failed test"
+)]
 
 use crate::fixture::*;
 use bytes::{BufMut, BytesMut};

@@ -2,7 +2,12 @@
 //! the store's listener, a group coordinator of its own as the broker's `GroupState` owns one,
 //! whose notices to consumer-protocol members go to the listener as the broker's do), a
 //! listener on a free port, and a client speaking the `kafka-protocol` crate's codecs.
-
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    unreachable_pub,
+    reason = "test code: a failed unwrap is a failed test"
+)]
 // Each includer uses a part of it.
 #![allow(dead_code)]
 

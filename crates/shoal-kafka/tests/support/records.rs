@@ -2,7 +2,12 @@
 //! benches (unit tests, `tests/listener/` and `benches/convert.rs` include this file with
 //! `#[path]`, so it is not part of the library; so does the `shoal` crate's
 //! `tests/kafka_metrics.rs`).
-
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    unreachable_pub,
+    reason = "test code: a failed unwrap is a failed test"
+)]
 // Each includer uses a part of it.
 #![allow(dead_code)]
 

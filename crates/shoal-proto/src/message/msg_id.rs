@@ -32,6 +32,7 @@ fn hex_into<'b>(bytes: &[u8], buf: &'b mut [u8]) -> &'b [u8] {
 }
 
 /// Text known to be ASCII (hex digits) as a `str`.
+#[allow(clippy::expect_used, reason = "hex digits are ASCII by construction")]
 fn ascii(b: &[u8]) -> &str {
     std::str::from_utf8(b).expect("hex digits are ASCII")
 }

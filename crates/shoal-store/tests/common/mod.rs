@@ -1,4 +1,11 @@
 //! Helpers shared by the integration tests.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    unreachable_pub,
+    reason = "test code: a failed unwrap is a failed test"
+)]
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;

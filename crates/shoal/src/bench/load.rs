@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use tokio::task::JoinSet;
 
 #[derive(Debug, Args)]
-pub struct ProduceArgs {
+pub(crate) struct ProduceArgs {
     #[command(flatten)]
     topic: TopicArgs,
     #[command(flatten)]
@@ -30,7 +30,7 @@ pub struct ProduceArgs {
 
 /// Options of `shoal bench consume`.
 #[derive(Debug, Args)]
-pub struct ConsumeArgs {
+pub(crate) struct ConsumeArgs {
     #[command(flatten)]
     topic: TopicArgs,
     #[command(flatten)]
@@ -51,7 +51,7 @@ pub struct ConsumeArgs {
 
 /// Options of `shoal bench e2e`.
 #[derive(Debug, Args)]
-pub struct E2eArgs {
+pub(crate) struct E2eArgs {
     #[command(flatten)]
     topic: TopicArgs,
     #[command(flatten)]
@@ -66,7 +66,7 @@ pub struct E2eArgs {
 // ---- send side ------------------------------------------------------------------------
 
 /// Kind of a send error, for the report.
-pub fn error_kind(e: &ClientError) -> String {
+pub(super) fn error_kind(e: &ClientError) -> String {
     match e {
         ClientError::SendFailed { last, .. } => error_kind(last),
         ClientError::Net(n) => {

@@ -27,7 +27,7 @@ use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use load::{ConsumeArgs, E2eArgs, ProduceArgs, SendStats};
 use parking_lot::Mutex;
-pub use rebalance::RebalanceArgs;
+pub(crate) use rebalance::RebalanceArgs;
 use rebalance::RebalanceReport;
 use serde::Serialize;
 use shoal_client::admin::TopicSpec;
@@ -42,13 +42,13 @@ use track::Tracker;
 /// Magic number at the start of a benchmark body ("SHOL").
 const MAGIC: u32 = 0x5348_4F4C;
 /// Length of the benchmark header in a body.
-pub const HEADER_LEN: usize = 24;
+pub(crate) const HEADER_LEN: usize = 24;
 /// Largest body the tool sends (RocketMQ's default message size limit).
 const MAX_BODY: usize = 4 * 1024 * 1024;
 
 /// `shoal bench ...`
 #[derive(Debug, Subcommand)]
-pub enum BenchCmd {
+pub(crate) enum BenchCmd {
     /// Produce at a target rate or as fast as possible; report send throughput and
     /// acknowledgement latency.
     Produce(ProduceArgs),
@@ -65,7 +65,7 @@ pub enum BenchCmd {
 
 /// Topic options.
 #[derive(Debug, Args, Clone)]
-pub struct TopicArgs {
+pub(crate) struct TopicArgs {
     /// Topic to use.
     #[arg(long, default_value = "ShoalBench")]
     pub topic: String,
@@ -80,7 +80,7 @@ pub struct TopicArgs {
 
 /// Load (producer) options.
 #[derive(Debug, Args, Clone)]
-pub struct LoadArgs {
+pub(crate) struct LoadArgs {
     /// Number of producers (each its own client instance and connections).
     #[arg(long, default_value_t = 1)]
     pub producers: usize,
@@ -111,7 +111,7 @@ pub struct LoadArgs {
 
 /// Consumer group options.
 #[derive(Debug, Args, Clone)]
-pub struct GroupArgs {
+pub(crate) struct GroupArgs {
     /// Number of consumers in the group (each its own client instance).
     #[arg(long, default_value_t = 1)]
     pub consumers: usize,
@@ -150,7 +150,7 @@ fn now_us() -> u64 {
 
 /// The header `shoal bench` puts at the start of a body.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BodyHeader {
+pub(crate) struct BodyHeader {
     /// Run id (random per run).
     pub run: u32,
     /// Key unique in the run: producer number << 40 | sequence.
@@ -160,7 +160,7 @@ pub struct BodyHeader {
 }
 
 /// Builds a body of `size` bytes; the header is written when `size >= HEADER_LEN`.
-pub fn make_body(size: usize, h: &BodyHeader) -> Vec<u8> {
+pub(crate) fn make_body(size: usize, h: &BodyHeader) -> Vec<u8> {
     // The alphabet repeated (`b'a' + i % 26` at offset `i`), a slice at a time: the load
     // generator's own work per message stays small beside the producer's.
     const FILLER: &[u8; 26] = b"abcdefghijklmnopqrstuvwxyz";
@@ -179,7 +179,7 @@ pub fn make_body(size: usize, h: &BodyHeader) -> Vec<u8> {
 }
 
 /// Reads the header of a body, if it has one.
-pub fn parse_body(body: &[u8]) -> Option<BodyHeader> {
+pub(crate) fn parse_body(body: &[u8]) -> Option<BodyHeader> {
     let magic = u32::from_be_bytes(body.get(0..4)?.try_into().ok()?);
     if magic != MAGIC {
         return None;
@@ -201,7 +201,7 @@ fn histogram() -> Histogram<u64> {
 
 /// Latency percentiles in milliseconds.
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
-pub struct Latency {
+pub(crate) struct Latency {
     /// Samples.
     pub count: u64,
     /// Mean, ms.
@@ -243,7 +243,7 @@ impl Latency {
 
 /// What was sent.
 #[derive(Debug, Clone, Default, Serialize)]
-pub struct ProduceReport {
+pub(crate) struct ProduceReport {
     /// Messages handed to the client.
     pub sent: u64,
     /// Messages the broker acknowledged.
@@ -262,7 +262,7 @@ pub struct ProduceReport {
 
 /// What was consumed.
 #[derive(Debug, Clone, Default, Serialize)]
-pub struct ConsumeReport {
+pub(crate) struct ConsumeReport {
     /// Deliveries of this run's messages to the listeners, duplicates included (`bench
     /// consume`: of every message).
     pub consumed: u64,
@@ -284,7 +284,7 @@ pub struct ConsumeReport {
 
 /// One membership change of `bench rebalance`.
 #[derive(Debug, Clone, Serialize)]
-pub struct Report {
+pub(crate) struct Report {
     /// produce, consume, e2e or rebalance.
     pub mode: String,
     /// Topic.
@@ -442,7 +442,7 @@ fn fresh_group(run: u32) -> String {
 // ---- commands -------------------------------------------------------------------------
 
 /// Runs a `shoal bench` command and prints its report (a table, or JSON with `--json`).
-pub async fn run(common: &Common, cmd: BenchCmd) -> anyhow::Result<()> {
+pub(crate) async fn run(common: &Common, cmd: BenchCmd) -> anyhow::Result<()> {
     // A bad credentials file or bad TLS options are reported here, once.
     common.credentials()?;
     common.client_tls()?;
@@ -490,7 +490,7 @@ fn latency_row(name: &str, l: &Latency) -> String {
 }
 
 /// The human-readable table of a report.
-pub fn render(r: &Report) -> String {
+pub(crate) fn render(r: &Report) -> String {
     let mut s = String::new();
     let rate = r
         .target_rate

@@ -30,7 +30,7 @@ use tokio::task::JoinSet;
 
 /// Options of `shoal bench rebalance`.
 #[derive(Debug, Args)]
-pub struct RebalanceArgs {
+pub(crate) struct RebalanceArgs {
     /// Topic to use.
     #[arg(long, default_value = "ShoalBenchRebalance")]
     topic: String,
@@ -108,7 +108,7 @@ const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
 /// A membership change of `bench rebalance`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(tag = "kind", content = "n", rename_all = "lowercase")]
-pub enum MemberEvent {
+pub(super) enum MemberEvent {
     /// N new members start.
     Join(usize),
     /// The N most recent members shut down gracefully.
@@ -149,7 +149,7 @@ impl std::fmt::Display for MemberEvent {
 /// Parses a schedule (`join:4,leave:4,pause:1,kill:1`) and checks that it never takes the
 /// group below one member (a pause keeps at least one member running), starting from
 /// `initial` members.
-pub fn parse_schedule(s: &str, initial: usize) -> anyhow::Result<Vec<MemberEvent>> {
+pub(super) fn parse_schedule(s: &str, initial: usize) -> anyhow::Result<Vec<MemberEvent>> {
     let mut out = Vec::new();
     let mut members = initial;
     for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
@@ -197,7 +197,7 @@ pub fn parse_schedule(s: &str, initial: usize) -> anyhow::Result<Vec<MemberEvent
 
 /// One membership change of `bench rebalance`.
 #[derive(Debug, Clone, Serialize, Default)]
-pub struct EventReport {
+pub(crate) struct EventReport {
     /// The change (`start 4` for the initial group, then the schedule).
     pub event: String,
     /// `start`, `join`, `leave`, `kill` or `pause`.
@@ -243,7 +243,7 @@ pub struct EventReport {
 
 /// Percentiles over the events of one kind, ms (nearest rank).
 #[derive(Debug, Clone, Serialize, Default, PartialEq)]
-pub struct Spread {
+pub(crate) struct Spread {
     /// Samples.
     pub count: usize,
     /// Median, ms.
@@ -272,7 +272,7 @@ impl Spread {
 
 /// All events of one kind.
 #[derive(Debug, Clone, Serialize, Default)]
-pub struct EventSummary {
+pub(crate) struct EventSummary {
     /// `join`, `leave`, `kill` or `pause`.
     pub kind: String,
     /// Events of this kind.
@@ -297,7 +297,7 @@ pub struct EventSummary {
 
 /// Results of `bench rebalance`.
 #[derive(Debug, Clone, Serialize, Default)]
-pub struct RebalanceReport {
+pub(crate) struct RebalanceReport {
     /// Queues in the topic.
     pub queues: usize,
     /// Allocation strategy: the one chosen, `AVG` (classic mode's default) or `default

@@ -1,8 +1,14 @@
 //! A cluster of separate `shoal` processes on 127.0.0.1: one name server and brokers started,
 //! stopped (SIGTERM) and killed (SIGKILL) one by one; consumers and producers whose every line
 //! is kept with the time it was printed (which broker each message went to and came from).
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    unreachable_pub,
+    reason = "test code: a failed unwrap is a failed test"
+)]
 
-use super::{free_port, shoal, Dev, Group, Proc, Seen};
+use super::{free_port, log_sink, shoal, Dev, Group, Proc, Seen};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
@@ -37,7 +43,7 @@ impl Cluster {
         }
         let child = cmd
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(log_sink("namesrv"))
             .spawn()
             .unwrap();
         let deadline = Instant::now() + Duration::from_secs(20);
@@ -83,7 +89,7 @@ impl Cluster {
             ])
             .args(extra)
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(log_sink(name))
             .spawn()
             .unwrap();
         self.brokers.insert(

@@ -1,6 +1,12 @@
 //! Tests that run programs from outside the workspace (official RocketMQ and Kafka clients, a
 //! Java broker, a browser). They skip with a message when their tools are not installed, unless
 //! `SHOAL_REQUIRE_EXTERNAL=1` (as `.ci/run` sets it), where a missing tool fails the test.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    unreachable_pub,
+    reason = "test code: a failed unwrap is a failed test"
+)]
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

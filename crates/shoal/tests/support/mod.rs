@@ -1,6 +1,11 @@
 //! Runs the built `shoal` binary as separate processes: a dev server, consumers that print JSON
 //! lines, producers and admin commands. Everything on 127.0.0.1 with ports chosen at run time.
-
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    unreachable_pub,
+    reason = "test code: a failed unwrap is a failed test"
+)]
 #![allow(dead_code)]
 
 pub mod cluster;
@@ -256,10 +261,26 @@ impl Dev {
             .args(args)
             .env("SHOAL_NAMESRV", &self.namesrv)
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(log_sink(&args.join(" ")))
             .spawn()
             .unwrap()
     }
+}
+
+/// Where a spawned process's stderr goes: a file in `SHOAL_TEST_LOG_DIR` when it is set (one
+/// per process, named `tag` and a counter, to read after a failing run), or nowhere.
+pub fn log_sink(tag: &str) -> Stdio {
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let Some(dir) = std::env::var_os("SHOAL_TEST_LOG_DIR") else {
+        return Stdio::null();
+    };
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tag: String = tag
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect();
+    let path = std::path::Path::new(&dir).join(format!("{n:03}-{tag}.log"));
+    std::fs::File::create(path).map_or(Stdio::null(), Stdio::from)
 }
 
 /// One message as a consumer printed it.
