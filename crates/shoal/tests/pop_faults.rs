@@ -12,6 +12,12 @@
 //! - redeliveries counted: the leases of the killed consumers lapse and their messages come
 //!   again with a higher delivery attempt, and the broker's group view counts redeliveries.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a failed unwrap is a failed test"
+)]
+
 mod support;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
