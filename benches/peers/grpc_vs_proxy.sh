@@ -2,20 +2,22 @@
 # RocketMQ 5's gRPC clients' path, side by side in one sitting: Shoal's broker serving the
 # gRPC MessagingService itself (`shoal dev`) against Apache RocketMQ 5.3.3's name server,
 # broker and gRPC proxy (three JVMs, the proxy in cluster mode), with the same client: the Go
-# client golang/v5 (benches/peers/grpc-bench). Also Shoal's pull path on the same backlog
-# (`shoal bench consume`: Shoal's push consumer, PULL_MESSAGE), next to its POP path.
+# client golang/v5 (benches/peers/grpc-bench). Also Shoal's pull and POP paths over remoting
+# with Shoal's own client (`shoal bench consume`, with and without `--pop`).
 #
 # Each round, on each target: a fresh topic (8 queues, NORMAL), COUNT messages of SIZE bytes
 # sent by PRODUCERS goroutines (synchronous sends), then received and acked by CONSUMERS
 # simple consumers (batches of BATCH, invisible 30 s, one ack per message) until every message
 # is acked. For each phase: messages per second (the client's clock) and the servers' CPU per
 # message (utime + stime of the server processes from /proc/PID/stat over the phase; RocketMQ:
-# name server + broker + proxy). The pull row: the same backlog on Shoal, sent again to a
-# second topic, consumed by `shoal bench consume` with CONSUMERS consumers.
+# name server + broker + proxy). The remoting rows: the same backlog on Shoal, sent again to
+# further topics, consumed by `shoal bench consume` (PULL_MESSAGE after a rebalance) and
+# `shoal bench consume --pop` (POP_MESSAGE, ACK_MESSAGE), CONSUMERS consumers each.
 #
 # Usage: benches/peers/grpc_vs_proxy.sh [ROUNDS]            (default 2)
 #   SHOAL_BIN   default target/release/shoal (cargo build --release -p shoal)
 #   COUNT, SIZE, PRODUCERS, CONSUMERS, BATCH   (defaults 50000, 128, 16, 4, 32)
+#   WARM        messages sent and consumed on each target before the first round (10000)
 #   BASE_PORT   first of 20 ports (default 27100)
 # Needs: target/external/grpc-bench (GOPATH=$PWD/target/external/gopath go build -o
 # target/external/grpc-bench ./benches/peers/grpc-bench, from that directory) and
@@ -36,6 +38,7 @@ size=${SIZE:-128}
 producers=${PRODUCERS:-16}
 consumers=${CONSUMERS:-4}
 batch=${BATCH:-32}
+warm=${WARM:-10000}
 base=${BASE_PORT:-27100}
 work=$(mktemp -d /tmp/shoal-grpc-bench.XXXXXX)
 pids=()
@@ -96,10 +99,6 @@ pids+=("$ns_pid")
   org.apache.rocketmq.broker.BrokerStartup -c broker.conf >broker.out 2>&1) &
 broker_pid=$!
 pids+=("$broker_pid")
-(cd "$work/rmq" && exec java -Xms512m -Xmx512m "${jvm[@]}" -cp "$cp" \
-  org.apache.rocketmq.proxy.ProxyStartup -pc "$work/rmq/proxy.json" -pm cluster >proxy.out 2>&1) &
-proxy_pid=$!
-pids+=("$proxy_pid")
 
 wait_port() { # HOST:PORT
   local i
@@ -121,7 +120,12 @@ wait_broker() { # NAMESRV
 }
 wait_broker "$shoal_ns"
 wait_port "$shoal_grpc"
+# The proxy creates its system topics on the cluster when it starts: the broker must be up.
 wait_broker "$rmq_ns"
+(cd "$work/rmq" && exec java -Xms512m -Xmx512m "${jvm[@]}" -cp "$cp" \
+  org.apache.rocketmq.proxy.ProxyStartup -pc "$work/rmq/proxy.json" -pm cluster >proxy.out 2>&1) &
+proxy_pid=$!
+pids+=("$proxy_pid")
 wait_port "$rmq_grpc"
 grep -q "startup successfully" "$work/rmq/proxy.out" || sleep 5
 echo "servers up: shoal dev (pid $shoal_pid); RocketMQ 5.3.3 name server $ns_pid, broker $broker_pid (-Xmx1g), proxy $proxy_pid (-Xmx512m)"
@@ -135,8 +139,8 @@ topic() { # NAMESRV TOPIC
 for t in "shoal $shoal_ns $shoal_grpc" "rocketmq $rmq_ns $rmq_grpc"; do
   set -- $t
   topic "$2" Warm
-  "$gb" produce "$3" Warm 20000 "$producers" "$size" >/dev/null
-  "$gb" consume "$3" Warm warm 20000 "$consumers" "$batch" >/dev/null
+  "$gb" produce "$3" Warm "$warm" "$producers" "$size" >/dev/null
+  "$gb" consume "$3" Warm warm "$warm" "$consumers" "$batch" >/dev/null
 done
 
 echo
@@ -161,16 +165,21 @@ for round in $(seq 1 "$rounds"); do
     b=$(ticks "$@"); j=$("$gb" consume "$ep" "$tp" "g_$tp" "$count" "$consumers" "$batch"); a=$(ticks "$@")
     row "$round" "gRPC receive+ack (POP)" "$server" "$j" "$b" "$a"
   done
-  # Shoal's pull path on the same backlog (sent again by the same client to a second topic).
-  tp="P_$round"
-  topic "$shoal_ns" "$tp"
-  "$gb" produce "$shoal_grpc" "$tp" "$count" "$producers" "$size" >/dev/null
-  b=$(ticks "$shoal_pid")
-  j=$("$bin" --namesrv "$shoal_ns" bench consume --topic "$tp" --no-create --consumers "$consumers" \
-    --from first --count "$count" --json)
-  a=$(ticks "$shoal_pid")
-  j=$(echo "$j" | jq -c '{count: .consume.consumed, msgs_per_s: .consume.msgs_per_s, errors: 0, duplicates: .consume.duplicates}')
-  row "$round" "pull (shoal bench consume)" shoal "$j" "$b" "$a"
+  # Shoal's pull and POP paths with Shoal's client on the same backlog (sent again by the same
+  # client to further topics).
+  for mode in pull pop; do
+    tp="${mode}_$round"
+    topic "$shoal_ns" "$tp"
+    "$gb" produce "$shoal_grpc" "$tp" "$count" "$producers" "$size" >/dev/null
+    extra=()
+    [ "$mode" = pop ] && extra=(--pop)
+    b=$(ticks "$shoal_pid")
+    j=$("$bin" --namesrv "$shoal_ns" bench consume --topic "$tp" --no-create --consumers "$consumers" \
+      --from first --count "$count" "${extra[@]}" --json)
+    a=$(ticks "$shoal_pid")
+    j=$(echo "$j" | jq -c '{count: .consume.consumed, msgs_per_s: .consume.msgs_per_s, errors: 0, duplicates: .consume.duplicates}')
+    row "$round" "remoting $mode (shoal bench consume)" shoal "$j" "$b" "$a"
+  done
 done
 echo
 echo "COUNT=$count SIZE=$size PRODUCERS=$producers CONSUMERS=$consumers BATCH=$batch"

@@ -543,7 +543,11 @@ impl MessagingService for Service {
         let query = PopQuery {
             group: group.clone(),
             topic: topic.clone(),
-            queue_id: (mq.id >= 0).then_some(mq.id),
+            // The broker picks the queue of every receive, whatever queue the request names,
+            // as RocketMQ's proxy does (it pops the named broker's acting queue, id -1): the
+            // clients name a queue of the route in turn, and a receive held on one drained
+            // queue while the others have messages would wait out its long polling.
+            queue_id: None,
             max: r.batch_size.clamp(1, MAX_BATCH) as usize,
             invisible_ms: invisible.as_millis() as u64,
             fifo: self.api.group_is_fifo(&group),
