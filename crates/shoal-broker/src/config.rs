@@ -650,7 +650,7 @@ impl BrokerConfig {
 
 /// Parses RocketMQ's `messageDelayLevel` string ("1s 5s 10s 30s 1m ... 2h") into milliseconds
 /// (see [`shoal_proto::constants::parse_delay_levels`]; `ms` is accepted too). Empty is an error.
-pub fn parse_delay_levels(text: &str) -> Result<Vec<u64>, ConfigError> {
+pub(crate) fn parse_delay_levels(text: &str) -> Result<Vec<u64>, ConfigError> {
     let levels = shoal_proto::constants::parse_delay_levels(text)
         .map_err(|e| ConfigError(format!("delay_levels: {e}")))?;
     if levels.is_empty() {
@@ -725,7 +725,7 @@ impl NamesrvFile {
 }
 
 /// Parses and compiles ACL TOML text.
-pub fn parse_acl(text: &str) -> Result<shoal_proto::acl::AccessControl, String> {
+pub(crate) fn parse_acl(text: &str) -> Result<shoal_proto::acl::AccessControl, String> {
     let cfg: shoal_proto::acl::PlainAclConfig = toml::from_str(text).map_err(|e| e.to_string())?;
     shoal_proto::acl::AccessControl::new(&cfg)
 }

@@ -17,7 +17,7 @@ mod caller;
 mod client;
 mod clock;
 mod collector;
-pub mod config;
+mod config;
 mod connections;
 mod coordinated;
 mod fence;
@@ -56,7 +56,10 @@ mod transaction;
 pub use api::{ApiError, BrokerApi, BrokerSummary};
 pub use broker::{Broker, BrokerError};
 pub use clock::wall_ms;
-pub use config::{BrokerConfig, CorruptRecordPolicy, FlushMode, NetLimits};
+pub use config::{
+    load_acl, read_acl_config, BrokerConfig, ConfigError, CorruptRecordPolicy, FlushMode,
+    HttpSettings, NamesrvFile, NetLimits, TlsSettings,
+};
 pub use listener::{DescribeListenerGroup, ListenerGroups, ListenerMemberHosts};
 pub use messaging::{
     Filter, OutgoingMessage, PopBatch, PopQuery, PoppedMessage, Refusal, SendReceipt,

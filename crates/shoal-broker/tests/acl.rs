@@ -237,5 +237,5 @@ async fn name_server_registration_is_authenticated() {
 
 fn toml_acl() -> PlainAclConfig {
     let files = tempfile::tempdir().unwrap();
-    shoal_broker::config::read_acl_config(&acl_file(files.path())).unwrap()
+    shoal_broker::read_acl_config(&acl_file(files.path())).unwrap()
 }

@@ -31,6 +31,7 @@ pub mod pop;
 pub mod process_queue;
 pub mod producer;
 mod rebalance;
+mod send_header;
 pub mod transaction;
 mod transaction_check;
 

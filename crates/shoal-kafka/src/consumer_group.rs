@@ -160,7 +160,7 @@ fn prepare(
     if req.member_epoch == LEAVE_EPOCH || req.member_epoch == STATIC_LEAVE_EPOCH {
         let permanent = req.member_epoch == LEAVE_EPOCH || req.instance_id.is_none();
         let left = on_coordinator(host, None, &[], |c, now| {
-            c.leave(&group, &member_id, permanent, now)
+            c.handle_leave(now, &group, &member_id, permanent)
         });
         cg.members.lock().remove(&key);
         return Err(Box::new(match left {
@@ -242,7 +242,9 @@ fn answer(
     let (group, key) = (&p.hb.group, (p.hb.group.clone(), p.hb.member_id.clone()));
     let mut cache = p.cache.clone();
     let hb = p.hb.clone();
-    let result = match on_coordinator(host, Some(group), &p.topics, |c, now| c.heartbeat(hb, now)) {
+    let result = match on_coordinator(host, Some(group), &p.topics, |c, now| {
+        c.handle_heartbeat(now, hb)
+    }) {
         Ok(r) => r,
         Err(e) => {
             cg.members.lock().remove(&key);

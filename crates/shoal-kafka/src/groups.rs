@@ -26,8 +26,8 @@ use std::time::Duration;
 use tokio::sync::{oneshot, watch};
 
 impl GroupCoordinator {
-    fn deliver(inner: &mut Inner, outs: Vec<Output>, state: &State) {
-        for o in outs {
+    fn deliver(inner: &mut Inner, state: &State) {
+        while let Some(o) = inner.groups.poll_output() {
             match o {
                 Output::Join(r, j) => {
                     if let Some(Waiter::Join(tx)) = inner.waiters.remove(&r) {
@@ -98,9 +98,9 @@ pub(crate) async fn timer_loop(state: Arc<State>, mut stop: watch::Receiver<bool
         let now = state.now_ms();
         let next = {
             let mut inner = state.groups.inner.lock();
-            let outs = inner.groups.tick(now);
-            GroupCoordinator::deliver(&mut inner, outs, &state);
-            inner.groups.next_deadline()
+            inner.groups.handle_timeout(now);
+            GroupCoordinator::deliver(&mut inner, &state);
+            inner.groups.poll_timeout()
         };
         if now >= next_prune {
             state.consumer_groups.prune(state.host.as_ref());
@@ -233,7 +233,7 @@ pub(crate) async fn join_group(
         return resp;
     }
     let asked = ask(state, Waiter::Join, |groups, id, now| {
-        groups.join(&group, id, join, now)
+        groups.handle_join(now, &group, id, join)
     });
     let Some(j) = asked.await else {
         resp.error_code = code(ResponseError::CoordinatorNotAvailable);
@@ -287,7 +287,7 @@ pub(crate) async fn join_group(
 fn ask<T>(
     state: &Arc<State>,
     waiter: fn(oneshot::Sender<T>) -> Waiter,
-    run: impl FnOnce(&mut ClassicGroups, RequestId, u64) -> Vec<Output>,
+    run: impl FnOnce(&mut ClassicGroups, RequestId, u64),
 ) -> impl std::future::Future<Output = Option<T>> {
     let id = state.groups.next_req.fetch_add(1, Ordering::Relaxed);
     ask_as(state, id, waiter, run)
@@ -298,14 +298,14 @@ fn ask_as<T>(
     state: &Arc<State>,
     id: RequestId,
     waiter: fn(oneshot::Sender<T>) -> Waiter,
-    run: impl FnOnce(&mut ClassicGroups, RequestId, u64) -> Vec<Output>,
+    run: impl FnOnce(&mut ClassicGroups, RequestId, u64),
 ) -> impl std::future::Future<Output = Option<T>> {
     let (tx, rx) = oneshot::channel();
     {
         let mut inner = state.groups.inner.lock();
         inner.waiters.insert(id, waiter(tx));
-        let outs = run(&mut inner.groups, id, state.now_ms());
-        GroupCoordinator::deliver(&mut inner, outs, state);
+        run(&mut inner.groups, id, state.now_ms());
+        GroupCoordinator::deliver(&mut inner, state);
     }
     state.groups.wake.notify_one();
     async move { rx.await.ok() }
@@ -340,7 +340,7 @@ pub(crate) async fn sync_group(
                 held = assigned_queues(pt, a, &state.host.broker_name());
             }
         }
-        groups.sync(&group, id, sync, now)
+        groups.handle_sync(now, &group, id, sync)
     });
     let mut resp = SyncGroupResponse::default();
     match asked.await {
@@ -375,13 +375,13 @@ pub(crate) async fn heartbeat(
     let group = req.group_id.0.to_string();
     let id = state.groups.next_req.fetch_add(1, Ordering::Relaxed);
     let answer = ask_as(state, id, Waiter::Heartbeat, |groups, id, now| {
-        groups.heartbeat(
+        groups.handle_heartbeat(
+            now,
             &group,
             id,
             req.member_id.as_str(),
             req.group_instance_id.as_ref().map(|s| s.as_str()),
             req.generation_id,
-            now,
         )
     });
     tokio::pin!(answer);
@@ -390,8 +390,8 @@ pub(crate) async fn heartbeat(
         _ = ctx.next_request() => {
             {
                 let mut inner = state.groups.inner.lock();
-                let outs = inner.groups.release_heartbeat(&group, id, state.now_ms());
-                GroupCoordinator::deliver(&mut inner, outs, state);
+                inner.groups.handle_heartbeat_release(state.now_ms(), &group, id);
+                GroupCoordinator::deliver(&mut inner, state);
             }
             answer.await
         }
@@ -431,8 +431,8 @@ pub(crate) fn leave_group(
     }
     let results = {
         let mut inner = state.groups.inner.lock();
-        let (results, outs) = inner.groups.leave(&group, &leaving, state.now_ms());
-        GroupCoordinator::deliver(&mut inner, outs, state);
+        let results = inner.groups.handle_leave(state.now_ms(), &group, &leaving);
+        GroupCoordinator::deliver(&mut inner, state);
         results
     };
     state.groups.wake.notify_one();

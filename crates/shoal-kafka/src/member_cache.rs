@@ -222,7 +222,7 @@ impl ConsumerGroups {
             if c.has_members(group) {
                 return Err(ResponseError::NonEmptyGroup);
             }
-            c.clear_group(group, now);
+            c.handle_clear_group(now, group);
             Ok(true)
         })
         .unwrap_or(Err(ResponseError::CoordinatorNotAvailable))

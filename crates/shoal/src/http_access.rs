@@ -53,7 +53,7 @@ impl std::fmt::Debug for AccessSettings {
 impl AccessSettings {
     /// From the broker's configuration and its compiled ACL.
     pub(crate) fn from_broker(
-        cfg: &shoal_broker::config::BrokerConfig,
+        cfg: &shoal_broker::BrokerConfig,
         acl: Option<AccessControl>,
     ) -> anyhow::Result<Self> {
         let h = &cfg.http;

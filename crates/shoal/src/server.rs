@@ -396,7 +396,7 @@ fn http_access(
     cfg: &BrokerConfig,
 ) -> anyhow::Result<(crate::http_access::AccessSettings, shoal_net::ServerTls)> {
     let acl = match (&cfg.acl_enabled, &cfg.acl_file) {
-        (true, Some(path)) => Some(shoal_broker::config::load_acl(path)?),
+        (true, Some(path)) => Some(shoal_broker::load_acl(path)?),
         _ => None,
     };
     let access = crate::http_access::AccessSettings::from_broker(cfg, acl)?;
@@ -482,13 +482,13 @@ fn shutdown_signal() -> impl std::future::Future<Output = ()> {
 pub(crate) async fn run_namesrv(args: NamesrvArgs) -> anyhow::Result<()> {
     let stop = shutdown_signal();
     let acl = match &args.acl_file {
-        Some(p) => Some(shoal_broker::config::read_acl_config(p)?),
+        Some(p) => Some(shoal_broker::read_acl_config(p)?),
         None => None,
     };
     let file = match &args.config {
-        Some(p) => shoal_broker::config::NamesrvFile::read(p)
+        Some(p) => shoal_broker::NamesrvFile::read(p)
             .map_err(|e| anyhow::anyhow!("name server configuration {}", e.0))?,
-        None => shoal_broker::config::NamesrvFile::default(),
+        None => shoal_broker::NamesrvFile::default(),
     };
     let tls = args.tls.server_tls()?;
     let mode = tls.mode();
@@ -634,14 +634,14 @@ fn dev_broker_config(
     }
     if let Some((mode, cert, key)) = tls {
         let enforcing = *mode == shoal_net::TlsMode::Enforcing;
-        cfg.tls = shoal_broker::config::TlsSettings {
+        cfg.tls = shoal_broker::TlsSettings {
             mode: *mode,
             cert_path: Some(cert.clone()),
             key_path: Some(key.clone()),
             // The name server is in this process, on loopback.
             namesrv_tls: enforcing,
             insecure: enforcing,
-            ..shoal_broker::config::TlsSettings::default()
+            ..shoal_broker::TlsSettings::default()
         };
     }
     cfg.validate()?;

@@ -230,7 +230,7 @@ impl ClassicGroup {
     }
 
     /// JoinGroup.
-    pub fn join(&mut self, req: RequestId, join: JoinRequest, now: u64) -> Vec<Output> {
+    pub(crate) fn join(&mut self, req: RequestId, join: JoinRequest, now: u64) -> Vec<Output> {
         if join.session_timeout_ms < self.config.min_session_timeout_ms
             || join.session_timeout_ms > self.config.max_session_timeout_ms
         {
@@ -692,7 +692,7 @@ impl ClassicGroup {
     }
 
     /// SyncGroup.
-    pub fn sync(&mut self, req: RequestId, sync: SyncRequest, now: u64) -> Vec<Output> {
+    pub(crate) fn sync(&mut self, req: RequestId, sync: SyncRequest, now: u64) -> Vec<Output> {
         let id = sync.member_id.clone();
         if let Some(e) = self.check_member(&id, sync.instance_id.as_deref()) {
             return vec![err_sync(req, e)];
@@ -773,7 +773,7 @@ impl ClassicGroup {
     /// Stable group it is held (see [`ClassicConfig::heartbeat_hold_ms`]) and answered when a
     /// rebalance starts, when the hold ends, or on [`ClassicGroup::release_heartbeat`]; while
     /// the new-member window is open it is held until the window closes.
-    pub fn heartbeat(
+    pub(crate) fn heartbeat(
         &mut self,
         req: RequestId,
         member_id: &str,
@@ -810,7 +810,7 @@ impl ClassicGroup {
 
     /// Answers the held heartbeat `req` now, as the group's state says (nothing if it is not
     /// held).
-    pub fn release_heartbeat(&mut self, req: RequestId, now: u64) -> Vec<Output> {
+    pub(crate) fn release_heartbeat(&mut self, req: RequestId, now: u64) -> Vec<Output> {
         let state = self.state;
         for m in self.members.values_mut() {
             if m.awaiting_heartbeat.is_some_and(|(r, _)| r == req) {
@@ -823,7 +823,7 @@ impl ClassicGroup {
     }
 
     /// LeaveGroup.
-    pub fn leave(
+    pub(crate) fn leave(
         &mut self,
         members: &[LeavingMember],
         now: u64,
@@ -891,7 +891,7 @@ impl ClassicGroup {
     /// (the group moved to a new generation while the member was committing what it revoked
     /// or releases on close), for partitions of that assignment (`covers` decides, given the
     /// protocol type and the assignment bytes): nobody else has been given them yet.
-    pub fn validate_commit(
+    pub(crate) fn validate_commit(
         &mut self,
         member_id: &str,
         instance_id: Option<&str>,
@@ -930,7 +930,7 @@ impl ClassicGroup {
     }
 
     /// Timers: session expiry, the end of the join phase, the sync deadline.
-    pub fn tick(&mut self, now: u64) -> Vec<Output> {
+    pub(crate) fn tick(&mut self, now: u64) -> Vec<Output> {
         let mut out = Vec::new();
         self.pending.retain(|_, until| *until > now);
         // A member waiting for a join or sync answer is alive; others must heartbeat.
@@ -985,7 +985,7 @@ impl ClassicGroup {
     }
 
     /// When [`ClassicGroup::tick`] next has something to do.
-    pub fn next_deadline(&self) -> Option<u64> {
+    pub(crate) fn next_deadline(&self) -> Option<u64> {
         let sessions = self
             .members
             .values()

@@ -1,9 +1,10 @@
 //! Kafka's classic consumer-group protocol (JoinGroup / SyncGroup / Heartbeat / LeaveGroup)
-//! as a sans-IO state machine: events with a time in, [`Output`]s out, no I/O and no clock of
-//! its own. The Kafka listener (`shoal-kafka`) owns a [`ClassicGroups`] behind one short
-//! lock, hands each waiting request an id, delivers the outputs to the requests they name,
-//! and calls [`ClassicGroups::tick`] for the timers (session expiry, rebalance and sync
-//! deadlines, the initial rebalance delay).
+//! as a sans-IO state machine: events with a time in (`handle_*`), [`Output`]s polled out
+//! ([`ClassicGroups::poll_output`]), no I/O and no clock of its own. The Kafka listener
+//! (`shoal-kafka`) owns a [`ClassicGroups`] behind one short lock, hands each waiting request
+//! an id, delivers the outputs to the requests they name, and calls
+//! [`ClassicGroups::handle_timeout`] when [`ClassicGroups::poll_timeout`] says (session expiry,
+//! rebalance and sync deadlines, the initial rebalance delay).
 //!
 //! The rules are Kafka's: generations, a leader that computes the assignment with a
 //! client-side assignor (eager or cooperative alike: the coordinator only carries the opaque
@@ -20,7 +21,7 @@ mod tests;
 pub use describe::{ClassicGroupDescription, ClassicMemberDescription};
 pub use group::{ClassicGroup, GroupState, MemberView};
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 
 /// Identifies a request waiting for a JoinGroup or SyncGroup answer (chosen by the driver).
 pub type RequestId = u64;
@@ -216,6 +217,7 @@ impl Default for ClassicConfig {
 pub struct ClassicGroups {
     config: ClassicConfig,
     groups: BTreeMap<String, ClassicGroup>,
+    outputs: VecDeque<Output>,
 }
 
 impl ClassicGroups {
@@ -224,6 +226,7 @@ impl ClassicGroups {
         ClassicGroups {
             config,
             groups: BTreeMap::new(),
+            outputs: VecDeque::new(),
         }
     }
 
@@ -261,15 +264,16 @@ impl ClassicGroups {
             .ok_or(ClassicError::GroupIdNotFound)
     }
 
+    /// The next answer or event to deliver, if any (answers to requests, maybe later than
+    /// the request that asked: a join waits for the rebalance).
+    #[must_use]
+    pub fn poll_output(&mut self) -> Option<Output> {
+        self.outputs.pop_front()
+    }
+
     /// JoinGroup. The answer comes as an [`Output::Join`] for `req` (maybe later).
-    pub fn join(
-        &mut self,
-        group: &str,
-        req: RequestId,
-        join: JoinRequest,
-        now: u64,
-    ) -> Vec<Output> {
-        match self.group_mut(group) {
+    pub fn handle_join(&mut self, now: u64, group: &str, req: RequestId, join: JoinRequest) {
+        let out = match self.group_mut(group) {
             Ok(g) => g.join(req, join, now),
             Err(e) => vec![Output::Join(
                 req,
@@ -280,18 +284,13 @@ impl ClassicGroups {
                     ..JoinResponse::default()
                 },
             )],
-        }
+        };
+        self.outputs.extend(out);
     }
 
     /// SyncGroup. The answer comes as an [`Output::Sync`] for `req` (maybe later).
-    pub fn sync(
-        &mut self,
-        group: &str,
-        req: RequestId,
-        sync: SyncRequest,
-        now: u64,
-    ) -> Vec<Output> {
-        match self.groups.get_mut(group) {
+    pub fn handle_sync(&mut self, now: u64, group: &str, req: RequestId, sync: SyncRequest) {
+        let out = match self.groups.get_mut(group) {
             Some(g) => g.sync(req, sync, now),
             None => vec![Output::Sync(
                 req,
@@ -300,59 +299,62 @@ impl ClassicGroups {
                     ..SyncResponse::default()
                 },
             )],
-        }
+        };
+        self.outputs.extend(out);
     }
 
     /// Heartbeat. The answer comes as an [`Output::Heartbeat`] for `req`: at once, or, for a
     /// member of a Stable group, when a rebalance starts, when the hold ends
     /// ([`ClassicConfig::heartbeat_hold_ms`]) or when the driver calls
-    /// [`ClassicGroups::release_heartbeat`].
-    pub fn heartbeat(
+    /// [`ClassicGroups::handle_heartbeat_release`].
+    pub fn handle_heartbeat(
         &mut self,
+        now: u64,
         group: &str,
         req: RequestId,
         member_id: &str,
         instance_id: Option<&str>,
         generation: i32,
-        now: u64,
-    ) -> Vec<Output> {
-        match self.groups.get_mut(group) {
+    ) {
+        let out = match self.groups.get_mut(group) {
             Some(g) => g.heartbeat(req, member_id, instance_id, generation, now),
             None => vec![Output::Heartbeat(req, Err(ClassicError::UnknownMemberId))],
-        }
+        };
+        self.outputs.extend(out);
     }
 
     /// Answers a held heartbeat now (the member sent another request on its connection, or
     /// the connection closed); nothing if it was answered already.
-    pub fn release_heartbeat(&mut self, group: &str, req: RequestId, now: u64) -> Vec<Output> {
-        match self.groups.get_mut(group) {
-            Some(g) => g.release_heartbeat(req, now),
-            None => Vec::new(),
+    pub fn handle_heartbeat_release(&mut self, now: u64, group: &str, req: RequestId) {
+        if let Some(g) = self.groups.get_mut(group) {
+            let out = g.release_heartbeat(req, now);
+            self.outputs.extend(out);
         }
     }
 
-    /// LeaveGroup: one result per member, plus outputs for requests it completes.
-    pub fn leave(
+    /// LeaveGroup: one result per member (answers of requests it completes are outputs).
+    pub fn handle_leave(
         &mut self,
+        now: u64,
         group: &str,
         members: &[LeavingMember],
-        now: u64,
-    ) -> (Vec<Result<(), ClassicError>>, Vec<Output>) {
+    ) -> Vec<Result<(), ClassicError>> {
         match self.groups.get_mut(group) {
-            Some(g) => g.leave(members, now),
-            None => (
-                members
-                    .iter()
-                    .map(|_| Err(ClassicError::UnknownMemberId))
-                    .collect(),
-                Vec::new(),
-            ),
+            Some(g) => {
+                let (results, out) = g.leave(members, now);
+                self.outputs.extend(out);
+                results
+            }
+            None => members
+                .iter()
+                .map(|_| Err(ClassicError::UnknownMemberId))
+                .collect(),
         }
     }
 
     /// Checks an offset commit against the group (and counts it as a heartbeat); `covers`
     /// says whether a member's assignment (protocol type, bytes) names every committed
-    /// partition (see [`ClassicGroup::validate_commit`]).
+    /// partition.
     pub fn validate_commit(
         &mut self,
         group: &str,
@@ -381,17 +383,16 @@ impl ClassicGroups {
         }
     }
 
-    /// Runs the timers of every group.
-    pub fn tick(&mut self, now: u64) -> Vec<Output> {
-        let mut out = Vec::new();
+    /// Runs the timers of every group due at `now`.
+    pub fn handle_timeout(&mut self, now: u64) {
         for g in self.groups.values_mut() {
-            out.extend(g.tick(now));
+            self.outputs.extend(g.tick(now));
         }
-        out
     }
 
-    /// The earliest time a [`ClassicGroups::tick`] has something to do, if any.
-    pub fn next_deadline(&self) -> Option<u64> {
+    /// The earliest time [`ClassicGroups::handle_timeout`] has something to do, if any.
+    #[must_use]
+    pub fn poll_timeout(&self) -> Option<u64> {
         self.groups
             .values()
             .filter_map(ClassicGroup::next_deadline)

@@ -4,6 +4,74 @@ use super::*;
 use proptest::prelude::*;
 use shoal_proto::mq::MessageQueue;
 
+/// The groups driven one request at a time: each call hands the event in and takes every
+/// output it produced ([`ClassicGroups::poll_output`]).
+trait Drive {
+    fn outputs(&mut self) -> Vec<Output>;
+    fn join(&mut self, group: &str, req: RequestId, join: JoinRequest, now: u64) -> Vec<Output>;
+    fn sync(&mut self, group: &str, req: RequestId, sync: SyncRequest, now: u64) -> Vec<Output>;
+    fn heartbeat(
+        &mut self,
+        group: &str,
+        req: RequestId,
+        member_id: &str,
+        instance_id: Option<&str>,
+        generation: i32,
+        now: u64,
+    ) -> Vec<Output>;
+    fn release_heartbeat(&mut self, group: &str, req: RequestId, now: u64) -> Vec<Output>;
+    fn leave(
+        &mut self,
+        group: &str,
+        members: &[LeavingMember],
+        now: u64,
+    ) -> (Vec<Result<(), ClassicError>>, Vec<Output>);
+    fn tick(&mut self, now: u64) -> Vec<Output>;
+}
+
+impl Drive for ClassicGroups {
+    fn outputs(&mut self) -> Vec<Output> {
+        std::iter::from_fn(|| self.poll_output()).collect()
+    }
+    fn join(&mut self, group: &str, req: RequestId, join: JoinRequest, now: u64) -> Vec<Output> {
+        self.handle_join(now, group, req, join);
+        self.outputs()
+    }
+    fn sync(&mut self, group: &str, req: RequestId, sync: SyncRequest, now: u64) -> Vec<Output> {
+        self.handle_sync(now, group, req, sync);
+        self.outputs()
+    }
+    fn heartbeat(
+        &mut self,
+        group: &str,
+        req: RequestId,
+        member_id: &str,
+        instance_id: Option<&str>,
+        generation: i32,
+        now: u64,
+    ) -> Vec<Output> {
+        self.handle_heartbeat(now, group, req, member_id, instance_id, generation);
+        self.outputs()
+    }
+    fn release_heartbeat(&mut self, group: &str, req: RequestId, now: u64) -> Vec<Output> {
+        self.handle_heartbeat_release(now, group, req);
+        self.outputs()
+    }
+    fn leave(
+        &mut self,
+        group: &str,
+        members: &[LeavingMember],
+        now: u64,
+    ) -> (Vec<Result<(), ClassicError>>, Vec<Output>) {
+        let results = self.handle_leave(now, group, members);
+        (results, self.outputs())
+    }
+    fn tick(&mut self, now: u64) -> Vec<Output> {
+        self.handle_timeout(now);
+        self.outputs()
+    }
+}
+
 const SESSION: u64 = 10_000;
 const REBALANCE: u64 = 30_000;
 

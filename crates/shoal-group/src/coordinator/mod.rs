@@ -313,15 +313,9 @@ impl Coordinator {
         self.effects.pop_front()
     }
 
-    /// Every pending effect.
-    #[must_use]
-    pub fn drain_effects(&mut self) -> Vec<Effect> {
-        self.effects.drain(..).collect()
-    }
-
     /// Sets the queues of a topic (sorted and de-duplicated here). Groups that subscribe it
     /// rebalance when the set changed.
-    pub fn set_topic_queues(&mut self, topic: &str, queues: Vec<MessageQueue>, now_ms: u64) {
+    pub fn handle_topic_queues(&mut self, now_ms: u64, topic: &str, queues: Vec<MessageQueue>) {
         let mut queues = queues;
         queues.sort_by(crate::allocate::queue_cmp);
         queues.dedup();
@@ -333,7 +327,7 @@ impl Coordinator {
     }
 
     /// Forgets a topic (deleted): groups that subscribe it rebalance without its queues.
-    pub fn remove_topic(&mut self, topic: &str, now_ms: u64) {
+    pub fn handle_topic_removed(&mut self, now_ms: u64, topic: &str) {
         if self.topics.remove(topic).is_some() {
             self.topic_changed(topic, now_ms);
         }
@@ -365,7 +359,11 @@ impl Coordinator {
     }
 
     /// A heartbeat (or a join, with epoch [`JOIN_EPOCH`]).
-    pub fn heartbeat(&mut self, req: HeartbeatRequest, now_ms: u64) -> Result<HeartbeatResponse> {
+    pub fn handle_heartbeat(
+        &mut self,
+        now_ms: u64,
+        req: HeartbeatRequest,
+    ) -> Result<HeartbeatResponse> {
         self.check_request(&req)?;
         let assignor = match req.assignor.as_deref() {
             Some(a) => Some(canonical_assignor(a)?),
@@ -400,12 +398,12 @@ impl Coordinator {
 
     /// A member leaves. A static member's leave is temporary unless `permanent`: its queues
     /// stay reserved until its session times out. Leaving twice is not an error.
-    pub fn leave(
+    pub fn handle_leave(
         &mut self,
+        now_ms: u64,
         group: &str,
         member_id: &str,
         permanent: bool,
-        now_ms: u64,
     ) -> Result<()> {
         let Some(g) = self.groups.get_mut(group) else {
             return Ok(());
@@ -422,7 +420,13 @@ impl Coordinator {
 
     /// Evidence that a member released queues (the broker saw it unlock them): revoked queues
     /// among them are free for their new owners at once.
-    pub fn released(&mut self, group: &str, member_id: &str, queues: &[MessageQueue], now_ms: u64) {
+    pub fn handle_released(
+        &mut self,
+        now_ms: u64,
+        group: &str,
+        member_id: &str,
+        queues: &[MessageQueue],
+    ) {
         let Some(g) = self.groups.get_mut(group) else {
             return;
         };
@@ -435,14 +439,14 @@ impl Coordinator {
         g.released(member_id, queues, &mut ctx);
     }
 
-    /// [`released`](Self::released) by client id (the broker's unlock names the client, not
+    /// [`handle_released`](Self::handle_released) by client id (the broker's unlock names the client, not
     /// the member).
-    pub fn released_by_client(
+    pub fn handle_released_by_client(
         &mut self,
+        now_ms: u64,
         group: &str,
         client_id: &str,
         queues: &[MessageQueue],
-        now_ms: u64,
     ) {
         let ids: Vec<String> = self
             .groups
@@ -450,13 +454,13 @@ impl Coordinator {
             .map(|g| g.members_of_client(client_id))
             .unwrap_or_default();
         for id in ids {
-            self.released(group, &id, queues, now_ms);
+            self.handle_released(now_ms, group, &id, queues);
         }
     }
 
     /// A transport connection closed: its dynamic members are removed, its static members
     /// are away (queues reserved until the session times out).
-    pub fn connection_closed(&mut self, conn_id: u64, now_ms: u64) {
+    pub fn handle_connection_closed(&mut self, now_ms: u64, conn_id: u64) {
         let mut ctx = group::Ctx {
             config: &self.config,
             topics: &self.topics,
@@ -469,7 +473,7 @@ impl Coordinator {
     }
 
     /// Runs the timers due at `now_ms`: session expiry and rebalance timeouts.
-    pub fn tick(&mut self, now_ms: u64) {
+    pub fn handle_timeout(&mut self, now_ms: u64) {
         let mut ctx = group::Ctx {
             config: &self.config,
             topics: &self.topics,
@@ -481,9 +485,9 @@ impl Coordinator {
         }
     }
 
-    /// The earliest time [`tick`](Self::tick) has something to do.
+    /// The earliest time [`handle_timeout`](Self::handle_timeout) has something to do.
     #[must_use]
-    pub fn next_deadline(&self) -> Option<u64> {
+    pub fn poll_timeout(&self) -> Option<u64> {
         self.groups.values().filter_map(Group::next_deadline).min()
     }
 
@@ -565,7 +569,7 @@ impl Coordinator {
 
     /// Removes every member of a group at once (an operator action, or the group moving to
     /// classic mode); queues are free, the epoch is kept.
-    pub fn clear_group(&mut self, group: &str, now_ms: u64) {
+    pub fn handle_clear_group(&mut self, now_ms: u64, group: &str) {
         let Some(g) = self.groups.get_mut(group) else {
             return;
         };

@@ -262,7 +262,7 @@ impl GroupState {
     /// timeouts); client expiry is checked whenever it runs.
     #[must_use]
     pub fn poll_timeout(&self) -> Option<u64> {
-        self.coordinator.next_deadline()
+        self.coordinator.poll_timeout()
     }
 
     /// The coordinator's effects as group effects, with its broker-lock releases applied.
@@ -378,7 +378,7 @@ impl GroupState {
     /// members are marked away. Returns the changes (for logs).
     pub fn handle_connection_closed(&mut self, now_ms: u64, conn_id: u64) -> Vec<GroupChange> {
         let changes = self.clients.connection_closed(conn_id, now_ms);
-        self.coordinator.connection_closed(conn_id, now_ms);
+        self.coordinator.handle_connection_closed(now_ms, conn_id);
         for c in &changes {
             self.after_registry_change(c, now_ms);
         }
@@ -393,7 +393,7 @@ impl GroupState {
         for c in &changes {
             self.after_registry_change(c, now_ms);
         }
-        self.coordinator.tick(now_ms);
+        self.coordinator.handle_timeout(now_ms);
         let keep_ms = self.coordinator.config().session_timeout_ms;
         let groups: Vec<String> = self.coordinated_clients.keys().cloned().collect();
         for g in groups {
@@ -447,8 +447,8 @@ impl GroupState {
         queues: Option<Vec<MessageQueue>>,
     ) {
         match queues {
-            Some(q) => self.coordinator.set_topic_queues(topic, q, now_ms),
-            None => self.coordinator.remove_topic(topic, now_ms),
+            Some(q) => self.coordinator.handle_topic_queues(now_ms, topic, q),
+            None => self.coordinator.handle_topic_removed(now_ms, topic),
         }
     }
 
@@ -575,7 +575,7 @@ impl GroupState {
     ) {
         let freed = self.locks.unlock_batch(group, queues, client_id);
         self.coordinator
-            .released_by_client(group, client_id, queues, now_ms);
+            .handle_released_by_client(now_ms, group, client_id, queues);
         self.locks_freed(group, &freed);
     }
 
@@ -610,7 +610,7 @@ impl GroupState {
     ) -> Result<Option<HeartbeatResponse>, GroupError> {
         for (t, q) in topics {
             if let Some(q) = q {
-                self.coordinator.set_topic_queues(&t, q, now_ms);
+                self.coordinator.handle_topic_queues(now_ms, &t, q);
             }
         }
         if req.session_timeout_ms.is_none() {
@@ -645,7 +645,7 @@ impl GroupState {
                 .cloned()
                 .collect();
         }
-        self.coordinator.heartbeat(req, now_ms).map(Some)
+        self.coordinator.handle_heartbeat(now_ms, req).map(Some)
     }
 
     /// GROUP_LEAVE (a static member's queues stay reserved unless `permanent`).
@@ -656,7 +656,8 @@ impl GroupState {
         member_id: &str,
         permanent: bool,
     ) -> Result<(), GroupError> {
-        self.coordinator.leave(group, member_id, permanent, now_ms)
+        self.coordinator
+            .handle_leave(now_ms, group, member_id, permanent)
     }
 
     /// Runs `f` on the coordinator for a protocol listener's group (Kafka's consumer groups),
@@ -674,7 +675,7 @@ impl GroupState {
             }
         }
         for (t, q) in topics {
-            self.coordinator.set_topic_queues(&t, q, now_ms);
+            self.coordinator.handle_topic_queues(now_ms, &t, q);
         }
         Ok(f(&mut self.coordinator, now_ms))
     }
@@ -706,7 +707,7 @@ impl GroupState {
             // The coordinator lets go; members keep their broker locks (the evidence classic
             // hand-over runs on), so the coordinator must not release them.
             self.collect_coordinator_effects();
-            self.coordinator.clear_group(group, now_ms);
+            self.coordinator.handle_clear_group(now_ms, group);
             while let Some(e) = self.coordinator.poll_effect() {
                 if let Effect::Persist { .. } = e {
                     self.persist();

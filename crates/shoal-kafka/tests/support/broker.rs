@@ -119,14 +119,12 @@ impl BrokerHandle for TestBroker {
             let q = (0..p)
                 .map(|i| shoal_proto::MessageQueue::new(&t, "broker-test", i))
                 .collect();
-            c.set_topic_queues(&t, q, now);
+            c.handle_topic_queues(now, &t, q);
         }
         f(&mut c, now);
         // The broker executes the effects after the lock: notices to Kafka members go to
         // the listener.
-        let notices: Vec<(String, String)> = c
-            .drain_effects()
-            .into_iter()
+        let notices: Vec<(String, String)> = std::iter::from_fn(|| c.poll_effect())
             .filter_map(|e| match e {
                 Effect::Notify {
                     group, member_id, ..

@@ -4,6 +4,11 @@ use super::*;
 use crate::allocate::{minimum_moves, moved_queues, Assignment};
 use proptest::prelude::*;
 
+/// Every pending effect.
+fn drain(c: &mut Coordinator) -> Vec<Effect> {
+    std::iter::from_fn(|| c.poll_effect()).collect()
+}
+
 const T: &str = "T";
 
 fn queues(n: i32) -> Vec<MessageQueue> {
@@ -73,7 +78,7 @@ impl Client {
 
     /// One heartbeat; acts on the answer. Returns the error, if any.
     fn heartbeat(&mut self, c: &mut Coordinator, now: u64) -> Option<GroupError> {
-        let answer = c.heartbeat(self.request("G"), now);
+        let answer = c.handle_heartbeat(now, self.request("G"));
         self.apply(answer)
     }
 
@@ -119,8 +124,8 @@ impl Client {
         let gone: Vec<MessageQueue> = self.to_release.iter().cloned().collect();
         self.release_now();
         let client = format!("client-{}", self.member_id);
-        c.released_by_client("G", &client, &gone, now);
-        let answer = c.heartbeat(in_flight, now);
+        c.handle_released_by_client(now, "G", &client, &gone);
+        let answer = c.handle_heartbeat(now, in_flight);
         self.apply(answer)
     }
 }
@@ -163,7 +168,7 @@ fn converge(c: &mut Coordinator, clients: &mut [Client], now: u64) -> usize {
 
 fn coordinator() -> Coordinator {
     let mut c = Coordinator::new(CoordinatorConfig::default());
-    c.set_topic_queues(T, queues(16), 0);
+    c.handle_topic_queues(0, T, queues(16));
     c
 }
 
@@ -202,12 +207,12 @@ fn revoke_then_assign_on_join() {
     let mut a = Client::new("a", 1, "STICKY");
     a.slow = true;
     a.heartbeat(&mut c, 0);
-    let _ = c.drain_effects();
+    let _ = drain(&mut c);
     let mut b = Client::new("b", 2, "STICKY");
     b.heartbeat(&mut c, 10);
     // b gets nothing yet: a must release first. a is told to heartbeat.
     assert!(b.owned.is_empty());
-    let fx = c.drain_effects();
+    let fx = drain(&mut c);
     assert!(fx
         .iter()
         .any(|e| matches!(e, Effect::Notify { member_id, .. } if member_id == "a")));
@@ -225,7 +230,7 @@ fn revoke_then_assign_on_join() {
     a.release_now();
     a.heartbeat(&mut c, 13);
     // b is told at once that its queues are free.
-    let fx = c.drain_effects();
+    let fx = drain(&mut c);
     assert!(fx
         .iter()
         .any(|e| matches!(e, Effect::Notify { member_id, .. } if member_id == "b")));
@@ -245,7 +250,8 @@ fn revoke_then_assign_on_join() {
 #[test]
 fn reconciling_is_set_while_a_member_has_work_left() {
     let mut c = coordinator();
-    let hb = |c: &mut Coordinator, cl: &Client, now| c.heartbeat(cl.request("G"), now).unwrap();
+    let hb =
+        |c: &mut Coordinator, cl: &Client, now| c.handle_heartbeat(now, cl.request("G")).unwrap();
     let mut a = Client::new("a", 1, "STICKY");
     a.slow = true;
     let r = hb(&mut c, &a, 0);
@@ -280,7 +286,7 @@ fn reconciling_is_set_while_a_member_has_work_left() {
 #[test]
 fn every_member_whose_assignment_changes_is_notified() {
     let notified = |c: &mut Coordinator| -> BTreeSet<String> {
-        c.drain_effects()
+        drain(c)
             .into_iter()
             .filter_map(|e| match e {
                 Effect::Notify { member_id, .. } => Some(member_id),
@@ -295,16 +301,16 @@ fn every_member_whose_assignment_changes_is_notified() {
         .map(|(i, id)| Client::new(id, i as u64 + 1, "STICKY"))
         .collect();
     converge(&mut c, &mut all, 0);
-    let _ = c.drain_effects();
+    let _ = drain(&mut c);
     // A join: every old member gives up a queue or more, and is told.
     let mut d = Client::new("d", 4, "STICKY");
     d.heartbeat(&mut c, 10);
     assert_eq!(notified(&mut c), ["a", "b", "c"].map(String::from).into());
     all.push(d);
     converge(&mut c, &mut all, 11);
-    let _ = c.drain_effects();
+    let _ = drain(&mut c);
     // A leave: the members that receive its queues are told.
-    c.leave("G", "d", true, 20).unwrap();
+    c.handle_leave(20, "G", "d", true).unwrap();
     all.pop();
     let told = notified(&mut c);
     assert!(!told.is_empty() && !told.contains("d"), "{told:?}");
@@ -318,14 +324,14 @@ fn every_member_whose_assignment_changes_is_notified() {
         assert_eq!(grows, told.contains(&cl.member_id), "{}", cl.member_id);
     }
     converge(&mut c, &mut all, 21);
-    let _ = c.drain_effects();
+    let _ = drain(&mut c);
     // A session expiry: the same.
     let expiry = 21 + CoordinatorConfig::default().session_timeout_ms;
     for cl in all.iter_mut().take(2) {
         cl.heartbeat(&mut c, expiry - 1);
     }
-    let _ = c.drain_effects();
-    c.tick(expiry + 1);
+    let _ = drain(&mut c);
+    c.handle_timeout(expiry + 1);
     let told = notified(&mut c);
     assert_eq!(told, ["a", "b"].map(String::from).into());
 }
@@ -339,10 +345,10 @@ fn unlock_evidence_frees_queues_before_the_heartbeat() {
     b.heartbeat(&mut c, 1);
     let revoked: Vec<MessageQueue> = c.describe("G", 1).unwrap().members[0].revoking.clone();
     assert_eq!(revoked.len(), 8);
-    let _ = c.drain_effects();
+    let _ = drain(&mut c);
     // The broker saw a unlock them.
-    c.released_by_client("G", "client-a", &revoked, 2);
-    let fx = c.drain_effects();
+    c.handle_released_by_client(2, "G", "client-a", &revoked);
+    let fx = drain(&mut c);
     assert!(fx
         .iter()
         .any(|e| matches!(e, Effect::Notify { member_id, .. } if member_id == "b")));
@@ -371,17 +377,17 @@ fn a_heartbeat_built_before_an_unlock_is_not_fenced() {
     // Built now (names the 8 revoked queues), delivered after the unlock.
     let in_flight = a.request("G");
     a.release_now();
-    c.released_by_client(
+    c.handle_released_by_client(
+        3,
         "G",
         "client-a",
         &revoked.iter().cloned().collect::<Vec<_>>(),
-        3,
     );
     // The unlock was the evidence: b is told and takes the queues before a's heartbeat lands.
     b.heartbeat(&mut c, 3);
     assert_eq!(b.owned, revoked);
     check_exclusive(&c, &[a.clone(), b.clone()]);
-    let answer = c.heartbeat(in_flight.clone(), 4);
+    let answer = c.handle_heartbeat(4, in_flight.clone());
     let r = answer.as_ref().expect("a stale report is not fenced");
     assert!(r.member_epoch > a_epoch, "a moved on to the target epoch");
     let assigned: BTreeSet<MessageQueue> = r.assignment.iter().cloned().collect();
@@ -396,7 +402,7 @@ fn a_heartbeat_built_before_an_unlock_is_not_fenced() {
     }
     check_exclusive(&c, &[a.clone(), b.clone()]);
     // The same report repeated (reordered duplicates of the old request) is still stale.
-    assert!(c.heartbeat(in_flight, 5).is_ok());
+    assert!(c.handle_heartbeat(5, in_flight).is_ok());
     let mut all = vec![a.clone(), b.clone()];
     converge(&mut c, &mut all, 6);
     assert!(complete(&c, &all));
@@ -404,7 +410,7 @@ fn a_heartbeat_built_before_an_unlock_is_not_fenced() {
     // and so is a report at a's new epoch of a queue another member owns.
     let mut claim = all[0].request("G");
     claim.owned.insert(revoked.iter().next().unwrap().clone());
-    let err = c.heartbeat(claim, 7).unwrap_err();
+    let err = c.handle_heartbeat(7, claim).unwrap_err();
     assert!(
         matches!(&err, GroupError::FencedMemberEpoch { detail, .. } if detail.contains("which b owns")),
         "{err:?}"
@@ -427,7 +433,7 @@ fn a_report_newer_than_the_unlock_is_fenced_only_on_a_conflict() {
     let revoked: Vec<MessageQueue> = a.to_release.iter().cloned().collect();
     let q = revoked[0].clone();
     a.release_now();
-    c.released_by_client("G", "client-a", &revoked, 3);
+    c.handle_released_by_client(3, "G", "client-a", &revoked);
     // A heartbeat at a's new epoch that names q while b owns it: a real conflict.
     let epoch_after = c
         .describe("G", 3)
@@ -442,7 +448,7 @@ fn a_report_newer_than_the_unlock_is_fenced_only_on_a_conflict() {
     r.member_epoch = epoch_after;
     r.owned.insert(q.clone());
     assert!(matches!(
-        c.heartbeat(r, 4),
+        c.handle_heartbeat(4, r),
         Err(GroupError::FencedMemberEpoch { .. })
     ));
 
@@ -457,10 +463,10 @@ fn a_report_newer_than_the_unlock_is_fenced_only_on_a_conflict() {
     let revoked: Vec<MessageQueue> = a.to_release.iter().cloned().collect();
     let in_flight = a.request("G");
     a.release_now();
-    c.released_by_client("G", "client-a", &revoked, 3);
-    c.leave("G", "b", false, 4).unwrap();
+    c.handle_released_by_client(3, "G", "client-a", &revoked);
+    c.handle_leave(4, "G", "b", false).unwrap();
     // a is given everything back; its late report names nothing it may not hold.
-    assert!(c.heartbeat(in_flight, 5).is_ok());
+    assert!(c.handle_heartbeat(5, in_flight).is_ok());
     let mut all = vec![a];
     converge(&mut c, &mut all, 6);
     assert!(complete(&c, &all));
@@ -497,7 +503,7 @@ fn sticky_moves_the_minimum_4_8_4() {
             let before = assignment_of(&clients);
             let gone = clients.remove(1);
             // A graceful leave: it released everything.
-            c.leave("G", &gone.member_id, false, now).unwrap();
+            c.handle_leave(now, "G", &gone.member_id, false).unwrap();
             converge(&mut c, &mut clients, now);
             assert!(complete(&c, &clients));
             let after = assignment_of(&clients);
@@ -542,7 +548,7 @@ fn default_assignor_unless_members_choose_one() {
     );
     // The member that asked for it leaves: back to the default.
     let gone = clients.pop().unwrap();
-    c.leave("G", &gone.member_id, false, 20).unwrap();
+    c.handle_leave(20, "G", &gone.member_id, false).unwrap();
     converge(&mut c, &mut clients, 20);
     let d = c.describe("G", 20).unwrap();
     assert_eq!(
@@ -562,7 +568,7 @@ fn stale_epochs_are_fenced() {
     let mut r = a.request("G");
     r.member_epoch = 5;
     assert!(matches!(
-        c.heartbeat(r, 1),
+        c.handle_heartbeat(1, r),
         Err(GroupError::FencedMemberEpoch { .. })
     ));
     // Claims a queue it was not given.
@@ -576,7 +582,7 @@ fn stale_epochs_are_fenced() {
     let mut r = a.request("G");
     r.owned.insert(b_q.clone());
     assert!(matches!(
-        c.heartbeat(r, 5),
+        c.handle_heartbeat(5, r),
         Err(GroupError::FencedMemberEpoch { .. })
     ));
     // Pulls: own queue at its epoch ok; someone else's not assigned; ahead fenced.
@@ -597,7 +603,7 @@ fn stale_epochs_are_fenced() {
         Err(GroupError::FencedMemberEpoch { .. })
     ));
     // After leaving: unknown.
-    c.leave("G", "b", false, 6).unwrap();
+    c.handle_leave(6, "G", "b", false).unwrap();
     assert!(matches!(
         c.validate("G", "b", b.epoch, &b_q),
         Err(GroupError::UnknownMember { .. })
@@ -605,7 +611,7 @@ fn stale_epochs_are_fenced() {
     let mut r = b.request("G");
     r.member_epoch = b.epoch;
     assert!(matches!(
-        c.heartbeat(r, 7),
+        c.handle_heartbeat(7, r),
         Err(GroupError::UnknownMember { .. })
     ));
     let _ = q0;
@@ -628,7 +634,7 @@ fn a_lost_answer_is_not_fenced() {
     lost.release_now();
     let mut r = a.request("G");
     r.owned = lost.owned.clone();
-    assert!(c.heartbeat(r, 3).is_ok());
+    assert!(c.handle_heartbeat(3, r).is_ok());
 }
 
 #[test]
@@ -643,7 +649,7 @@ fn static_member_restart_moves_nothing() {
     let history = c.history("G").len();
     // m2 leaves gracefully (a restart): its queues stay reserved.
     let old = clients.remove(2);
-    c.leave("G", &old.member_id, false, 1000).unwrap();
+    c.handle_leave(1000, "G", &old.member_id, false).unwrap();
     converge(&mut c, &mut clients, 1000);
     for cl in &clients {
         assert!(
@@ -688,8 +694,8 @@ fn static_member_reserved_until_session_timeout() {
     a = both[0].clone();
     b = both[1].clone();
     // a's connection closes (killed): away, reserved.
-    c.connection_closed(1, 100);
-    let fx = c.drain_effects();
+    c.handle_connection_closed(100, 1);
+    let fx = drain(&mut c);
     assert!(fx
         .iter()
         .any(|e| matches!(e, Effect::ReleaseLocks { client_id, .. } if client_id == "client-a")));
@@ -697,11 +703,11 @@ fn static_member_reserved_until_session_timeout() {
     assert_eq!(b.owned.len(), 8);
     // A live holder blocks a second instance with the same id; an away one does not.
     let session = c.config().session_timeout_ms;
-    c.tick(100 + session - 1);
+    c.handle_timeout(100 + session - 1);
     b.heartbeat(&mut c, 100 + session - 1);
     assert_eq!(b.owned.len(), 8);
-    assert_eq!(c.next_deadline(), Some(100 + session));
-    c.tick(100 + session);
+    assert_eq!(c.poll_timeout(), Some(100 + session));
+    c.handle_timeout(100 + session);
     b.heartbeat(&mut c, 100 + session);
     assert_eq!(b.owned.len(), 16);
     assert!(matches!(
@@ -735,7 +741,7 @@ fn dynamic_session_expiry_and_connection_close() {
     converge(&mut c, &mut all, 0);
     // c is killed: its connection closes; its queues go at once.
     let killed = all.remove(2);
-    c.connection_closed(killed.conn, 10);
+    c.handle_connection_closed(10, killed.conn);
     converge(&mut c, &mut all, 11);
     assert!(complete(&c, &all));
     // b freezes: it keeps consuming but stops heartbeating; after the session timeout its
@@ -745,7 +751,7 @@ fn dynamic_session_expiry_and_connection_close() {
     while now < 11 + session + 1000 {
         now += 1000;
         all[0].heartbeat(&mut c, now);
-        c.tick(now);
+        c.handle_timeout(now);
     }
     all[0].heartbeat(&mut c, now);
     assert_eq!(all[0].owned.len(), 16);
@@ -765,14 +771,14 @@ fn a_member_s_own_short_session_expires_it_before_the_coordinator_default() {
     assert_eq!(all[1].owned.len(), 8);
     // The next deadline is the members' session, not the coordinator's 45 s.
     let last = 0; // converge heartbeats every round at this time
-    assert_eq!(c.next_deadline(), Some(last + 2_000));
+    assert_eq!(c.poll_timeout(), Some(last + 2_000));
     // b freezes (keeps its queues, stops heartbeating); a heartbeats every 500 ms.
     let frozen = all[1].clone();
     let mut now = last;
     let mut taken_at = None;
     while now < 10_000 && taken_at.is_none() {
         now += 500;
-        c.tick(now);
+        c.handle_timeout(now);
         all[0].heartbeat(&mut c, now);
         all[0].heartbeat(&mut c, now);
         if all[0].owned.len() == 16 {
@@ -798,7 +804,7 @@ fn a_member_s_own_short_session_expires_it_before_the_coordinator_default() {
     let later = now + 5_000; // past a's own session, far from the default 45 s
     all[0].heartbeat(&mut c, later);
     all[0].heartbeat(&mut c, later);
-    c.tick(later);
+    c.handle_timeout(later);
     assert_eq!(c.describe("G", later).unwrap().members.len(), 2);
 }
 
@@ -828,7 +834,7 @@ fn stuck_member_is_fenced_after_rebalance_timeout_and_others_go_on() {
         now += 500;
         all[1].heartbeat(&mut c, now);
         all[2].heartbeat(&mut c, now);
-        c.tick(now);
+        c.handle_timeout(now);
         check_exclusive(&c, &all);
     }
     assert!(matches!(
@@ -850,7 +856,7 @@ fn topic_growth_rebalances() {
     let more: Vec<MessageQueue> = (0..20)
         .map(|i| MessageQueue::new(T, "broker-a", i))
         .collect();
-    c.set_topic_queues(T, more.clone(), 10);
+    c.handle_topic_queues(10, T, more.clone());
     converge(&mut c, &mut all, 11);
     assert!(assignment_of(&all)
         .coverage(&more)
@@ -874,7 +880,7 @@ fn restore_keeps_assignments_and_moves_epochs_forward() {
     let json = serde_json::to_string(&c.snapshot()).unwrap();
     let snap: CoordinatorSnapshot = serde_json::from_str(&json).unwrap();
     let mut c2 = Coordinator::restore(CoordinatorConfig::default(), snap, 50);
-    c2.set_topic_queues(T, queues(16), 50);
+    c2.handle_topic_queues(50, T, queues(16));
     c2.check_invariants().unwrap();
     // The members carry on with their old epochs: accepted, nothing moves.
     for cl in all.iter_mut() {
@@ -893,14 +899,14 @@ fn adoption_needs_evidence_and_a_free_queue() {
     let mut r = Client::new("a", 1, "STICKY").request("G");
     r.owned = q[..4].iter().cloned().collect();
     r.adoptable = q[..2].iter().cloned().collect();
-    let resp = c.heartbeat(r, 0).unwrap();
+    let resp = c.handle_heartbeat(0, r).unwrap();
     assert_eq!(resp.assignment.len(), 16);
     let mut r = Client::new("b", 2, "STICKY").request("G");
     r.owned = q[..2].iter().cloned().collect();
     r.adoptable = r.owned.clone();
     // a owns them: b adopts nothing.
     let b = r.member_id.clone();
-    let resp = c.heartbeat(r, 1).unwrap();
+    let resp = c.handle_heartbeat(1, r).unwrap();
     assert!(resp.assignment.is_empty());
     c.check_invariants().unwrap();
     // b releases them: its final commits pass the member-epoch fence (the lock decides) while
@@ -912,7 +918,7 @@ fn adoption_needs_evidence_and_a_free_queue() {
     r.member_id = b.clone();
     r.member_epoch = epoch;
     r.owned = BTreeSet::new();
-    c.heartbeat(r, 2).unwrap();
+    c.handle_heartbeat(2, r).unwrap();
     assert!(matches!(
         c.validate("G", &b, epoch, &q[0]),
         Err(GroupError::QueueNotAssigned { .. })
@@ -926,7 +932,7 @@ fn limits_and_bad_requests() {
         max_groups: 1,
         ..CoordinatorConfig::default()
     });
-    c.set_topic_queues(T, queues(4), 0);
+    c.handle_topic_queues(0, T, queues(4));
     let mut a = Client::new("a", 1, "STICKY");
     a.heartbeat(&mut c, 0);
     Client::new("b", 2, "STICKY").heartbeat(&mut c, 0);
@@ -937,23 +943,23 @@ fn limits_and_bad_requests() {
     let mut r = a.request("H");
     r.member_epoch = 0;
     assert!(matches!(
-        c.heartbeat(r, 0),
+        c.handle_heartbeat(0, r),
         Err(GroupError::TooManyGroups(1))
     ));
     for bad in ["MACHINE_ROOM", "CONFIG", "CONSISTENT_HASH:0", "nope"] {
         let mut r = a.request("G");
         r.assignor = Some(bad.into());
-        assert!(c.heartbeat(r, 0).is_err(), "{bad}");
+        assert!(c.handle_heartbeat(0, r).is_err(), "{bad}");
     }
     let mut r = a.request("G");
     r.member_id = "x".repeat(300);
     assert!(matches!(
-        c.heartbeat(r, 0),
+        c.handle_heartbeat(0, r),
         Err(GroupError::InvalidRequest(_))
     ));
     let mut r = a.request("G");
     r.member_epoch = -1;
-    assert!(c.heartbeat(r, 0).is_err());
+    assert!(c.handle_heartbeat(0, r).is_err());
     assert_eq!(
         canonical_assignor("cooperative-sticky").unwrap(),
         "COOPERATIVE_STICKY"
@@ -970,7 +976,7 @@ fn assignor_follows_the_members_and_history_is_bounded() {
         history_limit: 3,
         ..CoordinatorConfig::default()
     });
-    c.set_topic_queues(T, queues(16), 0);
+    c.handle_topic_queues(0, T, queues(16));
     let mut all = vec![Client::new("a", 1, "AVG"), Client::new("b", 2, "AVG")];
     converge(&mut c, &mut all, 0);
     assert_eq!(c.describe("G", 0).unwrap().assignor, "AVG");
@@ -989,211 +995,7 @@ fn assignor_follows_the_members_and_history_is_bounded() {
     assert!(complete(&c, &all));
 }
 
-// ---- property test: random schedules on virtual time ----
-
-#[derive(Debug, Clone)]
-enum Op {
-    Join {
-        static_member: bool,
-    },
-    Leave(usize),
-    Kill(usize),
-    Freeze(usize),
-    Heartbeat(usize),
-    HeartbeatAll,
-    SetSlow(usize, bool),
-    Release(usize),
-    Unlock(usize),
-    /// Unlock while a heartbeat built before it is in flight; the heartbeat lands after.
-    UnlockRacingHeartbeat(usize),
-    Restart(usize),
-    Queues(i32),
-    Advance(u64),
-}
-
-fn op() -> impl Strategy<Value = Op> {
-    prop_oneof![
-        3 => any::<bool>().prop_map(|s| Op::Join { static_member: s }),
-        1 => (0usize..16).prop_map(Op::Leave),
-        1 => (0usize..16).prop_map(Op::Kill),
-        1 => (0usize..16).prop_map(Op::Freeze),
-        6 => (0usize..16).prop_map(Op::Heartbeat),
-        3 => Just(Op::HeartbeatAll),
-        2 => ((0usize..16), any::<bool>()).prop_map(|(i, s)| Op::SetSlow(i, s)),
-        2 => (0usize..16).prop_map(Op::Release),
-        1 => (0usize..16).prop_map(Op::Unlock),
-        2 => (0usize..16).prop_map(Op::UnlockRacingHeartbeat),
-        1 => (0usize..16).prop_map(Op::Restart),
-        1 => (1i32..24).prop_map(Op::Queues),
-        2 => (1u64..20_000).prop_map(Op::Advance),
-    ]
-}
-
-#[derive(Debug, Clone)]
-struct Sim {
-    c_next: u64,
-    live: Vec<Client>,
-    /// Frozen processes: they keep consuming what they had, never heartbeat again.
-    frozen: Vec<Client>,
-    now: u64,
-    queues: i32,
-}
-
-fn run(ops: Vec<Op>, assignor: &str) {
-    let mut c = Coordinator::new(CoordinatorConfig::default());
-    let mut s = Sim {
-        c_next: 1,
-        live: Vec::new(),
-        frozen: Vec::new(),
-        now: 0,
-        queues: 16,
-    };
-    c.set_topic_queues(T, queues(s.queues), 0);
-    let pick = |n: usize, i: usize| if n == 0 { None } else { Some(i % n) };
-    for op in ops {
-        match op {
-            Op::Join { static_member } => {
-                let id = format!("m{}", s.c_next);
-                let mut cl = Client::new(&id, s.c_next, assignor);
-                if static_member {
-                    cl = cl.with_instance(&format!("inst{}", s.c_next));
-                }
-                s.c_next += 1;
-                cl.heartbeat(&mut c, s.now);
-                s.live.push(cl);
-            }
-            Op::Leave(i) => {
-                if let Some(i) = pick(s.live.len(), i) {
-                    let cl = s.live.remove(i);
-                    c.leave("G", &cl.member_id, false, s.now).unwrap();
-                }
-            }
-            Op::Kill(i) => {
-                if let Some(i) = pick(s.live.len(), i) {
-                    let cl = s.live.remove(i);
-                    c.connection_closed(cl.conn, s.now);
-                }
-            }
-            Op::Freeze(i) => {
-                if let Some(i) = pick(s.live.len(), i) {
-                    let cl = s.live.remove(i);
-                    s.frozen.push(cl);
-                }
-            }
-            Op::Heartbeat(i) => {
-                if let Some(i) = pick(s.live.len(), i) {
-                    s.live[i].heartbeat(&mut c, s.now);
-                }
-            }
-            Op::HeartbeatAll => {
-                for cl in s.live.iter_mut() {
-                    cl.heartbeat(&mut c, s.now);
-                }
-            }
-            Op::SetSlow(i, slow) => {
-                if let Some(i) = pick(s.live.len(), i) {
-                    s.live[i].slow = slow;
-                }
-            }
-            Op::Release(i) => {
-                if let Some(i) = pick(s.live.len(), i) {
-                    s.live[i].release_now();
-                }
-            }
-            Op::Unlock(i) => {
-                if let Some(i) = pick(s.live.len(), i) {
-                    let gone: Vec<MessageQueue> = s.live[i].to_release.iter().cloned().collect();
-                    s.live[i].release_now();
-                    let client = format!("client-{}", s.live[i].member_id);
-                    c.released_by_client("G", &client, &gone, s.now);
-                }
-            }
-            Op::UnlockRacingHeartbeat(i) => {
-                if let Some(i) = pick(s.live.len(), i) {
-                    let e = s.live[i].unlock_racing_heartbeat(&mut c, s.now);
-                    assert!(
-                        !matches!(e, Some(GroupError::FencedMemberEpoch { .. })),
-                        "a heartbeat built before an unlock was fenced: {e:?}"
-                    );
-                }
-            }
-            Op::Restart(i) => {
-                // A static member restarts: graceful leave, new process, same instance id.
-                if let Some(i) = pick(s.live.len(), i) {
-                    if let Some(inst) = s.live[i].instance_id.clone() {
-                        let old = s.live.remove(i);
-                        c.leave("G", &old.member_id, false, s.now).unwrap();
-                        let id = format!("m{}", s.c_next);
-                        let mut cl = Client::new(&id, s.c_next, assignor).with_instance(&inst);
-                        s.c_next += 1;
-                        cl.heartbeat(&mut c, s.now);
-                        s.live.push(cl);
-                    }
-                }
-            }
-            Op::Queues(n) => {
-                s.queues = n;
-                c.set_topic_queues(T, queues(n), s.now);
-            }
-            Op::Advance(ms) => {
-                s.now += ms;
-                c.tick(s.now);
-                // Everyone alive heartbeats at least every 5 s.
-                if ms >= 5_000 {
-                    for cl in s.live.iter_mut() {
-                        cl.heartbeat(&mut c, s.now);
-                    }
-                }
-            }
-        }
-        let everyone: Vec<Client> = s.live.iter().chain(s.frozen.iter()).cloned().collect();
-        check_exclusive(&c, &everyone);
-    }
-    // Quiet period: no churn, everyone releases promptly; frozen members' sessions expire.
-    for cl in s.live.iter_mut() {
-        cl.slow = false;
-        cl.release_now();
-    }
-    s.now += c.config().session_timeout_ms + 1;
-    for cl in s.live.iter_mut() {
-        cl.heartbeat(&mut c, s.now - 1);
-    }
-    c.tick(s.now);
-    converge(&mut c, &mut s.live, s.now);
-    let everyone: Vec<Client> = s.live.iter().chain(s.frozen.iter()).cloned().collect();
-    check_exclusive(&c, &everyone);
-    let d = c.describe("G", s.now);
-    if !s.live.is_empty() {
-        let d = d.expect("group");
-        assert!(d.reconciled, "{d:?}");
-        let a = assignment_of(&s.live);
-        assert!(
-            a.coverage(&queues(s.queues)).is_exclusive_and_complete(),
-            "{a:?}"
-        );
-        assert_eq!(
-            d.members.len(),
-            s.live.len(),
-            "only live members remain: {d:?}"
-        );
-        let last = c.history("G");
-        assert!(last
-            .last()
-            .is_some_and(|r| r.reconciled_at_ms.is_some() || r.superseded));
-    }
-}
-
-proptest! {
-    #![proptest_config(ProptestConfig::with_cases(200))]
-
-    #[test]
-    fn random_schedules_stay_exclusive_and_converge(
-        ops in prop::collection::vec(op(), 1..80),
-        assignor in prop::sample::select(vec!["STICKY", "COOPERATIVE_STICKY", "AVG", "BALANCED_STICKY", "ROUND_ROBIN"]),
-    ) {
-        run(ops, assignor);
-    }
-}
+mod properties;
 
 /// A group whose coordinator moved: members join the new coordinator with the queues they
 /// hold, one after the other. The first adopts what it holds (and is given what nobody
@@ -1202,7 +1004,7 @@ proptest! {
 #[test]
 fn members_rejoining_a_new_coordinator_are_not_fenced_for_what_they_hold() {
     let mut c = coordinator();
-    c.set_topic_queues(T, queues(4), 0);
+    c.handle_topic_queues(0, T, queues(4));
     let q = queues(4);
     let join = |member: &str, conn: u64, owned: &[MessageQueue]| HeartbeatRequest {
         group: "G".into(),
@@ -1215,25 +1017,25 @@ fn members_rejoining_a_new_coordinator_are_not_fenced_for_what_they_hold() {
         adoptable: owned.iter().cloned().collect(),
         ..Default::default()
     };
-    let a = c.heartbeat(join("a", 1, &q[..2]), 10).unwrap();
+    let a = c.handle_heartbeat(10, join("a", 1, &q[..2])).unwrap();
     assert!(a.assignment.contains(&q[0]) && a.assignment.contains(&q[1]));
     // b held q2 and q3 under the old coordinator (and still q1, which it is releasing).
-    let b = c.heartbeat(join("b", 2, &q[1..]), 11).unwrap();
+    let b = c.handle_heartbeat(11, join("b", 2, &q[1..])).unwrap();
     assert!(!b.assignment.contains(&q[1]), "q1 stays with a");
     // b's next heartbeat still names what it holds: stale reports, not claims.
     let mut again = join("b", 2, &q[1..]);
     again.member_epoch = b.member_epoch;
     let b2 = c
-        .heartbeat(again, 12)
+        .handle_heartbeat(12, again)
         .expect("not fenced for queues it holds and lets go of");
     // Once it stopped naming q1, naming it again is a claim and fenced.
     let mut without = join("b", 2, &b2.assignment);
     without.member_epoch = b2.member_epoch;
-    let b3 = c.heartbeat(without, 13).unwrap();
+    let b3 = c.handle_heartbeat(13, without).unwrap();
     let mut claim = join("b", 2, &q[1..2]);
     claim.member_epoch = b3.member_epoch;
     assert!(matches!(
-        c.heartbeat(claim, 14),
+        c.handle_heartbeat(14, claim),
         Err(GroupError::FencedMemberEpoch { .. })
     ));
 }
