@@ -5,23 +5,25 @@
 # client golang/v5 (benches/peers/grpc-bench). Also Shoal's pull and POP paths over remoting
 # with Shoal's own client (`shoal bench consume`, with and without `--pop`).
 #
-# Each round, on each target: a fresh topic (8 queues, NORMAL), COUNT messages of SIZE bytes
-# sent by PRODUCERS goroutines (synchronous sends), then received and acked by CONSUMERS
-# simple consumers (batches of BATCH, invisible 30 s, one ack per message) until every message
-# is acked. For each phase: messages per second (the client's clock) and the servers' CPU per
-# message (utime + stime of the server processes from /proc/PID/stat over the phase; RocketMQ:
-# name server + broker + proxy). The remoting rows: the same backlog on Shoal, sent again to
-# further topics, consumed by `shoal bench consume` (PULL_MESSAGE after a rebalance) and
-# `shoal bench consume --pop` (POP_MESSAGE, ACK_MESSAGE), CONSUMERS consumers each.
+# Each round (the targets' order, and pull's and POP's, alternate from round to round), on each
+# target: a fresh topic (8 queues, NORMAL), COUNT messages of SIZE bytes sent by PRODUCERS
+# goroutines (synchronous sends), then received and acked by CONSUMERS simple consumers
+# (batches of BATCH, invisible 30 s, one ack per message) until every message is acked. For
+# each phase: messages per second (the client's clock) and the servers' CPU per message (utime
+# + stime of the server processes from /proc/PID/stat over the phase; RocketMQ: name server +
+# broker + proxy). The remoting rows: the same backlog on Shoal, sent again to further topics,
+# consumed by `shoal bench consume` (PULL_MESSAGE after a rebalance) and `shoal bench consume
+# --pop` (POP_MESSAGE, ACK_MESSAGE), CONSUMERS consumers each.
 #
 # Usage: benches/peers/grpc_vs_proxy.sh [ROUNDS]            (default 2)
 #   SHOAL_BIN   default target/release/shoal (cargo build --release -p shoal)
 #   COUNT, SIZE, PRODUCERS, CONSUMERS, BATCH   (defaults 50000, 128, 16, 4, 32)
 #   WARM        messages sent and consumed on each target before the first round (10000)
 #   BASE_PORT   first of 20 ports (default 27100)
-# Needs: target/external/grpc-bench (GOPATH=$PWD/target/external/gopath go build -o
-# target/external/grpc-bench ./benches/peers/grpc-bench, from that directory) and
-# target/external/rocketmq-proxy5.classpath (see benches/peers/rocketmq-proxy/pom.xml).
+# Needs: target/external/grpc-bench (in benches/peers/grpc-bench:
+# GOPATH=$ROOT/target/external/gopath go build -o $ROOT/target/external/grpc-bench .) and
+# target/external/rocketmq-proxy5.classpath (see benches/peers/rocketmq-proxy/pom.xml), java
+# (17), jq.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 rounds=${1:-2}
@@ -154,7 +156,14 @@ row() { # ROUND PHASE SERVER JSON BEFORE AFTER
     "| \($r) | \($p) | \($s) | \(.msgs_per_s | round) | \(if .count > 0 then ($cpu_us / .count * 10 | round / 10) else "-" end) | \(.errors) | \(.duplicates // "-") | \($load) |"'
 }
 for round in $(seq 1 "$rounds"); do
-  for t in "shoal $shoal_ns $shoal_grpc $shoal_pid" "rocketmq $rmq_ns $rmq_grpc $ns_pid $broker_pid $proxy_pid"; do
+  # The order rotates from round to round, so the machine's drift hits every target alike.
+  targets=("shoal $shoal_ns $shoal_grpc $shoal_pid" "rocketmq $rmq_ns $rmq_grpc $ns_pid $broker_pid $proxy_pid")
+  modes=(pull pop)
+  if [ $((round % 2)) = 0 ]; then
+    targets=("${targets[1]}" "${targets[0]}")
+    modes=(pop pull)
+  fi
+  for t in "${targets[@]}"; do
     set -- $t
     server=$1 ns=$2 ep=$3
     shift 3
@@ -167,7 +176,7 @@ for round in $(seq 1 "$rounds"); do
   done
   # Shoal's pull and POP paths with Shoal's client on the same backlog (sent again by the same
   # client to further topics).
-  for mode in pull pop; do
+  for mode in "${modes[@]}"; do
     tp="${mode}_$round"
     topic "$shoal_ns" "$tp"
     "$gb" produce "$shoal_grpc" "$tp" "$count" "$producers" "$size" >/dev/null
