@@ -18,7 +18,7 @@
 # Usage: benches/peers/grpc_vs_proxy.sh [ROUNDS]            (default 2)
 #   SHOAL_BIN   default target/release/shoal (cargo build --release -p shoal)
 #   COUNT, SIZE, PRODUCERS, CONSUMERS, BATCH   (defaults 50000, 128, 16, 4, 32)
-#   WARM        messages sent and consumed on each target before the first round (10000)
+#   WARM        messages sent and consumed on each target before the first round (50000)
 #   BASE_PORT   first of 20 ports (default 27100)
 # Needs: target/external/grpc-bench (in benches/peers/grpc-bench:
 # GOPATH=$ROOT/target/external/gopath go build -o $ROOT/target/external/grpc-bench .) and
@@ -40,7 +40,7 @@ size=${SIZE:-128}
 producers=${PRODUCERS:-16}
 consumers=${CONSUMERS:-4}
 batch=${BATCH:-32}
-warm=${WARM:-10000}
+warm=${WARM:-50000}
 base=${BASE_PORT:-27100}
 work=$(mktemp -d /tmp/shoal-grpc-bench.XXXXXX)
 pids=()
