@@ -24,6 +24,7 @@
 pub mod auth;
 mod convert;
 mod metrics;
+mod polling;
 pub mod renew;
 mod service;
 mod session;

@@ -4,6 +4,7 @@ use crate::auth::{self, CLIENT_ID};
 use crate::convert::{self, ok, refused, status, Delivery};
 use crate::pb::messaging_service_server::MessagingService;
 use crate::pb::{self, Code};
+use crate::polling::{self, MAX_LONG_POLLING};
 use crate::renew::{Renewals, AUTO_RENEW_INVISIBLE};
 use crate::session::Sessions;
 use crate::PeerAddr;
@@ -24,14 +25,8 @@ use tonic::{Request, Response, Status, Streaming};
 /// broker's checks of such transactions go to a gRPC producer of the topic.
 pub(crate) const GRPC_PRODUCER_GROUP: &str = "GRPC_PRODUCER";
 
-/// Longest long polling of a receive (the broker's POP limit).
-const MAX_LONG_POLLING: Duration = Duration::from_secs(60);
-/// Long polling of a receive that names none.
-const DEFAULT_LONG_POLLING: Duration = Duration::from_secs(20);
 /// The long polling consumers are told to use unless the broker says otherwise.
 const DEFAULT_ADVERTISED_LONG_POLLING: Duration = Duration::from_secs(30);
-/// Receives answered this much before the client's own deadline would end the call.
-const POLL_RESERVE: Duration = Duration::from_millis(500);
 /// Most messages a receive asks (RocketMQ's POP batch limit).
 const MAX_BATCH: i32 = 32;
 
@@ -533,18 +528,26 @@ impl MessagingService for Service {
                 .await;
             return Ok(Response::new(stream));
         }
-        let poll = r
-            .long_polling_timeout
-            .as_ref()
-            .map_or(DEFAULT_LONG_POLLING, |d| {
-                Duration::from_millis(convert::millis_of(d))
-            })
-            .min(MAX_LONG_POLLING)
-            .saturating_sub(POLL_RESERVE);
+        let remaining = request
+            .metadata()
+            .get("grpc-timeout")
+            .and_then(|v| v.to_str().ok())
+            .and_then(polling::grpc_timeout);
+        let poll = polling::polling_time(
+            r.long_polling_timeout
+                .as_ref()
+                .map(|d| Duration::from_millis(convert::millis_of(d))),
+            remaining,
+            self.sessions.request_timeout(&client),
+        );
         let query = PopQuery {
             group: group.clone(),
             topic: topic.clone(),
-            queue_id: (mq.id >= 0).then_some(mq.id),
+            // The broker picks the queue of every receive, whatever queue the request names,
+            // as RocketMQ's proxy does (it pops the named broker's acting queue, id -1): the
+            // clients name a queue of the route in turn, and a receive held on one drained
+            // queue while the others have messages would wait out its long polling.
+            queue_id: None,
             max: r.batch_size.clamp(1, MAX_BATCH) as usize,
             invisible_ms: invisible.as_millis() as u64,
             fifo: self.api.group_is_fifo(&group),

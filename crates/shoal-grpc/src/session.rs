@@ -27,6 +27,8 @@ struct Stream {
     topics: Vec<String>,
     /// Consumer: its group.
     group: Option<String>,
+    /// The client's request timeout, from its settings.
+    request_timeout: Option<Duration>,
 }
 
 #[derive(Debug, Default)]
@@ -64,6 +66,7 @@ impl Sessions {
             client_type: 0,
             topics: Vec::new(),
             group: None,
+            request_timeout: None,
         });
         Some(id)
     }
@@ -78,6 +81,9 @@ impl Sessions {
             return;
         };
         st.client_type = s.client_type.unwrap_or(0);
+        if let Some(t) = &s.request_timeout {
+            st.request_timeout = Some(Duration::from_millis(crate::convert::millis_of(t)));
+        }
         match &s.pub_sub {
             Some(pb::settings::PubSub::Publishing(p)) => {
                 st.topics = p.topics.iter().map(|t| t.name.clone()).collect();
@@ -87,6 +93,14 @@ impl Sessions {
             }
             None => {}
         }
+    }
+
+    /// The request timeout the client's settings told, if any.
+    pub(crate) fn request_timeout(&self, client_id: &str) -> Option<Duration> {
+        self.clients
+            .lock()
+            .get(client_id)
+            .and_then(|c| c.streams.iter().find_map(|s| s.request_timeout))
     }
 
     /// A stream ended.

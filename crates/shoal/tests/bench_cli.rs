@@ -282,6 +282,27 @@ fn short_runs_against_shoal_dev_add_up() {
     assert!(u(&r, "/consume/consumed") >= 400, "{r}");
     assert_eq!(u(&r, "/consume/foreign"), 0);
 
+    // The same messages again by POP, another fresh group of two: each once (the leases of
+    // 60 s do not lapse in this run).
+    let r = dev.bench(&[
+        "consume",
+        "--topic",
+        "BenchP",
+        "--queues",
+        "4",
+        "--consumers",
+        "2",
+        "--pop",
+        "--count",
+        "400",
+        "--duration",
+        "60s",
+    ]);
+    assert_eq!(r["mode"], "consume");
+    assert_eq!(u(&r, "/consume/unique"), 400, "{r}");
+    assert_eq!(u(&r, "/consume/duplicates"), 0, "{r}");
+    assert_eq!(u(&r, "/consume/foreign"), 0, "{r}");
+
     // Produce and consume at a fixed rate: at least once, nothing lost.
     let r = dev.bench(&[
         "e2e",

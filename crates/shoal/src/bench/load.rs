@@ -47,6 +47,10 @@ pub(crate) struct ConsumeArgs {
     /// Stop when nothing arrived for this long (after the first message).
     #[arg(long, value_parser = parse_duration, default_value = "3s")]
     idle: Duration,
+    /// Consume by POP (RocketMQ 5: the broker picks the queue of each pop and leases every
+    /// message until its ack) instead of pulling the queues a rebalance assigned.
+    #[arg(long)]
+    pop: bool,
 }
 
 /// Options of `shoal bench e2e`.
@@ -533,15 +537,24 @@ pub(super) async fn consume(common: &Common, a: ConsumeArgs) -> anyhow::Result<R
     let pb = progress_bar();
     let prog = spawn_progress(pb.clone(), None, Some(tracker.clone()), Arc::default());
     let t0 = Instant::now();
-    let members = start_group(
-        common,
-        &spec,
-        a.group.consumers,
-        &tracker,
-        Duration::from_secs(1),
-        false,
-    )
-    .await?;
+    let (members, pops) = if a.pop {
+        let from_first = a.from == "first";
+        let pops =
+            super::pop::start_pop_members(common, &spec, a.group.consumers, from_first, &tracker)
+                .await?;
+        (Vec::new(), pops)
+    } else {
+        let members = start_group(
+            common,
+            &spec,
+            a.group.consumers,
+            &tracker,
+            Duration::from_secs(1),
+            false,
+        )
+        .await?;
+        (members, Vec::new())
+    };
     loop {
         tokio::time::sleep(Duration::from_millis(50)).await;
         let (n, last) = {
@@ -557,6 +570,9 @@ pub(super) async fn consume(common: &Common, a: ConsumeArgs) -> anyhow::Result<R
     }
     for m in &members {
         m.shutdown().await;
+    }
+    for p in &pops {
+        p.shutdown().await;
     }
     prog.abort();
     pb.finish_and_clear();

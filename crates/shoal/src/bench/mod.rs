@@ -13,10 +13,12 @@
 //! outstanding sends per producer).
 //!
 //! The pieces: this module holds the command line, the body header, latency histograms, the
-//! report and its table; `load` the producers and `bench produce|consume|e2e`; `track` what
-//! the consumers deliver (the tracker and its delivery log); `rebalance` `bench rebalance`.
+//! report and its table; `load` the producers and `bench produce|consume|e2e`; `pop` the POP
+//! consumers of `bench consume --pop`; `track` what the consumers deliver (the tracker and its
+//! delivery log); `rebalance` `bench rebalance`.
 
 mod load;
+mod pop;
 mod rebalance;
 mod track;
 

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# RocketMQ 5's Go client (github.com/apache/rocketmq-clients/golang/v5 from the Go module
+# proxy, pinned by tests/compat/grpc-go/go.mod and go.sum) built with tests/compat/grpc-go into
+# target/external/rocketmq-go5-check, for crates/shoal/tests/compat_grpc_go.rs. Modules are
+# kept in target/external/gopath. Rebuilt when the program or its module files changed.
+set -euo pipefail
+root=$(pwd)
+if ! command -v go >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends golang-go >/dev/null
+    apt-get clean
+  else
+    echo "go not found and cannot be installed here: the Go gRPC client test will skip"
+    exit 0
+  fi
+fi
+out=$root/target/external/rocketmq-go5-check
+stamp=$root/target/external/rocketmq-go5-check.sha256
+sum=$(cat tests/compat/grpc-go/go.mod tests/compat/grpc-go/go.sum tests/compat/grpc-go/main.go | sha256sum | cut -d' ' -f1)
+if [ -x "$out" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$sum" ]; then
+  echo "rocketmq go gRPC client already built"
+  exit 0
+fi
+mkdir -p "$root/target/external"
+(cd tests/compat/grpc-go && GOPATH="$root/target/external/gopath" GOFLAGS=-mod=mod go build -o "$out" .)
+echo "$sum" > "$stamp"
+echo "rocketmq go gRPC client ready: $(go version)"
