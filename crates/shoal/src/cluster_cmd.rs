@@ -37,6 +37,19 @@ pub(crate) enum ClusterCmd {
         #[arg(long, value_name = "ADDRESS", default_value = "127.0.0.1:9878")]
         controller: String,
     },
+    /// An operator's switch-over of a replicated group (CONTROLLER_ELECT_MASTER): the
+    /// controller fences the master's lease, waits until it has certainly expired, then
+    /// elects BROKER (or the best in-sync replica) and answers.
+    Elect {
+        /// The broker group.
+        group: String,
+        /// The broker id to make master; the best in-sync replica when absent.
+        #[arg(long)]
+        broker: Option<u64>,
+        /// A controller voter's address (the leader is found from it).
+        #[arg(long, value_name = "ADDRESS", default_value = "127.0.0.1:9878")]
+        controller: String,
+    },
     /// Undo a drain: producers may send to the broker again (RocketMQ's `addWritePerm`). A
     /// drained broker that restarts registers writable anyway.
     Undrain {
@@ -55,6 +68,11 @@ pub(crate) async fn run(common: &Common, cmd: ClusterCmd) -> anyhow::Result<()> 
             timeout,
         } => drain(common, &broker, !no_wait, Duration::from_secs(timeout)).await,
         ClusterCmd::Undrain { broker } => undrain(common, &broker).await,
+        ClusterCmd::Elect {
+            group,
+            broker,
+            controller,
+        } => crate::controller::elect_cmd(&controller, &group, broker, common.json).await,
         ClusterCmd::Status { controller } => {
             crate::controller::status_cmd(&controller, common.json).await
         }

@@ -47,6 +47,9 @@ pub(crate) const MAX_WAITING: usize = 4_096;
 pub(crate) const PEER_QUEUE: usize = 1_024;
 /// A request not answered within this is answered SYSTEM_BUSY.
 pub(crate) const ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
+/// A switch-over waits until the master's lease has certainly expired (the election delay,
+/// 4 s by default, after the last grant): it is answered SYSTEM_BUSY after this.
+pub(crate) const ELECT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Options of `shoal controller`.
 #[derive(Debug, Args)]
@@ -449,7 +452,12 @@ impl Processor for ControllerProcessor {
             if inbox.try_send(Input::Request { req, reply }).is_err() {
                 return Ok(Some(answer(&request, resp::SYSTEM_BUSY, "busy".into())));
             }
-            let response = match tokio::time::timeout(ANSWER_TIMEOUT, rx).await {
+            let limit = if code == rc::CONTROLLER_ELECT_MASTER {
+                ELECT_TIMEOUT
+            } else {
+                ANSWER_TIMEOUT
+            };
+            let response = match tokio::time::timeout(limit, rx).await {
                 Ok(Ok(r)) => r,
                 _ => Response::Busy,
             };
@@ -470,9 +478,66 @@ impl Processor for ControllerProcessor {
     }
 }
 
-/// `shoal cluster status --controller ADDR`: one voter's view of the groups.
-pub(crate) async fn status_cmd(controller: &str, json_out: bool) -> anyhow::Result<()> {
+/// `shoal cluster elect --controller ADDR GROUP [--broker ID]`: an operator's switch-over, sent
+/// to the leader (the voter asked names it).
+pub(crate) async fn elect_cmd(
+    controller: &str,
+    group: &str,
+    broker: Option<u64>,
+    json_out: bool,
+) -> anyhow::Result<()> {
     let client = RemotingClient::new(NetConfig::default(), Arc::new(NotSupportedProcessor));
+    let req = Request::ElectMaster {
+        group: group.to_string(),
+        target: broker,
+    };
+    let mut addr = controller.to_string();
+    let mut answer = None;
+    for _ in 0..2 {
+        let cmd = RemotingCommand::request(rc::CONTROLLER_ELECT_MASTER)
+            .with_body(serde_json::to_vec(&req)?);
+        let reply = client
+            .invoke(&addr, cmd, ELECT_TIMEOUT + Duration::from_secs(5))
+            .await
+            .with_context(|| format!("controller {addr}"))?;
+        let response: Response = serde_json::from_slice(reply.body.as_deref().unwrap_or_default())
+            .with_context(|| format!("controller {addr}: {:?}", reply.remark))?;
+        if let Response::NotLeader { leader: Some(_) } = response {
+            let status = metadata(&client, &addr).await?;
+            if let Some(leader) = status["leaderAddr"].as_str() {
+                addr = leader.to_string();
+                continue;
+            }
+        }
+        answer = Some(response);
+        break;
+    }
+    client.shutdown();
+    match answer {
+        Some(Response::Group(g)) => {
+            if json_out {
+                println!(
+                    "{}",
+                    json!({"group": group, "master": g.master, "masterEpoch": g.master_epoch, "inSync": g.in_sync, "inSyncEpoch": g.in_sync_epoch})
+                );
+            } else {
+                println!(
+                    "{group}: master {} at epoch {}, in-sync set {:?}",
+                    g.master.map_or("none".to_string(), |m| m.to_string()),
+                    g.master_epoch,
+                    g.in_sync
+                );
+            }
+            Ok(())
+        }
+        Some(Response::Refused(r)) => bail!("{group}: refused: {r}"),
+        Some(other) => bail!("{group}: {other:?}"),
+        None => bail!("{group}: the leader moved while asking; try again"),
+    }
+}
+
+/// A voter's CONTROLLER_GET_METADATA_INFO answer.
+async fn metadata(client: &RemotingClient, controller: &str) -> anyhow::Result<serde_json::Value> {
     let reply = client
         .invoke(
             controller,
@@ -481,7 +546,6 @@ pub(crate) async fn status_cmd(controller: &str, json_out: bool) -> anyhow::Resu
         )
         .await
         .with_context(|| format!("controller {controller}"))?;
-    client.shutdown();
     if reply.code != resp::SUCCESS {
         bail!(
             "controller {controller}: {} {}",
@@ -489,8 +553,16 @@ pub(crate) async fn status_cmd(controller: &str, json_out: bool) -> anyhow::Resu
             reply.remark.unwrap_or_default()
         );
     }
-    let v: serde_json::Value = serde_json::from_slice(reply.body.as_deref().unwrap_or_default())
-        .context("the controller's answer")?;
+    serde_json::from_slice(reply.body.as_deref().unwrap_or_default())
+        .context("the controller's answer")
+}
+
+/// `shoal cluster status --controller ADDR`: one voter's view of the groups.
+pub(crate) async fn status_cmd(controller: &str, json_out: bool) -> anyhow::Result<()> {
+    let client = RemotingClient::new(NetConfig::default(), Arc::new(NotSupportedProcessor));
+    let v = metadata(&client, controller).await;
+    client.shutdown();
+    let v = v?;
     if json_out {
         println!("{v}");
         return Ok(());

@@ -75,6 +75,7 @@ fn errors_are_one_line_with_a_non_zero_exit() {
         vec!["group", "reset-offset"],
         vec!["cluster", "list"],
         vec!["cluster", "status"],
+        vec!["cluster", "elect"],
         vec!["message", "get"],
         vec!["dlq", "list"],
         vec!["dlq", "resend"],

@@ -91,6 +91,11 @@ async fn call(client: &RemotingClient, addr: &str, req: &Request) -> (i32, Respo
     (reply.code, answer)
 }
 
+/// A voter other than `dead` (any: the elect command finds the leader from it).
+fn survivor_of(addrs: &[String], dead: u64) -> String {
+    addrs[(dead as usize) % addrs.len()].clone()
+}
+
 fn heartbeat(broker_id: u64) -> Request {
     Request::Heartbeat {
         group: "broker-a".into(),
@@ -234,6 +239,41 @@ async fn three_voters_keep_a_group_through_the_leaders_death() {
         assert!(Instant::now() < deadline, "the new leader never answered");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+
+    // An operator's switch-over to the other broker: answered once the master's lease has
+    // certainly expired, while both brokers keep their session.
+    let beat = {
+        let client = client.clone();
+        let leader = new_leader.clone();
+        tokio::spawn(async move {
+            loop {
+                for id in [1, 2] {
+                    let _ = call(&client, &leader, &heartbeat(id)).await;
+                }
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+        })
+    };
+    let target = other.to_string();
+    let ask = survivor_of(&addrs, leader);
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(shoal())
+            .args(["cluster", "elect", "broker-a", "--broker", &target])
+            .args(["--controller", &ask, "--json"])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    beat.abort();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let elected: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(elected["master"], other);
+    assert_eq!(elected["masterEpoch"], 2);
 
     // The text form names the group and the master.
     let out = Command::new(shoal())
