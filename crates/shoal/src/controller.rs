@@ -306,7 +306,8 @@ async fn drive(
     }
 }
 
-/// What CONTROLLER_GET_METADATA_INFO answers: this voter's view (registration tokens left out).
+/// What CONTROLLER_GET_METADATA_INFO answers: this voter's view (registration tokens left out;
+/// `alive` only on the leader, which alone hears heartbeats).
 fn status(node: &ControllerNode, addrs: &BTreeMap<u64, String>) -> serde_json::Value {
     let leader = node.leader();
     let groups: serde_json::Map<String, serde_json::Value> = node
@@ -323,6 +324,8 @@ fn status(node: &ControllerNode, addrs: &BTreeMap<u64, String>) -> serde_json::V
                 name.clone(),
                 json!({
                     "members": members,
+                    // Heard from within the session, as the leader sees it (empty elsewhere).
+                    "alive": node.alive(name),
                     "master": g.master,
                     "masterEpoch": g.master_epoch,
                     "inSync": g.in_sync,
@@ -582,15 +585,19 @@ pub(crate) async fn status_cmd(controller: &str, json_out: bool) -> anyhow::Resu
         "ADDRESS",
         "ROLE",
         "IN-SYNC",
+        "ALIVE",
         "MASTER-EPOCH",
         "IN-SYNC-EPOCH",
     ]);
     if let Some(groups) = v["groups"].as_object() {
         for (name, g) in groups {
-            let in_sync: Vec<u64> = g["inSync"]
-                .as_array()
-                .map(|a| a.iter().filter_map(serde_json::Value::as_u64).collect())
-                .unwrap_or_default();
+            let ids = |key: &str| -> Vec<u64> {
+                g[key]
+                    .as_array()
+                    .map(|a| a.iter().filter_map(serde_json::Value::as_u64).collect())
+                    .unwrap_or_default()
+            };
+            let (in_sync, alive) = (ids("inSync"), ids("alive"));
             if let Some(members) = g["members"].as_object() {
                 for (id, addr) in members {
                     let idn: u64 = id.parse().unwrap_or_default();
@@ -605,6 +612,12 @@ pub(crate) async fn status_cmd(controller: &str, json_out: bool) -> anyhow::Resu
                         addr.as_str().unwrap_or_default().to_string(),
                         role.to_string(),
                         if in_sync.contains(&idn) { "yes" } else { "no" }.to_string(),
+                        match (v["isLeader"].as_bool(), alive.contains(&idn)) {
+                            (Some(true), true) => "yes",
+                            (Some(true), false) => "no",
+                            _ => "-",
+                        }
+                        .to_string(),
                         g["masterEpoch"].to_string(),
                         g["inSyncEpoch"].to_string(),
                     ]);

@@ -274,6 +274,9 @@ async fn three_voters_keep_a_group_through_the_leaders_death() {
     let elected: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(elected["master"], other);
     assert_eq!(elected["masterEpoch"], 2);
+    // The leader saw both brokers' heartbeats.
+    let v = status(&new_leader).unwrap();
+    assert_eq!(v["groups"]["broker-a"]["alive"], serde_json::json!([1, 2]));
 
     // The text form names the group and the master.
     let out = Command::new(shoal())

@@ -347,6 +347,16 @@ impl ControllerNode {
         self.elections_done
     }
 
+    /// The brokers of `group` this leader heard from within the session (none on a follower).
+    pub fn alive(&self, group: &str) -> Vec<BrokerId> {
+        let session = self.cfg.session_timeout_ms;
+        let live = self
+            .live
+            .iter()
+            .filter(|((g, _), l)| g == group && self.now < l.seen + session);
+        live.map(|((_, b), _)| *b).collect()
+    }
+
     /// Snapshots received from a leader and installed.
     pub fn snapshots_installed(&self) -> u64 {
         self.snapshots_installed
