@@ -10,6 +10,7 @@ use shoal_client::consumer::{
     ConsumeConcurrentlyStatus, ConsumeContext, ConsumeOrderlyStatus, MessageListener,
 };
 use shoal_client::{ConsumeFromWhere, Message, MessageExt, MessageModel, Producer, PushConsumer};
+use shoal_proto::message::property;
 use std::io::{BufRead, IsTerminal, Write};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -47,6 +48,11 @@ pub(crate) struct SendArgs {
     /// Send ordered by this sharding key (same key, same queue).
     #[arg(long)]
     pub sharding_key: Option<String>,
+    /// RocketMQ 5's message group of a FIFO message (`{i}` is replaced by the message number):
+    /// the message carries it (`__SHARDINGKEY`), which a topic of message type FIFO requires,
+    /// and is sent ordered by it (same group, same queue).
+    #[arg(long, conflicts_with = "sharding_key")]
+    pub message_group: Option<String>,
     /// Producer group.
     #[arg(long, default_value = "SHOAL_CLI_PRODUCER")]
     pub group: String,
@@ -243,7 +249,14 @@ pub(crate) async fn send(common: &Common, a: SendArgs) -> anyhow::Result<()> {
         if let Some(d) = a.delay_level {
             msg.set_delay_level(d)?;
         }
-        let r = match &a.sharding_key {
+        let group = a
+            .message_group
+            .as_ref()
+            .map(|g| g.replace("{i}", &n.to_string()));
+        if let Some(g) = &group {
+            msg.put_property(property::SHARDING_KEY, g.clone())?;
+        }
+        let r = match group.as_ref().or(a.sharding_key.as_ref()) {
             Some(k) => producer.send_ordered(msg, k).await,
             None => producer.send(msg).await,
         };

@@ -285,6 +285,43 @@ fn topics_with_a_message_type() {
         "__SHARDINGKEY=o1",
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
+    // --message-group names the message group (and orders by it): each group on one queue.
+    let o = dev.cmd(&[
+        "--json",
+        "send",
+        "Orders",
+        "--body",
+        "g{i}",
+        "--count",
+        "4",
+        "--message-group",
+        "o2",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let queues: std::collections::BTreeSet<i64> = stdout(&o)
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["queue"]
+                .as_i64()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(queues.len(), 1, "{}", stdout(&o));
+    let o = dev.cmd(&[
+        "--json", "consume", "Orders", "--group", "og", "--from", "first", "--count", "5",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let groups: Vec<String> = stdout(&o)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|m| m["properties"]["__SHARDINGKEY"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(
+        groups.iter().filter(|g| *g == "o2").count(),
+        4,
+        "{}",
+        stdout(&o)
+    );
     let o = dev.cmd(&["topic", "create", "Odd", "--message-type", "sometimes"]);
     assert!(!o.status.success());
     assert!(stderr(&o).contains("--message-type"), "{}", stderr(&o));
