@@ -76,7 +76,7 @@ async function main() {
 
     // Topics page: live update without a reload when messages arrive.
     await page.goto(`${url}/#/topics`);
-    const row = page.locator(`tr[data-topic="${expect.topic}"] td:nth-child(4)`);
+    const row = page.locator(`tr[data-topic="${expect.topic}"] [data-testid="topic-stored"]`);
     const before = Number(await eventually("topics page shows the topic", async () => {
       const t = await row.innerText();
       return t === "" ? null : t;

@@ -136,7 +136,7 @@ async function topics() {
     const rout = rate(`out:${t.topic}`, t.messagesOut, d.atMs);
     return `<tr data-topic="${esc(t.topic)}"><td><a href="#/topics/${encodeURIComponent(t.topic)}">${esc(t.topic)}</a></td>
       <td>${esc(t.brokers.join(", "))}</td><td data-testid="topic-type">${esc(t.messageType)}</td><td class="num">${t.readQueues}/${t.writeQueues}</td>
-      <td class="num">${t.messages}</td><td class="num">${fmtRate(rin)}</td><td class="num">${fmtRate(rout)}</td></tr>`;
+      <td class="num" data-testid="topic-stored">${t.messages}</td><td class="num">${fmtRate(rin)}</td><td class="num">${fmtRate(rout)}</td></tr>`;
   });
   return `<h1>Topics</h1>
     <p><a href="#/new-topic" data-testid="new-topic">Create a topic</a></p>
