@@ -50,6 +50,12 @@ pub(crate) struct Inner {
     pub(crate) appends: AppendQueue,
     /// Records below this commit log offset have their consume-queue and index entries written.
     pub(crate) dispatched: AtomicU64,
+    /// Replicated stores: records ending at or below this offset may be dispatched (see
+    /// `replication.rs`). Unused otherwise.
+    pub(crate) confirmed: AtomicU64,
+    /// Replicated stores: held by whoever dispatches records from the commit log (taken after
+    /// the writer's lock by those that hold both).
+    pub(crate) dispatch_lock: Mutex<()>,
     /// Sync flush's group commit.
     group_commit: GroupCommit,
     pub(crate) listeners: RwLock<Vec<ArrivalListener>>,
@@ -92,6 +98,7 @@ impl MessageStore {
             index,
             offsets,
             last_store_timestamp,
+            dispatched,
         } = recovered;
         let inner = Arc::new(Inner {
             commit_log,
@@ -105,7 +112,9 @@ impl MessageStore {
             }),
             write_failed: AtomicBool::new(false),
             appends: AppendQueue::default(),
-            dispatched: AtomicU64::new(report.commit_log_end),
+            dispatched: AtomicU64::new(dispatched),
+            confirmed: AtomicU64::new(dispatched),
+            dispatch_lock: Mutex::new(()),
             group_commit: GroupCommit::default(),
             listeners: RwLock::new(Vec::new()),
             closed: AtomicBool::new(false),
@@ -286,6 +295,8 @@ impl MessageStore {
         // Puts still queued fail; appended ones waiting for an fsync get the flush below.
         inner.fail_waiting();
         let w = inner.writer.lock();
+        // No dispatch moves the dispatched offset while the checkpoint is written.
+        let _d = inner.dispatch_lock.lock();
         inner.offsets.persist()?;
         if let Some(reason) = &w.failed {
             // Leave the abort marker: the next open must run the full check and re-dispatch
@@ -298,11 +309,18 @@ impl MessageStore {
         inner.commit_log.seal()?;
         inner.flush_logics()?;
         let end = inner.commit_log.write_pos();
+        let replicated = inner.config.replicated;
+        let logics = if replicated {
+            inner.dispatched.load(Ordering::Acquire)
+        } else {
+            end
+        };
         let cp = Checkpoint {
             commit_log_flushed: end,
-            logics_flushed: end,
+            logics_flushed: logics,
             clean_end: Some(end),
             queues: Some(inner.queues.max_offsets()),
+            confirmed: replicated.then_some(logics),
         };
         inner.checkpoints.write(&cp)?;
         inner.checkpoints.mark_clean()
@@ -355,13 +373,19 @@ impl Inner {
 
     /// Flushes consume queues and index, then records in the checkpoint the commit log
     /// offset below which they are durable.
-    fn flush_logics(&self) -> Result<()> {
+    pub(crate) fn flush_logics(&self) -> Result<()> {
         self.checkpoints.flush_logics(
             &self.dispatched,
             &self.queues,
             &self.index,
             &self.commit_log,
+            self.config.replicated,
         )
+    }
+
+    /// The checkpoints of the data directory.
+    pub(crate) fn checkpoints(&self) -> &Checkpoints {
+        &self.checkpoints
     }
 
     fn delete_expired(&self, now_ms: i64) -> Result<RetentionReport> {
@@ -371,6 +395,8 @@ impl Inner {
             &self.index,
             self.config.retention,
             now_ms,
+            // Never a segment holding records that wait for their dispatch.
+            self.dispatched.load(Ordering::Acquire),
         )
     }
 
