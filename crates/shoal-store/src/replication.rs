@@ -360,7 +360,9 @@ impl Inner {
             path: seg.path.clone(),
             reason,
         };
-        let want = (max_bytes as u64).max(END_OF_SEGMENT_MIN_BLANK).min(hard - start);
+        let want = (max_bytes as u64)
+            .max(END_OF_SEGMENT_MIN_BLANK)
+            .min(hard - start);
         let mut buf = cl.read(start, want as usize)?;
         let mut at = 0usize;
         loop {

@@ -60,6 +60,8 @@ pub(crate) struct Inner {
     group_commit: GroupCommit,
     pub(crate) listeners: RwLock<Vec<ArrivalListener>>,
     pub(crate) closed: AtomicBool,
+    /// Puts are refused (a replica's store: only replicated appends write its log).
+    pub(crate) puts_refused: AtomicBool,
     /// Stops the background threads.
     pub(crate) stop: StopSignal,
     checkpoints: Checkpoints,
@@ -118,6 +120,7 @@ impl MessageStore {
             group_commit: GroupCommit::default(),
             listeners: RwLock::new(Vec::new()),
             closed: AtomicBool::new(false),
+            puts_refused: AtomicBool::new(false),
             stop: StopSignal::default(),
             checkpoints,
             corrupt: CorruptRecords::new(&report.corrupt_records),
@@ -158,6 +161,18 @@ impl MessageStore {
                 }
                 Err(e) => tracing::error!(error = %e, "cannot start the group commit thread"),
             }
+        }
+    }
+
+    /// Whether puts are taken (the default) or refused with [`crate::StoreError::PutsRefused`]
+    /// (a replica's store, written only by [`MessageStore::append_replicated`]). Refusing
+    /// waits for an append in progress: once this returns, no put appends until allowed
+    /// again, and the write position is final.
+    pub fn set_puts_allowed(&self, allowed: bool) {
+        self.inner.puts_refused.store(!allowed, Ordering::Release);
+        if !allowed {
+            // Whoever holds the writer now finishes; every later append sees the flag.
+            drop(self.inner.lock_writer());
         }
     }
 
