@@ -153,8 +153,16 @@ impl Broker {
         tasks.extend(crate::schedule::start(shared.clone()));
         tasks.push(crate::transaction::service::start(shared.clone()));
         tasks.push(crate::pop::revive::start(shared.clone()));
+        if let Some(r) = shared.replication.get() {
+            tasks.push(crate::replication::start_metadata(
+                shared.clone(),
+                r.clone(),
+            ));
+        }
         let registered = shared.register_all().await;
-        let everywhere = registered == shared.namesrv.count();
+        // A replica without a broker id yet registers once the controller gives it one (its
+        // role change wakes the registration).
+        let everywhere = registered == shared.namesrv.count() || shared.route_broker_id().is_none();
         if !everywhere {
             warn!(
                 accepted = registered,

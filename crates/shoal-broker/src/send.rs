@@ -25,7 +25,8 @@ const V3_4_9: i32 = 121;
 
 /// System topics a client may not send to (RocketMQ's `TopicValidator` "not allowed send"
 /// set): the broker writes them itself (delay levels, transaction half and op messages).
-pub(crate) const NOT_ALLOWED_SEND_TOPICS: [&str; 6] = [
+pub(crate) const NOT_ALLOWED_SEND_TOPICS: [&str; 7] = [
+    crate::replication::METADATA_TOPIC,
     "SCHEDULE_TOPIC_XXXX",
     "RMQ_SYS_TRANS_HALF_TOPIC",
     "RMQ_SYS_TRANS_OP_HALF_TOPIC",

@@ -215,6 +215,16 @@ impl MessageStore {
         self.inner.offsets.query(group, topic, queue_id)
     }
 
+    /// Every committed offset as (group, topic, queue id, offset).
+    pub fn all_offsets(&self) -> Vec<(String, String, i32, i64)> {
+        self.inner.offsets.all()
+    }
+
+    /// Every delay level's progress as (level, offset).
+    pub fn all_schedule_offsets(&self) -> Vec<(i32, i64)> {
+        self.inner.offsets.delay_all()
+    }
+
     /// All committed offsets of a group as (topic, queue id, offset).
     pub fn offsets_of_group(&self, group: &str) -> Vec<(String, i32, i64)> {
         self.inner.offsets.of_group(group)

@@ -131,19 +131,12 @@ fn the_masters_death_loses_no_acknowledged_message() {
     let epoch = g["masterEpoch"].as_u64().unwrap();
     let master = r.index_of(&g, g["master"].as_u64().unwrap());
 
-    // The topic on every replica (topic configs are not replicated yet).
-    let all: Vec<&str> = r.brokers.iter().map(|(a, _, _)| a.as_str()).collect();
-    let brokers = all.join(",");
-    r.cluster.json(&[
-        "topic",
-        "create",
-        TOPIC,
-        "--queues",
-        "4",
-        "--brokers",
-        &brokers,
-        "--json",
-    ]);
+    // The topic on the master only: the replicas learn it from the group's log.
+    let master_addr = r.brokers[master].0.clone();
+    let topic_args = ["topic", "create", TOPIC, "--queues", "4", "--brokers"];
+    let mut args: Vec<&str> = topic_args.to_vec();
+    args.extend([master_addr.as_str(), "--json"]);
+    r.cluster.json(&args);
     let mut producer = SteadyProducer::start(&r.cluster.dev, TOPIC, "m", 10);
     let mut group = TrackedGroup::new("replicated-readers", TOPIC);
     group.join(&r.cluster.dev, "c1", &[]);

@@ -20,6 +20,7 @@
 mod config;
 mod disk;
 mod driver;
+mod metadata;
 mod wire;
 
 pub use config::{AckSetting, ReplicationSettings};
@@ -35,6 +36,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::sync::{mpsc, oneshot, Notify};
 
 pub(crate) use driver::start;
+pub(crate) use metadata::{start as start_metadata, METADATA_TOPIC};
 pub(crate) use wire::is_peer_code;
 
 /// The member's role as the rest of the broker sees it.
