@@ -13,6 +13,8 @@ mod bench;
 mod client_cmd;
 mod cluster_cmd;
 mod controller;
+mod controller_config;
+mod controller_log;
 mod dashboard;
 mod group_view;
 mod grpc_cmd;

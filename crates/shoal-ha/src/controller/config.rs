@@ -21,7 +21,8 @@ pub struct ControllerConfig {
     pub session_timeout_ms: Millis,
     /// Lease and election delay.
     pub lease: LeaseTiming,
-    /// What the metadata may hold.
+    /// What the metadata may hold: proposed by this voter when it leads, so every voter
+    /// applies the leader's (see [`super::Command::SetLimits`]).
     pub limits: MetadataLimits,
     /// Requests waiting for their entry to apply, at most.
     pub max_pending: usize,

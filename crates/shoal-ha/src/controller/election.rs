@@ -29,7 +29,7 @@ pub(super) struct Election {
 }
 
 /// How long an election proposal may stay unapplied before the leader proposes again.
-const ELECTION_RETRY_MS: Millis = 1_000;
+pub(super) const ELECTION_RETRY_MS: Millis = 1_000;
 
 impl ControllerNode {
     /// The leader's election step for every group that needs one: fence the old master's
@@ -154,6 +154,7 @@ impl ControllerNode {
         if role == StateRole::Leader {
             if self.leader_since.is_none() {
                 self.leader_since = Some(self.now);
+                self.limits_inflight_until = None;
                 self.live.clear();
                 self.elections.clear();
             }

@@ -11,6 +11,7 @@
 mod command;
 mod config;
 mod election;
+mod limits;
 mod metadata;
 mod node;
 #[cfg(test)]
@@ -26,6 +27,8 @@ pub use metadata::{Metadata, MetadataLimits};
 pub use node::ControllerNode;
 /// raft-rs's message between voters, as [`ControllerNode`] takes and gives it.
 pub use raft::eraftpb::Message as RaftMessage;
+/// The kind of a [`RaftMessage`].
+pub use raft::eraftpb::MessageType as RaftMessageType;
 pub use request::{ClientToken, Request, Response};
 pub use storage::ControllerStorage;
 pub use wire::{decode_raft_message, encode_raft_message, WireError};

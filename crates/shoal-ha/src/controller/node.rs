@@ -16,15 +16,14 @@
 //! What is not in the log, and why that is safe: broker liveness (heartbeats) is the leader's
 //! own view; a new leader starts with every broker unseen and every lease just granted, so it
 //! waits a whole session and a whole election delay before electing anyone.
-
 //!
 //! This file holds the voter's state and its inputs and outputs; the leader's decisions are in
 //! `election.rs`, the handling of raft-rs's `Ready` (apply, snapshots) in `ready.rs`.
 
 use super::command::{Command, Refusal};
 use super::config::{ControllerConfig, ControllerError};
-use super::election::{Election, Live};
-use super::metadata::Metadata;
+use super::election::{Election, Live, ELECTION_RETRY_MS};
+use super::metadata::{Metadata, MetadataLimits};
 use super::request::{ClientToken, Request, Response};
 use super::storage::ControllerStorage;
 use crate::time::Millis;
@@ -37,6 +36,8 @@ use std::collections::{BTreeMap, VecDeque};
 #[derive(Debug, Clone, Copy)]
 pub(super) enum Waiter {
     Client(ClientToken),
+    /// A command of the leader's own with nobody to answer ([`Command::SetLimits`]).
+    Nobody,
     /// The leader's own election step for a group; nobody to answer unless `manual`.
     Election {
         manual: Option<ClientToken>,
@@ -65,6 +66,8 @@ pub struct ControllerNode {
     /// The metadata at `compact_mark`, to cut the log at the next mark.
     pub(super) pending_snapshot: Option<(u64, Vec<u8>)>,
     pub(super) compact_mark: u64,
+    /// A [`Command::SetLimits`] of this leader is in the log; proposed again after this time.
+    pub(super) limits_inflight_until: Option<Millis>,
 }
 
 impl std::fmt::Debug for ControllerNode {
@@ -97,7 +100,8 @@ impl ControllerNode {
         storage.ensure_voters(&cfg.voters);
         let snapshot = storage.latest_snapshot();
         let metadata = if snapshot.get_data().is_empty() {
-            Metadata::new(cfg.limits)
+            // The defaults on every voter alike; the leader proposes its configured ones.
+            Metadata::new(MetadataLimits::default())
         } else {
             serde_json::from_slice(snapshot.get_data())?
         };
@@ -138,6 +142,7 @@ impl ControllerNode {
             snapshots_installed: 0,
             pending_snapshot: None,
             compact_mark: applied,
+            limits_inflight_until: None,
         };
         node.pump();
         Ok(node)
@@ -327,9 +332,25 @@ impl ControllerNode {
         }
         self.pump();
         if self.is_leader() {
+            self.drive_limits();
             self.drive_elections();
             self.pump();
         }
+    }
+
+    /// The leader proposes its configured limits when the applied ones differ (retried while
+    /// the proposal is not applied).
+    fn drive_limits(&mut self) {
+        if self.metadata.limits() == self.cfg.limits
+            || self
+                .limits_inflight_until
+                .is_some_and(|until| self.now < until)
+        {
+            return;
+        }
+        self.limits_inflight_until = Some(self.now + ELECTION_RETRY_MS);
+        let limits = self.cfg.limits;
+        self.propose(Command::SetLimits { limits }, Waiter::Nobody);
     }
 
     /// When [`Self::handle_timeout`] should next be called.
@@ -382,6 +403,7 @@ impl ControllerNode {
                     self.responses.push_back((token, response));
                 }
             }
+            Waiter::Nobody => {}
         }
     }
 }

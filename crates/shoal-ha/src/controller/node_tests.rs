@@ -105,6 +105,38 @@ mod tests {
     }
 
     #[test]
+    fn the_leaders_limits_reach_every_voter_through_the_log() {
+        let voters = vec![1, 2, 3];
+        let nodes = voters
+            .iter()
+            .map(|id| {
+                let mut cfg = ControllerConfig::new(*id, voters.clone());
+                cfg.limits.max_groups = 1;
+                ControllerNode::new(cfg, ControllerStorage::default(), 0).expect("voter")
+            })
+            .collect();
+        let mut c = Cluster {
+            nodes,
+            now: 0,
+            answers: Vec::new(),
+        };
+        c.run_for(3_000);
+        for n in &c.nodes {
+            assert_eq!(n.metadata().limits().max_groups, 1, "voter {}", n.id());
+        }
+        let apply = |g: &str| Request::ApplyBrokerId {
+            group: g.into(),
+            addr: "a".into(),
+            token: "t".into(),
+        };
+        assert_eq!(c.ask(1, apply("g1")), Response::BrokerId(1));
+        assert_eq!(
+            c.ask(2, apply("g2")),
+            Response::Refused(Refusal::Limit("max_groups".into()))
+        );
+    }
+
+    #[test]
     fn a_follower_answers_not_leader() {
         let mut c = Cluster::new();
         let l = c.leader();

@@ -113,6 +113,8 @@ impl ControllerNode {
             }
             if let Some(waiter) = waiter {
                 let response = match outcome {
+                    // Proposed by the leader itself, with nobody to answer.
+                    Outcome::LimitsSet => continue,
                     Outcome::BrokerId(id) => Response::BrokerId(id),
                     Outcome::Group(info) => Response::Group(info),
                     Outcome::LeaseGranted { master_epoch, .. } => Response::LeaseGranted {
