@@ -362,7 +362,9 @@ fn a_voter_with_a_data_dir_keeps_its_groups_across_a_kill() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().to_str().unwrap().to_string();
     let addrs = vec![format!("127.0.0.1:{}", free_port())];
-    let mut voter = start_voter(1, &addrs, &["--data-dir", &data]);
+    // Compacted every 4 entries: the file is written again whole along the way.
+    let args = ["--data-dir", data.as_str(), "--compact-every", "4"];
+    let mut voter = start_voter(1, &addrs, &args);
     wait_status(&addrs[0], "the voter did not lead", |v| {
         v["isLeader"] == true
     });
@@ -377,7 +379,9 @@ fn a_voter_with_a_data_dir_keeps_its_groups_across_a_kill() {
     };
     rt.block_on(async {
         let client = RemotingClient::new(NetConfig::default(), Arc::new(NotSupportedProcessor));
-        for (token, id) in [("1", 1), ("2", 2)] {
+        for id in 1..=10 {
+            let token = id.to_string();
+            let token = token.as_str();
             assert_eq!(
                 call(&client, &addrs[0], &apply(token)).await,
                 (0, Response::BrokerId(id))
@@ -386,20 +390,26 @@ fn a_voter_with_a_data_dir_keeps_its_groups_across_a_kill() {
         client.shutdown();
     });
     voter.sigkill();
-    let _voter = start_voter(1, &addrs, &["--data-dir", &data]);
+    let log = std::fs::read(dir.path().join("controller.log")).unwrap();
+    assert!(log.starts_with(b"SHOALCL2"), "the record format");
+    let _voter = start_voter(1, &addrs, &args);
     let v = wait_status(&addrs[0], "the restarted voter did not lead", |v| {
         v["isLeader"] == true
     });
     assert_eq!(
         v["groups"]["broker-c"]["members"],
-        serde_json::json!({"1": "127.0.0.1:1", "2": "127.0.0.1:2"})
+        serde_json::Value::Object(
+            (1..=10)
+                .map(|i| (i.to_string(), format!("127.0.0.1:{i}").into()))
+                .collect()
+        )
     );
-    // Ids are never given twice: a new broker gets 3, a known token its own id.
+    // Ids are never given twice: a new broker gets 11, a known token its own id.
     rt.block_on(async {
         let client = RemotingClient::new(NetConfig::default(), Arc::new(NotSupportedProcessor));
         assert_eq!(
-            call(&client, &addrs[0], &apply("3")).await,
-            (0, Response::BrokerId(3))
+            call(&client, &addrs[0], &apply("11")).await,
+            (0, Response::BrokerId(11))
         );
         assert_eq!(
             call(&client, &addrs[0], &apply("1")).await,

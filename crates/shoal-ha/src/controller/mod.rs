@@ -11,6 +11,7 @@
 mod command;
 mod config;
 mod election;
+mod journal;
 mod limits;
 mod metadata;
 mod node;
@@ -30,5 +31,5 @@ pub use raft::eraftpb::Message as RaftMessage;
 /// The kind of a [`RaftMessage`].
 pub use raft::eraftpb::MessageType as RaftMessageType;
 pub use request::{ClientToken, Request, Response};
-pub use storage::ControllerStorage;
+pub use storage::{ControllerStorage, JournalWrite, Recovered};
 pub use wire::{decode_raft_message, encode_raft_message, WireError};
