@@ -79,6 +79,64 @@ pub(crate) struct ControllerArgs {
     pub limits: ControllerLimitArgs,
 }
 
+/// The controller options of `shoal namesrv`: a voter in the name server's process, on its
+/// own port (the name server's port already answers BROKER_HEARTBEAT for routes).
+#[derive(Debug, Args, Default)]
+pub(crate) struct NamesrvControllerArgs {
+    /// Also run a controller voter in this process (docs/ha.md). Its limits are the
+    /// `[controller]` table of `--config`.
+    #[arg(long)]
+    pub controller: bool,
+    /// The voter's address (brokers, operators, other voters); needed with --controller.
+    #[arg(long, value_name = "ADDR", requires = "controller")]
+    pub controller_listen: Option<String>,
+    /// The voter's id (1, 2, ...).
+    #[arg(long, default_value_t = 1, value_name = "N", requires = "controller")]
+    pub controller_id: u64,
+    /// Every voter as ID=ADDRESS (their --controller-listen), comma-separated. None: a single
+    /// voter, for development.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_name = "ID=ADDRESS",
+        requires = "controller"
+    )]
+    pub controller_peers: Vec<String>,
+    /// Directory for the voter's Raft log; in memory without it.
+    #[arg(long, value_name = "DIR", requires = "controller")]
+    pub controller_data_dir: Option<PathBuf>,
+}
+
+impl NamesrvControllerArgs {
+    /// The voter to run, if `--controller` was given (`limits`: the `[controller]` table of
+    /// the name server's file, if it has one).
+    pub(crate) fn voter(
+        &self,
+        limits: Option<ControllerLimits>,
+    ) -> anyhow::Result<Option<VoterOptions>> {
+        if !self.controller {
+            if limits.is_some() {
+                bail!("the config file's [controller] table needs --controller");
+            }
+            return Ok(None);
+        }
+        let Some(listen) = &self.controller_listen else {
+            bail!(
+                "--controller needs --controller-listen ADDR: the voter has its own port (the \
+                 name server's port answers BROKER_HEARTBEAT for routes)"
+            );
+        };
+        let limits = limits.unwrap_or_default();
+        Ok(Some(VoterOptions {
+            listen: listen.clone(),
+            id: self.controller_id,
+            peers: self.controller_peers.clone(),
+            data_dir: self.controller_data_dir.clone(),
+            limits,
+        }))
+    }
+}
+
 enum Input {
     Raft(RaftMessage),
     Request {

@@ -131,6 +131,29 @@ impl ControllerLimits {
     }
 }
 
+/// A name server's configuration file split in two: the TOML of its own keys, and the
+/// `[controller]` table (for `shoal namesrv --controller`), if it has one.
+pub(crate) fn split_namesrv_file(
+    path: &Path,
+) -> anyhow::Result<(String, Option<ControllerLimits>)> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read config file {}", path.display()))?;
+    let mut table: toml::Table =
+        toml::from_str(&text).with_context(|| format!("config file {}", path.display()))?;
+    let limits = match table.remove("controller") {
+        Some(v) => {
+            let l: ControllerLimits = v
+                .try_into()
+                .with_context(|| format!("config file {}: [controller]", path.display()))?;
+            l.validate()
+                .with_context(|| format!("config file {}", path.display()))?;
+            Some(l)
+        }
+        None => None,
+    };
+    Ok((toml::to_string(&table)?, limits))
+}
+
 /// The limits as flags of `shoal controller`; each overrides the `--config` file's key.
 #[derive(Debug, Args, Default, Clone)]
 pub(crate) struct ControllerLimitArgs {
@@ -302,5 +325,23 @@ mod tests {
         l.apply_to(&mut cfg);
         assert_eq!(cfg.limits.max_members, 3);
         assert_eq!(cfg.compact_every, l.compact_every);
+    }
+
+    #[test]
+    fn a_name_servers_file_gives_its_controller_table_apart() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ns.toml");
+        std::fs::write(
+            &path,
+            "max_route_watches = 5\n[net]\nmax_connections_per_ip = 2\n[controller]\nmax_groups = 7\n",
+        )
+        .unwrap();
+        let (rest, limits) = split_namesrv_file(&path).unwrap();
+        assert_eq!(limits.map(|l| l.max_groups), Some(7));
+        assert!(!rest.contains("controller") && rest.contains("max_connections_per_ip"));
+        std::fs::write(&path, "[controller]\nmax_groupz = 7\n").unwrap();
+        assert!(split_namesrv_file(&path).is_err());
+        std::fs::write(&path, "max_route_watches = 5\n").unwrap();
+        assert!(split_namesrv_file(&path).unwrap().1.is_none());
     }
 }
