@@ -298,9 +298,11 @@ impl Voter {
     }
 }
 
-/// `shoal controller`.
-pub(crate) async fn run(args: ControllerArgs) -> anyhow::Result<()> {
-    let stop = crate::server::shutdown_signal();
+/// `shoal controller`, until `stop` (the process's shutdown signal).
+pub(crate) async fn run(
+    args: ControllerArgs,
+    stop: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<()> {
     let limits = args.limits.limits(args.config.as_deref())?;
     let mut voter = Voter::start(VoterOptions {
         listen: args.listen.clone(),

@@ -4,32 +4,11 @@
 //! whole session and a whole election delay before electing anyone.
 
 use super::command::Command;
-use super::node::{ControllerNode, Waiter};
-use super::request::{ClientToken, Response};
-use crate::time::Millis;
+use super::node::{ControllerNode, Election, Live, Waiter, ELECTION_RETRY_MS};
+use super::request::Response;
 use crate::{BrokerId, Epoch};
 use raft::StateRole;
 use std::collections::BTreeMap;
-
-/// What the leader knows of a broker, outside the log.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Live {
-    pub(super) seen: Millis,
-    pub(super) last_epoch: Epoch,
-    pub(super) end_offset: u64,
-}
-
-/// An election the leader is running for one group.
-#[derive(Debug, Clone)]
-pub(super) struct Election {
-    pub(super) target: Option<BrokerId>,
-    pub(super) manual: Option<ClientToken>,
-    /// A proposal is in the log and not applied yet; retried after this time.
-    pub(super) inflight_until: Option<Millis>,
-}
-
-/// How long an election proposal may stay unapplied before the leader proposes again.
-pub(super) const ELECTION_RETRY_MS: Millis = 1_000;
 
 impl ControllerNode {
     /// The leader's election step for every group that needs one: fence the old master's

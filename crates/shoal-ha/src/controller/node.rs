@@ -22,12 +22,11 @@
 
 use super::command::{Command, Refusal};
 use super::config::{ControllerConfig, ControllerError};
-use super::election::{Election, Live, ELECTION_RETRY_MS};
 use super::metadata::{Metadata, MetadataLimits};
 use super::request::{ClientToken, Request, Response};
 use super::storage::ControllerStorage;
 use crate::time::Millis;
-use crate::BrokerId;
+use crate::{BrokerId, Epoch};
 use raft::eraftpb::Message;
 use raft::{RawNode, StateRole};
 use std::collections::{BTreeMap, VecDeque};
@@ -43,6 +42,26 @@ pub(super) enum Waiter {
         manual: Option<ClientToken>,
     },
 }
+
+/// What the leader knows of a broker, outside the log.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Live {
+    pub(super) seen: Millis,
+    pub(super) last_epoch: Epoch,
+    pub(super) end_offset: u64,
+}
+
+/// An election the leader is running for one group.
+#[derive(Debug, Clone)]
+pub(super) struct Election {
+    pub(super) target: Option<BrokerId>,
+    pub(super) manual: Option<ClientToken>,
+    /// A proposal is in the log and not applied yet; retried after this time.
+    pub(super) inflight_until: Option<Millis>,
+}
+
+/// How long an election proposal may stay unapplied before the leader proposes again.
+pub(super) const ELECTION_RETRY_MS: Millis = 1_000;
 
 /// One controller voter.
 pub struct ControllerNode {
