@@ -611,11 +611,17 @@ impl Inner {
         }
     }
 
-    /// Tells the listeners of every message of the appended jobs, in append order.
+    /// Tells the listeners of every message of the appended jobs, in append order. A
+    /// replicated store's records arrive when they are dispatched (below the confirmed
+    /// offset): this dispatches what is due instead.
     fn notify_arrivals<'j, 'a: 'j>(
         &self,
         appended: impl Iterator<Item = (&'j Job<'a>, &'j Appended)>,
     ) {
+        if self.config.replicated {
+            self.dispatch_confirmed();
+            return;
+        }
         let listeners = self.listeners.read();
         if listeners.is_empty() {
             return;
@@ -703,6 +709,9 @@ impl Inner {
         if self.closed.load(Ordering::Acquire) {
             return Err(StoreError::Closed);
         }
+        if self.puts_refused.load(Ordering::Acquire) {
+            return Err(StoreError::PutsRefused);
+        }
         let ts = now_ms().max(w.last_store_timestamp);
         // Lists reused from one append to the next (no allocation per append once warm).
         let mut scratch = std::mem::take(&mut w.scratch);
@@ -718,8 +727,10 @@ impl Inner {
             phys,
             ..
         } = &scratch;
-        let end = self.commit_log.write_pos();
-        self.dispatched.store(end, Ordering::Release);
+        if !self.config.replicated {
+            let end = self.commit_log.write_pos();
+            self.dispatched.store(end, Ordering::Release);
+        }
         let store_host = self.config.store_host;
         let mut per_job: Vec<Appended> = jobs
             .iter()
@@ -754,6 +765,7 @@ impl Inner {
         jobs: Jobs<'_, '_>,
         ts: i64,
     ) -> Result<()> {
+        let replicated = self.config.replicated;
         for (j, job) in jobs.iter().enumerate() {
             for (k, r) in job.records.iter().enumerate() {
                 s.sizes.push(r.layout.len);
@@ -779,7 +791,13 @@ impl Inner {
                         .queues
                         .get(&m.topic, m.queue_id, true)?
                         .ok_or_else(|| StoreError::InvalidArgument("queue not created".into()))?;
-                    let next = cq.max_offset();
+                    // A replicated store's queue numbering also counts the records waiting
+                    // for their dispatch.
+                    let next = if replicated {
+                        cq.next_offset()
+                    } else {
+                        cq.max_offset()
+                    };
                     s.queues.push(QueueSlot {
                         first: (j, k),
                         cq,
@@ -815,6 +833,13 @@ impl Inner {
                 Ok(())
             })?;
         w.last_store_timestamp = ts;
+        if replicated {
+            // Dispatched once confirmed (`Inner::dispatch_confirmed`, from the commit log).
+            for q in &s.queues {
+                q.cq.note_assigned(q.next);
+            }
+            return Ok(());
+        }
         // Dispatch: consume-queue entries grouped per queue (records in order within each),
         // then index entries.
         let dispatch = |s: &mut AppendScratch| -> Result<()> {

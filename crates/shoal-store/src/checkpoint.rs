@@ -30,6 +30,10 @@ pub(crate) struct Checkpoint {
     /// so the next start notices a queue that lost entries or files.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) queues: Option<BTreeMap<String, u64>>,
+    /// Replicated stores: a confirmed offset (a record boundary, at most the true one: the
+    /// dispatched offset when written). Recovery makes nothing above it visible.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) confirmed: Option<u64>,
 }
 
 const CHECKPOINT_FILE: &str = "checkpoint";
@@ -84,13 +88,15 @@ impl Checkpoints {
 
     /// Flushes consume queues and index, then records in the checkpoint the commit log
     /// offset below which they are durable (`dispatched`: records below it have their
-    /// consume-queue and index entries written).
+    /// consume-queue and index entries written), in a replicated store also as the confirmed
+    /// offset.
     pub(crate) fn flush_logics(
         &self,
         dispatched: &AtomicU64,
         queues: &QueueTable,
         index: &Index,
         commit_log: &CommitLog,
+        replicated: bool,
     ) -> Result<()> {
         let _g = self.logics_lock.lock();
         let dispatched = dispatched.load(Ordering::Acquire);
@@ -103,6 +109,30 @@ impl Checkpoints {
             logics_flushed: dispatched,
             clean_end: None,
             queues: None,
+            confirmed: replicated.then_some(dispatched),
+        };
+        self.write(&cp)
+    }
+
+    /// Replicated stores, before a cut of the log at `to`: lowers `dispatched` to `to` at
+    /// most and writes a checkpoint saying so (durably), serialized with
+    /// [`Self::flush_logics`], so that no later checkpoint names a higher confirmed offset
+    /// unless records are dispatched again.
+    pub(crate) fn lower(
+        &self,
+        dispatched: &AtomicU64,
+        to: u64,
+        commit_log_flushed: u64,
+    ) -> Result<()> {
+        let _g = self.logics_lock.lock();
+        dispatched.fetch_min(to, Ordering::AcqRel);
+        let d = dispatched.load(Ordering::Acquire);
+        let cp = Checkpoint {
+            commit_log_flushed: commit_log_flushed.min(to),
+            logics_flushed: d,
+            clean_end: None,
+            queues: None,
+            confirmed: Some(d),
         };
         self.write(&cp)
     }

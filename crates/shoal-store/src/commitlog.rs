@@ -376,6 +376,53 @@ impl CommitLog {
         Ok(dropped)
     }
 
+    /// Replication: writes `pieces` (commit-log position, bytes; in order, each inside one
+    /// segment, the first at the write position), moves the write position to `end` and
+    /// makes everything durable. Only the single writer calls this. If a write fails nothing
+    /// becomes visible; if the fsync fails the bytes are visible but not durable (the caller
+    /// marks the store failed).
+    pub(crate) fn append_raw(&self, pieces: &[(u64, &[u8])], end: u64) -> Result<()> {
+        for &(at, data) in pieces {
+            self.write_run(at, data)?;
+        }
+        if let Some(base) = pieces.last().map(|&(at, _)| at - at % self.segment_size) {
+            // A piece ending a segment with its marker moves the writer on: make the next
+            // segment exist now, so that the previous one is sealed as after a put.
+            if end % self.segment_size == 0 && end > base {
+                self.segment_at_base(end, true)?;
+            }
+        }
+        self.write_pos.store(end, Ordering::Release);
+        self.flush()?;
+        Ok(())
+    }
+
+    /// Replication: removes every segment and starts the log afresh at `base` (a segment
+    /// start) with an empty segment file there, durably.
+    pub(crate) fn reset_to(&self, base: u64) -> Result<()> {
+        let mut segs = self.segments.write();
+        // Newest first: a crash part-way leaves a shorter log, which recovery reads as such.
+        while let Some(seg) = segs.pop() {
+            seg.file
+                .seal()
+                .map_err(io_err("unmap segment", &seg.path))?;
+            self.backend
+                .remove_file(&seg.path)
+                .map_err(io_err("remove segment", &seg.path))?;
+        }
+        let path = self.dir.join(file_name(base));
+        let file = self
+            .backend
+            .open_segment(&path, true, &self.seg_opts)
+            .map_err(io_err("create segment", &path))?;
+        file.sync().map_err(io_err("fsync segment", &path))?;
+        segs.push(Arc::new(Segment { base, file, path }));
+        drop(segs);
+        self.write_pos.store(base, Ordering::Release);
+        self.flushed.store(base, Ordering::Release);
+        Ok(())
+    }
+
     /// Retention: deletes whole segments that end at or before `before` (never the segment
     /// holding the write position). Returns the bases deleted.
     pub(crate) fn delete_segments_before(&self, before: u64) -> Result<Vec<u64>> {

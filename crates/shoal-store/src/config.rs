@@ -85,6 +85,11 @@ pub struct StoreConfig {
     /// Start the flusher / retention / offsets threads. Tests turn this off and call
     /// [`crate::MessageStore::flush`] and friends themselves.
     pub background_threads: bool,
+    /// The store belongs to a replicated broker group (off by default): records become
+    /// visible to reads (consume-queue and index entries written, arrival listeners told) only
+    /// up to the confirmed offset ([`crate::MessageStore::set_confirmed`]); those above it
+    /// wait in the commit log. Off, everything is visible once appended.
+    pub replicated: bool,
     /// Where files live: the real file system by default, an in-memory fault-injecting
     /// backend in tests.
     pub backend: Arc<dyn Backend>,
@@ -113,6 +118,7 @@ impl std::fmt::Debug for StoreConfig {
             .field("check_crc_on_read", &self.check_crc_on_read)
             .field("corrupt_record_policy", &self.corrupt_record_policy)
             .field("background_threads", &self.background_threads)
+            .field("replicated", &self.replicated)
             .finish_non_exhaustive()
     }
 }
@@ -138,6 +144,7 @@ impl StoreConfig {
             check_crc_on_read: true,
             corrupt_record_policy: CorruptRecordPolicy::Skip,
             background_threads: true,
+            replicated: false,
             backend: Arc::new(FsBackend),
         }
     }

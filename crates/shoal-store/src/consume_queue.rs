@@ -79,6 +79,10 @@ pub(crate) struct ConsumeQueue {
     /// Entries below this logical offset are durable.
     flushed: AtomicU64,
     pending: Mutex<Pending>,
+    /// Replicated stores: one past the highest queue offset given to a record in the commit
+    /// log (by a put or a replicated append), dispatched or not. Puts number from
+    /// [`Self::next_offset`]. 0 when unused.
+    assigned: AtomicU64,
 }
 
 impl ConsumeQueue {
@@ -120,7 +124,71 @@ impl ConsumeQueue {
                 written: min,
                 entries: Vec::new(),
             }),
+            assigned: AtomicU64::new(0),
         })
+    }
+
+    /// The queue offset the next put takes in a replicated store: past both the entries
+    /// written and the records waiting in the commit log for their dispatch.
+    pub(crate) fn next_offset(&self) -> u64 {
+        self.max_offset().max(self.assigned.load(Ordering::Acquire))
+    }
+
+    /// A record with queue offset `next - 1` is in the commit log (not yet dispatched).
+    pub(crate) fn note_assigned(&self, next: u64) {
+        self.assigned.fetch_max(next, Ordering::AcqRel);
+    }
+
+    /// Forgets the offsets noted with [`Self::note_assigned`] (the log they came from was cut).
+    pub(crate) fn clear_assigned(&self) {
+        self.assigned.store(0, Ordering::Release);
+    }
+
+    /// Cuts the entries of records that end above `end` (a commit-log record boundary),
+    /// durably: the file holding the first of them is shortened to the entries before it,
+    /// later files go (the first file stays, even empty, so the queue keeps its numbering
+    /// across a restart). Single writer, like [`Self::append`].
+    pub(crate) fn truncate_phys(&self, end: u64) -> Result<()> {
+        self.write_out()?;
+        let (min, max) = (self.min_offset(), self.max_offset());
+        // Entries are in commit-log order: the first one ending above `end`.
+        let (mut lo, mut hi) = (min, max);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            match self.get(mid)? {
+                Some(e) if e.phys_offset + u64::from(e.size) <= end => lo = mid + 1,
+                _ => hi = mid,
+            }
+        }
+        let cut = lo;
+        if cut >= max {
+            return Ok(());
+        }
+        let mut p = self.pending.lock();
+        let mut files = self.files.write();
+        let mut keep = Vec::with_capacity(files.len());
+        for (i, f) in files.drain(..).enumerate() {
+            if f.first >= cut && !(i == 0 && f.first == cut) {
+                self.backend
+                    .remove_file(&f.path)
+                    .map_err(io_err("remove consume queue", &f.path))?;
+                continue;
+            }
+            if f.first + self.file_entries > cut {
+                f.file
+                    .set_len((cut - f.first) * CQ_ENTRY_SIZE)
+                    .map_err(io_err("truncate consume queue", &f.path))?;
+                f.file.sync().map_err(io_err("fsync", &f.path))?;
+            }
+            keep.push(f);
+        }
+        *files = keep;
+        p.written = cut;
+        p.entries.clear();
+        self.max_offset.store(cut, Ordering::Release);
+        self.min_offset.fetch_min(cut, Ordering::AcqRel);
+        self.flushed.fetch_min(cut, Ordering::AcqRel);
+        Ok(())
     }
 
     /// Next logical offset to be written (RocketMQ's max offset).

@@ -64,6 +64,11 @@ impl CorruptRecords {
         }
     }
 
+    /// Forgets the records at or above `end` (the log was cut there).
+    pub(crate) fn forget_from(&self, end: u64) {
+        self.known.write().retain(|&phys| phys < end);
+    }
+
     /// Corrupt records met by reads so far.
     pub(crate) fn reads(&self) -> u64 {
         self.reads.load(Ordering::Relaxed)

@@ -70,6 +70,29 @@ pub enum StoreError {
     /// The store has been shut down.
     #[error("message store is closed")]
     Closed,
+    /// A replicated store that takes no puts now: its broker is not the master of its group
+    /// ([`crate::MessageStore::set_puts_allowed`]).
+    #[error("this store takes no puts: its broker is not the master of its group")]
+    PutsRefused,
+    /// Replication: a commit-log offset below the oldest one still stored (retention removed
+    /// it); the caller falls back to copying whole segments from `min`.
+    #[error("commit log offset {offset} is gone: the log starts at {min}")]
+    LogOffsetGone {
+        /// The offset asked for.
+        offset: u64,
+        /// The commit log's min offset.
+        min: u64,
+    },
+    /// Replication: commit-log bytes from a master that cannot be appended as they are
+    /// (wrong start, a torn or damaged record, a record not where its header says, a blank
+    /// marker that does not fill its segment). Nothing was written.
+    #[error("replicated bytes at commit log offset {offset} refused: {reason}")]
+    InvalidLogBytes {
+        /// Commit-log offset of the first byte refused.
+        offset: u64,
+        /// What is wrong.
+        reason: String,
+    },
 }
 
 /// `Result` with [`StoreError`].

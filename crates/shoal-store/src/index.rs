@@ -259,6 +259,49 @@ impl Index {
     /// entry. Returns the number of entries dropped.
     fn load(&self, commit_log_end: u64) -> Result<u64> {
         let mut st = self.state.lock();
+        self.load_locked(&mut st, commit_log_end)
+    }
+
+    /// Cuts the entries of records at or above `end` (durably), as opening with a commit log
+    /// ending at `end` does: the buffered entries are written, the files read again and cut.
+    pub(crate) fn truncate(&self, end: u64) -> Result<()> {
+        let mut st = self.state.lock();
+        if st.indexed_to < end {
+            return Ok(());
+        }
+        self.write_pending(&mut st)?;
+        let nslots = st.slots.len();
+        *st = IndexState {
+            slots: vec![0; nslots],
+            ..IndexState::default()
+        };
+        self.load_locked(&mut st, end)?;
+        Ok(())
+    }
+
+    /// Removes every index file: the index starts empty.
+    pub(crate) fn clear(&self) -> Result<()> {
+        let mut st = self.state.lock();
+        for f in st.files.drain(..) {
+            self.backend
+                .remove_file(&f.path)
+                .map_err(io_err("remove index", &f.path))?;
+        }
+        // Files not yet known (never written) cannot exist; any other is stale.
+        for (_, path) in self.sorted_files(&self.dir)? {
+            self.backend
+                .remove_file(&path)
+                .map_err(io_err("remove index", &path))?;
+        }
+        let nslots = st.slots.len();
+        *st = IndexState {
+            slots: vec![0; nslots],
+            ..IndexState::default()
+        };
+        Ok(())
+    }
+
+    fn load_locked(&self, st: &mut IndexState, commit_log_end: u64) -> Result<u64> {
         let mut dropped = 0u64;
         let mut stop = false;
         let files = self.sorted_files(&self.dir)?;
@@ -287,7 +330,7 @@ impl Index {
             // were flushed before a newer one filled.
             let check_table = i + 1 >= last_sealed_candidate;
             if let Some(sealed) =
-                self.sealed_trailer(&*file, len, commit_log_end, &st, check_table)?
+                self.sealed_trailer(&*file, len, commit_log_end, st, check_table)?
             {
                 let last = first + sealed.entries - 1;
                 if let Some(e) = read_entry(&*file, &path, sealed.entries - 1)? {
@@ -340,7 +383,7 @@ impl Index {
             });
             if valid == self.file_entries {
                 st.written = st.next;
-                self.seal(&mut st)?;
+                self.seal(st)?;
             } else {
                 // The active file is the last one kept.
                 stop = true;

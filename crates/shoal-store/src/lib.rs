@@ -45,6 +45,7 @@ mod queues;
 mod read;
 mod record;
 mod recovery;
+mod replication;
 mod retention;
 mod scan;
 mod store;

@@ -300,7 +300,12 @@ impl MessageStore {
 impl Inner {
     /// The record starting at commit log offset `offset`, if one does.
     fn record_at(&self, offset: u64) -> Result<Option<Bytes>> {
-        let end = self.commit_log.write_pos();
+        // A replicated store shows no record above what is dispatched (confirmed).
+        let end = if self.config.replicated {
+            self.dispatched.load(std::sync::atomic::Ordering::Acquire)
+        } else {
+            self.commit_log.write_pos()
+        };
         let seg_size = self.commit_log.segment_size();
         let fits = |len: u64| {
             offset

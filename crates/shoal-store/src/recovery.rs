@@ -38,6 +38,9 @@ pub(crate) struct Recovered {
     pub(crate) offsets: OffsetStore,
     /// Store timestamp of the newest record (0 if none): appends never go below it.
     pub(crate) last_store_timestamp: i64,
+    /// Records below this offset are dispatched: the commit log end, or in a replicated store
+    /// the persisted confirmed offset (records above it wait for `set_confirmed`).
+    pub(crate) dispatched: u64,
 }
 
 /// Opens and recovers the data directory of `config` (see the module documentation).
@@ -128,6 +131,17 @@ pub(crate) fn recover(config: &StoreConfig) -> Result<(Recovered, RecoveryReport
     report.reserved_tail_bytes = free_tail;
     report.commit_log_end = end;
     let cl_min = commit_log.min_offset();
+    // What may be visible: everything, or in a replicated store what the checkpoint says was
+    // confirmed (a record boundary; a store that ran unreplicated had everything visible).
+    let visible = if config.replicated {
+        let c = match &checkpoint {
+            None => 0,
+            Some(cp) => cp.confirmed.unwrap_or(end),
+        };
+        c.min(end).max(cl_min)
+    } else {
+        end
+    };
 
     // 2. Consume queues: cut entries past the end; note the damaged ones.
     let mut damaged: BTreeMap<(String, i32), String> = BTreeMap::new();
@@ -136,7 +150,7 @@ pub(crate) fn recover(config: &StoreConfig) -> Result<(Recovered, RecoveryReport
         dir.join("consumequeue"),
         config.consume_queue_file_entries,
         |topic, queue_id, cq| {
-            let (dropped, bad) = cq.recover(cl_min, end)?;
+            let (dropped, bad) = cq.recover(cl_min, visible)?;
             report.consume_queue_entries_dropped += dropped;
             if bad || (dropped > 0 && fast_end.is_some()) {
                 damaged.insert(
@@ -154,7 +168,7 @@ pub(crate) fn recover(config: &StoreConfig) -> Result<(Recovered, RecoveryReport
         dir.join("keyindex"),
         &dir.join("index"),
         config.index_file_entries,
-        end,
+        visible,
     )?;
     report.index_entries_dropped = idx_dropped;
 
@@ -167,11 +181,13 @@ pub(crate) fn recover(config: &StoreConfig) -> Result<(Recovered, RecoveryReport
         index,
         offsets,
         last_store_timestamp: 0,
+        dispatched: visible,
     };
 
     // 4. Re-dispatch the checked records the consume queues or index miss.
     if report.full_check {
         let logics = checkpoint.as_ref().map_or(0, |cp| cp.logics_flushed);
+        scanned.retain(|r| r.phys < visible);
         report.consume_queue_entries_rebuilt =
             recovered.redispatch(&scanned, logics, &mut damaged)?;
     }
@@ -213,20 +229,27 @@ pub(crate) fn recover(config: &StoreConfig) -> Result<(Recovered, RecoveryReport
                 .push(format!("{topic}/{qid}: {why}"));
         }
         let set: HashSet<(String, i32)> = damaged.into_keys().collect();
-        report.consume_queue_entries_rebuilt += recovered.rebuild_queues(&set)?;
+        report.consume_queue_entries_rebuilt += recovered.rebuild_queues(&set, visible)?;
     }
     report.corrupt_records = corrupt_found;
     if last_store_timestamp == 0 && end > 0 {
         last_store_timestamp = recovered.last_record_timestamp().unwrap_or(0);
     }
+    if visible < end {
+        // 4c. Replicated: the records waiting for their dispatch still number their queues
+        // (puts continue after them).
+        let newest = recovered.note_waiting(visible)?;
+        last_store_timestamp = last_store_timestamp.max(newest);
+    }
     recovered.last_store_timestamp = last_store_timestamp;
 
     // 5. Everything consistent and durable: new checkpoint, then the abort marker.
     recovered.checkpoints.flush_logics(
-        &AtomicU64::new(end),
+        &AtomicU64::new(visible),
         &recovered.queues,
         &recovered.index,
         &recovered.commit_log,
+        config.replicated,
     )?;
     recovered.checkpoints.mark_open()?;
     report.duration = started.elapsed();
@@ -329,8 +352,23 @@ impl Recovered {
         })
     }
 
-    /// Re-creates the given consume queues from every record in the commit log.
-    fn rebuild_queues(&self, queues: &HashSet<(String, i32)>) -> Result<u64> {
+    /// Replicated stores: notes the queue offsets of the records from `from` (the
+    /// confirmed offset) to the log end, which wait for their dispatch. Returns the newest
+    /// store timestamp among them.
+    fn note_waiting(&self, from: u64) -> Result<i64> {
+        let queues = &self.queues;
+        let scan = scan_commit_log(&self.commit_log, from, from, &mut |r| {
+            if let Some(cq) = queues.get(&r.topic, r.queue_id, true)? {
+                cq.note_assigned(r.queue_offset as u64 + 1);
+            }
+            Ok(())
+        })?;
+        Ok(scan.last_store_timestamp)
+    }
+
+    /// Re-creates the given consume queues from every record in the commit log below
+    /// `visible`.
+    fn rebuild_queues(&self, queues: &HashSet<(String, i32)>, visible: u64) -> Result<u64> {
         let mut cqs = HashMap::new();
         for (topic, qid) in queues {
             if let Some(cq) = self.queues.get(topic, *qid, true)? {
@@ -341,6 +379,9 @@ impl Recovered {
         let mut rebuilt = 0u64;
         let from = self.commit_log.min_offset();
         scan_commit_log(&self.commit_log, from, from, &mut |r| {
+            if r.phys >= visible {
+                return Ok(());
+            }
             let Some((cq, first)) = cqs.get_mut(&(r.topic.clone(), r.queue_id)) else {
                 return Ok(());
             };

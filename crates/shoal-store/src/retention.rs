@@ -10,13 +10,15 @@ use crate::queues::QueueTable;
 use crate::types::RetentionReport;
 
 /// Deletes the segments of `commit_log` expired at `now_ms` under `retention`, moves the
-/// consume queues' min offsets past them and deletes the index files behind them.
+/// consume queues' min offsets past them and deletes the index files behind them. Segments
+/// ending above `dispatched` stay.
 pub(crate) fn delete_expired(
     commit_log: &CommitLog,
     queues: &QueueTable,
     index: &Index,
     retention: Duration,
     now_ms: i64,
+    dispatched: u64,
 ) -> Result<RetentionReport> {
     let retention_ms = retention.as_millis() as i64;
     let cutoff = now_ms.saturating_sub(retention_ms);
@@ -26,7 +28,7 @@ pub(crate) fn delete_expired(
     let mut delete_before = None;
     for pair in segs.windows(2) {
         let next = &pair[1];
-        if next.base >= commit_log.write_pos() {
+        if next.base >= commit_log.write_pos() || next.base > dispatched {
             break;
         }
         match commit_log.store_timestamp_at(next.base) {

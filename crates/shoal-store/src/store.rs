@@ -50,10 +50,18 @@ pub(crate) struct Inner {
     pub(crate) appends: AppendQueue,
     /// Records below this commit log offset have their consume-queue and index entries written.
     pub(crate) dispatched: AtomicU64,
+    /// Replicated stores: records ending at or below this offset may be dispatched (see
+    /// `replication.rs`). Unused otherwise.
+    pub(crate) confirmed: AtomicU64,
+    /// Replicated stores: held by whoever dispatches records from the commit log (taken after
+    /// the writer's lock by those that hold both).
+    pub(crate) dispatch_lock: Mutex<()>,
     /// Sync flush's group commit.
     group_commit: GroupCommit,
     pub(crate) listeners: RwLock<Vec<ArrivalListener>>,
     pub(crate) closed: AtomicBool,
+    /// Puts are refused (a replica's store: only replicated appends write its log).
+    pub(crate) puts_refused: AtomicBool,
     /// Stops the background threads.
     pub(crate) stop: StopSignal,
     checkpoints: Checkpoints,
@@ -92,6 +100,7 @@ impl MessageStore {
             index,
             offsets,
             last_store_timestamp,
+            dispatched,
         } = recovered;
         let inner = Arc::new(Inner {
             commit_log,
@@ -105,10 +114,13 @@ impl MessageStore {
             }),
             write_failed: AtomicBool::new(false),
             appends: AppendQueue::default(),
-            dispatched: AtomicU64::new(report.commit_log_end),
+            dispatched: AtomicU64::new(dispatched),
+            confirmed: AtomicU64::new(dispatched),
+            dispatch_lock: Mutex::new(()),
             group_commit: GroupCommit::default(),
             listeners: RwLock::new(Vec::new()),
             closed: AtomicBool::new(false),
+            puts_refused: AtomicBool::new(false),
             stop: StopSignal::default(),
             checkpoints,
             corrupt: CorruptRecords::new(&report.corrupt_records),
@@ -152,6 +164,18 @@ impl MessageStore {
         }
     }
 
+    /// Whether puts are taken (the default) or refused with [`crate::StoreError::PutsRefused`]
+    /// (a replica's store, written only by [`MessageStore::append_replicated`]). Refusing
+    /// waits for an append in progress: once this returns, no put appends until allowed
+    /// again, and the write position is final.
+    pub fn set_puts_allowed(&self, allowed: bool) {
+        self.inner.puts_refused.store(!allowed, Ordering::Release);
+        if !allowed {
+            // Whoever holds the writer now finishes; every later append sees the flag.
+            drop(self.inner.lock_writer());
+        }
+    }
+
     /// Deletes a topic's consume queues and consumer offsets. Its records stay in the commit
     /// log until retention removes them, but are no longer reachable by queue or key.
     pub fn delete_topic(&self, topic: &str) -> Result<()> {
@@ -189,6 +213,16 @@ impl MessageStore {
     /// The committed offset of (group, topic, queue id), if any.
     pub fn query_offset(&self, group: &str, topic: &str, queue_id: i32) -> Option<i64> {
         self.inner.offsets.query(group, topic, queue_id)
+    }
+
+    /// Every committed offset as (group, topic, queue id, offset).
+    pub fn all_offsets(&self) -> Vec<(String, String, i32, i64)> {
+        self.inner.offsets.all()
+    }
+
+    /// Every delay level's progress as (level, offset).
+    pub fn all_schedule_offsets(&self) -> Vec<(i32, i64)> {
+        self.inner.offsets.delay_all()
     }
 
     /// All committed offsets of a group as (topic, queue id, offset).
@@ -286,6 +320,8 @@ impl MessageStore {
         // Puts still queued fail; appended ones waiting for an fsync get the flush below.
         inner.fail_waiting();
         let w = inner.writer.lock();
+        // No dispatch moves the dispatched offset while the checkpoint is written.
+        let _d = inner.dispatch_lock.lock();
         inner.offsets.persist()?;
         if let Some(reason) = &w.failed {
             // Leave the abort marker: the next open must run the full check and re-dispatch
@@ -298,11 +334,18 @@ impl MessageStore {
         inner.commit_log.seal()?;
         inner.flush_logics()?;
         let end = inner.commit_log.write_pos();
+        let replicated = inner.config.replicated;
+        let logics = if replicated {
+            inner.dispatched.load(Ordering::Acquire)
+        } else {
+            end
+        };
         let cp = Checkpoint {
             commit_log_flushed: end,
-            logics_flushed: end,
+            logics_flushed: logics,
             clean_end: Some(end),
             queues: Some(inner.queues.max_offsets()),
+            confirmed: replicated.then_some(logics),
         };
         inner.checkpoints.write(&cp)?;
         inner.checkpoints.mark_clean()
@@ -355,13 +398,19 @@ impl Inner {
 
     /// Flushes consume queues and index, then records in the checkpoint the commit log
     /// offset below which they are durable.
-    fn flush_logics(&self) -> Result<()> {
+    pub(crate) fn flush_logics(&self) -> Result<()> {
         self.checkpoints.flush_logics(
             &self.dispatched,
             &self.queues,
             &self.index,
             &self.commit_log,
+            self.config.replicated,
         )
+    }
+
+    /// The checkpoints of the data directory.
+    pub(crate) fn checkpoints(&self) -> &Checkpoints {
+        &self.checkpoints
     }
 
     fn delete_expired(&self, now_ms: i64) -> Result<RetentionReport> {
@@ -371,6 +420,8 @@ impl Inner {
             &self.index,
             self.config.retention,
             now_ms,
+            // Never a segment holding records that wait for their dispatch.
+            self.dispatched.load(Ordering::Acquire),
         )
     }
 
