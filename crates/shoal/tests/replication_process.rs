@@ -1,10 +1,11 @@
 //! A replicated broker group as separate `shoal` processes on 127.0.0.1 (ports chosen at run
 //! time): one name server, one controller voter, three brokers of `broker-a` with
-//! `--controller`. A producer sends every 10 ms and a consumer group reads; the master is
-//! SIGKILLed; the controller elects an in-sync replica, which registers as brokerId 0; sends
-//! go on to it and every acknowledged message is consumed, the ones the dead master
-//! acknowledged included, before that broker is restarted. The restarted broker rejoins as a
-//! replica.
+//! `--controller`, each reaching the controller through a TCP proxy the test controls. A
+//! producer sends every 10 ms and a consumer group reads; then the master fails: SIGKILLed,
+//! frozen (SIGSTOP, then SIGCONT) or cut off from the controller. The controller elects an
+//! in-sync replica, which registers as brokerId 0; sends go on to it, and every acknowledged
+//! message is consumed (the ones the old master acknowledged included) while the old master is
+//! still down, frozen or cut off. The old master then rejoins the in-sync set as a replica.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -19,6 +20,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use support::cluster::{Cluster, SteadyProducer, TrackedGroup};
+use support::proxy::Proxy;
 use support::{free_port, log_sink, shoal, Proc};
 
 const LIMIT: Duration = Duration::from_secs(60);
@@ -30,6 +32,8 @@ struct Replicas {
     controller_addr: String,
     _controller: Proc,
     brokers: Vec<(String, PathBuf, Option<Proc>)>,
+    /// Each broker's link to the controller.
+    links: Vec<Proxy>,
 }
 
 impl Replicas {
@@ -54,6 +58,7 @@ impl Replicas {
                     )
                 })
                 .collect(),
+            links: (0..3).map(|_| Proxy::start(&controller_addr)).collect(),
             cluster,
             controller_addr,
             _controller: Proc { child },
@@ -75,7 +80,7 @@ impl Replicas {
                 &self.cluster.dev.namesrv,
             ])
             .args(["--data-dir", dir.to_str().unwrap(), "--broker-name", GROUP])
-            .args(["--controller", &self.controller_addr, "--flush", "sync"])
+            .args(["--controller", &self.links[i].addr, "--flush", "sync"])
             .arg("--auto-create-topic")
             .stdout(Stdio::null())
             .stderr(log_sink(&format!("replica-{i}")))
@@ -122,8 +127,30 @@ fn in_sync_len(g: &Value) -> usize {
     g["inSync"].as_array().map_or(0, Vec::len)
 }
 
+/// How the master fails.
+#[derive(Debug, Clone, Copy)]
+enum Fault {
+    Kill,
+    Freeze,
+    CutFromController,
+}
+
 #[test]
 fn the_masters_death_loses_no_acknowledged_message() {
+    scenario(Fault::Kill);
+}
+
+#[test]
+fn a_frozen_master_is_replaced_and_rejoins() {
+    scenario(Fault::Freeze);
+}
+
+#[test]
+fn a_master_cut_off_from_the_controller_stops_and_is_replaced() {
+    scenario(Fault::CutFromController);
+}
+
+fn scenario(fault: Fault) {
     let mut r = Replicas::start();
     let g = r.wait_group("no master with three in sync", |g| {
         g["master"].is_u64() && in_sync_len(g) == 3
@@ -150,9 +177,16 @@ fn the_masters_death_loses_no_acknowledged_message() {
         std::thread::sleep(Duration::from_millis(50));
     }
 
-    // The master dies.
+    // The master fails.
     let killed_at = Instant::now();
-    r.brokers[master].2.as_mut().unwrap().sigkill();
+    let pid = r.brokers[master].2.as_ref().unwrap().child.id().to_string();
+    match fault {
+        Fault::Kill => r.brokers[master].2.as_mut().unwrap().sigkill(),
+        Fault::Freeze => {
+            Command::new("kill").args(["-STOP", &pid]).status().unwrap();
+        }
+        Fault::CutFromController => r.links[master].cut(),
+    }
     let g = r.wait_group("no new master elected", |g| {
         g["masterEpoch"].as_u64().unwrap_or(0) > epoch && g["master"].is_u64()
     });
@@ -204,12 +238,18 @@ fn the_masters_death_loses_no_acknowledged_message() {
         std::thread::sleep(Duration::from_millis(200));
     }
     eprintln!(
-        "replicated failover: {} acknowledged, {failed} sends failed, new master elected after {elected:?}, first send acknowledged {resumed:?} after the kill",
+        "replicated failover ({fault:?}): {} acknowledged, {failed} sends failed, new master elected after {elected:?}, first send acknowledged {resumed:?} after the fault",
         acked.len()
     );
 
     // The old master comes back as a replica and rejoins the in-sync set.
-    r.start_broker(master);
+    match fault {
+        Fault::Kill => r.start_broker(master),
+        Fault::Freeze => {
+            Command::new("kill").args(["-CONT", &pid]).status().unwrap();
+        }
+        Fault::CutFromController => r.links[master].heal(),
+    }
     r.wait_group("the old master did not rejoin the in-sync set", |g| {
         in_sync_len(g) == 3
     });

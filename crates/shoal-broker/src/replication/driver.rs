@@ -377,6 +377,7 @@ impl Driver {
         match self.member.role() {
             Role::Master(m) if m.stepped_down().is_none() => {
                 view.role = RoleView::Master { epoch: m.epoch() };
+                view.lease_held = m.holds_lease(now);
                 let (set, epoch) = m.in_sync();
                 view.in_sync = set.iter().copied().collect();
                 view.in_sync_epoch = epoch;

@@ -72,6 +72,8 @@ pub(crate) struct ReplicationView {
     pub(crate) role: RoleView,
     /// Whether a put would be accepted now, or why not.
     pub(crate) writable: Option<String>,
+    /// On a master: whether it holds its write lease.
+    pub(crate) lease_held: bool,
     pub(crate) log_end: u64,
     pub(crate) confirmed: u64,
     /// The in-sync set (on a master).
@@ -216,12 +218,14 @@ impl Replication {
         }
     }
 
-    /// The `brokerId` to register with the name servers: 0 while master (routes name the
-    /// master as RocketMQ's do), the controller's id as a replica, none before an id.
+    /// The `brokerId` to register with the name servers: 0 while master holding its lease
+    /// (routes name the master as RocketMQ's do; a master cut off from the controller must not
+    /// take id 0 back from the one elected in its place), the controller's id otherwise, none
+    /// before an id.
     pub(crate) fn route_broker_id(&self) -> Option<i64> {
         let view = self.view.lock();
         match view.role {
-            RoleView::Master { .. } => Some(0),
+            RoleView::Master { .. } if view.lease_held => Some(0),
             _ => view.broker_id.map(|id| id as i64),
         }
     }
@@ -240,7 +244,9 @@ impl Replication {
     fn publish(&self, view: ReplicationView) {
         let changed = {
             let mut v = self.view.lock();
-            let changed = v.role != view.role || v.broker_id != view.broker_id;
+            let changed = v.role != view.role
+                || v.broker_id != view.broker_id
+                || v.lease_held != view.lease_held;
             *v = view;
             changed
         };
