@@ -98,6 +98,11 @@ impl MessageStore {
                 )),
                 e => e,
             })?;
+        if bytes.is_empty() && start < end {
+            return Err(StoreError::InvalidArgument(format!(
+                "commit log offset {start} is not a record boundary (nothing starts there)"
+            )));
+        }
         // The first unit's own position field, when it is a record.
         if bytes.len() > END_OF_SEGMENT_MIN_BLANK as usize {
             let view = RecordView::parse(&bytes)?;
