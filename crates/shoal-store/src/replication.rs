@@ -564,3 +564,118 @@ impl Inner {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::MemBackend;
+    use crate::types::MessageExtBrokerInner;
+    use std::path::PathBuf;
+    use std::sync::Arc;
+
+    fn store(replicated: bool) -> MessageStore {
+        let be = MemBackend::new();
+        let mut c = crate::StoreConfig::new(PathBuf::from("/data"));
+        c.backend = Arc::new(be);
+        c.commit_log_segment_size = 4096;
+        c.max_message_size = 2048;
+        c.background_threads = false;
+        c.replicated = replicated;
+        MessageStore::open(c).unwrap().0
+    }
+
+    fn msg(i: usize) -> MessageExtBrokerInner {
+        MessageExtBrokerInner {
+            topic: "T".into(),
+            queue_id: (i % 2) as i32,
+            flag: 0,
+            sys_flag: 0,
+            born_timestamp: 1,
+            born_host: "127.0.0.1:1".parse().unwrap(),
+            reconsume_times: 0,
+            prepared_transaction_offset: 0,
+            body: bytes::Bytes::from(vec![b'a' + (i % 26) as u8; 300 + i]),
+            properties: format!("KEYS\u{1}k{i}\u{2}"),
+            known: None,
+        }
+    }
+
+    #[test]
+    fn unit_headers() {
+        let blank = |size: u32| {
+            let mut h = size.to_be_bytes().to_vec();
+            h.extend_from_slice(&BLANK_MAGIC_CODE.to_be_bytes());
+            h
+        };
+        assert!(matches!(unit_at(&blank(100), 3996, 100), Ok(Unit::Blank)));
+        assert!(unit_at(&blank(100), 3996, 108).is_err());
+        assert!(unit_at(&blank(100)[..6], 3996, 100).is_err());
+        let mut rec = 200u32.to_be_bytes().to_vec();
+        rec.extend_from_slice(&MessageVersion::V1.magic_code().to_be_bytes());
+        assert!(matches!(unit_at(&rec, 0, 4096), Ok(Unit::Record(200))));
+        // A record must leave room for a blank marker after it.
+        assert!(unit_at(&rec, 3896, 200).is_err());
+        assert!(unit_at(&rec, 3888, 208).is_ok());
+        let mut small = 20u32.to_be_bytes().to_vec();
+        small.extend_from_slice(&MessageVersion::V1.magic_code().to_be_bytes());
+        assert!(unit_at(&small, 0, 4096).is_err());
+        assert!(unit_at(&[0u8; 8], 0, 4096).is_err());
+    }
+
+    #[test]
+    fn read_units_gives_whole_records_inside_one_segment() {
+        let s = store(true);
+        let mut ends = Vec::new();
+        for i in 0..30 {
+            let r = s.put_message(&msg(i)).unwrap();
+            ends.push(r.messages[0].physical_offset + u64::from(r.messages[0].size));
+        }
+        let inner = &*s.inner;
+        let end = inner.commit_log.write_pos();
+        // At least one record even when asked for one byte.
+        let one = inner.read_units(0, end, 1).unwrap();
+        assert_eq!(one.len() as u64, ends[0]);
+        // Never past the limit, only whole records.
+        let some = inner.read_units(0, ends[3] + 10, 1 << 20).unwrap();
+        assert_eq!(some.len() as u64, ends[3]);
+        // The first segment ends with its blank marker (8 bytes, the last unit).
+        let first_seg = inner.read_units(0, end, 1 << 20).unwrap();
+        let n = first_seg.len();
+        assert_eq!(
+            u32::from_be_bytes(first_seg[n - 4..].try_into().unwrap()),
+            BLANK_MAGIC_CODE
+        );
+        let marker_at = (n - 8) as u64;
+        assert!(ends.contains(&marker_at));
+        // The marker alone; nothing but the marker is a unit there.
+        assert_eq!(inner.read_units(marker_at, end, 1).unwrap().len(), 8);
+        // A limit inside the marker's segment tail: the marker is not whole below it.
+        assert!(inner.read_units(marker_at, 4000, 100).unwrap().is_empty());
+        // Not a boundary.
+        assert!(inner.read_units(5, end, 100).is_err());
+        // Dispatch of the confirmed part only; arrivals only for dispatched records.
+        s.set_confirmed(ends[9] + 1);
+        assert_eq!(s.dispatched_offset(), ends[9]);
+        assert_eq!(s.max_offset("T", 0) + s.max_offset("T", 1), 10);
+        s.set_confirmed(u64::MAX);
+        assert_eq!(s.dispatched_offset(), end);
+        assert_eq!(s.max_offset("T", 0) + s.max_offset("T", 1), 30);
+        assert_eq!(s.query_by_key("T", "k29", 10, 0, i64::MAX).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn unreplicated_store_dispatches_replicated_appends_at_once() {
+        let (m, r) = (store(false), store(false));
+        for i in 0..12 {
+            m.put_message(&msg(i)).unwrap();
+        }
+        let bytes = m.read_log(0, 1 << 20).unwrap();
+        let end = r.append_replicated(0, &bytes).unwrap();
+        // Up to the end of the first segment (its blank marker is the last unit).
+        assert_eq!(end, 4096);
+        assert_eq!(r.confirmed(), end);
+        assert!(r.max_offset("T", 0) > 0);
+        let next = r.put_message(&msg(0)).unwrap();
+        assert_eq!(next.messages[0].queue_offset, m.max_offset("T", 0));
+    }
+}
