@@ -675,6 +675,12 @@ mod tests {
         assert_eq!(end, 4096);
         assert_eq!(r.confirmed(), end);
         assert!(r.max_offset("T", 0) > 0);
+        while r.commit_log_max_offset() < m.commit_log_max_offset() {
+            let at = r.commit_log_max_offset();
+            r.append_replicated(at, &m.read_log(at, 1 << 20).unwrap())
+                .unwrap();
+        }
+        assert_eq!(r.max_offset("T", 0), m.max_offset("T", 0));
         let next = r.put_message(&msg(0)).unwrap();
         assert_eq!(next.messages[0].queue_offset, m.max_offset("T", 0));
     }
