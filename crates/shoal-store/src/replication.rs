@@ -365,7 +365,9 @@ impl Inner {
             path: seg.path.clone(),
             reason,
         };
-        let want = (max_bytes as u64).max(END_OF_SEGMENT_MIN_BLANK).min(hard - start);
+        let want = (max_bytes as u64)
+            .max(END_OF_SEGMENT_MIN_BLANK)
+            .min(hard - start);
         let mut buf = cl.read(start, want as usize)?;
         let mut at = 0usize;
         loop {
@@ -660,7 +662,10 @@ mod tests {
         s.set_confirmed(u64::MAX);
         assert_eq!(s.dispatched_offset(), end);
         assert_eq!(s.max_offset("T", 0) + s.max_offset("T", 1), 30);
-        assert_eq!(s.query_by_key("T", "k29", 10, 0, i64::MAX).unwrap().len(), 1);
+        assert_eq!(
+            s.query_by_key("T", "k29", 10, 0, i64::MAX).unwrap().len(),
+            1
+        );
     }
 
     #[test]

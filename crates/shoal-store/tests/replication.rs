@@ -228,7 +228,11 @@ fn truncate_log_cuts_dispatched_and_waiting_records_and_appends_go_on() {
         let (master, replica) = (open(&mbe), open(&rbe));
         let ends = put_range(&master, 0, 50);
         ship(&master, &replica, &[900]);
-        let c = if confirm_at == 0 { 0 } else { ends[confirm_at - 1] };
+        let c = if confirm_at == 0 {
+            0
+        } else {
+            ends[confirm_at - 1]
+        };
         let t = ends[cut_at - 1];
         for s in [&master, &replica] {
             s.set_confirmed(c);
@@ -494,7 +498,8 @@ fn concurrent_puts_and_confirmations_make_every_record_arrive_once_in_order() {
     use std::sync::Mutex;
     let be = MemBackend::new();
     let s = Arc::new(open(&be));
-    let seen: Arc<Mutex<BTreeMap<(String, i32), Vec<u64>>>> = Arc::default();
+    type Arrived = BTreeMap<(String, i32), Vec<u64>>;
+    let seen: Arc<Mutex<Arrived>> = Arc::default();
     let sink = seen.clone();
     s.add_arrival_listener(Arc::new(move |a| {
         sink.lock()
