@@ -224,8 +224,11 @@ impl MessageStore {
     /// past the write position or not at a record boundary.
     pub fn truncate_log(&self, end: u64) -> Result<()> {
         let inner = &*self.inner;
-        let _w = inner.lock_writer();
+        let mut w = inner.lock_writer();
         let _d = inner.dispatch_lock.lock();
+        if let Some(reason) = &w.failed {
+            return Err(StoreError::WriteFailed(reason.clone()));
+        }
         let min = inner.commit_log.min_offset();
         let write_pos = inner.commit_log.write_pos();
         if end < min {
@@ -263,17 +266,23 @@ impl MessageStore {
         inner
             .checkpoints()
             .lower(&inner.dispatched, end, inner.commit_log.flushed())?;
-        for cq in inner.queues.all() {
-            cq.truncate_phys(end)?;
-            cq.clear_assigned();
-        }
-        inner.index.truncate(end)?;
-        inner.commit_log.truncate_to(end)?;
-        inner.corrupt.forget_from(end);
-        // The records still waiting for their dispatch number their queues again.
-        let from = inner.dispatched.load(Ordering::Acquire);
-        inner.note_waiting(from, end)?;
-        Ok(())
+        let cut = || -> Result<()> {
+            for cq in inner.queues.all() {
+                cq.truncate_phys(end)?;
+                cq.clear_assigned();
+            }
+            inner.index.truncate(end)?;
+            inner.commit_log.truncate_to(end)?;
+            inner.corrupt.forget_from(end);
+            // The records still waiting for their dispatch number their queues again.
+            let from = inner.dispatched.load(Ordering::Acquire);
+            inner.note_waiting(from, end)
+        };
+        cut().inspect_err(|e| {
+            // Half cut: nothing more is appended until a reopen recovers (and cuts again).
+            w.failed = Some(format!("truncation of the log at {end} failed: {e}"));
+            inner.write_failed.store(true, Ordering::Release);
+        })
     }
 
     /// A replica too far behind its master: empties the commit log, the consume queues and
@@ -290,19 +299,28 @@ impl MessageStore {
                 "the log can restart only at a segment start, not at {base}"
             )));
         }
-        let _w = inner.lock_writer();
+        let mut w = inner.lock_writer();
         let _d = inner.dispatch_lock.lock();
+        if let Some(reason) = &w.failed {
+            return Err(StoreError::WriteFailed(reason.clone()));
+        }
         // Nothing of the old log stays visible after a crash from here on.
         inner.dispatched.store(base, Ordering::Release);
         inner.confirmed.store(base, Ordering::Release);
         inner.checkpoints().lower(&inner.dispatched, base, base)?;
-        for topic in inner.queues.topics() {
-            inner.queues.remove_topic(&topic)?;
-        }
-        inner.index.clear()?;
-        inner.commit_log.reset_to(base)?;
-        inner.corrupt.forget_from(0);
-        Ok(())
+        let reset = || -> Result<()> {
+            for topic in inner.queues.topics() {
+                inner.queues.remove_topic(&topic)?;
+            }
+            inner.index.clear()?;
+            inner.commit_log.reset_to(base)?;
+            inner.corrupt.forget_from(0);
+            Ok(())
+        };
+        reset().inspect_err(|e| {
+            w.failed = Some(format!("restarting the log at {base} failed: {e}"));
+            inner.write_failed.store(true, Ordering::Release);
+        })
     }
 
     /// Replicated stores: records ending at or below `offset` become visible (dispatched,

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use common::*;
 use proptest::prelude::*;
-use shoal_store::backend::{Backend, MemBackend};
+use shoal_store::backend::{Backend, Faults, MemBackend};
 use shoal_store::{
     FlushMode, GetMessageStatus, MessageExtBrokerInner, MessageStore, StoreConfig, StoreError,
 };
@@ -544,6 +544,41 @@ fn concurrent_puts_and_confirmations_make_every_record_arrive_once_in_order() {
     }
     assert_eq!(total, 300);
     assert_eq!(read_all(&s).values().map(Vec::len).sum::<usize>(), 300);
+}
+
+#[test]
+fn a_replicated_append_that_cannot_be_made_durable_stops_the_store_until_reopened() {
+    let (mbe, rbe) = (MemBackend::new(), MemBackend::new());
+    let (master, replica) = (open(&mbe), open(&rbe));
+    put_range(&master, 0, 20);
+    let first = master.read_log(0, 2000).unwrap();
+    let end = replica.append_replicated(0, &first).unwrap();
+    rbe.set_faults(Faults {
+        fail_sync: true,
+        ..Faults::default()
+    });
+    let next = master.read_log(end, 2000).unwrap();
+    assert!(replica.append_replicated(end, &next).is_err());
+    rbe.set_faults(Faults::default());
+    let after = replica.commit_log_max_offset();
+    assert!(matches!(
+        replica.append_replicated(after, &master.read_log(after, 2000).unwrap()),
+        Err(StoreError::WriteFailed(_))
+    ));
+    assert!(matches!(
+        replica.truncate_log(end),
+        Err(StoreError::WriteFailed(_))
+    ));
+    // Reopened (the process restarts): the durable part is there, shipping goes on.
+    let image = rbe.crash_image(0);
+    replica.abandon();
+    let replica = open(&image);
+    assert_eq!(replica.commit_log_max_offset(), end);
+    ship(&master, &replica, &[1000]);
+    let e = master.commit_log_max_offset();
+    master.set_confirmed(e);
+    replica.set_confirmed(e);
+    assert!(visible(&master) == visible(&replica));
 }
 
 #[test]
