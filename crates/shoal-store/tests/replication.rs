@@ -582,6 +582,25 @@ fn a_replicated_append_that_cannot_be_made_durable_stops_the_store_until_reopene
 }
 
 #[test]
+fn a_replicated_store_reopened_unreplicated_shows_its_waiting_records() {
+    let be = MemBackend::new();
+    let s = open(&be);
+    let ends = put_range(&s, 0, 30);
+    s.set_confirmed(ends[9]);
+    drop(s);
+    let (s, _) = MessageStore::open(mem_config(&be, FlushMode::Async)).unwrap();
+    assert_eq!(read_all(&s).values().map(Vec::len).sum::<usize>(), 30);
+    let m = nth(0);
+    let want = (0..30).filter(|i| i % 3 == 0 && i / 3 % 2 == 0).count() as u64;
+    assert_eq!(s.put_message(&m).unwrap().messages[0].queue_offset, want);
+    // And back: an unreplicated checkpoint means everything was visible.
+    drop(s);
+    let s = open(&be);
+    assert_eq!(s.confirmed(), s.commit_log_max_offset());
+    assert_eq!(read_all(&s).values().map(Vec::len).sum::<usize>(), 31);
+}
+
+#[test]
 fn unreplicated_store_ignores_set_confirmed() {
     let be = MemBackend::new();
     let (s, _) = MessageStore::open(mem_config(&be, FlushMode::Async)).unwrap();
