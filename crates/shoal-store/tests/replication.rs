@@ -625,6 +625,9 @@ enum Op {
     Confirm,
     /// Both cut at the n-th known record boundary from the end (among those still there).
     Truncate(usize),
+    /// The master (true) or the replica restarts: cleanly, or killed (every write kept, no
+    /// shutdown: recovery runs).
+    Restart(bool, bool),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -633,6 +636,7 @@ fn op() -> impl Strategy<Value = Op> {
         4 => (1..6000usize).prop_map(Op::Ship),
         2 => Just(Op::Confirm),
         1 => (0..8usize).prop_map(Op::Truncate),
+        1 => (any::<bool>(), any::<bool>()).prop_map(|(m, k)| Op::Restart(m, k)),
     ]
 }
 
@@ -641,8 +645,8 @@ proptest! {
 
     #[test]
     fn replica_stays_identical_to_master(ops in proptest::collection::vec(op(), 1..40)) {
-        let (mbe, rbe) = (MemBackend::new(), MemBackend::new());
-        let (master, replica) = (open(&mbe), open(&rbe));
+        let (mut mbe, mut rbe) = (MemBackend::new(), MemBackend::new());
+        let (mut master, mut replica) = (open(&mbe), open(&rbe));
         // Record boundaries of the master's log (ends of its records).
         let mut bounds: Vec<u64> = Vec::new();
         for op in ops {
@@ -663,6 +667,24 @@ proptest! {
                     let c = replica.commit_log_max_offset();
                     master.set_confirmed(c);
                     replica.set_confirmed(c);
+                }
+                Op::Restart(which, killed) => {
+                    let (store, be) = if which {
+                        (&mut master, &mut mbe)
+                    } else {
+                        (&mut replica, &mut rbe)
+                    };
+                    let confirmed = store.confirmed();
+                    let old = std::mem::replace(store, open(&MemBackend::new()));
+                    if killed {
+                        *be = be.crash_image(be.unsynced_bytes());
+                        old.abandon();
+                    } else {
+                        drop(old);
+                    }
+                    *store = open(be);
+                    // What was confirmed and persisted, at most.
+                    prop_assert!(store.confirmed() <= confirmed.min(store.commit_log_max_offset()));
                 }
                 Op::Truncate(back) => {
                     let limit = replica.commit_log_max_offset();
