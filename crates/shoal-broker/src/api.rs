@@ -88,6 +88,40 @@ impl BrokerApi {
         self.b.store.clone()
     }
 
+    /// In a replicated group: whether a write may be appended now (only on the master).
+    /// Unreplicated brokers always may.
+    pub fn check_replicated_write(&self) -> Result<(), shoal_ha::replication::WriteRefusal> {
+        match self.b.replication.get() {
+            Some(r) => r.check_writable(),
+            None => Ok(()),
+        }
+    }
+
+    /// In a replicated group: resolves once the write that ended the commit log at `end` is
+    /// acknowledged (by the in-sync set, or the master under `ack = "master"`), or with why
+    /// not. Unreplicated brokers resolve at once.
+    pub fn replicated_write(
+        &self,
+        end: u64,
+    ) -> impl std::future::Future<Output = Result<(), shoal_ha::replication::WriteRefusal>>
+           + Send
+           + 'static {
+        let r = self.b.replication.get().cloned();
+        async move {
+            match r {
+                Some(r) => r.acknowledged(end).await,
+                None => Ok(()),
+            }
+        }
+    }
+
+    /// The replication view of this broker (role, epochs, in-sync set, offsets), when it
+    /// replicates.
+    pub fn replication_status(&self) -> Option<serde_json::Value> {
+        let view = self.b.replication.get()?.view();
+        serde_json::to_value(view).ok()
+    }
+
     /// The metrics registry served at `/metrics` (a listener adds its collector to it).
     pub fn metrics(&self) -> Arc<shoal_metrics::Metrics> {
         self.b.metrics.registry.clone()

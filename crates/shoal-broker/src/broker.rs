@@ -53,6 +53,9 @@ pub enum BrokerError {
     /// be read, a key that does not fit.
     #[error("broker {0}")]
     Tls(shoal_net::NetError),
+    /// Replication (`[replication]`) could not start: its member file or the store refused.
+    #[error("replication: {0}")]
+    Replication(String),
 }
 
 /// A running broker.
@@ -113,20 +116,53 @@ impl Broker {
                 return Err(e);
             }
         };
+        let mut tasks = Vec::new();
+        if shared.config.replication.enabled() {
+            let started = crate::replication::start(
+                &shared.config.replication,
+                &shared.config.broker_name,
+                shared.config.announce_addr(),
+                &shared.config.data_dir,
+                shared.store.clone(),
+                shared
+                    .config
+                    .tls
+                    .namesrv_client_tls()
+                    .map_err(BrokerError::Tls)?,
+            );
+            match started {
+                Ok((replication, task)) => {
+                    let _ = shared.replication.set(replication);
+                    tasks.push(task);
+                }
+                Err(e) => {
+                    server.shutdown().await;
+                    return Err(BrokerError::Replication(e.to_string()));
+                }
+            }
+        }
         late.set(Arc::new(BrokerProcessor::new(shared.clone())));
         info!(addr = %server.local_addr(), broker = %shared.config.broker_name, "broker listening");
 
-        let mut tasks = vec![
+        tasks.extend([
             tokio::spawn(housekeeping_loop(shared.clone())),
             tokio::spawn(group_timer_loop(shared.clone())),
             tokio::spawn(timeline_loop(shared.clone())),
             tokio::spawn(crate::route_notices::route_notice_loop(shared.clone())),
-        ];
+        ]);
         tasks.extend(crate::schedule::start(shared.clone()));
         tasks.push(crate::transaction::service::start(shared.clone()));
         tasks.push(crate::pop::revive::start(shared.clone()));
+        if let Some(r) = shared.replication.get() {
+            tasks.push(crate::replication::start_metadata(
+                shared.clone(),
+                r.clone(),
+            ));
+        }
         let registered = shared.register_all().await;
-        let everywhere = registered == shared.namesrv.count();
+        // A replica without a broker id yet registers once the controller gives it one (its
+        // role change wakes the registration).
+        let everywhere = registered == shared.namesrv.count() || shared.route_broker_id().is_none();
         if !everywhere {
             warn!(
                 accepted = registered,
@@ -209,6 +245,8 @@ pub(crate) async fn open_store(
     store_cfg.max_message_size = config.max_message_bytes + 64 * 1024;
     store_cfg.offsets_persist_interval = Duration::from_millis(config.offset_flush_interval_ms);
     store_cfg.store_host = store_host;
+    // A replica of a group: consumers see nothing above the confirmed offset.
+    store_cfg.replicated = config.replication.enabled();
     store_cfg.check_crc_on_read = config.check_crc_on_read;
     store_cfg.corrupt_record_policy = match config.corrupt_record_policy {
         crate::config::CorruptRecordPolicy::Skip => shoal_store::CorruptRecordPolicy::Skip,
@@ -398,9 +436,16 @@ async fn register_loop(b: Arc<Shared>, mut everywhere: bool) {
     let mut retry = REGISTER_RETRY_MIN.min(interval);
     loop {
         let wait = if everywhere { interval } else { retry };
+        let role_changed = async {
+            match b.replication.get() {
+                Some(r) => r.role_changed().await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
             _ = b.topics.changed() => {}
+            _ = role_changed => {}
         }
         everywhere = b.register_all().await == b.namesrv.count();
         retry = if everywhere {

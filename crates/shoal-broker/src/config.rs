@@ -22,7 +22,9 @@ pub struct BrokerConfig {
     pub broker_name: String,
     /// Cluster name (`brokerClusterName`).
     pub cluster_name: String,
-    /// Broker id: 0 = master (Shoal runs masters only).
+    /// Broker id registered with the name servers: 0 = master. A replicated broker
+    /// (`[replication]`) ignores it: it registers as 0 while master, and as the id its
+    /// controller gave it while a replica.
     pub broker_id: i64,
     /// Address to listen on.
     pub listen_addr: String,
@@ -167,6 +169,9 @@ pub struct BrokerConfig {
     /// broker itself does not use it.
     #[serde(skip_serializing_if = "toml::Table::is_empty")]
     pub kafka: toml::Table,
+    /// Replication of the broker's group (`[replication]` table; docs/ha.md): off unless
+    /// `controller_addrs` names the controller.
+    pub replication: crate::replication::ReplicationSettings,
 }
 
 /// The HTTP port (`[http]` in the broker's TOML file). Sign-in is required when ACL is on or a
@@ -518,6 +523,7 @@ impl Default for BrokerConfig {
             tls: TlsSettings::default(),
             http: HttpSettings::default(),
             kafka: toml::Table::new(),
+            replication: Default::default(),
         }
     }
 }
@@ -639,6 +645,7 @@ impl BrokerConfig {
         self.net.validate()?;
         self.tls.validate()?;
         self.http.validate(self)?;
+        self.replication.validate()?;
         Ok(())
     }
 

@@ -39,6 +39,7 @@ mod persist;
 mod pop;
 mod processor;
 mod pull;
+mod replication;
 mod reply;
 mod retry;
 mod route_notices;
@@ -68,5 +69,6 @@ pub use messaging::{
 pub use metrics::{BrokerMetrics, TopicTraffic};
 pub use persist::PersistError;
 pub use pop::{PopConsumerView, PopGroupView, PopQueueView};
+pub use replication::{AckSetting, ReplicationSettings};
 pub use timeline::{Move, ObservedRebalance, Outcome};
 pub use topic::TopicError;

@@ -139,6 +139,13 @@ impl BrokerProcessor {
                 req,
             ),
             crc::GROUP_HISTORY => crate::coordinated::history(&b.group_ctx(), req),
+            code if crate::replication::is_peer_code(code) => match b.replication.get() {
+                Some(r) => {
+                    r.deliver(req);
+                    Ok(None)
+                }
+                None => return None,
+            },
             _ => return None,
         })
     }

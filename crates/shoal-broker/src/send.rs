@@ -25,7 +25,8 @@ const V3_4_9: i32 = 121;
 
 /// System topics a client may not send to (RocketMQ's `TopicValidator` "not allowed send"
 /// set): the broker writes them itself (delay levels, transaction half and op messages).
-pub(crate) const NOT_ALLOWED_SEND_TOPICS: [&str; 6] = [
+pub(crate) const NOT_ALLOWED_SEND_TOPICS: [&str; 7] = [
+    crate::replication::METADATA_TOPIC,
     "SCHEDULE_TOPIC_XXXX",
     "RMQ_SYS_TRANS_HALF_TOPIC",
     "RMQ_SYS_TRANS_OP_HALF_TOPIC",
@@ -133,12 +134,23 @@ pub(crate) async fn put(
     b: &std::sync::Arc<Shared>,
     msgs: Vec<MessageExtBrokerInner>,
 ) -> Result<PutMessageResult, Reject> {
+    let replication = b.replication.get();
+    if let Some(r) = replication {
+        r.check_writable()
+            .map_err(crate::replication::refusal_reject)?;
+    }
     let admitted = Admitted::new(b, &msgs)?;
     // Queued for the store's appender: encoded here, appended together with every other send
     // waiting at that moment (one write), completed without a thread hop.
     let start = std::time::Instant::now();
     let r = b.store.submit(msgs).await.map_err(store_reject)?;
     b.metrics.store_append.observe(start.elapsed());
+    if let (Some(repl), Some(last)) = (replication, r.messages.last()) {
+        // Answered once the in-sync set has it (or refused: the bytes stay, unacknowledged).
+        repl.acknowledged(last.physical_offset + u64::from(last.size))
+            .await
+            .map_err(crate::replication::refusal_reject)?;
+    }
     admitted.stored(b);
     Ok(r)
 }

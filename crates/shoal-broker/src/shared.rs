@@ -86,6 +86,9 @@ pub(crate) struct Shared {
     /// Where transaction checks go when no remoting producer of the group is connected (a
     /// protocol front end's producers); set once by whoever starts the front end.
     pub(crate) transaction_checker: OnceLock<crate::transaction::front::TransactionChecker>,
+    /// Replication of the broker's group, when `[replication]` names a controller; set once
+    /// at start, before requests are served.
+    pub(crate) replication: OnceLock<Arc<crate::replication::Replication>>,
     /// Serializes writes of the config tables.
     persist_lock: Mutex<()>,
 }
@@ -139,6 +142,7 @@ impl Shared {
             schedule_wakeup: Notify::new(),
             listener_groups: OnceLock::new(),
             transaction_checker: OnceLock::new(),
+            replication: OnceLock::new(),
             persist_lock: Mutex::new(()),
         }
     }
@@ -253,8 +257,17 @@ impl Shared {
         Ok(())
     }
 
-    /// Builds a REGISTER_BROKER request carrying the whole topic table.
-    pub(crate) fn register_request(&self) -> RemotingCommand {
+    /// The `brokerId` this broker registers as: the configured one, or, in a replicated
+    /// group, 0 while master and the controller's id while a replica (none before it has one).
+    pub(crate) fn route_broker_id(&self) -> Option<i64> {
+        match self.replication.get() {
+            Some(r) => r.route_broker_id(),
+            None => Some(self.config.broker_id),
+        }
+    }
+
+    /// Builds a REGISTER_BROKER request carrying the whole topic table, as `broker_id`.
+    pub(crate) fn register_request(&self, broker_id: i64) -> RemotingCommand {
         let body = RegisterBrokerBody {
             filter_server_list: Vec::new(),
             topic_config_serialize_wrapper: self.topics.wrapper(),
@@ -265,7 +278,7 @@ impl Shared {
             broker_addr: self.config.announce_addr().to_string(),
             cluster_name: self.config.cluster_name.clone(),
             ha_server_addr: self.config.announce_addr().to_string(),
-            broker_id: self.config.broker_id,
+            broker_id,
             heartbeat_timeout_millis: Some(120_000),
             enable_acting_master: Some(false),
             compressed: false,
@@ -277,8 +290,12 @@ impl Shared {
 
     /// Registers with every name server in parallel; returns how many accepted.
     pub(crate) async fn register_all(&self) -> usize {
+        let Some(id) = self.route_broker_id() else {
+            // A replica without an id yet is in no route.
+            return 0;
+        };
         self.namesrv
-            .to_all(self.register_request(), "registration")
+            .to_all(self.register_request(id), "registration")
             .await
     }
 
@@ -288,7 +305,7 @@ impl Shared {
             broker_name: self.config.broker_name.clone(),
             broker_addr: self.config.announce_addr().to_string(),
             cluster_name: self.config.cluster_name.clone(),
-            broker_id: self.config.broker_id,
+            broker_id: self.route_broker_id().unwrap_or(self.config.broker_id),
             ..Default::default()
         };
         let req = RemotingCommand::request_with_header(rc::UNREGISTER_BROKER, &header);

@@ -36,12 +36,38 @@ pub struct WaitPosition {
     pub offset: u64,
 }
 
+/// Why a replicated broker group did not take a produce (the Kafka error each maps to).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplicaRefusal {
+    /// This broker is not the group's master, or its lease lapsed
+    /// (NOT_LEADER_OR_FOLLOWER: the client refreshes its metadata).
+    NotLeader,
+    /// The in-sync set is below `min_insync_replicas` (NOT_ENOUGH_REPLICAS).
+    NotEnoughReplicas,
+    /// Written, but the in-sync set did not acknowledge it in time
+    /// (NOT_ENOUGH_REPLICAS_AFTER_APPEND).
+    NotEnoughReplicasAfterAppend,
+    /// Too many writes wait for their acknowledgement (REQUEST_TIMED_OUT; the client retries).
+    Busy,
+}
+
 /// The broker services the Kafka listener uses. Implementations must be cheap to call from
 /// async code: every method except [`BrokerHandle::wait_for_messages`] takes at most a short
 /// lock.
 pub trait BrokerHandle: Send + Sync + 'static {
     /// The message store shared with the RocketMQ side.
     fn store(&self) -> Arc<MessageStore>;
+    /// In a replicated broker group: whether this broker may append a produce now (only the
+    /// master may). Unreplicated brokers always may.
+    fn check_replicated_write(&self) -> Result<(), ReplicaRefusal> {
+        Ok(())
+    }
+    /// In a replicated broker group: resolves once the write that ended the commit log at
+    /// `end` is acknowledged by the in-sync set (what `acks=all` promises), or with why not.
+    fn replicated_write(&self, end: u64) -> BoxFuture<'static, Result<(), ReplicaRefusal>> {
+        let _ = end;
+        Box::pin(async { Ok(()) })
+    }
     /// Every topic of this broker.
     fn topics(&self) -> Vec<TopicInfo>;
     /// One topic.

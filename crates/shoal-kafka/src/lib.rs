@@ -44,7 +44,7 @@ mod unsupported;
 
 pub use config::{KafkaConfig, KafkaFile};
 pub use error::KafkaError;
-pub use host::{BrokerHandle, TopicInfo, WaitPosition};
+pub use host::{BrokerHandle, ReplicaRefusal, TopicInfo, WaitPosition};
 pub use metrics::KafkaCollector;
 pub use server::KafkaServer;
 pub use state::{topic_id, Counters};

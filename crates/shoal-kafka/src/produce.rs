@@ -407,6 +407,10 @@ async fn store_idempotent(
 /// returns the first one's queue offset once they are written (fsynced under sync flush).
 async fn store(state: &State, msgs: Vec<MessageExtBrokerInner>) -> Result<i64, Outcome> {
     let count = msgs.len() as u64;
+    state
+        .host
+        .check_replicated_write()
+        .map_err(replica_outcome)?;
     let r = state.store.submit(msgs).await.map_err(|e| match e {
         shoal_store::StoreError::MessageTooLarge { size, max } => Outcome::err(
             ResponseError::MessageTooLarge,
@@ -432,6 +436,14 @@ async fn store(state: &State, msgs: Vec<MessageExtBrokerInner>) -> Result<i64, O
             ))
         }
     }
+    if let Some(last) = r.messages.last() {
+        // A replicated group: answered once the in-sync set has it (acks=all's promise).
+        state
+            .host
+            .replicated_write(last.physical_offset + u64::from(last.size))
+            .await
+            .map_err(replica_outcome)?;
+    }
     state
         .counters
         .records_produced
@@ -440,6 +452,30 @@ async fn store(state: &State, msgs: Vec<MessageExtBrokerInner>) -> Result<i64, O
         .first()
         .map(|m| m.queue_offset as i64)
         .ok_or_else(|| Outcome::err(ResponseError::KafkaStorageError, "the store stored nothing"))
+}
+
+/// A replicated group's refusal as the produce answer's error.
+fn replica_outcome(r: crate::ReplicaRefusal) -> Outcome {
+    use crate::ReplicaRefusal as R;
+    let (e, why) = match r {
+        R::NotLeader => (
+            ResponseError::NotLeaderOrFollower,
+            "this broker is not the master of its replicated group",
+        ),
+        R::NotEnoughReplicas => (
+            ResponseError::NotEnoughReplicas,
+            "in-sync replicas not enough (min_insync_replicas)",
+        ),
+        R::NotEnoughReplicasAfterAppend => (
+            ResponseError::NotEnoughReplicasAfterAppend,
+            "written, but the in-sync replicas did not acknowledge it in time",
+        ),
+        R::Busy => (
+            ResponseError::RequestTimedOut,
+            "too many writes wait for the in-sync replicas",
+        ),
+    };
+    Outcome::err(e, why)
 }
 
 /// InitProducerId for idempotent (non-transactional) producers.

@@ -19,6 +19,12 @@ pub mod request_code {
     pub const CONTROLLER_RAFT_MESSAGE: i32 = 9080;
     /// Master → controller: renew the write lease (JSON `RenewLease` request as the body).
     pub const CONTROLLER_RENEW_LEASE: i32 = 9081;
+    /// Master → replica of its group, oneway: a replication message (JSON in the `haMessage`
+    /// header field), with the commit-log bytes of a batch as the body.
+    pub const HA_TO_REPLICA: i32 = 9082;
+    /// Replica → master of its group, oneway: a handshake or an acknowledgement (JSON in the
+    /// `haMessage` header field).
+    pub const HA_TO_MASTER: i32 = 9083;
 }
 
 /// Extension response codes of the rebalance engine (9000–9009).

@@ -709,6 +709,9 @@ impl Inner {
         if self.closed.load(Ordering::Acquire) {
             return Err(StoreError::Closed);
         }
+        if self.puts_refused.load(Ordering::Acquire) {
+            return Err(StoreError::PutsRefused);
+        }
         let ts = now_ms().max(w.last_store_timestamp);
         // Lists reused from one append to the next (no allocation per append once warm).
         let mut scratch = std::mem::take(&mut w.scratch);

@@ -70,6 +70,10 @@ pub enum StoreError {
     /// The store has been shut down.
     #[error("message store is closed")]
     Closed,
+    /// A replicated store that takes no puts now: its broker is not the master of its group
+    /// ([`crate::MessageStore::set_puts_allowed`]).
+    #[error("this store takes no puts: its broker is not the master of its group")]
+    PutsRefused,
     /// Replication: a commit-log offset below the oldest one still stored (retention removed
     /// it); the caller falls back to copying whole segments from `min`.
     #[error("commit log offset {offset} is gone: the log starts at {min}")]

@@ -129,6 +129,22 @@ impl OffsetStore {
             .collect()
     }
 
+    pub(crate) fn all(&self) -> Vec<(String, String, i32, i64)> {
+        let t = self.tables.lock();
+        t.consumer
+            .iter()
+            .flat_map(|((topic, group), q)| {
+                q.iter()
+                    .map(move |(&qid, &o)| (group.clone(), topic.clone(), qid, o))
+            })
+            .collect()
+    }
+
+    pub(crate) fn delay_all(&self) -> Vec<(i32, i64)> {
+        let t = self.tables.lock();
+        t.delay.iter().map(|(&l, &o)| (l, o)).collect()
+    }
+
     pub(crate) fn groups_of_topic(&self, topic: &str) -> Vec<String> {
         let t = self.tables.lock();
         t.consumer

@@ -60,6 +60,8 @@ pub(crate) struct Inner {
     group_commit: GroupCommit,
     pub(crate) listeners: RwLock<Vec<ArrivalListener>>,
     pub(crate) closed: AtomicBool,
+    /// Puts are refused (a replica's store: only replicated appends write its log).
+    pub(crate) puts_refused: AtomicBool,
     /// Stops the background threads.
     pub(crate) stop: StopSignal,
     checkpoints: Checkpoints,
@@ -118,6 +120,7 @@ impl MessageStore {
             group_commit: GroupCommit::default(),
             listeners: RwLock::new(Vec::new()),
             closed: AtomicBool::new(false),
+            puts_refused: AtomicBool::new(false),
             stop: StopSignal::default(),
             checkpoints,
             corrupt: CorruptRecords::new(&report.corrupt_records),
@@ -161,6 +164,18 @@ impl MessageStore {
         }
     }
 
+    /// Whether puts are taken (the default) or refused with [`crate::StoreError::PutsRefused`]
+    /// (a replica's store, written only by [`MessageStore::append_replicated`]). Refusing
+    /// waits for an append in progress: once this returns, no put appends until allowed
+    /// again, and the write position is final.
+    pub fn set_puts_allowed(&self, allowed: bool) {
+        self.inner.puts_refused.store(!allowed, Ordering::Release);
+        if !allowed {
+            // Whoever holds the writer now finishes; every later append sees the flag.
+            drop(self.inner.lock_writer());
+        }
+    }
+
     /// Deletes a topic's consume queues and consumer offsets. Its records stay in the commit
     /// log until retention removes them, but are no longer reachable by queue or key.
     pub fn delete_topic(&self, topic: &str) -> Result<()> {
@@ -199,6 +214,16 @@ impl MessageStore {
     /// The committed offset of (group, topic, queue id), if any.
     pub fn query_offset(&self, group: &str, topic: &str, queue_id: i32) -> Option<i64> {
         self.inner.offsets.query(group, topic, queue_id)
+    }
+
+    /// Every committed offset as (group, topic, queue id, offset).
+    pub fn all_offsets(&self) -> Vec<(String, String, i32, i64)> {
+        self.inner.offsets.all()
+    }
+
+    /// Every delay level's progress as (level, offset).
+    pub fn all_schedule_offsets(&self) -> Vec<(i32, i64)> {
+        self.inner.offsets.delay_all()
     }
 
     /// All committed offsets of a group as (topic, queue id, offset).

@@ -277,6 +277,8 @@ pub(crate) async fn send(common: &Common, a: SendArgs) -> anyhow::Result<()> {
                 "msgId": r.msg_id, "offsetMsgId": r.offset_msg_id, "status": format!("{:?}", r.status),
                 "topic": r.message_queue.topic, "broker": r.message_queue.broker_name,
                 "queue": r.message_queue.queue_id, "queueOffset": r.queue_offset,
+                // The message number `{i}` stood for: a failed send prints no line.
+                "n": n,
             })
             .to_string()
         } else {

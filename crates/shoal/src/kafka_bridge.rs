@@ -6,7 +6,7 @@
 use futures::future::BoxFuture;
 use shoal_broker::{ApiError, BrokerApi};
 use shoal_group::coordinator::Coordinator;
-use shoal_kafka::{BrokerHandle, KafkaError, TopicInfo, WaitPosition};
+use shoal_kafka::{BrokerHandle, KafkaError, ReplicaRefusal, TopicInfo, WaitPosition};
 use shoal_proto::body::TopicConfig;
 use shoal_proto::constants::{
     is_dlq_topic, is_retry_topic, perm, AUTO_CREATE_TOPIC_KEY_TOPIC, SCHEDULE_TOPIC,
@@ -58,9 +58,31 @@ fn info(c: &TopicConfig) -> TopicInfo {
     }
 }
 
+/// A replicated group's refusal as the Kafka listener reports it.
+fn replica_refusal(r: shoal_ha::replication::WriteRefusal) -> ReplicaRefusal {
+    use shoal_ha::replication::WriteRefusal as W;
+    match r {
+        W::NotMaster | W::LeaseExpired => ReplicaRefusal::NotLeader,
+        W::InSyncReplicasNotEnough { .. } => ReplicaRefusal::NotEnoughReplicas,
+        W::Timeout => ReplicaRefusal::NotEnoughReplicasAfterAppend,
+        W::Busy => ReplicaRefusal::Busy,
+    }
+}
+
 impl BrokerHandle for BrokerBridge {
     fn store(&self) -> Arc<MessageStore> {
         self.broker.store()
+    }
+
+    fn check_replicated_write(&self) -> Result<(), ReplicaRefusal> {
+        self.broker
+            .check_replicated_write()
+            .map_err(replica_refusal)
+    }
+
+    fn replicated_write(&self, end: u64) -> BoxFuture<'static, Result<(), ReplicaRefusal>> {
+        let wait = self.broker.replicated_write(end);
+        Box::pin(async move { wait.await.map_err(replica_refusal) })
     }
 
     fn topics(&self) -> Vec<TopicInfo> {

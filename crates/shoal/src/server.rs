@@ -79,6 +79,15 @@ pub(crate) enum FlushArg {
     Sync,
 }
 
+/// When a replicated send is acknowledged, on the command line.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub(crate) enum AckArg {
+    /// After every member of the in-sync set has it.
+    InSyncSet,
+    /// After the master has it.
+    Master,
+}
+
 /// Commands about running brokers (`shoal broker status`).
 #[derive(Debug, Subcommand)]
 pub(crate) enum BrokerAction {
@@ -146,6 +155,21 @@ pub(crate) struct BrokerArgs {
     /// Also serve Kafka clients on this address (e.g. 0.0.0.0:9092); off by default.
     #[arg(long)]
     pub kafka_listen: Option<String>,
+    /// Replicate: this broker is one member of the broker group `--broker-name`, whose
+    /// controller's voters are these, separated by `;` or `,` (config key
+    /// `replication.controller_addrs`; see docs/ha.md). It registers as brokerId 0 while
+    /// master and as the id the controller gives it while a replica.
+    #[arg(long, value_name = "ADDRS")]
+    pub controller: Option<String>,
+    /// When a send to a replicated group is acknowledged: after the whole in-sync set has it
+    /// (`in-sync-set`, the default) or after the master alone (`master`); config key
+    /// `replication.ack`.
+    #[arg(long, value_enum)]
+    pub ack: Option<AckArg>,
+    /// Refuse sends while the in-sync set (the master included) is smaller than this (config
+    /// key `replication.min_insync_replicas`, default 1).
+    #[arg(long)]
+    pub min_insync_replicas: Option<usize>,
     /// `host:port` Kafka clients are told to connect to (default: the Kafka listen address).
     #[arg(long)]
     pub kafka_advertised: Option<String>,
@@ -274,6 +298,22 @@ pub(crate) fn broker_config(
     }
     if let Some(v) = &args.grpc_listen {
         cfg.grpc_listen_addr = Some(v.clone());
+    }
+    if let Some(v) = &args.controller {
+        let addrs = split_addrs(v);
+        if addrs.is_empty() {
+            bail!("--controller is empty");
+        }
+        cfg.replication.controller_addrs = addrs;
+    }
+    if let Some(v) = args.ack {
+        cfg.replication.ack = match v {
+            AckArg::InSyncSet => shoal_broker::AckSetting::InSyncSet,
+            AckArg::Master => shoal_broker::AckSetting::Master,
+        };
+    }
+    if let Some(v) = args.min_insync_replicas {
+        cfg.replication.min_insync_replicas = v;
     }
     if let Some(p) = &args.acl_file {
         cfg.acl_enabled = true;

@@ -261,11 +261,13 @@ impl SteadyProducer {
         let s = Arc::clone(&sent);
         let prefix = prefix.to_string();
         std::thread::spawn(move || {
-            for (i, line) in BufReader::new(stdout).lines().enumerate() {
+            for line in BufReader::new(stdout).lines() {
                 let Ok(line) = line else { break };
                 let Ok(v) = serde_json::from_str::<Value>(&line) else {
                     continue;
                 };
+                // The message number the body was made from (failed sends print no line).
+                let Some(i) = v["n"].as_u64() else { continue };
                 s.lock().unwrap().push(Line {
                     at: Instant::now(),
                     broker: v["broker"].as_str().unwrap_or_default().to_string(),

@@ -1,0 +1,115 @@
+//! The `[replication]` table of the broker's TOML file: whether the broker is one replica of a
+//! replicated group, where its controller is, and when a send is acknowledged.
+
+use crate::config::ConfigError;
+use serde::{Deserialize, Serialize};
+
+/// When a send to a replicated group is acknowledged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum AckSetting {
+    /// After every member of the in-sync set has the message on disk (RocketMQ's
+    /// `allAckInSyncStateSet = true`, Kafka's `acks=all`): no failover loses it.
+    #[default]
+    InSyncSet,
+    /// After the master has it: a failover may lose messages acknowledged in the last moments
+    /// before it, which the replica taking over had not received.
+    Master,
+}
+
+/// Replication of the broker's group (`[replication]`). Off while `controller_addrs` is empty:
+/// the broker is then a lone master, as without HA.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ReplicationSettings {
+    /// The controller's voters (`host:port`); the broker asks them in turn until the leader
+    /// answers. Empty: no replication.
+    pub controller_addrs: Vec<String>,
+    /// When a send is acknowledged: `in_sync_set` (default) or `master`.
+    pub ack: AckSetting,
+    /// Sends are refused (IN_SYNC_REPLICAS_NOT_ENOUGH) while the in-sync set, the master
+    /// included, is smaller (RocketMQ's `minInSyncReplicas`, 1).
+    pub min_insync_replicas: usize,
+    /// Heartbeat to the controller this often, ms (1000; the controller's session is 3 s).
+    pub heartbeat_ms: u64,
+    /// A controller call without an answer for this long has failed, ms (3000).
+    pub call_timeout_ms: u64,
+    /// Bytes of one batch shipped to a replica at most (256 KiB).
+    pub batch_max_bytes: u64,
+    /// Bytes shipped to one replica and not acknowledged at most (4 MiB).
+    pub max_inflight_bytes: u64,
+    /// An in-sync replica behind the master's log end for this long leaves the in-sync set,
+    /// ms (RocketMQ's `haMaxTimeSlaveNotCatchup`, 15000).
+    pub max_lag_ms: u64,
+    /// A send not acknowledged by the in-sync set within this is answered
+    /// FLUSH_SLAVE_TIMEOUT, ms (RocketMQ's `syncFlushTimeout`, 5000).
+    pub ack_timeout_ms: u64,
+    /// Sends waiting for their acknowledgement at most; beyond it SYSTEM_BUSY (65536).
+    pub max_pending_acks: usize,
+    /// Messages from the other brokers of the group and the controller's answers waiting for
+    /// the replication task at most; beyond it they are dropped (the protocol sends again)
+    /// (4096).
+    pub inbox_capacity: usize,
+}
+
+impl Default for ReplicationSettings {
+    fn default() -> Self {
+        Self {
+            controller_addrs: Vec::new(),
+            ack: AckSetting::InSyncSet,
+            min_insync_replicas: 1,
+            heartbeat_ms: 1_000,
+            call_timeout_ms: 3_000,
+            batch_max_bytes: 256 * 1024,
+            max_inflight_bytes: 4 * 1024 * 1024,
+            max_lag_ms: 15_000,
+            ack_timeout_ms: 5_000,
+            max_pending_acks: 65_536,
+            inbox_capacity: 4_096,
+        }
+    }
+}
+
+impl ReplicationSettings {
+    /// Whether the broker replicates (a controller is configured).
+    pub fn enabled(&self) -> bool {
+        !self.controller_addrs.is_empty()
+    }
+
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        if !self.enabled() {
+            return Ok(());
+        }
+        if self.min_insync_replicas == 0 {
+            return Err(ConfigError(
+                "replication.min_insync_replicas must be at least 1 (the master)".into(),
+            ));
+        }
+        for (key, v) in [
+            ("heartbeat_ms", self.heartbeat_ms),
+            ("call_timeout_ms", self.call_timeout_ms),
+            ("batch_max_bytes", self.batch_max_bytes),
+            ("max_inflight_bytes", self.max_inflight_bytes),
+            ("max_lag_ms", self.max_lag_ms),
+            ("ack_timeout_ms", self.ack_timeout_ms),
+            ("max_pending_acks", self.max_pending_acks as u64),
+            ("inbox_capacity", self.inbox_capacity as u64),
+        ] {
+            if v == 0 {
+                return Err(ConfigError(format!("replication.{key} must be positive")));
+            }
+        }
+        if self.max_inflight_bytes < self.batch_max_bytes {
+            return Err(ConfigError(
+                "replication.max_inflight_bytes must be at least replication.batch_max_bytes"
+                    .into(),
+            ));
+        }
+        if self.heartbeat_ms >= 3_000 {
+            return Err(ConfigError(
+                "replication.heartbeat_ms must be below the controller's 3000 ms session".into(),
+            ));
+        }
+        Ok(())
+    }
+}

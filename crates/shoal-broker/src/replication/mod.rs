@@ -1,0 +1,250 @@
+//! Replication of the broker's group: the broker as one member of a replicated group
+//! (`[replication]` with the controller's addresses), DESIGN.md section 7 and docs/ha.md.
+//!
+//! The decisions are `shoal_ha::replication::Member`'s (controller session, master or
+//! replica, what to ship, what to truncate, which sends are acknowledged); one task, the
+//! driver (`driver.rs`), owns it and only moves bytes and messages: the store's commit log to
+//! and from the other brokers of the group, requests to the controller, time. Everything
+//! else talks to the task through [`Replication`]:
+//! - the send path asks [`Replication::check_writable`] before a put (only a master holding
+//!   its lease appends), then waits in [`Replication::acknowledged`] until the in-sync set has
+//!   the put (or the master, under `ack = "master"`);
+//! - the processor hands the group's replication messages (codes 9082, 9083) to
+//!   [`Replication::deliver`];
+//! - the registration with the name servers asks [`Replication::route_broker_id`] (0 for the
+//!   master, the controller's id for a replica) and wakes on [`Replication::role_changed`].
+//!
+//! The store is the other half of the rules: a replicated store shows consumers nothing above
+//! the confirmed offset and refuses puts unless the driver allows them (only while master).
+
+mod config;
+mod disk;
+mod driver;
+mod metadata;
+mod wire;
+
+pub use config::{AckSetting, ReplicationSettings};
+
+use crate::reply::Reject;
+use parking_lot::Mutex;
+use serde::Serialize;
+use shoal_ha::replication::WriteRefusal;
+use shoal_ha::{BrokerId, Epoch};
+use shoal_proto::code::response_code as resp;
+use shoal_proto::RemotingCommand;
+use std::sync::atomic::{AtomicU64, Ordering};
+use tokio::sync::{mpsc, oneshot, Notify};
+
+pub(crate) use driver::start;
+pub(crate) use metadata::{start as start_metadata, METADATA_TOPIC};
+pub(crate) use wire::is_peer_code;
+
+/// The member's role as the rest of the broker sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
+#[serde(rename_all = "camelCase", tag = "role")]
+pub(crate) enum RoleView {
+    /// No id, or no word from the controller yet.
+    #[default]
+    Joining,
+    /// Master of `epoch`.
+    Master {
+        /// The master epoch.
+        epoch: Epoch,
+    },
+    /// Replica following `master` (when known) in `epoch`.
+    Replica {
+        /// The master it follows.
+        master: Option<BrokerId>,
+        /// The newest master epoch it knows.
+        epoch: Epoch,
+    },
+}
+
+/// What the driver last published about the member (status pages, metrics, the send path's
+/// first check).
+#[derive(Debug, Clone, Serialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct ReplicationView {
+    pub(crate) group: String,
+    pub(crate) broker_id: Option<BrokerId>,
+    #[serde(flatten)]
+    pub(crate) role: RoleView,
+    /// Whether a put would be accepted now, or why not.
+    pub(crate) writable: Option<String>,
+    pub(crate) log_end: u64,
+    pub(crate) confirmed: u64,
+    /// The in-sync set (on a master).
+    pub(crate) in_sync: Vec<BrokerId>,
+    pub(crate) in_sync_epoch: Epoch,
+    /// Each replica's acknowledged log end (on a master; `None`: not following this epoch).
+    pub(crate) replicas: Vec<(BrokerId, Option<u64>)>,
+    /// Sends waiting for their acknowledgement.
+    pub(crate) pending_acks: usize,
+}
+
+pub(crate) enum Input {
+    /// A put of the send path ended at `end`; answer when it is acknowledged.
+    Appended {
+        end: u64,
+        reply: oneshot::Sender<Result<(), WriteRefusal>>,
+    },
+    /// A message from another broker of the group.
+    Peer(wire::PeerFrame),
+    /// The controller's answer to `call` (`None`: none came).
+    Answer {
+        call: u64,
+        response: Option<shoal_ha::controller::Response>,
+    },
+}
+
+/// Counters of the replication task (`shoal_replication_*` metrics).
+#[derive(Debug, Default)]
+pub(crate) struct ReplicationCounters {
+    /// Bytes shipped to replicas.
+    pub(crate) bytes_shipped: AtomicU64,
+    /// Bytes received from a master and appended.
+    pub(crate) bytes_received: AtomicU64,
+    /// Truncations of this broker's log at a divergence point.
+    pub(crate) truncations: AtomicU64,
+    /// Times this broker became master.
+    pub(crate) became_master: AtomicU64,
+    /// Sends refused or failed by replication (not master, lease expired, in-sync set too
+    /// small, not acknowledged in time).
+    pub(crate) writes_refused: AtomicU64,
+    /// Peer messages and controller answers dropped because the task's inbox was full.
+    pub(crate) inbox_dropped: AtomicU64,
+}
+
+/// The broker's handle on its replication task. See the [module documentation](self).
+#[derive(Debug)]
+pub(crate) struct Replication {
+    group: String,
+    inbox: mpsc::Sender<Input>,
+    view: Mutex<ReplicationView>,
+    role_changed: Notify,
+    pub(crate) counters: ReplicationCounters,
+}
+
+impl std::fmt::Debug for Input {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Input::Appended { end, .. } => write!(f, "Appended({end})"),
+            Input::Peer(p) => write!(f, "Peer({p:?})"),
+            Input::Answer { call, .. } => write!(f, "Answer({call})"),
+        }
+    }
+}
+
+/// The answer a send gets for a refusal.
+pub(crate) fn refusal_reject(r: WriteRefusal) -> Reject {
+    let code = match r {
+        WriteRefusal::InSyncReplicasNotEnough { .. } => resp::SYSTEM_ERROR,
+        WriteRefusal::LeaseExpired | WriteRefusal::NotMaster => resp::SERVICE_NOT_AVAILABLE,
+        WriteRefusal::Busy => resp::SYSTEM_BUSY,
+        WriteRefusal::Timeout => resp::FLUSH_SLAVE_TIMEOUT,
+    };
+    let remark = match r {
+        // RocketMQ's remark for PutMessageStatus.IN_SYNC_REPLICAS_NOT_ENOUGH.
+        WriteRefusal::InSyncReplicasNotEnough { have, need } => {
+            format!("in-sync replicas not enough ({have} in sync, min_insync_replicas = {need})")
+        }
+        WriteRefusal::NotMaster => "this broker is not the master of its group".into(),
+        other => other.to_string(),
+    };
+    Reject::new(code, remark)
+}
+
+impl Replication {
+    fn new(group: String, inbox: mpsc::Sender<Input>) -> Self {
+        Self {
+            view: Mutex::new(ReplicationView {
+                group: group.clone(),
+                ..Default::default()
+            }),
+            group,
+            inbox,
+            role_changed: Notify::new(),
+            counters: ReplicationCounters::default(),
+        }
+    }
+
+    /// Whether a put may be appended now: only on a master that holds its lease and has
+    /// enough in-sync replicas (the answer is final only once acknowledged).
+    pub(crate) fn check_writable(&self) -> Result<(), WriteRefusal> {
+        let view = self.view.lock();
+        if !matches!(view.role, RoleView::Master { .. }) {
+            drop(view);
+            self.counters.writes_refused.fetch_add(1, Ordering::Relaxed);
+            return Err(WriteRefusal::NotMaster);
+        }
+        Ok(())
+    }
+
+    /// Waits until the put that ended the log at `end` is acknowledged (or refused).
+    pub(crate) async fn acknowledged(&self, end: u64) -> Result<(), WriteRefusal> {
+        let (reply, rx) = oneshot::channel();
+        // Waits for room: the task answers quickly, and its queue is bounded.
+        if self
+            .inbox
+            .send(Input::Appended { end, reply })
+            .await
+            .is_err()
+        {
+            return Err(WriteRefusal::NotMaster);
+        }
+        let r = rx.await.unwrap_or(Err(WriteRefusal::NotMaster));
+        if r.is_err() {
+            self.counters.writes_refused.fetch_add(1, Ordering::Relaxed);
+        }
+        r
+    }
+
+    /// A replication message from another broker (codes 9082, 9083); dropped when malformed,
+    /// of another group, or when the task is too busy (the protocol sends again).
+    pub(crate) fn deliver(&self, cmd: &RemotingCommand) {
+        match wire::decode_peer(cmd) {
+            Ok(frame) if frame.group == self.group => {
+                if self.inbox.try_send(Input::Peer(frame)).is_err() {
+                    self.counters.inbox_dropped.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            Ok(frame) => {
+                tracing::debug!(group = %frame.group, "replication message for another group dropped");
+            }
+            Err(e) => tracing::debug!(error = %e, "malformed replication message dropped"),
+        }
+    }
+
+    /// The `brokerId` to register with the name servers: 0 while master (routes name the
+    /// master as RocketMQ's do), the controller's id as a replica, none before an id.
+    pub(crate) fn route_broker_id(&self) -> Option<i64> {
+        let view = self.view.lock();
+        match view.role {
+            RoleView::Master { .. } => Some(0),
+            _ => view.broker_id.map(|id| id as i64),
+        }
+    }
+
+    /// What the driver last published.
+    pub(crate) fn view(&self) -> ReplicationView {
+        self.view.lock().clone()
+    }
+
+    /// Resolves when the role changes next.
+    pub(crate) async fn role_changed(&self) {
+        self.role_changed.notified().await;
+    }
+
+    /// The driver publishes a new view; wakes registration when the role changed.
+    fn publish(&self, view: ReplicationView) {
+        let changed = {
+            let mut v = self.view.lock();
+            let changed = v.role != view.role || v.broker_id != view.broker_id;
+            *v = view;
+            changed
+        };
+        if changed {
+            self.role_changed.notify_one();
+        }
+    }
+}

@@ -1,0 +1,219 @@
+//! A replicated broker group as separate `shoal` processes on 127.0.0.1 (ports chosen at run
+//! time): one name server, one controller voter, three brokers of `broker-a` with
+//! `--controller`. A producer sends every 10 ms and a consumer group reads; the master is
+//! SIGKILLed; the controller elects an in-sync replica, which registers as brokerId 0; sends
+//! go on to it and every acknowledged message is consumed, the ones the dead master
+//! acknowledged included, before that broker is restarted. The restarted broker rejoins as a
+//! replica.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a failed unwrap is a failed test"
+)]
+
+mod support;
+
+use serde_json::Value;
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+use support::cluster::{Cluster, SteadyProducer, TrackedGroup};
+use support::{free_port, log_sink, shoal, Proc};
+
+const LIMIT: Duration = Duration::from_secs(60);
+const TOPIC: &str = "Replicated";
+const GROUP: &str = "broker-a";
+
+struct Replicas {
+    cluster: Cluster,
+    controller_addr: String,
+    _controller: Proc,
+    brokers: Vec<(String, PathBuf, Option<Proc>)>,
+}
+
+impl Replicas {
+    fn start() -> Replicas {
+        let cluster = Cluster::start(None);
+        let controller_addr = format!("127.0.0.1:{}", free_port());
+        let cdir = cluster.dev.dir.path().join("controller");
+        let child = Command::new(shoal())
+            .args(["controller", "--listen", &controller_addr, "--id", "1"])
+            .args(["--data-dir", cdir.to_str().unwrap()])
+            .stdout(Stdio::null())
+            .stderr(log_sink("controller"))
+            .spawn()
+            .unwrap();
+        let mut r = Replicas {
+            brokers: (0..3)
+                .map(|i| {
+                    (
+                        format!("127.0.0.1:{}", free_port()),
+                        cluster.dev.dir.path().join(format!("replica-{i}")),
+                        None,
+                    )
+                })
+                .collect(),
+            cluster,
+            controller_addr,
+            _controller: Proc { child },
+        };
+        for i in 0..3 {
+            r.start_broker(i);
+        }
+        r
+    }
+
+    fn start_broker(&mut self, i: usize) {
+        let (addr, dir, proc) = &mut self.brokers[i];
+        let child = Command::new(shoal())
+            .args([
+                "broker",
+                "--listen",
+                addr,
+                "--namesrv",
+                &self.cluster.dev.namesrv,
+            ])
+            .args(["--data-dir", dir.to_str().unwrap(), "--broker-name", GROUP])
+            .args(["--controller", &self.controller_addr, "--flush", "sync"])
+            .arg("--auto-create-topic")
+            .stdout(Stdio::null())
+            .stderr(log_sink(&format!("replica-{i}")))
+            .spawn()
+            .unwrap();
+        *proc = Some(Proc { child });
+    }
+
+    /// The group as the controller shows it, once `ok` holds.
+    fn wait_group(&self, what: &str, ok: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + LIMIT;
+        loop {
+            let out = Command::new(shoal())
+                .args([
+                    "cluster",
+                    "status",
+                    "--controller",
+                    &self.controller_addr,
+                    "--json",
+                ])
+                .output()
+                .unwrap();
+            if out.status.success() {
+                if let Ok(v) = serde_json::from_slice::<Value>(&out.stdout) {
+                    let g = &v["groups"][GROUP];
+                    if ok(g) {
+                        return g.clone();
+                    }
+                }
+            }
+            assert!(Instant::now() < deadline, "{what}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// The index of the broker with controller id `id`.
+    fn index_of(&self, group: &Value, id: u64) -> usize {
+        let addr = group["members"][id.to_string()].as_str().unwrap();
+        self.brokers.iter().position(|(a, _, _)| a == addr).unwrap()
+    }
+}
+
+fn in_sync_len(g: &Value) -> usize {
+    g["inSync"].as_array().map_or(0, Vec::len)
+}
+
+#[test]
+fn the_masters_death_loses_no_acknowledged_message() {
+    let mut r = Replicas::start();
+    let g = r.wait_group("no master with three in sync", |g| {
+        g["master"].is_u64() && in_sync_len(g) == 3
+    });
+    let epoch = g["masterEpoch"].as_u64().unwrap();
+    let master = r.index_of(&g, g["master"].as_u64().unwrap());
+
+    // The topic on the master only: the replicas learn it from the group's log.
+    let master_addr = r.brokers[master].0.clone();
+    let topic_args = ["topic", "create", TOPIC, "--queues", "4", "--brokers"];
+    let mut args: Vec<&str> = topic_args.to_vec();
+    args.extend([master_addr.as_str(), "--json"]);
+    r.cluster.json(&args);
+    let mut producer = SteadyProducer::start(&r.cluster.dev, TOPIC, "m", 10);
+    let mut group = TrackedGroup::new("replicated-readers", TOPIC);
+    group.join(&r.cluster.dev, "c1", &[]);
+    // Messages flow through the first master for a while.
+    let deadline = Instant::now() + LIMIT;
+    while producer.sent.lock().unwrap().len() < 200 {
+        assert!(
+            Instant::now() < deadline,
+            "the first master acknowledged too little"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    // The master dies.
+    let killed_at = Instant::now();
+    r.brokers[master].2.as_mut().unwrap().sigkill();
+    let g = r.wait_group("no new master elected", |g| {
+        g["masterEpoch"].as_u64().unwrap_or(0) > epoch && g["master"].is_u64()
+    });
+    let new_master = r.index_of(&g, g["master"].as_u64().unwrap());
+    assert_ne!(new_master, master);
+    let elected = killed_at.elapsed();
+    // Sends go on to the new master.
+    let before = producer.sent.lock().unwrap().len();
+    let deadline = Instant::now() + LIMIT;
+    while producer.sent.lock().unwrap().len() < before + 200 {
+        assert!(
+            Instant::now() < deadline,
+            "sends did not resume after the failover"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let resumed = producer
+        .sent
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|l| l.at)
+        .find(|at| *at > killed_at)
+        .map(|at| at - killed_at);
+    let acked: BTreeSet<String> = producer.stop().into_iter().collect();
+    let failed = producer.failed.lock().unwrap().len();
+
+    // Every acknowledged message is consumed, with the old master still down.
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        let seen: BTreeSet<String> = group
+            .lines
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|l| l.body.clone())
+            .collect();
+        let missing: Vec<&String> = acked.difference(&seen).collect();
+        if missing.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} of {} acknowledged messages never consumed, e.g. {:?}",
+            missing.len(),
+            acked.len(),
+            &missing[..missing.len().min(5)]
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    eprintln!(
+        "replicated failover: {} acknowledged, {failed} sends failed, new master elected after {elected:?}, first send acknowledged {resumed:?} after the kill",
+        acked.len()
+    );
+
+    // The old master comes back as a replica and rejoins the in-sync set.
+    r.start_broker(master);
+    r.wait_group("the old master did not rejoin the in-sync set", |g| {
+        in_sync_len(g) == 3
+    });
+    for m in group.group.members.values_mut() {
+        m.sigkill();
+    }
+}
