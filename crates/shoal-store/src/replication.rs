@@ -3,8 +3,9 @@
 //!
 //! A master reads its log in batches of whole records ([`MessageStore::read_log`]); a replica
 //! writes them at the same offsets ([`MessageStore::append_replicated`]), so both logs are
-//! byte-identical. An end-of-segment blank marker travels as its 8-byte header and counts as
-//! filling the rest of its segment (the bytes after it are never written, on either side).
+//! byte-identical. An end-of-segment blank marker travels as the rest of its segment (its
+//! 8-byte header, then zeros), so a batch is as long as the log range it covers; only the
+//! header is written to disk, on either side.
 //!
 //! In a replicated store nothing is dispatched (consume-queue and index entries, arrival
 //! listeners) above the confirmed offset: puts and replicated appends only write the commit
@@ -72,9 +73,10 @@ fn unit_at(head: &[u8], pos: u64, left: u64) -> std::result::Result<Unit, String
 
 impl MessageStore {
     /// Commit-log bytes from `start` for a replica: whole records only (an end-of-segment
-    /// blank marker is one unit: its 8 bytes, after which the batch ends), at most
-    /// `max_bytes` but at least one whole unit, never past the write position, never past
-    /// the end of the segment holding `start`. Empty when `start` is the write position.
+    /// blank marker is one unit that fills the rest of its segment: its 8-byte header, then
+    /// zeros; it ends the batch), at most `max_bytes` but at least one whole unit, never past
+    /// the write position, never past the end of the segment holding `start`. The bytes are
+    /// as long as the log range they cover. Empty when `start` is the write position.
     ///
     /// Errors: [`StoreError::LogOffsetGone`] below the commit log's min offset;
     /// [`StoreError::InvalidArgument`] above the write position or not at a record boundary.
@@ -90,8 +92,8 @@ impl MessageStore {
                 "commit log offset {start} is past the write position {end}"
             )));
         }
-        let bytes = inner
-            .read_units(start, end, max_bytes)
+        let (bytes, padding) = inner
+            .read_units_counting(start, end, max_bytes, true)
             .map_err(|e| match e {
                 StoreError::Corrupt { reason, .. } => StoreError::InvalidArgument(format!(
                     "commit log offset {start} is not a record boundary: {reason}"
@@ -113,14 +115,22 @@ impl MessageStore {
                 )));
             }
         }
-        Ok(bytes)
+        if padding == 0 {
+            return Ok(bytes);
+        }
+        // The blank marker travels as long as the log range it takes.
+        let mut out = bytes::BytesMut::with_capacity(bytes.len() + padding as usize);
+        out.extend_from_slice(&bytes);
+        out.resize(bytes.len() + padding as usize, 0);
+        Ok(out.freeze())
     }
 
     /// A replica appends commit-log bytes from its master (see [`Self::read_log`]) at
     /// `start`, which must be the write position. Every record must be where its
     /// physical-offset field says, with a valid topic and a body CRC that checks; a blank
-    /// marker must fill exactly to its segment's end (and must be followed, if at all, by the
-    /// next segment's records). Bad input: [`StoreError::InvalidLogBytes`], nothing written.
+    /// marker must fill exactly to its segment's end, zeros after its header (as
+    /// [`Self::read_log`] ships it; only the header is stored), and may be followed by the
+    /// next segment's records. Bad input: [`StoreError::InvalidLogBytes`], nothing written.
     /// The bytes are durable (fsynced) when this returns; the queues' numbering counts their
     /// records, and what is now below the confirmed offset is dispatched. Returns the new
     /// write position.
@@ -153,8 +163,25 @@ impl MessageStore {
             let head = bytes.get(at..at + 8).unwrap_or(&bytes[at..]);
             match unit_at(head, pos, left).map_err(|r| bad(pos, r))? {
                 Unit::Blank => {
-                    at += END_OF_SEGMENT_MIN_BLANK as usize;
-                    pieces.push((piece_pos, &bytes[piece_at..at]));
+                    let unit = bytes.get(at..at + left as usize).ok_or_else(|| {
+                        bad(
+                            pos,
+                            format!(
+                                "the blank marker must fill the {left} bytes left in its segment, {} given",
+                                bytes.len() - at
+                            ),
+                        )
+                    })?;
+                    if unit[END_OF_SEGMENT_MIN_BLANK as usize..]
+                        .iter()
+                        .any(|b| *b != 0)
+                    {
+                        return Err(bad(pos, "the blank marker's padding is not zeros".into()));
+                    }
+                    // Only the marker's header is stored, as at the master.
+                    let header_end = at + END_OF_SEGMENT_MIN_BLANK as usize;
+                    pieces.push((piece_pos, &bytes[piece_at..header_end]));
+                    at += left as usize;
                     pos += left;
                     (piece_at, piece_pos) = (at, pos);
                 }
@@ -363,11 +390,25 @@ impl Inner {
     /// one unit when one fits below `limit`. [`StoreError::Corrupt`] when the bytes at a
     /// position are not a unit.
     pub(crate) fn read_units(&self, start: u64, limit: u64, max_bytes: usize) -> Result<Bytes> {
+        Ok(self.read_units_counting(start, limit, max_bytes, false)?.0)
+    }
+
+    /// [`Self::read_units`]; with `blank_is_whole`, a blank marker counts against
+    /// `max_bytes` as the bytes left in its segment (what [`MessageStore::read_log`] ships).
+    /// Also says how many bytes the blank marker ending the answer leaves in its segment
+    /// after its header (0 without one).
+    fn read_units_counting(
+        &self,
+        start: u64,
+        limit: u64,
+        max_bytes: usize,
+        blank_is_whole: bool,
+    ) -> Result<(Bytes, u64)> {
         let cl = &self.commit_log;
         let seg_size = cl.segment_size();
         let seg_end = start - start % seg_size + seg_size;
         let Some(seg) = cl.segment_for(start) else {
-            return Ok(Bytes::new());
+            return Ok((Bytes::new(), 0));
         };
         // The blank marker's segment is only as long as the marker's end.
         let data_end = seg.base
@@ -377,7 +418,7 @@ impl Inner {
                 .map_err(crate::error::io_err("stat segment", &seg.path))?;
         let hard = limit.min(seg_end).min(data_end);
         if start >= hard {
-            return Ok(Bytes::new());
+            return Ok((Bytes::new(), 0));
         }
         let corrupt = |reason: String| StoreError::Corrupt {
             path: seg.path.clone(),
@@ -388,6 +429,7 @@ impl Inner {
             .min(hard - start);
         let mut buf = cl.read(start, want as usize)?;
         let mut at = 0usize;
+        let mut padding = 0;
         loop {
             let pos = start + at as u64;
             if pos + END_OF_SEGMENT_MIN_BLANK > hard {
@@ -403,8 +445,15 @@ impl Inner {
             };
             match unit_at(head, pos, seg_end - pos).map_err(corrupt)? {
                 Unit::Blank => {
-                    if seg_end <= limit {
+                    let counted = if blank_is_whole {
+                        seg_end - pos
+                    } else {
+                        END_OF_SEGMENT_MIN_BLANK
+                    };
+                    let over = at > 0 && at as u64 + counted > max_bytes as u64;
+                    if seg_end <= limit && !over {
                         at += END_OF_SEGMENT_MIN_BLANK as usize;
+                        padding = seg_end - pos - END_OF_SEGMENT_MIN_BLANK;
                     }
                     break;
                 }
@@ -423,7 +472,7 @@ impl Inner {
                 }
             }
         }
-        Ok(buf.slice(..at))
+        Ok((buf.slice(..at), padding))
     }
 
     /// Replicated stores: dispatches the records ending at or below the confirmed offset

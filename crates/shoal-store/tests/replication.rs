@@ -71,7 +71,11 @@ fn ship(master: &MessageStore, replica: &MessageStore, sizes: &[usize]) -> usize
             "a batch never leaves its segment"
         );
         let end = replica.append_replicated(start, &bytes).unwrap();
-        assert!(end > start);
+        assert_eq!(
+            end,
+            start + bytes.len() as u64,
+            "as long as the range it covers"
+        );
         batches += 1;
     }
 }
@@ -385,25 +389,36 @@ fn bad_replicated_bytes_are_refused_and_nothing_is_written() {
     replica.append_replicated(0, &first).unwrap();
     // Up to the blank marker at the end of the first segment.
     let mut at = replica.commit_log_max_offset();
+    // One unit at a time up to the blank marker at the end of the first segment.
     let blank: Vec<u8> = loop {
-        let b = master.read_log(at, 4096).unwrap();
-        let tail = &b[b.len() - 8..];
-        let is_blank =
-            u32::from_be_bytes(tail[4..8].try_into().unwrap()) == shoal_store::BLANK_MAGIC_CODE;
-        let records = if is_blank { &b[..b.len() - 8] } else { &b[..] };
-        if !records.is_empty() {
-            replica.append_replicated(at, records).unwrap();
-            at += records.len() as u64;
+        let unit = master.read_log(at, 1).unwrap();
+        let magic = u32::from_be_bytes(unit[4..8].try_into().unwrap());
+        if magic == shoal_store::BLANK_MAGIC_CODE {
+            break unit.to_vec();
         }
-        if is_blank {
-            break tail.to_vec();
-        }
+        replica.append_replicated(at, &unit).unwrap();
+        at += unit.len() as u64;
     };
-    assert_eq!(blank.len(), 8);
-    let mut short = blank.to_vec();
+    // It travels as long as the rest of its segment: its header, then zeros.
+    assert_eq!(at + blank.len() as u64, seg);
+    assert!(blank.len() > 8 && blank[8..].iter().all(|b| *b == 0));
+    let mut short = blank.clone();
     short[3] = short[3].wrapping_sub(8); // says 8 bytes fewer than its segment has left
     refused(at, &short, "blank marker not filling its segment");
-    let mut garbage = blank.to_vec();
+    refused(at, &blank[..8], "blank marker without its padding");
+    refused(
+        at,
+        &blank[..blank.len() - 1],
+        "blank marker short of its segment end",
+    );
+    let mut dirty = blank.clone();
+    *dirty.last_mut().unwrap() = 1;
+    refused(
+        at,
+        &dirty,
+        "blank marker padded with something else than zeros",
+    );
+    let mut garbage = blank.clone();
     garbage[4] ^= 0xff;
     refused(at, &garbage, "unknown magic code");
     assert_eq!(replica.append_replicated(at, &blank).unwrap(), seg);
