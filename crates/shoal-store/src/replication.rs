@@ -354,7 +354,10 @@ impl MessageStore {
     /// arrival listeners told), on this thread unless another one is dispatching (which then
     /// takes them too). Never moves back (a lower value is ignored; see
     /// [`Self::truncate_log`]). `offset` should be a record boundary of the group's log. A
-    /// no-op in an unreplicated store.
+    /// no-op in an unreplicated store. Cheap when nothing becomes visible; otherwise the
+    /// calling thread reads the newly visible records back from the commit log (1 MiB at a
+    /// time) and writes their consume-queue and index entries, so its time grows with what it
+    /// makes visible: call it where a short blocking read is acceptable.
     pub fn set_confirmed(&self, offset: u64) {
         let inner = &*self.inner;
         if !inner.config.replicated {
