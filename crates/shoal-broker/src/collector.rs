@@ -196,6 +196,9 @@ impl Collector for BrokerCollector {
                 )],
             )?;
         }
+        if let Some(r) = b.replication.get() {
+            r.encode_metrics(&mut e, &b.config.broker_name)?;
+        }
         let t = &b.transactions.counters;
         let broker = b.config.broker_name.clone();
         encode_counters(

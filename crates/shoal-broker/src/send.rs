@@ -147,7 +147,8 @@ pub(crate) async fn put(
     b.metrics.store_append.observe(start.elapsed());
     if let (Some(repl), Some(last)) = (replication, r.messages.last()) {
         // Answered once the in-sync set has it (or refused: the bytes stay, unacknowledged).
-        repl.acknowledged(last.physical_offset + u64::from(last.size))
+        // Boxed: an unreplicated send's future stays as small as it was.
+        Box::pin(repl.acknowledged(last.physical_offset + u64::from(last.size)))
             .await
             .map_err(crate::replication::refusal_reject)?;
     }

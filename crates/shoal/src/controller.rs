@@ -1,5 +1,6 @@
-//! `shoal controller`: one voter of the HA controller as a process. The voter's decisions are
-//! `shoal_ha`'s [`ControllerNode`]; this module only carries its inputs and outputs.
+//! `shoal controller`: one voter of the HA controller as a process (also run inside a name
+//! server by `shoal namesrv --controller`). The voter's decisions are `shoal_ha`'s
+//! [`ControllerNode`]; this module only carries its inputs and outputs.
 //!
 //! - **One owner.** A single task owns the node. The listener's processor hands it requests
 //!   through a bounded channel and waits for the answer on a oneshot; Raft messages from other
@@ -12,14 +13,18 @@
 //!   CONTROLLER_ALTER_SYNC_STATE_SET, CONTROLLER_ELECT_MASTER, CONTROLLER_GET_METADATA_INFO)
 //!   and Shoal's `CONTROLLER_RENEW_LEASE` (9081) for the lease. Bodies are Shoal's JSON
 //!   (`shoal_ha::controller::Request` and `Response`), not RocketMQ's headers.
-//! - **Bounds.** At most [`INBOX`] inputs queued, [`MAX_WAITING`] requests waiting for their
-//!   entry to apply (more are answered SYSTEM_BUSY), [`PEER_QUEUE`] messages queued per peer;
-//!   a request not answered within [`ANSWER_TIMEOUT`] is answered SYSTEM_BUSY.
+//! - **Bounds** are [`ControllerLimits`] (config keys and flags): inputs queued, requests
+//!   waiting for their entry to apply, proposals not applied, messages queued per peer, how
+//!   long a request waits. Over one, a request is answered SYSTEM_BUSY and counted in
+//!   `shoal_controller_requests_refused_busy_total{reason}`.
 //!
-//! The Raft log ([`ControllerStorage`]) is written whole to `--data-dir` at every change, before
-//! anything that depends on it is sent, and read back at start. Without `--data-dir` it is
-//! kept in memory: a restarted voter comes back empty and catches up from the leader.
+//! The Raft log ([`ControllerStorage`]) is kept in `--data-dir` (see [`crate::controller_log`]),
+//! written and synced before anything that depends on it is sent, and read back at start.
+//! Without `--data-dir` it is kept in memory: a restarted voter comes back empty and catches
+//! up from the leader.
 
+use crate::controller_config::{ControllerLimitArgs, ControllerLimits, ControllerMetrics};
+use crate::controller_log::LogFile;
 use anyhow::{bail, Context};
 use clap::Args;
 use futures::future::BoxFuture;
@@ -33,22 +38,16 @@ use shoal_proto::code::{request_code as rc, response_code as resp};
 use shoal_proto::ext::request_code as ext;
 use shoal_proto::RemotingCommand;
 use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
 use tracing::{debug, error, info};
 
-/// Inputs queued for the voter's task at most.
-pub(crate) const INBOX: usize = 4_096;
-/// Requests waiting for their log entry to apply at most.
-pub(crate) const MAX_WAITING: usize = 4_096;
-/// Raft messages queued for one peer at most.
-pub(crate) const PEER_QUEUE: usize = 1_024;
-/// A request not answered within this is answered SYSTEM_BUSY.
-pub(crate) const ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
-/// A switch-over waits until the master's lease has certainly expired (the election delay,
-/// 4 s by default, after the last grant): it is answered SYSTEM_BUSY after this.
+/// How long `shoal cluster elect` waits for the voter's answer (the voter answers a switch-over
+/// SYSTEM_BUSY after its `elect_timeout_ms`, 30 s by default).
 pub(crate) const ELECT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Options of `shoal controller`.
@@ -64,46 +63,77 @@ pub(crate) struct ControllerArgs {
     /// single-voter controller, for development.
     #[arg(long, value_delimiter = ',', value_name = "ID=ADDRESS")]
     pub peers: Vec<String>,
-    /// Directory for the voter's Raft log (`controller.log`, written again at every change
-    /// before anything that depends on it is sent). None: the log is kept in memory only.
+    /// Directory for the voter's Raft log (`controller.log`: records appended and synced
+    /// before anything that depends on them is sent). None: the log is kept in memory only.
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
+    /// Configuration file (TOML) with a `[controller]` table of limits (docs/ha.md); the
+    /// flags below override its keys.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// HTTP address for Prometheus metrics (`/metrics`); off when absent.
+    #[arg(long)]
+    pub http_listen: Option<String>,
+    /// The limits.
+    #[command(flatten)]
+    pub limits: ControllerLimitArgs,
 }
 
-/// The voter's log file in `--data-dir`.
-const LOG_FILE: &str = "controller.log";
-/// The process compacts its log every this many entries (the file is written whole).
-const COMPACT_EVERY: u64 = 1_000;
-
-/// Where the voter's log is kept on disk, and the version of it written last.
-struct Disk {
-    storage: ControllerStorage,
-    path: PathBuf,
-    written: u64,
+/// The controller options of `shoal namesrv`: a voter in the name server's process, on its
+/// own port (the name server's port already answers BROKER_HEARTBEAT for routes).
+#[derive(Debug, Args, Default)]
+pub(crate) struct NamesrvControllerArgs {
+    /// Also run a controller voter in this process (docs/ha.md). Its limits are the
+    /// `[controller]` table of `--config`.
+    #[arg(long)]
+    pub controller: bool,
+    /// The voter's address (brokers, operators, other voters); needed with --controller.
+    #[arg(long, value_name = "ADDR", requires = "controller")]
+    pub controller_listen: Option<String>,
+    /// The voter's id (1, 2, ...).
+    #[arg(long, default_value_t = 1, value_name = "N", requires = "controller")]
+    pub controller_id: u64,
+    /// Every voter as ID=ADDRESS (their --controller-listen), comma-separated. None: a single
+    /// voter, for development.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_name = "ID=ADDRESS",
+        requires = "controller"
+    )]
+    pub controller_peers: Vec<String>,
+    /// Directory for the voter's Raft log; in memory without it.
+    #[arg(long, value_name = "DIR", requires = "controller")]
+    pub controller_data_dir: Option<PathBuf>,
 }
 
-impl Disk {
-    /// Writes the log if it changed: a temporary file, synced, renamed over the old one.
-    fn sync(&mut self) -> anyhow::Result<()> {
-        let version = self.storage.version();
-        if version == self.written {
-            return Ok(());
-        }
-        let bytes = self.storage.to_bytes()?;
-        let tmp = self.path.with_extension("tmp");
-        tokio::task::block_in_place(|| -> std::io::Result<()> {
-            let mut f = std::fs::File::create(&tmp)?;
-            std::io::Write::write_all(&mut f, &bytes)?;
-            f.sync_all()?;
-            std::fs::rename(&tmp, &self.path)?;
-            if let Some(dir) = self.path.parent() {
-                std::fs::File::open(dir)?.sync_all()?;
+impl NamesrvControllerArgs {
+    /// The voter to run, if `--controller` was given (`limits`: the `[controller]` table of
+    /// the name server's file, if it has one).
+    pub(crate) fn voter(
+        &self,
+        limits: Option<ControllerLimits>,
+    ) -> anyhow::Result<Option<VoterOptions>> {
+        if !self.controller {
+            if limits.is_some() {
+                bail!("the config file's [controller] table needs --controller");
             }
-            Ok(())
-        })
-        .with_context(|| format!("writing {}", self.path.display()))?;
-        self.written = version;
-        Ok(())
+            return Ok(None);
+        }
+        let Some(listen) = &self.controller_listen else {
+            bail!(
+                "--controller needs --controller-listen ADDR: the voter has its own port (the \
+                 name server's port answers BROKER_HEARTBEAT for routes)"
+            );
+        };
+        let limits = limits.unwrap_or_default();
+        Ok(Some(VoterOptions {
+            listen: listen.clone(),
+            id: self.controller_id,
+            peers: self.controller_peers.clone(),
+            data_dir: self.controller_data_dir.clone(),
+            limits,
+        }))
     }
 }
 
@@ -139,75 +169,170 @@ fn parse_peers(id: u64, peers: &[String]) -> anyhow::Result<BTreeMap<u64, String
     Ok(out)
 }
 
-/// `shoal controller`.
-pub(crate) async fn run(args: ControllerArgs) -> anyhow::Result<()> {
-    let stop = crate::server::shutdown_signal();
-    if args.id == 0 {
-        bail!("--id: voter ids start at 1");
-    }
-    let peers = parse_peers(args.id, &args.peers)?;
-    let mut voters: Vec<u64> = peers.keys().copied().collect();
-    voters.push(args.id);
-    voters.sort_unstable();
-    let (tx, rx) = mpsc::channel(INBOX);
-    let processor = ControllerProcessor { inbox: tx };
-    let server = shoal_net::Server::bind(args.listen.as_str(), Arc::new(processor)).await?;
-    let client = RemotingClient::new(NetConfig::default(), Arc::new(NotSupportedProcessor));
-    let mut senders = BTreeMap::new();
-    for (peer, addr) in &peers {
-        let (ptx, prx) = mpsc::channel(PEER_QUEUE);
-        tokio::spawn(send_to_peer(client.clone(), addr.clone(), prx));
-        senders.insert(*peer, ptx);
-    }
-    let mut cfg = ControllerConfig::new(args.id, voters.clone());
-    cfg.compact_every = COMPACT_EVERY;
-    let (storage, disk) = match &args.data_dir {
-        Some(dir) => {
-            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-            let path = dir.join(LOG_FILE);
-            let storage = match std::fs::read(&path) {
-                Ok(bytes) => ControllerStorage::from_bytes(&bytes)
-                    .with_context(|| format!("reading {}", path.display()))?,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                    ControllerStorage::new(voters.clone())
-                }
-                Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
-            };
-            let disk = Disk {
-                storage: storage.clone(),
-                path,
-                written: storage.version(),
-            };
-            (storage, Some(disk))
+/// What a voter needs to run.
+#[derive(Debug, Clone)]
+pub(crate) struct VoterOptions {
+    /// Its address.
+    pub listen: String,
+    /// Its id.
+    pub id: u64,
+    /// Every voter as `ID=ADDRESS`.
+    pub peers: Vec<String>,
+    /// Where its log is kept (in memory without).
+    pub data_dir: Option<PathBuf>,
+    /// Its limits.
+    pub limits: ControllerLimits,
+}
+
+/// A running voter: its listener, the task that owns the node, its metrics.
+pub(crate) struct Voter {
+    server: shoal_net::Server,
+    client: RemotingClient,
+    task: JoinHandle<anyhow::Result<()>>,
+    metrics: Arc<ControllerMetrics>,
+    id: u64,
+    voters: Vec<u64>,
+    log: String,
+}
+
+impl Voter {
+    /// Binds the voter's address, reads its log and starts its task.
+    pub(crate) async fn start(opts: VoterOptions) -> anyhow::Result<Self> {
+        if opts.id == 0 {
+            bail!("voter ids start at 1");
         }
-        None => (ControllerStorage::new(voters.clone()), None),
+        opts.limits.validate()?;
+        let peers = parse_peers(opts.id, &opts.peers)?;
+        let mut voters: Vec<u64> = peers.keys().copied().collect();
+        voters.push(opts.id);
+        voters.sort_unstable();
+        let metrics = Arc::new(ControllerMetrics::new());
+        let (tx, rx) = mpsc::channel(opts.limits.max_inbox);
+        let processor = ControllerProcessor {
+            inbox: tx,
+            answer_timeout: opts.limits.answer_timeout(),
+            elect_timeout: opts.limits.elect_timeout(),
+            metrics: metrics.clone(),
+        };
+        let server = shoal_net::Server::bind(opts.listen.as_str(), Arc::new(processor)).await?;
+        let client = RemotingClient::new(NetConfig::default(), Arc::new(NotSupportedProcessor));
+        let mut senders = BTreeMap::new();
+        for (peer, addr) in &peers {
+            let (ptx, prx) = mpsc::channel(opts.limits.max_peer_queue);
+            tokio::spawn(send_to_peer(client.clone(), addr.clone(), prx));
+            senders.insert(*peer, ptx);
+        }
+        let mut cfg = ControllerConfig::new(opts.id, voters.clone());
+        opts.limits.apply_to(&mut cfg);
+        let (storage, disk, log) = match &opts.data_dir {
+            Some(dir) => {
+                let (file, storage) = tokio::task::block_in_place(|| LogFile::open(dir, &voters))?;
+                let log = file.path().display().to_string();
+                (storage, Some(file), log)
+            }
+            None => (
+                ControllerStorage::new(voters.clone()),
+                None,
+                "in memory".to_string(),
+            ),
+        };
+        let start = Instant::now();
+        let node = ControllerNode::new(cfg, storage, 0)?;
+        let mut addrs = peers.clone();
+        addrs.insert(opts.id, server.local_addr().to_string());
+        let driver = Driver {
+            start,
+            peers: senders,
+            addrs,
+            disk,
+            max_waiting: opts.limits.max_waiting_requests,
+            metrics: metrics.clone(),
+        };
+        let task = tokio::spawn(driver.run(node, rx));
+        Ok(Self {
+            server,
+            client,
+            task,
+            metrics,
+            id: opts.id,
+            voters,
+            log,
+        })
+    }
+
+    /// The address it listens on.
+    pub(crate) fn local_addr(&self) -> SocketAddr {
+        self.server.local_addr()
+    }
+
+    /// Its metrics' registry.
+    pub(crate) fn registry(&self) -> Arc<shoal_metrics::Metrics> {
+        self.metrics.registry.clone()
+    }
+
+    /// One line about it, for the process's start-up output.
+    pub(crate) fn describe(&self) -> String {
+        format!(
+            "controller voter {} listening on {} (voters {:?}, log {})",
+            self.id,
+            self.local_addr(),
+            self.voters,
+            self.log
+        )
+    }
+
+    /// Waits until the voter's task stops by itself (it cannot keep its log): why.
+    pub(crate) async fn failed(&mut self) -> anyhow::Error {
+        match (&mut self.task).await {
+            Ok(Err(e)) => e.context("the controller voter stopped"),
+            Ok(Ok(())) => anyhow::anyhow!("the controller voter stopped"),
+            Err(e) => anyhow::anyhow!("the controller voter stopped: {e}"),
+        }
+    }
+
+    /// Stops the voter.
+    pub(crate) async fn shutdown(self) {
+        self.task.abort();
+        self.server.shutdown().await;
+        self.client.shutdown();
+    }
+}
+
+/// `shoal controller`, until `stop` (the process's shutdown signal).
+pub(crate) async fn run(
+    args: ControllerArgs,
+    stop: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let limits = args.limits.limits(args.config.as_deref())?;
+    let mut voter = Voter::start(VoterOptions {
+        listen: args.listen.clone(),
+        id: args.id,
+        peers: args.peers.clone(),
+        data_dir: args.data_dir.clone(),
+        limits,
+    })
+    .await?;
+    println!("shoal {}", voter.describe());
+    let http = match &args.http_listen {
+        Some(addr) => {
+            let state = crate::http::HttpState::default().with_registry(voter.registry());
+            let h = crate::http::HttpServer::start(addr, state).await?;
+            println!("metrics at http://{}/metrics", h.local_addr());
+            Some(h)
+        }
+        None => None,
     };
-    let start = Instant::now();
-    let node = ControllerNode::new(cfg, storage, 0)?;
-    let mut addrs = peers.clone();
-    addrs.insert(args.id, server.local_addr().to_string());
-    let mut voter = tokio::spawn(drive(node, start, rx, senders, addrs, disk));
-    println!(
-        "shoal controller {} listening on {} (voters {:?}, log {})",
-        args.id,
-        server.local_addr(),
-        voters,
-        match &args.data_dir {
-            Some(d) => d.join(LOG_FILE).display().to_string(),
-            None => "in memory".into(),
-        }
-    );
     let failed = tokio::select! {
         () = stop => None,
-        r = &mut voter => Some(r),
+        e = voter.failed() => Some(e),
     };
-    voter.abort();
-    server.shutdown().await;
-    client.shutdown();
+    if let Some(h) = http {
+        h.shutdown().await;
+    }
+    voter.shutdown().await;
     match failed {
-        Some(Ok(Err(e))) => Err(e.context("the voter stopped")),
-        Some(Err(e)) => Err(anyhow::anyhow!("the voter stopped: {e}")),
-        _ => {
+        Some(e) => Err(e),
+        None => {
             println!("controller stopped");
             Ok(())
         }
@@ -235,73 +360,103 @@ async fn send_to_peer(
     }
 }
 
-/// The voter's task: the only owner of the node.
-async fn drive(
-    mut node: ControllerNode,
+/// What the voter's task holds besides the node.
+struct Driver {
     start: Instant,
-    mut inbox: mpsc::Receiver<Input>,
     peers: BTreeMap<u64, mpsc::Sender<RaftMessage>>,
     addrs: BTreeMap<u64, String>,
-    mut disk: Option<Disk>,
-) -> anyhow::Result<()> {
-    let now = || u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
-    let mut waiting: HashMap<u64, oneshot::Sender<Response>> = HashMap::new();
-    let mut next_token = 0u64;
-    let mut was_leader = false;
-    loop {
-        let wake = start + Duration::from_millis(node.poll_timeout());
-        tokio::select! {
-            () = tokio::time::sleep_until(wake.into()) => {
-                node.handle_timeout(now());
-                // Answers nobody waits for any more (timed out at the listener).
-                waiting.retain(|_, tx| !tx.is_closed());
-            }
-            input = inbox.recv() => match input {
-                None => return Ok(()),
-                Some(Input::Raft(msg)) => node.handle_message(now(), msg),
-                Some(Input::Request { req, reply }) => {
-                    if waiting.len() >= MAX_WAITING {
-                        waiting.retain(|_, tx| !tx.is_closed());
+    disk: Option<LogFile>,
+    max_waiting: usize,
+    metrics: Arc<ControllerMetrics>,
+}
+
+impl Driver {
+    /// The voter's task: the only owner of the node.
+    async fn run(
+        mut self,
+        mut node: ControllerNode,
+        mut inbox: mpsc::Receiver<Input>,
+    ) -> anyhow::Result<()> {
+        let start = self.start;
+        let now = || u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let mut waiting: HashMap<u64, oneshot::Sender<Response>> = HashMap::new();
+        let mut next_token = 0u64;
+        let mut was_leader = false;
+        loop {
+            let wake = start + Duration::from_millis(node.poll_timeout());
+            tokio::select! {
+                () = tokio::time::sleep_until(wake.into()) => {
+                    node.handle_timeout(now());
+                    // Answers nobody waits for any more (timed out at the listener).
+                    waiting.retain(|_, tx| !tx.is_closed());
+                }
+                input = inbox.recv() => match input {
+                    None => return Ok(()),
+                    Some(Input::Raft(msg)) => node.handle_message(now(), msg),
+                    Some(Input::Request { req, reply }) => {
+                        if waiting.len() >= self.max_waiting {
+                            waiting.retain(|_, tx| !tx.is_closed());
+                        }
+                        if waiting.len() >= self.max_waiting {
+                            self.metrics.refused_busy("waiting");
+                            let _ = reply.send(Response::Busy);
+                        } else {
+                            next_token += 1;
+                            waiting.insert(next_token, reply);
+                            node.handle_request(now(), next_token, req);
+                        }
                     }
-                    if waiting.len() >= MAX_WAITING {
-                        let _ = reply.send(Response::Busy);
-                    } else {
-                        next_token += 1;
-                        waiting.insert(next_token, reply);
-                        node.handle_request(now(), next_token, req);
+                    Some(Input::Status { reply }) => {
+                        let _ = reply.send(status(&node, &self.addrs));
                     }
                 }
-                Some(Input::Status { reply }) => {
-                    let _ = reply.send(status(&node, &addrs));
+            }
+            // What the voter decided is on disk before anyone hears of it (raft-rs's contract).
+            if let Some(d) = &mut self.disk {
+                match tokio::task::block_in_place(|| d.sync()) {
+                    Ok(true) => {
+                        self.metrics.log_syncs.inc();
+                    }
+                    Ok(false) => {}
+                    Err(e) => {
+                        error!(error = %format!("{e:#}"), "the voter cannot keep its log; stopping");
+                        return Err(e);
+                    }
                 }
             }
-        }
-        // What the voter decided is on disk before anyone hears of it (raft-rs's contract).
-        if let Some(d) = &mut disk {
-            if let Err(e) = d.sync() {
-                error!(error = %format!("{e:#}"), "the voter cannot keep its log; stopping");
-                return Err(e);
+            while let Some(msg) = node.poll_transmit() {
+                if let Some(q) = self.peers.get(&msg.to) {
+                    // A full queue drops it: Raft sends again.
+                    if q.try_send(msg).is_err() {
+                        self.metrics.peer_dropped.inc();
+                    }
+                }
             }
-        }
-        while let Some(msg) = node.poll_transmit() {
-            if let Some(q) = peers.get(&msg.to) {
-                // A full queue drops it: Raft sends again.
-                let _ = q.try_send(msg);
+            while let Some((token, answer)) = node.poll_response() {
+                if answer == Response::Busy {
+                    self.metrics.refused_busy("pending");
+                }
+                if let Some(reply) = waiting.remove(&token) {
+                    let _ = reply.send(answer);
+                }
             }
-        }
-        while let Some((token, answer)) = node.poll_response() {
-            if let Some(reply) = waiting.remove(&token) {
-                let _ = reply.send(answer);
+            if node.is_leader() != was_leader {
+                was_leader = node.is_leader();
+                self.metrics.leader_changes.inc();
+                info!(
+                    voter = node.id(),
+                    term = node.term(),
+                    leader = was_leader,
+                    "controller leadership changed"
+                );
             }
-        }
-        if node.is_leader() != was_leader {
-            was_leader = node.is_leader();
-            info!(
-                voter = node.id(),
-                term = node.term(),
-                leader = was_leader,
-                "controller leadership changed"
-            );
+            let m = &self.metrics;
+            m.inbox_depth.set(inbox.len() as i64);
+            m.waiting.set(waiting.len() as i64);
+            m.term.set(node.term() as i64);
+            m.is_leader.set(i64::from(was_leader));
+            m.applied_index.set(node.applied_index() as i64);
+            m.groups.set(node.metadata().groups().len() as i64);
         }
     }
 }
@@ -385,6 +540,9 @@ fn response_code_of(answer: &Response) -> i32 {
 
 struct ControllerProcessor {
     inbox: mpsc::Sender<Input>,
+    answer_timeout: Duration,
+    elect_timeout: Duration,
+    metrics: Arc<ControllerMetrics>,
 }
 
 fn answer(request: &RemotingCommand, code: i32, remark: String) -> RemotingCommand {
@@ -398,6 +556,8 @@ impl Processor for ControllerProcessor {
         request: RemotingCommand,
     ) -> BoxFuture<'static, shoal_net::ProcessResult> {
         let inbox = self.inbox.clone();
+        let (answer_timeout, elect_timeout) = (self.answer_timeout, self.elect_timeout);
+        let metrics = self.metrics.clone();
         Box::pin(async move {
             let code = request.code;
             if code == ext::CONTROLLER_RAFT_MESSAGE {
@@ -416,7 +576,7 @@ impl Processor for ControllerProcessor {
                 if inbox.try_send(Input::Status { reply }).is_err() {
                     return Ok(Some(answer(&request, resp::SYSTEM_BUSY, "busy".into())));
                 }
-                return Ok(Some(match tokio::time::timeout(ANSWER_TIMEOUT, rx).await {
+                return Ok(Some(match tokio::time::timeout(answer_timeout, rx).await {
                     Ok(Ok(v)) => RemotingCommand::response_to(&request, resp::SUCCESS, None)
                         .with_body(serde_json::to_vec(&v)?),
                     _ => answer(&request, resp::SYSTEM_BUSY, "no answer".into()),
@@ -453,16 +613,20 @@ impl Processor for ControllerProcessor {
             }
             let (reply, rx) = oneshot::channel();
             if inbox.try_send(Input::Request { req, reply }).is_err() {
+                metrics.refused_busy("inbox");
                 return Ok(Some(answer(&request, resp::SYSTEM_BUSY, "busy".into())));
             }
             let limit = if code == rc::CONTROLLER_ELECT_MASTER {
-                ELECT_TIMEOUT
+                elect_timeout
             } else {
-                ANSWER_TIMEOUT
+                answer_timeout
             };
             let response = match tokio::time::timeout(limit, rx).await {
                 Ok(Ok(r)) => r,
-                _ => Response::Busy,
+                _ => {
+                    metrics.refused_busy("timeout");
+                    Response::Busy
+                }
             };
             let remark = match &response {
                 Response::Refused(r) => Some(r.to_string()),
@@ -630,52 +794,5 @@ pub(crate) async fn status_cmd(controller: &str, json_out: bool) -> anyhow::Resu
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn peers_parse_and_leave_this_voter_out() {
-        let p = parse_peers(
-            2,
-            &[
-                "1=127.0.0.1:1".into(),
-                "2=127.0.0.1:2".into(),
-                " 3 = 127.0.0.1:3".into(),
-            ],
-        )
-        .unwrap();
-        assert_eq!(
-            p,
-            BTreeMap::from([(1, "127.0.0.1:1".into()), (3, "127.0.0.1:3".into())])
-        );
-        assert!(parse_peers(1, &["x=1".into()]).is_err());
-        assert!(parse_peers(1, &["2".into()]).is_err());
-        assert!(parse_peers(1, &["0=a".into()]).is_err());
-        assert!(parse_peers(1, &["2=a".into(), "2=b".into()]).is_err());
-    }
-
-    #[test]
-    fn each_request_has_its_code_and_refusals_their_rocketmq_codes() {
-        let req = Request::Heartbeat {
-            group: "g".into(),
-            broker_id: 1,
-            last_epoch: 0,
-            end_offset: 0,
-        };
-        assert_eq!(request_code_of(&req), 904);
-        let apply = Request::ApplyBrokerId {
-            group: "g".into(),
-            addr: "a".into(),
-            token: "t".into(),
-        };
-        assert_eq!(request_code_of(&apply), 1013);
-        assert_eq!(
-            response_code_of(&Response::Refused(Refusal::StaleInSyncEpoch { current: 2 })),
-            2001
-        );
-        assert_eq!(
-            response_code_of(&Response::NotLeader { leader: None }),
-            2007
-        );
-    }
-}
+#[path = "controller_tests.rs"]
+mod tests;

@@ -105,7 +105,7 @@ fn router(state: HttpState) -> Router {
 }
 
 async fn no_dashboard() -> &'static str {
-    "Shoal name server: Prometheus metrics at /metrics (brokers and shoal dev serve the dashboard)\n"
+    "Shoal: Prometheus metrics at /metrics (brokers and shoal dev serve the dashboard)\n"
 }
 
 /// `/metrics`: every registry of the process, in the Prometheus text format, or OpenMetrics
@@ -124,6 +124,7 @@ async fn metrics(
         .map(|b| b.metrics())
         .chain(state.namesrv.iter().map(|n| n.metrics().registry.clone()))
         .chain(state.broker.is_some().then(|| state.access.registry()))
+        .chain(state.registries.iter().cloned())
         .collect();
     // Collectors read store offsets and tables: off the async threads.
     let body = tokio::task::spawn_blocking(move || {

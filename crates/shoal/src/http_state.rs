@@ -21,6 +21,8 @@ pub(crate) struct HttpState {
     pub namesrv_tls: Option<shoal_net::ClientTls>,
     /// Who may use the port.
     pub access: Arc<Access>,
+    /// Other registries of the process served at `/metrics` (a controller voter's).
+    pub registries: Vec<Arc<shoal_metrics::Metrics>>,
 }
 
 impl HttpState {
@@ -44,7 +46,14 @@ impl HttpState {
             admin,
             namesrv_tls: None,
             access: Arc::new(Access::new(AccessSettings::default())),
+            registries: Vec::new(),
         }
+    }
+
+    /// Also serves `registry` at `/metrics`.
+    pub(crate) fn with_registry(mut self, registry: Arc<shoal_metrics::Metrics>) -> Self {
+        self.registries.push(registry);
+        self
     }
 
     /// Sign-in, sessions and tokens of the port (`[http]` of the broker file).

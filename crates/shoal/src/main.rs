@@ -13,6 +13,8 @@ mod bench;
 mod client_cmd;
 mod cluster_cmd;
 mod controller;
+mod controller_config;
+mod controller_log;
 mod dashboard;
 mod group_view;
 mod grpc_cmd;
@@ -192,7 +194,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Dlq(c) => return admin(admin_cmd::dlq(&common, c)),
         Command::Dev(a) => return serve(server::run_dev(a)),
         Command::Namesrv(a) => return serve(server::run_namesrv(a)),
-        Command::Controller(a) => return serve(controller::run(a)),
+        Command::Controller(a) => {
+            return serve(async { controller::run(a, server::shutdown_signal()).await })
+        }
         Command::Broker(server::BrokerArgs {
             action: Some(server::BrokerAction::Status { broker, namesrv }),
             ..

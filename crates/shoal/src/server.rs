@@ -65,9 +65,13 @@ pub(crate) struct NamesrvArgs {
     #[command(flatten)]
     pub tls: TlsServerArgs,
     /// Configuration file (TOML) with a `[net]` table: the listener's transport limits, the
-    /// broker's keys (docs/configuration.md).
+    /// broker's keys (docs/configuration.md); and with --controller a `[controller]` table
+    /// (docs/ha.md).
     #[arg(long)]
     pub config: Option<PathBuf>,
+    /// A controller voter in this process.
+    #[command(flatten)]
+    pub controller: crate::controller::NamesrvControllerArgs,
 }
 
 /// Flush mode on the command line.
@@ -525,11 +529,18 @@ pub(crate) async fn run_namesrv(args: NamesrvArgs) -> anyhow::Result<()> {
         Some(p) => Some(shoal_broker::read_acl_config(p)?),
         None => None,
     };
-    let file = match &args.config {
-        Some(p) => shoal_broker::NamesrvFile::read(p)
-            .map_err(|e| anyhow::anyhow!("name server configuration {}", e.0))?,
-        None => shoal_broker::NamesrvFile::default(),
+    // The `[controller]` table is the voter's; the rest is the name server's.
+    let (file, controller_limits) = match &args.config {
+        Some(p) => {
+            let (rest, limits) = crate::controller_config::split_namesrv_file(p)?;
+            let file = shoal_broker::NamesrvFile::from_toml(&rest).map_err(|e| {
+                anyhow::anyhow!("name server configuration {}: {}", p.display(), e.0)
+            })?;
+            (file, limits)
+        }
+        None => (shoal_broker::NamesrvFile::default(), None),
     };
+    let voter = args.controller.voter(controller_limits)?;
     let tls = args.tls.server_tls()?;
     let mode = tls.mode();
     let ns = NameServer::start(NamesrvConfig {
@@ -546,20 +557,51 @@ pub(crate) async fn run_namesrv(args: NamesrvArgs) -> anyhow::Result<()> {
         "shoal name server listening on {} (TLS {mode})",
         ns.local_addr()
     );
+    let mut voter = match voter {
+        Some(opts) => match crate::controller::Voter::start(opts).await {
+            Ok(v) => Some(v),
+            Err(e) => {
+                ns.shutdown().await;
+                return Err(e);
+            }
+        },
+        None => None,
+    };
+    if let Some(v) = &voter {
+        println!("{}", v.describe());
+    }
     let http = match &args.http_listen {
         Some(addr) => {
-            let state = HttpState::new(None, Some(ns.processor().clone()), Vec::new());
+            let mut state = HttpState::new(None, Some(ns.processor().clone()), Vec::new());
+            if let Some(v) = &voter {
+                state = state.with_registry(v.registry());
+            }
             let h = HttpServer::start(addr, state).await?;
             println!("metrics at http://{}/metrics", h.local_addr());
             Some(h)
         }
         None => None,
     };
-    stop.await;
+    // A voter that cannot keep its log stops the process (as `shoal controller` does).
+    let failed = tokio::select! {
+        () = stop => None,
+        e = async {
+            match &mut voter {
+                Some(v) => v.failed().await,
+                None => std::future::pending().await,
+            }
+        } => Some(e),
+    };
     if let Some(h) = http {
         h.shutdown().await;
     }
+    if let Some(v) = voter {
+        v.shutdown().await;
+    }
     ns.shutdown().await;
+    if let Some(e) = failed {
+        return Err(e);
+    }
     println!("name server stopped");
     Ok(())
 }

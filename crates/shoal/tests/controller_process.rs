@@ -18,7 +18,7 @@ use std::collections::BTreeSet;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use support::{free_port, shoal, Proc};
+use support::{free_port, http_request, shoal, Proc};
 
 const LIMIT: Duration = Duration::from_secs(30);
 
@@ -295,7 +295,8 @@ async fn three_voters_keep_a_group_through_the_leaders_death() {
 #[test]
 fn a_single_voter_leads_at_once_and_answers_brokers() {
     let addrs = vec![format!("127.0.0.1:{}", free_port())];
-    let _voter = start_voter(1, &addrs, &[]);
+    let http = format!("127.0.0.1:{}", free_port());
+    let _voter = start_voter(1, &addrs, &["--max-groups", "1", "--http-listen", &http]);
     let v = wait_status(&addrs[0], "the single voter did not lead", |v| {
         v["isLeader"] == true
     });
@@ -322,10 +323,38 @@ fn a_single_voter_leads_at_once_and_answers_brokers() {
             .await
             .unwrap();
         assert_eq!(reply.code, 2005, "CONTROLLER_INVALID_REQUEST");
+        // --max-groups 1: a second group is refused.
+        let other = Request::ApplyBrokerId {
+            group: "broker-z".into(),
+            addr: "127.0.0.1:2".into(),
+            token: "t".into(),
+        };
+        let (code, answer) = call(&client, &addrs[0], &other).await;
+        assert_eq!(code, 2005, "{answer:?}");
+        assert_eq!(
+            answer,
+            Response::Refused(shoal_ha::controller::Refusal::Limit("max_groups".into()))
+        );
         client.shutdown();
     });
     let v = status(&addrs[0]).unwrap();
     assert_eq!(v["groups"]["broker-b"]["members"]["1"], "127.0.0.1:1");
+    // The voter's metrics at --http-listen (bound just after the voter's port).
+    let deadline = Instant::now() + LIMIT;
+    while std::net::TcpStream::connect(&http).is_err() {
+        assert!(Instant::now() < deadline, "no HTTP port at {http}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (code, body) = http_request(&http, "GET", "/metrics", "");
+    assert_eq!(code, 200);
+    for line in [
+        "shoal_controller_is_leader 1",
+        "shoal_controller_groups 1",
+        "shoal_controller_inbox_depth",
+        "shoal_controller_applied_index",
+    ] {
+        assert!(body.contains(line), "{line} in\n{body}");
+    }
 }
 
 #[test]
@@ -333,7 +362,9 @@ fn a_voter_with_a_data_dir_keeps_its_groups_across_a_kill() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().to_str().unwrap().to_string();
     let addrs = vec![format!("127.0.0.1:{}", free_port())];
-    let mut voter = start_voter(1, &addrs, &["--data-dir", &data]);
+    // Compacted every 4 entries: the file is written again whole along the way.
+    let args = ["--data-dir", data.as_str(), "--compact-every", "4"];
+    let mut voter = start_voter(1, &addrs, &args);
     wait_status(&addrs[0], "the voter did not lead", |v| {
         v["isLeader"] == true
     });
@@ -348,7 +379,9 @@ fn a_voter_with_a_data_dir_keeps_its_groups_across_a_kill() {
     };
     rt.block_on(async {
         let client = RemotingClient::new(NetConfig::default(), Arc::new(NotSupportedProcessor));
-        for (token, id) in [("1", 1), ("2", 2)] {
+        for id in 1..=10 {
+            let token = id.to_string();
+            let token = token.as_str();
             assert_eq!(
                 call(&client, &addrs[0], &apply(token)).await,
                 (0, Response::BrokerId(id))
@@ -357,20 +390,26 @@ fn a_voter_with_a_data_dir_keeps_its_groups_across_a_kill() {
         client.shutdown();
     });
     voter.sigkill();
-    let _voter = start_voter(1, &addrs, &["--data-dir", &data]);
+    let log = std::fs::read(dir.path().join("controller.log")).unwrap();
+    assert!(log.starts_with(b"SHOALCL2"), "the record format");
+    let _voter = start_voter(1, &addrs, &args);
     let v = wait_status(&addrs[0], "the restarted voter did not lead", |v| {
         v["isLeader"] == true
     });
     assert_eq!(
         v["groups"]["broker-c"]["members"],
-        serde_json::json!({"1": "127.0.0.1:1", "2": "127.0.0.1:2"})
+        serde_json::Value::Object(
+            (1..=10)
+                .map(|i| (i.to_string(), format!("127.0.0.1:{i}").into()))
+                .collect()
+        )
     );
-    // Ids are never given twice: a new broker gets 3, a known token its own id.
+    // Ids are never given twice: a new broker gets 11, a known token its own id.
     rt.block_on(async {
         let client = RemotingClient::new(NetConfig::default(), Arc::new(NotSupportedProcessor));
         assert_eq!(
-            call(&client, &addrs[0], &apply("3")).await,
-            (0, Response::BrokerId(3))
+            call(&client, &addrs[0], &apply("11")).await,
+            (0, Response::BrokerId(11))
         );
         assert_eq!(
             call(&client, &addrs[0], &apply("1")).await,

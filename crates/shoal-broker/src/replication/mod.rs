@@ -21,6 +21,7 @@ mod config;
 mod disk;
 mod driver;
 mod metadata;
+mod metrics;
 mod wire;
 
 pub use config::{AckSetting, ReplicationSettings};

@@ -6,6 +6,7 @@
 //! fences a stale sender (master epoch, in-sync-set epoch, a fenced lease) happens at apply
 //! time, so a command decided on an outdated view is refused rather than applied.
 
+use super::limits::MetadataLimits;
 use crate::{BrokerId, Epoch};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
@@ -76,10 +77,16 @@ pub enum Command {
         /// The master epoch the decision was taken at.
         expect_master_epoch: Epoch,
     },
+    /// The leader's configured limits become every voter's. Limits are part of the
+    /// deterministic apply, so they change in log order, never from a voter's own file.
+    SetLimits {
+        /// The limits from here on.
+        limits: MetadataLimits,
+    },
 }
 
 impl Command {
-    /// The broker group the command is about.
+    /// The broker group the command is about (empty for [`Command::SetLimits`]).
     pub fn group(&self) -> &str {
         match self {
             Command::ApplyBrokerId { group, .. }
@@ -88,6 +95,7 @@ impl Command {
             | Command::GrantLease { group, .. }
             | Command::FenceLeases { group, .. }
             | Command::ElectMaster { group, .. } => group,
+            Command::SetLimits { .. } => "",
         }
     }
 }
@@ -177,6 +185,8 @@ pub enum Outcome {
         /// The group's lease generation after the grant.
         generation: u64,
     },
+    /// The limits changed.
+    LimitsSet,
     /// Refused, and why.
     Refused(Refusal),
 }

@@ -2,31 +2,10 @@
 //! [`Command`]s in log order.
 
 use super::command::{Command, GroupInfo, Member, Outcome, Refusal};
+pub use super::limits::MetadataLimits;
 use crate::{BrokerId, Epoch};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-
-/// Limits on what brokers can make the controller hold; the same on every voter (they are
-/// part of the deterministic apply).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct MetadataLimits {
-    /// Broker groups at most.
-    pub max_groups: usize,
-    /// Members of one group at most (ids given, live or not).
-    pub max_members: usize,
-    /// Bytes of a group name, an address or a token at most.
-    pub max_text_len: usize,
-}
-
-impl Default for MetadataLimits {
-    fn default() -> Self {
-        Self {
-            max_groups: 4_096,
-            max_members: 16,
-            max_text_len: 256,
-        }
-    }
-}
 
 /// Every broker group's replication metadata.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -54,6 +33,11 @@ impl Metadata {
         &self.groups
     }
 
+    /// The limits in force (the last [`Command::SetLimits`] applied, or the defaults).
+    pub fn limits(&self) -> MetadataLimits {
+        self.limits
+    }
+
     /// Applies one committed command; deterministic.
     pub fn apply(&mut self, cmd: &Command) -> Outcome {
         match self.try_apply(cmd) {
@@ -64,6 +48,11 @@ impl Metadata {
 
     fn try_apply(&mut self, cmd: &Command) -> Result<Outcome, Refusal> {
         match cmd {
+            Command::SetLimits { limits } => {
+                // Lower limits refuse what comes next; nothing held is dropped.
+                self.limits = *limits;
+                Ok(Outcome::LimitsSet)
+            }
             Command::ApplyBrokerId { group, addr, token } => {
                 if [group, addr, token]
                     .iter()

@@ -9,15 +9,27 @@
 //!   last lease it saw has certainly expired, whom to elect), each proposed as a command.
 
 mod command;
+mod config;
+mod election;
+mod journal;
+mod limits;
 mod metadata;
 mod node;
+#[cfg(test)]
+mod node_tests;
+mod ready;
+mod request;
 mod storage;
 mod wire;
 
 pub use command::{Command, GroupInfo, Member, Outcome, Refusal};
+pub use config::{ControllerConfig, ControllerError};
 pub use metadata::{Metadata, MetadataLimits};
-pub use node::{ClientToken, ControllerConfig, ControllerError, ControllerNode, Request, Response};
+pub use node::ControllerNode;
 /// raft-rs's message between voters, as [`ControllerNode`] takes and gives it.
 pub use raft::eraftpb::Message as RaftMessage;
-pub use storage::ControllerStorage;
+/// The kind of a [`RaftMessage`].
+pub use raft::eraftpb::MessageType as RaftMessageType;
+pub use request::{ClientToken, Request, Response};
+pub use storage::{ControllerStorage, JournalWrite, Recovered};
 pub use wire::{decode_raft_message, encode_raft_message, WireError};

@@ -4,14 +4,17 @@
 //! raft-rs's `MemStorage` keeps no snapshot data and no term for the compaction point, so a
 //! compacted log could not bring a lagging voter back. This store keeps both. It is held in
 //! memory behind one short lock; a clone is the same log (the simulator keeps a clone as the
-//! voter's disk across crashes). A process keeps it in a file: [`ControllerStorage::to_bytes`]
-//! whenever [`ControllerStorage::version`] moved, [`ControllerStorage::from_bytes`] at start.
+//! voter's disk across crashes).
+//!
+//! A process keeps it in a file (see `journal.rs` for the records): a journaled store
+//! ([`ControllerStorage::recover`], [`ControllerStorage::new_journaled`]) notes every change
+//! as a record, and [`ControllerStorage::take_journal`] gives the driver the bytes to append
+//! (or, after a compaction or a snapshot from the leader, the whole file to write again).
 
+use super::journal::{self, Record, MAGIC, MAGIC_V1};
 use raft::eraftpb::{ConfState, Entry, HardState, Snapshot, SnapshotMetadata};
 use raft::{GetEntriesContext, RaftState, Storage, StorageError};
 use std::sync::{Arc, Mutex, MutexGuard};
-
-const MAGIC: &[u8] = b"SHOALCS1";
 
 #[derive(Debug, Default)]
 struct Log {
@@ -21,6 +24,39 @@ struct Log {
     entries: Vec<Entry>,
     /// Grows at every change, so a driver knows when to write the log to disk.
     version: u64,
+    /// The changes not yet taken by the driver (a journaled store only).
+    journal: Option<Pending>,
+}
+
+/// Changes of a journaled store since the driver last took them.
+#[derive(Debug, Default)]
+struct Pending {
+    records: Vec<Record>,
+    /// The file is to be written whole (new, compacted, or a snapshot installed).
+    rewrite: bool,
+}
+
+/// What the driver writes to the log file, synced, before it sends anything.
+#[derive(Debug, PartialEq, Eq)]
+pub enum JournalWrite {
+    /// Nothing changed.
+    Nothing,
+    /// Records to append.
+    Append(Vec<u8>),
+    /// The whole file, to write to a temporary file, sync and rename over the old one.
+    Rewrite(Vec<u8>),
+}
+
+/// A log read back from its file.
+#[derive(Debug)]
+pub struct Recovered {
+    /// The log, journaled.
+    pub storage: ControllerStorage,
+    /// Bytes of the file up to the end of its last good record: the writer truncates the
+    /// file there before appending (0: write the file whole).
+    pub valid_len: usize,
+    /// Why the file's records stopped before its end (a torn tail after a crash), if they did.
+    pub torn: Option<String>,
 }
 
 impl Log {
@@ -32,6 +68,22 @@ impl Log {
         self.entries
             .last()
             .map_or(self.snapshot.get_metadata().index, |e| e.index)
+    }
+
+    /// A journaled store records the hard state now.
+    fn note_hard_state(&mut self) {
+        let hs = self.hard_state.clone();
+        if let Some(j) = &mut self.journal {
+            j.records.push(Record::HardState(hs));
+        }
+    }
+
+    /// A journaled store's file is to be written whole (what it holds is replaced).
+    fn note_rewrite(&mut self) {
+        if let Some(j) = &mut self.journal {
+            j.records.clear();
+            j.rewrite = true;
+        }
     }
 }
 
@@ -66,14 +118,131 @@ impl ControllerStorage {
         log
     }
 
-    /// Grows at every change of the log: a driver that keeps the log in a file writes it
-    /// again when this moved (before it sends anything the voter polled after the change).
+    /// An empty log for a voter among `voters`, journaled: the first
+    /// [`Self::take_journal`] gives the whole file.
+    pub fn new_journaled(voters: Vec<u64>) -> Self {
+        let s = Self::new(voters);
+        s.lock().journal = Some(Pending {
+            records: Vec::new(),
+            rewrite: true,
+        });
+        s
+    }
+
+    /// The log in a file's bytes (written by [`Self::take_journal`], or whole by an earlier
+    /// version), journaled; an empty file is a new log for a voter among `voters`. Recovery
+    /// stops at the first record that is cut short, fails its checksum or does not decode.
+    ///
+    /// # Errors
+    /// When the bytes are not a controller log.
+    pub fn recover(bytes: &[u8], voters: &[u64]) -> Result<Recovered, super::WireError> {
+        if bytes.starts_with(MAGIC_V1) {
+            let storage = Self::from_bytes(bytes)?;
+            storage.lock().journal = Some(Pending {
+                records: Vec::new(),
+                rewrite: true,
+            });
+            return Ok(Recovered {
+                storage,
+                valid_len: 0,
+                torn: None,
+            });
+        }
+        let replay = journal::replay(bytes)?;
+        if replay.records.is_empty() {
+            return Ok(Recovered {
+                storage: Self::new_journaled(voters.to_vec()),
+                valid_len: replay.valid_len,
+                torn: replay.torn,
+            });
+        }
+        let s = Self::default();
+        {
+            let mut log = s.lock();
+            let mut gap = false;
+            for r in replay.records {
+                match r {
+                    Record::HardState(hs) => log.hard_state = hs,
+                    Record::ConfState(cs) => log.conf_state = cs,
+                    Record::Snapshot(snap) => {
+                        let index = snap.get_metadata().index;
+                        log.entries.retain(|e| e.index > index);
+                        if log.entries.first().is_some_and(|e| e.index != index + 1) {
+                            log.entries.clear();
+                        }
+                        log.snapshot = snap;
+                    }
+                    Record::Entry(e) => {
+                        if e.index < log.first_index() {
+                            continue;
+                        }
+                        let keep = (e.index - log.first_index()) as usize;
+                        if keep > log.entries.len() {
+                            // A gap (never written so): keep what is contiguous, and write
+                            // the file again from it.
+                            gap = true;
+                            break;
+                        }
+                        log.entries.truncate(keep);
+                        log.entries.push(e);
+                    }
+                }
+            }
+            log.journal = Some(Pending {
+                records: Vec::new(),
+                rewrite: gap,
+            });
+        }
+        Ok(Recovered {
+            storage: s,
+            valid_len: replay.valid_len,
+            torn: replay.torn,
+        })
+    }
+
+    /// The changes since the last call, as bytes for the file (a store that is not
+    /// journaled has none).
+    ///
+    /// # Errors
+    /// When protobuf refuses a message.
+    pub fn take_journal(&self) -> Result<JournalWrite, super::WireError> {
+        let mut log = self.lock();
+        let Some(pending) = log.journal.take() else {
+            return Ok(JournalWrite::Nothing);
+        };
+        log.journal = Some(Pending::default());
+        if pending.rewrite {
+            let mut out = MAGIC.to_vec();
+            Record::Snapshot(log.snapshot.clone()).encode(&mut out)?;
+            Record::ConfState(log.conf_state.clone()).encode(&mut out)?;
+            for e in &log.entries {
+                Record::Entry(e.clone()).encode(&mut out)?;
+            }
+            // After the entries, as in every append: a commit index never names an entry
+            // that is not before it in the file.
+            Record::HardState(log.hard_state.clone()).encode(&mut out)?;
+            return Ok(JournalWrite::Rewrite(out));
+        }
+        if pending.records.is_empty() {
+            return Ok(JournalWrite::Nothing);
+        }
+        let mut out = Vec::new();
+        for r in &pending.records {
+            r.encode(&mut out)?;
+        }
+        Ok(JournalWrite::Append(out))
+    }
+
+    /// Grows at every change of the log (a journaled store's changes are in
+    /// [`Self::take_journal`]).
     pub fn version(&self) -> u64 {
         self.lock().version
     }
 
-    /// The whole log as bytes, for a file: `SHOALCS1`, then the hard state, the membership,
+    /// The whole log as bytes in the file format of earlier versions (written whole at every
+    /// change, read by [`Self::recover`]): `SHOALCS1`, then the hard state, the membership,
     /// the snapshot and each entry, each as a big-endian `u32` length and its protobuf bytes.
+    /// Two logs with the same bytes are the same log.
     ///
     /// # Errors
     /// When protobuf refuses a message.
@@ -81,7 +250,7 @@ impl ControllerStorage {
         use protobuf::Message as _;
         let log = self.lock();
         let mut out = Vec::with_capacity(64 + log.snapshot.get_data().len());
-        out.extend_from_slice(MAGIC);
+        out.extend_from_slice(MAGIC_V1);
         let mut put = |bytes: Vec<u8>| {
             out.extend_from_slice(&(bytes.len() as u32).to_be_bytes());
             out.extend_from_slice(&bytes);
@@ -102,7 +271,7 @@ impl ControllerStorage {
     pub fn from_bytes(bytes: &[u8]) -> Result<Self, super::WireError> {
         use protobuf::Message as _;
         let bad = || super::WireError::Format("not a controller log, or cut short");
-        let mut rest = bytes.strip_prefix(MAGIC).ok_or_else(bad)?;
+        let mut rest = bytes.strip_prefix(MAGIC_V1).ok_or_else(bad)?;
         let mut take = || -> Result<Option<&[u8]>, super::WireError> {
             if rest.is_empty() {
                 return Ok(None);
@@ -126,6 +295,7 @@ impl ControllerStorage {
             snapshot,
             entries,
             version: 0,
+            journal: None,
         }))))
     }
 
@@ -137,6 +307,7 @@ impl ControllerStorage {
             log.snapshot
                 .mut_metadata()
                 .set_conf_state(ConfState::from((voters.to_vec(), vec![])));
+            log.note_rewrite();
         }
     }
 
@@ -150,8 +321,11 @@ impl ControllerStorage {
         let keep = from.saturating_sub(log.first_index()) as usize;
         log.entries.truncate(keep);
         let skip = (from - first.index) as usize;
-        log.entries
-            .extend_from_slice(entries.get(skip..).unwrap_or(&[]));
+        let new = entries.get(skip..).unwrap_or(&[]);
+        log.entries.extend_from_slice(new);
+        if let Some(j) = &mut log.journal {
+            j.records.extend(new.iter().cloned().map(Record::Entry));
+        }
     }
 
     /// Records Raft's hard state.
@@ -160,6 +334,7 @@ impl ControllerStorage {
         if log.hard_state != hs {
             log.hard_state = hs;
             log.version += 1;
+            log.note_hard_state();
         }
     }
 
@@ -169,6 +344,7 @@ impl ControllerStorage {
         if log.hard_state.commit != commit {
             log.hard_state.commit = commit;
             log.version += 1;
+            log.note_hard_state();
         }
     }
 
@@ -185,6 +361,7 @@ impl ControllerStorage {
         let index = meta.index;
         log.entries.retain(|e| e.index > index);
         log.snapshot = snapshot;
+        log.note_rewrite();
     }
 
     /// Replaces entries up to `index` (applied, with `data` the state after it) by a snapshot.
@@ -212,6 +389,7 @@ impl ControllerStorage {
         snapshot.set_data(data.into());
         log.entries.retain(|e| e.index > index);
         log.snapshot = snapshot;
+        log.note_rewrite();
     }
 
     /// The latest snapshot (empty data before the first compaction).

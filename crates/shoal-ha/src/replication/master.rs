@@ -57,7 +57,8 @@ pub struct MasterConfig {
     pub resend_ms: Millis,
     /// A write not acknowledged within this is answered with a timeout (its bytes stay).
     pub ack_timeout_ms: Millis,
-    /// Renew the lease this often (a third of the lease is a good value).
+    /// Renew the lease this often at most; a master renews at least three times per lease
+    /// the controller grants, whatever this says.
     pub renew_ms: Millis,
     /// Writes waiting for their acknowledgement at most.
     pub max_pending: usize,
@@ -184,6 +185,8 @@ pub struct Master {
     followers: BTreeMap<BrokerId, Follower>,
     lease_until: Millis,
     next_renew: Millis,
+    /// The length of the last lease granted (0 before the first).
+    granted_ms: Millis,
     calls: BTreeMap<u64, Call>,
     next_call: u64,
     pending: VecDeque<(u64, u64, Millis)>,
@@ -244,6 +247,7 @@ impl Master {
             followers,
             lease_until: 0,
             next_renew: now,
+            granted_ms: 0,
             calls: BTreeMap::new(),
             next_call: 0,
             pending: VecDeque::new(),
@@ -408,6 +412,7 @@ impl Master {
                 },
             ) if master_epoch == self.epoch => {
                 self.lease_until = self.lease_until.max(sent_at + lease_ms);
+                self.granted_ms = lease_ms;
             }
             (_, Response::Group(info)) => self.learn(&info),
             (_, Response::Refused(refusal)) => match refusal {
@@ -617,7 +622,11 @@ impl Master {
         }
         // Lease renewal.
         if now >= self.next_renew {
-            self.next_renew = now + self.cfg.renew_ms;
+            let every = match self.granted_ms {
+                0 => self.cfg.renew_ms,
+                lease => self.cfg.renew_ms.min((lease / 3).max(1)),
+            };
+            self.next_renew = now + every;
             let call = self.call(Call::Lease { sent_at: now });
             self.out.push_back(MasterTransmit::Controller {
                 call,

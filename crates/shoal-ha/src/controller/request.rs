@@ -1,0 +1,100 @@
+//! What brokers and operators ask a controller voter, and what it answers.
+
+use super::command::{GroupInfo, Refusal};
+use crate::time::Millis;
+use crate::{BrokerId, Epoch};
+use serde::{Deserialize, Serialize};
+
+/// A request from a broker or an operator to the controller.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Request {
+    /// Ask for a broker id (idempotent per token).
+    ApplyBrokerId {
+        /// The broker group.
+        group: String,
+        /// The broker's address.
+        addr: String,
+        /// The nonce on the broker's disk.
+        token: String,
+    },
+    /// Register an address under an id.
+    Register {
+        /// The broker group.
+        group: String,
+        /// Its id.
+        broker_id: BrokerId,
+        /// Its address.
+        addr: String,
+    },
+    /// Liveness and replication progress; answered at once with the group's metadata as the
+    /// leader last applied it (RocketMQ's BROKER_HEARTBEAT and GET_REPLICA_INFO in one).
+    Heartbeat {
+        /// The broker group.
+        group: String,
+        /// Its id.
+        broker_id: BrokerId,
+        /// The epoch of the last entry in its log.
+        last_epoch: Epoch,
+        /// The end offset of its commit log.
+        end_offset: u64,
+    },
+    /// The master renews its write lease (also a heartbeat).
+    RenewLease {
+        /// The broker group.
+        group: String,
+        /// The master.
+        broker_id: BrokerId,
+        /// Its master epoch.
+        master_epoch: Epoch,
+    },
+    /// The master changes the in-sync set.
+    AlterInSyncSet {
+        /// The broker group.
+        group: String,
+        /// The master.
+        master: BrokerId,
+        /// Its master epoch.
+        master_epoch: Epoch,
+        /// The in-sync-set epoch the proposal is based on.
+        in_sync_epoch: Epoch,
+        /// The proposed set.
+        in_sync: std::collections::BTreeSet<BrokerId>,
+    },
+    /// An operator's switch-over: elect `target` (or the best in-sync replica) once the
+    /// current master's lease has certainly expired.
+    ElectMaster {
+        /// The broker group.
+        group: String,
+        /// The replica to elect, or `None` for the best one.
+        target: Option<BrokerId>,
+    },
+}
+
+/// The controller's answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Response {
+    /// The broker's id.
+    BrokerId(BrokerId),
+    /// The group's metadata after the request.
+    Group(GroupInfo),
+    /// The lease is granted: the master may acknowledge writes for `lease_ms` counted from
+    /// when it sent the request.
+    LeaseGranted {
+        /// The epoch the lease is for.
+        master_epoch: Epoch,
+        /// Its length.
+        lease_ms: Millis,
+    },
+    /// Refused by a fence or a limit.
+    Refused(Refusal),
+    /// This voter is not the leader; ask `leader` (a voter id) if known.
+    NotLeader {
+        /// The leader this voter knows of.
+        leader: Option<u64>,
+    },
+    /// Too many requests in flight; retry later.
+    Busy,
+}
+
+/// Who sent a request; the caller's own handle, given back with the answer.
+pub type ClientToken = u64;
