@@ -40,14 +40,15 @@ pub(crate) async fn run(args: DevArgs, replicas: usize) -> anyhow::Result<()> {
     )?;
     let namesrv = ns.local_addr().to_string();
     let voter = Voter::start(VoterOptions {
-        listen: "127.0.0.1:0".into(),
+        // Beside the name server, as `shoal controller`'s default is beside 9876.
+        listen: format!("127.0.0.1:{}", args.namesrv_port.saturating_add(2)),
         id: 1,
         peers: Vec::new(),
         data_dir: Some(args.data_dir.join("controller")),
         limits: Default::default(),
     })
     .await
-    .context("starting the controller")?;
+    .context("starting the controller (its port is the name server's + 2)")?;
     let controller = voter.local_addr().to_string();
     let exe = std::env::current_exe().context("finding the shoal binary")?;
     let mut children: Vec<Replica> = Vec::new();
@@ -79,7 +80,10 @@ pub(crate) async fn run(args: DevArgs, replicas: usize) -> anyhow::Result<()> {
     }
     println!("Shoal dev is running a replicated broker group (Ctrl-C to stop)");
     println!("  name server  {namesrv}");
-    println!("  controller   {controller} (one voter, log in {})", args.data_dir.join("controller").display());
+    println!(
+        "  controller   {controller} (one voter, log in {})",
+        args.data_dir.join("controller").display()
+    );
     for (i, r) in children.iter().enumerate() {
         println!(
             "  replica {}    {GROUP} at {}, pid {}, data in {}",

@@ -257,3 +257,137 @@ fn scenario(fault: Fault) {
         m.sigkill();
     }
 }
+
+/// `shoal dev --replicas 3` as a user runs it: three replicas come up, a message sent is
+/// acknowledged, the master printed by dev is SIGKILLed, and a message sent afterwards goes to
+/// the replica elected in its place; both are consumed.
+#[test]
+fn dev_with_three_replicas_fails_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let ns_port = free_port();
+    let namesrv = format!("127.0.0.1:{ns_port}");
+    let controller = format!("127.0.0.1:{}", ns_port + 2);
+    let mut dev = Command::new(shoal())
+        .args([
+            "dev",
+            "--replicas",
+            "3",
+            "--data-dir",
+            dir.path().to_str().unwrap(),
+        ])
+        .args(["--namesrv-port", &ns_port.to_string()])
+        .args(["--broker-port", &free_port().to_string()])
+        .stdout(Stdio::piped())
+        .stderr(log_sink("dev-replicas"))
+        .spawn()
+        .unwrap();
+    // The replicas' addresses and pids as dev prints them.
+    let stdout = dev.stdout.take().unwrap();
+    let mut replicas: Vec<(String, u32)> = Vec::new();
+    use std::io::BufRead;
+    let mut lines = std::io::BufReader::new(stdout).lines();
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        if line.trim_start().starts_with("replica ") {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            let addr =
+                words[words.iter().position(|w| *w == "at").unwrap() + 1].trim_end_matches(',');
+            let pid =
+                words[words.iter().position(|w| *w == "pid").unwrap() + 1].trim_end_matches(',');
+            replicas.push((addr.to_string(), pid.parse().unwrap()));
+        }
+        if line.starts_with("Try it") {
+            break;
+        }
+    }
+    // Dev prints on (a replica that exits): keep reading.
+    std::thread::spawn(move || lines.for_each(drop));
+    let _dev = Proc { child: dev };
+    assert_eq!(replicas.len(), 3);
+    let status = |ok: &dyn Fn(&Value) -> bool| -> Value {
+        let deadline = Instant::now() + LIMIT;
+        loop {
+            let out = Command::new(shoal())
+                .args(["cluster", "status", "--controller", &controller, "--json"])
+                .output()
+                .unwrap();
+            if let Ok(v) = serde_json::from_slice::<Value>(&out.stdout) {
+                if ok(&v["groups"][GROUP]) {
+                    return v["groups"][GROUP].clone();
+                }
+            }
+            assert!(Instant::now() < deadline, "cluster status never matched");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    let g = status(&|g| g["master"].is_u64() && in_sync_len(g) == 3);
+    let run = |args: &[&str]| {
+        let out = Command::new(shoal())
+            .args(args)
+            .args(["--namesrv", &namesrv])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    run(&["topic", "create", "DevReplicated", "--queues", "2"]);
+    run(&["send", "DevReplicated", "--body", "before"]);
+    let master_addr = g["members"][g["master"].as_u64().unwrap().to_string()]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let pid = replicas.iter().find(|(a, _)| *a == master_addr).unwrap().1;
+    Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status()
+        .unwrap();
+    let epoch = g["masterEpoch"].as_u64().unwrap();
+    status(&|g| g["masterEpoch"].as_u64().unwrap_or(0) > epoch);
+    // The route moves to the new master; sends retry until it does.
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        let out = Command::new(shoal())
+            .args([
+                "send",
+                "DevReplicated",
+                "--body",
+                "after",
+                "--namesrv",
+                &namesrv,
+            ])
+            .output()
+            .unwrap();
+        if out.status.success() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no send succeeded after the failover"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let out = Command::new(shoal())
+        .args([
+            "consume",
+            "DevReplicated",
+            "--group",
+            "dev-readers",
+            "--from",
+            "first",
+        ])
+        .args(["--count", "2", "--json", "--namesrv", &namesrv])
+        .output()
+        .unwrap();
+    let bodies: BTreeSet<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter_map(|v| v["body"].as_str().map(str::to_string))
+        .collect();
+    assert!(
+        bodies.contains("before") && bodies.contains("after"),
+        "{bodies:?}"
+    );
+}
