@@ -333,6 +333,25 @@ fn dev_with_three_replicas_fails_over() {
             String::from_utf8_lossy(&out.stderr)
         );
     };
+    // A replica refuses to change its tables: they come from the master.
+    let replica_addr = g["members"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .find(|(id, _)| id.as_str() != g["master"].as_u64().unwrap().to_string())
+        .map(|(_, a)| a.as_str().unwrap().to_string())
+        .unwrap();
+    let out = Command::new(shoal())
+        .args(["topic", "create", "OnReplica", "--brokers", &replica_addr])
+        .args(["--namesrv", &namesrv])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("replica of broker-a"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     run(&["topic", "create", "DevReplicated", "--queues", "2"]);
     run(&["send", "DevReplicated", "--body", "before"]);
     let master_addr = g["members"][g["master"].as_u64().unwrap().to_string()]

@@ -230,6 +230,27 @@ impl Replication {
         }
     }
 
+    /// Whether this broker is its group's master now.
+    pub(crate) fn is_master(&self) -> bool {
+        matches!(self.view.lock().role, RoleView::Master { .. })
+    }
+
+    /// The refusal of a change to the topic or subscription-group table on a replica: the
+    /// master's tables are replicated to it and would take the change back.
+    pub(crate) fn refuse_table_change(&self) -> Result<(), Reject> {
+        if self.is_master() {
+            return Ok(());
+        }
+        Err(Reject::new(
+            resp::SERVICE_NOT_AVAILABLE,
+            format!(
+                "this broker is a replica of {}: change topics and subscription groups on its \
+                 master (brokerId 0), whose tables the replicas follow",
+                self.group
+            ),
+        ))
+    }
+
     /// What the driver last published.
     pub(crate) fn view(&self) -> ReplicationView {
         self.view.lock().clone()
