@@ -129,6 +129,7 @@ impl Broker {
                     .tls
                     .namesrv_client_tls()
                     .map_err(BrokerError::Tls)?,
+                shared.config.flush_mode == FlushMode::Sync,
             );
             match started {
                 Ok((replication, task)) => {

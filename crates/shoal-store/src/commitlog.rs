@@ -381,7 +381,7 @@ impl CommitLog {
     /// makes everything durable. Only the single writer calls this. If a write fails nothing
     /// becomes visible; if the fsync fails the bytes are visible but not durable (the caller
     /// marks the store failed).
-    pub(crate) fn append_raw(&self, pieces: &[(u64, &[u8])], end: u64) -> Result<()> {
+    pub(crate) fn append_raw(&self, pieces: &[(u64, &[u8])], end: u64, sync: bool) -> Result<()> {
         for &(at, data) in pieces {
             self.write_run(at, data)?;
         }
@@ -393,7 +393,9 @@ impl CommitLog {
             }
         }
         self.write_pos.store(end, Ordering::Release);
-        self.flush()?;
+        if sync {
+            self.flush()?;
+        }
         Ok(())
     }
 

@@ -135,6 +135,14 @@ impl MessageStore {
     /// records, and what is now below the confirmed offset is dispatched. Returns the new
     /// write position.
     pub fn append_replicated(&self, start: u64, bytes: &[u8]) -> Result<u64> {
+        self.append_replicated_with(start, bytes, true)
+    }
+
+    /// [`Self::append_replicated`], fsynced before it returns only when `durable` (otherwise
+    /// the flusher makes the bytes durable as it does a put's under async flush; a replica of
+    /// a group whose brokers flush asynchronously acknowledges what it has written, as
+    /// RocketMQ's slaves and Kafka's followers do).
+    pub fn append_replicated_with(&self, start: u64, bytes: &[u8], durable: bool) -> Result<u64> {
         let inner = &*self.inner;
         let seg_size = inner.commit_log.segment_size();
         let bad = |offset: u64, reason: String| StoreError::InvalidLogBytes { offset, reason };
@@ -218,7 +226,7 @@ impl MessageStore {
         if pieces.is_empty() {
             return Ok(write_pos);
         }
-        if let Err(e) = inner.commit_log.append_raw(&pieces, pos) {
+        if let Err(e) = inner.commit_log.append_raw(&pieces, pos, durable) {
             if inner.commit_log.write_pos() != write_pos {
                 // Written but not durable: nothing more goes on top of it.
                 w.failed = Some(format!("replicated append failed: {e}"));

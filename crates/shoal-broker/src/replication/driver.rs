@@ -42,7 +42,10 @@ pub(crate) enum StartError {
 }
 
 /// Starts the replication task of a broker of `group` announcing `addr`, over `store` (a
-/// replicated store) and the member file under `data_dir`.
+/// replicated store) and the member file under `data_dir`. `durable`: a replica fsyncs what it
+/// receives before acknowledging it (the broker's sync flush); otherwise it acknowledges what
+/// it has written, and its flusher syncs it as it does puts.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn start(
     settings: &ReplicationSettings,
     group: &str,
@@ -50,6 +53,7 @@ pub(crate) fn start(
     data_dir: &Path,
     store: Arc<MessageStore>,
     tls: Option<shoal_net::ClientTls>,
+    durable: bool,
 ) -> Result<(Arc<Replication>, JoinHandle<()>), StartError> {
     let disk = MemberDisk::open(data_dir, group)?;
     // Nothing is appended but through the member: puts wait until it is master.
@@ -114,6 +118,7 @@ pub(crate) fn start(
         clock,
         puts_allowed: false,
         role_key: RoleKey::Joining,
+        durable,
     };
     Ok((handle, tokio::spawn(driver.run())))
 }
@@ -158,6 +163,7 @@ struct Driver {
     clock: Instant,
     puts_allowed: bool,
     role_key: RoleKey,
+    durable: bool,
 }
 
 impl Driver {
@@ -237,10 +243,13 @@ impl Driver {
             return;
         };
         let store = self.store.clone();
-        let appended = tokio::task::spawn_blocking(move || store.append_replicated(start, &bytes))
-            .await
-            .map_err(|e| e.to_string())
-            .and_then(|r| r.map_err(|e| e.to_string()));
+        let durable = self.durable;
+        let appended = tokio::task::spawn_blocking(move || {
+            store.append_replicated_with(start, &bytes, durable)
+        })
+        .await
+        .map_err(|e| e.to_string())
+        .and_then(|r| r.map_err(|e| e.to_string()));
         match appended {
             Ok(_) => {
                 self.handle
