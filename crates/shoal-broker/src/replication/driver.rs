@@ -242,14 +242,19 @@ impl Driver {
         let BatchVerdict::Append { start, end } = self.member.handle_peer(now, from, msg) else {
             return;
         };
-        let store = self.store.clone();
-        let durable = self.durable;
-        let appended = tokio::task::spawn_blocking(move || {
-            store.append_replicated_with(start, &bytes, durable)
-        })
-        .await
-        .map_err(|e| e.to_string())
-        .and_then(|r| r.map_err(|e| e.to_string()));
+        let appended = if self.durable {
+            // An fsync: on the blocking pool.
+            let store = self.store.clone();
+            tokio::task::spawn_blocking(move || store.append_replicated_with(start, &bytes, true))
+                .await
+                .map_err(|e| e.to_string())
+                .and_then(|r| r.map_err(|e| e.to_string()))
+        } else {
+            // A write to the page cache (one batch at most): no thread hop.
+            self.store
+                .append_replicated_with(start, &bytes, false)
+                .map_err(|e| e.to_string())
+        };
         match appended {
             Ok(_) => {
                 self.handle
