@@ -105,6 +105,15 @@ pub(crate) struct NamesrvControllerArgs {
     /// Directory for the voter's Raft log; in memory without it.
     #[arg(long, value_name = "DIR", requires = "controller")]
     pub controller_data_dir: Option<PathBuf>,
+    /// The master's lease, ms (over the `[controller]` key `lease_ms`; 1000).
+    #[arg(long, value_name = "MS", requires = "controller")]
+    pub controller_lease_ms: Option<u64>,
+    /// Wait after the last lease grant seen before electing, ms (`election_delay_ms`; 1200).
+    #[arg(long, value_name = "MS", requires = "controller")]
+    pub controller_election_delay_ms: Option<u64>,
+    /// A broker not heard from for this long is dead, ms (`session_timeout_ms`; 2000).
+    #[arg(long, value_name = "MS", requires = "controller")]
+    pub controller_session_timeout_ms: Option<u64>,
 }
 
 impl NamesrvControllerArgs {
@@ -126,7 +135,18 @@ impl NamesrvControllerArgs {
                  name server's port answers BROKER_HEARTBEAT for routes)"
             );
         };
-        let limits = limits.unwrap_or_default();
+        let mut limits = limits.unwrap_or_default();
+        let timing = [
+            (&mut limits.lease_ms, self.controller_lease_ms),
+            (&mut limits.election_delay_ms, self.controller_election_delay_ms),
+            (&mut limits.session_timeout_ms, self.controller_session_timeout_ms),
+        ];
+        for (key, flag) in timing {
+            if let Some(v) = flag {
+                *key = v;
+            }
+        }
+        limits.validate()?;
         Ok(Some(VoterOptions {
             listen: listen.clone(),
             id: self.controller_id,
@@ -223,7 +243,7 @@ impl Voter {
             senders.insert(*peer, ptx);
         }
         let mut cfg = ControllerConfig::new(opts.id, voters.clone());
-        opts.limits.apply_to(&mut cfg);
+        opts.limits.apply_to(&mut cfg)?;
         let (storage, disk, log) = match &opts.data_dir {
             Some(dir) => {
                 let (file, storage) = tokio::task::block_in_place(|| LogFile::open(dir, &voters))?;
