@@ -30,10 +30,12 @@ use clap::Args;
 use futures::future::BoxFuture;
 use serde_json::json;
 use shoal_ha::controller::{
-    decode_raft_message, encode_raft_message, ControllerConfig, ControllerNode, ControllerStorage,
-    RaftMessage, Refusal, Request, Response,
+    decode_raft_message, encode_raft_message, BrokerConnections, ConnectionId, ControllerConfig,
+    ControllerNode, ControllerStorage, RaftMessage, Refusal, Request, Response,
 };
-use shoal_net::{NetConfig, NotSupportedProcessor, Processor, RemotingClient, RequestContext};
+use shoal_net::{
+    Connection, NetConfig, NotSupportedProcessor, Processor, RemotingClient, RequestContext,
+};
 use shoal_proto::code::{request_code as rc, response_code as resp};
 use shoal_proto::ext::request_code as ext;
 use shoal_proto::RemotingCommand;
@@ -161,8 +163,12 @@ enum Input {
     Raft(RaftMessage),
     Request {
         req: Request,
+        /// The connection it came on (a broker uses one per voter for all of its requests).
+        conn: ConnectionId,
         reply: oneshot::Sender<Response>,
     },
+    /// A connection closed: the brokers whose requests last came on it are dead at once.
+    Closed(ConnectionId),
     Status {
         reply: oneshot::Sender<serde_json::Value>,
     },
@@ -380,6 +386,9 @@ async fn send_to_peer(
     }
 }
 
+/// Brokers tracked per connection at most (a broker process is one broker of one group).
+const MAX_BROKERS_PER_CONNECTION: usize = 16;
+
 /// What the voter's task holds besides the node.
 struct Driver {
     start: Instant,
@@ -402,6 +411,9 @@ impl Driver {
         let mut waiting: HashMap<u64, oneshot::Sender<Response>> = HashMap::new();
         let mut next_token = 0u64;
         let mut was_leader = false;
+        // Brokers by the connection their latest request came on (only members the metadata
+        // knows, so bounded by its limits; connections by the listener's).
+        let mut conns = BrokerConnections::new(MAX_BROKERS_PER_CONNECTION);
         loop {
             let wake = start + Duration::from_millis(node.poll_timeout());
             tokio::select! {
@@ -413,7 +425,22 @@ impl Driver {
                 input = inbox.recv() => match input {
                     None => return Ok(()),
                     Some(Input::Raft(msg)) => node.handle_message(now(), msg),
-                    Some(Input::Request { req, reply }) => {
+                    Some(Input::Closed(conn)) => {
+                        for (group, broker) in conns.closed(conn) {
+                            debug!(%group, broker, "broker's controller connection closed");
+                            node.handle_broker_disconnected(now(), &group, broker);
+                        }
+                    }
+                    Some(Input::Request { req, conn, reply }) => {
+                        if let Some((group, broker)) = req.broker() {
+                            let known = node
+                                .metadata()
+                                .group(group)
+                                .is_some_and(|g| g.members.contains_key(&broker));
+                            if known {
+                                conns.seen(conn, group, broker);
+                            }
+                        }
                         if waiting.len() >= self.max_waiting {
                             waiting.retain(|_, tx| !tx.is_closed());
                         }
@@ -495,12 +522,38 @@ fn status(node: &ControllerNode, addrs: &BTreeMap<u64, String>) -> serde_json::V
                 .iter()
                 .map(|(id, m)| (id.to_string(), m.addr.as_str()))
                 .collect();
+            // What the leader last heard from each member (empty elsewhere): its log end, how
+            // far behind the master's log end it is, how long ago.
+            let heard = node.heard(name);
+            let master_end = g
+                .master
+                .and_then(|m| heard.iter().find(|h| h.broker_id == m))
+                .map(|h| h.end_offset);
+            let heard: BTreeMap<String, serde_json::Value> = heard
+                .iter()
+                .map(|h| {
+                    let lag = master_end.map(|end| end.saturating_sub(h.end_offset));
+                    (
+                        h.broker_id.to_string(),
+                        json!({
+                            "endOffset": h.end_offset,
+                            "lastEpoch": h.last_epoch,
+                            "lagBytes": lag,
+                            "heardMsAgo": h.ago_ms,
+                            "disconnected": h.disconnected,
+                        }),
+                    )
+                })
+                .collect();
             (
                 name.clone(),
                 json!({
                     "members": members,
                     // Heard from within the session, as the leader sees it (empty elsewhere).
                     "alive": node.alive(name),
+                    "heard": heard,
+                    // The last lease grant seen lasts this long yet, by the leader's clock.
+                    "leaseMsLeft": node.lease_left_ms(name),
                     "master": g.master,
                     "masterEpoch": g.master_epoch,
                     "inSync": g.in_sync,
@@ -570,11 +623,25 @@ fn answer(request: &RemotingCommand, code: i32, remark: String) -> RemotingComma
 }
 
 impl Processor for ControllerProcessor {
+    fn on_connection_close(&self, conn: &Connection) {
+        // Behind the requests that came on it, so the voter sees them first. A full inbox
+        // waits (never dropped: the broker would otherwise be seen dead only a session later).
+        if let Err(mpsc::error::TrySendError::Full(input)) =
+            self.inbox.try_send(Input::Closed(conn.id()))
+        {
+            let inbox = self.inbox.clone();
+            tokio::spawn(async move {
+                let _ = inbox.send(input).await;
+            });
+        }
+    }
+
     fn process(
         &self,
-        _ctx: RequestContext,
+        ctx: RequestContext,
         request: RemotingCommand,
     ) -> BoxFuture<'static, shoal_net::ProcessResult> {
+        let conn = ctx.connection().id();
         let inbox = self.inbox.clone();
         let (answer_timeout, elect_timeout) = (self.answer_timeout, self.elect_timeout);
         let metrics = self.metrics.clone();
@@ -632,7 +699,7 @@ impl Processor for ControllerProcessor {
                 )));
             }
             let (reply, rx) = oneshot::channel();
-            if inbox.try_send(Input::Request { req, reply }).is_err() {
+            if inbox.try_send(Input::Request { req, conn, reply }).is_err() {
                 metrics.refused_busy("inbox");
                 return Ok(Some(answer(&request, resp::SYSTEM_BUSY, "busy".into())));
             }
@@ -770,9 +837,13 @@ pub(crate) async fn status_cmd(controller: &str, json_out: bool) -> anyhow::Resu
         "ROLE",
         "IN-SYNC",
         "ALIVE",
+        "END-OFFSET",
+        "LAG",
+        "HEARD",
         "MASTER-EPOCH",
         "IN-SYNC-EPOCH",
     ]);
+    let mut leases = Vec::new();
     if let Some(groups) = v["groups"].as_object() {
         for (name, g) in groups {
             let ids = |key: &str| -> Vec<u64> {
@@ -782,6 +853,9 @@ pub(crate) async fn status_cmd(controller: &str, json_out: bool) -> anyhow::Resu
                     .unwrap_or_default()
             };
             let (in_sync, alive) = (ids("inSync"), ids("alive"));
+            if let Some(left) = g["leaseMsLeft"].as_u64() {
+                leases.push(format!("{name}: lease {left} ms left"));
+            }
             if let Some(members) = g["members"].as_object() {
                 for (id, addr) in members {
                     let idn: u64 = id.parse().unwrap_or_default();
@@ -802,6 +876,9 @@ pub(crate) async fn status_cmd(controller: &str, json_out: bool) -> anyhow::Resu
                             _ => "-",
                         }
                         .to_string(),
+                        heard_cell(&g["heard"][id.as_str()]["endOffset"], ""),
+                        heard_cell(&g["heard"][id.as_str()]["lagBytes"], ""),
+                        heard_cell(&g["heard"][id.as_str()]["heardMsAgo"], " ms ago"),
                         g["masterEpoch"].to_string(),
                         g["inSyncEpoch"].to_string(),
                     ]);
@@ -810,7 +887,15 @@ pub(crate) async fn status_cmd(controller: &str, json_out: bool) -> anyhow::Resu
         }
     }
     t.print();
+    for l in leases {
+        println!("{l}");
+    }
     Ok(())
+}
+
+/// A number the leader heard with its unit, or `-` (a follower, or nothing heard yet).
+fn heard_cell(v: &serde_json::Value, unit: &str) -> String {
+    v.as_u64().map_or("-".to_string(), |n| format!("{n}{unit}"))
 }
 
 #[cfg(test)]
