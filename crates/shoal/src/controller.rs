@@ -140,8 +140,14 @@ impl NamesrvControllerArgs {
         let mut limits = limits.unwrap_or_default();
         let timing = [
             (&mut limits.lease_ms, self.controller_lease_ms),
-            (&mut limits.election_delay_ms, self.controller_election_delay_ms),
-            (&mut limits.session_timeout_ms, self.controller_session_timeout_ms),
+            (
+                &mut limits.election_delay_ms,
+                self.controller_election_delay_ms,
+            ),
+            (
+                &mut limits.session_timeout_ms,
+                self.controller_session_timeout_ms,
+            ),
         ];
         for (key, flag) in timing {
             if let Some(v) = flag {

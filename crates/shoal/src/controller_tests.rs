@@ -188,9 +188,11 @@ async fn requests_over_max_waiting_are_system_busy() {
 /// heard again on a new connection, it is alive again. The status shows what the leader heard.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_closed_broker_connection_is_death_at_once() {
-    let mut limits = ControllerLimits::default();
     // A session far longer than the test: only the closed connection can end it.
-    limits.session_timeout_ms = 600_000;
+    let limits = ControllerLimits {
+        session_timeout_ms: 600_000,
+        ..Default::default()
+    };
     let voter = Voter::start(VoterOptions {
         listen: "127.0.0.1:0".into(),
         id: 1,

@@ -292,8 +292,14 @@ mod tests {
         assert_eq!(c.group().master, Some(3));
         // Never before the old lease has certainly expired; well before the session would
         // have declared the master dead.
-        assert!(at >= last_grant + cfg.lease.election_delay_ms(), "{at} {last_grant}");
-        assert!(at < last_grant + cfg.session_timeout_ms, "{at} {last_grant}");
+        assert!(
+            at >= last_grant + cfg.lease.election_delay_ms(),
+            "{at} {last_grant}"
+        );
+        assert!(
+            at < last_grant + cfg.session_timeout_ms,
+            "{at} {last_grant}"
+        );
     }
 
     #[test]

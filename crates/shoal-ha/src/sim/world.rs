@@ -86,7 +86,9 @@ pub(crate) enum Msg {
     },
     /// The broker's connection to this controller closed (it crashed, or a partition broke
     /// the connection while the broker lives on).
-    Disconnected { broker_id: BrokerId },
+    Disconnected {
+        broker_id: BrokerId,
+    },
 }
 
 #[derive(Debug)]
