@@ -434,6 +434,7 @@ impl Driver {
                     Some(Input::Closed(conn)) => {
                         for (group, broker) in conns.closed(conn) {
                             debug!(%group, broker, "broker's controller connection closed");
+                            self.metrics.broker_disconnects.inc();
                             node.handle_broker_disconnected(now(), &group, broker);
                         }
                     }
@@ -510,6 +511,7 @@ impl Driver {
             m.is_leader.set(i64::from(was_leader));
             m.applied_index.set(node.applied_index() as i64);
             m.groups.set(node.metadata().groups().len() as i64);
+            m.broker_connections.set(conns.connections() as i64);
         }
     }
 }

@@ -305,6 +305,10 @@ pub(crate) struct ControllerMetrics {
     pub leader_changes: Counter,
     /// Log records written and synced (appends and rewrites).
     pub log_syncs: Counter,
+    /// Connections that carried a known broker's requests, open now.
+    pub broker_connections: Gauge,
+    /// Brokers seen dead because the connection their requests came on closed.
+    pub broker_disconnects: Counter,
 }
 
 impl ControllerMetrics {
@@ -345,6 +349,14 @@ impl ControllerMetrics {
             log_syncs: registry.counter(
                 "shoal_controller_log_syncs",
                 "Writes of the voter's log synced to disk (appends and rewrites).",
+            ),
+            broker_connections: registry.gauge(
+                "shoal_controller_broker_connections",
+                "Open connections that carried a known broker's requests (tracked to see a closed one as the broker's death).",
+            ),
+            broker_disconnects: registry.counter(
+                "shoal_controller_broker_disconnects",
+                "Brokers seen dead at once because the connection their requests came on closed.",
             ),
             registry,
         }

@@ -251,6 +251,11 @@ async fn a_closed_broker_connection_is_death_at_once() {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    let text = voter.registry().encode_text();
+    assert!(
+        text.contains("shoal_controller_broker_disconnects_total 1"),
+        "{text}"
+    );
     let again = new_client();
     assert!(matches!(
         call(again.clone(), heartbeat).await,
