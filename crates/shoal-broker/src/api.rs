@@ -122,6 +122,16 @@ impl BrokerApi {
         serde_json::to_value(view).ok()
     }
 
+    /// A replica refuses table changes: its master's tables are replicated to it.
+    fn refuse_on_replica(&self) -> Result<(), ApiError> {
+        match self.b.replication.get() {
+            Some(r) => r
+                .refuse_table_change()
+                .map_err(|e| ApiError::Broker(e.remark)),
+            None => Ok(()),
+        }
+    }
+
     /// The metrics registry served at `/metrics` (a listener adds its collector to it).
     pub fn metrics(&self) -> Arc<shoal_metrics::Metrics> {
         self.b.metrics.registry.clone()
@@ -218,6 +228,7 @@ impl BrokerApi {
         queues: i32,
         message_type: Option<shoal_proto::body::TopicMessageType>,
     ) -> Result<TopicConfig, ApiError> {
+        self.refuse_on_replica()?;
         if self.b.topics.get(name).is_some() {
             return Err(ApiError::TopicExists(name.into()));
         }
@@ -244,6 +255,7 @@ impl BrokerApi {
 
     /// Deletes a topic with its consume queues and offsets.
     pub fn delete_topic(&self, name: &str) -> Result<(), ApiError> {
+        self.refuse_on_replica()?;
         if self.b.topics.remove(name).is_none() {
             return Err(ApiError::UnknownTopic(name.into()));
         }
@@ -257,6 +269,7 @@ impl BrokerApi {
     /// Grows a topic to `count` queues; the name servers learn it first, then the groups that
     /// consume it rebalance.
     pub fn add_queues(&self, name: &str, count: i32) -> Result<(), ApiError> {
+        self.refuse_on_replica()?;
         let mut c = self
             .b
             .topics
@@ -311,6 +324,7 @@ impl BrokerApi {
 
     /// Deletes a subscription group and its offsets.
     pub fn delete_group(&self, group: &str) -> Result<(), ApiError> {
+        self.refuse_on_replica()?;
         self.b.sub_groups.remove(group);
         self.b
             .sub_groups

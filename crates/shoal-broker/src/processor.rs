@@ -34,6 +34,18 @@ fn acl_refusal(b: &Shared, ctx: &RequestContext, req: &RemotingCommand) -> Optio
     ))
 }
 
+/// Whether a request changes the topic or subscription-group table (which a replica takes
+/// from its master's log only).
+fn changes_tables(code: i32) -> bool {
+    matches!(
+        code,
+        rc::UPDATE_AND_CREATE_TOPIC
+            | rc::DELETE_TOPIC_IN_BROKER
+            | rc::UPDATE_AND_CREATE_SUBSCRIPTIONGROUP
+            | rc::DELETE_SUBSCRIPTIONGROUP
+    )
+}
+
 /// The broker's request processor.
 #[derive(Debug)]
 pub(crate) struct BrokerProcessor {
@@ -72,6 +84,11 @@ impl BrokerProcessor {
         ctx: &RequestContext,
         req: &RemotingCommand,
     ) -> Option<Handled> {
+        if let (Some(r), true) = (b.replication.get(), changes_tables(req.code)) {
+            if let Err(refusal) = r.refuse_table_change() {
+                return Some(Err(refusal));
+            }
+        }
         let caller = Caller::of(ctx);
         let caller = &caller;
         Some(match req.code {

@@ -601,6 +601,54 @@ mod tests {
     }
 
     #[test]
+    fn truncate_phys_cuts_entries_durably_and_keeps_the_numbering() {
+        let be: Arc<dyn Backend> = Arc::new(MemBackend::new());
+        let dir = PathBuf::from("/cq/T/2");
+        let cq = ConsumeQueue::open(be.clone(), dir.clone(), 4).unwrap();
+        cq.append(&(0..10).map(|i| e(i * 100)).collect::<Vec<_>>())
+            .unwrap();
+        // Entry 6 (600..700) ends above 650: it and the later ones go, some still buffered.
+        cq.truncate_phys(650).unwrap();
+        assert_eq!(cq.max_offset(), 6);
+        assert_eq!(cq.read(0, 100).unwrap().len(), 6);
+        cq.truncate_phys(650).unwrap();
+        assert_eq!(cq.max_offset(), 6);
+        cq.append(&[e(650)]).unwrap();
+        cq.flush().unwrap();
+        let again = ConsumeQueue::open(be.clone(), dir.clone(), 4).unwrap();
+        again.recover(0, 10_000).unwrap();
+        assert_eq!(again.max_offset(), 7);
+        assert_eq!(again.get(6).unwrap(), Some(e(650)));
+        // At a file start: the file goes, the numbering stays.
+        again.truncate_phys(400).unwrap();
+        assert_eq!(again.max_offset(), 4);
+        assert_eq!(be.list(&dir).unwrap().len(), 1);
+        let again = ConsumeQueue::open(be.clone(), dir.clone(), 4).unwrap();
+        again.recover(0, 10_000).unwrap();
+        assert_eq!(again.max_offset(), 4);
+        // Every entry of a queue whose older files retention removed: the first file stays
+        // (empty), and the queue still numbers from its min offset after a reopen.
+        let dir = PathBuf::from("/cq/T/3");
+        let cq = ConsumeQueue::open(be.clone(), dir.clone(), 4).unwrap();
+        cq.append(&(0..10).map(|i| e(i * 100)).collect::<Vec<_>>())
+            .unwrap();
+        cq.correct_min_offset(800).unwrap();
+        assert_eq!(cq.min_offset(), 8);
+        cq.truncate_phys(800).unwrap();
+        assert_eq!((cq.min_offset(), cq.max_offset()), (8, 8));
+        cq.flush().unwrap();
+        let again = ConsumeQueue::open(be.clone(), dir, 4).unwrap();
+        again.recover(800, 10_000).unwrap();
+        assert_eq!(again.max_offset(), 8);
+        // The replicated numbering: past what waits for its dispatch.
+        assert_eq!(again.next_offset(), 8);
+        again.note_assigned(11);
+        assert_eq!(again.next_offset(), 11);
+        again.clear_assigned();
+        assert_eq!(again.next_offset(), 8);
+    }
+
+    #[test]
     fn recover_drops_garbage_files() {
         let be: Arc<dyn Backend> = Arc::new(MemBackend::new());
         let dir = PathBuf::from("/cq/T/1");

@@ -813,6 +813,49 @@ mod tests {
     }
 
     #[test]
+    fn truncate_cuts_sealed_and_active_entries_and_puts_go_on() {
+        let be: Arc<dyn Backend> = Arc::new(MemBackend::new());
+        let (idx, _) = open(&be, 4, 0);
+        for i in 0..10u64 {
+            let key = if i % 2 == 0 { "even" } else { "odd" };
+            idx.put("T", key, i * 100, i as i64).unwrap();
+        }
+        // Nothing at or above 1000: nothing to cut.
+        idx.truncate(1000).unwrap();
+        assert_eq!(idx.lookup("T", "odd", 100, 0, i64::MAX).unwrap().len(), 5);
+        // Into the second (sealed) file: it becomes the active one again, the third goes.
+        idx.truncate(550).unwrap();
+        assert_eq!(
+            idx.lookup("T", "even", 100, 0, i64::MAX).unwrap(),
+            vec![400, 200, 0]
+        );
+        assert_eq!(
+            idx.lookup("T", "odd", 100, 0, i64::MAX).unwrap(),
+            vec![500, 300, 100]
+        );
+        idx.put("T", "odd", 560, 6).unwrap();
+        idx.put("T", "even", 600, 7).unwrap();
+        idx.put("T", "even", 700, 8).unwrap();
+        assert_eq!(
+            idx.lookup("T", "even", 100, 0, i64::MAX).unwrap(),
+            vec![700, 600, 400, 200, 0]
+        );
+        idx.flush().unwrap();
+        let (idx, dropped) = open(&be, 4, 800);
+        assert_eq!(dropped, 0);
+        assert_eq!(
+            idx.lookup("T", "odd", 100, 0, i64::MAX).unwrap(),
+            vec![560, 500, 300, 100]
+        );
+        idx.clear().unwrap();
+        assert!(idx.lookup("T", "odd", 100, 0, i64::MAX).unwrap().is_empty());
+        idx.put("T", "odd", 5000, 9).unwrap();
+        idx.flush().unwrap();
+        let (idx, _) = open(&be, 4, 6000);
+        assert_eq!(idx.lookup("T", "odd", 10, 0, i64::MAX).unwrap(), vec![5000]);
+    }
+
+    #[test]
     fn chains_survive_reopen_and_cut() {
         let be: Arc<dyn Backend> = Arc::new(MemBackend::new());
         let (idx, _) = open(&be, 3, 0);

@@ -16,6 +16,11 @@
 //! - Consume queues: 20-byte entries per (topic, queue id), rebuilt from the commit log.
 //! - Index: an append-only hash-chain log by `topic#key` (`KEYS` and `UNIQ_KEY`).
 //! - Offsets: consumer offsets and delay-level progress, persisted atomically.
+//! - Replication ([`StoreConfig::replicated`]): [`MessageStore::read_log`] /
+//!   [`MessageStore::append_replicated`] ship the commit log byte for byte to a replica,
+//!   [`MessageStore::truncate_log`] / [`MessageStore::restart_log_at`] cut or restart it, and
+//!   records become visible only up to the group's confirmed offset
+//!   ([`MessageStore::set_confirmed`]).
 //! - [`backend`]: files behind a trait; [`backend::MemBackend`] injects faults and builds crash
 //!   images for tests.
 //!

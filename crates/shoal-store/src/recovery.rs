@@ -192,6 +192,22 @@ pub(crate) fn recover(config: &StoreConfig) -> Result<(Recovered, RecoveryReport
             recovered.redispatch(&scanned, logics, &mut damaged)?;
     }
     drop(scanned);
+    // 4a. After a clean shutdown of a replicated store whose records above its confirmed
+    // offset waited, opened now unreplicated (everything visible): dispatch them.
+    if let Some(cp) = checkpoint.as_ref().filter(|_| !report.full_check) {
+        let from = cp.logics_flushed.max(cl_min);
+        if from < visible {
+            let mut tail = Vec::new();
+            scan_commit_log(&recovered.commit_log, from, from, &mut |r| {
+                if r.phys < visible {
+                    tail.push(r);
+                }
+                Ok(())
+            })?;
+            report.consume_queue_entries_rebuilt +=
+                recovered.redispatch(&tail, from, &mut damaged)?;
+        }
+    }
     // 4b. Verify every consume queue against the commit log (on every start): entries in
     // order and inside the log, sampled entries pointing at their own records, and after a
     // clean shutdown every queue as long as it was. Rebuild what does not match.

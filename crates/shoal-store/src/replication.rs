@@ -3,8 +3,9 @@
 //!
 //! A master reads its log in batches of whole records ([`MessageStore::read_log`]); a replica
 //! writes them at the same offsets ([`MessageStore::append_replicated`]), so both logs are
-//! byte-identical. An end-of-segment blank marker travels as its 8-byte header and counts as
-//! filling the rest of its segment (the bytes after it are never written, on either side).
+//! byte-identical. An end-of-segment blank marker travels as the rest of its segment (its
+//! 8-byte header, then zeros), so a batch is as long as the log range it covers; only the
+//! header is written to disk, on either side.
 //!
 //! In a replicated store nothing is dispatched (consume-queue and index entries, arrival
 //! listeners) above the confirmed offset: puts and replicated appends only write the commit
@@ -72,9 +73,10 @@ fn unit_at(head: &[u8], pos: u64, left: u64) -> std::result::Result<Unit, String
 
 impl MessageStore {
     /// Commit-log bytes from `start` for a replica: whole records only (an end-of-segment
-    /// blank marker is one unit: its 8 bytes, after which the batch ends), at most
-    /// `max_bytes` but at least one whole unit, never past the write position, never past
-    /// the end of the segment holding `start`. Empty when `start` is the write position.
+    /// blank marker is one unit that fills the rest of its segment: its 8-byte header, then
+    /// zeros; it ends the batch), at most `max_bytes` but at least one whole unit, never past
+    /// the write position, never past the end of the segment holding `start`. The bytes are
+    /// as long as the log range they cover. Empty when `start` is the write position.
     ///
     /// Errors: [`StoreError::LogOffsetGone`] below the commit log's min offset;
     /// [`StoreError::InvalidArgument`] above the write position or not at a record boundary.
@@ -90,14 +92,19 @@ impl MessageStore {
                 "commit log offset {start} is past the write position {end}"
             )));
         }
-        let bytes = inner
-            .read_units(start, end, max_bytes)
+        let (bytes, padding) = inner
+            .read_units_counting(start, end, max_bytes, true)
             .map_err(|e| match e {
                 StoreError::Corrupt { reason, .. } => StoreError::InvalidArgument(format!(
                     "commit log offset {start} is not a record boundary: {reason}"
                 )),
                 e => e,
             })?;
+        if bytes.is_empty() && start < end {
+            return Err(StoreError::InvalidArgument(format!(
+                "commit log offset {start} is not a record boundary (nothing starts there)"
+            )));
+        }
         // The first unit's own position field, when it is a record.
         if bytes.len() > END_OF_SEGMENT_MIN_BLANK as usize {
             let view = RecordView::parse(&bytes)?;
@@ -108,14 +115,22 @@ impl MessageStore {
                 )));
             }
         }
-        Ok(bytes)
+        if padding == 0 {
+            return Ok(bytes);
+        }
+        // The blank marker travels as long as the log range it takes.
+        let mut out = bytes::BytesMut::with_capacity(bytes.len() + padding as usize);
+        out.extend_from_slice(&bytes);
+        out.resize(bytes.len() + padding as usize, 0);
+        Ok(out.freeze())
     }
 
     /// A replica appends commit-log bytes from its master (see [`Self::read_log`]) at
     /// `start`, which must be the write position. Every record must be where its
     /// physical-offset field says, with a valid topic and a body CRC that checks; a blank
-    /// marker must fill exactly to its segment's end (and must be followed, if at all, by the
-    /// next segment's records). Bad input: [`StoreError::InvalidLogBytes`], nothing written.
+    /// marker must fill exactly to its segment's end, zeros after its header (as
+    /// [`Self::read_log`] ships it; only the header is stored), and may be followed by the
+    /// next segment's records. Bad input: [`StoreError::InvalidLogBytes`], nothing written.
     /// The bytes are durable (fsynced) when this returns; the queues' numbering counts their
     /// records, and what is now below the confirmed offset is dispatched. Returns the new
     /// write position.
@@ -148,8 +163,25 @@ impl MessageStore {
             let head = bytes.get(at..at + 8).unwrap_or(&bytes[at..]);
             match unit_at(head, pos, left).map_err(|r| bad(pos, r))? {
                 Unit::Blank => {
-                    at += END_OF_SEGMENT_MIN_BLANK as usize;
-                    pieces.push((piece_pos, &bytes[piece_at..at]));
+                    let unit = bytes.get(at..at + left as usize).ok_or_else(|| {
+                        bad(
+                            pos,
+                            format!(
+                                "the blank marker must fill the {left} bytes left in its segment, {} given",
+                                bytes.len() - at
+                            ),
+                        )
+                    })?;
+                    if unit[END_OF_SEGMENT_MIN_BLANK as usize..]
+                        .iter()
+                        .any(|b| *b != 0)
+                    {
+                        return Err(bad(pos, "the blank marker's padding is not zeros".into()));
+                    }
+                    // Only the marker's header is stored, as at the master.
+                    let header_end = at + END_OF_SEGMENT_MIN_BLANK as usize;
+                    pieces.push((piece_pos, &bytes[piece_at..header_end]));
+                    at += left as usize;
                     pos += left;
                     (piece_at, piece_pos) = (at, pos);
                 }
@@ -219,8 +251,11 @@ impl MessageStore {
     /// past the write position or not at a record boundary.
     pub fn truncate_log(&self, end: u64) -> Result<()> {
         let inner = &*self.inner;
-        let _w = inner.lock_writer();
+        let mut w = inner.lock_writer();
         let _d = inner.dispatch_lock.lock();
+        if let Some(reason) = &w.failed {
+            return Err(StoreError::WriteFailed(reason.clone()));
+        }
         let min = inner.commit_log.min_offset();
         let write_pos = inner.commit_log.write_pos();
         if end < min {
@@ -258,17 +293,23 @@ impl MessageStore {
         inner
             .checkpoints()
             .lower(&inner.dispatched, end, inner.commit_log.flushed())?;
-        for cq in inner.queues.all() {
-            cq.truncate_phys(end)?;
-            cq.clear_assigned();
-        }
-        inner.index.truncate(end)?;
-        inner.commit_log.truncate_to(end)?;
-        inner.corrupt.forget_from(end);
-        // The records still waiting for their dispatch number their queues again.
-        let from = inner.dispatched.load(Ordering::Acquire);
-        inner.note_waiting(from, end)?;
-        Ok(())
+        let cut = || -> Result<()> {
+            for cq in inner.queues.all() {
+                cq.truncate_phys(end)?;
+                cq.clear_assigned();
+            }
+            inner.index.truncate(end)?;
+            inner.commit_log.truncate_to(end)?;
+            inner.corrupt.forget_from(end);
+            // The records still waiting for their dispatch number their queues again.
+            let from = inner.dispatched.load(Ordering::Acquire);
+            inner.note_waiting(from, end)
+        };
+        cut().inspect_err(|e| {
+            // Half cut: nothing more is appended until a reopen recovers (and cuts again).
+            w.failed = Some(format!("truncation of the log at {end} failed: {e}"));
+            inner.write_failed.store(true, Ordering::Release);
+        })
     }
 
     /// A replica too far behind its master: empties the commit log, the consume queues and
@@ -285,26 +326,38 @@ impl MessageStore {
                 "the log can restart only at a segment start, not at {base}"
             )));
         }
-        let _w = inner.lock_writer();
+        let mut w = inner.lock_writer();
         let _d = inner.dispatch_lock.lock();
+        if let Some(reason) = &w.failed {
+            return Err(StoreError::WriteFailed(reason.clone()));
+        }
         // Nothing of the old log stays visible after a crash from here on.
         inner.dispatched.store(base, Ordering::Release);
         inner.confirmed.store(base, Ordering::Release);
         inner.checkpoints().lower(&inner.dispatched, base, base)?;
-        for topic in inner.queues.topics() {
-            inner.queues.remove_topic(&topic)?;
-        }
-        inner.index.clear()?;
-        inner.commit_log.reset_to(base)?;
-        inner.corrupt.forget_from(0);
-        Ok(())
+        let reset = || -> Result<()> {
+            for topic in inner.queues.topics() {
+                inner.queues.remove_topic(&topic)?;
+            }
+            inner.index.clear()?;
+            inner.commit_log.reset_to(base)?;
+            inner.corrupt.forget_from(0);
+            Ok(())
+        };
+        reset().inspect_err(|e| {
+            w.failed = Some(format!("restarting the log at {base} failed: {e}"));
+            inner.write_failed.store(true, Ordering::Release);
+        })
     }
 
     /// Replicated stores: records ending at or below `offset` become visible (dispatched,
     /// arrival listeners told), on this thread unless another one is dispatching (which then
     /// takes them too). Never moves back (a lower value is ignored; see
     /// [`Self::truncate_log`]). `offset` should be a record boundary of the group's log. A
-    /// no-op in an unreplicated store.
+    /// no-op in an unreplicated store. Cheap when nothing becomes visible; otherwise the
+    /// calling thread reads the newly visible records back from the commit log (1 MiB at a
+    /// time) and writes their consume-queue and index entries, so its time grows with what it
+    /// makes visible: call it where a short blocking read is acceptable.
     pub fn set_confirmed(&self, offset: u64) {
         let inner = &*self.inner;
         if !inner.config.replicated {
@@ -340,11 +393,25 @@ impl Inner {
     /// one unit when one fits below `limit`. [`StoreError::Corrupt`] when the bytes at a
     /// position are not a unit.
     pub(crate) fn read_units(&self, start: u64, limit: u64, max_bytes: usize) -> Result<Bytes> {
+        Ok(self.read_units_counting(start, limit, max_bytes, false)?.0)
+    }
+
+    /// [`Self::read_units`]; with `blank_is_whole`, a blank marker counts against
+    /// `max_bytes` as the bytes left in its segment (what [`MessageStore::read_log`] ships).
+    /// Also says how many bytes the blank marker ending the answer leaves in its segment
+    /// after its header (0 without one).
+    fn read_units_counting(
+        &self,
+        start: u64,
+        limit: u64,
+        max_bytes: usize,
+        blank_is_whole: bool,
+    ) -> Result<(Bytes, u64)> {
         let cl = &self.commit_log;
         let seg_size = cl.segment_size();
         let seg_end = start - start % seg_size + seg_size;
         let Some(seg) = cl.segment_for(start) else {
-            return Ok(Bytes::new());
+            return Ok((Bytes::new(), 0));
         };
         // The blank marker's segment is only as long as the marker's end.
         let data_end = seg.base
@@ -354,7 +421,7 @@ impl Inner {
                 .map_err(crate::error::io_err("stat segment", &seg.path))?;
         let hard = limit.min(seg_end).min(data_end);
         if start >= hard {
-            return Ok(Bytes::new());
+            return Ok((Bytes::new(), 0));
         }
         let corrupt = |reason: String| StoreError::Corrupt {
             path: seg.path.clone(),
@@ -365,6 +432,7 @@ impl Inner {
             .min(hard - start);
         let mut buf = cl.read(start, want as usize)?;
         let mut at = 0usize;
+        let mut padding = 0;
         loop {
             let pos = start + at as u64;
             if pos + END_OF_SEGMENT_MIN_BLANK > hard {
@@ -380,8 +448,15 @@ impl Inner {
             };
             match unit_at(head, pos, seg_end - pos).map_err(corrupt)? {
                 Unit::Blank => {
-                    if seg_end <= limit {
+                    let counted = if blank_is_whole {
+                        seg_end - pos
+                    } else {
+                        END_OF_SEGMENT_MIN_BLANK
+                    };
+                    let over = at > 0 && at as u64 + counted > max_bytes as u64;
+                    if seg_end <= limit && !over {
                         at += END_OF_SEGMENT_MIN_BLANK as usize;
+                        padding = seg_end - pos - END_OF_SEGMENT_MIN_BLANK;
                     }
                     break;
                 }
@@ -400,7 +475,7 @@ impl Inner {
                 }
             }
         }
-        Ok(buf.slice(..at))
+        Ok((buf.slice(..at), padding))
     }
 
     /// Replicated stores: dispatches the records ending at or below the confirmed offset
@@ -559,5 +634,129 @@ impl Inner {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::MemBackend;
+    use crate::types::MessageExtBrokerInner;
+    use std::path::PathBuf;
+    use std::sync::Arc;
+
+    fn store(replicated: bool) -> MessageStore {
+        let be = MemBackend::new();
+        let mut c = crate::StoreConfig::new(PathBuf::from("/data"));
+        c.backend = Arc::new(be);
+        c.commit_log_segment_size = 4096;
+        c.max_message_size = 2048;
+        c.background_threads = false;
+        c.replicated = replicated;
+        MessageStore::open(c).unwrap().0
+    }
+
+    fn msg(i: usize) -> MessageExtBrokerInner {
+        MessageExtBrokerInner {
+            topic: "T".into(),
+            queue_id: (i % 2) as i32,
+            flag: 0,
+            sys_flag: 0,
+            born_timestamp: 1,
+            born_host: "127.0.0.1:1".parse().unwrap(),
+            reconsume_times: 0,
+            prepared_transaction_offset: 0,
+            body: bytes::Bytes::from(vec![b'a' + (i % 26) as u8; 300 + i]),
+            properties: format!("KEYS\u{1}k{i}\u{2}"),
+            known: None,
+        }
+    }
+
+    #[test]
+    fn unit_headers() {
+        let blank = |size: u32| {
+            let mut h = size.to_be_bytes().to_vec();
+            h.extend_from_slice(&BLANK_MAGIC_CODE.to_be_bytes());
+            h
+        };
+        assert!(matches!(unit_at(&blank(100), 3996, 100), Ok(Unit::Blank)));
+        assert!(unit_at(&blank(100), 3996, 108).is_err());
+        assert!(unit_at(&blank(100)[..6], 3996, 100).is_err());
+        let mut rec = 200u32.to_be_bytes().to_vec();
+        rec.extend_from_slice(&MessageVersion::V1.magic_code().to_be_bytes());
+        assert!(matches!(unit_at(&rec, 0, 4096), Ok(Unit::Record(200))));
+        // A record must leave room for a blank marker after it.
+        assert!(unit_at(&rec, 3896, 200).is_err());
+        assert!(unit_at(&rec, 3888, 208).is_ok());
+        let mut small = 20u32.to_be_bytes().to_vec();
+        small.extend_from_slice(&MessageVersion::V1.magic_code().to_be_bytes());
+        assert!(unit_at(&small, 0, 4096).is_err());
+        assert!(unit_at(&[0u8; 8], 0, 4096).is_err());
+    }
+
+    #[test]
+    fn read_units_gives_whole_records_inside_one_segment() {
+        let s = store(true);
+        let mut ends = Vec::new();
+        for i in 0..30 {
+            let r = s.put_message(&msg(i)).unwrap();
+            ends.push(r.messages[0].physical_offset + u64::from(r.messages[0].size));
+        }
+        let inner = &*s.inner;
+        let end = inner.commit_log.write_pos();
+        // At least one record even when asked for one byte.
+        let one = inner.read_units(0, end, 1).unwrap();
+        assert_eq!(one.len() as u64, ends[0]);
+        // Never past the limit, only whole records.
+        let some = inner.read_units(0, ends[3] + 10, 1 << 20).unwrap();
+        assert_eq!(some.len() as u64, ends[3]);
+        // The first segment ends with its blank marker (8 bytes, the last unit).
+        let first_seg = inner.read_units(0, end, 1 << 20).unwrap();
+        let n = first_seg.len();
+        assert_eq!(
+            u32::from_be_bytes(first_seg[n - 4..].try_into().unwrap()),
+            BLANK_MAGIC_CODE
+        );
+        let marker_at = (n - 8) as u64;
+        assert!(ends.contains(&marker_at));
+        // The marker alone; nothing but the marker is a unit there.
+        assert_eq!(inner.read_units(marker_at, end, 1).unwrap().len(), 8);
+        // A limit inside the marker's segment tail: the marker is not whole below it.
+        assert!(inner.read_units(marker_at, 4000, 100).unwrap().is_empty());
+        // Not a boundary.
+        assert!(inner.read_units(5, end, 100).is_err());
+        // Dispatch of the confirmed part only; arrivals only for dispatched records.
+        s.set_confirmed(ends[9] + 1);
+        assert_eq!(s.dispatched_offset(), ends[9]);
+        assert_eq!(s.max_offset("T", 0) + s.max_offset("T", 1), 10);
+        s.set_confirmed(u64::MAX);
+        assert_eq!(s.dispatched_offset(), end);
+        assert_eq!(s.max_offset("T", 0) + s.max_offset("T", 1), 30);
+        assert_eq!(
+            s.query_by_key("T", "k29", 10, 0, i64::MAX).unwrap().len(),
+            1
+        );
+    }
+
+    #[test]
+    fn unreplicated_store_dispatches_replicated_appends_at_once() {
+        let (m, r) = (store(false), store(false));
+        for i in 0..12 {
+            m.put_message(&msg(i)).unwrap();
+        }
+        let bytes = m.read_log(0, 1 << 20).unwrap();
+        let end = r.append_replicated(0, &bytes).unwrap();
+        // Up to the end of the first segment (its blank marker is the last unit).
+        assert_eq!(end, 4096);
+        assert_eq!(r.confirmed(), end);
+        assert!(r.max_offset("T", 0) > 0);
+        while r.commit_log_max_offset() < m.commit_log_max_offset() {
+            let at = r.commit_log_max_offset();
+            r.append_replicated(at, &m.read_log(at, 1 << 20).unwrap())
+                .unwrap();
+        }
+        assert_eq!(r.max_offset("T", 0), m.max_offset("T", 0));
+        let next = r.put_message(&msg(0)).unwrap();
+        assert_eq!(next.messages[0].queue_offset, m.max_offset("T", 0));
     }
 }

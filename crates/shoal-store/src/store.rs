@@ -200,7 +200,8 @@ impl MessageStore {
         self.inner.queues.queue_ids(topic)
     }
 
-    /// Registers a callback told about every appended message (for long polling).
+    /// Registers a callback told about every appended message (for long polling); in a
+    /// replicated store, about every message when it becomes visible.
     pub fn add_arrival_listener(&self, listener: ArrivalListener) {
         self.inner.listeners.write().push(listener);
     }
@@ -398,7 +399,7 @@ impl Inner {
 
     /// Flushes consume queues and index, then records in the checkpoint the commit log
     /// offset below which they are durable.
-    pub(crate) fn flush_logics(&self) -> Result<()> {
+    fn flush_logics(&self) -> Result<()> {
         self.checkpoints.flush_logics(
             &self.dispatched,
             &self.queues,

@@ -164,7 +164,9 @@ pub struct MessageArrival<'a> {
 }
 
 /// A callback told about every appended message (called on the appending thread after the
-/// writer lock is released; keep it short and non-blocking, e.g. send on a channel).
+/// writer lock is released; keep it short and non-blocking, e.g. send on a channel). In a
+/// replicated store ([`crate::StoreConfig::replicated`]) a message arrives when it becomes
+/// visible (confirmed and dispatched), on the thread that dispatches it, in log order.
 pub type ArrivalListener = Arc<dyn Fn(&MessageArrival<'_>) + Send + Sync>;
 
 /// Outcome of a [`MessageStore::get_messages`] (RocketMQ `GetMessageStatus`); the broker maps

@@ -134,10 +134,14 @@ async fn cluster(State(s): State<HttpState>, Extension(ra): Extension<RequestAdm
         clusters.push(json!({"name": cluster, "brokers": brokers}));
     }
     let local = s.broker.as_ref().map(|b| b.summary());
+    // This broker's replication (role, epoch, in-sync set, each replica's lag), if it
+    // replicates.
+    let replication = s.broker.as_ref().and_then(|b| b.replication_status());
     Ok(Json(json!({
         "namesrv": s.namesrv_addrs,
         "clusters": clusters,
         "broker": local,
+        "replication": replication,
     })))
 }
 

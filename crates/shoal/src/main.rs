@@ -16,6 +16,7 @@ mod controller;
 mod controller_config;
 mod controller_log;
 mod dashboard;
+mod dev_replicas;
 mod group_view;
 mod grpc_cmd;
 mod http;

@@ -28,7 +28,9 @@ pub(crate) struct TlsServerArgs {
 impl TlsServerArgs {
     /// The mode with its files, checked: a mode other than disabled needs both files, and
     /// files need such a mode. `None`: plaintext.
-    fn settings(&self) -> anyhow::Result<Option<(shoal_net::TlsMode, PathBuf, PathBuf)>> {
+    pub(crate) fn settings(
+        &self,
+    ) -> anyhow::Result<Option<(shoal_net::TlsMode, PathBuf, PathBuf)>> {
         match (self.tls_mode, &self.tls_cert, &self.tls_key) {
             (None | Some(shoal_net::TlsMode::Disabled), None, None) => Ok(None),
             (None | Some(shoal_net::TlsMode::Disabled), _, _) => {
@@ -223,6 +225,13 @@ pub(crate) struct DevArgs {
     /// Do not serve RocketMQ 5 clients (gRPC).
     #[arg(long)]
     pub no_grpc: bool,
+    /// Run a replicated broker group of this many replicas instead of one broker: the name
+    /// server and a one-voter controller in this process, each replica a `shoal broker` child
+    /// process on --broker-port, +10, +20, ..., the controller on --namesrv-port + 2 (kill a
+    /// replica to watch a failover; docs/ha.md).
+    /// Without HTTP, Kafka and gRPC.
+    #[arg(long, value_name = "N")]
+    pub replicas: Option<usize>,
     /// `host:port` Kafka clients are told to connect to (default 127.0.0.1:<kafka port>).
     #[arg(long)]
     pub kafka_advertised: Option<String>,
@@ -233,7 +242,7 @@ pub(crate) struct DevArgs {
 }
 
 /// The name server address clients use when given none.
-const DEFAULT_NAMESRV: &str = "127.0.0.1:9876";
+pub(crate) const DEFAULT_NAMESRV: &str = "127.0.0.1:9876";
 
 /// Default HTTP port of `shoal dev`.
 pub(crate) const DEV_HTTP_PORT: u16 = 8090;
@@ -731,6 +740,9 @@ fn dev_broker_config(
 }
 
 pub(crate) async fn run_dev(args: DevArgs) -> anyhow::Result<()> {
+    if let Some(n) = args.replicas {
+        return crate::dev_replicas::run(args, n).await;
+    }
     let stop = shutdown_signal();
     let tls = args.tls.settings()?;
     // Checked before anything starts: a mistake in the file is said at once.

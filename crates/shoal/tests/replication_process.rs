@@ -1,10 +1,11 @@
 //! A replicated broker group as separate `shoal` processes on 127.0.0.1 (ports chosen at run
 //! time): one name server, one controller voter, three brokers of `broker-a` with
-//! `--controller`. A producer sends every 10 ms and a consumer group reads; the master is
-//! SIGKILLed; the controller elects an in-sync replica, which registers as brokerId 0; sends
-//! go on to it and every acknowledged message is consumed, the ones the dead master
-//! acknowledged included, before that broker is restarted. The restarted broker rejoins as a
-//! replica.
+//! `--controller`, each reaching the controller through a TCP proxy the test controls. A
+//! producer sends every 10 ms and a consumer group reads; then the master fails: SIGKILLed,
+//! frozen (SIGSTOP, then SIGCONT) or cut off from the controller. The controller elects an
+//! in-sync replica, which registers as brokerId 0; sends go on to it, and every acknowledged
+//! message is consumed (the ones the old master acknowledged included) while the old master is
+//! still down, frozen or cut off. The old master then rejoins the in-sync set as a replica.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -19,6 +20,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use support::cluster::{Cluster, SteadyProducer, TrackedGroup};
+use support::proxy::Proxy;
 use support::{free_port, log_sink, shoal, Proc};
 
 const LIMIT: Duration = Duration::from_secs(60);
@@ -30,6 +32,8 @@ struct Replicas {
     controller_addr: String,
     _controller: Proc,
     brokers: Vec<(String, PathBuf, Option<Proc>)>,
+    /// Each broker's link to the controller.
+    links: Vec<Proxy>,
 }
 
 impl Replicas {
@@ -54,6 +58,7 @@ impl Replicas {
                     )
                 })
                 .collect(),
+            links: (0..3).map(|_| Proxy::start(&controller_addr)).collect(),
             cluster,
             controller_addr,
             _controller: Proc { child },
@@ -75,7 +80,7 @@ impl Replicas {
                 &self.cluster.dev.namesrv,
             ])
             .args(["--data-dir", dir.to_str().unwrap(), "--broker-name", GROUP])
-            .args(["--controller", &self.controller_addr, "--flush", "sync"])
+            .args(["--controller", &self.links[i].addr, "--flush", "sync"])
             .arg("--auto-create-topic")
             .stdout(Stdio::null())
             .stderr(log_sink(&format!("replica-{i}")))
@@ -122,8 +127,30 @@ fn in_sync_len(g: &Value) -> usize {
     g["inSync"].as_array().map_or(0, Vec::len)
 }
 
+/// How the master fails.
+#[derive(Debug, Clone, Copy)]
+enum Fault {
+    Kill,
+    Freeze,
+    CutFromController,
+}
+
 #[test]
 fn the_masters_death_loses_no_acknowledged_message() {
+    scenario(Fault::Kill);
+}
+
+#[test]
+fn a_frozen_master_is_replaced_and_rejoins() {
+    scenario(Fault::Freeze);
+}
+
+#[test]
+fn a_master_cut_off_from_the_controller_stops_and_is_replaced() {
+    scenario(Fault::CutFromController);
+}
+
+fn scenario(fault: Fault) {
     let mut r = Replicas::start();
     let g = r.wait_group("no master with three in sync", |g| {
         g["master"].is_u64() && in_sync_len(g) == 3
@@ -150,9 +177,16 @@ fn the_masters_death_loses_no_acknowledged_message() {
         std::thread::sleep(Duration::from_millis(50));
     }
 
-    // The master dies.
+    // The master fails.
     let killed_at = Instant::now();
-    r.brokers[master].2.as_mut().unwrap().sigkill();
+    let pid = r.brokers[master].2.as_ref().unwrap().child.id().to_string();
+    match fault {
+        Fault::Kill => r.brokers[master].2.as_mut().unwrap().sigkill(),
+        Fault::Freeze => {
+            Command::new("kill").args(["-STOP", &pid]).status().unwrap();
+        }
+        Fault::CutFromController => r.links[master].cut(),
+    }
     let g = r.wait_group("no new master elected", |g| {
         g["masterEpoch"].as_u64().unwrap_or(0) > epoch && g["master"].is_u64()
     });
@@ -204,16 +238,175 @@ fn the_masters_death_loses_no_acknowledged_message() {
         std::thread::sleep(Duration::from_millis(200));
     }
     eprintln!(
-        "replicated failover: {} acknowledged, {failed} sends failed, new master elected after {elected:?}, first send acknowledged {resumed:?} after the kill",
+        "replicated failover ({fault:?}): {} acknowledged, {failed} sends failed, new master elected after {elected:?}, first send acknowledged {resumed:?} after the fault",
         acked.len()
     );
 
     // The old master comes back as a replica and rejoins the in-sync set.
-    r.start_broker(master);
+    match fault {
+        Fault::Kill => r.start_broker(master),
+        Fault::Freeze => {
+            Command::new("kill").args(["-CONT", &pid]).status().unwrap();
+        }
+        Fault::CutFromController => r.links[master].heal(),
+    }
     r.wait_group("the old master did not rejoin the in-sync set", |g| {
         in_sync_len(g) == 3
     });
     for m in group.group.members.values_mut() {
         m.sigkill();
     }
+}
+
+/// `shoal dev --replicas 3` as a user runs it: three replicas come up, a message sent is
+/// acknowledged, the master printed by dev is SIGKILLed, and a message sent afterwards goes to
+/// the replica elected in its place; both are consumed.
+#[test]
+fn dev_with_three_replicas_fails_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let ns_port = free_port();
+    let namesrv = format!("127.0.0.1:{ns_port}");
+    let controller = format!("127.0.0.1:{}", ns_port + 2);
+    let mut dev = Command::new(shoal())
+        .args([
+            "dev",
+            "--replicas",
+            "3",
+            "--data-dir",
+            dir.path().to_str().unwrap(),
+        ])
+        .args(["--namesrv-port", &ns_port.to_string()])
+        .args(["--broker-port", &free_port().to_string()])
+        .stdout(Stdio::piped())
+        .stderr(log_sink("dev-replicas"))
+        .spawn()
+        .unwrap();
+    // The replicas' addresses and pids as dev prints them.
+    let stdout = dev.stdout.take().unwrap();
+    let mut replicas: Vec<(String, u32)> = Vec::new();
+    use std::io::BufRead;
+    let mut lines = std::io::BufReader::new(stdout).lines();
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        if line.trim_start().starts_with("replica ") {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            let addr =
+                words[words.iter().position(|w| *w == "at").unwrap() + 1].trim_end_matches(',');
+            let pid =
+                words[words.iter().position(|w| *w == "pid").unwrap() + 1].trim_end_matches(',');
+            replicas.push((addr.to_string(), pid.parse().unwrap()));
+        }
+        if line.starts_with("Try it") {
+            break;
+        }
+    }
+    // Dev prints on (a replica that exits): keep reading.
+    std::thread::spawn(move || lines.for_each(drop));
+    let _dev = Proc { child: dev };
+    assert_eq!(replicas.len(), 3);
+    let status = |ok: &dyn Fn(&Value) -> bool| -> Value {
+        let deadline = Instant::now() + LIMIT;
+        loop {
+            let out = Command::new(shoal())
+                .args(["cluster", "status", "--controller", &controller, "--json"])
+                .output()
+                .unwrap();
+            if let Ok(v) = serde_json::from_slice::<Value>(&out.stdout) {
+                if ok(&v["groups"][GROUP]) {
+                    return v["groups"][GROUP].clone();
+                }
+            }
+            assert!(Instant::now() < deadline, "cluster status never matched");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    let g = status(&|g| g["master"].is_u64() && in_sync_len(g) == 3);
+    let run = |args: &[&str]| {
+        let out = Command::new(shoal())
+            .args(args)
+            .args(["--namesrv", &namesrv])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    // A replica refuses to change its tables: they come from the master.
+    let replica_addr = g["members"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .find(|(id, _)| id.as_str() != g["master"].as_u64().unwrap().to_string())
+        .map(|(_, a)| a.as_str().unwrap().to_string())
+        .unwrap();
+    let out = Command::new(shoal())
+        .args(["topic", "create", "OnReplica", "--brokers", &replica_addr])
+        .args(["--namesrv", &namesrv])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("replica of broker-a"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    run(&["topic", "create", "DevReplicated", "--queues", "2"]);
+    run(&["send", "DevReplicated", "--body", "before"]);
+    let master_addr = g["members"][g["master"].as_u64().unwrap().to_string()]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let pid = replicas.iter().find(|(a, _)| *a == master_addr).unwrap().1;
+    Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status()
+        .unwrap();
+    let epoch = g["masterEpoch"].as_u64().unwrap();
+    status(&|g| g["masterEpoch"].as_u64().unwrap_or(0) > epoch);
+    // The route moves to the new master; sends retry until it does.
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        let out = Command::new(shoal())
+            .args([
+                "send",
+                "DevReplicated",
+                "--body",
+                "after",
+                "--namesrv",
+                &namesrv,
+            ])
+            .output()
+            .unwrap();
+        if out.status.success() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no send succeeded after the failover"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let out = Command::new(shoal())
+        .args([
+            "consume",
+            "DevReplicated",
+            "--group",
+            "dev-readers",
+            "--from",
+            "first",
+        ])
+        .args(["--count", "2", "--json", "--namesrv", &namesrv])
+        .output()
+        .unwrap();
+    let bodies: BTreeSet<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter_map(|v| v["body"].as_str().map(str::to_string))
+        .collect();
+    assert!(
+        bodies.contains("before") && bodies.contains("after"),
+        "{bodies:?}"
+    );
 }

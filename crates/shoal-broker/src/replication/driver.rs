@@ -305,7 +305,15 @@ impl Driver {
                 let _ = reply.send(a.result);
             }
         }
-        self.store.set_confirmed(self.member.confirmed());
+        // Raising the confirmed offset dispatches what it makes visible on this thread: a
+        // large step (a catch-up) goes to the blocking pool.
+        let confirmed = self.member.confirmed();
+        if confirmed > self.store.dispatched_offset().saturating_add(1 << 20) {
+            let store = self.store.clone();
+            let _ = tokio::task::spawn_blocking(move || store.set_confirmed(confirmed)).await;
+        } else {
+            self.store.set_confirmed(confirmed);
+        }
         self.settle_role().await?;
         self.publish(now);
         Ok(())
@@ -377,6 +385,7 @@ impl Driver {
         match self.member.role() {
             Role::Master(m) if m.stepped_down().is_none() => {
                 view.role = RoleView::Master { epoch: m.epoch() };
+                view.lease_held = m.holds_lease(now);
                 let (set, epoch) = m.in_sync();
                 view.in_sync = set.iter().copied().collect();
                 view.in_sync_epoch = epoch;

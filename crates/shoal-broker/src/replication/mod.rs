@@ -72,6 +72,8 @@ pub(crate) struct ReplicationView {
     pub(crate) role: RoleView,
     /// Whether a put would be accepted now, or why not.
     pub(crate) writable: Option<String>,
+    /// On a master: whether it holds its write lease.
+    pub(crate) lease_held: bool,
     pub(crate) log_end: u64,
     pub(crate) confirmed: u64,
     /// The in-sync set (on a master).
@@ -216,14 +218,37 @@ impl Replication {
         }
     }
 
-    /// The `brokerId` to register with the name servers: 0 while master (routes name the
-    /// master as RocketMQ's do), the controller's id as a replica, none before an id.
+    /// The `brokerId` to register with the name servers: 0 while master holding its lease
+    /// (routes name the master as RocketMQ's do; a master cut off from the controller must not
+    /// take id 0 back from the one elected in its place), the controller's id otherwise, none
+    /// before an id.
     pub(crate) fn route_broker_id(&self) -> Option<i64> {
         let view = self.view.lock();
         match view.role {
-            RoleView::Master { .. } => Some(0),
+            RoleView::Master { .. } if view.lease_held => Some(0),
             _ => view.broker_id.map(|id| id as i64),
         }
+    }
+
+    /// Whether this broker is its group's master now.
+    pub(crate) fn is_master(&self) -> bool {
+        matches!(self.view.lock().role, RoleView::Master { .. })
+    }
+
+    /// The refusal of a change to the topic or subscription-group table on a replica: the
+    /// master's tables are replicated to it and would take the change back.
+    pub(crate) fn refuse_table_change(&self) -> Result<(), Reject> {
+        if self.is_master() {
+            return Ok(());
+        }
+        Err(Reject::new(
+            resp::SERVICE_NOT_AVAILABLE,
+            format!(
+                "this broker is a replica of {}: change topics and subscription groups on its \
+                 master (brokerId 0), whose tables the replicas follow",
+                self.group
+            ),
+        ))
     }
 
     /// What the driver last published.
@@ -240,7 +265,9 @@ impl Replication {
     fn publish(&self, view: ReplicationView) {
         let changed = {
             let mut v = self.view.lock();
-            let changed = v.role != view.role || v.broker_id != view.broker_id;
+            let changed = v.role != view.role
+                || v.broker_id != view.broker_id
+                || v.lease_held != view.lease_held;
             *v = view;
             changed
         };

@@ -100,7 +100,7 @@ pub enum WriteRefusal {
     #[error("the master's lease has expired")]
     LeaseExpired,
     /// This broker is no longer master (a newer epoch exists).
-    #[error("no longer master")]
+    #[error("not the master")]
     NotMaster,
     /// Too many writes wait for their acknowledgement.
     #[error("too many writes waiting")]

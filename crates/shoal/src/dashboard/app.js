@@ -124,6 +124,27 @@ async function overview() {
     }
   }
   html += `<h2>Brokers</h2>` + table(["Cluster", "Broker", num("Id"), "Address"], rows, "brokers");
+  const r = d.replication;
+  if (r) {
+    const role = r.role === "master" ? `master of epoch ${r.epoch}` : r.role === "replica" ? `replica (epoch ${r.epoch}, following ${r.master ?? "nobody yet"})` : "joining";
+    html += `<h2>Replication</h2><div class="cards">
+      ${card("Group", r.group)}
+      ${card("Broker id", r.brokerId ?? "none yet")}
+      ${card("Role", role, "replication-role")}
+      ${card("Log end", r.logEnd)}
+      ${card("Confirmed", r.confirmed)}
+      ${card("Writes", r.writable ?? "accepted")}
+    </div>`;
+    if (r.role === "master") {
+      const reps = r.replicas.map(([id, acked]) => {
+        const lag = acked === null ? "not following yet" : fmtBytes(r.logEnd - acked);
+        const inSync = r.inSync.includes(id) ? "yes" : "no";
+        return `<tr><td class="num">${esc(id)}</td><td>${inSync}</td><td class="num">${acked ?? "-"}</td><td class="num">${esc(lag)}</td></tr>`;
+      });
+      html += table([num("Replica"), "In sync", num("Acknowledged"), num("Lag")], reps, "replicas");
+      html += `<p class="muted">In-sync set ${esc(r.inSync.join(", "))} (epoch ${r.inSyncEpoch}); ${r.pendingAcks} sends waiting for it.</p>`;
+    }
+  }
   html += `<p class="muted">Name servers: ${esc(d.namesrv.join("; "))}. Prometheus metrics at <a href="/metrics">/metrics</a>.</p>`;
   return html;
 }

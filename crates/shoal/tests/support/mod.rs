@@ -10,6 +10,7 @@
 
 pub mod cluster;
 pub mod external;
+pub mod proxy;
 
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap};

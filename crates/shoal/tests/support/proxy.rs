@@ -1,0 +1,136 @@
+//! A TCP proxy the test controls, between two processes: every byte goes through it, and the
+//! test can cut a direction (bytes that way are read and dropped, as a one-way partition does)
+//! or both, and heal it again. Cutting both ways also closes the connections open through it
+//! and refuses new ones, as a partition that outlasts TCP's timeouts does.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    unreachable_pub,
+    reason = "test code: a failed unwrap is a failed test"
+)]
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+#[derive(Default)]
+struct Cuts {
+    /// Client to target bytes dropped.
+    up: AtomicBool,
+    /// Target to client bytes dropped.
+    down: AtomicBool,
+    /// Connections through the proxy: bumped on a full cut so that pumps of older ones stop.
+    generation: AtomicU64,
+}
+
+/// A running proxy.
+pub struct Proxy {
+    /// Where to connect to go through it.
+    pub addr: String,
+    cuts: Arc<Cuts>,
+    open: Arc<Mutex<Vec<TcpStream>>>,
+}
+
+impl Proxy {
+    /// A proxy on a free 127.0.0.1 port forwarding to `target`.
+    pub fn start(target: &str) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let cuts = Arc::new(Cuts::default());
+        let open: Arc<Mutex<Vec<TcpStream>>> = Arc::default();
+        let target = target.to_string();
+        let (c, o) = (cuts.clone(), open.clone());
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(client) = conn else { continue };
+                if c.up.load(Ordering::SeqCst) && c.down.load(Ordering::SeqCst) {
+                    let _ = client.shutdown(Shutdown::Both);
+                    continue;
+                }
+                let Ok(server) = TcpStream::connect(&target) else {
+                    let _ = client.shutdown(Shutdown::Both);
+                    continue;
+                };
+                let _ = client.set_nodelay(true);
+                let _ = server.set_nodelay(true);
+                {
+                    let mut open = o.lock().unwrap();
+                    open.push(client.try_clone().unwrap());
+                    open.push(server.try_clone().unwrap());
+                }
+                let generation = c.generation.load(Ordering::SeqCst);
+                pump(
+                    client.try_clone().unwrap(),
+                    server.try_clone().unwrap(),
+                    c.clone(),
+                    true,
+                    generation,
+                );
+                pump(server, client, c.clone(), false, generation);
+            }
+        });
+        Proxy { addr, cuts, open }
+    }
+
+    /// Drops the bytes going one way: `up` from the clients to the target, else back.
+    pub fn cut_one_way(&self, up: bool) {
+        if up {
+            self.cuts.up.store(true, Ordering::SeqCst);
+        } else {
+            self.cuts.down.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// Cuts both ways: open connections are closed and new ones refused.
+    pub fn cut(&self) {
+        self.cuts.up.store(true, Ordering::SeqCst);
+        self.cuts.down.store(true, Ordering::SeqCst);
+        self.cuts.generation.fetch_add(1, Ordering::SeqCst);
+        for s in self.open.lock().unwrap().drain(..) {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+    }
+
+    /// Lets everything through again.
+    pub fn heal(&self) {
+        self.cuts.up.store(false, Ordering::SeqCst);
+        self.cuts.down.store(false, Ordering::SeqCst);
+    }
+}
+
+/// Copies `from` to `to` until either closes; drops the bytes while its direction is cut.
+fn pump(mut from: TcpStream, mut to: TcpStream, cuts: Arc<Cuts>, up: bool, generation: u64) {
+    std::thread::spawn(move || {
+        let _ = from.set_read_timeout(Some(Duration::from_millis(200)));
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            if cuts.generation.load(Ordering::SeqCst) != generation {
+                break;
+            }
+            let n = match from.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    continue
+                }
+                Err(_) => break,
+            };
+            let cut = if up { &cuts.up } else { &cuts.down };
+            if cut.load(Ordering::SeqCst) {
+                continue;
+            }
+            if to.write_all(&buf[..n]).is_err() {
+                break;
+            }
+        }
+        let _ = from.shutdown(Shutdown::Both);
+        let _ = to.shutdown(Shutdown::Both);
+    });
+}
