@@ -35,8 +35,11 @@ pub struct LeaseTiming {
 /// A lease longer than the election delay allows (see [`LeaseTiming`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "lease {lease_ms} ms is not safely shorter than the election delay {election_delay_ms} ms \
-     under a clock drift of {MAX_CLOCK_DRIFT_PPM} ppm"
+    "lease {lease_ms} ms is not safely shorter than the election delay {election_delay_ms} ms: \
+     clocks may drift by {MAX_CLOCK_DRIFT_PPM} ppm (1%) each way, so the lease times 1.01 must \
+     stay below the election delay times 0.99 (with this lease, an election delay of at least \
+     {} ms)",
+    LeaseTiming::min_election_delay_ms(*lease_ms)
 )]
 pub struct UnsafeLease {
     /// The lease asked for.
@@ -63,6 +66,13 @@ impl LeaseTiming {
         })
     }
 
+    /// The shortest election delay that [`LeaseTiming::new`] accepts with `lease_ms`.
+    pub fn min_election_delay_ms(lease_ms: Millis) -> Millis {
+        let worst_lease = u128::from(lease_ms) * u128::from(PPM + MAX_CLOCK_DRIFT_PPM);
+        let least = worst_lease / u128::from(PPM - MAX_CLOCK_DRIFT_PPM) + 1;
+        Millis::try_from(least).unwrap_or(Millis::MAX)
+    }
+
     /// The lease a master holds from the moment it sent its request.
     pub fn lease_ms(&self) -> Millis {
         self.lease_ms
@@ -75,11 +85,12 @@ impl LeaseTiming {
 }
 
 impl Default for LeaseTiming {
-    /// A 3 s lease and a 4 s election delay.
+    /// A 1 s lease and a 1.2 s election delay (safe up to the drift bound: 1,010 ms of the
+    /// old master's lease at most against 1,188 ms of the controller's delay at least).
     fn default() -> Self {
         Self {
-            lease_ms: 3_000,
-            election_delay_ms: 4_000,
+            lease_ms: 1_000,
+            election_delay_ms: 1_200,
         }
     }
 }
@@ -101,5 +112,16 @@ mod tests {
         assert!(LeaseTiming::new(1_000, 1_000).is_err());
         assert!(LeaseTiming::new(0, 1_000).is_err());
         assert!(LeaseTiming::new(1_000, 1_030).is_ok());
+    }
+
+    #[test]
+    fn the_shortest_safe_delay_is_accepted_and_one_less_is_not() {
+        for lease in [1, 100, 999, 1_000, 3_000, 60_000] {
+            let min = LeaseTiming::min_election_delay_ms(lease);
+            assert!(LeaseTiming::new(lease, min).is_ok(), "{lease} {min}");
+            assert!(LeaseTiming::new(lease, min - 1).is_err(), "{lease} {min}");
+        }
+        let e = LeaseTiming::new(1_000, 1_000).unwrap_err().to_string();
+        assert!(e.contains("1%") && e.contains("at least 1021 ms"), "{e}");
     }
 }

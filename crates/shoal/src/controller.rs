@@ -30,10 +30,12 @@ use clap::Args;
 use futures::future::BoxFuture;
 use serde_json::json;
 use shoal_ha::controller::{
-    decode_raft_message, encode_raft_message, ControllerConfig, ControllerNode, ControllerStorage,
-    RaftMessage, Refusal, Request, Response,
+    decode_raft_message, encode_raft_message, BrokerConnections, ConnectionId, ControllerConfig,
+    ControllerNode, ControllerStorage, RaftMessage, Refusal, Request, Response,
 };
-use shoal_net::{NetConfig, NotSupportedProcessor, Processor, RemotingClient, RequestContext};
+use shoal_net::{
+    Connection, NetConfig, NotSupportedProcessor, Processor, RemotingClient, RequestContext,
+};
 use shoal_proto::code::{request_code as rc, response_code as resp};
 use shoal_proto::ext::request_code as ext;
 use shoal_proto::RemotingCommand;
@@ -105,6 +107,15 @@ pub(crate) struct NamesrvControllerArgs {
     /// Directory for the voter's Raft log; in memory without it.
     #[arg(long, value_name = "DIR", requires = "controller")]
     pub controller_data_dir: Option<PathBuf>,
+    /// The master's lease, ms (over the `[controller]` key `lease_ms`; 1000).
+    #[arg(long, value_name = "MS", requires = "controller")]
+    pub controller_lease_ms: Option<u64>,
+    /// Wait after the last lease grant seen before electing, ms (`election_delay_ms`; 1200).
+    #[arg(long, value_name = "MS", requires = "controller")]
+    pub controller_election_delay_ms: Option<u64>,
+    /// A broker not heard from for this long is dead, ms (`session_timeout_ms`; 2000).
+    #[arg(long, value_name = "MS", requires = "controller")]
+    pub controller_session_timeout_ms: Option<u64>,
 }
 
 impl NamesrvControllerArgs {
@@ -126,7 +137,24 @@ impl NamesrvControllerArgs {
                  name server's port answers BROKER_HEARTBEAT for routes)"
             );
         };
-        let limits = limits.unwrap_or_default();
+        let mut limits = limits.unwrap_or_default();
+        let timing = [
+            (&mut limits.lease_ms, self.controller_lease_ms),
+            (
+                &mut limits.election_delay_ms,
+                self.controller_election_delay_ms,
+            ),
+            (
+                &mut limits.session_timeout_ms,
+                self.controller_session_timeout_ms,
+            ),
+        ];
+        for (key, flag) in timing {
+            if let Some(v) = flag {
+                *key = v;
+            }
+        }
+        limits.validate()?;
         Ok(Some(VoterOptions {
             listen: listen.clone(),
             id: self.controller_id,
@@ -141,8 +169,12 @@ enum Input {
     Raft(RaftMessage),
     Request {
         req: Request,
+        /// The connection it came on (a broker uses one per voter for all of its requests).
+        conn: ConnectionId,
         reply: oneshot::Sender<Response>,
     },
+    /// A connection closed: the brokers whose requests last came on it are dead at once.
+    Closed(ConnectionId),
     Status {
         reply: oneshot::Sender<serde_json::Value>,
     },
@@ -223,7 +255,7 @@ impl Voter {
             senders.insert(*peer, ptx);
         }
         let mut cfg = ControllerConfig::new(opts.id, voters.clone());
-        opts.limits.apply_to(&mut cfg);
+        opts.limits.apply_to(&mut cfg)?;
         let (storage, disk, log) = match &opts.data_dir {
             Some(dir) => {
                 let (file, storage) = tokio::task::block_in_place(|| LogFile::open(dir, &voters))?;
@@ -360,6 +392,9 @@ async fn send_to_peer(
     }
 }
 
+/// Brokers tracked per connection at most (a broker process is one broker of one group).
+const MAX_BROKERS_PER_CONNECTION: usize = 16;
+
 /// What the voter's task holds besides the node.
 struct Driver {
     start: Instant,
@@ -382,6 +417,9 @@ impl Driver {
         let mut waiting: HashMap<u64, oneshot::Sender<Response>> = HashMap::new();
         let mut next_token = 0u64;
         let mut was_leader = false;
+        // Brokers by the connection their latest request came on (only members the metadata
+        // knows, so bounded by its limits; connections by the listener's).
+        let mut conns = BrokerConnections::new(MAX_BROKERS_PER_CONNECTION);
         loop {
             let wake = start + Duration::from_millis(node.poll_timeout());
             tokio::select! {
@@ -393,7 +431,23 @@ impl Driver {
                 input = inbox.recv() => match input {
                     None => return Ok(()),
                     Some(Input::Raft(msg)) => node.handle_message(now(), msg),
-                    Some(Input::Request { req, reply }) => {
+                    Some(Input::Closed(conn)) => {
+                        for (group, broker) in conns.closed(conn) {
+                            debug!(%group, broker, "broker's controller connection closed");
+                            self.metrics.broker_disconnects.inc();
+                            node.handle_broker_disconnected(now(), &group, broker);
+                        }
+                    }
+                    Some(Input::Request { req, conn, reply }) => {
+                        if let Some((group, broker)) = req.broker() {
+                            let known = node
+                                .metadata()
+                                .group(group)
+                                .is_some_and(|g| g.members.contains_key(&broker));
+                            if known {
+                                conns.seen(conn, group, broker);
+                            }
+                        }
                         if waiting.len() >= self.max_waiting {
                             waiting.retain(|_, tx| !tx.is_closed());
                         }
@@ -457,6 +511,7 @@ impl Driver {
             m.is_leader.set(i64::from(was_leader));
             m.applied_index.set(node.applied_index() as i64);
             m.groups.set(node.metadata().groups().len() as i64);
+            m.broker_connections.set(conns.connections() as i64);
         }
     }
 }
@@ -475,12 +530,38 @@ fn status(node: &ControllerNode, addrs: &BTreeMap<u64, String>) -> serde_json::V
                 .iter()
                 .map(|(id, m)| (id.to_string(), m.addr.as_str()))
                 .collect();
+            // What the leader last heard from each member (empty elsewhere): its log end, how
+            // far behind the master's log end it is, how long ago.
+            let heard = node.heard(name);
+            let master_end = g
+                .master
+                .and_then(|m| heard.iter().find(|h| h.broker_id == m))
+                .map(|h| h.end_offset);
+            let heard: BTreeMap<String, serde_json::Value> = heard
+                .iter()
+                .map(|h| {
+                    let lag = master_end.map(|end| end.saturating_sub(h.end_offset));
+                    (
+                        h.broker_id.to_string(),
+                        json!({
+                            "endOffset": h.end_offset,
+                            "lastEpoch": h.last_epoch,
+                            "lagBytes": lag,
+                            "heardMsAgo": h.ago_ms,
+                            "disconnected": h.disconnected,
+                        }),
+                    )
+                })
+                .collect();
             (
                 name.clone(),
                 json!({
                     "members": members,
                     // Heard from within the session, as the leader sees it (empty elsewhere).
                     "alive": node.alive(name),
+                    "heard": heard,
+                    // The last lease grant seen lasts this long yet, by the leader's clock.
+                    "leaseMsLeft": node.lease_left_ms(name),
                     "master": g.master,
                     "masterEpoch": g.master_epoch,
                     "inSync": g.in_sync,
@@ -550,11 +631,25 @@ fn answer(request: &RemotingCommand, code: i32, remark: String) -> RemotingComma
 }
 
 impl Processor for ControllerProcessor {
+    fn on_connection_close(&self, conn: &Connection) {
+        // Behind the requests that came on it, so the voter sees them first. A full inbox
+        // waits (never dropped: the broker would otherwise be seen dead only a session later).
+        if let Err(mpsc::error::TrySendError::Full(input)) =
+            self.inbox.try_send(Input::Closed(conn.id()))
+        {
+            let inbox = self.inbox.clone();
+            tokio::spawn(async move {
+                let _ = inbox.send(input).await;
+            });
+        }
+    }
+
     fn process(
         &self,
-        _ctx: RequestContext,
+        ctx: RequestContext,
         request: RemotingCommand,
     ) -> BoxFuture<'static, shoal_net::ProcessResult> {
+        let conn = ctx.connection().id();
         let inbox = self.inbox.clone();
         let (answer_timeout, elect_timeout) = (self.answer_timeout, self.elect_timeout);
         let metrics = self.metrics.clone();
@@ -612,7 +707,7 @@ impl Processor for ControllerProcessor {
                 )));
             }
             let (reply, rx) = oneshot::channel();
-            if inbox.try_send(Input::Request { req, reply }).is_err() {
+            if inbox.try_send(Input::Request { req, conn, reply }).is_err() {
                 metrics.refused_busy("inbox");
                 return Ok(Some(answer(&request, resp::SYSTEM_BUSY, "busy".into())));
             }
@@ -750,9 +845,13 @@ pub(crate) async fn status_cmd(controller: &str, json_out: bool) -> anyhow::Resu
         "ROLE",
         "IN-SYNC",
         "ALIVE",
+        "END-OFFSET",
+        "LAG",
+        "HEARD",
         "MASTER-EPOCH",
         "IN-SYNC-EPOCH",
     ]);
+    let mut leases = Vec::new();
     if let Some(groups) = v["groups"].as_object() {
         for (name, g) in groups {
             let ids = |key: &str| -> Vec<u64> {
@@ -762,6 +861,9 @@ pub(crate) async fn status_cmd(controller: &str, json_out: bool) -> anyhow::Resu
                     .unwrap_or_default()
             };
             let (in_sync, alive) = (ids("inSync"), ids("alive"));
+            if let Some(left) = g["leaseMsLeft"].as_u64() {
+                leases.push(format!("{name}: lease {left} ms left"));
+            }
             if let Some(members) = g["members"].as_object() {
                 for (id, addr) in members {
                     let idn: u64 = id.parse().unwrap_or_default();
@@ -782,6 +884,9 @@ pub(crate) async fn status_cmd(controller: &str, json_out: bool) -> anyhow::Resu
                             _ => "-",
                         }
                         .to_string(),
+                        heard_cell(&g["heard"][id.as_str()]["endOffset"], ""),
+                        heard_cell(&g["heard"][id.as_str()]["lagBytes"], ""),
+                        heard_cell(&g["heard"][id.as_str()]["heardMsAgo"], " ms ago"),
                         g["masterEpoch"].to_string(),
                         g["inSyncEpoch"].to_string(),
                     ]);
@@ -790,7 +895,15 @@ pub(crate) async fn status_cmd(controller: &str, json_out: bool) -> anyhow::Resu
         }
     }
     t.print();
+    for l in leases {
+        println!("{l}");
+    }
     Ok(())
+}
+
+/// A number the leader heard with its unit, or `-` (a follower, or nothing heard yet).
+fn heard_cell(v: &serde_json::Value, unit: &str) -> String {
+    v.as_u64().map_or("-".to_string(), |n| format!("{n}{unit}"))
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@ use anyhow::{bail, Context};
 use clap::Args;
 use serde::{Deserialize, Serialize};
 use shoal_ha::controller::{ControllerConfig, MetadataLimits};
+use shoal_ha::LeaseTiming;
 use shoal_metrics::prometheus_client::metrics::counter::Counter;
 use shoal_metrics::prometheus_client::metrics::family::Family;
 use shoal_metrics::prometheus_client::metrics::gauge::Gauge;
@@ -15,7 +16,10 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// A voter's limits. Every one bounds something a client can make the voter hold; over it a
+/// Raft's heartbeat interval in ticks (the election timeout, `election_ticks`, must exceed it).
+const HEARTBEAT_TICKS: usize = 2;
+
+/// A voter's limits and timing. Every one bounds something a client can make the voter hold; over it a
 /// request is answered SYSTEM_BUSY (or CONTROLLER_INVALID_REQUEST for the metadata limits) and
 /// counted in `shoal_controller_requests_refused_busy_total` or refused by the log.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -44,6 +48,17 @@ pub(crate) struct ControllerLimits {
     pub max_text_len: usize,
     /// The log is compacted (a snapshot replaces the applied entries) every this many entries.
     pub compact_every: u64,
+    /// A master may acknowledge writes for this long after it asked for its lease, ms (1000).
+    pub lease_ms: u64,
+    /// The leader elects another master only this long after it last saw a lease granted, ms
+    /// (1200; must exceed the lease by the clock drift bound, see `LeaseTiming`).
+    pub election_delay_ms: u64,
+    /// A broker not heard from (heartbeat or lease renewal) for this long is dead, ms (2000).
+    pub session_timeout_ms: u64,
+    /// One Raft tick, ms (100).
+    pub tick_ms: u64,
+    /// Raft's election timeout in ticks (10; at least 3, above the heartbeat's 2 ticks).
+    pub election_ticks: usize,
 }
 
 impl Default for ControllerLimits {
@@ -60,6 +75,11 @@ impl Default for ControllerLimits {
             max_members: m.max_members,
             max_text_len: m.max_text_len,
             compact_every: 1_000,
+            lease_ms: 1_000,
+            election_delay_ms: 1_200,
+            session_timeout_ms: 2_000,
+            tick_ms: 100,
+            election_ticks: 10,
         }
     }
 }
@@ -100,17 +120,37 @@ impl ControllerLimits {
             ("max_members", self.max_members as u64),
             ("max_text_len", self.max_text_len as u64),
             ("compact_every", self.compact_every),
+            ("session_timeout_ms", self.session_timeout_ms),
+            ("tick_ms", self.tick_ms),
         ];
         for (key, v) in values {
             if v == 0 {
                 bail!("controller key {key} must be at least 1");
             }
         }
+        if self.election_ticks <= HEARTBEAT_TICKS {
+            bail!(
+                "controller key election_ticks must be above the Raft heartbeat's \
+                 {HEARTBEAT_TICKS} ticks"
+            );
+        }
+        self.lease()?;
         Ok(())
     }
 
+    /// The lease and election delay, checked against the clock drift bound.
+    fn lease(&self) -> anyhow::Result<LeaseTiming> {
+        LeaseTiming::new(self.lease_ms, self.election_delay_ms)
+            .context("controller keys lease_ms and election_delay_ms")
+    }
+
     /// The voter's own configuration with these limits.
-    pub(crate) fn apply_to(&self, cfg: &mut ControllerConfig) {
+    pub(crate) fn apply_to(&self, cfg: &mut ControllerConfig) -> anyhow::Result<()> {
+        cfg.lease = self.lease()?;
+        cfg.session_timeout_ms = self.session_timeout_ms;
+        cfg.tick_ms = self.tick_ms;
+        cfg.election_ticks = self.election_ticks;
+        cfg.heartbeat_ticks = HEARTBEAT_TICKS;
         cfg.max_pending = self.max_pending_proposals;
         cfg.compact_every = self.compact_every;
         cfg.limits = MetadataLimits {
@@ -118,6 +158,7 @@ impl ControllerLimits {
             max_members: self.max_members,
             max_text_len: self.max_text_len,
         };
+        Ok(())
     }
 
     /// How long a request waits for its answer.
@@ -187,6 +228,21 @@ pub(crate) struct ControllerLimitArgs {
     /// Compact the log every this many entries (`compact_every`).
     #[arg(long)]
     pub compact_every: Option<u64>,
+    /// The master's lease, ms (`lease_ms`).
+    #[arg(long)]
+    pub lease_ms: Option<u64>,
+    /// Wait after the last lease grant seen before electing, ms (`election_delay_ms`).
+    #[arg(long)]
+    pub election_delay_ms: Option<u64>,
+    /// A broker not heard from for this long is dead, ms (`session_timeout_ms`).
+    #[arg(long)]
+    pub session_timeout_ms: Option<u64>,
+    /// One Raft tick, ms (`tick_ms`).
+    #[arg(long)]
+    pub tick_ms: Option<u64>,
+    /// Raft's election timeout in ticks (`election_ticks`).
+    #[arg(long)]
+    pub election_ticks: Option<usize>,
 }
 
 impl ControllerLimitArgs {
@@ -209,7 +265,12 @@ impl ControllerLimitArgs {
             max_groups,
             max_members,
             max_text_len,
-            compact_every
+            compact_every,
+            lease_ms,
+            election_delay_ms,
+            session_timeout_ms,
+            tick_ms,
+            election_ticks
         );
         l.validate()?;
         Ok(l)
@@ -244,6 +305,10 @@ pub(crate) struct ControllerMetrics {
     pub leader_changes: Counter,
     /// Log records written and synced (appends and rewrites).
     pub log_syncs: Counter,
+    /// Connections that carried a known broker's requests, open now.
+    pub broker_connections: Gauge,
+    /// Brokers seen dead because the connection their requests came on closed.
+    pub broker_disconnects: Counter,
 }
 
 impl ControllerMetrics {
@@ -285,6 +350,14 @@ impl ControllerMetrics {
                 "shoal_controller_log_syncs",
                 "Writes of the voter's log synced to disk (appends and rewrites).",
             ),
+            broker_connections: registry.gauge(
+                "shoal_controller_broker_connections",
+                "Open connections that carried a known broker's requests (tracked to see a closed one as the broker's death).",
+            ),
+            broker_disconnects: registry.counter(
+                "shoal_controller_broker_disconnects",
+                "Brokers seen dead at once because the connection their requests came on closed.",
+            ),
             registry,
         }
     }
@@ -322,9 +395,34 @@ mod tests {
         let l = args.limits(Some(&path)).unwrap();
         assert_eq!((l.max_inbox, l.max_members), (2, 3));
         let mut cfg = ControllerConfig::new(1, vec![1]);
-        l.apply_to(&mut cfg);
+        l.apply_to(&mut cfg).unwrap();
         assert_eq!(cfg.limits.max_members, 3);
+        assert_eq!(cfg.lease.election_delay_ms(), l.election_delay_ms);
         assert_eq!(cfg.compact_every, l.compact_every);
+    }
+
+    #[test]
+    fn an_unsafe_lease_is_refused_with_the_drift_bound() {
+        let e = ControllerLimits::from_toml("[controller]\nlease_ms = 2000\n").unwrap_err();
+        let text = format!("{e:#}");
+        assert!(text.contains("lease_ms") && text.contains("1%"), "{text}");
+        assert!(text.contains("at least 2041 ms"), "{text}");
+        let l = ControllerLimits::from_toml(
+            "[controller]\nlease_ms = 2000\nelection_delay_ms = 2500\nsession_timeout_ms = 5000\n",
+        )
+        .unwrap();
+        let mut cfg = ControllerConfig::new(1, vec![1]);
+        l.apply_to(&mut cfg).unwrap();
+        assert_eq!(
+            (cfg.lease.lease_ms(), cfg.session_timeout_ms),
+            (2_000, 5_000)
+        );
+        assert!(ControllerLimits::from_toml("[controller]\nelection_ticks = 2\n").is_err());
+        let args = ControllerLimitArgs {
+            election_delay_ms: Some(900),
+            ..Default::default()
+        };
+        assert!(args.limits(None).is_err());
     }
 
     #[test]

@@ -158,6 +158,7 @@ async fn requests_over_max_waiting_are_system_busy() {
     let (reply, _first) = oneshot::channel();
     inbox
         .send(Input::Request {
+            conn: 0,
             req: apply("1"),
             reply,
         })
@@ -166,6 +167,7 @@ async fn requests_over_max_waiting_are_system_busy() {
     let (reply, second) = oneshot::channel();
     inbox
         .send(Input::Request {
+            conn: 0,
             req: apply("2"),
             reply,
         })
@@ -180,4 +182,88 @@ async fn requests_over_max_waiting_are_system_busy() {
     assert!(text.contains("shoal_controller_is_leader 1"), "{text}");
     follower.abort();
     task.abort();
+}
+
+/// A broker's connection closing makes the leader see it dead at once (not a session later);
+/// heard again on a new connection, it is alive again. The status shows what the leader heard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_broker_connection_is_death_at_once() {
+    // A session far longer than the test: only the closed connection can end it.
+    let limits = ControllerLimits {
+        session_timeout_ms: 600_000,
+        ..Default::default()
+    };
+    let voter = Voter::start(VoterOptions {
+        listen: "127.0.0.1:0".into(),
+        id: 1,
+        peers: Vec::new(),
+        data_dir: None,
+        limits,
+    })
+    .await
+    .unwrap();
+    let addr = voter.local_addr().to_string();
+    let call = |client: RemotingClient, req: Request| {
+        let addr = addr.clone();
+        async move {
+            let cmd = RemotingCommand::request(request_code_of(&req))
+                .with_body(serde_json::to_vec(&req).unwrap());
+            let reply = client
+                .invoke(&addr, cmd, Duration::from_secs(10))
+                .await
+                .unwrap();
+            serde_json::from_slice::<Response>(reply.body.as_deref().unwrap_or_default()).unwrap()
+        }
+    };
+    let heartbeat = Request::Heartbeat {
+        group: "g".into(),
+        broker_id: 1,
+        last_epoch: 0,
+        end_offset: 42,
+    };
+    let status = |client: RemotingClient| {
+        let addr = addr.clone();
+        async move { metadata(&client, &addr).await.unwrap() }
+    };
+    let new_client = || RemotingClient::new(NetConfig::default(), Arc::new(NotSupportedProcessor));
+    let broker = new_client();
+    // The single voter leads once its election timeout passes.
+    loop {
+        match call(broker.clone(), apply("t1")).await {
+            Response::BrokerId(1) => break,
+            _ => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+    assert!(matches!(
+        call(broker.clone(), heartbeat.clone()).await,
+        Response::Group(_)
+    ));
+    let operator = new_client();
+    let v = status(operator.clone()).await;
+    assert_eq!(v["groups"]["g"]["alive"], json!([1]), "{v}");
+    assert_eq!(v["groups"]["g"]["heard"]["1"]["endOffset"], 42, "{v}");
+    broker.shutdown();
+    loop {
+        let v = status(operator.clone()).await;
+        if v["groups"]["g"]["alive"] == json!([]) {
+            assert_eq!(v["groups"]["g"]["heard"]["1"]["disconnected"], true, "{v}");
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let text = voter.registry().encode_text();
+    assert!(
+        text.contains("shoal_controller_broker_disconnects_total 1"),
+        "{text}"
+    );
+    let again = new_client();
+    assert!(matches!(
+        call(again.clone(), heartbeat).await,
+        Response::Group(_)
+    ));
+    let v = status(operator.clone()).await;
+    assert_eq!(v["groups"]["g"]["alive"], json!([1]), "{v}");
+    again.shutdown();
+    operator.shutdown();
+    voter.shutdown().await;
 }

@@ -274,9 +274,29 @@ async fn three_voters_keep_a_group_through_the_leaders_death() {
     let elected: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(elected["master"], other);
     assert_eq!(elected["masterEpoch"], 2);
-    // The leader saw both brokers' heartbeats.
+    // The leader saw both brokers' heartbeats: the new master's log end and the old one's
+    // lag behind it, how long ago, and the group's lease as the leader counts it.
+    for (id, end_offset) in [(other, 1_000), (master, 600)] {
+        let beat = Request::Heartbeat {
+            group: "broker-a".into(),
+            broker_id: id,
+            last_epoch: 1,
+            end_offset,
+        };
+        let (code, answer) = call(&client, &new_leader, &beat).await;
+        assert_eq!(code, 0, "{answer:?}");
+    }
     let v = status(&new_leader).unwrap();
-    assert_eq!(v["groups"]["broker-a"]["alive"], serde_json::json!([1, 2]));
+    let g = &v["groups"]["broker-a"];
+    assert_eq!(g["alive"], serde_json::json!([1, 2]));
+    let heard = |id: u64, key: &str| g["heard"][id.to_string()][key].clone();
+    assert_eq!(heard(other, "endOffset"), 1_000, "{v}");
+    assert_eq!(heard(other, "lagBytes"), 0, "{v}");
+    assert_eq!(heard(master, "endOffset"), 600, "{v}");
+    assert_eq!(heard(master, "lagBytes"), 400, "{v}");
+    assert_eq!(heard(master, "disconnected"), false, "{v}");
+    assert!(heard(master, "heardMsAgo").is_u64(), "{v}");
+    assert!(g["leaseMsLeft"].is_u64(), "{v}");
 
     // The text form names the group and the master.
     let out = Command::new(shoal())
@@ -287,6 +307,10 @@ async fn three_voters_keep_a_group_through_the_leaders_death() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         text.contains("broker-a") && text.contains("master"),
+        "{text}"
+    );
+    assert!(
+        text.contains("END-OFFSET") && text.contains("LAG") && text.contains("ms left"),
         "{text}"
     );
     client.shutdown();

@@ -155,3 +155,36 @@ fn controller_without_its_own_address_is_refused() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--controller-listen"), "{err}");
 }
+
+#[test]
+fn an_unsafe_lease_is_refused_naming_the_drift_bound() {
+    let out = Command::new(shoal())
+        .args(["namesrv", "--listen", "127.0.0.1:0", "--controller"])
+        .args([
+            "--controller-listen",
+            "127.0.0.1:0",
+            "--controller-lease-ms",
+            "2000",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("1%") && err.contains("at least 2041 ms"),
+        "{err}"
+    );
+    let out = Command::new(shoal())
+        .args([
+            "controller",
+            "--listen",
+            "127.0.0.1:0",
+            "--election-delay-ms",
+            "900",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("election_delay_ms"), "{err}");
+}

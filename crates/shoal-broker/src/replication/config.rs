@@ -30,7 +30,8 @@ pub struct ReplicationSettings {
     /// Sends are refused (IN_SYNC_REPLICAS_NOT_ENOUGH) while the in-sync set, the master
     /// included, is smaller (RocketMQ's `minInSyncReplicas`, 1).
     pub min_insync_replicas: usize,
-    /// Heartbeat to the controller this often, ms (1000; the controller's session is 3 s).
+    /// Heartbeat to the controller this often, ms (500: four per the controller's default 2 s
+    /// session; at most 1000, half of it).
     pub heartbeat_ms: u64,
     /// A controller call without an answer for this long has failed, ms (3000).
     pub call_timeout_ms: u64,
@@ -58,7 +59,7 @@ impl Default for ReplicationSettings {
             controller_addrs: Vec::new(),
             ack: AckSetting::InSyncSet,
             min_insync_replicas: 1,
-            heartbeat_ms: 1_000,
+            heartbeat_ms: 500,
             call_timeout_ms: 3_000,
             batch_max_bytes: 256 * 1024,
             max_inflight_bytes: 4 * 1024 * 1024,
@@ -105,9 +106,11 @@ impl ReplicationSettings {
                     .into(),
             ));
         }
-        if self.heartbeat_ms >= 3_000 {
+        if self.heartbeat_ms > 1_000 {
             return Err(ConfigError(
-                "replication.heartbeat_ms must be below the controller's 3000 ms session".into(),
+                "replication.heartbeat_ms must be at most 1000, half the controller's default \
+                 2000 ms session"
+                    .into(),
             ));
         }
         Ok(())

@@ -31,7 +31,8 @@ pub struct ControllerConfig {
 }
 
 impl ControllerConfig {
-    /// A voter with the defaults: 100 ms ticks, 1 s election timeout, 3 s session.
+    /// A voter with the defaults: 100 ms ticks, 1 s election timeout, 2 s session, 1 s lease,
+    /// 1.2 s election delay (docs/ha.md says why).
     pub fn new(id: u64, voters: Vec<u64>) -> Self {
         Self {
             id,
@@ -39,7 +40,7 @@ impl ControllerConfig {
             tick_ms: 100,
             election_ticks: 10,
             heartbeat_ticks: 2,
-            session_timeout_ms: 3_000,
+            session_timeout_ms: 2_000,
             lease: LeaseTiming::default(),
             limits: MetadataLimits::default(),
             max_pending: 1_024,

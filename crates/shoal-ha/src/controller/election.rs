@@ -22,7 +22,7 @@ impl ControllerNode {
         let session = self.cfg.session_timeout_ms;
         let alive = |live: &BTreeMap<(String, BrokerId), Live>, g: &str, b: BrokerId| {
             live.get(&(g.to_string(), b))
-                .filter(|l| now < l.seen + session)
+                .filter(|l| l.alive(now, session))
                 .copied()
         };
         // Automatic failovers: a group whose master is not alive (a new leader first waits a

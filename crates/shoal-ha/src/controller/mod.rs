@@ -10,6 +10,7 @@
 
 mod command;
 mod config;
+mod connections;
 mod election;
 mod journal;
 mod limits;
@@ -24,8 +25,9 @@ mod wire;
 
 pub use command::{Command, GroupInfo, Member, Outcome, Refusal};
 pub use config::{ControllerConfig, ControllerError};
+pub use connections::{BrokerConnections, ConnectionId};
 pub use metadata::{Metadata, MetadataLimits};
-pub use node::ControllerNode;
+pub use node::{ControllerNode, Heard};
 /// raft-rs's message between voters, as [`ControllerNode`] takes and gives it.
 pub use raft::eraftpb::Message as RaftMessage;
 /// The kind of a [`RaftMessage`].

@@ -47,8 +47,35 @@ pub(super) enum Waiter {
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Live {
     pub(super) seen: Millis,
+    /// The connection its requests came on closed after `seen`: not alive until it is heard
+    /// from again.
+    pub(super) disconnected: bool,
     pub(super) last_epoch: Epoch,
     pub(super) end_offset: u64,
+}
+
+impl Live {
+    pub(super) fn alive(&self, now: Millis, session: Millis) -> bool {
+        !self.disconnected && now < self.seen + session
+    }
+}
+
+/// What the leader last heard from one broker ([`ControllerNode::heard`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Heard {
+    /// The broker.
+    pub broker_id: BrokerId,
+    /// How long ago, by the leader's clock.
+    pub ago_ms: Millis,
+    /// Heard within the session and its connection open since.
+    pub alive: bool,
+    /// Its connection closed after it was last heard.
+    pub disconnected: bool,
+    /// The epoch of the last entry of its log (its last heartbeat).
+    pub last_epoch: Epoch,
+    /// The end of its commit log (its last heartbeat; 0 for a master heard only through
+    /// lease renewals).
+    pub end_offset: u64,
 }
 
 /// An election the leader is running for one group.
@@ -205,14 +232,59 @@ impl ControllerNode {
         self.elections_done
     }
 
-    /// The brokers of `group` this leader heard from within the session (none on a follower).
+    /// The brokers of `group` this leader heard from within the session and whose connection
+    /// has not closed since (none on a follower).
     pub fn alive(&self, group: &str) -> Vec<BrokerId> {
-        let session = self.cfg.session_timeout_ms;
         let live = self
             .live
             .iter()
-            .filter(|((g, _), l)| g == group && self.now < l.seen + session);
+            .filter(|((g, _), l)| g == group && l.alive(self.now, self.cfg.session_timeout_ms));
         live.map(|((_, b), _)| *b).collect()
+    }
+
+    /// What this leader last heard from each broker of `group` (none on a follower).
+    pub fn heard(&self, group: &str) -> Vec<Heard> {
+        let session = self.cfg.session_timeout_ms;
+        self.live
+            .iter()
+            .filter(|((g, _), _)| g == group)
+            .map(|((_, b), l)| Heard {
+                broker_id: *b,
+                ago_ms: self.now.saturating_sub(l.seen),
+                alive: l.alive(self.now, session),
+                disconnected: l.disconnected,
+                last_epoch: l.last_epoch,
+                end_offset: l.end_offset,
+            })
+            .collect()
+    }
+
+    /// How long the last lease of `group` this leader saw granted lasts yet, by its clock: the
+    /// lease counted from when the grant applied here (or this voter became leader, which
+    /// counts as a grant). The master counts from when it asked, so its own lease ends no
+    /// later. `None` on a follower or for an unknown group.
+    pub fn lease_left_ms(&self, group: &str) -> Option<Millis> {
+        let since = self.leader_since?;
+        self.metadata.group(group)?;
+        let seen = self.lease_seen.get(group).copied().unwrap_or(0).max(since);
+        Some((seen + self.cfg.lease.lease_ms()).saturating_sub(self.now))
+    }
+
+    /// The connection a broker's requests came on closed (the caller maps connections to
+    /// brokers, see [`super::BrokerConnections`]). On the leader the broker is not alive from
+    /// now until it is heard from again; if it is a group's master, the election begins at once
+    /// (fenced, then held until the last lease seen has certainly expired). A follower ignores
+    /// it, as it ignores heartbeats.
+    pub fn handle_broker_disconnected(&mut self, now: Millis, group: &str, broker_id: BrokerId) {
+        self.now = self.now.max(now);
+        if !self.is_leader() {
+            return;
+        }
+        if let Some(l) = self.live.get_mut(&(group.to_string(), broker_id)) {
+            l.disconnected = true;
+        }
+        self.drive_elections();
+        self.pump();
     }
 
     /// Snapshots received from a leader and installed.
@@ -251,6 +323,7 @@ impl ControllerNode {
                             (group.clone(), broker_id),
                             Live {
                                 seen: self.now,
+                                disconnected: false,
                                 last_epoch,
                                 end_offset,
                             },
@@ -309,10 +382,12 @@ impl ControllerNode {
                             let live =
                                 self.live.entry((group.clone(), broker_id)).or_insert(Live {
                                     seen: self.now,
+                                    disconnected: false,
                                     last_epoch: master_epoch,
                                     end_offset: 0,
                                 });
                             live.seen = self.now;
+                            live.disconnected = false;
                         }
                         Command::GrantLease {
                             group,

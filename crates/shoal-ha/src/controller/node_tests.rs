@@ -222,6 +222,98 @@ mod tests {
         );
     }
 
+    /// Three brokers applied and heartbeating until broker 2 (most data) is master with all
+    /// three in sync and a lease; returns the renewal request.
+    fn with_master_2(c: &mut Cluster) -> Request {
+        for b in 1..=3u64 {
+            let req = Request::ApplyBrokerId {
+                group: G.into(),
+                addr: format!("a{b}"),
+                token: format!("t{b}"),
+            };
+            assert_eq!(c.ask(b, req), Response::BrokerId(b));
+        }
+        for _ in 0..20 {
+            for b in 1..=3 {
+                c.heartbeat(b, if b == 2 { 100 } else { 0 });
+            }
+            c.run_for(200);
+        }
+        let g = c.group();
+        assert_eq!((g.master, g.master_epoch), (Some(2), 1));
+        let alter = Request::AlterInSyncSet {
+            group: G.into(),
+            master: 2,
+            master_epoch: 1,
+            in_sync_epoch: g.in_sync_epoch,
+            in_sync: BTreeSet::from([1, 2, 3]),
+        };
+        assert!(matches!(c.ask(50, alter), Response::Group(_)));
+        Request::RenewLease {
+            group: G.into(),
+            broker_id: 2,
+            master_epoch: 1,
+        }
+    }
+
+    #[test]
+    fn a_masters_closed_connection_elects_once_the_lease_allows_not_a_session_later() {
+        let mut c = Cluster::new();
+        let renew = with_master_2(&mut c);
+        let cfg = ControllerConfig::new(1, vec![1]);
+        // The master beats and renews, then its connection closes right after a grant.
+        c.heartbeat(2, 100);
+        assert!(matches!(c.ask(51, renew), Response::LeaseGranted { .. }));
+        let last_grant = c.now;
+        let l = c.leader();
+        let left = c.nodes[l].lease_left_ms(G).expect("leader");
+        assert!(left > 0 && left <= cfg.lease.lease_ms(), "{left}");
+        // A follower ignores the event, as it ignores heartbeats.
+        let f = (l + 1) % 3;
+        let now = c.now;
+        c.nodes[f].handle_broker_disconnected(now, G, 2);
+        assert!(c.nodes[f].alive(G).is_empty());
+        c.nodes[l].handle_broker_disconnected(now, G, 2);
+        c.pump();
+        assert!(!c.nodes[l].alive(G).contains(&2));
+        let heard = c.nodes[l].heard(G);
+        let two = heard.iter().find(|h| h.broker_id == 2).expect("heard");
+        assert!(two.disconnected && !two.alive && two.end_offset == 100);
+        let mut elected_at = None;
+        while elected_at.is_none() && c.now < last_grant + 10 * cfg.session_timeout_ms {
+            c.heartbeat(1, 100);
+            c.heartbeat(3, 120);
+            c.run_for(50);
+            if c.group().master_epoch == 2 {
+                elected_at = Some(c.now);
+            }
+        }
+        let at = elected_at.expect("elected");
+        assert_eq!(c.group().master, Some(3));
+        // Never before the old lease has certainly expired; well before the session would
+        // have declared the master dead.
+        assert!(
+            at >= last_grant + cfg.lease.election_delay_ms(),
+            "{at} {last_grant}"
+        );
+        assert!(
+            at < last_grant + cfg.session_timeout_ms,
+            "{at} {last_grant}"
+        );
+    }
+
+    #[test]
+    fn a_broker_heard_again_after_its_connection_closed_is_alive() {
+        let mut c = Cluster::new();
+        let _ = with_master_2(&mut c);
+        let l = c.leader();
+        let now = c.now;
+        c.nodes[l].handle_broker_disconnected(now, G, 1);
+        assert!(!c.nodes[l].alive(G).contains(&1));
+        c.heartbeat(1, 100);
+        assert!(c.nodes[c.leader()].alive(G).contains(&1));
+    }
+
     #[test]
     fn a_manual_switch_over_waits_for_the_lease_and_answers() {
         let mut c = Cluster::new();

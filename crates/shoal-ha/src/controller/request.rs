@@ -70,6 +70,26 @@ pub enum Request {
     },
 }
 
+impl Request {
+    /// The broker that sent it, for requests only a broker sends (the group and its id; the
+    /// master for an in-sync-set change): what [`super::BrokerConnections`] records.
+    pub fn broker(&self) -> Option<(&str, BrokerId)> {
+        match self {
+            Request::Register {
+                group, broker_id, ..
+            }
+            | Request::Heartbeat {
+                group, broker_id, ..
+            }
+            | Request::RenewLease {
+                group, broker_id, ..
+            } => Some((group, *broker_id)),
+            Request::AlterInSyncSet { group, master, .. } => Some((group, *master)),
+            Request::ApplyBrokerId { .. } | Request::ElectMaster { .. } => None,
+        }
+    }
+}
+
 /// The controller's answer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Response {

@@ -84,6 +84,11 @@ pub(crate) enum Msg {
         msg: PeerMessage,
         bytes: Vec<u8>,
     },
+    /// The broker's connection to this controller closed (it crashed, or a partition broke
+    /// the connection while the broker lives on).
+    Disconnected {
+        broker_id: BrokerId,
+    },
 }
 
 #[derive(Debug)]
@@ -469,6 +474,11 @@ impl World {
                 for (a, b) in pairs {
                     *self.blocked.entry((a, b)).or_default() += 1;
                     self.at(self.now + ms, Event::Unblock(a, b));
+                    // A partition between a broker and a controller breaks their connection:
+                    // the controller sees it closed although the broker lives on.
+                    if let (Node::Broker(i), Node::Controller(_)) = (a, b) {
+                        self.disconnected(i, b);
+                    }
                 }
             }
             Fault::Lossy { percent, ms } => {
@@ -493,7 +503,20 @@ impl World {
         }
     }
 
+    /// The controller `to` sees broker `i`'s connection close, after a network delay.
+    fn disconnected(&mut self, i: usize, to: Node) {
+        if let Some(broker_id) = self.brokers[i].disk.broker_id {
+            let delay = self.rng.gen_range(1..=MAX_DELAY_MS);
+            let msg = Msg::Disconnected { broker_id };
+            let from = Node::Broker(i);
+            self.at(self.now + delay, Event::Deliver { from, to, msg });
+        }
+    }
+
     fn crash_broker(&mut self, i: usize) {
+        for c in 0..self.controllers.len() {
+            self.disconnected(i, Node::Controller(c));
+        }
         let b = &mut self.brokers[i];
         b.member = None;
         b.paused_until = None;
@@ -565,6 +588,9 @@ impl World {
                 match msg {
                     Msg::Raft(m) => n.handle_message(now, *m),
                     Msg::Request { token, req } => n.handle_request(now, token, req),
+                    Msg::Disconnected { broker_id } => {
+                        n.handle_broker_disconnected(now, GROUP, broker_id);
+                    }
                     _ => return,
                 }
                 self.flush_controller(i);
