@@ -302,7 +302,19 @@ fn dev_with_three_replicas_fails_over() {
     }
     // Dev prints on (a replica that exits): keep reading.
     std::thread::spawn(move || lines.for_each(drop));
-    let _dev = Proc { child: dev };
+    // At the end, or on a failure: SIGTERM to dev (which stops its replicas), SIGKILL to any
+    // replica left.
+    struct Stop(Proc, Vec<u32>);
+    impl Drop for Stop {
+        fn drop(&mut self) {
+            self.0.sigterm();
+            self.0.wait_exit(Duration::from_secs(20));
+            for pid in &self.1 {
+                let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+            }
+        }
+    }
+    let _dev = Stop(Proc { child: dev }, replicas.iter().map(|r| r.1).collect());
     assert_eq!(replicas.len(), 3);
     let status = |ok: &dyn Fn(&Value) -> bool| -> Value {
         let deadline = Instant::now() + LIMIT;
