@@ -193,7 +193,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Cluster(c) => return admin(cluster_cmd::run(&common, c)),
         Command::Message(c) => return admin(admin_cmd::message(&common, c)),
         Command::Dlq(c) => return admin(admin_cmd::dlq(&common, c)),
-        Command::Dev(a) => return serve(server::run_dev(a)),
+        Command::Dev(a) => {
+            return match a.replicas {
+                Some(n) => serve(dev_replicas::run(a, n)),
+                None => serve(server::run_dev(a)),
+            }
+        }
         Command::Namesrv(a) => return serve(server::run_namesrv(a)),
         Command::Controller(a) => {
             return serve(async { controller::run(a, server::shutdown_signal()).await })

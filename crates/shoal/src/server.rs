@@ -740,9 +740,6 @@ fn dev_broker_config(
 }
 
 pub(crate) async fn run_dev(args: DevArgs) -> anyhow::Result<()> {
-    if let Some(n) = args.replicas {
-        return crate::dev_replicas::run(args, n).await;
-    }
     let stop = shutdown_signal();
     let tls = args.tls.settings()?;
     // Checked before anything starts: a mistake in the file is said at once.
