@@ -257,6 +257,13 @@ impl Shared {
         Ok(())
     }
 
+    /// Whether this broker writes its own log: always, unless it is a replica of a group
+    /// (then only while master). The services that write (delay levels, transaction checks)
+    /// wait while it does not.
+    pub(crate) fn writes_log(&self) -> bool {
+        self.replication.get().is_none_or(|r| r.is_master())
+    }
+
     /// The `brokerId` this broker registers as: the configured one, or, in a replicated
     /// group, 0 while master and the controller's id while a replica (none before it has one).
     pub(crate) fn route_broker_id(&self) -> Option<i64> {

@@ -54,6 +54,10 @@ pub(crate) fn start(b: Arc<Shared>) -> JoinHandle<()> {
         let interval = Duration::from_millis(b.config.transaction_check_interval_ms.max(100));
         loop {
             tokio::time::sleep(interval).await;
+            if !b.writes_log() {
+                // A replica: the master checks, and its decisions reach this log.
+                continue;
+            }
             match check_once(&b).await {
                 Ok(r) if r.checked + r.discarded + r.renewed > 0 => {
                     debug!(report = ?r, "transaction check round")
