@@ -586,14 +586,7 @@ fn status(node: &ControllerNode, addrs: &BTreeMap<u64, String>) -> serde_json::V
 
 /// The request code each request travels with.
 pub(crate) fn request_code_of(req: &Request) -> i32 {
-    match req {
-        Request::ApplyBrokerId { .. } => rc::CONTROLLER_APPLY_BROKER_ID,
-        Request::Register { .. } => rc::CONTROLLER_REGISTER_BROKER,
-        Request::Heartbeat { .. } => rc::BROKER_HEARTBEAT,
-        Request::RenewLease { .. } => ext::CONTROLLER_RENEW_LEASE,
-        Request::AlterInSyncSet { .. } => rc::CONTROLLER_ALTER_SYNC_STATE_SET,
-        Request::ElectMaster { .. } => rc::CONTROLLER_ELECT_MASTER,
-    }
+    req.request_code()
 }
 
 /// The response code an answer travels with (the body says the rest).

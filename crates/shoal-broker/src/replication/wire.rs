@@ -7,7 +7,6 @@ use bytes::Bytes;
 use shoal_ha::controller::{Request, Response};
 use shoal_ha::replication::{PeerMessage, ToMaster, ToReplica};
 use shoal_ha::BrokerId;
-use shoal_proto::code::request_code as rc;
 use shoal_proto::ext::request_code as ext;
 use shoal_proto::ext_fields::ExtFields;
 use shoal_proto::RemotingCommand;
@@ -80,21 +79,9 @@ pub(crate) fn decode_peer(cmd: &RemotingCommand) -> Result<PeerFrame, String> {
     })
 }
 
-/// The request code a controller request travels with (as `shoal controller` expects).
-pub(crate) fn controller_code(req: &Request) -> i32 {
-    match req {
-        Request::ApplyBrokerId { .. } => rc::CONTROLLER_APPLY_BROKER_ID,
-        Request::Register { .. } => rc::CONTROLLER_REGISTER_BROKER,
-        Request::Heartbeat { .. } => rc::BROKER_HEARTBEAT,
-        Request::RenewLease { .. } => ext::CONTROLLER_RENEW_LEASE,
-        Request::AlterInSyncSet { .. } => rc::CONTROLLER_ALTER_SYNC_STATE_SET,
-        Request::ElectMaster { .. } => rc::CONTROLLER_ELECT_MASTER,
-    }
-}
-
 /// The request for `req`.
 pub(crate) fn encode_controller(req: &Request) -> Result<RemotingCommand, serde_json::Error> {
-    Ok(RemotingCommand::request(controller_code(req)).with_body(serde_json::to_vec(req)?))
+    Ok(RemotingCommand::request(req.request_code()).with_body(serde_json::to_vec(req)?))
 }
 
 /// The controller's answer in a response body (every answer, refusals included, carries one).

@@ -71,6 +71,20 @@ pub enum Request {
 }
 
 impl Request {
+    /// The remoting request code it travels with: RocketMQ's controller codes where one exists,
+    /// Shoal's CONTROLLER_RENEW_LEASE (9081) for the lease.
+    pub fn request_code(&self) -> i32 {
+        use shoal_proto::code::request_code as rc;
+        match self {
+            Request::ApplyBrokerId { .. } => rc::CONTROLLER_APPLY_BROKER_ID,
+            Request::Register { .. } => rc::CONTROLLER_REGISTER_BROKER,
+            Request::Heartbeat { .. } => rc::BROKER_HEARTBEAT,
+            Request::RenewLease { .. } => shoal_proto::ext::request_code::CONTROLLER_RENEW_LEASE,
+            Request::AlterInSyncSet { .. } => rc::CONTROLLER_ALTER_SYNC_STATE_SET,
+            Request::ElectMaster { .. } => rc::CONTROLLER_ELECT_MASTER,
+        }
+    }
+
     /// The broker that sent it, for requests only a broker sends (the group and its id; the
     /// master for an in-sync-set change): what [`super::BrokerConnections`] records.
     pub fn broker(&self) -> Option<(&str, BrokerId)> {
