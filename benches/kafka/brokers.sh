@@ -21,7 +21,8 @@ cleanup() {
 trap cleanup EXIT
 # Distinct free ports: every socket is bound before any is closed, so no two are the same
 # (ports picked one at a time can repeat).
-ports() { python3 -c 'import socket,sys; ss=[socket.socket() for _ in range(int(sys.argv[1]))]; [s.bind(("127.0.0.1",0)) for s in ss]; print(*[s.getsockname()[1] for s in ss])' "$1"; }
+FREE_PORTS=$(realpath "$(dirname "${BASH_SOURCE[0]}")/../../tools/free_ports.py")
+ports() { python3 "$FREE_PORTS" "$1"; }
 if [ -n "${PORT_BASE:-}" ]; then
   kp=$PORT_BASE np=$((PORT_BASE + 1)) bp=$((PORT_BASE + 2)) ap=$((PORT_BASE + 3)) cp=$((PORT_BASE + 4))
 else

@@ -59,9 +59,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# Distinct free ports: every socket is bound before any is closed, so no two are the same
-# (ports picked one at a time can repeat).
-free_ports() { "$PY" -c 'import socket,sys; ss=[socket.socket() for _ in range(int(sys.argv[1]))]; [s.bind(("127.0.0.1",0)) for s in ss]; print(*[s.getsockname()[1] for s in ss])' "$1"; }
+# Distinct free ports below the ephemeral range (tools/free_ports.py says why).
+free_ports() { "$PY" "$REPO/tools/free_ports.py" "$1"; }
 wait_port() {
   for _ in $(seq 1 100); do
     "$PY" -c "import socket,sys; socket.create_connection(('127.0.0.1',$1),0.2)" 2>/dev/null && return 0

@@ -20,7 +20,8 @@ trap cleanup EXIT
 
 # Distinct free ports: every socket is bound before any is closed, so no two are the same
 # (ports picked one at a time can repeat).
-ports() { python3 -c 'import socket,sys; ss=[socket.socket() for _ in range(int(sys.argv[1]))]; [s.bind(("127.0.0.1",0)) for s in ss]; print(*[s.getsockname()[1] for s in ss])' "$1"; }
+FREE_PORTS=$PWD/tools/free_ports.py  # the script runs from the repository root
+ports() { python3 "$FREE_PORTS" "$1"; }
 read -r ns_port broker_port < <(ports 2)
 (cd "$work" && exec "$SHOAL_BIN" dev --namesrv-port "$ns_port" --broker-port "$broker_port" --no-kafka --no-http \
     >dev.out 2>dev.err) &

@@ -38,7 +38,8 @@ cleanup() {
 trap cleanup EXIT
 
 # Distinct free ports: every socket is bound before any is closed.
-ports() { python3 -c 'import socket,sys; ss=[socket.socket() for _ in range(int(sys.argv[1]))]; [s.bind(("127.0.0.1",0)) for s in ss]; print(*[s.getsockname()[1] for s in ss])' "$1"; }
+FREE_PORTS=$PWD/tools/free_ports.py  # the script runs from the repository root
+ports() { python3 "$FREE_PORTS" "$1"; }
 read -r ns_port broker_port grpc_port < <(ports 3)
 # Short transaction checks, so a check-back comes within the run; short long polling, so a
 # consumer's shutdown (which waits for its receives in flight) is quick.

@@ -29,22 +29,29 @@ pub fn shoal() -> &'static str {
     })
 }
 
-/// A free port on 127.0.0.1, never one this process was given before: the system can hand
-/// out the port it just gave when asked twice in a row (a name server and a broker on the same
-/// port then fail with "Address already in use").
+/// A free port on 127.0.0.1, never one this process was given before (two servers on one port
+/// fail with "Address already in use"), and below the system's ephemeral range: a port the
+/// kernel hands out for ephemeral use can be taken by any outgoing connection of a test running
+/// beside this one between this call and the server's bind (`tools/free_ports.py` does the same
+/// for scripts).
 pub fn free_port() -> u16 {
+    use rand::Rng;
     static GIVEN: Mutex<Vec<u16>> = Mutex::new(Vec::new());
+    let high = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768)
+        .saturating_sub(1);
+    let low = if high > 11_000 { 10_000 } else { 1024 };
+    let mut rng = rand::thread_rng();
     loop {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = rng.gen_range(low..=high);
         let mut given = GIVEN.lock().unwrap();
-        if !given.contains(&port) {
-            given.push(port);
-            return port;
+        if given.contains(&port) || std::net::TcpListener::bind(("127.0.0.1", port)).is_err() {
+            continue;
         }
+        given.push(port);
+        return port;
     }
 }
 
