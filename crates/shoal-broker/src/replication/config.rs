@@ -39,6 +39,9 @@ pub struct ReplicationSettings {
     pub batch_max_bytes: u64,
     /// Bytes shipped to one replica and not acknowledged at most (4 MiB).
     pub max_inflight_bytes: u64,
+    /// Batches shipped to one replica and not acknowledged at most (2): sends arriving while
+    /// they are in flight go together in the next batch.
+    pub max_inflight_batches: usize,
     /// An in-sync replica behind the master's log end for this long leaves the in-sync set,
     /// ms (RocketMQ's `haMaxTimeSlaveNotCatchup`, 15000).
     pub max_lag_ms: u64,
@@ -63,6 +66,7 @@ impl Default for ReplicationSettings {
             call_timeout_ms: 3_000,
             batch_max_bytes: 256 * 1024,
             max_inflight_bytes: 4 * 1024 * 1024,
+            max_inflight_batches: 2,
             max_lag_ms: 15_000,
             ack_timeout_ms: 5_000,
             max_pending_acks: 65_536,
@@ -91,6 +95,7 @@ impl ReplicationSettings {
             ("call_timeout_ms", self.call_timeout_ms),
             ("batch_max_bytes", self.batch_max_bytes),
             ("max_inflight_bytes", self.max_inflight_bytes),
+            ("max_inflight_batches", self.max_inflight_batches as u64),
             ("max_lag_ms", self.max_lag_ms),
             ("ack_timeout_ms", self.ack_timeout_ms),
             ("max_pending_acks", self.max_pending_acks as u64),

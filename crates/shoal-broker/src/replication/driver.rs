@@ -75,6 +75,7 @@ pub(crate) fn start(
             min_in_sync: settings.min_insync_replicas,
             batch_max_bytes: settings.batch_max_bytes,
             max_inflight_bytes: settings.max_inflight_bytes,
+            max_inflight_batches: settings.max_inflight_batches,
             max_lag_ms: settings.max_lag_ms,
             ack_timeout_ms: settings.ack_timeout_ms,
             max_pending: settings.max_pending_acks,

@@ -48,6 +48,10 @@ pub struct MasterConfig {
     pub batch_max_bytes: u64,
     /// Bytes shipped and not acknowledged per replica at most.
     pub max_inflight_bytes: u64,
+    /// Batches shipped and not acknowledged per replica at most. Writes that arrive while
+    /// this many are in flight wait and go together in the next batch: under concurrent
+    /// sends, one batch (one message to the replica, one ack back) carries many of them.
+    pub max_inflight_batches: usize,
     /// An in-sync replica that has not caught up with the log end for this long is dropped
     /// from the set (RocketMQ's `haMaxTimeSlaveNotCatchup`).
     pub max_lag_ms: Millis,
@@ -71,6 +75,7 @@ impl Default for MasterConfig {
             min_in_sync: 1,
             batch_max_bytes: 256 * 1024,
             max_inflight_bytes: 4 * 1024 * 1024,
+            max_inflight_batches: 2,
             max_lag_ms: 5_000,
             heartbeat_ms: 500,
             resend_ms: 1_000,
@@ -154,6 +159,8 @@ struct Follower {
     /// point, so the many acks a reordered window brings back do not each resend the window.
     rewound_to: Option<u64>,
     last_sent_at: Millis,
+    /// The ends of the batches shipped and not yet acknowledged, in order.
+    inflight: VecDeque<u64>,
 }
 
 /// An in-sync set sent to the controller and not known to be applied or refused.
@@ -230,6 +237,7 @@ impl Master {
                         last_progress_at: now,
                         rewound_to: None,
                         last_sent_at: now,
+                        inflight: VecDeque::new(),
                     },
                 )
             })
@@ -348,6 +356,7 @@ impl Master {
                 let to = self.epochs.divergence(self.log_end, &epochs, end);
                 f.acked = None;
                 f.next = to;
+                f.inflight.clear();
                 f.rewound_to = None;
                 f.last_progress_at = now;
                 f.last_sent_at = now;
@@ -381,6 +390,9 @@ impl Master {
                 }
                 let progress = f.acked.is_none_or(|a| end > a);
                 f.acked = Some(end);
+                while f.inflight.front().is_some_and(|e| *e <= end) {
+                    f.inflight.pop_front();
+                }
                 if progress {
                     f.last_progress_at = now;
                 }
@@ -388,6 +400,7 @@ impl Master {
                     f.next = end;
                 } else if end < f.next && !progress && f.rewound_to != Some(end) {
                     f.next = end;
+                    f.inflight.clear();
                     f.rewound_to = Some(end);
                 }
                 if end >= self.log_end {
@@ -461,6 +474,7 @@ impl Master {
                         last_progress_at: now,
                         rewound_to: None,
                         last_sent_at: now,
+                        inflight: VecDeque::new(),
                     },
                 );
             }
@@ -508,6 +522,9 @@ impl Master {
         if let Some(f) = self.followers.get_mut(&to) {
             if f.acked.is_some() && start <= end && end <= self.log_end {
                 f.next = end;
+                if let Some(last) = f.inflight.back_mut() {
+                    *last = end;
+                }
             }
         }
     }
@@ -705,11 +722,13 @@ impl Master {
             if let Some(acked) = f.acked {
                 if acked < f.next && now >= f.last_progress_at + self.cfg.resend_ms {
                     f.next = acked;
+                    f.inflight.clear();
                     f.last_progress_at = now;
                     f.rewound_to = Some(acked);
                 }
                 if f.next < self.log_end
                     && f.next.saturating_sub(acked) < self.cfg.max_inflight_bytes
+                    && f.inflight.len() < self.cfg.max_inflight_batches.max(1)
                 {
                     let start = f.next;
                     let mut end = self.log_end.min(start + self.cfg.batch_max_bytes);
@@ -718,6 +737,7 @@ impl Master {
                     }
                     let batch_epoch = self.epochs.epoch_at(start).unwrap_or(self.epoch);
                     f.next = end;
+                    f.inflight.push_back(end);
                     f.last_sent_at = now;
                     self.out.push_back(MasterTransmit::Replica {
                         to: *b,
@@ -760,6 +780,8 @@ mod tests {
             ack,
             min_in_sync,
             batch_max_bytes: 100,
+            // Windows of many small batches.
+            max_inflight_batches: 64,
             ..MasterConfig::default()
         };
         Master::new(
@@ -1073,5 +1095,50 @@ mod tests {
         m.handle_shipped(2, 0, 80);
         let rest: Vec<(u64, u64)> = shipped(&mut m, 2).iter().map(|b| (b.1, b.2)).collect();
         assert_eq!(rest, vec![(80, 150)]);
+    }
+
+    #[test]
+    fn writes_arriving_while_batches_are_in_flight_go_together() {
+        let cfg = MasterConfig {
+            batch_max_bytes: 1_000,
+            max_inflight_batches: 1,
+            ..MasterConfig::default()
+        };
+        let mut m = Master::new(
+            cfg,
+            "g".into(),
+            1,
+            3,
+            EpochCache::default(),
+            0,
+            BTreeSet::from([1, 2]),
+            4,
+            [1, 2],
+            0,
+        )
+        .expect("ordered epochs");
+        grant(&mut m, 0);
+        handshake(&mut m, 0, 2, 0, vec![]);
+        m.handle_appended(1, 1, 10);
+        assert_eq!(shipped(&mut m, 1), vec![(2, 0, 10)]);
+        // Three more sends while the first batch is in flight: nothing shipped yet.
+        for (ticket, end) in [(2, 20), (3, 30), (4, 40)] {
+            m.handle_appended(2, ticket, end);
+            assert_eq!(shipped(&mut m, 2), vec![]);
+        }
+        // Its ack lets them go, in one batch.
+        ack(&mut m, 3, 2, 10);
+        assert_eq!(m.poll_ack().map(|a| a.ticket), Some(1));
+        assert_eq!(shipped(&mut m, 3), vec![(2, 10, 40)]);
+        ack(&mut m, 4, 2, 40);
+        let acked: Vec<u64> = std::iter::from_fn(|| m.poll_ack()).map(|a| a.ticket).collect();
+        assert_eq!(acked, vec![2, 3, 4]);
+        // A batch lost whole is shipped again after `resend_ms` without progress.
+        m.handle_appended(5, 5, 50);
+        assert_eq!(shipped(&mut m, 5), vec![(2, 40, 50)]);
+        m.handle_appended(6, 6, 60);
+        assert_eq!(shipped(&mut m, 6), vec![]);
+        m.handle_timeout(5 + 1_000);
+        assert_eq!(shipped(&mut m, 5 + 1_000), vec![(2, 40, 60)]);
     }
 }

@@ -174,6 +174,7 @@ pub(crate) fn member_config(cfg: &SimConfig, index: usize, token: String) -> Mem
             min_in_sync: cfg.min_in_sync,
             batch_max_bytes: 100,
             max_inflight_bytes: 8_192,
+            max_inflight_batches: 2,
             max_lag_ms: 600,
             heartbeat_ms: 100,
             resend_ms: 300,
