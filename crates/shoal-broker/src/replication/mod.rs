@@ -125,6 +125,10 @@ pub(crate) struct Replication {
     inbox: mpsc::Sender<Input>,
     view: Mutex<ReplicationView>,
     role_changed: Notify,
+    /// The master epoch (+ 1; 0: none) in which this broker took over its group's state: it
+    /// applied every metadata record of its log, restored the coordinator and rebuilt the
+    /// transaction decisions from it (`metadata.rs`).
+    taken_over: AtomicU64,
     pub(crate) counters: ReplicationCounters,
 }
 
@@ -167,6 +171,7 @@ impl Replication {
             group,
             inbox,
             role_changed: Notify::new(),
+            taken_over: AtomicU64::new(0),
             counters: ReplicationCounters::default(),
         }
     }
@@ -249,6 +254,49 @@ impl Replication {
                 self.group
             ),
         ))
+    }
+
+    /// The metadata task took over the group's state as master of `epoch`.
+    pub(crate) fn set_taken_over(&self, epoch: Epoch) {
+        self.taken_over
+            .store(u64::from(epoch) + 1, Ordering::Release);
+    }
+
+    /// Whether this broker is master and has taken over the group's state in its epoch
+    /// (the metadata, the coordinator, the transaction decisions of its log): only then do
+    /// its coordinator answer members, its transaction decisions and checks run, and its
+    /// delay levels deliver.
+    pub(crate) fn serves_as_master(&self) -> bool {
+        match self.view.lock().role {
+            RoleView::Master { epoch } => {
+                self.taken_over.load(Ordering::Acquire) == u64::from(epoch) + 1
+            }
+            _ => false,
+        }
+    }
+
+    /// The refusal of a request that only a master that took over its group's state answers
+    /// (GROUP_HEARTBEAT, GROUP_LEAVE, END_TRANSACTION): a replica, or a master still applying
+    /// its log, would answer from stale state. The client asks again (members heartbeat;
+    /// a producer's transaction is checked back).
+    pub(crate) fn refuse_unless_serving(&self) -> Result<(), Reject> {
+        if self.serves_as_master() {
+            return Ok(());
+        }
+        let remark = if self.is_master() {
+            format!(
+                "this broker became the master of {} and is still applying its log's metadata; \
+                 ask again shortly",
+                self.group
+            )
+        } else {
+            format!(
+                "this broker is a replica of {}: coordinated groups and transactions are served \
+                 by its master (brokerId 0)",
+                self.group
+            )
+        };
+        Err(Reject::new(resp::SERVICE_NOT_AVAILABLE, remark))
     }
 
     /// What the driver last published.
