@@ -422,3 +422,115 @@ fn dev_with_three_replicas_fails_over() {
         "{bodies:?}"
     );
 }
+
+/// A coordinated group's state follows the data: a consumer (static member) joins through the
+/// first master; after it is SIGKILLed, the new master's coordinator continues from the
+/// replicated state, so the group epoch is at least the old one plus the restore gap (1000),
+/// and the member is still in the group with its queues.
+#[test]
+fn a_coordinated_groups_epoch_grows_across_a_failover() {
+    let mut r = Replicas::start();
+    let g = r.wait_group("no master with three in sync", |g| {
+        g["master"].is_u64() && in_sync_len(g) == 3
+    });
+    let epoch = g["masterEpoch"].as_u64().unwrap();
+    let master = r.index_of(&g, g["master"].as_u64().unwrap());
+    let master_addr = r.brokers[master].0.clone();
+    r.cluster.json(&[
+        "topic",
+        "create",
+        TOPIC,
+        "--queues",
+        "4",
+        "--brokers",
+        &master_addr,
+        "--json",
+    ]);
+    let mut group = TrackedGroup::new("epoch-readers", TOPIC);
+    group.join(&r.cluster.dev, "c1", &[]);
+    // The member holds every queue at the first master.
+    let describe = |r: &Replicas| -> Option<Value> {
+        let out = r
+            .cluster
+            .dev
+            .cmd(&["group", "describe", "epoch-readers", "--json"]);
+        if !out.status.success() {
+            return None;
+        }
+        serde_json::from_slice::<Value>(&out.stdout).ok()
+    };
+    // Queues of the topic held (the group's retry queue aside).
+    let owned = |v: &Value| -> usize {
+        v["members"].as_array().map_or(0, |m| {
+            m.iter()
+                .flat_map(|m| m["owned"].as_array().cloned().unwrap_or_default())
+                .filter(|q| q["topic"] == TOPIC)
+                .count()
+        })
+    };
+    let deadline = Instant::now() + LIMIT;
+    let before = loop {
+        if let Some(v) = describe(&r).filter(|v| owned(v) == 4 && v["reconciled"] == true) {
+            break v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the member never held the 4 queues: {:?}",
+            describe(&r)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let group_epoch = before["groupEpoch"].as_i64().unwrap();
+    assert!(group_epoch > 0, "{before}");
+    // A message sent and consumed after a few metadata rounds: the rounds that carried the
+    // group are below the confirmed offset.
+    std::thread::sleep(Duration::from_secs(2));
+    let sent = support::send(&r.cluster.dev, TOPIC, "after-join", 1);
+    let deadline = Instant::now() + LIMIT;
+    while !group
+        .lines
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|l| sent.contains(&l.body))
+    {
+        assert!(Instant::now() < deadline, "the message was never consumed");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    r.brokers[master].2.as_mut().unwrap().sigkill();
+    let g = r.wait_group("no new master elected", |g| {
+        g["masterEpoch"].as_u64().unwrap_or(0) > epoch && g["master"].is_u64()
+    });
+    let new_master = r.index_of(&g, g["master"].as_u64().unwrap());
+    assert_ne!(new_master, master);
+    // The new master coordinates the group from the replicated state: the epoch moved
+    // forward by the restore gap, the member is still there, holding the 4 queues.
+    let deadline = Instant::now() + LIMIT;
+    let after = loop {
+        if let Some(v) = describe(&r).filter(|v| {
+            v["groupEpoch"].as_i64().unwrap_or(0) > group_epoch
+                && owned(v) == 4
+                && v["reconciled"] == true
+        }) {
+            break v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the new master never coordinated the group: {:?}",
+            describe(&r)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(
+        after["groupEpoch"].as_i64().unwrap() >= group_epoch + 1000,
+        "the group epoch did not continue from the replicated state: {before} then {after}"
+    );
+    eprintln!(
+        "coordinated group across the failover: group epoch {group_epoch} at the old master, {} at the new one",
+        after["groupEpoch"]
+    );
+    for m in group.group.members.values_mut() {
+        m.sigkill();
+    }
+}

@@ -106,12 +106,7 @@ struct Follower {
 /// Starts the task that writes (as master) or applies (as replica) the group's metadata.
 pub(crate) fn start(b: Arc<Shared>, repl: Arc<Replication>) -> JoinHandle<()> {
     tokio::spawn(async move {
-        let mut f = Follower {
-            next: b.store.min_offset(METADATA_TOPIC, 0),
-            master_of: None,
-            written: Written::default(),
-            coordinator: CoordinatorFollower::new(b.config.coordinator.max_groups),
-        };
+        let mut f = Follower::new(&b);
         let mut tick = tokio::time::interval(ROUND);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -122,6 +117,15 @@ pub(crate) fn start(b: Arc<Shared>, repl: Arc<Replication>) -> JoinHandle<()> {
 }
 
 impl Follower {
+    fn new(b: &Shared) -> Self {
+        Self {
+            next: b.store.min_offset(METADATA_TOPIC, 0),
+            master_of: None,
+            written: Written::default(),
+            coordinator: CoordinatorFollower::new(b.config.coordinator.max_groups),
+        }
+    }
+
     async fn round(&mut self, b: &Arc<Shared>, repl: &Replication) {
         match repl.view().role {
             RoleView::Master { epoch } => {
@@ -179,7 +183,10 @@ impl Follower {
             b.groups.take_over(self.coordinator.snapshot());
         }
         match crate::transaction::service::rebuild_decisions(b).await {
-            Ok(n) => debug!(decisions = n, "transaction decisions rebuilt from the op queue"),
+            Ok(n) => debug!(
+                decisions = n,
+                "transaction decisions rebuilt from the op queue"
+            ),
             Err(e) => warn!(error = %e.remark, "could not read the transaction op queue"),
         }
     }
@@ -445,7 +452,10 @@ mod tests {
         };
         let json = serde_json::to_string(&r).unwrap();
         assert!(json.contains("\"kind\":\"offsets\""), "{json}");
-        assert!(same(&serde_json::from_str::<MetadataRecord>(&json).unwrap(), &r));
+        assert!(same(
+            &serde_json::from_str::<MetadataRecord>(&json).unwrap(),
+            &r
+        ));
         let t = MetadataRecord::Topics {
             topics: vec![TopicConfig {
                 topic_name: "a".into(),
@@ -506,5 +516,119 @@ mod tests {
         assert_eq!(d.members.len(), 1);
         assert_eq!(d.members[0].owned.len(), 4);
         assert_eq!(restored.topic_queues("T").map(<[_]>::len), Some(4));
+    }
+
+    /// A broker over a store in `dir` (not replicated: its puts need no acknowledgement).
+    fn broker(dir: &std::path::Path, rt: &tokio::runtime::Runtime) -> Arc<Shared> {
+        let config = crate::config::BrokerConfig {
+            data_dir: dir.to_path_buf(),
+            namesrv_addrs: Vec::new(),
+            announce_addr: Some("127.0.0.1:1".into()),
+            commit_log_segment_bytes: 16 * 1024 * 1024,
+            ..Default::default()
+        };
+        let (store, _) = rt.block_on(crate::broker::open_store(&config)).unwrap();
+        let delay_levels_ms = crate::config::parse_delay_levels(&config.delay_levels).unwrap();
+        crate::broker::assemble(crate::broker::Assembly {
+            config,
+            store,
+            delay_levels_ms,
+            net_stats: Arc::new(shoal_net::NetStats::default()),
+            namesrv_tls: None,
+            clock: crate::clock::BrokerClock::starting_at(crate::clock::wall_ms()),
+            sink: None,
+        })
+        .unwrap()
+    }
+
+    /// What a replica's log holds from its master (coordinator records, offsets, a
+    /// transaction decision), applied and taken over as a new master does: the coordinator
+    /// continues above the master's epoch, the offsets are the master's, and the decision is
+    /// known (a second END_TRANSACTION is not committed again).
+    #[test]
+    fn a_new_master_takes_over_what_its_log_replicated() {
+        let dir = tempfile::tempdir().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let b = broker(dir.path(), &rt);
+        // The old master's coordinator, one member in G.
+        let mut master = Coordinator::new(CoordinatorConfig::default());
+        master.handle_topic_queues(
+            0,
+            "T",
+            (0..4)
+                .map(|i| shoal_proto::MessageQueue::new("T", "broker-a", i))
+                .collect(),
+        );
+        let join = |c: &mut Coordinator, member: &str, now: u64| {
+            c.handle_heartbeat(
+                now,
+                HeartbeatRequest {
+                    group: "G".into(),
+                    member_id: member.into(),
+                    client_id: format!("client-{member}"),
+                    conn_id: 1,
+                    subscriptions: ["T".to_string()].into(),
+                    ..Default::default()
+                },
+            )
+            .unwrap()
+        };
+        join(&mut master, "m1", 0);
+        join(&mut master, "m2", 1);
+        let epoch = master.describe("G", 1).unwrap().group_epoch;
+        assert!(epoch >= 2);
+        rt.block_on(async {
+            for update in [
+                master.update_for(["G"]),
+                master.topics_update(0).unwrap().0,
+                master.names_update(),
+            ] {
+                put(&b, &MetadataRecord::Coordinator { update })
+                    .await
+                    .unwrap();
+            }
+            put(
+                &b,
+                &MetadataRecord::Offsets {
+                    offsets: vec![("g".into(), "T".into(), 0, 7)],
+                },
+            )
+            .await
+            .unwrap();
+            crate::transaction::half::ensure_topic(&b, crate::transaction::OP_TOPIC).unwrap();
+            let op = crate::transaction::half::op_message(&b, 0, Some("tx-1"), true).unwrap();
+            crate::send::put(&b, vec![op]).await.unwrap();
+
+            let mut f = Follower::new(&b);
+            f.apply_visible(&b).await;
+            assert_eq!(f.coordinator.group_epoch("G"), Some(epoch));
+            assert_eq!(b.store.query_offset("g", "T", 0), Some(7));
+            // A replica's own coordinator is not touched by what it follows.
+            assert!(!b.groups.read(|g, _| g.coordinator().knows_group("G")));
+            assert_eq!(b.transactions.decisions.lock().get("tx-1"), None);
+
+            f.take_over(&b).await;
+        });
+        let d = b
+            .groups
+            .read(|g, now| g.coordinator().describe("G", now))
+            .unwrap();
+        assert!(
+            d.group_epoch >= epoch + shoal_group::coordinator::RESTORE_EPOCH_GAP,
+            "{d:?}"
+        );
+        assert_eq!(d.members.len(), 2);
+        assert_eq!(
+            d.members.iter().map(|m| m.owned.len()).sum::<usize>(),
+            4,
+            "{d:?}"
+        );
+        assert_eq!(
+            b.transactions.decisions.lock().get("tx-1"),
+            Some(crate::transaction::Decision::Committed)
+        );
     }
 }

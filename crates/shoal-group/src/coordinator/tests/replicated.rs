@@ -37,7 +37,10 @@ fn a_follower_applies_updates_in_order() {
     f.apply(shipped(c.update_for(names.iter().map(String::as_str))));
     let (topics, version) = c.topics_update(0).unwrap();
     f.apply(shipped(topics));
-    assert!(c.topics_update(version).is_none(), "unchanged topics are not sent again");
+    assert!(
+        c.topics_update(version).is_none(),
+        "unchanged topics are not sent again"
+    );
     let epoch = c.describe("G", 0).unwrap().group_epoch;
     assert_eq!(f.group_epoch("G"), Some(epoch));
 
@@ -107,9 +110,7 @@ fn a_replica_taking_over_continues_above_the_master_and_its_own_epochs() {
 
     replica.take_over_coordinator(100, f.snapshot());
     let effects: Vec<_> = std::iter::from_fn(|| replica.poll_effect()).collect();
-    assert!(effects.contains(&crate::state::GroupEffect::Persist {
-        group: "G".into()
-    }));
+    assert!(effects.contains(&crate::state::GroupEffect::Persist { group: "G".into() }));
     let d = replica.coordinator().describe("G", 100).unwrap();
     assert!(d.group_epoch >= own_epoch + RESTORE_EPOCH_GAP, "{d:?}");
     assert!(d.group_epoch > master_epoch);
@@ -118,7 +119,15 @@ fn a_replica_taking_over_continues_above_the_master_and_its_own_epochs() {
     // The members' connection ids were the master's: a connection of this broker with the
     // same id closing removes nobody.
     replica.handle_connection_closed(120, 1);
-    assert_eq!(replica.coordinator().describe("G", 120).unwrap().members.len(), 3);
+    assert_eq!(
+        replica
+            .coordinator()
+            .describe("G", 120)
+            .unwrap()
+            .members
+            .len(),
+        3
+    );
 
     // Without a higher own epoch: the master's plus the gap.
     let mut fresh = GroupState::new(GroupStateConfig::default());
