@@ -621,8 +621,12 @@ mod tests {
             "{d:?}"
         );
         assert_eq!(d.members.len(), 2);
+        // Mid-rebalance as at the old master: m1 still holds (owns or is revoking) all 4.
         assert_eq!(
-            d.members.iter().map(|m| m.owned.len()).sum::<usize>(),
+            d.members
+                .iter()
+                .map(|m| m.owned.len() + m.revoking.len())
+                .sum::<usize>(),
             4,
             "{d:?}"
         );
