@@ -33,6 +33,7 @@ use shoal_proto::body::TopicConfig;
 use shoal_proto::message::{decode_records, DecodeOptions};
 use shoal_store::MessageExtBrokerInner;
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::task::JoinHandle;
@@ -166,6 +167,11 @@ impl Follower {
                 self.apply_visible(b).await;
             }
         }
+        let c = &repl.counters;
+        c.coordinator_groups
+            .store(self.coordinator.len() as u64, Ordering::Relaxed);
+        c.coordinator_groups_left_out
+            .store(self.coordinator.left_out(), Ordering::Relaxed);
     }
 
     /// The new master takes over what its log replicated: the coordinator continues from the

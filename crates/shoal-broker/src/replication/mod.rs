@@ -116,6 +116,11 @@ pub(crate) struct ReplicationCounters {
     pub(crate) writes_refused: AtomicU64,
     /// Peer messages and controller answers dropped because the task's inbox was full.
     pub(crate) inbox_dropped: AtomicU64,
+    /// Coordinated groups of the master's replicated coordinator state the metadata task
+    /// holds (a gauge; at most `[coordinator] max_groups`).
+    pub(crate) coordinator_groups: AtomicU64,
+    /// Coordinated groups of the master's state left out: the task held `max_groups` already.
+    pub(crate) coordinator_groups_left_out: AtomicU64,
 }
 
 /// The broker's handle on its replication task. See the [module documentation](self).
