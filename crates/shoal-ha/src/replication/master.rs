@@ -1131,9 +1131,7 @@ mod tests {
         assert_eq!(m.poll_ack().map(|a| a.ticket), Some(1));
         assert_eq!(shipped(&mut m, 3), vec![(2, 10, 40)]);
         ack(&mut m, 4, 2, 40);
-        let acked: Vec<u64> = std::iter::from_fn(|| m.poll_ack())
-            .map(|a| a.ticket)
-            .collect();
+        let acked: Vec<u64> = std::iter::from_fn(|| m.poll_ack()).map(|a| a.ticket).collect();
         assert_eq!(acked, vec![2, 3, 4]);
         // A batch lost whole is shipped again after `resend_ms` without progress.
         m.handle_appended(5, 5, 50);
