@@ -329,3 +329,58 @@ impl Replication {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests")]
+    use super::*;
+
+    fn as_role(r: &Replication, role: RoleView) {
+        r.publish(ReplicationView {
+            group: "broker-a".into(),
+            broker_id: Some(2),
+            role,
+            ..Default::default()
+        });
+    }
+
+    #[test]
+    fn only_a_master_that_took_over_serves_members_and_transactions() {
+        let (tx, _rx) = mpsc::channel(1);
+        let r = Replication::new("broker-a".into(), tx);
+        let refused = |r: &Replication| r.refuse_unless_serving().err().map(|e| e.code);
+        assert_eq!(refused(&r), Some(resp::SERVICE_NOT_AVAILABLE), "joining");
+        as_role(
+            &r,
+            RoleView::Replica {
+                master: Some(1),
+                epoch: 3,
+            },
+        );
+        let e = r.refuse_unless_serving().unwrap_err();
+        assert_eq!(e.code, resp::SERVICE_NOT_AVAILABLE);
+        assert!(e.remark.contains("replica of broker-a"), "{}", e.remark);
+        // Elected: still applying its log.
+        as_role(&r, RoleView::Master { epoch: 4 });
+        let e = r.refuse_unless_serving().unwrap_err();
+        assert!(e.remark.contains("still applying"), "{}", e.remark);
+        assert!(!r.serves_as_master());
+        // A take-over of an older epoch does not count.
+        r.set_taken_over(3);
+        assert!(!r.serves_as_master());
+        r.set_taken_over(4);
+        assert!(r.serves_as_master());
+        assert!(r.refuse_unless_serving().is_ok());
+        // Stepped down, then elected again: it takes over again first.
+        as_role(
+            &r,
+            RoleView::Replica {
+                master: Some(1),
+                epoch: 5,
+            },
+        );
+        assert!(!r.serves_as_master());
+        as_role(&r, RoleView::Master { epoch: 6 });
+        assert!(!r.serves_as_master());
+    }
+}
