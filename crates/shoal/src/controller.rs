@@ -31,7 +31,8 @@ use futures::future::BoxFuture;
 use serde_json::json;
 use shoal_ha::controller::{
     decode_raft_message, encode_raft_message, BrokerConnections, ConnectionId, ControllerConfig,
-    ControllerNode, ControllerStorage, RaftMessage, Refusal, Request, Response,
+    ControllerNode, ControllerStorage, GroupNotice, GroupNotices, RaftMessage, Refusal, Request,
+    Response,
 };
 use shoal_net::{
     Connection, NetConfig, NotSupportedProcessor, Processor, RemotingClient, RequestContext,
@@ -171,6 +172,8 @@ enum Input {
         req: Request,
         /// The connection it came on (a broker uses one per voter for all of its requests).
         conn: ConnectionId,
+        /// A handle on it, to tell its broker of changes (none in tests).
+        handle: Option<Connection>,
         reply: oneshot::Sender<Response>,
     },
     /// A connection closed: the brokers whose requests last came on it are dead at once.
@@ -406,6 +409,33 @@ struct Driver {
 }
 
 impl Driver {
+    /// Tells the members of `notice`'s group that it changed, on the connections their
+    /// requests came on (members not connected to this voter find out at their next
+    /// heartbeat, as they would without a notice).
+    fn notify(
+        &self,
+        notice: &GroupNotice,
+        conns: &BrokerConnections,
+        handles: &HashMap<ConnectionId, Connection>,
+    ) {
+        let cmd = notice.to_command();
+        for (broker, _) in &notice.to {
+            let Some(conn) = conns
+                .connection_of(&notice.group, *broker)
+                .and_then(|c| handles.get(&c))
+            else {
+                continue;
+            };
+            self.metrics.notices_sent.inc();
+            let (conn, cmd) = (conn.clone(), cmd.clone());
+            tokio::spawn(async move {
+                if let Err(e) = conn.oneway(cmd).await {
+                    debug!(error = %e, "group change notice not sent");
+                }
+            });
+        }
+    }
+
     /// The voter's task: the only owner of the node.
     async fn run(
         mut self,
@@ -420,6 +450,9 @@ impl Driver {
         // Brokers by the connection their latest request came on (only members the metadata
         // knows, so bounded by its limits; connections by the listener's).
         let mut conns = BrokerConnections::new(MAX_BROKERS_PER_CONNECTION);
+        // The connections `conns` tracks, to tell their brokers of a change.
+        let mut handles: HashMap<ConnectionId, Connection> = HashMap::new();
+        let mut notices = GroupNotices::new();
         loop {
             let wake = start + Duration::from_millis(node.poll_timeout());
             tokio::select! {
@@ -432,13 +465,14 @@ impl Driver {
                     None => return Ok(()),
                     Some(Input::Raft(msg)) => node.handle_message(now(), msg),
                     Some(Input::Closed(conn)) => {
+                        handles.remove(&conn);
                         for (group, broker) in conns.closed(conn) {
                             debug!(%group, broker, "broker's controller connection closed");
                             self.metrics.broker_disconnects.inc();
                             node.handle_broker_disconnected(now(), &group, broker);
                         }
                     }
-                    Some(Input::Request { req, conn, reply }) => {
+                    Some(Input::Request { req, conn, handle, reply }) => {
                         if let Some((group, broker)) = req.broker() {
                             let known = node
                                 .metadata()
@@ -446,6 +480,9 @@ impl Driver {
                                 .is_some_and(|g| g.members.contains_key(&broker));
                             if known {
                                 conns.seen(conn, group, broker);
+                                if let Some(h) = handle.filter(|h| !h.is_closed()) {
+                                    handles.entry(conn).or_insert(h);
+                                }
                             }
                         }
                         if waiting.len() >= self.max_waiting {
@@ -493,6 +530,9 @@ impl Driver {
                 if let Some(reply) = waiting.remove(&token) {
                     let _ = reply.send(answer);
                 }
+            }
+            for notice in notices.poll(&node) {
+                self.notify(&notice, &conns, &handles);
             }
             if node.is_leader() != was_leader {
                 was_leader = node.is_leader();
@@ -642,7 +682,7 @@ impl Processor for ControllerProcessor {
         ctx: RequestContext,
         request: RemotingCommand,
     ) -> BoxFuture<'static, shoal_net::ProcessResult> {
-        let conn = ctx.connection().id();
+        let handle = ctx.connection().clone();
         let inbox = self.inbox.clone();
         let (answer_timeout, elect_timeout) = (self.answer_timeout, self.elect_timeout);
         let metrics = self.metrics.clone();
@@ -700,7 +740,13 @@ impl Processor for ControllerProcessor {
                 )));
             }
             let (reply, rx) = oneshot::channel();
-            if inbox.try_send(Input::Request { req, conn, reply }).is_err() {
+            let input = Input::Request {
+                req,
+                conn: handle.id(),
+                handle: Some(handle),
+                reply,
+            };
+            if inbox.try_send(input).is_err() {
                 metrics.refused_busy("inbox");
                 return Ok(Some(answer(&request, resp::SYSTEM_BUSY, "busy".into())));
             }

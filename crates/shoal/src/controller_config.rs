@@ -309,6 +309,8 @@ pub(crate) struct ControllerMetrics {
     pub broker_connections: Gauge,
     /// Brokers seen dead because the connection their requests came on closed.
     pub broker_disconnects: Counter,
+    /// Notices sent to brokers that their group changed (NOTIFY_BROKER_ROLE_CHANGED).
+    pub notices_sent: Counter,
 }
 
 impl ControllerMetrics {
@@ -357,6 +359,10 @@ impl ControllerMetrics {
             broker_disconnects: registry.counter(
                 "shoal_controller_broker_disconnects",
                 "Brokers seen dead at once because the connection their requests came on closed.",
+            ),
+            notices_sent: registry.counter(
+                "shoal_controller_notices_sent",
+                "Notices sent to brokers that their group changed (an election, a new in-sync set), so that they ask at once rather than at their next heartbeat.",
             ),
             registry,
         }

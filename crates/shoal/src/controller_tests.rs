@@ -159,6 +159,7 @@ async fn requests_over_max_waiting_are_system_busy() {
     inbox
         .send(Input::Request {
             conn: 0,
+            handle: None,
             req: apply("1"),
             reply,
         })
@@ -168,6 +169,7 @@ async fn requests_over_max_waiting_are_system_busy() {
     inbox
         .send(Input::Request {
             conn: 0,
+            handle: None,
             req: apply("2"),
             reply,
         })

@@ -8,13 +8,15 @@ use super::disk::MemberDisk;
 use super::wire::{self, PeerFrame};
 use super::{AckSetting, Input, Replication, ReplicationSettings, ReplicationView, RoleView};
 use bytes::Bytes;
+use futures::future::BoxFuture;
+use shoal_ha::controller::GroupNotice;
 use shoal_ha::controller::Response;
 use shoal_ha::replication::{
     AckMode, BatchVerdict, DiskState, MasterConfig, Member, MemberConfig, PeerMessage,
     ReplicaAction, Role, ToReplica, Transmit, WriteRefusal,
 };
 use shoal_ha::{BrokerId, Millis};
-use shoal_net::{NetConfig, NotSupportedProcessor, RemotingClient};
+use shoal_net::{NetConfig, Processor, RemotingClient, RequestContext};
 use shoal_proto::RemotingCommand;
 use shoal_store::MessageStore;
 use std::collections::{BTreeMap, HashMap};
@@ -103,10 +105,13 @@ pub(crate) fn start(
         disk,
         handle: handle.clone(),
         inbox: rx,
-        tx,
+        tx: tx.clone(),
         client: RemotingClient::with_tls(
             NetConfig::default(),
-            Arc::new(NotSupportedProcessor),
+            Arc::new(NoticeProcessor {
+                group: group.to_string(),
+                inbox: tx,
+            }),
             tls,
         ),
         controllers: Arc::new(settings.controller_addrs.clone()),
@@ -227,6 +232,7 @@ impl Driver {
                 None => self.member.handle_controller_timeout(now, call),
             },
             Input::Peer(frame) => self.peer(now, frame).await,
+            Input::Notice => self.member.handle_notice(now),
         }
     }
 
@@ -262,6 +268,10 @@ impl Driver {
                     .counters
                     .bytes_received
                     .fetch_add(end - start, Ordering::Relaxed);
+                self.handle
+                    .counters
+                    .batches_received
+                    .fetch_add(1, Ordering::Relaxed);
             }
             Err(e) => {
                 // The member counts the bytes as appended; they are not. Start over from what
@@ -460,6 +470,10 @@ impl Driver {
                     .counters
                     .bytes_shipped
                     .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+                self.handle
+                    .counters
+                    .batches_shipped
+                    .fetch_add(1, Ordering::Relaxed);
             }
         }
         let cmd = match wire::encode_peer(&self.cfg.group, me, &msg, bytes) {
@@ -539,6 +553,34 @@ impl Driver {
                     .fetch_add(1, Ordering::Relaxed);
             }
         });
+    }
+}
+
+/// What the controller sends on the connections the broker opened to it: a notice that the
+/// group changed (NOTIFY_BROKER_ROLE_CHANGED) becomes [`Input::Notice`]; anything else is
+/// answered REQUEST_CODE_NOT_SUPPORTED.
+struct NoticeProcessor {
+    group: String,
+    inbox: mpsc::Sender<Input>,
+}
+
+impl Processor for NoticeProcessor {
+    fn process(
+        &self,
+        _ctx: RequestContext,
+        request: RemotingCommand,
+    ) -> BoxFuture<'static, shoal_net::ProcessResult> {
+        let answer = match GroupNotice::group_of(&request) {
+            Some(group) => {
+                if group == self.group {
+                    // A full inbox drops it: the next heartbeat brings the same news.
+                    let _ = self.inbox.try_send(Input::Notice);
+                }
+                None
+            }
+            None => Some(shoal_net::request_code_not_supported(&request)),
+        };
+        Box::pin(std::future::ready(Ok(answer)))
     }
 }
 

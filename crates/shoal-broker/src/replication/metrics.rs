@@ -86,6 +86,17 @@ impl Replication {
                 &c.bytes_received,
             ),
             (
+                "shoal_replication_batches_shipped",
+                "Non-empty batches of commit-log bytes shipped to replicas (bytes shipped over \
+                 batches shipped: the mean batch).",
+                &c.batches_shipped,
+            ),
+            (
+                "shoal_replication_batches_received",
+                "Non-empty batches received from a master and appended.",
+                &c.batches_received,
+            ),
+            (
                 "shoal_replication_truncations",
                 "Truncations of this broker's log at a divergence point.",
                 &c.truncations,

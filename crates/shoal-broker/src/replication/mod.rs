@@ -98,6 +98,8 @@ pub(crate) enum Input {
         call: u64,
         response: Option<shoal_ha::controller::Response>,
     },
+    /// The controller says the group changed (a hint: ask it now).
+    Notice,
 }
 
 /// Counters of the replication task (`shoal_replication_*` metrics).
@@ -107,6 +109,10 @@ pub(crate) struct ReplicationCounters {
     pub(crate) bytes_shipped: AtomicU64,
     /// Bytes received from a master and appended.
     pub(crate) bytes_received: AtomicU64,
+    /// Non-empty batches shipped to replicas.
+    pub(crate) batches_shipped: AtomicU64,
+    /// Non-empty batches received from a master and appended.
+    pub(crate) batches_received: AtomicU64,
     /// Truncations of this broker's log at a divergence point.
     pub(crate) truncations: AtomicU64,
     /// Times this broker became master.
@@ -143,6 +149,7 @@ impl std::fmt::Debug for Input {
             Input::Appended { end, .. } => write!(f, "Appended({end})"),
             Input::Peer(p) => write!(f, "Peer({p:?})"),
             Input::Answer { call, .. } => write!(f, "Answer({call})"),
+            Input::Notice => write!(f, "Notice"),
         }
     }
 }

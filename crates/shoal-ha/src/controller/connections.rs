@@ -70,6 +70,11 @@ impl BrokerConnections {
         set.into_iter().collect()
     }
 
+    /// The connection broker `broker` of `group` last spoke on, while it is open.
+    pub fn connection_of(&self, group: &str, broker: BrokerId) -> Option<ConnectionId> {
+        self.latest.get(&(group.to_string(), broker)).copied()
+    }
+
     /// Connections tracked now.
     pub fn connections(&self) -> usize {
         self.by_conn.len()
@@ -100,6 +105,7 @@ mod tests {
         c.seen(1, "b", 1);
         // Broker a/1 restarted: its new connection spoke before the old one's close was seen.
         c.seen(7, "a", 1);
+        assert_eq!(c.connection_of("a", 1), Some(7));
         assert_eq!(c.closed(1), vec![("b".to_string(), 1)]);
         assert_eq!(c.closed(7), vec![("a".to_string(), 1)]);
         assert!(c.closed(9).is_empty());

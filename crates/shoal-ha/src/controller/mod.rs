@@ -18,6 +18,7 @@ mod metadata;
 mod node;
 #[cfg(test)]
 mod node_tests;
+mod notices;
 mod ready;
 mod request;
 mod storage;
@@ -28,6 +29,7 @@ pub use config::{ControllerConfig, ControllerError};
 pub use connections::{BrokerConnections, ConnectionId};
 pub use metadata::{Metadata, MetadataLimits};
 pub use node::{ControllerNode, Heard};
+pub use notices::{GroupNotice, GroupNotices};
 /// raft-rs's message between voters, as [`ControllerNode`] takes and gives it.
 pub use raft::eraftpb::Message as RaftMessage;
 /// The kind of a [`RaftMessage`].

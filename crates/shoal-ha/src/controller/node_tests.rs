@@ -257,6 +257,53 @@ mod tests {
     }
 
     #[test]
+    fn the_leader_tells_a_groups_members_once_per_change() {
+        let mut c = Cluster::new();
+        let renew = with_master_2(&mut c);
+        let l = c.leader();
+        let mut notices = GroupNotices::new();
+        let mut follower = GroupNotices::new();
+        // Just leading: every group once.
+        let first = notices.poll(&c.nodes[l]);
+        assert_eq!(first.len(), 1);
+        assert_eq!((first[0].master, first[0].master_epoch), (Some(2), 1));
+        let to: Vec<BrokerId> = first[0].to.iter().map(|(id, _)| *id).collect();
+        assert_eq!(to, vec![1, 2, 3]);
+        assert_eq!(first[0].to[0].1, "a1");
+        let cmd = first[0].to_command();
+        assert!(cmd.is_oneway());
+        assert_eq!(GroupNotice::group_of(&cmd), Some(G));
+        assert_eq!(cmd.ext("masterAddress"), Some("a2"));
+        assert_eq!(cmd.ext("masterEpoch"), Some("1"));
+        assert!(
+            follower.poll(&c.nodes[(l + 1) % 3]).is_empty(),
+            "followers never tell"
+        );
+        // Heartbeats and leases change nothing a member must hear of.
+        c.heartbeat(1, 100);
+        assert!(matches!(c.ask(52, renew), Response::LeaseGranted { .. }));
+        assert!(notices.poll(&c.nodes[l]).is_empty());
+        // The master's connection closes; once elected, the new master is told of.
+        let now = c.now;
+        c.nodes[l].handle_broker_disconnected(now, G, 2);
+        let mut told = Vec::new();
+        for _ in 0..100 {
+            c.heartbeat(1, 100);
+            c.heartbeat(3, 120);
+            c.run_for(50);
+            told.extend(notices.poll(&c.nodes[c.leader()]));
+            if c.group().master_epoch == 2 {
+                break;
+            }
+        }
+        let elected: Vec<&GroupNotice> = told.iter().filter(|n| n.master_epoch == 2).collect();
+        assert_eq!(elected.len(), 1, "{told:?}");
+        assert_eq!(elected[0].master, Some(3));
+        assert_eq!(elected[0].to.len(), 3);
+        assert!(notices.poll(&c.nodes[c.leader()]).is_empty());
+    }
+
+    #[test]
     fn a_masters_closed_connection_elects_once_the_lease_allows_not_a_session_later() {
         let mut c = Cluster::new();
         let renew = with_master_2(&mut c);

@@ -159,6 +159,10 @@ struct Follower {
     /// point, so the many acks a reordered window brings back do not each resend the window.
     rewound_to: Option<u64>,
     last_sent_at: Millis,
+    /// Sent anything yet: a new master says so to every member at once (an empty batch of
+    /// its epoch), so that a replica whose handshake came before it was master, or that has
+    /// not heard of the election yet, handshakes again without waiting.
+    greeted: bool,
     /// The ends of the batches shipped and not yet acknowledged, in order.
     inflight: VecDeque<u64>,
 }
@@ -237,6 +241,7 @@ impl Master {
                         last_progress_at: now,
                         rewound_to: None,
                         last_sent_at: now,
+                        greeted: false,
                         inflight: VecDeque::new(),
                     },
                 )
@@ -474,6 +479,7 @@ impl Master {
                         last_progress_at: now,
                         rewound_to: None,
                         last_sent_at: now,
+                        greeted: false,
                         inflight: VecDeque::new(),
                     },
                 );
@@ -554,7 +560,11 @@ impl Master {
     pub fn poll_timeout(&self) -> Millis {
         let mut t = self.next_renew;
         for f in self.followers.values() {
-            t = t.min(f.last_sent_at + self.cfg.heartbeat_ms);
+            if f.greeted {
+                t = t.min(f.last_sent_at + self.cfg.heartbeat_ms);
+            } else {
+                t = t.min(f.last_sent_at);
+            }
             if f.acked.is_some_and(|a| a < f.next) {
                 t = t.min(f.last_progress_at + self.cfg.resend_ms);
             }
@@ -752,7 +762,8 @@ impl Master {
                     return;
                 }
             }
-            if now >= f.last_sent_at + self.cfg.heartbeat_ms {
+            if !f.greeted || now >= f.last_sent_at + self.cfg.heartbeat_ms {
+                f.greeted = true;
                 f.last_sent_at = now;
                 self.out.push_back(MasterTransmit::Replica {
                     to: *b,
@@ -1131,7 +1142,9 @@ mod tests {
         assert_eq!(m.poll_ack().map(|a| a.ticket), Some(1));
         assert_eq!(shipped(&mut m, 3), vec![(2, 10, 40)]);
         ack(&mut m, 4, 2, 40);
-        let acked: Vec<u64> = std::iter::from_fn(|| m.poll_ack()).map(|a| a.ticket).collect();
+        let acked: Vec<u64> = std::iter::from_fn(|| m.poll_ack())
+            .map(|a| a.ticket)
+            .collect();
         assert_eq!(acked, vec![2, 3, 4]);
         // A batch lost whole is shipped again after `resend_ms` without progress.
         m.handle_appended(5, 5, 50);
@@ -1140,5 +1153,25 @@ mod tests {
         assert_eq!(shipped(&mut m, 6), vec![]);
         m.handle_timeout(5 + 1_000);
         assert_eq!(shipped(&mut m, 5 + 1_000), vec![(2, 40, 60)]);
+    }
+
+    #[test]
+    fn a_new_master_greets_every_member_at_once() {
+        let mut m = master(AckMode::InSyncSet, 1, EpochCache::default(), 70);
+        let mut greeted = Vec::new();
+        while let Some(t) = m.poll_transmit(5) {
+            if let MasterTransmit::Replica {
+                to,
+                msg: ToReplica::Batch(h),
+            } = t
+            {
+                assert_eq!((h.master_epoch, h.start, h.end), (3, 70, 70));
+                greeted.push(to);
+            }
+        }
+        assert_eq!(greeted, vec![2, 3]);
+        // Then heartbeats at their interval only.
+        assert!(shipped(&mut m, 6).is_empty());
+        assert!(m.poll_transmit(6).is_none());
     }
 }

@@ -100,6 +100,9 @@ pub struct Member {
     idle: (EpochCache, u64),
     registered: bool,
     next_heartbeat: Millis,
+    /// The controller said the group changed while a session call was in flight: call again
+    /// as soon as it is answered (its answer may predate the change).
+    notice_pending: bool,
     calls: BTreeMap<u64, (CallKind, Millis)>,
     next_call: u64,
     out: VecDeque<Transmit>,
@@ -118,6 +121,7 @@ impl Member {
             idle: (disk.epochs, disk.log_end),
             registered: false,
             next_heartbeat: now,
+            notice_pending: false,
             calls: BTreeMap::new(),
             next_call: 0,
             out: VecDeque::new(),
@@ -247,6 +251,9 @@ impl Member {
                 }
             }
             CallKind::Register | CallKind::Heartbeat => {
+                if std::mem::take(&mut self.notice_pending) {
+                    self.next_heartbeat = now;
+                }
                 if let Response::Group(info) = response {
                     self.registered = true;
                     self.learn(now, &info);
@@ -261,6 +268,24 @@ impl Member {
             }
         }
         self.settle(now);
+    }
+
+    /// The controller says the group changed (an election, a new in-sync set: RocketMQ's
+    /// NOTIFY_BROKER_ROLE_CHANGED). Only a hint, never evidence: the member asks the
+    /// controller for the group at once (a heartbeat) instead of at its next interval, and
+    /// acts on that answer. At most one session call is in flight, so notices cannot make it
+    /// call more often than once per round trip.
+    pub fn handle_notice(&mut self, now: Millis) {
+        let in_flight = self
+            .calls
+            .values()
+            .any(|(k, _)| !matches!(k, CallKind::Master { .. }));
+        if in_flight {
+            self.notice_pending = true;
+        } else {
+            self.next_heartbeat = now;
+            self.handle_timeout(now);
+        }
     }
 
     /// A controller call got no answer in time (or the driver could not send it).

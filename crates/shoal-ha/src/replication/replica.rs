@@ -173,8 +173,12 @@ impl Replica {
             return BatchVerdict::Ignore;
         }
         if self.phase != Phase::Following {
+            // Our master is sending, so it is master now; our handshake may have reached it
+            // before it was (and been dropped): say it again rather than wait `resend_ms`.
+            // At most once per message the master sends, and it sends only heartbeats to a
+            // member that has not handshaken.
             if let Phase::Handshaking(at) = self.phase {
-                if now >= at + self.resend_ms {
+                if now > at {
                     self.handshake(now);
                 }
             }
@@ -408,5 +412,45 @@ mod tests {
                 }
             ))
         );
+    }
+
+    /// The controller told the replica of the new master before the master knew: its
+    /// handshake was dropped. The master's first message makes it handshake again at once.
+    #[test]
+    fn a_handshake_the_master_dropped_is_sent_again_at_its_first_message() {
+        let mut r = Replica::new(9, 1, EpochCache::default(), 0, 1_000);
+        r.handle_master(10, 2, 2);
+        assert!(matches!(
+            r.poll_transmit(),
+            Some((2, ToMaster::Handshake { .. }))
+        ));
+        // The same millisecond: the answer may be on its way.
+        assert_eq!(
+            r.handle_message(10, 2, batch(2, 2, 0, 0)),
+            BatchVerdict::Ignore
+        );
+        assert_eq!(r.poll_transmit(), None);
+        // Later, well before resend_ms.
+        assert_eq!(
+            r.handle_message(40, 2, batch(2, 2, 0, 0)),
+            BatchVerdict::Ignore
+        );
+        assert!(matches!(
+            r.poll_transmit(),
+            Some((
+                2,
+                ToMaster::Handshake {
+                    end: 0,
+                    master_epoch: 2,
+                    ..
+                }
+            ))
+        ));
+        // Nobody else's message does it.
+        assert_eq!(
+            r.handle_message(80, 3, batch(2, 2, 0, 0)),
+            BatchVerdict::Ignore
+        );
+        assert_eq!(r.poll_transmit(), None);
     }
 }

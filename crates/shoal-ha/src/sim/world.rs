@@ -5,7 +5,9 @@
 use super::invariants::Checker;
 use super::report::{SimReport, Violation};
 use super::schedule::{Fault, Node, Schedule, SimConfig};
-use crate::controller::{ControllerConfig, ControllerNode, ControllerStorage, Request, Response};
+use crate::controller::{
+    ControllerConfig, ControllerNode, ControllerStorage, GroupNotices, Request, Response,
+};
 use crate::replication::{
     BatchVerdict, DiskState, EpochCache, MasterConfig, Member, MemberConfig, PeerMessage,
     ReplicaAction, Role, ToReplica, Transmit,
@@ -89,6 +91,8 @@ pub(crate) enum Msg {
     Disconnected {
         broker_id: BrokerId,
     },
+    /// The controller's leader says the broker's group changed (a hint).
+    Notice,
 }
 
 #[derive(Debug)]
@@ -107,6 +111,7 @@ pub(crate) struct SimController {
     pub(crate) node: Option<ControllerNode>,
     storage: ControllerStorage,
     drift_ppm: i64,
+    notices: GroupNotices,
 }
 
 /// A broker's disk: the commit log, its epoch entries, its id and token.
@@ -218,6 +223,7 @@ impl World {
                     node,
                     storage,
                     drift_ppm: drift(&mut rng),
+                    notices: GroupNotices::new(),
                 }
             })
             .collect();
@@ -534,6 +540,7 @@ impl World {
                     let now = self.local_of(node);
                     let storage = self.controllers[i].storage.clone();
                     self.controllers[i].node = ControllerNode::new(c, storage, now).ok();
+                    self.controllers[i].notices = GroupNotices::new();
                     self.with_check(|c, _| c.controller_restarted(i));
                 }
             }
@@ -620,6 +627,7 @@ impl World {
                         }
                         m.handle_controller_response(now, call, resp);
                     }
+                    Msg::Notice => m.handle_notice(now),
                     Msg::Peer {
                         from_id,
                         msg,
@@ -669,6 +677,18 @@ impl World {
                     self.send(from, Node::Broker(broker), Msg::Response { call, resp });
                 }
                 continue;
+            }
+            let c = &mut self.controllers[i];
+            let Some(n) = &c.node else {
+                return;
+            };
+            let notices = c.notices.poll(n);
+            for notice in notices {
+                for (id, _) in notice.to {
+                    if let Some(&b) = self.ids.get(&id) {
+                        self.send(from, Node::Broker(b), Msg::Notice);
+                    }
+                }
             }
             return;
         }
