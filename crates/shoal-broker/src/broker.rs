@@ -364,6 +364,7 @@ pub(crate) fn assemble(a: Assembly) -> Result<Arc<Shared>, BrokerError> {
             observer: observer.clone(),
             sub_groups: sub_groups.clone(),
             path: Some(coordinator_path),
+            replicated: config.replication.enabled(),
         },
         restored.is_some(),
     );

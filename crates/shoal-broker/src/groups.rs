@@ -14,11 +14,13 @@ use crate::observe::Observer;
 use crate::persist::write_json_atomic;
 use crate::sub_groups::SubscriptionGroups;
 use parking_lot::Mutex;
+use shoal_group::coordinator::CoordinatorSnapshot;
 use shoal_group::state::{GroupEffect, GroupState, MemberList};
 use shoal_proto::code::request_code as rc;
 use shoal_proto::ext::{self, LockFreedBody};
 use shoal_proto::header::NotifyConsumerIdsChangedRequestHeader;
 use shoal_proto::{MessageQueue, RemotingCommand};
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -45,6 +47,30 @@ pub(crate) struct Groups {
     deadline_moved: Notify,
     /// Where notices to members without a remoting connection go (a protocol listener's).
     listener: std::sync::OnceLock<crate::listener::ListenerGroups>,
+    /// In a replicated broker group: the coordinated groups whose state changed since the
+    /// metadata task last took them (`None`: not replicated).
+    changed: Option<Mutex<ChangedGroups>>,
+}
+
+/// Coordinated groups whose state changed, at most [`ChangedGroups::MAX`]; beyond that only
+/// the fact that more changed (the master then writes every group).
+#[derive(Debug, Default)]
+pub(crate) struct ChangedGroups {
+    pub(crate) names: BTreeSet<String>,
+    pub(crate) overflowed: bool,
+}
+
+impl ChangedGroups {
+    /// Names kept at most.
+    const MAX: usize = 4096;
+
+    fn add(&mut self, group: String) {
+        if self.names.len() < Self::MAX || self.names.contains(&group) {
+            self.names.insert(group);
+        } else {
+            self.overflowed = true;
+        }
+    }
 }
 
 /// What [`Groups`] needs besides its state.
@@ -56,6 +82,9 @@ pub(crate) struct GroupsParts {
     pub(crate) observer: Arc<Observer>,
     pub(crate) sub_groups: Arc<SubscriptionGroups>,
     pub(crate) path: Option<PathBuf>,
+    /// The broker replicates (a member of a replicated broker group): changed groups are
+    /// kept for the metadata task.
+    pub(crate) replicated: bool,
 }
 
 impl Groups {
@@ -74,7 +103,24 @@ impl Groups {
             frozen: AtomicBool::new(false),
             deadline_moved: Notify::new(),
             listener: std::sync::OnceLock::new(),
+            changed: parts
+                .replicated
+                .then(|| Mutex::new(ChangedGroups::default())),
         }
+    }
+
+    /// The coordinated groups whose state changed since the last call (replicated brokers).
+    pub(crate) fn take_changed(&self) -> ChangedGroups {
+        self.changed
+            .as_ref()
+            .map(|c| std::mem::take(&mut *c.lock()))
+            .unwrap_or_default()
+    }
+
+    /// This broker became its group's master: its coordinator continues from `snapshot`,
+    /// the state its log replicated ([`GroupState::take_over_coordinator`]).
+    pub(crate) fn take_over(&self, snapshot: CoordinatorSnapshot) {
+        self.with(|g, now| g.take_over_coordinator(now, snapshot));
     }
 
     /// Notices to members that have no remoting connection go to the protocol listener
@@ -173,7 +219,12 @@ impl Groups {
                     info!(group = %group, member = %member_id, reason = ?reason, "coordinated member removed");
                     self.counters.coordinator_members_removed.inc();
                 }
-                GroupEffect::Persist => self.dirty.store(true, Ordering::Relaxed),
+                GroupEffect::Persist { group } => {
+                    self.dirty.store(true, Ordering::Relaxed);
+                    if let Some(c) = &self.changed {
+                        c.lock().add(group);
+                    }
+                }
                 GroupEffect::LockFreed {
                     group,
                     conn_id,

@@ -46,6 +46,16 @@ fn changes_tables(code: i32) -> bool {
     )
 }
 
+/// Whether a request needs the group's state a new master takes over from its log (the
+/// coordinator, the transaction decisions): a replicated broker answers it only as master,
+/// once it took over.
+fn needs_master_state(code: i32) -> bool {
+    matches!(
+        code,
+        rc::END_TRANSACTION | crc::GROUP_HEARTBEAT | crc::GROUP_LEAVE
+    )
+}
+
 /// The broker's request processor.
 #[derive(Debug)]
 pub(crate) struct BrokerProcessor {
@@ -86,6 +96,11 @@ impl BrokerProcessor {
     ) -> Option<Handled> {
         if let (Some(r), true) = (b.replication.get(), changes_tables(req.code)) {
             if let Err(refusal) = r.refuse_table_change() {
+                return Some(Err(refusal));
+            }
+        }
+        if let (Some(r), true) = (b.replication.get(), needs_master_state(req.code)) {
+            if let Err(refusal) = r.refuse_unless_serving() {
                 return Some(Err(refusal));
             }
         }

@@ -258,10 +258,11 @@ impl Shared {
     }
 
     /// Whether this broker writes its own log: always, unless it is a replica of a group
-    /// (then only while master). The services that write (delay levels, transaction checks)
-    /// wait while it does not.
+    /// (then only while master, once it took over its log's metadata: delay-level progress,
+    /// the transaction checker's offsets and decisions). The services that write (delay
+    /// levels, transaction checks) wait while it does not.
     pub(crate) fn writes_log(&self) -> bool {
-        self.replication.get().is_none_or(|r| r.is_master())
+        self.replication.get().is_none_or(|r| r.serves_as_master())
     }
 
     /// The `brokerId` this broker registers as: the configured one, or, in a replicated

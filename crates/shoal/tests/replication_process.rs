@@ -482,3 +482,198 @@ fn dev_with_three_replicas_fails_over() {
         "{bodies:?}"
     );
 }
+
+/// `shoal group describe GROUP --json`, when it answers.
+fn describe(r: &Replicas, group: &str) -> Option<Value> {
+    let out = r.cluster.dev.cmd(&["group", "describe", group, "--json"]);
+    if !out.status.success() {
+        return None;
+    }
+    serde_json::from_slice::<Value>(&out.stdout).ok()
+}
+
+/// Queues of [`TOPIC`] the group's members hold (the group's retry queue aside).
+fn topic_queues_held(v: &Value) -> usize {
+    v["members"].as_array().map_or(0, |m| {
+        m.iter()
+            .flat_map(|m| m["owned"].as_array().cloned().unwrap_or_default())
+            .filter(|q| q["topic"] == TOPIC)
+            .count()
+    })
+}
+
+/// The group's description once its members hold the 4 queues of [`TOPIC`], reconciled, at
+/// a group epoch above `above`.
+fn wait_held(r: &Replicas, group: &str, above: i64) -> Value {
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        if let Some(v) = describe(r, group).filter(|v| {
+            v["groupEpoch"].as_i64().unwrap_or(0) > above
+                && topic_queues_held(v) == 4
+                && v["reconciled"] == true
+        }) {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the group never held the 4 queues above epoch {above}: {:?}",
+            describe(r, group)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// A group with a master holding all three in sync, [`TOPIC`] created on it, and a consumer
+/// of `group` holding its queues: (the master epoch, the master's index, the consumer, its
+/// group epoch).
+fn with_a_consumer(r: &Replicas, group: &str) -> (u64, usize, TrackedGroup, i64) {
+    let g = r.wait_group("no master with three in sync", |g| {
+        g["master"].is_u64() && in_sync_len(g) == 3
+    });
+    let epoch = g["masterEpoch"].as_u64().unwrap();
+    let master = r.index_of(&g, g["master"].as_u64().unwrap());
+    let master_addr = r.brokers[master].0.clone();
+    r.cluster.json(&[
+        "topic",
+        "create",
+        TOPIC,
+        "--queues",
+        "4",
+        "--brokers",
+        &master_addr,
+        "--json",
+    ]);
+    let mut consumer = TrackedGroup::new(group, TOPIC);
+    consumer.join(&r.cluster.dev, "c1", &[]);
+    let before = wait_held(r, group, 0);
+    // A few metadata rounds (one every 500 ms) write the group's state to the log; a message
+    // the caller sends and sees consumed next is above it, so it is confirmed by then.
+    std::thread::sleep(Duration::from_secs(2));
+    (
+        epoch,
+        master,
+        consumer,
+        before["groupEpoch"].as_i64().unwrap(),
+    )
+}
+
+/// Waits until the consumer consumed a message with body `body`; how many times it did.
+fn wait_consumed(consumer: &TrackedGroup, body: &str) -> usize {
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        let n = consumer
+            .lines
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| l.body == body)
+            .count();
+        if n > 0 {
+            return n;
+        }
+        assert!(Instant::now() < deadline, "{body} was never consumed");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// SIGKILLs the master; returns once another broker is elected.
+fn kill_master(r: &mut Replicas, master: usize, epoch: u64) {
+    r.brokers[master].2.as_mut().unwrap().sigkill();
+    let g = r.wait_group("no new master elected", |g| {
+        g["masterEpoch"].as_u64().unwrap_or(0) > epoch && g["master"].is_u64()
+    });
+    assert_ne!(r.index_of(&g, g["master"].as_u64().unwrap()), master);
+}
+
+/// A coordinated group's state follows the data: a consumer joins through the first master;
+/// after it is SIGKILLed, the new master's coordinator continues from the replicated state, so
+/// the group epoch is at least the old one plus the restore gap (1000), and the member is
+/// still in the group with its queues.
+#[test]
+fn a_coordinated_groups_epoch_grows_across_a_failover() {
+    let mut r = Replicas::start();
+    let (epoch, master, mut consumer, group_epoch) = with_a_consumer(&r, "epoch-readers");
+    assert!(group_epoch > 0);
+    let sent = support::send(&r.cluster.dev, TOPIC, "after-join", 1);
+    wait_consumed(&consumer, &sent[0]);
+
+    kill_master(&mut r, master, epoch);
+    // The new master coordinates the group from the replicated state: the epoch moved
+    // forward by the restore gap, the member is still there, holding the 4 queues.
+    let after = wait_held(&r, "epoch-readers", group_epoch);
+    assert!(
+        after["groupEpoch"].as_i64().unwrap() >= group_epoch + 1000,
+        "the group epoch did not continue from the replicated state: {group_epoch}, then {after}"
+    );
+    eprintln!(
+        "coordinated group across the failover: group epoch {group_epoch} at the old master, {} at the new one",
+        after["groupEpoch"]
+    );
+    for m in consumer.group.members.values_mut() {
+        m.sigkill();
+    }
+}
+
+/// A half message prepared at the first master is committed after the failover: the producer's
+/// local transaction ends only once the master was SIGKILLed and the new one took over (its
+/// coordinator serves the consumer's group from the replicated state), END_TRANSACTION goes
+/// to the new master, and the consumer gets the message exactly once.
+#[test]
+fn a_half_message_prepared_before_a_failover_is_committed_after_it() {
+    use shoal_client::{LocalTransactionState, Message, Producer, TransactionProducer};
+    let mut r = Replicas::start();
+    let (epoch, master, mut consumer, group_epoch) = with_a_consumer(&r, "txn-readers");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let builder = Producer::builder("txn-producer").namesrv(&r.cluster.dev.namesrv);
+    // Asked by a check before the decision: not known yet.
+    let producer = std::sync::Arc::new(
+        rt.block_on(TransactionProducer::start(builder, |_m| async {
+            LocalTransactionState::Unknown
+        }))
+        .unwrap(),
+    );
+    let (prepared_tx, prepared_rx) = std::sync::mpsc::channel::<()>();
+    let (decide_tx, decide_rx) = tokio::sync::oneshot::channel::<()>();
+    let p = producer.clone();
+    let transaction = rt.spawn(async move {
+        p.send_in_transaction(
+            Message::new(TOPIC, "tx-body"),
+            move |_m, _sent| async move {
+                prepared_tx.send(()).unwrap();
+                decide_rx.await.unwrap();
+                LocalTransactionState::CommitMessage
+            },
+        )
+        .await
+    });
+    prepared_rx.recv_timeout(LIMIT).unwrap();
+    // The half message is in the log before the master dies (a message sent after it is
+    // consumed: both are below the confirmed offset).
+    let sent = support::send(&r.cluster.dev, TOPIC, "after-half", 1);
+    wait_consumed(&consumer, &sent[0]);
+
+    kill_master(&mut r, master, epoch);
+    // The new master took over (it coordinates the group above the old epoch)...
+    wait_held(&r, "txn-readers", group_epoch + 999);
+    // ...and the producer's route names it (a plain send through the same producer works).
+    let deadline = Instant::now() + LIMIT;
+    while rt
+        .block_on(producer.producer().send(Message::new(TOPIC, "probe")))
+        .is_err()
+    {
+        assert!(Instant::now() < deadline, "no send reached the new master");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    decide_tx.send(()).unwrap();
+    let result = rt.block_on(transaction).unwrap().unwrap();
+    assert!(result.end_sent, "{result:?}");
+    assert_eq!(wait_consumed(&consumer, "tx-body"), 1);
+    // A message sent after the commit is consumed, and still only one copy of it.
+    let sent = support::send(&r.cluster.dev, TOPIC, "after-commit", 1);
+    wait_consumed(&consumer, &sent[0]);
+    assert_eq!(wait_consumed(&consumer, "tx-body"), 1);
+    rt.block_on(producer.shutdown());
+    for m in consumer.group.members.values_mut() {
+        m.sigkill();
+    }
+}

@@ -1,30 +1,39 @@
 //! Metadata follows the data: the master writes its topic table, subscription groups,
-//! consumer offsets and delay-level progress into the group's own commit log, as records of
-//! the system topic [`METADATA_TOPIC`]; replicas apply them in log order as they become
-//! visible (below the confirmed offset). They are replicated, acknowledged and truncated
-//! exactly as messages are, so a new master has the tables and offsets the old one had
-//! confirmed.
+//! consumer offsets, delay-level progress and group coordinator state into the group's own
+//! commit log, as records of the system topic [`METADATA_TOPIC`]; replicas apply them in log
+//! order as they become visible (below the confirmed offset). They are replicated,
+//! acknowledged and truncated exactly as messages are, so a new master has the tables and
+//! offsets the old one had confirmed.
 //!
 //! What is written: the whole topic table or subscription-group table when it changed (both
-//! are small and change rarely), and the consumer offsets and delay-level progress that
-//! changed since the last round (all of them on becoming master and every
-//! [`FULL_ROUND_EVERY`] rounds, so that a replica restarted from an old log or a trimmed one
-//! converges). One round every [`ROUND`]: an offset committed to a master less than a round
-//! before it dies is not on the new master (its messages are delivered again); an offset
-//! never moves below what a round carried.
+//! are small and change rarely), the consumer offsets and delay-level progress that changed
+//! since the last round, and the whole state of every coordinated group that changed (and the
+//! topics' queues the coordinator knows, when they changed); all of them on becoming master
+//! and every [`FULL_ROUND_EVERY`] rounds, so that a replica restarted from an old log or a
+//! trimmed one converges. One round every [`ROUND`]: an offset committed to a master less
+//! than a round before it dies is not on the new master (its messages are delivered again);
+//! an offset never moves below what a round carried.
 //!
-//! A new master first applies every record its log holds (up to the end it became master
-//! at, once confirmed), then starts writing: its own tables never go back to an older
-//! master's.
+//! A replica keeps the coordinator's state aside ([`CoordinatorFollower`]; its own
+//! coordinator decides nothing for members, who are refused until it is master). A new master
+//! first applies every record its log holds (up to the end it became master at, once
+//! confirmed), then takes over: its coordinator continues from the replicated state with every
+//! group epoch moved forward (so epochs only grow across a failover), its transaction
+//! decisions are rebuilt from its log's op queue, and only then does it answer members and
+//! END_TRANSACTION, check transactions, deliver delay levels
+//! ([`Replication::serves_as_master`]) and write its own records: its own tables never go back
+//! to an older master's.
 
 use super::{Replication, RoleView};
 use crate::group_config::SubscriptionGroupConfig;
 use crate::shared::Shared;
 use serde::{Deserialize, Serialize};
+use shoal_group::coordinator::{CoordinatorFollower, CoordinatorUpdate};
 use shoal_proto::body::TopicConfig;
 use shoal_proto::message::{decode_records, DecodeOptions};
 use shoal_store::MessageExtBrokerInner;
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::task::JoinHandle;
@@ -42,8 +51,15 @@ const FULL_ROUND_EVERY: u64 = 1200;
 /// Records applied per read at most.
 const READ_BATCH: usize = 64;
 
+/// Coordinated groups per record at most (fewer when their state is large).
+const GROUPS_PER_RECORD: usize = 64;
+
+/// A coordinator record's body at most (or `max_message_bytes`, when smaller); a single group
+/// larger than this is not replicated (logged; its members rejoin after a failover).
+const MAX_RECORD_BYTES: usize = 1 << 20;
+
 /// One metadata record's body (JSON).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "camelCase")]
 enum MetadataRecord {
     /// The whole topic table.
@@ -58,6 +74,9 @@ enum MetadataRecord {
     },
     /// Delay-level progress: (level, offset).
     Delay { levels: Vec<(i32, i64)> },
+    /// The group coordinator's state: whole groups, groups gone, the topics' queues, or (a
+    /// full round's end) the name of every group.
+    Coordinator { update: CoordinatorUpdate },
 }
 
 /// What the master last wrote.
@@ -68,24 +87,27 @@ struct Written {
     offsets: BTreeMap<(String, String, i32), i64>,
     delay: BTreeMap<i32, i64>,
     rounds: u64,
+    /// Every coordinated group was written (false: the next round writes them all).
+    coordinator_full: bool,
+    /// The coordinator's topic map version written last (0: none).
+    coordinator_topics: u64,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Follower {
     /// The next record of [`METADATA_TOPIC`] to apply.
     next: u64,
     /// While master of this epoch: whether it has applied every record of its log.
     master_of: Option<(u32, u64, bool)>,
     written: Written,
+    /// The master's coordinator state as its records carried it.
+    coordinator: CoordinatorFollower,
 }
 
 /// Starts the task that writes (as master) or applies (as replica) the group's metadata.
 pub(crate) fn start(b: Arc<Shared>, repl: Arc<Replication>) -> JoinHandle<()> {
     tokio::spawn(async move {
-        let mut f = Follower {
-            next: b.store.min_offset(METADATA_TOPIC, 0),
-            ..Default::default()
-        };
+        let mut f = Follower::new(&b);
         let mut tick = tokio::time::interval(ROUND);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -96,6 +118,15 @@ pub(crate) fn start(b: Arc<Shared>, repl: Arc<Replication>) -> JoinHandle<()> {
 }
 
 impl Follower {
+    fn new(b: &Shared) -> Self {
+        Self {
+            next: b.store.min_offset(METADATA_TOPIC, 0),
+            master_of: None,
+            written: Written::default(),
+            coordinator: CoordinatorFollower::new(b.config.coordinator.max_groups),
+        }
+    }
+
     async fn round(&mut self, b: &Arc<Shared>, repl: &Replication) {
         match repl.view().role {
             RoleView::Master { epoch } => {
@@ -116,11 +147,14 @@ impl Follower {
                     if !caught_up {
                         return;
                     }
+                    self.take_over(b).await;
                     info!(
                         applied = self.next,
-                        "new master applied its log's metadata; writing its own from now on"
+                        coordinated_groups = self.coordinator.len(),
+                        "new master applied its log's metadata and took over; writing its own from now on"
                     );
                     self.master_of = Some((epoch, since.0, true));
+                    repl.set_taken_over(epoch);
                 }
                 if let Err(e) = self.write_changes(b).await {
                     debug!(error = %e.remark, "metadata not written this round");
@@ -128,8 +162,38 @@ impl Follower {
             }
             RoleView::Replica { .. } | RoleView::Joining => {
                 self.master_of = None;
+                // Its own coordinator's changes are not the group's.
+                b.groups.take_changed();
                 self.apply_visible(b).await;
             }
+        }
+        let c = &repl.counters;
+        c.coordinator_groups
+            .store(self.coordinator.len() as u64, Ordering::Relaxed);
+        c.coordinator_groups_left_out
+            .store(self.coordinator.left_out(), Ordering::Relaxed);
+    }
+
+    /// The new master takes over what its log replicated: the coordinator continues from the
+    /// old master's state (epochs moved forward), the transaction decisions are rebuilt from
+    /// the op queue (so a transaction the old master decided is not decided again).
+    async fn take_over(&mut self, b: &Arc<Shared>) {
+        if self.coordinator.applied() > 0 {
+            if self.coordinator.left_out() > 0 {
+                warn!(
+                    left_out = self.coordinator.left_out(),
+                    max_groups = b.config.coordinator.max_groups,
+                    "coordinated groups beyond [coordinator] max_groups were not taken over"
+                );
+            }
+            b.groups.take_over(self.coordinator.snapshot());
+        }
+        match crate::transaction::service::rebuild_decisions(b).await {
+            Ok(n) => debug!(
+                decisions = n,
+                "transaction decisions rebuilt from the op queue"
+            ),
+            Err(e) => warn!(error = %e.remark, "could not read the transaction op queue"),
         }
     }
 
@@ -156,6 +220,7 @@ impl Follower {
             let run = decode_records(&got.messages, &DecodeOptions::default());
             for msg in &run.messages {
                 match serde_json::from_slice::<MetadataRecord>(&msg.body) {
+                    Ok(MetadataRecord::Coordinator { update }) => self.coordinator.apply(update),
                     Ok(r) => apply(b, r),
                     Err(e) => warn!(offset = msg.queue_offset, error = %e,
                         "metadata record not understood; skipped"),
@@ -238,14 +303,78 @@ impl Follower {
             .await?;
             w.delay.extend(levels);
         }
+        if let Err(e) = write_coordinator(b, w).await {
+            // What was taken is gone from the changed set: all of it next round.
+            w.coordinator_full = false;
+            return Err(e);
+        }
         Ok(())
     }
 }
 
+/// The coordinator's changes since the last round (every group after a full-round reset),
+/// then its topics' queues if they changed.
+async fn write_coordinator(b: &Arc<Shared>, w: &mut Written) -> Result<(), crate::reply::Reject> {
+    let changed = b.groups.take_changed();
+    if w.rounds % FULL_ROUND_EVERY == 0 || changed.overflowed {
+        w.coordinator_full = false;
+    }
+    if !w.coordinator_full {
+        let names = b.groups.read(|g, _| g.coordinator().group_names());
+        put_groups(b, &names).await?;
+        let all = b.groups.read(|g, _| g.coordinator().names_update());
+        put(b, &MetadataRecord::Coordinator { update: all }).await?;
+        w.coordinator_full = true;
+    } else if !changed.names.is_empty() {
+        let names: Vec<String> = changed.names.into_iter().collect();
+        put_groups(b, &names).await?;
+    }
+    let version = w.coordinator_topics;
+    if let Some((update, v)) = b.groups.read(|g, _| g.coordinator().topics_update(version)) {
+        put(b, &MetadataRecord::Coordinator { update }).await?;
+        w.coordinator_topics = v;
+    }
+    Ok(())
+}
+
+/// The state of `names` as coordinator records of at most [`GROUPS_PER_RECORD`] groups and
+/// [`MAX_RECORD_BYTES`] (halved until they fit).
+async fn put_groups(b: &Arc<Shared>, names: &[String]) -> Result<(), crate::reply::Reject> {
+    let limit = MAX_RECORD_BYTES.min(b.config.max_message_bytes);
+    let mut todo: Vec<&[String]> = names.chunks(GROUPS_PER_RECORD).rev().collect();
+    while let Some(chunk) = todo.pop() {
+        let update = b
+            .groups
+            .read(|g, _| g.coordinator().update_for(chunk.iter().map(String::as_str)));
+        let body = encode(&MetadataRecord::Coordinator { update })?;
+        if body.len() > limit {
+            if chunk.len() > 1 {
+                let (first, second) = chunk.split_at(chunk.len() / 2);
+                todo.push(second);
+                todo.push(first);
+            } else {
+                warn!(group = ?chunk.first(), bytes = body.len(), limit,
+                    "a coordinated group's state is too large for a metadata record; not replicated");
+            }
+            continue;
+        }
+        put_body(b, body).await?;
+    }
+    Ok(())
+}
+
+/// A record's body.
+fn encode(record: &MetadataRecord) -> Result<Vec<u8>, crate::reply::Reject> {
+    serde_json::to_vec(record).map_err(|e| crate::reply::Reject::system(e.to_string()))
+}
+
 /// Writes one record through the send path (the in-sync set acknowledges it).
 async fn put(b: &Arc<Shared>, record: &MetadataRecord) -> Result<(), crate::reply::Reject> {
-    let body =
-        serde_json::to_vec(record).map_err(|e| crate::reply::Reject::system(e.to_string()))?;
+    put_body(b, encode(record)?).await
+}
+
+/// Writes one record's body through the send path.
+async fn put_body(b: &Arc<Shared>, body: Vec<u8>) -> Result<(), crate::reply::Reject> {
     let msg = MessageExtBrokerInner {
         topic: METADATA_TOPIC.to_string(),
         queue_id: 0,
@@ -303,6 +432,8 @@ fn apply(b: &Shared, record: MetadataRecord) {
                 b.store.set_schedule_offset(l, o);
             }
         }
+        // The task's follower keeps these (`Follower::apply_visible`).
+        MetadataRecord::Coordinator { .. } => {}
     }
 }
 
@@ -310,6 +441,15 @@ fn apply(b: &Shared, record: MetadataRecord) {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests")]
     use super::*;
+    use shoal_group::coordinator::{Coordinator, CoordinatorConfig, HeartbeatRequest};
+
+    fn round_trip(r: &MetadataRecord) -> MetadataRecord {
+        serde_json::from_slice(&encode(r).unwrap()).unwrap()
+    }
+
+    fn same(a: &MetadataRecord, b: &MetadataRecord) -> bool {
+        serde_json::to_value(a).unwrap() == serde_json::to_value(b).unwrap()
+    }
 
     #[test]
     fn records_round_trip_as_json() {
@@ -318,15 +458,187 @@ mod tests {
         };
         let json = serde_json::to_string(&r).unwrap();
         assert!(json.contains("\"kind\":\"offsets\""), "{json}");
-        assert_eq!(serde_json::from_str::<MetadataRecord>(&json).unwrap(), r);
+        assert!(same(
+            &serde_json::from_str::<MetadataRecord>(&json).unwrap(),
+            &r
+        ));
         let t = MetadataRecord::Topics {
             topics: vec![TopicConfig {
                 topic_name: "a".into(),
                 ..Default::default()
             }],
         };
-        let back: MetadataRecord =
-            serde_json::from_slice(&serde_json::to_vec(&t).unwrap()).unwrap();
-        assert_eq!(back, t);
+        assert!(same(&round_trip(&t), &t));
+    }
+
+    #[test]
+    fn coordinator_records_carry_a_group_to_a_follower() {
+        let mut c = Coordinator::new(CoordinatorConfig::default());
+        let queues: Vec<_> = (0..4)
+            .map(|i| shoal_proto::MessageQueue::new("T", "broker-a", i))
+            .collect();
+        c.handle_topic_queues(0, "T", queues);
+        let joined = c
+            .handle_heartbeat(
+                0,
+                HeartbeatRequest {
+                    group: "G".into(),
+                    member_id: "m".into(),
+                    client_id: "c".into(),
+                    conn_id: 1,
+                    subscriptions: ["T".to_string()].into(),
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+        assert_eq!(joined.assignment.len(), 4);
+        let epoch = c.describe("G", 0).unwrap().group_epoch;
+        let mut f = CoordinatorFollower::new(8);
+        let records = [
+            MetadataRecord::Coordinator {
+                update: c.update_for(["G"]),
+            },
+            MetadataRecord::Coordinator {
+                update: c.topics_update(0).unwrap().0,
+            },
+            MetadataRecord::Coordinator {
+                update: c.names_update(),
+            },
+        ];
+        for r in &records {
+            let json = String::from_utf8(encode(r).unwrap()).unwrap();
+            assert!(json.starts_with("{\"kind\":\"coordinator\""), "{json}");
+            match round_trip(r) {
+                MetadataRecord::Coordinator { update } => f.apply(update),
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(f.applied(), 3);
+        assert_eq!(f.group_epoch("G"), Some(epoch));
+        // The follower's snapshot restores the group with its queues and a higher epoch.
+        let restored = Coordinator::restore(CoordinatorConfig::default(), f.snapshot(), 10);
+        let d = restored.describe("G", 10).unwrap();
+        assert!(d.group_epoch > epoch);
+        assert_eq!(d.members.len(), 1);
+        assert_eq!(d.members[0].owned.len(), 4);
+        assert_eq!(restored.topic_queues("T").map(<[_]>::len), Some(4));
+    }
+
+    /// A broker over a store in `dir` (not replicated: its puts need no acknowledgement).
+    fn broker(dir: &std::path::Path, rt: &tokio::runtime::Runtime) -> Arc<Shared> {
+        let config = crate::config::BrokerConfig {
+            data_dir: dir.to_path_buf(),
+            namesrv_addrs: Vec::new(),
+            announce_addr: Some("127.0.0.1:1".into()),
+            commit_log_segment_bytes: 16 * 1024 * 1024,
+            ..Default::default()
+        };
+        let (store, _) = rt.block_on(crate::broker::open_store(&config)).unwrap();
+        let delay_levels_ms = crate::config::parse_delay_levels(&config.delay_levels).unwrap();
+        crate::broker::assemble(crate::broker::Assembly {
+            config,
+            store,
+            delay_levels_ms,
+            net_stats: Arc::new(shoal_net::NetStats::default()),
+            namesrv_tls: None,
+            clock: crate::clock::BrokerClock::starting_at(crate::clock::wall_ms()),
+            sink: None,
+        })
+        .unwrap()
+    }
+
+    /// What a replica's log holds from its master (coordinator records, offsets, a
+    /// transaction decision), applied and taken over as a new master does: the coordinator
+    /// continues above the master's epoch, the offsets are the master's, and the decision is
+    /// known (a second END_TRANSACTION is not committed again).
+    #[test]
+    fn a_new_master_takes_over_what_its_log_replicated() {
+        let dir = tempfile::tempdir().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let b = broker(dir.path(), &rt);
+        // The old master's coordinator, one member in G.
+        let mut master = Coordinator::new(CoordinatorConfig::default());
+        master.handle_topic_queues(
+            0,
+            "T",
+            (0..4)
+                .map(|i| shoal_proto::MessageQueue::new("T", "broker-a", i))
+                .collect(),
+        );
+        let join = |c: &mut Coordinator, member: &str, now: u64| {
+            c.handle_heartbeat(
+                now,
+                HeartbeatRequest {
+                    group: "G".into(),
+                    member_id: member.into(),
+                    client_id: format!("client-{member}"),
+                    conn_id: 1,
+                    subscriptions: ["T".to_string()].into(),
+                    ..Default::default()
+                },
+            )
+            .unwrap()
+        };
+        join(&mut master, "m1", 0);
+        join(&mut master, "m2", 1);
+        let epoch = master.describe("G", 1).unwrap().group_epoch;
+        assert!(epoch >= 2);
+        rt.block_on(async {
+            for update in [
+                master.update_for(["G"]),
+                master.topics_update(0).unwrap().0,
+                master.names_update(),
+            ] {
+                put(&b, &MetadataRecord::Coordinator { update })
+                    .await
+                    .unwrap();
+            }
+            put(
+                &b,
+                &MetadataRecord::Offsets {
+                    offsets: vec![("g".into(), "T".into(), 0, 7)],
+                },
+            )
+            .await
+            .unwrap();
+            crate::transaction::half::ensure_topic(&b, crate::transaction::OP_TOPIC).unwrap();
+            let op = crate::transaction::half::op_message(&b, 0, Some("tx-1"), true).unwrap();
+            crate::send::put(&b, vec![op]).await.unwrap();
+
+            let mut f = Follower::new(&b);
+            f.apply_visible(&b).await;
+            assert_eq!(f.coordinator.group_epoch("G"), Some(epoch));
+            assert_eq!(b.store.query_offset("g", "T", 0), Some(7));
+            // A replica's own coordinator is not touched by what it follows.
+            assert!(!b.groups.read(|g, _| g.coordinator().knows_group("G")));
+            assert_eq!(b.transactions.decisions.lock().get("tx-1"), None);
+
+            f.take_over(&b).await;
+        });
+        let d = b
+            .groups
+            .read(|g, now| g.coordinator().describe("G", now))
+            .unwrap();
+        assert!(
+            d.group_epoch >= epoch + shoal_group::coordinator::RESTORE_EPOCH_GAP,
+            "{d:?}"
+        );
+        assert_eq!(d.members.len(), 2);
+        // Mid-rebalance as at the old master: m1 still holds (owns or is revoking) all 4.
+        assert_eq!(
+            d.members
+                .iter()
+                .map(|m| m.owned.len() + m.revoking.len())
+                .sum::<usize>(),
+            4,
+            "{d:?}"
+        );
+        assert_eq!(
+            b.transactions.decisions.lock().get("tx-1"),
+            Some(crate::transaction::Decision::Committed)
+        );
     }
 }

@@ -20,7 +20,7 @@ impl Replication {
             RoleView::Replica { epoch, .. } => (0, epoch),
             RoleView::Joining => (0, 0),
         };
-        let gauges: [(&str, &str, i64); 6] = [
+        let gauges: [(&str, &str, i64); 7] = [
             (
                 "shoal_replication_is_master",
                 "1 while this broker is the master of its group (holding a lease or not).",
@@ -50,6 +50,12 @@ impl Replication {
                 "shoal_replication_pending_acks",
                 "Sends waiting for the in-sync set's acknowledgement.",
                 v.pending_acks as i64,
+            ),
+            (
+                "shoal_replication_coordinator_groups",
+                "Coordinated groups of the master's replicated coordinator state this broker \
+                 holds (at most [coordinator] max_groups).",
+                self.counters.coordinator_groups.load(Ordering::Relaxed) as i64,
             ),
         ];
         for (name, help, value) in gauges {
@@ -110,6 +116,12 @@ impl Replication {
                 "shoal_replication_inbox_dropped",
                 "Replication messages and controller answers dropped: the member's inbox was full.",
                 &c.inbox_dropped,
+            ),
+            (
+                "shoal_replication_coordinator_groups_left_out",
+                "Coordinated groups of the master's replicated state not kept: this broker held \
+                 [coordinator] max_groups already.",
+                &c.coordinator_groups_left_out,
             ),
         ];
         for (name, help, v) in counters {

@@ -122,6 +122,11 @@ pub(crate) struct ReplicationCounters {
     pub(crate) writes_refused: AtomicU64,
     /// Peer messages and controller answers dropped because the task's inbox was full.
     pub(crate) inbox_dropped: AtomicU64,
+    /// Coordinated groups of the master's replicated coordinator state the metadata task
+    /// holds (a gauge; at most `[coordinator] max_groups`).
+    pub(crate) coordinator_groups: AtomicU64,
+    /// Coordinated groups of the master's state left out: the task held `max_groups` already.
+    pub(crate) coordinator_groups_left_out: AtomicU64,
 }
 
 /// The broker's handle on its replication task. See the [module documentation](self).
@@ -131,6 +136,10 @@ pub(crate) struct Replication {
     inbox: mpsc::Sender<Input>,
     view: Mutex<ReplicationView>,
     role_changed: Notify,
+    /// The master epoch (+ 1; 0: none) in which this broker took over its group's state: it
+    /// applied every metadata record of its log, restored the coordinator and rebuilt the
+    /// transaction decisions from it (`metadata.rs`).
+    taken_over: AtomicU64,
     pub(crate) counters: ReplicationCounters,
 }
 
@@ -174,6 +183,7 @@ impl Replication {
             group,
             inbox,
             role_changed: Notify::new(),
+            taken_over: AtomicU64::new(0),
             counters: ReplicationCounters::default(),
         }
     }
@@ -258,6 +268,49 @@ impl Replication {
         ))
     }
 
+    /// The metadata task took over the group's state as master of `epoch`.
+    pub(crate) fn set_taken_over(&self, epoch: Epoch) {
+        self.taken_over
+            .store(u64::from(epoch) + 1, Ordering::Release);
+    }
+
+    /// Whether this broker is master and has taken over the group's state in its epoch
+    /// (the metadata, the coordinator, the transaction decisions of its log): only then do
+    /// its coordinator answer members, its transaction decisions and checks run, and its
+    /// delay levels deliver.
+    pub(crate) fn serves_as_master(&self) -> bool {
+        match self.view.lock().role {
+            RoleView::Master { epoch } => {
+                self.taken_over.load(Ordering::Acquire) == u64::from(epoch) + 1
+            }
+            _ => false,
+        }
+    }
+
+    /// The refusal of a request that only a master that took over its group's state answers
+    /// (GROUP_HEARTBEAT, GROUP_LEAVE, END_TRANSACTION): a replica, or a master still applying
+    /// its log, would answer from stale state. The client asks again (members heartbeat;
+    /// a producer's transaction is checked back).
+    pub(crate) fn refuse_unless_serving(&self) -> Result<(), Reject> {
+        if self.serves_as_master() {
+            return Ok(());
+        }
+        let remark = if self.is_master() {
+            format!(
+                "this broker became the master of {} and is still applying its log's metadata; \
+                 ask again shortly",
+                self.group
+            )
+        } else {
+            format!(
+                "this broker is a replica of {}: coordinated groups and transactions are served \
+                 by its master (brokerId 0)",
+                self.group
+            )
+        };
+        Err(Reject::new(resp::SERVICE_NOT_AVAILABLE, remark))
+    }
+
     /// What the driver last published.
     pub(crate) fn view(&self) -> ReplicationView {
         self.view.lock().clone()
@@ -281,5 +334,60 @@ impl Replication {
         if changed {
             self.role_changed.notify_one();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests")]
+    use super::*;
+
+    fn as_role(r: &Replication, role: RoleView) {
+        r.publish(ReplicationView {
+            group: "broker-a".into(),
+            broker_id: Some(2),
+            role,
+            ..Default::default()
+        });
+    }
+
+    #[test]
+    fn only_a_master_that_took_over_serves_members_and_transactions() {
+        let (tx, _rx) = mpsc::channel(1);
+        let r = Replication::new("broker-a".into(), tx);
+        let refused = |r: &Replication| r.refuse_unless_serving().err().map(|e| e.code);
+        assert_eq!(refused(&r), Some(resp::SERVICE_NOT_AVAILABLE), "joining");
+        as_role(
+            &r,
+            RoleView::Replica {
+                master: Some(1),
+                epoch: 3,
+            },
+        );
+        let e = r.refuse_unless_serving().unwrap_err();
+        assert_eq!(e.code, resp::SERVICE_NOT_AVAILABLE);
+        assert!(e.remark.contains("replica of broker-a"), "{}", e.remark);
+        // Elected: still applying its log.
+        as_role(&r, RoleView::Master { epoch: 4 });
+        let e = r.refuse_unless_serving().unwrap_err();
+        assert!(e.remark.contains("still applying"), "{}", e.remark);
+        assert!(!r.serves_as_master());
+        // A take-over of an older epoch does not count.
+        r.set_taken_over(3);
+        assert!(!r.serves_as_master());
+        r.set_taken_over(4);
+        assert!(r.serves_as_master());
+        assert!(r.refuse_unless_serving().is_ok());
+        // Stepped down, then elected again: it takes over again first.
+        as_role(
+            &r,
+            RoleView::Replica {
+                master: Some(1),
+                epoch: 5,
+            },
+        );
+        assert!(!r.serves_as_master());
+        as_role(&r, RoleView::Master { epoch: 6 });
+        assert!(!r.serves_as_master());
     }
 }

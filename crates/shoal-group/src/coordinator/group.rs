@@ -168,6 +168,16 @@ impl Group {
         self.members.contains_key(id)
     }
 
+    pub(crate) fn epoch(&self) -> i32 {
+        self.epoch
+    }
+
+    /// Moves the group epoch up to `floor` (never down): a group taken over from another
+    /// coordinator continues above what this one had given.
+    pub(crate) fn raise_epoch(&mut self, floor: i32) {
+        self.epoch = self.epoch.max(floor);
+    }
+
     pub(crate) fn last_change_ms(&self) -> u64 {
         self.last_change_ms
     }
@@ -1007,6 +1017,9 @@ impl Group {
             for q in m.assigned.keys().chain(m.pending.keys()) {
                 self.owners.insert(q.clone(), m.id.clone());
             }
+            // Connection ids are the process's own (another process, or another broker of a
+            // replicated group, gave these): none until the member heartbeats again.
+            m.conn_id = 0;
             m.session_deadline_ms = now.saturating_add(m.session_timeout(ctx.config));
             if m.revoke_deadline_ms.is_some() {
                 m.revoke_deadline_ms = Some(now.saturating_add(m.rebalance_timeout_ms));

@@ -37,16 +37,20 @@
 //! - A bounded **history** of rebalances (time, cause, queues moved from/to, time until
 //!   reconciled).
 //! - [`Coordinator::snapshot`] / [`Coordinator::restore`]: the state a restarted coordinator
-//!   needs so that members keep their queues and epochs never go backwards.
+//!   needs so that members keep their queues and epochs never go backwards;
+//!   [`CoordinatorUpdate`] / [`CoordinatorFollower`]: the same state carried from a replicated
+//!   broker group's master to its replicas, so a replica that takes over continues above it.
 
 mod group;
 mod history;
 mod queue_map;
+mod replicated;
 #[cfg(test)]
 mod tests;
 
 pub use group::{MemberDescription, MemberState};
 pub use history::{QueueMove, RebalanceCause, RebalanceRecord};
+pub use replicated::{CoordinatorFollower, CoordinatorUpdate};
 
 use crate::error::{GroupError, Result};
 use group::Group;
@@ -288,6 +292,8 @@ pub struct Coordinator {
     config: CoordinatorConfig,
     groups: BTreeMap<String, Group>,
     topics: BTreeMap<String, Vec<MessageQueue>>,
+    /// Raised whenever `topics` changes (the replicated state carries the map when it did).
+    topics_version: u64,
     effects: VecDeque<Effect>,
 }
 
@@ -298,6 +304,7 @@ impl Coordinator {
             config,
             groups: BTreeMap::new(),
             topics: BTreeMap::new(),
+            topics_version: 1,
             effects: VecDeque::new(),
         }
     }
@@ -323,12 +330,14 @@ impl Coordinator {
             return;
         }
         self.topics.insert(topic.to_string(), queues);
+        self.topics_version += 1;
         self.topic_changed(topic, now_ms);
     }
 
     /// Forgets a topic (deleted): groups that subscribe it rebalance without its queues.
     pub fn handle_topic_removed(&mut self, now_ms: u64, topic: &str) {
         if self.topics.remove(topic).is_some() {
+            self.topics_version += 1;
             self.topic_changed(topic, now_ms);
         }
     }

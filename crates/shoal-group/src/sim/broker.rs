@@ -114,7 +114,7 @@ impl SimBroker {
                     notify_conn_ids, ..
                 } => out.assign.extend(notify_conn_ids),
                 GroupEffect::MemberRemoved { .. }
-                | GroupEffect::Persist
+                | GroupEffect::Persist { .. }
                 | GroupEffect::MembershipObserved { .. }
                 | GroupEffect::ClientLocksReleased { .. }
                 | GroupEffect::HealthChanged { .. } => {}

@@ -66,8 +66,12 @@ pub enum GroupEffect {
         /// Why.
         reason: RemovalReason,
     },
-    /// The coordinator state changed: persist it.
-    Persist,
+    /// The coordinator's state of `group` changed: persist it (and, in a replicated broker
+    /// group, replicate it).
+    Persist {
+        /// The group.
+        group: String,
+    },
     /// Queue locks a member waited for are free: tell it (NOTIFY_LOCK_FREED).
     LockFreed {
         /// The group.

@@ -248,6 +248,24 @@ impl GroupState {
         self.coordinator.snapshot()
     }
 
+    /// This broker takes over its replicated group's coordination (it became master): the
+    /// coordinator is restored from `snapshot` (the master's state as replicated to it), every
+    /// group's epoch first raised to this coordinator's own for the group (it may have been
+    /// master before) and then moved forward by [`crate::coordinator::RESTORE_EPOCH_GAP`]
+    /// (the last changes of the old master may not have reached this broker), so epochs only
+    /// grow. Members keep their queues, with fresh sessions; every group is persisted.
+    pub fn take_over_coordinator(&mut self, now_ms: u64, snapshot: CoordinatorSnapshot) {
+        let mut snapshot = snapshot;
+        snapshot.raise_epochs(&self.coordinator.group_epochs());
+        let config = self.coordinator.config().clone();
+        // The old coordinator's effects are for members it no longer coordinates.
+        while self.coordinator.poll_effect().is_some() {}
+        self.coordinator = Coordinator::restore(config, snapshot, now_ms);
+        for group in self.coordinator.group_names() {
+            self.persist(group);
+        }
+    }
+
     // ---- outputs ----
 
     /// The next thing to do after an operation (in order). Must be drained after every
@@ -298,14 +316,15 @@ impl GroupState {
                     member_id,
                     reason,
                 }),
-                Effect::Persist { .. } => self.persist(),
+                Effect::Persist { group } => self.persist(group),
             }
         }
     }
 
-    fn persist(&mut self) {
-        if !self.effects.contains(&GroupEffect::Persist) {
-            self.effects.push_back(GroupEffect::Persist);
+    fn persist(&mut self, group: String) {
+        let e = GroupEffect::Persist { group };
+        if !self.effects.contains(&e) {
+            self.effects.push_back(e);
         }
     }
 
@@ -709,8 +728,8 @@ impl GroupState {
             self.collect_coordinator_effects();
             self.coordinator.handle_clear_group(now_ms, group);
             while let Some(e) = self.coordinator.poll_effect() {
-                if let Effect::Persist { .. } = e {
-                    self.persist();
+                if let Effect::Persist { group } = e {
+                    self.persist(group);
                 }
             }
             self.effects.push_back(GroupEffect::ModeChanged {

@@ -33,7 +33,8 @@ pub fn shoal() -> &'static str {
 /// fail with "Address already in use"), and below the system's ephemeral range: a port the
 /// kernel hands out for ephemeral use can be taken by any outgoing connection of a test running
 /// beside this one between this call and the server's bind (`tools/free_ports.py` does the same
-/// for scripts).
+/// for scripts). `SHOAL_TEST_PORTS=LOW-HIGH` confines the choice to that range (runs sharing a
+/// machine each keep to their own).
 pub fn free_port() -> u16 {
     use rand::Rng;
     static GIVEN: Mutex<Vec<u16>> = Mutex::new(Vec::new());
@@ -43,6 +44,14 @@ pub fn free_port() -> u16 {
         .unwrap_or(32768)
         .saturating_sub(1);
     let low = if high > 11_000 { 10_000 } else { 1024 };
+    let (low, high) = std::env::var("SHOAL_TEST_PORTS")
+        .ok()
+        .and_then(|r| {
+            let (l, h) = r.split_once('-')?;
+            Some((l.trim().parse::<u16>().ok()?, h.trim().parse::<u16>().ok()?))
+        })
+        .filter(|(l, h)| l <= h)
+        .unwrap_or((low, high));
     let mut rng = rand::thread_rng();
     loop {
         let port = rng.gen_range(low..=high);

@@ -996,6 +996,7 @@ fn assignor_follows_the_members_and_history_is_bounded() {
 }
 
 mod properties;
+mod replicated;
 
 /// A group whose coordinator moved: members join the new coordinator with the queues they
 /// hold, one after the other. The first adopts what it holds (and is given what nobody
