@@ -52,17 +52,19 @@ for run in $(seq 1 "$runs"); do
   done
   "$bin" --namesrv "$ns" topic create Failover --queues 4 >/dev/null
   sleep 2
+  # Each acknowledgement line stamped with the time it came.
   SHOAL_NAMESRV=$ns "$bin" send Failover --body 'm-{i}' --count 1000000 --interval-ms 10 --json \
-    2>"$d/prod.err" | python3 -u -c '
+    2>"$d/prod.err" > >(python3 -u -c '
 import sys, time
 for line in sys.stdin:
-    print("%.3f %s" % (time.time(), line.strip()))' >"$d/prod.out" &
+    print("%.3f %s" % (time.time(), line.strip()))' >"$d/prod.out") &
   pids+=($!)
   sleep 3
   master=$("$bin" --namesrv "$ns" cluster list --json | jq -r '.brokerAddrTable["broker-a"].brokerAddrs["0"]')
   i=$((${master##*:} - base - 1))
   killed=$(date +%s.%N)
   kill -9 "${brokers[$((i - 1))]}"
+  wait "${brokers[$((i - 1))]}" 2>/dev/null || true
   sleep 4
   stop_all
   python3 - "$d" "$killed" >>"$results" <<'EOF'

@@ -188,18 +188,19 @@ fn soak_master_faults() {
         let pct = |v: &[f64], p: f64| {
             v.get(((v.len() as f64 - 1.0) * p).round() as usize)
                 .copied()
+                .unwrap_or(f64::NAN)
         };
         let acked: usize = outcomes.iter().map(|o| o.acknowledged).sum();
         eprintln!(
-            "soak {fault:?}: {} runs, {acked} acknowledged, 0 lost; elected after (ms) min {:?} median {:?} max {:?}; first send after (ms) min {:?} median {:?} p99 {:?} max {:?}",
+            "soak {fault:?}: {} runs, {acked} acknowledged, 0 lost; new master after (ms) min {:.0} median {:.0} max {:.0}; first send after (ms) min {:.0} median {:.0} p99 {:.0} max {:.0}",
             outcomes.len(),
-            elected.first(),
+            pct(&elected, 0.0),
             pct(&elected, 0.5),
-            elected.last(),
-            resumed.first(),
+            pct(&elected, 1.0),
+            pct(&resumed, 0.0),
             pct(&resumed, 0.5),
             pct(&resumed, 0.99),
-            resumed.last(),
+            pct(&resumed, 1.0),
         );
     }
 }
