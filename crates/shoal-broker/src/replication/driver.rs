@@ -233,6 +233,7 @@ impl Driver {
             },
             Input::Peer(frame) => self.peer(now, frame).await,
             Input::Notice => self.member.handle_notice(now),
+            Input::Unreachable(to) => self.member.handle_peer_unreachable(now, to),
         }
     }
 
@@ -493,10 +494,13 @@ impl Driver {
             let (queue, mut rx) = mpsc::channel::<RemotingCommand>(PEER_QUEUE);
             let client = self.client.clone();
             let target = addr.to_string();
+            let inbox = self.tx.clone();
             let task = tokio::spawn(async move {
                 while let Some(cmd) = rx.recv().await {
                     if let Err(e) = client.invoke_oneway(&target, cmd).await {
                         tracing::debug!(peer = %target, error = %e, "replication message not sent");
+                        // A hint for the member; a full inbox drops it (the lag rule remains).
+                        let _ = inbox.try_send(Input::Unreachable(to));
                     }
                 }
             });

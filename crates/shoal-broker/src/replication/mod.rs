@@ -100,6 +100,8 @@ pub(crate) enum Input {
     },
     /// The controller says the group changed (a hint: ask it now).
     Notice,
+    /// A message to this broker of the group could not be sent (a hint that it is down).
+    Unreachable(shoal_ha::BrokerId),
 }
 
 /// Counters of the replication task (`shoal_replication_*` metrics).
@@ -150,6 +152,7 @@ impl std::fmt::Debug for Input {
             Input::Peer(p) => write!(f, "Peer({p:?})"),
             Input::Answer { call, .. } => write!(f, "Answer({call})"),
             Input::Notice => write!(f, "Notice"),
+            Input::Unreachable(b) => write!(f, "Unreachable({b})"),
         }
     }
 }

@@ -163,6 +163,9 @@ struct Follower {
     /// its epoch), so that a replica whose handshake came before it was master, or that has
     /// not heard of the election yet, handshakes again without waiting.
     greeted: bool,
+    /// The driver could not reach it (its connection refused or failed) at this time, and
+    /// nothing came from it since: a hint that it is down.
+    unreachable_since: Option<Millis>,
     /// The ends of the batches shipped and not yet acknowledged, in order.
     inflight: VecDeque<u64>,
 }
@@ -242,6 +245,7 @@ impl Master {
                         rewound_to: None,
                         last_sent_at: now,
                         greeted: false,
+                        unreachable_since: None,
                         inflight: VecDeque::new(),
                     },
                 )
@@ -356,6 +360,7 @@ impl Master {
         let Some(f) = self.followers.get_mut(&replica) else {
             return;
         };
+        f.unreachable_since = None;
         match msg {
             ToMaster::Handshake { end, epochs, .. } => {
                 let to = self.epochs.divergence(self.log_end, &epochs, end);
@@ -480,6 +485,7 @@ impl Master {
                         rewound_to: None,
                         last_sent_at: now,
                         greeted: false,
+                        unreachable_since: None,
                         inflight: VecDeque::new(),
                     },
                 );
@@ -533,6 +539,18 @@ impl Master {
                 }
             }
         }
+    }
+
+    /// The driver could not send to replica `to` (its connection was refused or failed): a
+    /// hint that it is down, never evidence. An in-sync replica that is also behind the log
+    /// end (writes wait for it) is proposed out of the in-sync set at once rather than after
+    /// `max_lag_ms`; the controller's answer is what makes it count, as for any change of the
+    /// set. Anything that comes from the replica clears the hint.
+    pub fn handle_unreachable(&mut self, now: Millis, to: BrokerId) {
+        if let Some(f) = self.followers.get_mut(&to) {
+            f.unreachable_since.get_or_insert(now);
+        }
+        self.advance(now);
     }
 
     /// Time passed.
@@ -677,9 +695,14 @@ impl Master {
         let mut next = self.in_sync.clone();
         for (b, f) in &self.followers {
             let in_set = self.in_sync.contains(b);
-            if in_set && now >= f.last_caught_up + self.cfg.max_lag_ms {
+            let behind = f.acked.is_none_or(|a| a < self.log_end);
+            if in_set
+                && (now >= f.last_caught_up + self.cfg.max_lag_ms
+                    || (f.unreachable_since.is_some() && behind))
+            {
                 next.remove(b);
             } else if !in_set
+                && f.unreachable_since.is_none()
                 && f.acked
                     .is_some_and(|a| a >= self.confirmed.max(self.start_end))
                 && now < f.last_ack_at + self.cfg.max_lag_ms
@@ -782,396 +805,4 @@ impl Master {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::replication::EpochEntry;
-
-    fn master(ack: AckMode, min_in_sync: usize, epochs: EpochCache, log_end: u64) -> Master {
-        let cfg = MasterConfig {
-            ack,
-            min_in_sync,
-            batch_max_bytes: 100,
-            // Windows of many small batches.
-            max_inflight_batches: 64,
-            ..MasterConfig::default()
-        };
-        Master::new(
-            cfg,
-            "g".into(),
-            1,
-            3,
-            epochs,
-            log_end,
-            BTreeSet::from([1, 2]),
-            4,
-            [1, 2, 3],
-            0,
-        )
-        .expect("ordered epochs")
-    }
-
-    /// Grants the lease the master asks for at `now`.
-    fn grant(m: &mut Master, now: Millis) {
-        while let Some(t) = m.poll_transmit(now) {
-            if let MasterTransmit::Controller {
-                call,
-                req: Request::RenewLease { master_epoch, .. },
-            } = t
-            {
-                m.handle_controller_response(
-                    now,
-                    call,
-                    Response::LeaseGranted {
-                        master_epoch,
-                        lease_ms: 3_000,
-                    },
-                );
-            }
-        }
-    }
-
-    fn handshake(
-        m: &mut Master,
-        now: Millis,
-        replica: BrokerId,
-        end: u64,
-        epochs: Vec<EpochEntry>,
-    ) {
-        m.handle_message(
-            now,
-            ToMaster::Handshake {
-                replica,
-                master_epoch: 3,
-                end,
-                epochs,
-            },
-        );
-        m.handle_message(
-            now,
-            ToMaster::Ack {
-                replica,
-                master_epoch: 3,
-                end,
-            },
-        );
-    }
-
-    #[test]
-    fn acknowledges_after_the_in_sync_set_and_only_under_lease() {
-        let mut m = master(AckMode::InSyncSet, 2, EpochCache::default(), 0);
-        assert_eq!(m.check_writable(0), Err(WriteRefusal::LeaseExpired));
-        grant(&mut m, 0);
-        assert_eq!(m.check_writable(10), Ok(()));
-        handshake(&mut m, 10, 2, 0, vec![]);
-        m.handle_appended(10, 7, 50);
-        assert_eq!(m.poll_ack(), None, "replica 2 has not got it");
-        // Replica 3 is not in the set: its ack does not count.
-        handshake(&mut m, 11, 3, 0, vec![]);
-        m.handle_message(
-            12,
-            ToMaster::Ack {
-                replica: 3,
-                master_epoch: 3,
-                end: 50,
-            },
-        );
-        assert_eq!(m.poll_ack(), None);
-        m.handle_message(
-            13,
-            ToMaster::Ack {
-                replica: 2,
-                master_epoch: 3,
-                end: 50,
-            },
-        );
-        assert_eq!(
-            m.poll_ack(),
-            Some(Acked {
-                ticket: 7,
-                epoch: 3,
-                result: Ok(())
-            })
-        );
-        assert_eq!(m.confirmed(), 50);
-        // After the lease, nothing is acknowledged, even when replicated.
-        m.handle_appended(100, 8, 80);
-        m.handle_message(
-            3_001,
-            ToMaster::Ack {
-                replica: 2,
-                master_epoch: 3,
-                end: 80,
-            },
-        );
-        assert_eq!(m.poll_ack(), None);
-        assert_eq!(m.check_writable(3_001), Err(WriteRefusal::LeaseExpired));
-        m.handle_timeout(5_200);
-        assert_eq!(
-            m.poll_ack().map(|a| a.result),
-            Some(Err(WriteRefusal::Timeout))
-        );
-    }
-
-    #[test]
-    fn refuses_below_min_in_sync_unless_acknowledged_by_the_master() {
-        let mut m = master(AckMode::InSyncSet, 3, EpochCache::default(), 0);
-        grant(&mut m, 0);
-        assert_eq!(
-            m.check_writable(1),
-            Err(WriteRefusal::InSyncReplicasNotEnough { have: 2, need: 3 })
-        );
-        let mut m = master(AckMode::Master, 3, EpochCache::default(), 0);
-        grant(&mut m, 0);
-        assert_eq!(m.check_writable(1), Ok(()));
-        m.handle_appended(1, 1, 10);
-        assert_eq!(m.poll_ack().map(|a| a.result), Some(Ok(())));
-        assert_eq!(
-            m.confirmed(),
-            0,
-            "visibility still waits for the in-sync set"
-        );
-    }
-
-    #[test]
-    fn batches_never_span_two_epochs() {
-        let epochs = EpochCache::from_entries(vec![
-            EpochEntry { epoch: 1, start: 0 },
-            EpochEntry {
-                epoch: 2,
-                start: 30,
-            },
-        ])
-        .expect("ordered");
-        let mut m = master(AckMode::InSyncSet, 1, epochs, 60);
-        grant(&mut m, 0);
-        handshake(&mut m, 1, 2, 0, vec![]);
-        let mut batches = Vec::new();
-        for now in 1..5 {
-            while let Some(t) = m.poll_transmit(now) {
-                if let MasterTransmit::Replica {
-                    msg: ToReplica::Batch(h),
-                    ..
-                } = t
-                {
-                    if h.start < h.end {
-                        batches.push((h.batch_epoch, h.start, h.end));
-                    }
-                }
-            }
-        }
-        assert_eq!(batches, vec![(1, 0, 30), (2, 30, 60)]);
-    }
-
-    #[test]
-    fn a_replica_with_a_newer_epoch_makes_it_step_down() {
-        let mut m = master(AckMode::InSyncSet, 1, EpochCache::default(), 0);
-        grant(&mut m, 0);
-        m.handle_appended(1, 5, 10);
-        m.handle_message(
-            2,
-            ToMaster::Ack {
-                replica: 2,
-                master_epoch: 4,
-                end: 0,
-            },
-        );
-        assert_eq!(m.stepped_down(), Some(4));
-        assert_eq!(
-            m.poll_ack().map(|a| a.result),
-            Some(Err(WriteRefusal::NotMaster))
-        );
-        assert_eq!(m.check_writable(3), Err(WriteRefusal::NotMaster));
-    }
-
-    #[test]
-    fn a_lagging_replica_joins_only_at_the_confirmed_offset_and_the_start() {
-        // The master begins with 40 bytes it may have acknowledged before a restart.
-        let mut m = Master::new(
-            MasterConfig::default(),
-            "g".into(),
-            1,
-            3,
-            EpochCache::default(),
-            40,
-            BTreeSet::from([1]),
-            4,
-            [1, 2],
-            0,
-        )
-        .expect("ordered");
-        grant(&mut m, 0);
-        handshake(&mut m, 1, 2, 20, vec![EpochEntry { epoch: 3, start: 0 }]);
-        let proposals = |m: &mut Master, now| {
-            let mut p = Vec::new();
-            while let Some(t) = m.poll_transmit(now) {
-                if let MasterTransmit::Controller {
-                    req: Request::AlterInSyncSet { in_sync, .. },
-                    ..
-                } = t
-                {
-                    p.push(in_sync);
-                }
-            }
-            p
-        };
-        assert!(proposals(&mut m, 2).is_empty(), "20 < 40: not yet");
-        m.handle_message(
-            3,
-            ToMaster::Ack {
-                replica: 2,
-                master_epoch: 3,
-                end: 40,
-            },
-        );
-        assert_eq!(proposals(&mut m, 3), vec![BTreeSet::from([1, 2])]);
-    }
-
-    /// The non-empty batches polled at `now`, as `(replica, start, end)`.
-    fn shipped(m: &mut Master, now: Millis) -> Vec<(BrokerId, u64, u64)> {
-        let mut out = Vec::new();
-        while let Some(t) = m.poll_transmit(now) {
-            if let MasterTransmit::Replica {
-                to,
-                msg: ToReplica::Batch(h),
-            } = t
-            {
-                if h.start < h.end {
-                    out.push((to, h.start, h.end));
-                }
-            }
-        }
-        out
-    }
-
-    fn ack(m: &mut Master, now: Millis, replica: BrokerId, end: u64) {
-        m.handle_message(
-            now,
-            ToMaster::Ack {
-                replica,
-                master_epoch: 3,
-                end,
-            },
-        );
-    }
-
-    /// Seed 2 of the simulator once ran out of memory: every ack below what was in flight
-    /// shipped the window again, and each batch of it brought one more such ack.
-    #[test]
-    fn reordered_acks_ship_the_window_again_once_per_point() {
-        let mut m = master(AckMode::InSyncSet, 1, EpochCache::default(), 0);
-        grant(&mut m, 0);
-        handshake(&mut m, 1, 2, 0, vec![]);
-        m.handle_appended(2, 1, 500);
-        let first: Vec<u64> = shipped(&mut m, 2).iter().map(|b| b.1).collect();
-        assert_eq!(first, vec![0, 100, 200, 300, 400]);
-        // In-order progress and an ack overtaken by a later one: nothing to ship again.
-        ack(&mut m, 3, 2, 200);
-        ack(&mut m, 4, 2, 100);
-        assert_eq!(shipped(&mut m, 4), vec![]);
-        // The same end again (batch 200..300 lost, later ones answered as a gap): ship
-        // again from there, once.
-        ack(&mut m, 5, 2, 200);
-        let again: Vec<u64> = shipped(&mut m, 5).iter().map(|b| b.1).collect();
-        assert_eq!(again, vec![200, 300, 400]);
-        ack(&mut m, 6, 2, 200);
-        ack(&mut m, 6, 2, 200);
-        assert_eq!(shipped(&mut m, 6), vec![]);
-        // Without progress for resend_ms, the rest is shipped again from the last ack.
-        let later = 5 + MasterConfig::default().resend_ms;
-        let resent: Vec<u64> = shipped(&mut m, later).iter().map(|b| b.1).collect();
-        assert_eq!(resent, vec![200, 300, 400]);
-        ack(&mut m, later + 1, 2, 500);
-        assert_eq!(shipped(&mut m, later + 1), vec![]);
-    }
-
-    /// A driver that ships whole records moves a batch's end; the next batch starts there.
-    #[test]
-    fn the_next_batch_starts_where_the_driver_ended_the_last() {
-        let mut m = master(AckMode::InSyncSet, 1, EpochCache::default(), 0);
-        grant(&mut m, 0);
-        handshake(&mut m, 1, 2, 0, vec![]);
-        m.handle_appended(2, 1, 150);
-        let first = loop {
-            match m.poll_transmit(2) {
-                Some(MasterTransmit::Replica {
-                    msg: ToReplica::Batch(h),
-                    ..
-                }) if h.start < h.end => break (h.start, h.end),
-                Some(_) => {}
-                None => panic!("no batch shipped"),
-            }
-        };
-        assert_eq!(first, (0, 100));
-        // The record boundary was at 80.
-        m.handle_shipped(2, 0, 80);
-        let rest: Vec<(u64, u64)> = shipped(&mut m, 2).iter().map(|b| (b.1, b.2)).collect();
-        assert_eq!(rest, vec![(80, 150)]);
-    }
-
-    #[test]
-    fn writes_arriving_while_batches_are_in_flight_go_together() {
-        let cfg = MasterConfig {
-            batch_max_bytes: 1_000,
-            max_inflight_batches: 1,
-            ..MasterConfig::default()
-        };
-        let mut m = Master::new(
-            cfg,
-            "g".into(),
-            1,
-            3,
-            EpochCache::default(),
-            0,
-            BTreeSet::from([1, 2]),
-            4,
-            [1, 2],
-            0,
-        )
-        .expect("ordered epochs");
-        grant(&mut m, 0);
-        handshake(&mut m, 0, 2, 0, vec![]);
-        m.handle_appended(1, 1, 10);
-        assert_eq!(shipped(&mut m, 1), vec![(2, 0, 10)]);
-        // Three more sends while the first batch is in flight: nothing shipped yet.
-        for (ticket, end) in [(2, 20), (3, 30), (4, 40)] {
-            m.handle_appended(2, ticket, end);
-            assert_eq!(shipped(&mut m, 2), vec![]);
-        }
-        // Its ack lets them go, in one batch.
-        ack(&mut m, 3, 2, 10);
-        assert_eq!(m.poll_ack().map(|a| a.ticket), Some(1));
-        assert_eq!(shipped(&mut m, 3), vec![(2, 10, 40)]);
-        ack(&mut m, 4, 2, 40);
-        let acked: Vec<u64> = std::iter::from_fn(|| m.poll_ack())
-            .map(|a| a.ticket)
-            .collect();
-        assert_eq!(acked, vec![2, 3, 4]);
-        // A batch lost whole is shipped again after `resend_ms` without progress.
-        m.handle_appended(5, 5, 50);
-        assert_eq!(shipped(&mut m, 5), vec![(2, 40, 50)]);
-        m.handle_appended(6, 6, 60);
-        assert_eq!(shipped(&mut m, 6), vec![]);
-        m.handle_timeout(5 + 1_000);
-        assert_eq!(shipped(&mut m, 5 + 1_000), vec![(2, 40, 60)]);
-    }
-
-    #[test]
-    fn a_new_master_greets_every_member_at_once() {
-        let mut m = master(AckMode::InSyncSet, 1, EpochCache::default(), 70);
-        let mut greeted = Vec::new();
-        while let Some(t) = m.poll_transmit(5) {
-            if let MasterTransmit::Replica {
-                to,
-                msg: ToReplica::Batch(h),
-            } = t
-            {
-                assert_eq!((h.master_epoch, h.start, h.end), (3, 70, 70));
-                greeted.push(to);
-            }
-        }
-        assert_eq!(greeted, vec![2, 3]);
-        // Then heartbeats at their interval only.
-        assert!(shipped(&mut m, 6).is_empty());
-        assert!(m.poll_transmit(6).is_none());
-    }
-}
+mod tests;

@@ -270,6 +270,14 @@ impl Member {
         self.settle(now);
     }
 
+    /// The driver could not send to broker `to` (see [`Master::handle_unreachable`]).
+    pub fn handle_peer_unreachable(&mut self, now: Millis, to: BrokerId) {
+        if let Role::Master(m) = &mut self.role {
+            m.handle_unreachable(now, to);
+        }
+        self.settle(now);
+    }
+
     /// The controller says the group changed (an election, a new in-sync set: RocketMQ's
     /// NOTIFY_BROKER_ROLE_CHANGED). Only a hint, never evidence: the member asks the
     /// controller for the group at once (a heartbeat) instead of at its next interval, and

@@ -697,6 +697,7 @@ impl World {
     pub(crate) fn flush_broker(&mut self, i: usize) {
         let from = Node::Broker(i);
         let now = self.local_of(from);
+        let down: Vec<bool> = self.brokers.iter().map(|b| b.member.is_none()).collect();
         loop {
             let b = &mut self.brokers[i];
             let Some(m) = &mut b.member else {
@@ -740,6 +741,11 @@ impl World {
                     let Some(&j) = self.ids.get(&to) else {
                         continue;
                     };
+                    if down[j] {
+                        // Its port refuses the connection: what a broker's driver reports.
+                        m.handle_peer_unreachable(now, to);
+                        continue;
+                    }
                     let Some(from_id) = b.disk.broker_id else {
                         continue;
                     };
