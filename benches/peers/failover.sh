@@ -8,7 +8,11 @@
 # after the kill was acknowledged, both counted from the kill, and the sends that failed in
 # between (they are not acknowledged, so not lost). Then the median, p99 and max.
 #
+# With KILL=replica a replica of the in-sync set is SIGKILLed instead, and each run prints the
+# longest time between two acknowledgements after the kill (sends should not stop).
+#
 # Usage: benches/peers/failover.sh [RUNS]        (default 20)
+#   KILL        master (default) or replica
 #   SHOAL_BIN   default target/release/shoal (cargo build --release -p shoal)
 #   BASE_PORT   first of 5 ports (default 27800)
 # Needs: jq, python3.
@@ -18,6 +22,7 @@ runs=${1:-20}
 bin=$(realpath "${SHOAL_BIN:-target/release/shoal}")
 [ -x "$bin" ] || { echo "no shoal binary at $bin" >&2; exit 1; }
 base=${BASE_PORT:-27800}
+victim=${KILL:-master}
 work=$(mktemp -d /tmp/shoal-failover.XXXXXX)
 pids=()
 stop_all() {
@@ -60,13 +65,30 @@ for line in sys.stdin:
     print("%.3f %s" % (time.time(), line.strip()))' >"$d/prod.out") &
   pids+=($!)
   sleep 3
-  master=$("$bin" --namesrv "$ns" cluster list --json | jq -r '.brokerAddrTable["broker-a"].brokerAddrs["0"]')
-  i=$((${master##*:} - base - 1))
+  addrs=$("$bin" --namesrv "$ns" cluster list --json | jq -r '.brokerAddrTable["broker-a"].brokerAddrs')
+  if [ "$victim" = replica ]; then
+    target=$(echo "$addrs" | jq -r 'to_entries[] | select(.key != "0") | .value' | head -1)
+  else
+    target=$(echo "$addrs" | jq -r '.["0"]')
+  fi
+  i=$((${target##*:} - base - 1))
   killed=$(date +%s.%N)
   kill -9 "${brokers[$((i - 1))]}"
   wait "${brokers[$((i - 1))]}" 2>/dev/null || true
   sleep 4
   stop_all
+  if [ "$victim" = replica ]; then
+    python3 - "$d" "$killed" <<'EOF'
+import sys
+d, killed = sys.argv[1], float(sys.argv[2])
+acks = [float(l.split()[0]) for l in open(d + "/prod.out")]
+after = [t for t in acks if t > killed]
+gap = max((b - a for a, b in zip([killed] + after, after)), default=float("nan"))
+failed = sum(1 for l in open(d + "/prod.err") if "not sent" in l)
+print("run: replica killed; %d sends acknowledged after it, longest time between two %.3f s, %d failed" % (len(after), gap, failed))
+EOF
+    continue
+  fi
   python3 - "$d" "$killed" >>"$results" <<'EOF'
 import datetime, glob, sys
 d, killed = sys.argv[1], float(sys.argv[2])
@@ -86,6 +108,7 @@ EOF
   printf 'run %3d: new master after %.3f s, first send acknowledged after %.3f s, %d sends failed in between\n' "$run" "$e" "$f" "$n"
 done
 
+[ "$victim" = replica ] && exit 0
 python3 - "$results" <<'EOF'
 import sys
 rows = [tuple(map(float, l.split())) for l in open(sys.argv[1]) if l.strip()]
