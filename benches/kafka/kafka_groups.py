@@ -24,6 +24,8 @@ PROTOCOL: consumer (KIP-848, `group.protocol=consumer`) or classic (STRATEGY,
 cooperative-sticky by default). Client settings are librdkafka's defaults otherwise.
 TRACE_DIR: each member writes librdkafka's debug log (categories TRACE_DEBUG, `cgrp` by
 default; `cgrp,fetch` shows the fetcher) and its pauses to TRACE_DIR/PID.log.
+DUMP: each run writes every member event (assignments, revocations, offsets seen) as JSON lines
+to DUMP.<unix time>, to find a lost record's partition and offset afterwards.
 """
 import json
 import logging
@@ -321,7 +323,7 @@ def run(bs, cpu_s, create):
     for m in members:
         m.wait_for("closed")
     if os.environ.get("DUMP"):
-        with open(os.environ["DUMP"], "w") as f:
+        with open(os.environ["DUMP"] + "." + str(int(time.time())), "w") as f:
             for name, e in log:
                 f.write(json.dumps([name, e]) + "\n")
     received = [(int(p), o) for _, e in log if e["ev"] == "seen" for p, offs in e["offsets"].items() for o in offs]
