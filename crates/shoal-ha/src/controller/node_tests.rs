@@ -160,37 +160,9 @@ mod tests {
     #[test]
     fn elects_the_best_replica_then_fails_over_only_after_the_lease() {
         let mut c = Cluster::new();
-        for b in 1..=3u64 {
-            let req = Request::ApplyBrokerId {
-                group: G.into(),
-                addr: format!("a{b}"),
-                token: format!("t{b}"),
-            };
-            assert_eq!(c.ask(b, req), Response::BrokerId(b));
-        }
-        // Broker 2 has the most data: the first election picks it once a session passed.
-        for _ in 0..20 {
-            for b in 1..=3 {
-                c.heartbeat(b, if b == 2 { 100 } else { 0 });
-            }
-            c.run_for(200);
-        }
-        let g = c.group();
-        assert_eq!((g.master, g.master_epoch), (Some(2), 1));
-        // The master grows the set and holds a lease.
-        let alter = Request::AlterInSyncSet {
-            group: G.into(),
-            master: 2,
-            master_epoch: 1,
-            in_sync_epoch: g.in_sync_epoch,
-            in_sync: BTreeSet::from([1, 2, 3]),
-        };
-        assert!(matches!(c.ask(50, alter), Response::Group(_)));
-        let renew = Request::RenewLease {
-            group: G.into(),
-            broker_id: 2,
-            master_epoch: 1,
-        };
+        // Broker 2 has the most data: the first election picks it once a session passed; the
+        // master grows the set and holds a lease.
+        let renew = with_master_2(&mut c);
         assert!(matches!(
             c.ask(51, renew.clone()),
             Response::LeaseGranted { .. }
