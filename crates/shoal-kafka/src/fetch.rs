@@ -262,19 +262,22 @@ fn read_partition(state: &State, w: &Wanted, budget: usize, may_exceed: bool) ->
     if limit == 0 && !may_exceed {
         return out;
     }
+    // Nothing at or past the high watermark reported above: the partition may grow while it is
+    // read, and a client drops records past the last stable offset (librdkafka) and moves on.
+    let end = max as u64;
     let mut offset = w.offset as u64;
     let mut stored = BytesMut::new();
     let mut got = 0usize;
     for _ in 0..64 {
         let left = limit.saturating_sub(stored.len());
-        if left == 0 && got > 0 {
+        if (left == 0 && got > 0) || offset >= end {
             break;
         }
         let r = match store.get_messages(
             name,
             w.partition,
             offset,
-            MAX_MESSAGES_PER_READ,
+            MAX_MESSAGES_PER_READ.min((end - offset) as usize),
             left.max(1),
             &|_| true,
         ) {

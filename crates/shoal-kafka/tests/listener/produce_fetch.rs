@@ -436,3 +436,63 @@ async fn a_request_for_many_partitions_answers_each_in_order() {
         [4, 6, 2, 0, 8]
     );
 }
+
+/// A fetch never returns a record at or past the high watermark (and last stable offset) it
+/// reports, however the partition grows while it is read: librdkafka drops records past the
+/// last stable offset and moves on, so such a record would be lost to the consumer. Producers
+/// append on other connections while one consumer reads the partition from start to end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fetch_returns_no_record_past_the_high_watermark_it_reports() {
+    const TOTAL: i64 = 3_000;
+    let f = Fixture::start(KafkaConfig::default()).await;
+    let mut c = f.client().await;
+    let _: CreateTopicsResponse = c.call(ApiKey::CreateTopics, 7, &create_req("HW", 1)).await;
+    let mut producers = Vec::new();
+    for p in 0..2 {
+        let mut pc = f.client().await;
+        producers.push(tokio::spawn(async move {
+            for i in 0..TOTAL / 2 {
+                let recs = [record(i, &format!("p{p}-{i}"), "v")];
+                let r: ProduceResponse = pc
+                    .call(
+                        ApiKey::Produce,
+                        9,
+                        &produce_req("HW", 0, 1, batch(&recs, Compression::None)),
+                    )
+                    .await;
+                assert_eq!(r.responses[0].partition_responses[0].error_code, 0);
+            }
+        }));
+    }
+    let mut next = 0i64;
+    let mut fetches = 0u32;
+    while next < TOTAL {
+        let r: FetchResponse = c
+            .call(ApiKey::Fetch, 12, &fetch_req("HW", 0, next, 500, 1))
+            .await;
+        let p = &r.responses[0].partitions[0];
+        assert_eq!(p.error_code, 0);
+        assert_eq!(p.last_stable_offset, p.high_watermark);
+        let mut bytes = p.records.clone().unwrap_or_default();
+        if bytes.is_empty() {
+            continue;
+        }
+        fetches += 1;
+        for set in RecordBatchDecoder::decode_all(&mut bytes).unwrap() {
+            for rec in &set.records {
+                assert_eq!(rec.offset, next, "records follow one another");
+                assert!(
+                    rec.offset < p.high_watermark,
+                    "record {} returned with high watermark {}",
+                    rec.offset,
+                    p.high_watermark
+                );
+                next += 1;
+            }
+        }
+    }
+    for p in producers {
+        p.await.unwrap();
+    }
+    assert!(fetches > 1, "the consumer read while the producers wrote");
+}
