@@ -87,11 +87,16 @@ pub(crate) async fn heartbeat(
     let cg = &state.consumer_groups;
     let prepared = match prepare(state, ctx, &req) {
         Ok(p) => p,
-        Err(resp) => return *resp,
+        Err(resp) => {
+            if !req.member_id.is_empty() {
+                state.release_fetches(&(req.group_id.0.to_string(), req.member_id.to_string()));
+            }
+            return *resp;
+        }
     };
     let key = (prepared.hb.group.clone(), prepared.hb.member_id.clone());
-    // A heartbeat after a new assignment: the member is past its rebalance callback.
-    state.release_fetches(&key);
+    // A heartbeat after a new assignment shows the member past its rebalance callback: the
+    // answer ends its fetch holds, or replaces them when it carries another new assignment.
     // Watched before the coordinator runs, so a change right after it is not missed.
     let wake = cg.watch(&key);
     let (resp, hold) = answer(state, &req, &prepared);
@@ -248,6 +253,7 @@ fn answer(
         Ok(r) => r,
         Err(e) => {
             cg.members.lock().remove(&key);
+            state.release_fetches(&key);
             let code_e = ResponseError::try_from_code(e.code())
                 .unwrap_or(ResponseError::CoordinatorNotAvailable);
             return (fail(req, code_e, e.to_string()), None);
@@ -262,6 +268,7 @@ fn answer(
             {
                 cg.members.lock().remove(&key);
             }
+            state.release_fetches(&key);
             return (fail(req, code_e, e.to_string()), None);
         }
     };
@@ -312,15 +319,18 @@ fn answer(
         resp.assignment = Some(a);
         cache.last_sent = Some(own);
         // Its fetches of what it held wait for its rebalance callback (crate::fetch_hold).
-        if req.member_epoch > 0 {
-            let held: Vec<(String, i32)> =
-                p.hb.owned
-                    .iter()
-                    .filter(|q| q.broker_name == cg.broker_name)
-                    .map(|q| (q.topic.clone(), q.queue_id))
-                    .collect();
-            state.hold_fetches(&key, held);
-        }
+        let held: Vec<(String, i32)> = if req.member_epoch > 0 {
+            p.hb.owned
+                .iter()
+                .filter(|q| q.broker_name == cg.broker_name)
+                .map(|q| (q.topic.clone(), q.queue_id))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        state.replace_fetch_holds(&key, held);
+    } else {
+        state.release_fetches(&key);
     }
     cg.members
         .lock()

@@ -43,6 +43,22 @@ impl FetchHolds {
         }
     }
 
+    /// `member`, past one callback, was told of another assignment in the same answer: its
+    /// holds end and fetches of `partitions` wait again, in one step, so that no fetch slips
+    /// out between the two (its answer would arrive while the next callback has the fetcher
+    /// paused). Returns whether a hold of `member` ended.
+    pub(crate) fn replace(
+        &mut self,
+        member: &MemberKey,
+        partitions: impl IntoIterator<Item = (String, i32)>,
+        now: Instant,
+        until: Instant,
+    ) -> bool {
+        let released = self.release(member);
+        self.hold(member, partitions, now, until);
+        released
+    }
+
     /// `member` sent a group request after its callback: its holds end.
     pub(crate) fn release(&mut self, member: &MemberKey) -> bool {
         let before = self.holds.len();
@@ -103,5 +119,22 @@ mod tests {
         h.hold(&key("c"), parts(&[5]), t0 + ms(60), t0 + ms(160));
         assert_eq!(h.holds.len(), 1);
         assert!(!h.is_empty());
+    }
+
+    #[test]
+    fn a_new_assignment_in_the_answer_that_ends_a_hold_holds_again_in_one_step() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let mut h = FetchHolds::default();
+        h.hold(&key("a"), parts(&[4, 6, 12, 14]), t0, t0 + ms(100));
+        // Its acknowledging heartbeat is answered with another assignment (14 went, 12 goes
+        // next): the fetch of 6 stays held, now until the new hold's end; 14 is free.
+        assert!(h.replace(&key("a"), parts(&[4, 6, 12]), t0 + ms(7), t0 + ms(107)));
+        assert_eq!(h.wait_for(&parts(&[6]), t0 + ms(7)), Some(ms(100)));
+        assert_eq!(h.wait_for(&parts(&[14]), t0 + ms(7)), None);
+        // Another member's holds are not touched.
+        h.hold(&key("b"), parts(&[1]), t0 + ms(8), t0 + ms(108));
+        assert!(!h.replace(&key("c"), parts(&[2]), t0 + ms(9), t0 + ms(109)));
+        assert_eq!(h.wait_for(&parts(&[1]), t0 + ms(9)), Some(ms(99)));
     }
 }

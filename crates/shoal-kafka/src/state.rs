@@ -149,6 +149,29 @@ impl State {
             .store(true, std::sync::atomic::Ordering::Release);
     }
 
+    /// `member` answered a heartbeat past its callback and is told of a new assignment in the
+    /// answer: its holds are replaced by holds of `partitions` (what it held) in one step
+    /// ([`FetchHolds::replace`]).
+    pub(crate) fn replace_fetch_holds(&self, member: &MemberKey, partitions: Vec<(String, i32)>) {
+        let hold = self.config.rebalance_fetch_hold_ms;
+        if hold == 0 || partitions.is_empty() {
+            self.release_fetches(member);
+            return;
+        }
+        let now = std::time::Instant::now();
+        let released = self.fetch_holds.lock().replace(
+            member,
+            partitions,
+            now,
+            now + std::time::Duration::from_millis(hold),
+        );
+        self.fetch_holds_any
+            .store(true, std::sync::atomic::Ordering::Release);
+        if released {
+            self.fetch_released.notify_waiters();
+        }
+    }
+
     /// Whether fetches may have to wait ([`State::wait_fetch_holds`]).
     pub(crate) fn fetch_holds_any(&self) -> bool {
         self.fetch_holds_any

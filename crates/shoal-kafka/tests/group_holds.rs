@@ -143,6 +143,115 @@ async fn a_consumer_member_learns_of_a_join_from_its_held_heartbeat() {
     f.broker.coordinator.lock().check_invariants().unwrap();
 }
 
+fn fetch_req(partitions: &[i32]) -> FetchRequest {
+    let mut t = fetch_request::FetchTopic::default();
+    t.topic = TopicName(StrBytes::from_static_str("TH"));
+    t.partitions = partitions
+        .iter()
+        .map(|p| {
+            let mut fp = fetch_request::FetchPartition::default();
+            fp.partition = *p;
+            fp.partition_max_bytes = 1 << 20;
+            fp
+        })
+        .collect();
+    let mut r = FetchRequest::default();
+    r.replica_id = BrokerId(-1);
+    r.max_bytes = 1 << 20;
+    r.session_epoch = -1;
+    r.topics = vec![t];
+    r
+}
+
+/// librdkafka pauses its fetcher during each rebalance callback (crate docs of
+/// `fetch_hold`). When the heartbeat that acknowledges one assignment is answered with the
+/// next (another member joined meanwhile), the member runs a second callback at once: its
+/// fetches stay held through it, until the heartbeat after it, with no gap in between.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fetches_stay_held_when_an_acknowledgement_is_answered_with_the_next_assignment() {
+    let f = Fixture::start_holding(KafkaConfig {
+        consumer_heartbeat_hold_ms: 0,
+        rebalance_fetch_hold_ms: HOLD_MS,
+        ..KafkaConfig::default()
+    })
+    .await;
+    let (mut a, mut b, mut c) = (f.client().await, f.client().await, f.client().await);
+    let _: CreateTopicsResponse = a.call(ApiKey::CreateTopics, 7, &create_req("TH", 6)).await;
+    let r: ConsumerGroupHeartbeatResponse = a
+        .call(
+            ApiKey::ConsumerGroupHeartbeat,
+            1,
+            &cg_heartbeat("a", 0, vec![]),
+        )
+        .await;
+    assert_eq!(partitions(&r), Some(vec![0, 1, 2, 3, 4, 5]));
+    let epoch = r.member_epoch;
+    // B joins; A's next heartbeat is answered with a revocation (its callback runs next).
+    let r: ConsumerGroupHeartbeatResponse = b
+        .call(
+            ApiKey::ConsumerGroupHeartbeat,
+            1,
+            &cg_heartbeat("b", 0, vec![]),
+        )
+        .await;
+    assert_eq!(r.error_code, 0, "{:?}", r.error_message);
+    let r: ConsumerGroupHeartbeatResponse = a
+        .call(
+            ApiKey::ConsumerGroupHeartbeat,
+            1,
+            &cg_heartbeat("a", epoch, vec![0, 1, 2, 3, 4, 5]),
+        )
+        .await;
+    let first = partitions(&r).expect("a revocation for A");
+    assert_eq!(first.len(), 3);
+    let epoch = r.member_epoch;
+    // C joins meanwhile. A fetch of what A kept is held through its callback.
+    let r: ConsumerGroupHeartbeatResponse = c
+        .call(
+            ApiKey::ConsumerGroupHeartbeat,
+            1,
+            &cg_heartbeat("c", 0, vec![]),
+        )
+        .await;
+    assert_eq!(r.error_code, 0, "{:?}", r.error_message);
+    let mut fetcher = f.client().await;
+    let id = fetcher.send(ApiKey::Fetch, 12, &fetch_req(&first)).await;
+    let fetch = tokio::spawn(async move {
+        let r: FetchResponse = fetcher.recv(ApiKey::Fetch, 12, id).await;
+        r
+    });
+    // A acknowledges; the answer takes another partition away: a second callback.
+    let r: ConsumerGroupHeartbeatResponse = a
+        .call(
+            ApiKey::ConsumerGroupHeartbeat,
+            1,
+            &cg_heartbeat("a", epoch, first.clone()),
+        )
+        .await;
+    let second = partitions(&r).expect("the next revocation in the acknowledgement's answer");
+    assert_eq!(second.len(), 2);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !fetch.is_finished(),
+        "the fetch is still held while the second callback runs"
+    );
+    // A's heartbeat after the second callback ends the hold.
+    let r: ConsumerGroupHeartbeatResponse = a
+        .call(
+            ApiKey::ConsumerGroupHeartbeat,
+            1,
+            &cg_heartbeat("a", r.member_epoch, second),
+        )
+        .await;
+    assert_eq!(r.error_code, 0, "{:?}", r.error_message);
+    let r = tokio::time::timeout(LIMIT, fetch)
+        .await
+        .expect("answered after the hold ends")
+        .unwrap();
+    assert_eq!(r.error_code, 0);
+    f.broker.coordinator.lock().check_invariants().unwrap();
+}
+
 fn join_req(member: &StrBytes) -> JoinGroupRequest {
     let mut jr = JoinGroupRequest::default();
     jr.group_id = GroupId(StrBytes::from_static_str("CH"));
