@@ -82,6 +82,11 @@ pub struct KafkaConfig {
     /// arrives while the callback runs (see docs/kafka.md, "Partitions that keep their
     /// owner").
     pub rebalance_fetch_hold_ms: u64,
+    /// How long an answer that tells a member of a new assignment waits after its fetches
+    /// are held (0: not at all). A fetch answered just before the hold may still be on its
+    /// way; arriving after the new assignment, it would find the fetcher paused by the
+    /// rebalance callback. Below `rebalance_fetch_hold_ms`; unused when that is 0.
+    pub rebalance_answer_delay_ms: u64,
 }
 
 impl Default for KafkaConfig {
@@ -110,6 +115,7 @@ impl Default for KafkaConfig {
             consumer_reconcile_heartbeat_interval_ms: 50,
             consumer_heartbeat_hold_ms: 4_750,
             rebalance_fetch_hold_ms: 100,
+            rebalance_answer_delay_ms: 10,
         }
     }
 }
@@ -164,6 +170,11 @@ impl KafkaConfig {
         }
         if self.consumer_heartbeat_hold_ms >= self.consumer_heartbeat_interval_ms {
             return bad("consumer_heartbeat_hold_ms must be below consumer_heartbeat_interval_ms");
+        }
+        if self.rebalance_fetch_hold_ms > 0
+            && self.rebalance_answer_delay_ms >= self.rebalance_fetch_hold_ms
+        {
+            return bad("rebalance_answer_delay_ms must be below rebalance_fetch_hold_ms");
         }
         if self.group_max_size == 0 || self.max_groups == 0 {
             return bad("group_max_size and max_groups must be at least 1");
@@ -222,6 +233,8 @@ pub struct KafkaFile {
     pub consumer_heartbeat_hold_ms: Option<u64>,
     /// See [`KafkaConfig::rebalance_fetch_hold_ms`].
     pub rebalance_fetch_hold_ms: Option<u64>,
+    /// See [`KafkaConfig::rebalance_answer_delay_ms`].
+    pub rebalance_answer_delay_ms: Option<u64>,
 }
 
 impl KafkaFile {
@@ -296,6 +309,10 @@ impl KafkaFile {
             &mut cfg.rebalance_fetch_hold_ms,
             &self.rebalance_fetch_hold_ms,
         );
+        set(
+            &mut cfg.rebalance_answer_delay_ms,
+            &self.rebalance_answer_delay_ms,
+        );
         cfg.validate()
     }
 }
@@ -327,7 +344,7 @@ mod tests {
              max_groups = 15\nconsumer_heartbeat_interval_ms = 160\n\
              group_heartbeat_hold_ms = 17\ngroup_new_member_window_ms = 18\n\
              consumer_reconcile_heartbeat_interval_ms = 19\nconsumer_heartbeat_hold_ms = 20\n\
-             rebalance_fetch_hold_ms = 21\n",
+             rebalance_fetch_hold_ms = 21\nrebalance_answer_delay_ms = 3\n",
         )
         .unwrap();
         let mut c = KafkaConfig::default();
@@ -358,6 +375,7 @@ mod tests {
                 consumer_reconcile_heartbeat_interval_ms: 19,
                 consumer_heartbeat_hold_ms: 20,
                 rebalance_fetch_hold_ms: 21,
+                rebalance_answer_delay_ms: 3,
             }
         );
         // A silent file changes nothing.

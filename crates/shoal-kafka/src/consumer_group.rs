@@ -15,7 +15,7 @@
 //!
 //! [`BrokerHandle::with_coordinator`]: crate::BrokerHandle::with_coordinator
 
-use crate::member_cache::{error_of, on_coordinator, state_name, MemberCache};
+use crate::member_cache::{error_of, on_coordinator, state_name, ConsumerGroups, MemberCache};
 use crate::request::{code, sb, RequestCtx};
 use crate::state::{topic_id, State};
 use kafka_protocol::messages::consumer_group_describe_response as cgd;
@@ -58,6 +58,11 @@ struct Prepared {
     hb: HeartbeatRequest,
     cache: MemberCache,
     topics: Vec<String>,
+}
+
+/// Whether the member reports partitions of this broker (whose fetches a new assignment holds).
+fn holds_here(cg: &ConsumerGroups, p: &Prepared) -> bool {
+    p.hb.owned.iter().any(|q| q.broker_name == cg.broker_name)
 }
 
 fn fail(
@@ -112,6 +117,9 @@ pub(crate) async fn heartbeat(
         None => resp,
     };
     cg.unwatch(&key, &wake);
+    if resp.assignment.is_some() && req.member_epoch > 0 && holds_here(cg, &prepared) {
+        state.delay_after_hold().await;
+    }
     resp
 }
 

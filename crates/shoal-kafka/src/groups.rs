@@ -345,12 +345,13 @@ pub(crate) async fn sync_group(
     let mut resp = SyncGroupResponse::default();
     match asked.await {
         Some(s) => {
-            if s.error.is_none() {
+            if s.error.is_none() && !held.is_empty() {
                 // Its fetches of what it held wait for its rebalance callback.
                 state.hold_fetches(
                     &key,
                     held.into_iter().map(|q| (q.topic, q.queue_id)).collect(),
                 );
+                state.delay_after_hold().await;
             }
             resp.error_code = err_code(s.error);
             resp.assignment = Bytes::from(s.assignment);

@@ -172,6 +172,19 @@ impl State {
         }
     }
 
+    /// Waits `rebalance_answer_delay_ms` before an answer that told a member of a new
+    /// assignment while fetches of partitions it held were just held: a fetch answered before
+    /// the hold reaches the member first.
+    pub(crate) async fn delay_after_hold(&self) {
+        let c = &self.config;
+        if c.rebalance_fetch_hold_ms > 0 && c.rebalance_answer_delay_ms > 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(
+                c.rebalance_answer_delay_ms,
+            ))
+            .await;
+        }
+    }
+
     /// Whether fetches may have to wait ([`State::wait_fetch_holds`]).
     pub(crate) fn fetch_holds_any(&self) -> bool {
         self.fetch_holds_any

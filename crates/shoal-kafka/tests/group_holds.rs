@@ -172,6 +172,7 @@ async fn fetches_stay_held_when_an_acknowledgement_is_answered_with_the_next_ass
     let f = Fixture::start_holding(KafkaConfig {
         consumer_heartbeat_hold_ms: 0,
         rebalance_fetch_hold_ms: HOLD_MS,
+        rebalance_answer_delay_ms: 200,
         ..KafkaConfig::default()
     })
     .await;
@@ -195,6 +196,7 @@ async fn fetches_stay_held_when_an_acknowledgement_is_answered_with_the_next_ass
         )
         .await;
     assert_eq!(r.error_code, 0, "{:?}", r.error_message);
+    let asked = std::time::Instant::now();
     let r: ConsumerGroupHeartbeatResponse = a
         .call(
             ApiKey::ConsumerGroupHeartbeat,
@@ -202,6 +204,9 @@ async fn fetches_stay_held_when_an_acknowledgement_is_answered_with_the_next_ass
             &cg_heartbeat("a", epoch, vec![0, 1, 2, 3, 4, 5]),
         )
         .await;
+    // The answer waits `rebalance_answer_delay_ms` after the hold (a fetch answered before
+    // the hold reaches A first).
+    assert!(asked.elapsed() >= Duration::from_millis(200));
     let first = partitions(&r).expect("a revocation for A");
     assert_eq!(first.len(), 3);
     let epoch = r.member_epoch;
