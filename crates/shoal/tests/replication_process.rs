@@ -249,15 +249,7 @@ fn scenario(fault: Fault) -> Outcome {
     assert_ne!(new_master, master);
     let elected = killed_at.elapsed();
     // Sends go on to the new master.
-    let before = producer.sent.lock().unwrap().len();
-    let deadline = Instant::now() + LIMIT;
-    while producer.sent.lock().unwrap().len() < before + 200 {
-        assert!(
-            Instant::now() < deadline,
-            "sends did not resume after the failover"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_sends(&producer, 200, "sends did not resume after the failover");
     // The first acknowledgement after the fault that was not already in flight then.
     let resumed = producer
         .sent
@@ -271,28 +263,7 @@ fn scenario(fault: Fault) -> Outcome {
     let failed = producer.failed.lock().unwrap().len();
 
     // Every acknowledged message is consumed, with the old master still down.
-    let deadline = Instant::now() + LIMIT;
-    loop {
-        let seen: BTreeSet<String> = group
-            .lines
-            .lock()
-            .unwrap()
-            .iter()
-            .map(|l| l.body.clone())
-            .collect();
-        let missing: Vec<&String> = acked.difference(&seen).collect();
-        if missing.is_empty() {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{} of {} acknowledged messages never consumed, e.g. {:?}",
-            missing.len(),
-            acked.len(),
-            &missing[..missing.len().min(5)]
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    wait_all_consumed(&group, &acked);
     eprintln!(
         "replicated failover ({fault:?}): {} acknowledged, {failed} sends failed, new master elected after {elected:?}, first send acknowledged {resumed:?} after the fault",
         acked.len()
@@ -316,6 +287,100 @@ fn scenario(fault: Fault) -> Outcome {
         acknowledged: acked.len(),
         elected,
         resumed,
+    }
+}
+
+/// Waits until `group` consumed every message of `acked`.
+fn wait_all_consumed(group: &TrackedGroup, acked: &BTreeSet<String>) {
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        let seen: BTreeSet<String> = group
+            .lines
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|l| l.body.clone())
+            .collect();
+        let missing: Vec<&String> = acked.difference(&seen).collect();
+        if missing.is_empty() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} of {} acknowledged messages never consumed, e.g. {:?}",
+            missing.len(),
+            acked.len(),
+            &missing[..missing.len().min(5)]
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Waits until `producer` has `more` acknowledgements beyond what it had.
+fn wait_sends(producer: &SteadyProducer, more: usize, what: &str) {
+    let before = producer.sent.lock().unwrap().len();
+    let deadline = Instant::now() + LIMIT;
+    while producer.sent.lock().unwrap().len() < before + more {
+        assert!(Instant::now() < deadline, "{what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A replica SIGKILLed under load: the master proposes it out of the in-sync set and sends go
+/// on; restarted with its disk, it catches up from the master and rejoins the set. Then the
+/// master and the other replica are SIGKILLed together: the caught-up replica is elected and
+/// alone serves every acknowledged message, those acknowledged while it was down included.
+#[test]
+fn a_killed_replica_catches_up_and_then_carries_every_message_alone() {
+    let mut r = Replicas::start();
+    let g = r.wait_group("no master with three in sync", |g| {
+        g["master"].is_u64() && in_sync_len(g) == 3
+    });
+    let epoch = g["masterEpoch"].as_u64().unwrap();
+    let master = r.index_of(&g, g["master"].as_u64().unwrap());
+    let (replica, other) = match master {
+        0 => (1, 2),
+        1 => (2, 0),
+        _ => (0, 1),
+    };
+    let master_addr = r.brokers[master].0.clone();
+    let mut args = vec!["topic", "create", TOPIC, "--queues", "4", "--brokers"];
+    args.extend([master_addr.as_str(), "--json"]);
+    r.cluster.json(&args);
+    let mut producer = SteadyProducer::start(&r.cluster.dev, TOPIC, "r", 10);
+    let mut group = TrackedGroup::new("replica-readers", TOPIC);
+    group.join(&r.cluster.dev, "c1", &[]);
+    wait_sends(&producer, 100, "the master acknowledged too little");
+
+    r.brokers[replica].2.as_mut().unwrap().sigkill();
+    r.wait_group("the killed replica stayed in the in-sync set", |g| {
+        in_sync_len(g) == 2
+    });
+    wait_sends(&producer, 200, "sends stopped with a replica down");
+    r.start_broker(replica);
+    r.wait_group(
+        "the restarted replica did not rejoin the in-sync set",
+        |g| in_sync_len(g) == 3,
+    );
+    wait_sends(&producer, 100, "sends stopped after the replica rejoined");
+    let failed_before = producer.failed.lock().unwrap().len();
+
+    r.brokers[master].2.as_mut().unwrap().sigkill();
+    r.brokers[other].2.as_mut().unwrap().sigkill();
+    let g = r.wait_group("the caught-up replica was not elected", |g| {
+        g["masterEpoch"].as_u64().unwrap_or(0) > epoch && g["master"].is_u64()
+    });
+    assert_eq!(r.index_of(&g, g["master"].as_u64().unwrap()), replica);
+    let acked: BTreeSet<String> = producer.stop().into_iter().collect();
+    let failed = producer.failed.lock().unwrap().len();
+    wait_all_consumed(&group, &acked);
+    eprintln!(
+        "replica killed, restarted, then alone: {} acknowledged, all consumed; sends failed: {failed_before} before the master and the other replica were killed, {} after",
+        acked.len(),
+        failed - failed_before
+    );
+    for m in group.group.members.values_mut() {
+        m.sigkill();
     }
 }
 
