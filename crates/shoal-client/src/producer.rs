@@ -325,15 +325,21 @@ impl Producer {
     /// [`ClientError::NoRoute`] if neither the topic nor `TBW102` has a route.
     pub async fn publish_queues(&self, topic: &str) -> Result<Vec<MessageQueue>> {
         let inst = &self.inner.instance;
-        let route = match inst.cached_route(topic) {
-            Some(r) => r,
-            None => match inst.update_route(topic).await {
-                Ok(r) => r,
-                Err(ClientError::NoRoute(_)) => {
-                    return self.auto_create_queues(topic).await;
-                }
-                Err(e) => return Err(e),
-            },
+        if let Some(route) = inst.cached_route(topic) {
+            let queues = route.publish_queues(topic);
+            if !queues.is_empty() {
+                return Ok(queues);
+            }
+            // A cached route without a writable master (a failover under way, a master
+            // between two registrations): ask the name servers again, as RocketMQ's producer
+            // does when its publish info has no queue, rather than fail on the cached one.
+        }
+        let route = match inst.update_route(topic).await {
+            Ok(r) => r,
+            Err(ClientError::NoRoute(_)) => {
+                return self.auto_create_queues(topic).await;
+            }
+            Err(e) => return Err(e),
         };
         let queues = route.publish_queues(topic);
         if queues.is_empty() {
