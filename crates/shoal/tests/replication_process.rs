@@ -34,11 +34,19 @@ struct Replicas {
     brokers: Vec<(String, PathBuf, Option<Proc>)>,
     /// Each broker's link to the controller.
     links: Vec<Proxy>,
+    /// More arguments for every broker.
+    extra: Vec<String>,
 }
 
 impl Replicas {
     fn start() -> Replicas {
+        Self::start_with(|_| Vec::new())
+    }
+
+    /// Brokers started with the arguments `extra` gives (given the cluster's directory).
+    fn start_with(extra: impl FnOnce(&std::path::Path) -> Vec<String>) -> Replicas {
         let cluster = Cluster::start(None);
+        let extra = extra(cluster.dev.dir.path());
         let controller_addr = format!("127.0.0.1:{}", free_port());
         let cdir = cluster.dev.dir.path().join("controller");
         let child = Command::new(shoal())
@@ -62,6 +70,7 @@ impl Replicas {
             cluster,
             controller_addr,
             _controller: Proc { child },
+            extra,
         };
         for i in 0..3 {
             r.start_broker(i);
@@ -82,6 +91,7 @@ impl Replicas {
             .args(["--data-dir", dir.to_str().unwrap(), "--broker-name", GROUP])
             .args(["--controller", &self.links[i].addr, "--flush", "sync"])
             .arg("--auto-create-topic")
+            .args(&self.extra)
             .stdout(Stdio::null())
             .stderr(log_sink(&format!("replica-{i}")))
             .spawn()
@@ -378,6 +388,101 @@ fn a_killed_replica_catches_up_and_then_carries_every_message_alone() {
         "replica killed, restarted, then alone: {} acknowledged, all consumed; sends failed: {failed_before} before the master and the other replica were killed, {} after",
         acked.len(),
         failed - failed_before
+    );
+    for m in group.group.members.values_mut() {
+        m.sigkill();
+    }
+}
+
+/// A broker's `commitLogMinOffset` and `commitLogMaxOffset` (`shoal broker status`).
+fn log_range(r: &Replicas, broker: usize) -> (u64, u64) {
+    let addr = &r.brokers[broker].0;
+    let v = r
+        .cluster
+        .json(&["broker", "status", "--broker", addr, "--json"]);
+    let t = &v[addr.as_str()];
+    let get = |k: &str| t[k].as_str().unwrap().parse::<u64>().unwrap();
+    (get("commitLogMinOffset"), get("commitLogMaxOffset"))
+}
+
+/// Retention (128 KiB segments, kept 0 hours) deletes on the master what a SIGKILLed replica
+/// lacks. Restarted, the replica is told to restart its log at the master's first offset,
+/// catches up from there and rejoins the in-sync set; with the master and the other replica
+/// then SIGKILLed it serves alone every message acknowledged since its restart point, and the
+/// group has consumed every acknowledged message.
+#[test]
+fn a_replica_behind_the_masters_retention_restarts_its_log_and_rejoins() {
+    let mut r = Replicas::start_with(|dir| {
+        let file = dir.join("small-segments.toml");
+        std::fs::write(
+            &file,
+            "commit_log_segment_bytes = 131072\nmax_message_bytes = 8192\nretention_hours = 0\n",
+        )
+        .unwrap();
+        vec!["-c".into(), file.to_str().unwrap().into()]
+    });
+    let g = r.wait_group("no master with three in sync", |g| {
+        g["master"].is_u64() && in_sync_len(g) == 3
+    });
+    let epoch = g["masterEpoch"].as_u64().unwrap();
+    let master = r.index_of(&g, g["master"].as_u64().unwrap());
+    let (replica, other) = match master {
+        0 => (1, 2),
+        1 => (2, 0),
+        _ => (0, 1),
+    };
+    let master_addr = r.brokers[master].0.clone();
+    let mut args = vec!["topic", "create", TOPIC, "--queues", "4", "--brokers"];
+    args.extend([master_addr.as_str(), "--json"]);
+    r.cluster.json(&args);
+    let mut producer = SteadyProducer::start(&r.cluster.dev, TOPIC, "t", 10);
+    let mut group = TrackedGroup::new("retained-readers", TOPIC);
+    group.join(&r.cluster.dev, "c1", &[]);
+    wait_sends(&producer, 50, "the master acknowledged too little");
+
+    // The replica goes down; the master fills segments, and retention deletes them.
+    r.brokers[replica].2.as_mut().unwrap().sigkill();
+    let (_, replica_end) = log_range(&r, master);
+    let bulk = format!("{}-bulk", "x".repeat(1_000));
+    let mut acked: BTreeSet<String> = support::send(&r.cluster.dev, TOPIC, &bulk, 600)
+        .into_iter()
+        .collect();
+    let deadline = Instant::now() + LIMIT;
+    let master_start = loop {
+        let (min, _) = log_range(&r, master);
+        if min > replica_end {
+            break min;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the master's retention never passed the replica's log end {replica_end}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    };
+
+    // Back, it restarts its log at (or after) the master's first offset and rejoins.
+    r.start_broker(replica);
+    r.wait_group("the replica did not rejoin the in-sync set", |g| {
+        in_sync_len(g) == 3
+    });
+    let (replica_min, _) = log_range(&r, replica);
+    assert!(
+        replica_min >= master_start,
+        "the replica's log starts at {replica_min}, below the master's {master_start}: it did not restart"
+    );
+    wait_sends(&producer, 50, "sends stopped after the replica rejoined");
+
+    r.brokers[master].2.as_mut().unwrap().sigkill();
+    r.brokers[other].2.as_mut().unwrap().sigkill();
+    let g = r.wait_group("the restarted replica was not elected", |g| {
+        g["masterEpoch"].as_u64().unwrap_or(0) > epoch && g["master"].is_u64()
+    });
+    assert_eq!(r.index_of(&g, g["master"].as_u64().unwrap()), replica);
+    acked.extend(producer.stop());
+    wait_all_consumed(&group, &acked);
+    eprintln!(
+        "retention passed the replica: its log end {replica_end}, the master's first offset {master_start}, the replica's first offset after its restart {replica_min}; {} acknowledged, all consumed",
+        acked.len()
     );
     for m in group.group.members.values_mut() {
         m.sigkill();

@@ -309,16 +309,41 @@ impl Driver {
     /// messages, then the answers to sends; publishes the view.
     async fn pump(&mut self) -> Result<(), shoal_store::StoreError> {
         let now = self.now();
+        // Retention may have deleted segments: a replica that needs them restarts its log.
+        self.member
+            .handle_log_start(self.store.commit_log_min_offset());
         loop {
-            if let Some(ReplicaAction::Truncate(to)) = self.member.poll_action() {
-                let store = self.store.clone();
-                run_blocking(move || store.truncate_log(to)).await?;
-                self.handle
-                    .counters
-                    .truncations
-                    .fetch_add(1, Ordering::Relaxed);
-                info!(to, "log truncated at the divergence point");
-                continue;
+            match self.member.poll_action() {
+                Some(ReplicaAction::Truncate(to)) => {
+                    let store = self.store.clone();
+                    if to < store.commit_log_min_offset() {
+                        // Below what this log still holds (it restarted later than the point
+                        // where it and its master's agree): nothing of it stays.
+                        run_blocking(move || store.restart_log_at(to)).await?;
+                    } else {
+                        run_blocking(move || store.truncate_log(to)).await?;
+                    }
+                    self.handle
+                        .counters
+                        .truncations
+                        .fetch_add(1, Ordering::Relaxed);
+                    info!(to, "log truncated at the divergence point");
+                    continue;
+                }
+                Some(ReplicaAction::RestartAt(at)) => {
+                    let store = self.store.clone();
+                    run_blocking(move || store.restart_log_at(at)).await?;
+                    self.handle
+                        .counters
+                        .log_restarts
+                        .fetch_add(1, Ordering::Relaxed);
+                    info!(
+                        at,
+                        "log restarted at the master's first offset (it no longer has what this replica lacked)"
+                    );
+                    continue;
+                }
+                None => {}
             }
             self.persist_member().await;
             match self.member.poll_transmit(now) {

@@ -102,6 +102,12 @@ impl Replication {
                 &c.truncations,
             ),
             (
+                "shoal_replication_log_restarts",
+                "Restarts of this broker's log at its master's first offset (the master's \
+                 retention had deleted what this replica lacked).",
+                &c.log_restarts,
+            ),
+            (
                 "shoal_replication_elections_won",
                 "Times this broker became master.",
                 &c.became_master,

@@ -117,6 +117,8 @@ pub(crate) struct ReplicationCounters {
     pub(crate) batches_received: AtomicU64,
     /// Truncations of this broker's log at a divergence point.
     pub(crate) truncations: AtomicU64,
+    /// Restarts of this broker's log at its master's first offset.
+    pub(crate) log_restarts: AtomicU64,
     /// Times this broker became master.
     pub(crate) became_master: AtomicU64,
     /// Sends refused or failed by replication (not master, lease expired, in-sync set too

@@ -102,18 +102,32 @@ impl EpochCache {
 
     /// The offset a log with entries `other` ending at `other_end` must be cut to so that it is
     /// a prefix of this log (ending at `log_end`): for the newest epoch both hold with the same
-    /// start, the lesser of the two ends of that epoch; 0 when they share none.
+    /// start, the lesser of the two ends of that epoch; 0 when they share none. The oldest
+    /// entry of a log restarted at a later offset (its master's retention had deleted what
+    /// came before) starts where the log does, inside the epoch: it matches when the other
+    /// log holds that epoch there (either log may be the restarted one).
     pub fn divergence(&self, log_end: u64, other: &[EpochEntry], other_end: u64) -> u64 {
         for (i, theirs) in other.iter().enumerate().rev() {
             let Some(mine) = self.entries.iter().find(|e| e.epoch == theirs.epoch) else {
                 continue;
             };
-            if mine.start != theirs.start {
+            let their_end = other.get(i + 1).map_or(other_end, |next| next.start);
+            let theirs_restarted_inside = i == 0
+                && theirs.start > mine.start
+                && theirs.start < self.end_of(mine.epoch, log_end).unwrap_or(log_end);
+            let mine_restarted_inside = self.entries.first() == Some(mine)
+                && mine.start > theirs.start
+                && mine.start <= their_end;
+            if mine.start != theirs.start && !theirs_restarted_inside && !mine_restarted_inside {
                 continue;
             }
-            let their_end = other.get(i + 1).map_or(other_end, |next| next.start);
             let my_end = self.end_of(mine.epoch, log_end).unwrap_or(log_end);
             return their_end.min(my_end);
+        }
+        if other.is_empty() && other_end <= log_end {
+            // A log restarted at `other_end` that has taken nothing since holds no bytes to
+            // disagree with.
+            return other_end;
         }
         0
     }
@@ -187,6 +201,62 @@ mod tests {
         );
         // Empty logs agree.
         assert_eq!(EpochCache::default().divergence(0, &[], 0), 0);
+    }
+
+    #[test]
+    fn a_log_restarted_inside_an_epoch_matches_it() {
+        let master = cache(&[(1, 0), (2, 100), (3, 300)]);
+        // A replica restarted at 150 (inside epoch 2), then took epoch 2 and 3 data.
+        let restarted = [
+            EpochEntry {
+                epoch: 2,
+                start: 150,
+            },
+            EpochEntry {
+                epoch: 3,
+                start: 300,
+            },
+        ];
+        assert_eq!(master.divergence(400, &restarted, 350), 350);
+        // Restarted at 150 with epoch-2 data that runs past the master's epoch 2: cut at 300.
+        assert_eq!(
+            master.divergence(
+                400,
+                &[EpochEntry {
+                    epoch: 2,
+                    start: 150
+                }],
+                320
+            ),
+            300
+        );
+        // Its oldest entry starting past the master's epoch 2 is not the master's data.
+        assert_eq!(
+            master.divergence(
+                400,
+                &[EpochEntry {
+                    epoch: 2,
+                    start: 350
+                }],
+                380
+            ),
+            0
+        );
+        // The master is the restarted one: a replica with the whole history keeps it.
+        let restarted_master = cache(&[(2, 150), (3, 300)]);
+        let whole = [
+            EpochEntry { epoch: 1, start: 0 },
+            EpochEntry {
+                epoch: 2,
+                start: 100,
+            },
+        ];
+        assert_eq!(restarted_master.divergence(400, &whole, 200), 200);
+        // ... also when the master has nothing but its start, where the replica ends.
+        assert_eq!(cache(&[(2, 200)]).divergence(200, &whole, 200), 200);
+        // A log restarted at 150 that took nothing since: kept as it is.
+        assert_eq!(master.divergence(400, &[], 150), 150);
+        assert_eq!(master.divergence(400, &[], 500), 0);
     }
 
     #[test]

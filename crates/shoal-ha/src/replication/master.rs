@@ -211,6 +211,8 @@ pub struct Master {
     start_end: u64,
     out: VecDeque<MasterTransmit>,
     newer_epoch: Option<Epoch>,
+    /// The log's first offset (retention deletes segments below it).
+    log_start: u64,
 }
 
 impl Master {
@@ -273,6 +275,7 @@ impl Master {
             start_end: log_end,
             out: VecDeque::new(),
             newer_epoch: None,
+            log_start: 0,
         };
         // Ask for a lease at once.
         master.advance(now);
@@ -339,6 +342,12 @@ impl Master {
         Ok(())
     }
 
+    /// The log's first offset is now `start`: a replica whose log diverges or ends below it
+    /// cannot be shipped what it lacks, and is told to restart its log at `start`.
+    pub fn handle_log_start(&mut self, start: u64) {
+        self.log_start = self.log_start.max(start);
+    }
+
     /// The caller appended a write (after [`Self::check_writable`]); the log now ends at
     /// `end`. Its acknowledgement comes from [`Self::poll_ack`] with `ticket`.
     pub fn handle_appended(&mut self, now: Millis, ticket: u64, end: u64) {
@@ -365,19 +374,28 @@ impl Master {
             ToMaster::Handshake { end, epochs, .. } => {
                 let to = self.epochs.divergence(self.log_end, &epochs, end);
                 f.acked = None;
-                f.next = to;
                 f.inflight.clear();
                 f.rewound_to = None;
                 f.last_progress_at = now;
                 f.last_sent_at = now;
-                self.out.push_back(MasterTransmit::Replica {
-                    to: replica,
-                    msg: ToReplica::Truncate {
+                let msg = if to < self.log_start {
+                    // The logs agree only below what this master still has.
+                    f.next = self.log_start;
+                    ToReplica::RestartAt {
+                        master_epoch: self.epoch,
+                        at: self.log_start,
+                        for_end: end,
+                    }
+                } else {
+                    f.next = to;
+                    ToReplica::Truncate {
                         master_epoch: self.epoch,
                         to,
                         for_end: end,
-                    },
-                });
+                    }
+                };
+                self.out
+                    .push_back(MasterTransmit::Replica { to: replica, msg });
             }
             ToMaster::Ack {
                 end, master_epoch, ..
@@ -758,6 +776,25 @@ impl Master {
                     f.inflight.clear();
                     f.last_progress_at = now;
                     f.rewound_to = Some(acked);
+                }
+                if f.next < self.log_start {
+                    // Retention deleted what it still lacks: it starts its log afresh at our
+                    // first offset, and acknowledges from there.
+                    f.acked = None;
+                    f.next = self.log_start;
+                    f.inflight.clear();
+                    f.rewound_to = None;
+                    f.last_progress_at = now;
+                    f.last_sent_at = now;
+                    self.out.push_back(MasterTransmit::Replica {
+                        to: *b,
+                        msg: ToReplica::RestartAt {
+                            master_epoch: self.epoch,
+                            at: self.log_start,
+                            for_end: acked,
+                        },
+                    });
+                    return;
                 }
                 if f.next < self.log_end
                     && f.next.saturating_sub(acked) < self.cfg.max_inflight_bytes

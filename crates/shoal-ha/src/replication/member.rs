@@ -202,10 +202,7 @@ impl Member {
             (Role::Replica(r), PeerMessage::ToReplica(msg)) => r.handle_message(now, from, msg),
             (Role::Master(m), PeerMessage::ToReplica(msg)) => {
                 // Another master: if its epoch is newer, this one is stale.
-                let epoch = match msg {
-                    ToReplica::Truncate { master_epoch, .. } => master_epoch,
-                    ToReplica::Batch(h) => h.master_epoch,
-                };
+                let epoch = msg.master_epoch();
                 if epoch > m.epoch() {
                     self.known_epoch = self.known_epoch.max(epoch);
                     let (epochs, end) = (m.epochs().clone(), m.log_end());
@@ -228,6 +225,14 @@ impl Member {
         };
         self.settle(now);
         verdict
+    }
+
+    /// The log's first offset is now `start` (retention deleted what was below it): a master
+    /// tells a replica that needs bytes below it to restart its log there.
+    pub fn handle_log_start(&mut self, start: u64) {
+        if let Role::Master(m) = &mut self.role {
+            m.handle_log_start(start);
+        }
     }
 
     /// The driver shipped a batch to `to` as `[start, end)` rather than the range it was

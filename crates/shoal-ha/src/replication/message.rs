@@ -19,6 +19,18 @@ pub enum ToReplica {
         /// or moved on since) ignores this answer.
         for_end: u64,
     },
+    /// The replica's log ends below the master's first offset (the master's retention
+    /// deleted the segments it would need), or diverges below it: drop the whole log and
+    /// start it afresh at `at` (a segment start), then expect batches from there.
+    RestartAt {
+        /// The master's epoch.
+        master_epoch: Epoch,
+        /// The master's first offset.
+        at: u64,
+        /// The log end the replica last reported: a replica whose log ends elsewhere ignores
+        /// this answer.
+        for_end: u64,
+    },
     /// Commit-log bytes `[start, end)` written under `batch_epoch` (one epoch per batch); an
     /// empty range is a heartbeat carrying `confirmed`.
     Batch(BatchHeader),
@@ -63,6 +75,17 @@ pub enum ToMaster {
         /// Its log end.
         end: u64,
     },
+}
+
+impl ToReplica {
+    /// The sender's master epoch.
+    pub fn master_epoch(&self) -> Epoch {
+        match self {
+            ToReplica::Truncate { master_epoch, .. }
+            | ToReplica::RestartAt { master_epoch, .. } => *master_epoch,
+            ToReplica::Batch(h) => h.master_epoch,
+        }
+    }
 }
 
 impl ToMaster {

@@ -34,6 +34,10 @@ pub enum ReplicaAction {
     /// Cut the commit log (and the epoch entries, see [`Replica::epochs`]) at this offset,
     /// durably, before sending what [`Replica::poll_transmit`] gives next.
     Truncate(u64),
+    /// Drop the whole commit log (its consume queues and index with it) and start it afresh
+    /// at this offset, a segment start of the master's, durably, before sending what
+    /// [`Replica::poll_transmit`] gives next. The epoch entries are empty after it.
+    RestartAt(u64),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -148,6 +152,25 @@ impl Replica {
                     self.actions.push_back(ReplicaAction::Truncate(to));
                 }
                 self.confirmed = self.confirmed.min(self.log_end);
+                self.phase = Phase::Following;
+                self.ack(from);
+                BatchVerdict::Ignore
+            }
+            ToReplica::RestartAt {
+                master_epoch,
+                at,
+                for_end,
+            } => {
+                if !self.accepts(now, from, master_epoch) || for_end != self.log_end {
+                    // Not our master, or a late answer: the log may have moved since.
+                    return BatchVerdict::Ignore;
+                }
+                // A replica is never in the in-sync set while its master must restart it, so
+                // what it drops acknowledges nothing.
+                self.log_end = at;
+                self.epochs.truncate_to(0);
+                self.confirmed = self.confirmed.min(at);
+                self.actions.push_back(ReplicaAction::RestartAt(at));
                 self.phase = Phase::Following;
                 self.ack(from);
                 BatchVerdict::Ignore
@@ -452,5 +475,44 @@ mod tests {
             BatchVerdict::Ignore
         );
         assert_eq!(r.poll_transmit(), None);
+    }
+
+    /// Its master no longer has what it lacks: it drops its log and starts afresh at the
+    /// master's first offset; a late restart (for another log end) is ignored.
+    #[test]
+    fn a_restart_drops_the_log_and_takes_batches_from_the_new_start() {
+        let epochs =
+            EpochCache::from_entries(vec![EpochEntry { epoch: 1, start: 0 }]).expect("ordered");
+        let mut r = Replica::new(9, 1, epochs, 100, 200);
+        r.handle_master(0, 1, 2);
+        let Some((1, ToMaster::Handshake { end: 100, .. })) = r.poll_transmit() else {
+            panic!("handshake expected")
+        };
+        let restart = |for_end| ToReplica::RestartAt {
+            master_epoch: 2,
+            at: 4_096,
+            for_end,
+        };
+        assert_eq!(r.handle_message(1, 1, restart(50)), BatchVerdict::Ignore);
+        assert_eq!(r.poll_action(), None, "a late answer changes nothing");
+        assert_eq!(r.handle_message(2, 1, restart(100)), BatchVerdict::Ignore);
+        assert_eq!(r.poll_action(), Some(ReplicaAction::RestartAt(4_096)));
+        assert_eq!(r.log_end(), 4_096);
+        assert!(r.epochs().entries().is_empty());
+        assert!(r.is_following());
+        let Some((1, ToMaster::Ack { end: 4_096, .. })) = r.poll_transmit() else {
+            panic!("ack from the new start expected")
+        };
+        // Batches come from there, of whatever epoch wrote them.
+        assert_eq!(
+            r.handle_message(3, 1, batch(2, 1, 4_096, 4_200)),
+            BatchVerdict::Append {
+                start: 4_096,
+                end: 4_200
+            }
+        );
+        // Only the master it follows may restart it.
+        assert_eq!(r.handle_message(4, 7, restart(4_200)), BatchVerdict::Ignore);
+        assert_eq!(r.poll_action(), None);
     }
 }

@@ -109,6 +109,23 @@ impl Checker {
         self.verified[i] = self.verified[i].min(to);
     }
 
+    /// Broker `i`'s log restarts empty at `start`, as its master said: `start` must be a
+    /// point of the confirmed history some broker's retention deleted below. (An in-sync
+    /// member that lost confirmed bytes above `start` by it shows in the in-sync check.)
+    pub(crate) fn on_restart(&mut self, w: &World, i: usize, start: u64, at: Millis) {
+        let deleted_below = w.brokers.iter().any(|b| b.disk.log_start >= start);
+        if start as usize > self.reference.len() || !deleted_below {
+            self.violations.push(Violation::BadRestart {
+                at,
+                broker: i,
+                start,
+            });
+        }
+        // Nothing below `start` is held any more; what is above is checked from there.
+        self.verified[i] = start;
+        self.shown_confirmed[i] = self.shown_confirmed[i].min(start);
+    }
+
     /// Extends the reference history with what broker `i`, if master, confirmed.
     fn extend(&mut self, w: &World, i: usize) {
         let b = &w.brokers[i];
@@ -121,7 +138,9 @@ impl Checker {
         }
         let log = &b.disk.log;
         let known = self.reference.len();
-        if let Some(off) = first_difference(log, &self.reference, self.verified[i] as usize) {
+        // Below its log start the bytes are gone (retention): checked while they were there.
+        let from = self.verified[i].max(b.disk.log_start) as usize;
+        if let Some(off) = first_difference(log, &self.reference, from) {
             self.violations.push(Violation::ConfirmedRewritten {
                 at: w.now,
                 broker: i,
@@ -188,8 +207,9 @@ impl Checker {
         if let Some(Role::Master(m)) = w.brokers[i].member.as_ref().map(|m| m.role()) {
             if self.master_epoch_seen[i] != Some(m.epoch()) {
                 self.master_epoch_seen[i] = Some(m.epoch());
-                let log = &w.brokers[i].disk.log;
-                if whole_records_end(log, 0, u64::MAX) != log.len() as u64 {
+                let disk = &w.brokers[i].disk;
+                let log = &disk.log;
+                if whole_records_end(log, disk.log_start, u64::MAX) != log.len() as u64 {
                     self.violations.push(Violation::PartialRecord {
                         at: w.now,
                         broker: i,
@@ -257,11 +277,12 @@ impl Checker {
                 let Some(&i) = w.ids.get(id) else {
                     continue;
                 };
-                let log = &w.brokers[i].disk.log;
+                let disk = &w.brokers[i].disk;
                 if self.verified[i] as usize >= self.reference.len() {
                     continue;
                 }
-                match first_difference(log, &self.reference, self.verified[i] as usize) {
+                let from = self.verified[i].max(disk.log_start) as usize;
+                match first_difference(&disk.log, &self.reference, from) {
                     Some(off) => {
                         self.violations.push(Violation::InSyncLogDiverged {
                             at: w.now,

@@ -69,6 +69,16 @@ pub enum Violation {
         /// It had shown.
         confirmed: u64,
     },
+    /// A broker was told to restart its log at an offset no broker's retention deleted
+    /// below, or past the confirmed history.
+    BadRestart {
+        /// Virtual ms.
+        at: Millis,
+        /// The broker index.
+        broker: usize,
+        /// Where its log restarted.
+        start: u64,
+    },
     /// A broker became master over a log that does not end on a whole record.
     PartialRecord {
         /// Virtual ms.

@@ -23,6 +23,10 @@ pub struct SimConfig {
     pub min_in_sync: usize,
     /// Mean ms between two write attempts.
     pub write_every_ms: Millis,
+    /// Retention every this many ms: each live broker deletes its log below what it knows
+    /// confirmed (so replicas that fell behind, or lost their disk, must restart their logs
+    /// at the master's first offset); `None`: logs are kept whole.
+    pub retention_every_ms: Option<Millis>,
     /// Print every event and the brokers' roles to stderr (for replaying a seed).
     pub trace: bool,
 }
@@ -40,6 +44,7 @@ impl SimConfig {
             ack: AckMode::InSyncSet,
             min_in_sync: 2,
             write_every_ms: 10,
+            retention_every_ms: None,
             trace: false,
         }
     }
@@ -53,6 +58,9 @@ impl SimConfig {
         }
         if seed % 5 == 2 {
             cfg.min_in_sync = 1;
+        }
+        if seed % 10 == 9 {
+            cfg.retention_every_ms = Some(1_500);
         }
         if seed % 7 == 3 {
             cfg.ack = AckMode::Master;

@@ -105,6 +105,7 @@ enum Event {
     LossEnd,
     Write,
     Tick,
+    Retention,
 }
 
 pub(crate) struct SimController {
@@ -117,9 +118,12 @@ pub(crate) struct SimController {
 /// A broker's disk: the commit log, its epoch entries, its id and token.
 #[derive(Debug, Default)]
 pub(crate) struct Disk {
+    /// The log from offset 0; the bytes below `log_start` are gone (zeros).
     pub(crate) log: Vec<u8>,
+    /// The first offset still held (retention deleted what was below).
+    pub(crate) log_start: u64,
     epochs: EpochCache,
-    broker_id: Option<BrokerId>,
+    pub(crate) broker_id: Option<BrokerId>,
     token: String,
 }
 
@@ -278,6 +282,9 @@ impl World {
         }
         w.at(0, Event::Tick);
         w.at(500, Event::Write);
+        if let Some(every) = w.cfg.retention_every_ms {
+            w.at(every, Event::Retention);
+        }
         w
     }
 
@@ -403,6 +410,41 @@ impl World {
                 }
             }
             Event::LossEnd => self.loss_percent = 0,
+            Event::Retention => {
+                if let Some(every) = self.cfg.retention_every_ms {
+                    self.at(self.now + every, Event::Retention);
+                }
+                for i in 0..self.brokers.len() {
+                    self.retain(i);
+                }
+            }
+        }
+    }
+
+    /// Broker `i`'s retention: its log below the last whole record it knows confirmed goes,
+    /// as a broker's segments older than the retention time go (without regard to replicas).
+    fn retain(&mut self, i: usize) {
+        let b = &mut self.brokers[i];
+        if b.is_paused() {
+            return;
+        }
+        let Some(m) = &mut b.member else {
+            return;
+        };
+        let confirmed = m.confirmed().min(b.disk.log.len() as u64);
+        let mut start = b.disk.log_start;
+        loop {
+            let next = whole_records_end(&b.disk.log, start, start + 1);
+            if next <= start || next > confirmed {
+                break;
+            }
+            start = next;
+        }
+        if start > b.disk.log_start {
+            let (from, to) = (b.disk.log_start as usize, start as usize);
+            b.disk.log[from..to].fill(0);
+            b.disk.log_start = start;
+            m.handle_log_start(start);
         }
     }
 
@@ -703,12 +745,26 @@ impl World {
             let Some(m) = &mut b.member else {
                 return;
             };
-            if let Some(ReplicaAction::Truncate(to)) = m.poll_action() {
-                let at = self.now;
-                self.with_check(|c, _| c.on_truncate(i, to, at));
-                let b = &mut self.brokers[i];
-                b.disk.log.truncate(to as usize);
-                continue;
+            m.handle_log_start(b.disk.log_start);
+            match m.poll_action() {
+                Some(ReplicaAction::Truncate(to)) => {
+                    let at = self.now;
+                    self.with_check(|c, _| c.on_truncate(i, to, at));
+                    let b = &mut self.brokers[i];
+                    b.disk.log.truncate(to as usize);
+                    // Below its start nothing stays (the driver restarts the log there).
+                    b.disk.log_start = b.disk.log_start.min(to);
+                    continue;
+                }
+                Some(ReplicaAction::RestartAt(start)) => {
+                    let at = self.now;
+                    self.with_check(|c, w| c.on_restart(w, i, start, at));
+                    let b = &mut self.brokers[i];
+                    b.disk.log = vec![0; start as usize];
+                    b.disk.log_start = start;
+                    continue;
+                }
+                None => {}
             }
             // Persist what the member wants durable before anything it sends.
             b.disk.epochs = m.epochs().clone();
@@ -751,6 +807,12 @@ impl World {
                     };
                     let mut msg = msg;
                     let bytes = match &mut msg {
+                        PeerMessage::ToReplica(ToReplica::Batch(h))
+                            if h.start < b.disk.log_start =>
+                        {
+                            // Deleted: the driver's read fails and it sends nothing.
+                            continue;
+                        }
                         PeerMessage::ToReplica(ToReplica::Batch(h)) if h.start < h.end => {
                             // Whole records only, as a broker's driver ships them.
                             let end = whole_records_end(&b.disk.log, h.start, h.end);

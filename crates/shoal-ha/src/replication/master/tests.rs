@@ -417,3 +417,83 @@ fn a_replica_heard_again_is_no_longer_unreachable() {
     m.handle_appended(4, 1, 50);
     assert!(proposals(&mut m, 4).is_empty(), "its ack cleared the hint");
 }
+
+/// The `RestartAt` messages among what is polled at `now`: (to, at, for_end).
+fn restarts(m: &mut Master, now: Millis) -> Vec<(BrokerId, u64, u64)> {
+    let mut out = Vec::new();
+    while let Some(t) = m.poll_transmit(now) {
+        if let MasterTransmit::Replica {
+            to,
+            msg: ToReplica::RestartAt { at, for_end, .. },
+        } = t
+        {
+            out.push((to, at, for_end));
+        }
+    }
+    out
+}
+
+/// A replica whose log ends (or agrees with ours) only below what retention left us is told
+/// to restart its log at our first offset, in answer to its handshake; then shipped from there.
+#[test]
+fn a_replica_below_the_log_start_is_told_to_restart_its_log_there() {
+    let epochs =
+        EpochCache::from_entries(vec![EpochEntry { epoch: 2, start: 0 }]).expect("ordered");
+    let mut m = master(AckMode::InSyncSet, 1, epochs, 5_000);
+    grant(&mut m, 0);
+    m.handle_log_start(4_096);
+    m.handle_message(
+        1,
+        ToMaster::Handshake {
+            replica: 2,
+            master_epoch: 3,
+            end: 1_000,
+            epochs: vec![],
+        },
+    );
+    assert_eq!(restarts(&mut m, 1), vec![(2, 4_096, 1_000)]);
+    // It restarted and acknowledges from there: shipped from our first offset.
+    ack(&mut m, 2, 2, 4_096);
+    let from: Vec<u64> = shipped(&mut m, 2).iter().map(|b| b.1).collect();
+    assert_eq!(from.first(), Some(&4_096));
+    // A replica whose log reaches past the start is truncated as before.
+    m.handle_message(
+        3,
+        ToMaster::Handshake {
+            replica: 3,
+            master_epoch: 3,
+            end: 4_500,
+            epochs: vec![EpochEntry { epoch: 2, start: 0 }],
+        },
+    );
+    assert_eq!(restarts(&mut m, 3), vec![]);
+}
+
+/// Retention deletes what a lagging replica (following, acknowledged) still needs: it is told
+/// to restart instead of being shipped bytes that are gone; a lost `RestartAt` is said again
+/// after `resend_ms`.
+#[test]
+fn a_lagging_replica_overtaken_by_retention_restarts_and_a_lost_restart_is_resent() {
+    let mut m = master(AckMode::InSyncSet, 1, EpochCache::default(), 300);
+    grant(&mut m, 0);
+    handshake(&mut m, 1, 2, 0, vec![]);
+    let _ = shipped(&mut m, 1);
+    ack(&mut m, 2, 2, 100);
+    m.handle_log_start(200);
+    // What was shipped to it is still in flight: nothing yet.
+    m.handle_appended(3, 1, 400);
+    assert_eq!(restarts(&mut m, 3), vec![]);
+    // No progress for resend_ms: it would be shipped again from 100, which is gone.
+    let resend = MasterConfig::default().resend_ms;
+    assert_eq!(restarts(&mut m, 3 + resend), vec![(2, 200, 100)]);
+    // Lost: the replica answers the heartbeats with its old end, and is told again.
+    ack(&mut m, 4 + resend, 2, 100);
+    assert_eq!(restarts(&mut m, 4 + 2 * resend), vec![(2, 200, 100)]);
+    // It restarted: shipped from 200.
+    ack(&mut m, 5 + 2 * resend, 2, 200);
+    let from: Vec<u64> = shipped(&mut m, 5 + 2 * resend)
+        .iter()
+        .map(|b| b.1)
+        .collect();
+    assert_eq!(from.first(), Some(&200));
+}
