@@ -454,6 +454,12 @@ impl Master {
             ) if master_epoch == self.epoch => {
                 self.lease_until = self.lease_until.max(sent_at + lease_ms);
                 self.granted_ms = lease_ms;
+                // The first renewal was scheduled before any lease length was known
+                // (`renew_ms`): renew within a third of this lease, so that it never lapses
+                // while the controller answers (a lapse re-registers this master under its own
+                // id for a moment, and routes lose their master).
+                let every = self.cfg.renew_ms.min((lease_ms / 3).max(1));
+                self.next_renew = self.next_renew.min(sent_at + every);
             }
             (_, Response::Group(info)) => self.learn(&info),
             (_, Response::Refused(refusal)) => match refusal {

@@ -497,3 +497,48 @@ fn a_lagging_replica_overtaken_by_retention_restarts_and_a_lost_restart_is_resen
         .collect();
     assert_eq!(from.first(), Some(&200));
 }
+
+/// The first renewal was scheduled before the first grant said how long leases last: with a
+/// lease no longer than `renew_ms` it would go out only as the lease ends, and the master would
+/// lose its lease (and its brokerId 0 in the routes) for the renewal's round trip, a second
+/// after every election. The grant moves it to a third of the lease.
+#[test]
+fn the_lease_is_renewed_within_a_third_of_the_first_grant() {
+    let mut m = master(AckMode::InSyncSet, 1, EpochCache::default(), 0);
+    let mut renewals = Vec::new();
+    let mut now = 0;
+    while now <= 3_000 {
+        if now >= m.poll_timeout() {
+            m.handle_timeout(now);
+        }
+        while let Some(t) = m.poll_transmit(now) {
+            if let MasterTransmit::Controller {
+                call,
+                req: Request::RenewLease { master_epoch, .. },
+            } = t
+            {
+                renewals.push(now);
+                // The controller answers 5 ms later.
+                m.handle_controller_response(
+                    now + 5,
+                    call,
+                    Response::LeaseGranted {
+                        master_epoch,
+                        lease_ms: 1_000,
+                    },
+                );
+            }
+        }
+        if now >= 5 {
+            assert!(
+                m.holds_lease(now),
+                "the lease lapsed at {now}: {renewals:?}"
+            );
+        }
+        now += 1;
+    }
+    assert!(
+        renewals.windows(2).all(|w| w[1] - w[0] <= 334),
+        "{renewals:?}"
+    );
+}
