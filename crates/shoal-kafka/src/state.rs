@@ -134,37 +134,40 @@ impl State {
     /// `member` was just told of a new assignment: fetches of the partitions it held wait
     /// until its next group request, at most `rebalance_fetch_hold_ms`.
     pub(crate) fn hold_fetches(&self, member: &MemberKey, partitions: Vec<(String, i32)>) {
-        let hold = self.config.rebalance_fetch_hold_ms;
-        if hold == 0 || partitions.is_empty() {
+        let Some((now, until)) = self.hold_window(&partitions) else {
             return;
-        }
-        let now = std::time::Instant::now();
-        self.fetch_holds.lock().hold(
-            member,
-            partitions,
-            now,
-            now + std::time::Duration::from_millis(hold),
-        );
+        };
+        self.fetch_holds.lock().hold(member, partitions, now, until);
         self.fetch_holds_any
             .store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// From now to the end of a hold of `partitions`; `None` when nothing is to be held
+    /// (holds are off, or the member held nothing here).
+    fn hold_window(
+        &self,
+        partitions: &[(String, i32)],
+    ) -> Option<(std::time::Instant, std::time::Instant)> {
+        let hold = self.config.rebalance_fetch_hold_ms;
+        if hold == 0 || partitions.is_empty() {
+            return None;
+        }
+        let now = std::time::Instant::now();
+        Some((now, now + std::time::Duration::from_millis(hold)))
     }
 
     /// `member` answered a heartbeat past its callback and is told of a new assignment in the
     /// answer: its holds are replaced by holds of `partitions` (what it held) in one step
     /// ([`FetchHolds::replace`]).
     pub(crate) fn replace_fetch_holds(&self, member: &MemberKey, partitions: Vec<(String, i32)>) {
-        let hold = self.config.rebalance_fetch_hold_ms;
-        if hold == 0 || partitions.is_empty() {
+        let Some((now, until)) = self.hold_window(&partitions) else {
             self.release_fetches(member);
             return;
-        }
-        let now = std::time::Instant::now();
-        let released = self.fetch_holds.lock().replace(
-            member,
-            partitions,
-            now,
-            now + std::time::Duration::from_millis(hold),
-        );
+        };
+        let released = self
+            .fetch_holds
+            .lock()
+            .replace(member, partitions, now, until);
         self.fetch_holds_any
             .store(true, std::sync::atomic::Ordering::Release);
         if released {

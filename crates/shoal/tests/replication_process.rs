@@ -336,13 +336,23 @@ fn wait_sends(producer: &SteadyProducer, more: usize, what: &str) {
     }
 }
 
-/// A replica SIGKILLed under load: the master proposes it out of the in-sync set and sends go
-/// on; restarted with its disk, it catches up from the master and rejoins the set. Then the
-/// master and the other replica are SIGKILLed together: the caught-up replica is elected and
-/// alone serves every acknowledged message, those acknowledged while it was down included.
-#[test]
-fn a_killed_replica_catches_up_and_then_carries_every_message_alone() {
-    let mut r = Replicas::start();
+/// A group with its first master and all three in sync, under load.
+struct Loaded {
+    /// The first master's epoch.
+    epoch: u64,
+    /// The indexes of the master and of its two replicas.
+    master: usize,
+    replica: usize,
+    other: usize,
+    /// Sends every 10 ms to `TOPIC`, created on the master only.
+    producer: SteadyProducer,
+    /// One tracked consumer, `c1`.
+    group: TrackedGroup,
+}
+
+/// Waits for a master with three in sync, creates `TOPIC` on it, starts a producer (bodies
+/// `prefix-N`) and a consumer of `group`.
+fn under_load(r: &Replicas, prefix: &str, group: &str) -> Loaded {
     let g = r.wait_group("no master with three in sync", |g| {
         g["master"].is_u64() && in_sync_len(g) == 3
     });
@@ -357,9 +367,34 @@ fn a_killed_replica_catches_up_and_then_carries_every_message_alone() {
     let mut args = vec!["topic", "create", TOPIC, "--queues", "4", "--brokers"];
     args.extend([master_addr.as_str(), "--json"]);
     r.cluster.json(&args);
-    let mut producer = SteadyProducer::start(&r.cluster.dev, TOPIC, "r", 10);
-    let mut group = TrackedGroup::new("replica-readers", TOPIC);
-    group.join(&r.cluster.dev, "c1", &[]);
+    let producer = SteadyProducer::start(&r.cluster.dev, TOPIC, prefix, 10);
+    let mut tracked = TrackedGroup::new(group, TOPIC);
+    tracked.join(&r.cluster.dev, "c1", &[]);
+    Loaded {
+        epoch,
+        master,
+        replica,
+        other,
+        producer,
+        group: tracked,
+    }
+}
+
+/// A replica SIGKILLed under load: the master proposes it out of the in-sync set and sends go
+/// on; restarted with its disk, it catches up from the master and rejoins the set. Then the
+/// master and the other replica are SIGKILLed together: the caught-up replica is elected and
+/// alone serves every acknowledged message, those acknowledged while it was down included.
+#[test]
+fn a_killed_replica_catches_up_and_then_carries_every_message_alone() {
+    let mut r = Replicas::start();
+    let Loaded {
+        epoch,
+        master,
+        replica,
+        other,
+        mut producer,
+        mut group,
+    } = under_load(&r, "r", "replica-readers");
     wait_sends(&producer, 100, "the master acknowledged too little");
 
     r.brokers[replica].2.as_mut().unwrap().sigkill();
@@ -421,23 +456,14 @@ fn a_replica_behind_the_masters_retention_restarts_its_log_and_rejoins() {
         .unwrap();
         vec!["-c".into(), file.to_str().unwrap().into()]
     });
-    let g = r.wait_group("no master with three in sync", |g| {
-        g["master"].is_u64() && in_sync_len(g) == 3
-    });
-    let epoch = g["masterEpoch"].as_u64().unwrap();
-    let master = r.index_of(&g, g["master"].as_u64().unwrap());
-    let (replica, other) = match master {
-        0 => (1, 2),
-        1 => (2, 0),
-        _ => (0, 1),
-    };
-    let master_addr = r.brokers[master].0.clone();
-    let mut args = vec!["topic", "create", TOPIC, "--queues", "4", "--brokers"];
-    args.extend([master_addr.as_str(), "--json"]);
-    r.cluster.json(&args);
-    let mut producer = SteadyProducer::start(&r.cluster.dev, TOPIC, "t", 10);
-    let mut group = TrackedGroup::new("retained-readers", TOPIC);
-    group.join(&r.cluster.dev, "c1", &[]);
+    let Loaded {
+        epoch,
+        master,
+        replica,
+        other,
+        mut producer,
+        mut group,
+    } = under_load(&r, "t", "retained-readers");
     wait_sends(&producer, 50, "the master acknowledged too little");
 
     // The replica goes down; the master fills segments, and retention deletes them.
