@@ -131,13 +131,21 @@ impl State {
         }
     }
 
-    /// `member` was just told of a new assignment: fetches of the partitions it held wait
-    /// until its next group request, at most `rebalance_fetch_hold_ms`.
-    pub(crate) fn hold_fetches(&self, member: &MemberKey, partitions: Vec<(String, i32)>) {
+    /// `member` was just told of a new assignment that gives it `given`: fetches of the
+    /// partitions it held wait until its next group request or its OffsetFetch of one of
+    /// `given`, at most `rebalance_fetch_hold_ms`.
+    pub(crate) fn hold_fetches(
+        &self,
+        member: &MemberKey,
+        partitions: Vec<(String, i32)>,
+        given: Vec<(String, i32)>,
+    ) {
         let Some((now, until)) = self.hold_window(&partitions) else {
             return;
         };
-        self.fetch_holds.lock().hold(member, partitions, now, until);
+        self.fetch_holds
+            .lock()
+            .hold(member, partitions, given, now, until);
         self.fetch_holds_any
             .store(true, std::sync::atomic::Ordering::Release);
     }
@@ -158,8 +166,13 @@ impl State {
 
     /// `member` answered a heartbeat past its callback and is told of a new assignment in the
     /// answer: its holds are replaced by holds of `partitions` (what it held) in one step
-    /// ([`FetchHolds::replace`]).
-    pub(crate) fn replace_fetch_holds(&self, member: &MemberKey, partitions: Vec<(String, i32)>) {
+    /// ([`FetchHolds::replace`]); `given` is what the answer newly gives it.
+    pub(crate) fn replace_fetch_holds(
+        &self,
+        member: &MemberKey,
+        partitions: Vec<(String, i32)>,
+        given: Vec<(String, i32)>,
+    ) {
         let Some((now, until)) = self.hold_window(&partitions) else {
             self.release_fetches(member);
             return;
@@ -167,7 +180,7 @@ impl State {
         let released = self
             .fetch_holds
             .lock()
-            .replace(member, partitions, now, until);
+            .replace(member, partitions, given, now, until);
         self.fetch_holds_any
             .store(true, std::sync::atomic::Ordering::Release);
         if released {
@@ -200,6 +213,21 @@ impl State {
             let mut h = self.fetch_holds.lock();
             !h.is_empty() && h.release(member)
         };
+        if released {
+            self.fetch_released.notify_waiters();
+        }
+    }
+
+    /// `group` asked for the committed offsets of `partitions` (OffsetFetch): holds of a
+    /// member newly given one of them end ([`FetchHolds::asked`]).
+    pub(crate) fn offsets_asked(&self, group: &str, partitions: &[(String, i32)]) {
+        if !self.fetch_holds_any() {
+            return;
+        }
+        let released = self
+            .fetch_holds
+            .lock()
+            .asked(group, partitions, std::time::Instant::now());
         if released {
             self.fetch_released.notify_waiters();
         }
