@@ -11,7 +11,8 @@
 //! JoinGroup, SyncGroup or LeaveGroup — not its OffsetCommit of what it revoked, after which
 //! librdkafka runs one more callback), or its OffsetFetch of partitions the answer newly gave
 //! it (librdkafka asks for their committed offsets from the assign call that ends the
-//! callback's pause, after resuming), or after `rebalance_fetch_hold_ms`.
+//! callback's pause, after resuming), or after `rebalance_fetch_hold_ms` (classic) or
+//! `consumer_fetch_hold_ms` (consumer protocol, whose acknowledging heartbeat always comes).
 //! The fetch then arrives after the resume and the fetcher carries on.
 //!
 //! [`FetchHolds`] is the decision, on an explicit clock; the fetch handler waits on it.

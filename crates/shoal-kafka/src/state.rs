@@ -140,7 +140,8 @@ impl State {
         partitions: Vec<(String, i32)>,
         given: Vec<(String, i32)>,
     ) {
-        let Some((now, until)) = self.hold_window(&partitions) else {
+        let Some((now, until)) = self.hold_window(&partitions, self.config.rebalance_fetch_hold_ms)
+        else {
             return;
         };
         self.fetch_holds
@@ -150,13 +151,13 @@ impl State {
             .store(true, std::sync::atomic::Ordering::Release);
     }
 
-    /// From now to the end of a hold of `partitions`; `None` when nothing is to be held
-    /// (holds are off, or the member held nothing here).
+    /// From now to the end of a hold of `partitions` of `hold` ms; `None` when nothing is to be
+    /// held (holds are off, or the member held nothing here).
     fn hold_window(
         &self,
         partitions: &[(String, i32)],
+        hold: u64,
     ) -> Option<(std::time::Instant, std::time::Instant)> {
-        let hold = self.config.rebalance_fetch_hold_ms;
         if hold == 0 || partitions.is_empty() {
             return None;
         }
@@ -173,7 +174,8 @@ impl State {
         partitions: Vec<(String, i32)>,
         given: Vec<(String, i32)>,
     ) {
-        let Some((now, until)) = self.hold_window(&partitions) else {
+        let Some((now, until)) = self.hold_window(&partitions, self.config.consumer_fetch_hold_ms)
+        else {
             self.release_fetches(member);
             return;
         };
@@ -193,7 +195,9 @@ impl State {
     /// the hold reaches the member first.
     pub(crate) async fn delay_after_hold(&self) {
         let c = &self.config;
-        if c.rebalance_fetch_hold_ms > 0 && c.rebalance_answer_delay_ms > 0 {
+        if (c.rebalance_fetch_hold_ms > 0 || c.consumer_fetch_hold_ms > 0)
+            && c.rebalance_answer_delay_ms > 0
+        {
             tokio::time::sleep(std::time::Duration::from_millis(
                 c.rebalance_answer_delay_ms,
             ))

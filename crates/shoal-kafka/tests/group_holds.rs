@@ -172,6 +172,7 @@ async fn fetches_stay_held_when_an_acknowledgement_is_answered_with_the_next_ass
     let f = Fixture::start_holding(KafkaConfig {
         consumer_heartbeat_hold_ms: 0,
         rebalance_fetch_hold_ms: HOLD_MS,
+        consumer_fetch_hold_ms: HOLD_MS,
         rebalance_answer_delay_ms: 200,
         ..KafkaConfig::default()
     })
