@@ -49,6 +49,11 @@ pub(crate) enum ClusterCmd {
         /// A controller voter's address (the leader is found from it).
         #[arg(long, value_name = "ADDRESS", default_value = "127.0.0.1:9878")]
         controller: String,
+        /// Give up waiting for the answer after this many seconds (exit status 1; the
+        /// switch-over may still complete). Above the voters' `elect_timeout_ms` (30 s by
+        /// default), which answers SYSTEM_BUSY when the election cannot be made.
+        #[arg(long, value_name = "SECONDS", default_value_t = 35)]
+        timeout: u64,
     },
     /// Undo a drain: producers may send to the broker again (RocketMQ's `addWritePerm`). A
     /// drained broker that restarts registers writable anyway.
@@ -72,7 +77,17 @@ pub(crate) async fn run(common: &Common, cmd: ClusterCmd) -> anyhow::Result<()> 
             group,
             broker,
             controller,
-        } => crate::controller::elect_cmd(&controller, &group, broker, common.json).await,
+            timeout,
+        } => {
+            crate::controller::elect_cmd(
+                &controller,
+                &group,
+                broker,
+                Duration::from_secs(timeout),
+                common.json,
+            )
+            .await
+        }
         ClusterCmd::Status { controller } => {
             crate::controller::status_cmd(&controller, common.json).await
         }

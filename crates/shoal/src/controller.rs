@@ -49,10 +49,6 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tracing::{debug, error, info};
 
-/// How long `shoal cluster elect` waits for the voter's answer (the voter answers a switch-over
-/// SYSTEM_BUSY after its `elect_timeout_ms`, 30 s by default).
-pub(crate) const ELECT_TIMEOUT: Duration = Duration::from_secs(30);
-
 /// Options of `shoal controller`.
 #[derive(Debug, Args)]
 pub(crate) struct ControllerArgs {
@@ -785,6 +781,7 @@ pub(crate) async fn elect_cmd(
     controller: &str,
     group: &str,
     broker: Option<u64>,
+    timeout: Duration,
     json_out: bool,
 ) -> anyhow::Result<()> {
     let client = RemotingClient::new(NetConfig::default(), Arc::new(NotSupportedProcessor));
@@ -798,7 +795,7 @@ pub(crate) async fn elect_cmd(
         let cmd = RemotingCommand::request(rc::CONTROLLER_ELECT_MASTER)
             .with_body(serde_json::to_vec(&req)?);
         let reply = client
-            .invoke(&addr, cmd, ELECT_TIMEOUT + Duration::from_secs(5))
+            .invoke(&addr, cmd, timeout)
             .await
             .with_context(|| format!("controller {addr}"))?;
         let response: Response = serde_json::from_slice(reply.body.as_deref().unwrap_or_default())

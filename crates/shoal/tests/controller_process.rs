@@ -442,3 +442,26 @@ fn a_voter_with_a_data_dir_keeps_its_groups_across_a_kill() {
         client.shutdown();
     });
 }
+
+/// `shoal cluster elect --timeout` bounds the wait for a voter's answer: against a listener
+/// that accepts and never answers, the command fails with the address it asked, instead of
+/// waiting out a fixed time.
+#[test]
+fn cluster_elect_gives_up_after_its_timeout() {
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = silent.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for s in silent.incoming().flatten() {
+            held.push(s);
+        }
+    });
+    let out = Command::new(shoal())
+        .args(["cluster", "elect", "broker-a", "--controller", &addr])
+        .args(["--timeout", "1"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains(&format!("controller {addr}")), "{stderr}");
+}
