@@ -1,7 +1,8 @@
 //! A replicated broker group whose controller has three voters (`shoal controller` processes
 //! with their own data directories), as separate processes on 127.0.0.1 (ports chosen at run
 //! time): a name server, the voters, and three brokers of `broker-a`, under a producer sending
-//! every 10 ms and a consumer group. Controller voters and brokers are SIGKILLed in turn; every
+//! every 10 ms and a consumer group. Controller voters and brokers are SIGKILLed in turn, or
+//! the replication messages from the master to one replica are held one way; every
 //! acknowledged message must be consumed.
 //!
 //! The times each step took are printed (run with `--nocapture`); they are figures for
@@ -137,6 +138,86 @@ fn controller_leader_then_master_killed_under_load() {
     eprintln!(
         "voter and old master restarted: old master back in the in-sync set; {} acknowledged in all, every one consumed, {failed} sends failed",
         acked.len()
+    );
+    for m in group.group.members.values_mut() {
+        m.sigkill();
+    }
+}
+
+/// A one-way partition between brokers: every replication message to a broker goes through a
+/// proxy the test controls (the broker advertises it with `--replication-addr`). The master's
+/// messages to one replica are held (the replica's acknowledgements to the master still
+/// arrive, and the connection stays open, so nothing tells the master it is gone): the master
+/// drops the replica from the in-sync set once it has been behind for `max_lag_ms` (2 s here),
+/// and sends go on. Healed, the replica takes what was held, catches up and rejoins the set.
+/// Then the master and the other replica are SIGKILLed: the replica is elected, so it holds
+/// every acknowledged message, and every one is consumed.
+#[test]
+fn a_replica_cut_off_one_way_from_the_master_leaves_the_in_sync_set_and_rejoins() {
+    let mut r = Replicas::start_with_peer_proxies(1, |dir| {
+        let file = dir.join("lag.toml");
+        std::fs::write(&file, "[replication]\nmax_lag_ms = 2000\n").unwrap();
+        vec!["-c".into(), file.to_str().unwrap().into()]
+    });
+    let Loaded {
+        epoch,
+        master,
+        replica,
+        other,
+        mut producer,
+        mut group,
+    } = under_load(&r, "w", "one-way-readers");
+    wait_sends(&producer, 100, "the master acknowledged too little");
+    let g = r.wait_group("no master with three in sync", |g| in_sync_len(g) == 3);
+    let replica_id = r.id_of(&g, replica);
+    let holds = |g: &serde_json::Value, id: u64| {
+        g["inSync"]
+            .as_array()
+            .is_some_and(|s| s.iter().any(|m| m.as_u64() == Some(id)))
+    };
+
+    let cut_at = Instant::now();
+    r.peers[replica].cut_one_way(true);
+    let g = r.wait_group(
+        "the master kept the cut-off replica in the in-sync set",
+        |g| !holds(g, replica_id),
+    );
+    let dropped_after = cut_at.elapsed();
+    assert_eq!(g["masterEpoch"].as_u64(), Some(epoch), "{g}");
+    assert_eq!(in_sync_len(&g), 2, "{g}");
+    wait_sends(
+        &producer,
+        100,
+        "sends did not go on without the cut-off replica",
+    );
+    let cut_gap = longest_gap(&producer, cut_at);
+    let failed_cut = producer.failed.lock().unwrap().len();
+
+    r.peers[replica].heal();
+    let healed_at = Instant::now();
+    r.wait_group("the healed replica did not rejoin the in-sync set", |g| {
+        holds(g, replica_id) && in_sync_len(g) == 3
+    });
+    let rejoined_after = healed_at.elapsed();
+    wait_sends(&producer, 100, "sends stopped after the replica rejoined");
+    eprintln!(
+        "master to replica held one way: replica out of the in-sync set after {dropped_after:?}, longest time between two acknowledgements {cut_gap:?}, {failed_cut} sends failed; healed, back in the set after {rejoined_after:?}"
+    );
+
+    // The replica holds every acknowledged message: alone with the new epoch, it serves them.
+    r.kill_broker(master);
+    r.kill_broker(other);
+    let g = r.wait_group("the replica was not elected", |g| {
+        g["masterEpoch"].as_u64().unwrap_or(0) > epoch && g["master"].is_u64()
+    });
+    assert_eq!(r.index_of(&g, g["master"].as_u64().unwrap()), replica);
+    wait_sends(&producer, 50, "sends did not resume on the replica");
+    let acked: BTreeSet<String> = producer.stop().into_iter().collect();
+    wait_all_consumed(&group, &acked);
+    eprintln!(
+        "then the master and the other replica killed: {} acknowledged, every one consumed from the replica, {} sends failed",
+        acked.len(),
+        producer.failed.lock().unwrap().len()
     );
     for m in group.group.members.values_mut() {
         m.sigkill();

@@ -42,6 +42,10 @@ pub struct Replicas {
     pub brokers: Vec<(String, PathBuf, Option<Proc>)>,
     /// Each broker's links to the voters, one proxy per voter.
     pub links: Vec<Vec<Proxy>>,
+    /// With [`Replicas::start_with_peer_proxies`]: a proxy in front of each broker, which it
+    /// advertises as its replication address (`--replication-addr`), so every replication
+    /// message to broker `i` goes through `peers[i]`. Empty otherwise.
+    pub peers: Vec<Proxy>,
     /// More arguments for every broker.
     extra: Vec<String>,
 }
@@ -55,6 +59,23 @@ impl Replicas {
     /// `voters` controller voters, brokers started with the arguments `extra` gives (given the
     /// cluster's directory).
     pub fn start_with(voters: usize, extra: impl FnOnce(&Path) -> Vec<String>) -> Replicas {
+        Self::start_all(voters, false, extra)
+    }
+
+    /// [`Replicas::start_with`], every broker reached by the others through a proxy of
+    /// [`Replicas::peers`].
+    pub fn start_with_peer_proxies(
+        voters: usize,
+        extra: impl FnOnce(&Path) -> Vec<String>,
+    ) -> Replicas {
+        Self::start_all(voters, true, extra)
+    }
+
+    fn start_all(
+        voters: usize,
+        peer_proxies: bool,
+        extra: impl FnOnce(&Path) -> Vec<String>,
+    ) -> Replicas {
         let cluster = Cluster::start(None);
         let extra = extra(cluster.dev.dir.path());
         let voters: Vec<Voter> = (0..voters)
@@ -67,17 +88,23 @@ impl Replicas {
         let links = (0..3)
             .map(|_| voters.iter().map(|v| Proxy::start(&v.addr)).collect())
             .collect();
+        let brokers: Vec<(String, PathBuf, Option<Proc>)> = (0..3)
+            .map(|i| {
+                (
+                    format!("127.0.0.1:{}", free_port()),
+                    cluster.dev.dir.path().join(format!("replica-{i}")),
+                    None,
+                )
+            })
+            .collect();
+        let peers = match peer_proxies {
+            true => brokers.iter().map(|b| Proxy::start(&b.0)).collect(),
+            false => Vec::new(),
+        };
         let mut r = Replicas {
-            brokers: (0..3)
-                .map(|i| {
-                    (
-                        format!("127.0.0.1:{}", free_port()),
-                        cluster.dev.dir.path().join(format!("replica-{i}")),
-                        None,
-                    )
-                })
-                .collect(),
+            brokers,
             links,
+            peers,
             cluster,
             voters,
             extra,
@@ -125,6 +152,10 @@ impl Replicas {
     /// Starts broker `i` (again), on its address and data directory.
     pub fn start_broker(&mut self, i: usize) {
         let controllers: Vec<&str> = self.links[i].iter().map(|p| p.addr.as_str()).collect();
+        let peer: Vec<&str> = match self.peers.get(i) {
+            Some(p) => vec!["--replication-addr", p.addr.as_str()],
+            None => Vec::new(),
+        };
         let (addr, dir, proc) = &mut self.brokers[i];
         let child = Command::new(shoal())
             .args([
@@ -137,6 +168,7 @@ impl Replicas {
             .args(["--data-dir", dir.to_str().unwrap(), "--broker-name", GROUP])
             .args(["--controller", &controllers.join(","), "--flush", "sync"])
             .arg("--auto-create-topic")
+            .args(&peer)
             .args(&self.extra)
             .stdout(Stdio::null())
             .stderr(log_sink(&format!("replica-{i}")))
@@ -216,10 +248,25 @@ impl Replicas {
         }
     }
 
-    /// The index of the broker with controller id `id`.
+    /// The index of the broker with controller id `id` (registered with its listen address,
+    /// or its proxy's).
     pub fn index_of(&self, group: &Value, id: u64) -> usize {
         let addr = group["members"][id.to_string()].as_str().unwrap();
-        self.brokers.iter().position(|(a, _, _)| a == addr).unwrap()
+        match self.peers.iter().position(|p| p.addr == addr) {
+            Some(i) => i,
+            None => self.brokers.iter().position(|(a, _, _)| a == addr).unwrap(),
+        }
+    }
+
+    /// The controller id of broker `i` in `group`.
+    pub fn id_of(&self, group: &Value, i: usize) -> u64 {
+        group["members"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(|id| id.parse::<u64>().unwrap())
+            .find(|id| self.index_of(group, *id) == i)
+            .unwrap()
     }
 }
 
