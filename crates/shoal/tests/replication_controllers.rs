@@ -2,8 +2,8 @@
 //! with their own data directories), as separate processes on 127.0.0.1 (ports chosen at run
 //! time): a name server, the voters, and three brokers of `broker-a`, under a producer sending
 //! every 10 ms and a consumer group. Controller voters and brokers are SIGKILLed in turn, or
-//! the replication messages from the master to one replica are held one way; every
-//! acknowledged message must be consumed.
+//! replication messages between brokers are held one way (from the master to a replica, or
+//! from the replicas to the master); every acknowledged message must be consumed.
 //!
 //! The times each step took are printed (run with `--nocapture`); they are figures for
 //! docs/ha.md, not assertions.
@@ -144,16 +144,39 @@ fn controller_leader_then_master_killed_under_load() {
     }
 }
 
+/// Which way replication messages are held.
+#[derive(Debug, Clone, Copy)]
+enum OneWay {
+    /// The master's messages to one replica (batches, heartbeats); its acknowledgements to the
+    /// master still arrive.
+    MasterToReplica,
+    /// Both replicas' messages to the master (acknowledgements, handshakes); the master's to
+    /// them still arrive.
+    ReplicasToMaster,
+}
+
 /// A one-way partition between brokers: every replication message to a broker goes through a
 /// proxy the test controls (the broker advertises it with `--replication-addr`). The master's
-/// messages to one replica are held (the replica's acknowledgements to the master still
-/// arrive, and the connection stays open, so nothing tells the master it is gone): the master
-/// drops the replica from the in-sync set once it has been behind for `max_lag_ms` (2 s here),
-/// and sends go on. Healed, the replica takes what was held, catches up and rejoins the set.
-/// Then the master and the other replica are SIGKILLed: the replica is elected, so it holds
-/// every acknowledged message, and every one is consumed.
+/// messages to one replica are held; the connection stays open, so nothing tells the master
+/// the replica is gone: the master drops it from the in-sync set once it has been behind for
+/// `max_lag_ms` (2 s here), and sends go on. Healed, the replica takes what was held, catches
+/// up and rejoins the set. Then the master and the other replica are SIGKILLed: the replica is
+/// elected, so it holds every acknowledged message, and every one is consumed.
 #[test]
 fn a_replica_cut_off_one_way_from_the_master_leaves_the_in_sync_set_and_rejoins() {
+    one_way(OneWay::MasterToReplica);
+}
+
+/// The other way: the replicas' acknowledgements to the master are held (they still receive
+/// and write what it ships). The master drops both from the in-sync set after `max_lag_ms`
+/// and acknowledges alone (`min_insync_replicas = 1`); healed, the held acknowledgements
+/// arrive and both rejoin. The same SIGKILLs and checks follow.
+#[test]
+fn acknowledgements_held_one_way_drop_the_replicas_until_healed() {
+    one_way(OneWay::ReplicasToMaster);
+}
+
+fn one_way(way: OneWay) {
     let mut r = Replicas::start_with_peer_proxies(1, |dir| {
         let file = dir.join("lag.toml");
         std::fs::write(&file, "[replication]\nmax_lag_ms = 2000\n").unwrap();
@@ -175,33 +198,38 @@ fn a_replica_cut_off_one_way_from_the_master_leaves_the_in_sync_set_and_rejoins(
             .as_array()
             .is_some_and(|s| s.iter().any(|m| m.as_u64() == Some(id)))
     };
+    // The proxy held, and the in-sync set while it is.
+    let (held, in_sync_cut) = match way {
+        OneWay::MasterToReplica => (replica, 2),
+        OneWay::ReplicasToMaster => (master, 1),
+    };
 
     let cut_at = Instant::now();
-    r.peers[replica].cut_one_way(true);
+    r.peers[held].cut_one_way(true);
     let g = r.wait_group(
-        "the master kept the cut-off replica in the in-sync set",
-        |g| !holds(g, replica_id),
+        "the master kept a cut-off replica in the in-sync set",
+        |g| !holds(g, replica_id) && in_sync_len(g) == in_sync_cut,
     );
     let dropped_after = cut_at.elapsed();
     assert_eq!(g["masterEpoch"].as_u64(), Some(epoch), "{g}");
-    assert_eq!(in_sync_len(&g), 2, "{g}");
+    assert_eq!(r.index_of(&g, g["master"].as_u64().unwrap()), master);
     wait_sends(
         &producer,
         100,
-        "sends did not go on without the cut-off replica",
+        "sends did not go on without the cut-off replicas",
     );
     let cut_gap = longest_gap(&producer, cut_at);
     let failed_cut = producer.failed.lock().unwrap().len();
 
-    r.peers[replica].heal();
+    r.peers[held].heal();
     let healed_at = Instant::now();
-    r.wait_group("the healed replica did not rejoin the in-sync set", |g| {
+    r.wait_group("the healed replicas did not rejoin the in-sync set", |g| {
         holds(g, replica_id) && in_sync_len(g) == 3
     });
     let rejoined_after = healed_at.elapsed();
-    wait_sends(&producer, 100, "sends stopped after the replica rejoined");
+    wait_sends(&producer, 100, "sends stopped after the replicas rejoined");
     eprintln!(
-        "master to replica held one way: replica out of the in-sync set after {dropped_after:?}, longest time between two acknowledgements {cut_gap:?}, {failed_cut} sends failed; healed, back in the set after {rejoined_after:?}"
+        "{way:?} held: in-sync set down to {in_sync_cut} after {dropped_after:?}, longest time between two acknowledgements {cut_gap:?}, {failed_cut} sends failed; healed, all three in the set again after {rejoined_after:?}"
     );
 
     // The replica holds every acknowledged message: alone with the new epoch, it serves them.
