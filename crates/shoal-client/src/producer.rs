@@ -334,7 +334,8 @@ impl Producer {
             // between two registrations): ask the name servers again, as RocketMQ's producer
             // does when its publish info has no queue, rather than fail on the cached one.
         }
-        let route = match inst.update_route(topic).await {
+        // Concurrent sends share one lookup.
+        let route = match inst.update_route_shared(topic).await {
             Ok(r) => r,
             Err(ClientError::NoRoute(_)) => {
                 return self.auto_create_queues(topic).await;

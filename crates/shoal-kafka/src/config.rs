@@ -75,17 +75,23 @@ pub struct KafkaConfig {
     /// (librdkafka times a heartbeat out after the interval); scaled down with the interval
     /// when the coordinator's is shorter.
     pub consumer_heartbeat_hold_ms: u64,
-    /// After a member is told of a new assignment, fetches of the partitions it held wait
-    /// until its next group request (a heartbeat of the consumer protocol; a JoinGroup,
-    /// SyncGroup or LeaveGroup of the classic one) shows it is past its rebalance callbacks,
-    /// at most this long (0: never). librdkafka's fetcher stops for up to a second when a fetch answer
-    /// arrives while the callback runs (see docs/kafka.md, "Partitions that keep their
-    /// owner").
+    /// After a classic member is told of a new assignment, fetches of the partitions it held
+    /// wait until its next group request (a JoinGroup, SyncGroup or LeaveGroup, or its
+    /// OffsetFetch of a partition it was just given) shows it is past its rebalance callbacks,
+    /// at most this long (0: never). librdkafka's fetcher stops for up to a second when a
+    /// fetch answer arrives while the callback runs (see docs/kafka.md, "Partitions that keep
+    /// their owner"). A member given nothing new sends no such request: its kept partitions
+    /// wait this long.
     pub rebalance_fetch_hold_ms: u64,
+    /// The same for a `group.protocol=consumer` member, whose acknowledging heartbeat always
+    /// follows its callbacks and ends the hold: this is only the longest wait, when that
+    /// heartbeat is late or lost (0: never).
+    pub consumer_fetch_hold_ms: u64,
     /// How long an answer that tells a member of a new assignment waits after its fetches
     /// are held (0: not at all). A fetch answered just before the hold may still be on its
     /// way; arriving after the new assignment, it would find the fetcher paused by the
-    /// rebalance callback. Below `rebalance_fetch_hold_ms`; unused when that is 0.
+    /// rebalance callback. Below `rebalance_fetch_hold_ms` and `consumer_fetch_hold_ms`
+    /// (those above 0).
     pub rebalance_answer_delay_ms: u64,
 }
 
@@ -115,6 +121,7 @@ impl Default for KafkaConfig {
             consumer_reconcile_heartbeat_interval_ms: 50,
             consumer_heartbeat_hold_ms: 4_750,
             rebalance_fetch_hold_ms: 100,
+            consumer_fetch_hold_ms: 500,
             rebalance_answer_delay_ms: 10,
         }
     }
@@ -171,10 +178,13 @@ impl KafkaConfig {
         if self.consumer_heartbeat_hold_ms >= self.consumer_heartbeat_interval_ms {
             return bad("consumer_heartbeat_hold_ms must be below consumer_heartbeat_interval_ms");
         }
-        if self.rebalance_fetch_hold_ms > 0
-            && self.rebalance_answer_delay_ms >= self.rebalance_fetch_hold_ms
-        {
-            return bad("rebalance_answer_delay_ms must be below rebalance_fetch_hold_ms");
+        for (hold, name) in [
+            (self.rebalance_fetch_hold_ms, "rebalance_fetch_hold_ms"),
+            (self.consumer_fetch_hold_ms, "consumer_fetch_hold_ms"),
+        ] {
+            if hold > 0 && self.rebalance_answer_delay_ms >= hold {
+                return bad(&format!("rebalance_answer_delay_ms must be below {name}"));
+            }
         }
         if self.group_max_size == 0 || self.max_groups == 0 {
             return bad("group_max_size and max_groups must be at least 1");
@@ -233,6 +243,8 @@ pub struct KafkaFile {
     pub consumer_heartbeat_hold_ms: Option<u64>,
     /// See [`KafkaConfig::rebalance_fetch_hold_ms`].
     pub rebalance_fetch_hold_ms: Option<u64>,
+    /// See [`KafkaConfig::consumer_fetch_hold_ms`].
+    pub consumer_fetch_hold_ms: Option<u64>,
     /// See [`KafkaConfig::rebalance_answer_delay_ms`].
     pub rebalance_answer_delay_ms: Option<u64>,
 }
@@ -310,6 +322,10 @@ impl KafkaFile {
             &self.rebalance_fetch_hold_ms,
         );
         set(
+            &mut cfg.consumer_fetch_hold_ms,
+            &self.consumer_fetch_hold_ms,
+        );
+        set(
             &mut cfg.rebalance_answer_delay_ms,
             &self.rebalance_answer_delay_ms,
         );
@@ -344,7 +360,7 @@ mod tests {
              max_groups = 15\nconsumer_heartbeat_interval_ms = 160\n\
              group_heartbeat_hold_ms = 17\ngroup_new_member_window_ms = 18\n\
              consumer_reconcile_heartbeat_interval_ms = 19\nconsumer_heartbeat_hold_ms = 20\n\
-             rebalance_fetch_hold_ms = 21\nrebalance_answer_delay_ms = 3\n",
+             rebalance_fetch_hold_ms = 21\nconsumer_fetch_hold_ms = 22\nrebalance_answer_delay_ms = 3\n",
         )
         .unwrap();
         let mut c = KafkaConfig::default();
@@ -375,6 +391,7 @@ mod tests {
                 consumer_reconcile_heartbeat_interval_ms: 19,
                 consumer_heartbeat_hold_ms: 20,
                 rebalance_fetch_hold_ms: 21,
+                consumer_fetch_hold_ms: 22,
                 rebalance_answer_delay_ms: 3,
             }
         );

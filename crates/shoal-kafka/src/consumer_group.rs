@@ -336,7 +336,14 @@ fn answer(
         } else {
             Vec::new()
         };
-        state.replace_fetch_holds(&key, held);
+        let given = cache
+            .last_sent
+            .iter()
+            .flatten()
+            .map(|q| (q.topic.clone(), q.queue_id))
+            .filter(|p| !held.contains(p))
+            .collect();
+        state.replace_fetch_holds(&key, held, given);
     } else {
         state.release_fetches(&key);
     }

@@ -18,7 +18,7 @@ use kafka_protocol::messages::*;
 use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::ResponseError;
 use shoal_group::classic_group::{
-    ClassicError, ClassicGroups, JoinRequest, LeavingMember, Output, RequestId, SyncRequest,
+    ClassicError, ClassicGroups, Covers, JoinRequest, LeavingMember, Output, RequestId, SyncRequest,
 };
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -77,9 +77,15 @@ impl GroupCoordinator {
         let broker = state.host.broker_name();
         let covers = |protocol_type: &str, bytes: &[u8]| {
             let held = assigned_queues(protocol_type, bytes, &broker);
-            partitions
+            let named = partitions
                 .iter()
-                .all(|(t, p)| held.iter().any(|q| &q.topic == t && q.queue_id == *p))
+                .filter(|(t, p)| held.iter().any(|q| &q.topic == t && q.queue_id == *p))
+                .count();
+            match named {
+                0 => Covers::None,
+                n if n == partitions.len() => Covers::All,
+                _ => Covers::Some,
+            }
         };
         self.inner
             .lock()
@@ -347,10 +353,18 @@ pub(crate) async fn sync_group(
         Some(s) => {
             if s.error.is_none() && !held.is_empty() {
                 // Its fetches of what it held wait for its rebalance callback.
-                state.hold_fetches(
-                    &key,
-                    held.into_iter().map(|q| (q.topic, q.queue_id)).collect(),
-                );
+                let held: Vec<(String, i32)> =
+                    held.into_iter().map(|q| (q.topic, q.queue_id)).collect();
+                let given = s
+                    .protocol_type
+                    .as_deref()
+                    .map(|pt| assigned_queues(pt, &s.assignment, &state.host.broker_name()))
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|q| (q.topic, q.queue_id))
+                    .filter(|p| !held.contains(p))
+                    .collect();
+                state.hold_fetches(&key, held, given);
                 state.delay_after_hold().await;
             }
             resp.error_code = err_code(s.error);

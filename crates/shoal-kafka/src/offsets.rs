@@ -286,11 +286,12 @@ pub(crate) fn offset_fetch(
     let mut resp = OffsetFetchResponse::default();
     if ctx.version < 8 {
         let group = req.group_id.0.to_string();
-        let topics = req.topics.map(|ts| {
+        let topics: Option<Vec<(String, Vec<i32>)>> = req.topics.map(|ts| {
             ts.into_iter()
                 .map(|t| (t.name.0.to_string(), t.partition_indexes))
                 .collect()
         });
+        asked(state, &group, topics.as_deref());
         for (name, offs) in committed(state, &group, topics) {
             let mut tr = OffsetFetchResponseTopic::default();
             tr.name = TopicName(crate::request::sb(&name));
@@ -311,11 +312,12 @@ pub(crate) fn offset_fetch(
         let group = g.group_id.0.to_string();
         let mut gr = OffsetFetchResponseGroup::default();
         gr.group_id = g.group_id.clone();
-        let topics = g.topics.map(|ts| {
+        let topics: Option<Vec<(String, Vec<i32>)>> = g.topics.map(|ts| {
             ts.into_iter()
                 .map(|t| (t.name.0.to_string(), t.partition_indexes))
                 .collect()
         });
+        asked(state, &group, topics.as_deref());
         for (name, offs) in committed(state, &group, topics) {
             let mut tr = OffsetFetchResponseTopics::default();
             tr.name = TopicName(crate::request::sb(&name));
@@ -333,4 +335,18 @@ pub(crate) fn offset_fetch(
         resp.groups.push(gr);
     }
     resp
+}
+
+/// A member asks for the committed offsets of partitions it was just given from the assign
+/// call that ends its rebalance callback: fetches held for that callback go on
+/// ([`crate::fetch_hold`]).
+fn asked(state: &State, group: &str, topics: Option<&[(String, Vec<i32>)]>) {
+    let Some(topics) = topics else {
+        return;
+    };
+    let partitions: Vec<(String, i32)> = topics
+        .iter()
+        .flat_map(|(t, ps)| ps.iter().map(move |p| (t.clone(), *p)))
+        .collect();
+    state.offsets_asked(group, &partitions);
 }

@@ -131,24 +131,33 @@ impl State {
         }
     }
 
-    /// `member` was just told of a new assignment: fetches of the partitions it held wait
-    /// until its next group request, at most `rebalance_fetch_hold_ms`.
-    pub(crate) fn hold_fetches(&self, member: &MemberKey, partitions: Vec<(String, i32)>) {
-        let Some((now, until)) = self.hold_window(&partitions) else {
+    /// `member` was just told of a new assignment that gives it `given`: fetches of the
+    /// partitions it held wait until its next group request or its OffsetFetch of one of
+    /// `given`, at most `rebalance_fetch_hold_ms`.
+    pub(crate) fn hold_fetches(
+        &self,
+        member: &MemberKey,
+        partitions: Vec<(String, i32)>,
+        given: Vec<(String, i32)>,
+    ) {
+        let Some((now, until)) = self.hold_window(&partitions, self.config.rebalance_fetch_hold_ms)
+        else {
             return;
         };
-        self.fetch_holds.lock().hold(member, partitions, now, until);
+        self.fetch_holds
+            .lock()
+            .hold(member, partitions, given, now, until);
         self.fetch_holds_any
             .store(true, std::sync::atomic::Ordering::Release);
     }
 
-    /// From now to the end of a hold of `partitions`; `None` when nothing is to be held
-    /// (holds are off, or the member held nothing here).
+    /// From now to the end of a hold of `partitions` of `hold` ms; `None` when nothing is to be
+    /// held (holds are off, or the member held nothing here).
     fn hold_window(
         &self,
         partitions: &[(String, i32)],
+        hold: u64,
     ) -> Option<(std::time::Instant, std::time::Instant)> {
-        let hold = self.config.rebalance_fetch_hold_ms;
         if hold == 0 || partitions.is_empty() {
             return None;
         }
@@ -158,16 +167,22 @@ impl State {
 
     /// `member` answered a heartbeat past its callback and is told of a new assignment in the
     /// answer: its holds are replaced by holds of `partitions` (what it held) in one step
-    /// ([`FetchHolds::replace`]).
-    pub(crate) fn replace_fetch_holds(&self, member: &MemberKey, partitions: Vec<(String, i32)>) {
-        let Some((now, until)) = self.hold_window(&partitions) else {
+    /// ([`FetchHolds::replace`]); `given` is what the answer newly gives it.
+    pub(crate) fn replace_fetch_holds(
+        &self,
+        member: &MemberKey,
+        partitions: Vec<(String, i32)>,
+        given: Vec<(String, i32)>,
+    ) {
+        let Some((now, until)) = self.hold_window(&partitions, self.config.consumer_fetch_hold_ms)
+        else {
             self.release_fetches(member);
             return;
         };
         let released = self
             .fetch_holds
             .lock()
-            .replace(member, partitions, now, until);
+            .replace(member, partitions, given, now, until);
         self.fetch_holds_any
             .store(true, std::sync::atomic::Ordering::Release);
         if released {
@@ -180,7 +195,9 @@ impl State {
     /// the hold reaches the member first.
     pub(crate) async fn delay_after_hold(&self) {
         let c = &self.config;
-        if c.rebalance_fetch_hold_ms > 0 && c.rebalance_answer_delay_ms > 0 {
+        if (c.rebalance_fetch_hold_ms > 0 || c.consumer_fetch_hold_ms > 0)
+            && c.rebalance_answer_delay_ms > 0
+        {
             tokio::time::sleep(std::time::Duration::from_millis(
                 c.rebalance_answer_delay_ms,
             ))
@@ -200,6 +217,21 @@ impl State {
             let mut h = self.fetch_holds.lock();
             !h.is_empty() && h.release(member)
         };
+        if released {
+            self.fetch_released.notify_waiters();
+        }
+    }
+
+    /// `group` asked for the committed offsets of `partitions` (OffsetFetch): holds of a
+    /// member newly given one of them end ([`FetchHolds::asked`]).
+    pub(crate) fn offsets_asked(&self, group: &str, partitions: &[(String, i32)]) {
+        if !self.fetch_holds_any() {
+            return;
+        }
+        let released = self
+            .fetch_holds
+            .lock()
+            .asked(group, partitions, std::time::Instant::now());
         if released {
             self.fetch_released.notify_waiters();
         }

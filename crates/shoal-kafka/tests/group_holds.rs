@@ -172,6 +172,7 @@ async fn fetches_stay_held_when_an_acknowledgement_is_answered_with_the_next_ass
     let f = Fixture::start_holding(KafkaConfig {
         consumer_heartbeat_hold_ms: 0,
         rebalance_fetch_hold_ms: HOLD_MS,
+        consumer_fetch_hold_ms: HOLD_MS,
         rebalance_answer_delay_ms: 200,
         ..KafkaConfig::default()
     })
@@ -330,4 +331,87 @@ async fn a_classic_member_learns_of_a_rebalance_from_its_held_heartbeat() {
     assert_eq!((r.error_code, r.generation_id, r.members.len()), (0, 2, 2));
     let r: JoinGroupResponse = b.recv(ApiKey::JoinGroup, 7, join_b).await;
     assert_eq!((r.error_code, r.generation_id), (0, 2));
+}
+
+/// A consumer-protocol assignment (version 3) of `partitions` of TH, as SyncGroup carries it.
+fn assignment(partitions: Vec<i32>) -> Bytes {
+    use bytes::BufMut;
+    use kafka_protocol::protocol::Encodable;
+    let mut tp = consumer_protocol_assignment::TopicPartition::default();
+    tp.topic = TopicName(StrBytes::from_static_str("TH"));
+    tp.partitions = partitions;
+    let mut cpa = ConsumerProtocolAssignment::default();
+    cpa.assigned_partitions = vec![tp];
+    let mut b = bytes::BytesMut::new();
+    b.put_i16(3);
+    cpa.encode(&mut b, 3).unwrap();
+    b.freeze()
+}
+
+/// A classic member's second SyncGroup gives it partition 2 beside the 0 and 1 it held: its
+/// fetches of 0 and 1 wait through its assign callback, and end when it asks for the
+/// committed offset of 2 (librdkafka does so from the assign call, after resuming its
+/// partitions), long before the hold's end; another group's OffsetFetch ends nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_classic_member_s_offset_fetch_of_a_new_partition_ends_its_fetch_holds() {
+    let f = Fixture::start_holding(KafkaConfig {
+        group_heartbeat_hold_ms: 0,
+        group_new_member_window_ms: 0,
+        rebalance_fetch_hold_ms: HOLD_MS,
+        ..KafkaConfig::default()
+    })
+    .await;
+    let mut a = f.client().await;
+    let _: CreateTopicsResponse = a.call(ApiKey::CreateTopics, 7, &create_req("TH", 4)).await;
+    let r: JoinGroupResponse = a
+        .call(ApiKey::JoinGroup, 7, &join_req(&StrBytes::default()))
+        .await;
+    let id = r.member_id.clone();
+    let sync = |generation: i32, partitions: Vec<i32>| {
+        let mut sr = SyncGroupRequest::default();
+        sr.group_id = GroupId(StrBytes::from_static_str("CH"));
+        sr.generation_id = generation;
+        sr.member_id = id.clone();
+        let mut sa = sync_group_request::SyncGroupRequestAssignment::default();
+        sa.member_id = id.clone();
+        sa.assignment = assignment(partitions);
+        sr.assignments = vec![sa];
+        sr
+    };
+    for (generation, partitions) in [(1, vec![0, 1]), (2, vec![0, 1, 2])] {
+        let r: JoinGroupResponse = a.call(ApiKey::JoinGroup, 7, &join_req(&id)).await;
+        assert_eq!((r.error_code, r.generation_id), (0, generation));
+        let r: SyncGroupResponse = a
+            .call(ApiKey::SyncGroup, 4, &sync(generation, partitions.clone()))
+            .await;
+        assert_eq!((r.error_code, r.assignment), (0, assignment(partitions)));
+    }
+    // Generation 2 gave A partition 2: its fetch of 0 and 1 waits for its callback.
+    let mut fetcher = f.client().await;
+    let fid = fetcher.send(ApiKey::Fetch, 12, &fetch_req(&[0, 1])).await;
+    let fetch = tokio::spawn(async move {
+        let r: FetchResponse = fetcher.recv(ApiKey::Fetch, 12, fid).await;
+        r
+    });
+    let offset_fetch = |group: &'static str| {
+        let mut t = offset_fetch_request::OffsetFetchRequestTopic::default();
+        t.name = TopicName(StrBytes::from_static_str("TH"));
+        t.partition_indexes = vec![2];
+        let mut r = OffsetFetchRequest::default();
+        r.group_id = GroupId(StrBytes::from_static_str(group));
+        r.topics = Some(vec![t]);
+        r
+    };
+    let _: OffsetFetchResponse = a.call(ApiKey::OffsetFetch, 7, &offset_fetch("other")).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !fetch.is_finished(),
+        "still held after another group's OffsetFetch"
+    );
+    let _: OffsetFetchResponse = a.call(ApiKey::OffsetFetch, 7, &offset_fetch("CH")).await;
+    let r = tokio::time::timeout(LIMIT, fetch)
+        .await
+        .expect("answered once A asked for partition 2's offset")
+        .unwrap();
+    assert_eq!(r.error_code, 0);
 }

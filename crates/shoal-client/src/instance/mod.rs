@@ -70,6 +70,8 @@ struct Inner {
     stamps: Mutex<HashMap<String, shoal_group::member::MemberStamp>>,
     /// Topics name servers said changed, for the refresh task.
     pending_routes: Arc<routes::PendingRoutes>,
+    /// Route lookups under way that sends share ([`ClientInstance::update_route_shared`]).
+    route_lookups: routes::RouteLookups,
 }
 
 impl Drop for Inner {
@@ -148,6 +150,7 @@ impl ClientInstance {
             stamps: Mutex::new(HashMap::new()),
             shutdown: CancellationToken::new(),
             pending_routes,
+            route_lookups: routes::RouteLookups::default(),
         });
         let this = ClientInstance { inner };
         routes::spawn_route_notice_task(

@@ -7,7 +7,7 @@ use shoal_proto::body::TopicRouteData;
 use shoal_proto::code::{request_code as rc, response_code as resp};
 use shoal_proto::header::*;
 use shoal_proto::{MessageQueue, RemotingCommand};
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use tokio::sync::Notify;
@@ -51,6 +51,37 @@ impl PendingRoutes {
             }
             self.wake.notified().await;
         }
+    }
+}
+
+/// Route lookups under way, by topic: sends that need a topic's route while a lookup of it is
+/// under way wait for that one instead of asking the name servers again (during a failover
+/// every send finds the cached route without a master, and all of them would ask).
+#[derive(Default)]
+pub(super) struct RouteLookups {
+    /// A receiver of the lookup's channel, whose sender is dropped when the lookup ends.
+    under_way: Mutex<HashMap<String, tokio::sync::watch::Receiver<()>>>,
+}
+
+impl RouteLookups {
+    /// How many lookups are under way.
+    #[cfg(test)]
+    pub(super) fn len(&self) -> usize {
+        self.under_way.lock().len()
+    }
+}
+
+/// The lookup of one topic's route this task leads: its end (finished or cancelled) takes the
+/// lookup out of the table and then wakes the sends waiting for it.
+struct LeadLookup<'a> {
+    lookups: &'a RouteLookups,
+    topic: &'a str,
+    _done: tokio::sync::watch::Sender<()>,
+}
+
+impl Drop for LeadLookup<'_> {
+    fn drop(&mut self) {
+        self.lookups.under_way.lock().remove(self.topic);
     }
 }
 
@@ -153,6 +184,44 @@ impl ClientInstance {
         let route = self.fetch_route(topic).await?;
         self.store_route(topic, &route);
         Ok(route)
+    }
+
+    /// As [`ClientInstance::update_route`], but a call made while a lookup of `topic` is under
+    /// way waits for that lookup and returns the route it stored (the cached route if it
+    /// failed): one name-server round trip for any number of concurrent sends.
+    ///
+    /// # Errors
+    /// Those of [`ClientInstance::fetch_route`]; [`ClientError::NoRoute`] for a waiting call
+    /// when no route is cached after the lookup it waited for.
+    pub async fn update_route_shared(&self, topic: &str) -> Result<TopicRouteData> {
+        let lookups = &self.inner.route_lookups;
+        let waiting = {
+            let mut under_way = lookups.under_way.lock();
+            match under_way.get(topic) {
+                Some(rx) => Err(rx.clone()),
+                None => {
+                    let (tx, rx) = tokio::sync::watch::channel(());
+                    under_way.insert(topic.to_owned(), rx);
+                    Ok(tx)
+                }
+            }
+        };
+        match waiting {
+            Ok(tx) => {
+                let _lead = LeadLookup {
+                    lookups,
+                    topic,
+                    _done: tx,
+                };
+                self.update_route(topic).await
+            }
+            Err(mut rx) => {
+                // Nothing is ever sent: this returns when the leading lookup ends.
+                let _ = rx.changed().await;
+                self.cached_route(topic)
+                    .ok_or_else(|| ClientError::NoRoute(topic.to_owned()))
+            }
+        }
     }
 
     fn store_route(&self, topic: &str, route: &TopicRouteData) {

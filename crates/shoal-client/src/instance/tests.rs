@@ -154,3 +154,106 @@ async fn processor_answers_broker_requests() {
     instance.shutdown();
     server.shutdown().await;
 }
+
+/// A name server stand-in that answers every route lookup with `broker-a` known only by its
+/// replica (brokerId 1: no master, as during a failover), counting the lookups.
+async fn masterless_namesrv(lookups: Arc<std::sync::atomic::AtomicUsize>) -> Server {
+    use shoal_proto::body::{BrokerData, QueueData, TopicRouteData};
+    Server::bind(
+        "127.0.0.1:0",
+        Arc::new(shoal_net::processor_fn(move |_ctx, req| {
+            let lookups = lookups.clone();
+            async move {
+                assert_eq!(req.code, rc::GET_ROUTEINFO_BY_TOPIC);
+                lookups.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let route = TopicRouteData {
+                    queue_datas: vec![QueueData {
+                        broker_name: "broker-a".into(),
+                        perm: 6,
+                        read_queue_nums: 4,
+                        write_queue_nums: 4,
+                        ..Default::default()
+                    }],
+                    broker_datas: vec![BrokerData {
+                        broker_name: "broker-a".into(),
+                        cluster: "c".into(),
+                        broker_addrs: [(1, "127.0.0.1:1".to_string())].into(),
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                };
+                Ok(Some(
+                    RemotingCommand::response(resp::SUCCESS, None)
+                        .with_json_body(&route)
+                        .unwrap(),
+                ))
+            }
+        })),
+    )
+    .await
+    .unwrap()
+}
+
+/// Sends that find no writable master all look the route up again; those that do so while a
+/// lookup is under way share it: one name-server round trip for twenty, then one more for a
+/// lookup after it ended.
+#[tokio::test]
+async fn concurrent_route_lookups_of_a_topic_share_one_round_trip() {
+    let lookups = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let server = masterless_namesrv(lookups.clone()).await;
+    let instance =
+        ClientInstance::start(ClientConfig::new(&server.local_addr().to_string())).unwrap();
+    // join_all polls each lookup once before any answer can arrive: the first leads, the
+    // other nineteen find it under way.
+    let all = futures::future::join_all((0..20).map(|_| instance.update_route_shared("T"))).await;
+    assert_eq!(lookups.load(std::sync::atomic::Ordering::SeqCst), 1);
+    for r in all {
+        let route = r.unwrap();
+        assert_eq!(
+            route.broker_datas[0]
+                .broker_addrs
+                .keys()
+                .collect::<Vec<_>>(),
+            [&1]
+        );
+        assert!(
+            route.publish_queues("T").is_empty(),
+            "no master: nothing writable"
+        );
+    }
+    assert_eq!(instance.inner.route_lookups.len(), 0);
+    instance.update_route_shared("T").await.unwrap();
+    assert_eq!(lookups.load(std::sync::atomic::Ordering::SeqCst), 2);
+}
+
+/// A lookup whose caller gives up (its future dropped) ends: calls waiting for it return the
+/// cached route, or NoRoute when there is none, and never hang.
+#[tokio::test]
+async fn a_dropped_route_lookup_releases_the_calls_waiting_for_it() {
+    let (_tx, rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let rx = Arc::new(tokio::sync::Mutex::new(rx));
+    // A name server that never answers.
+    let server = Server::bind(
+        "127.0.0.1:0",
+        Arc::new(shoal_net::processor_fn(move |_ctx, _req| {
+            let rx = rx.clone();
+            async move {
+                let _ = rx.lock().await.recv().await;
+                Ok(None)
+            }
+        })),
+    )
+    .await
+    .unwrap();
+    let instance =
+        ClientInstance::start(ClientConfig::new(&server.local_addr().to_string())).unwrap();
+    let mut lead = Box::pin(instance.update_route_shared("T"));
+    assert!(futures::poll!(&mut lead).is_pending());
+    let mut waiting = Box::pin(instance.update_route_shared("T"));
+    assert!(futures::poll!(&mut waiting).is_pending());
+    drop(lead);
+    let r = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("released when the lookup it waited for was dropped");
+    assert!(matches!(r, Err(ClientError::NoRoute(t)) if t == "T"));
+}

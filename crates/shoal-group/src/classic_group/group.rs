@@ -1,8 +1,8 @@
 //! One classic group's state machine.
 
 use super::{
-    ClassicConfig, ClassicError, JoinRequest, JoinResponse, LeavingMember, Output, RequestId,
-    SyncRequest, SyncResponse,
+    ClassicConfig, ClassicError, Covers, JoinRequest, JoinResponse, LeavingMember, Output,
+    RequestId, SyncRequest, SyncResponse,
 };
 use std::collections::{BTreeMap, HashMap};
 
@@ -41,6 +41,9 @@ struct Member {
     protocol_type: String,
     protocols: Vec<(String, Vec<u8>)>,
     assignment: Vec<u8>,
+    /// Its assignment of the generation before `assignment`'s (the group's
+    /// `prior_generation`): what it may still be committing when a new one is handed out.
+    prior_assignment: Vec<u8>,
     awaiting_join: Option<RequestId>,
     awaiting_sync: Option<RequestId>,
     /// A held heartbeat and when it is answered at the latest.
@@ -105,6 +108,8 @@ pub struct ClassicGroup {
     window_started: Option<u64>,
     /// The generation whose assignments the members hold (the last one the leader synced).
     assignment_generation: i32,
+    /// The generation synced before that one (the members' `prior_assignment`).
+    prior_generation: i32,
 }
 
 fn err_join(req: RequestId, e: ClassicError, member_id: &str) -> Output {
@@ -158,6 +163,7 @@ impl ClassicGroup {
             tell_at: None,
             window_started: None,
             assignment_generation: 0,
+            prior_generation: 0,
         }
     }
 
@@ -362,6 +368,7 @@ impl ClassicGroup {
                 protocol_type: join.protocol_type,
                 protocols: join.protocols,
                 assignment: Vec::new(),
+                prior_assignment: Vec::new(),
                 awaiting_join: Some(req),
                 awaiting_sync: None,
                 awaiting_heartbeat: None,
@@ -745,8 +752,10 @@ impl ClassicGroup {
                 }
                 if self.leader.as_deref() == Some(id.as_str()) {
                     for (mid, m) in self.members.iter_mut() {
-                        m.assignment = sync.assignments.get(mid).cloned().unwrap_or_default();
+                        let new = sync.assignments.get(mid).cloned().unwrap_or_default();
+                        m.prior_assignment = std::mem::replace(&mut m.assignment, new);
                     }
+                    self.prior_generation = self.assignment_generation;
                     self.assignment_generation = self.generation;
                     self.state = GroupState::Stable;
                     self.sync_deadline = None;
@@ -887,17 +896,19 @@ impl ClassicGroup {
     /// Offset commit fencing (Kafka's rules): a commit without generation is allowed only in
     /// an empty group; otherwise member and generation must be current, and not while the
     /// group waits for the leader's assignment. One exception: a member may still commit with
-    /// the generation whose assignment it holds while no newer assignment has been handed out
-    /// (the group moved to a new generation while the member was committing what it revoked
-    /// or releases on close), for partitions of that assignment (`covers` decides, given the
-    /// protocol type and the assignment bytes): nobody else has been given them yet.
+    /// an older generation (the group moved on while it was committing what it revoked or
+    /// releases on close) for partitions it was assigned in that generation that nobody else
+    /// has been given since: with the generation whose assignment it holds while no newer
+    /// one is out, or with the one before once the newer assignment gives the partitions to
+    /// no other member. `covers` says how much of the committed partitions an assignment
+    /// (protocol type, bytes) names.
     pub(crate) fn validate_commit(
         &mut self,
         member_id: &str,
         instance_id: Option<&str>,
         generation: i32,
         now: u64,
-        covers: impl FnOnce(&str, &[u8]) -> bool,
+        covers: impl Fn(&str, &[u8]) -> Covers,
     ) -> Result<(), ClassicError> {
         if generation < 0 && member_id.is_empty() {
             return if self.members.is_empty() {
@@ -910,14 +921,25 @@ impl ClassicGroup {
             return Err(e);
         }
         if generation != self.generation {
-            let held = self.members.get(member_id).filter(|m| {
-                generation == self.assignment_generation
-                    && generation < self.generation
-                    && !m.assignment.is_empty()
-            });
-            return match held {
-                Some(m) if covers(&m.protocol_type, &m.assignment) => Ok(()),
-                _ => Err(ClassicError::IllegalGeneration),
+            let Some(m) = self
+                .members
+                .get(member_id)
+                .filter(|_| generation < self.generation)
+            else {
+                return Err(ClassicError::IllegalGeneration);
+            };
+            let holds = generation == self.assignment_generation
+                && covers(&m.protocol_type, &m.assignment) == Covers::All;
+            let held_before = generation == self.prior_generation
+                && generation < self.assignment_generation
+                && covers(&m.protocol_type, &m.prior_assignment) == Covers::All
+                && self.members.iter().all(|(id, o)| {
+                    id == member_id || covers(&o.protocol_type, &o.assignment) == Covers::None
+                });
+            return if holds || held_before {
+                Ok(())
+            } else {
+                Err(ClassicError::IllegalGeneration)
             };
         }
         if self.state == GroupState::CompletingRebalance {

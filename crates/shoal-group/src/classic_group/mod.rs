@@ -172,6 +172,17 @@ pub enum Output {
     },
 }
 
+/// How many of the partitions an offset commit names an assignment holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Covers {
+    /// Every one.
+    All,
+    /// Some, not all.
+    Some,
+    /// None.
+    None,
+}
+
 /// Limits and timing rules of the groups.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ClassicConfig {
@@ -353,8 +364,8 @@ impl ClassicGroups {
     }
 
     /// Checks an offset commit against the group (and counts it as a heartbeat); `covers`
-    /// says whether a member's assignment (protocol type, bytes) names every committed
-    /// partition.
+    /// says how many of the committed partitions a member's assignment (protocol type,
+    /// bytes) names.
     pub fn validate_commit(
         &mut self,
         group: &str,
@@ -362,7 +373,7 @@ impl ClassicGroups {
         instance_id: Option<&str>,
         generation: i32,
         now: u64,
-        covers: impl FnOnce(&str, &[u8]) -> bool,
+        covers: impl Fn(&str, &[u8]) -> Covers,
     ) -> Result<(), ClassicError> {
         match self.groups.get_mut(group) {
             Some(g) => g.validate_commit(member_id, instance_id, generation, now, covers),

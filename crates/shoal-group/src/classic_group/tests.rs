@@ -387,7 +387,7 @@ fn leaving_rebalances_and_the_last_leave_empties_the_group() {
     assert_eq!(r, vec![Ok(())]);
     assert_eq!(g.get("G").unwrap().state(), GroupState::Empty);
     assert!(g
-        .validate_commit("G", "", None, -1, 40, |_, _| true)
+        .validate_commit("G", "", None, -1, 40, |_, _| Covers::All)
         .is_ok());
     assert_eq!(g.delete("G"), Ok(()));
 }
@@ -770,11 +770,12 @@ fn a_new_group_settles_without_waiting_for_heartbeat_intervals() {
 }
 
 /// A member that commits what it releases while the group already moved to a new generation
-/// (fast rebalances make this common: it is told at once) keeps its commit, as long as no
-/// newer assignment was handed out and the partitions are in the assignment it holds; a
-/// commit of other partitions, or one after the new assignment is out, is fenced.
+/// (fast rebalances make this common: it is told at once) keeps its commit of partitions of
+/// the assignment it holds while no newer assignment is out, and of partitions of its previous
+/// assignment that the newer one gives nobody else; a commit of other partitions, of
+/// partitions now another member's, or with an older generation, is fenced.
 #[test]
-fn a_commit_with_the_generation_of_the_held_assignment_is_kept_until_a_newer_one_is_out() {
+fn a_commit_with_an_older_generation_is_kept_while_nobody_else_was_given_its_partitions() {
     let mut g = ClassicGroups::new(held(3_000, 0));
     let gen = holding_pair(&mut g, 0);
     // c joins; a and b are told and rejoin: a new generation, its assignment not out yet.
@@ -782,26 +783,57 @@ fn a_commit_with_the_generation_of_the_held_assignment_is_kept_until_a_newer_one
     g.join("G", 20, join_req("a", "", None, b"m"), 101);
     let j = joins(&g.join("G", 21, join_req("b", "", None, b"m"), 101));
     assert_eq!(j[0].1.generation, gen + 1);
-    let mine = |_: &str, bytes: &[u8]| bytes == b"for-a";
+    // The commit names what `for-a` holds (and, with `taken`, what `for-c` holds too).
+    let mine = |_: &str, bytes: &[u8]| {
+        if bytes == b"for-a" {
+            Covers::All
+        } else {
+            Covers::None
+        }
+    };
+    let taken = |_: &str, bytes: &[u8]| {
+        if bytes == b"for-a" || bytes == b"for-c" {
+            Covers::All
+        } else {
+            Covers::None
+        }
+    };
     assert_eq!(g.validate_commit("G", "a", None, gen, 102, mine), Ok(()));
     assert_eq!(
-        g.validate_commit("G", "a", None, gen, 102, |_, _| false),
+        g.validate_commit("G", "a", None, gen, 102, |_, _| Covers::Some),
         Err(ClassicError::IllegalGeneration),
         "partitions it does not hold"
     );
     assert_eq!(
-        g.validate_commit("G", "a", None, gen - 1, 102, mine),
+        g.validate_commit("G", "a", None, gen - 2, 102, mine),
         Err(ClassicError::IllegalGeneration),
-        "an older generation"
+        "a generation older than the last two synced"
     );
-    // The leader hands out the new assignment: the old generation is fenced.
+    // The leader hands out the new assignment: what nobody else was given may still be
+    // committed with the old generation; what c was given may not.
     sync_all(&mut g, gen + 1, &j[0].1.leader, &["a", "b", "c"], 103);
+    assert_eq!(g.validate_commit("G", "a", None, gen, 104, mine), Ok(()));
     assert_eq!(
-        g.validate_commit("G", "a", None, gen, 104, mine),
+        g.validate_commit("G", "a", None, gen, 104, taken),
+        Err(ClassicError::IllegalGeneration),
+        "partitions another member was given"
+    );
+    assert_eq!(
+        g.validate_commit("G", "a", None, gen + 1, 104, |_, _| Covers::All),
+        Ok(())
+    );
+    // One more generation synced: the oldest one is fenced whatever it names.
+    first_join(&mut g, "d", 30, 200);
+    for (i, m) in ["a", "b", "c"].iter().enumerate() {
+        g.join("G", 40 + i as u64, join_req(m, "", None, b"m"), 201);
+    }
+    sync_all(&mut g, gen + 2, &j[0].1.leader, &["a", "b", "c", "d"], 202);
+    assert_eq!(
+        g.validate_commit("G", "a", None, gen, 203, mine),
         Err(ClassicError::IllegalGeneration)
     );
     assert_eq!(
-        g.validate_commit("G", "a", None, gen + 1, 104, |_, _| true),
+        g.validate_commit("G", "a", None, gen + 1, 203, mine),
         Ok(())
     );
 }

@@ -189,6 +189,7 @@ impl Fixture {
             group_heartbeat_hold_ms: 0,
             consumer_heartbeat_hold_ms: 0,
             rebalance_fetch_hold_ms: 0,
+            consumer_fetch_hold_ms: 0,
             ..config
         })
         .await
