@@ -1,7 +1,8 @@
 //! `shoal dev --replicas N`: a replicated broker group to try on one machine. This process
 //! runs the name server and a one-voter controller; each replica is a `shoal broker` child
 //! process of the same binary (so that one can be killed, frozen or restarted to watch a
-//! failover), with its data under the dev data directory. Ctrl-C stops them all.
+//! failover), with its data under the dev data directory. Ctrl-C stops them all, and so does
+//! this process's death: each replica stops when its stdin, a pipe from this process, closes.
 
 use crate::controller::{Voter, VoterOptions};
 use crate::server::{shutdown_signal, DevArgs, DEFAULT_NAMESRV};
@@ -65,7 +66,10 @@ pub(crate) async fn run(args: DevArgs, replicas: usize) -> anyhow::Result<()> {
             .args(["--flush", flush, "--auto-create-topic"])
             .arg("--data-dir")
             .arg(&dir)
-            .stdin(Stdio::null())
+            // Its stdin is a pipe this process holds: when this process is gone, even
+            // SIGKILLed, the replica reads its end and stops.
+            .arg("--exit-with-stdin")
+            .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .spawn();
         match spawned {

@@ -128,6 +128,10 @@ pub(crate) struct BrokerArgs {
     /// Data directory (default ./shoal-data/broker).
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
+    /// Stop as on SIGTERM once stdin reaches its end: `shoal dev --replicas` starts its
+    /// replicas with a pipe as stdin, so they stop with dev even when dev is SIGKILLed.
+    #[arg(long, hide = true)]
+    pub exit_with_stdin: bool,
     /// Broker name (default broker-a).
     #[arg(long)]
     pub broker_name: Option<String>,
@@ -538,6 +542,26 @@ pub(crate) fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     }
 }
 
+/// Completes when stdin reaches its end (or cannot be read): the process that holds the other
+/// end of its pipe is gone.
+fn stdin_closed() -> impl std::future::Future<Output = ()> {
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    std::thread::spawn(move || {
+        use std::io::Read;
+        let mut stdin = std::io::stdin();
+        let mut buf = [0u8; 256];
+        while let Ok(n) = stdin.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+        }
+        drop(tx);
+    });
+    async move {
+        let _ = rx.await;
+    }
+}
+
 /// `shoal namesrv`.
 pub(crate) async fn run_namesrv(args: NamesrvArgs) -> anyhow::Result<()> {
     let stop = shutdown_signal();
@@ -627,7 +651,17 @@ pub(crate) async fn run_broker(
     args: BrokerArgs,
     common: crate::admin_cmd::Common,
 ) -> anyhow::Result<()> {
-    let stop = shutdown_signal();
+    let signal = shutdown_signal();
+    let stdin = args.exit_with_stdin.then(stdin_closed);
+    let stop = async move {
+        match stdin {
+            Some(closed) => tokio::select! {
+                () = signal => {}
+                () = closed => {}
+            },
+            None => signal.await,
+        }
+    };
     let cfg = broker_config(&args, &common)?;
     let kafka_cfg = broker_kafka_config(&args)?;
     let broker = Broker::start(cfg.clone()).await?;
