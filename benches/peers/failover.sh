@@ -15,6 +15,8 @@
 #   KILL        master (default) or replica
 #   SHOAL_BIN   default target/release/shoal (cargo build --release -p shoal)
 #   BASE_PORT   first of 5 ports (default 27800)
+#   RUST_LOG    the servers' log filter (default info)
+#   KEEP=1      keep the logs and data (under $TMPDIR, /tmp by default) and print where
 # Needs: jq, python3.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -23,14 +25,19 @@ bin=$(realpath "${SHOAL_BIN:-target/release/shoal}")
 [ -x "$bin" ] || { echo "no shoal binary at $bin" >&2; exit 1; }
 base=${BASE_PORT:-27800}
 victim=${KILL:-master}
-work=$(mktemp -d /tmp/shoal-failover.XXXXXX)
+work=$(mktemp -d "${TMPDIR:-/tmp}/shoal-failover.XXXXXX")
+log=${RUST_LOG:-info}
 pids=()
 stop_all() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
   for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
   pids=()
 }
-trap 'stop_all; rm -rf "$work"' EXIT
+if [ "${KEEP:-}" = 1 ]; then
+  trap 'stop_all; echo "logs kept in $work" >&2' EXIT
+else
+  trap 'stop_all; rm -rf "$work"' EXIT
+fi
 results=$work/results
 : >"$results"
 
@@ -39,13 +46,13 @@ for run in $(seq 1 "$runs"); do
   mkdir -p "$d"
   ns=127.0.0.1:$base
   ctl=127.0.0.1:$((base + 1))
-  RUST_LOG=info "$bin" namesrv --listen "$ns" >"$d/ns.out" 2>&1 &
+  RUST_LOG=$log "$bin" namesrv --listen "$ns" >"$d/ns.out" 2>&1 &
   pids+=($!)
-  RUST_LOG=info "$bin" controller --listen "$ctl" --data-dir "$d/ctl" >"$d/ctl.out" 2>&1 &
+  RUST_LOG=$log "$bin" controller --listen "$ctl" --data-dir "$d/ctl" >"$d/ctl.out" 2>&1 &
   pids+=($!)
   brokers=()
   for i in 1 2 3; do
-    RUST_LOG=info "$bin" broker --listen 127.0.0.1:$((base + 1 + i)) --namesrv "$ns" \
+    RUST_LOG=$log "$bin" broker --listen 127.0.0.1:$((base + 1 + i)) --namesrv "$ns" \
       --broker-name broker-a --data-dir "$d/r$i" --flush sync --controller "$ctl" >"$d/r$i.out" 2>&1 &
     brokers+=($!)
     pids+=($!)

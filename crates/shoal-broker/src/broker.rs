@@ -121,7 +121,12 @@ impl Broker {
             let started = crate::replication::start(
                 &shared.config.replication,
                 &shared.config.broker_name,
-                shared.config.announce_addr(),
+                shared
+                    .config
+                    .replication
+                    .advertised_addr
+                    .as_deref()
+                    .unwrap_or(shared.config.announce_addr()),
                 &shared.config.data_dir,
                 shared.store.clone(),
                 shared

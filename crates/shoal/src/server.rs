@@ -171,6 +171,10 @@ pub(crate) struct BrokerArgs {
     /// master and as the id the controller gives it while a replica.
     #[arg(long, value_name = "ADDRS")]
     pub controller: Option<String>,
+    /// The `host:port` the other brokers of the group reach this one at for replication, if
+    /// not its announced address (config key `replication.advertised_addr`).
+    #[arg(long, value_name = "ADDR")]
+    pub replication_addr: Option<String>,
     /// When a send to a replicated group is acknowledged: after the whole in-sync set has it
     /// (`in-sync-set`, the default) or after the master alone (`master`); config key
     /// `replication.ack`.
@@ -322,6 +326,9 @@ pub(crate) fn broker_config(
             bail!("--controller is empty");
         }
         cfg.replication.controller_addrs = addrs;
+    }
+    if let Some(v) = &args.replication_addr {
+        cfg.replication.advertised_addr = Some(v.clone());
     }
     if let Some(v) = args.ack {
         cfg.replication.ack = match v {

@@ -16,126 +16,13 @@ mod support;
 
 use serde_json::Value;
 use std::collections::BTreeSet;
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-use support::cluster::{Cluster, SteadyProducer, TrackedGroup};
-use support::proxy::Proxy;
+use support::cluster::{SteadyProducer, TrackedGroup};
+use support::replicas::{
+    in_sync_len, under_load, wait_all_consumed, wait_sends, Loaded, Replicas, GROUP, LIMIT, TOPIC,
+};
 use support::{free_port, log_sink, shoal, Proc};
-
-const LIMIT: Duration = Duration::from_secs(60);
-const TOPIC: &str = "Replicated";
-const GROUP: &str = "broker-a";
-
-struct Replicas {
-    cluster: Cluster,
-    controller_addr: String,
-    _controller: Proc,
-    brokers: Vec<(String, PathBuf, Option<Proc>)>,
-    /// Each broker's link to the controller.
-    links: Vec<Proxy>,
-    /// More arguments for every broker.
-    extra: Vec<String>,
-}
-
-impl Replicas {
-    fn start() -> Replicas {
-        Self::start_with(|_| Vec::new())
-    }
-
-    /// Brokers started with the arguments `extra` gives (given the cluster's directory).
-    fn start_with(extra: impl FnOnce(&std::path::Path) -> Vec<String>) -> Replicas {
-        let cluster = Cluster::start(None);
-        let extra = extra(cluster.dev.dir.path());
-        let controller_addr = format!("127.0.0.1:{}", free_port());
-        let cdir = cluster.dev.dir.path().join("controller");
-        let child = Command::new(shoal())
-            .args(["controller", "--listen", &controller_addr, "--id", "1"])
-            .args(["--data-dir", cdir.to_str().unwrap()])
-            .stdout(Stdio::null())
-            .stderr(log_sink("controller"))
-            .spawn()
-            .unwrap();
-        let mut r = Replicas {
-            brokers: (0..3)
-                .map(|i| {
-                    (
-                        format!("127.0.0.1:{}", free_port()),
-                        cluster.dev.dir.path().join(format!("replica-{i}")),
-                        None,
-                    )
-                })
-                .collect(),
-            links: (0..3).map(|_| Proxy::start(&controller_addr)).collect(),
-            cluster,
-            controller_addr,
-            _controller: Proc { child },
-            extra,
-        };
-        for i in 0..3 {
-            r.start_broker(i);
-        }
-        r
-    }
-
-    fn start_broker(&mut self, i: usize) {
-        let (addr, dir, proc) = &mut self.brokers[i];
-        let child = Command::new(shoal())
-            .args([
-                "broker",
-                "--listen",
-                addr,
-                "--namesrv",
-                &self.cluster.dev.namesrv,
-            ])
-            .args(["--data-dir", dir.to_str().unwrap(), "--broker-name", GROUP])
-            .args(["--controller", &self.links[i].addr, "--flush", "sync"])
-            .arg("--auto-create-topic")
-            .args(&self.extra)
-            .stdout(Stdio::null())
-            .stderr(log_sink(&format!("replica-{i}")))
-            .spawn()
-            .unwrap();
-        *proc = Some(Proc { child });
-    }
-
-    /// The group as the controller shows it, once `ok` holds.
-    fn wait_group(&self, what: &str, ok: impl Fn(&Value) -> bool) -> Value {
-        let deadline = Instant::now() + LIMIT;
-        loop {
-            let out = Command::new(shoal())
-                .args([
-                    "cluster",
-                    "status",
-                    "--controller",
-                    &self.controller_addr,
-                    "--json",
-                ])
-                .output()
-                .unwrap();
-            if out.status.success() {
-                if let Ok(v) = serde_json::from_slice::<Value>(&out.stdout) {
-                    let g = &v["groups"][GROUP];
-                    if ok(g) {
-                        return g.clone();
-                    }
-                }
-            }
-            assert!(Instant::now() < deadline, "{what}");
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    /// The index of the broker with controller id `id`.
-    fn index_of(&self, group: &Value, id: u64) -> usize {
-        let addr = group["members"][id.to_string()].as_str().unwrap();
-        self.brokers.iter().position(|(a, _, _)| a == addr).unwrap()
-    }
-}
-
-fn in_sync_len(g: &Value) -> usize {
-    g["inSync"].as_array().map_or(0, Vec::len)
-}
 
 /// How the master fails.
 #[derive(Debug, Clone, Copy)]
@@ -250,7 +137,7 @@ fn scenario(fault: Fault) -> Outcome {
         Fault::Freeze => {
             Command::new("kill").args(["-STOP", &pid]).status().unwrap();
         }
-        Fault::CutFromController => r.links[master].cut(),
+        Fault::CutFromController => r.cut_from_controller(master),
     }
     let g = r.wait_group("no new master elected", |g| {
         g["masterEpoch"].as_u64().unwrap_or(0) > epoch && g["master"].is_u64()
@@ -285,7 +172,7 @@ fn scenario(fault: Fault) -> Outcome {
         Fault::Freeze => {
             Command::new("kill").args(["-CONT", &pid]).status().unwrap();
         }
-        Fault::CutFromController => r.links[master].heal(),
+        Fault::CutFromController => r.heal_to_controller(master),
     }
     r.wait_group("the old master did not rejoin the in-sync set", |g| {
         in_sync_len(g) == 3
@@ -297,86 +184,6 @@ fn scenario(fault: Fault) -> Outcome {
         acknowledged: acked.len(),
         elected,
         resumed,
-    }
-}
-
-/// Waits until `group` consumed every message of `acked`.
-fn wait_all_consumed(group: &TrackedGroup, acked: &BTreeSet<String>) {
-    let deadline = Instant::now() + LIMIT;
-    loop {
-        let seen: BTreeSet<String> = group
-            .lines
-            .lock()
-            .unwrap()
-            .iter()
-            .map(|l| l.body.clone())
-            .collect();
-        let missing: Vec<&String> = acked.difference(&seen).collect();
-        if missing.is_empty() {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{} of {} acknowledged messages never consumed, e.g. {:?}",
-            missing.len(),
-            acked.len(),
-            &missing[..missing.len().min(5)]
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
-/// Waits until `producer` has `more` acknowledgements beyond what it had.
-fn wait_sends(producer: &SteadyProducer, more: usize, what: &str) {
-    let before = producer.sent.lock().unwrap().len();
-    let deadline = Instant::now() + LIMIT;
-    while producer.sent.lock().unwrap().len() < before + more {
-        assert!(Instant::now() < deadline, "{what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-/// A group with its first master and all three in sync, under load.
-struct Loaded {
-    /// The first master's epoch.
-    epoch: u64,
-    /// The indexes of the master and of its two replicas.
-    master: usize,
-    replica: usize,
-    other: usize,
-    /// Sends every 10 ms to `TOPIC`, created on the master only.
-    producer: SteadyProducer,
-    /// One tracked consumer, `c1`.
-    group: TrackedGroup,
-}
-
-/// Waits for a master with three in sync, creates `TOPIC` on it, starts a producer (bodies
-/// `prefix-N`) and a consumer of `group`.
-fn under_load(r: &Replicas, prefix: &str, group: &str) -> Loaded {
-    let g = r.wait_group("no master with three in sync", |g| {
-        g["master"].is_u64() && in_sync_len(g) == 3
-    });
-    let epoch = g["masterEpoch"].as_u64().unwrap();
-    let master = r.index_of(&g, g["master"].as_u64().unwrap());
-    let (replica, other) = match master {
-        0 => (1, 2),
-        1 => (2, 0),
-        _ => (0, 1),
-    };
-    let master_addr = r.brokers[master].0.clone();
-    let mut args = vec!["topic", "create", TOPIC, "--queues", "4", "--brokers"];
-    args.extend([master_addr.as_str(), "--json"]);
-    r.cluster.json(&args);
-    let producer = SteadyProducer::start(&r.cluster.dev, TOPIC, prefix, 10);
-    let mut tracked = TrackedGroup::new(group, TOPIC);
-    tracked.join(&r.cluster.dev, "c1", &[]);
-    Loaded {
-        epoch,
-        master,
-        replica,
-        other,
-        producer,
-        group: tracked,
     }
 }
 
@@ -447,7 +254,7 @@ fn log_range(r: &Replicas, broker: usize) -> (u64, u64) {
 /// group has consumed every acknowledged message.
 #[test]
 fn a_replica_behind_the_masters_retention_restarts_its_log_and_rejoins() {
-    let mut r = Replicas::start_with(|dir| {
+    let mut r = Replicas::start_with(1, |dir| {
         let file = dir.join("small-segments.toml");
         std::fs::write(
             &file,

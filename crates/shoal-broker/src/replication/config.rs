@@ -25,6 +25,11 @@ pub struct ReplicationSettings {
     /// The controller's voters (`host:port`); the broker asks them in turn until the leader
     /// answers. Empty: no replication.
     pub controller_addrs: Vec<String>,
+    /// The `host:port` the other brokers of the group send replication messages to, as the
+    /// broker registers it with the controller. None: the broker's announced address
+    /// (`announce_addr`, else its listen address). Set it when the brokers reach each other
+    /// at another address than clients do (a separate network, a proxy).
+    pub advertised_addr: Option<String>,
     /// When a send is acknowledged: `in_sync_set` (default) or `master`.
     pub ack: AckSetting,
     /// Sends are refused (IN_SYNC_REPLICAS_NOT_ENOUGH) while the in-sync set, the master
@@ -60,6 +65,7 @@ impl Default for ReplicationSettings {
     fn default() -> Self {
         Self {
             controller_addrs: Vec::new(),
+            advertised_addr: None,
             ack: AckSetting::InSyncSet,
             min_insync_replicas: 1,
             heartbeat_ms: 500,
@@ -84,6 +90,14 @@ impl ReplicationSettings {
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         if !self.enabled() {
             return Ok(());
+        }
+        if self.advertised_addr.as_deref().is_some_and(|a| {
+            a.rsplit_once(':')
+                .is_none_or(|(h, p)| h.is_empty() || p.parse::<u16>().is_err())
+        }) {
+            return Err(ConfigError(
+                "replication.advertised_addr must be host:port".into(),
+            ));
         }
         if self.min_insync_replicas == 0 {
             return Err(ConfigError(
@@ -119,5 +133,24 @@ impl ReplicationSettings {
             ));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_advertised_address_is_host_and_port() {
+        let with = |addr: &str| ReplicationSettings {
+            controller_addrs: vec!["127.0.0.1:9878".into()],
+            advertised_addr: Some(addr.into()),
+            ..ReplicationSettings::default()
+        };
+        assert!(with("10.0.0.1:10912").validate().is_ok());
+        assert!(with("broker-a-1.internal:10912").validate().is_ok());
+        for bad in ["10.0.0.1", ":10912", "10.0.0.1:port", ""] {
+            assert!(with(bad).validate().is_err(), "{bad:?}");
+        }
     }
 }

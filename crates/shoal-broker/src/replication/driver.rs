@@ -516,19 +516,14 @@ impl Driver {
 
     fn link(&mut self, to: BrokerId, addr: &str) -> &PeerLink {
         if self.links.get(&to).is_none_or(|l| l.addr != addr) {
-            let (queue, mut rx) = mpsc::channel::<RemotingCommand>(PEER_QUEUE);
-            let client = self.client.clone();
-            let target = addr.to_string();
-            let inbox = self.tx.clone();
-            let task = tokio::spawn(async move {
-                while let Some(cmd) = rx.recv().await {
-                    if let Err(e) = client.invoke_oneway(&target, cmd).await {
-                        tracing::debug!(peer = %target, error = %e, "replication message not sent");
-                        // A hint for the member; a full inbox drops it (the lag rule remains).
-                        let _ = inbox.try_send(Input::Unreachable(to));
-                    }
-                }
-            });
+            let (queue, rx) = mpsc::channel::<RemotingCommand>(PEER_QUEUE);
+            let task = tokio::spawn(super::link::run(
+                self.client.clone(),
+                addr.to_string(),
+                to,
+                rx,
+                self.tx.clone(),
+            ));
             self.links.insert(
                 to,
                 PeerLink {

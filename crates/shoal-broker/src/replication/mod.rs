@@ -20,6 +20,7 @@
 mod config;
 mod disk;
 mod driver;
+mod link;
 mod metadata;
 mod metrics;
 mod wire;
@@ -100,7 +101,8 @@ pub(crate) enum Input {
     },
     /// The controller says the group changed (a hint: ask it now).
     Notice,
-    /// A message to this broker of the group could not be sent (a hint that it is down).
+    /// A message to this broker of the group could not be sent, or the connection to it
+    /// closed (a hint that it is down).
     Unreachable(shoal_ha::BrokerId),
 }
 

@@ -64,6 +64,10 @@ pub struct MasterConfig {
     /// Renew the lease this often at most; a master renews at least three times per lease
     /// the controller grants, whatever this says.
     pub renew_ms: Millis,
+    /// A renewal that no voter granted (none answered as the leader: the voters are electing
+    /// one, or none is reachable) is asked again this much later, not at the next renewal:
+    /// the lease then lapses only for as long as the voters take to elect a leader.
+    pub renew_retry_ms: Millis,
     /// Writes waiting for their acknowledgement at most.
     pub max_pending: usize,
 }
@@ -81,6 +85,7 @@ impl Default for MasterConfig {
             resend_ms: 1_000,
             ack_timeout_ms: 5_000,
             renew_ms: 1_000,
+            renew_retry_ms: 100,
             max_pending: 65_536,
         }
     }
@@ -543,10 +548,13 @@ impl Master {
         }
     }
 
-    /// A call got no answer (the driver's timeout); forget it. A proposal of the in-sync set
-    /// stays counted (it may still apply) and is sent again.
+    /// A call got no answer (the driver's timeout, or no voter answered as the leader);
+    /// forget it. A proposal of the in-sync set stays counted (it may still apply) and is sent
+    /// again. A lease renewal is asked again `renew_retry_ms` later.
     pub fn handle_controller_timeout(&mut self, now: Millis, call: u64) {
-        self.calls.remove(&call);
+        if let Some(Call::Lease { .. }) = self.calls.remove(&call) {
+            self.next_renew = self.next_renew.min(now + self.cfg.renew_retry_ms);
+        }
         self.advance(now);
     }
 

@@ -189,6 +189,7 @@ pub(crate) fn member_config(cfg: &SimConfig, index: usize, token: String) -> Mem
             resend_ms: 300,
             ack_timeout_ms: 1_000,
             renew_ms: 150,
+            renew_retry_ms: 50,
             max_pending: 10_000,
         },
     }

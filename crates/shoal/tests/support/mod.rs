@@ -11,6 +11,7 @@
 pub mod cluster;
 pub mod external;
 pub mod proxy;
+pub mod replicas;
 
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap};

@@ -1,7 +1,10 @@
 //! A TCP proxy the test controls, between two processes: every byte goes through it, and the
-//! test can cut a direction (bytes that way are read and dropped, as a one-way partition does)
-//! or both, and heal it again. Cutting both ways also closes the connections open through it
-//! and refuses new ones, as a partition that outlasts TCP's timeouts does.
+//! test can cut a direction or both, and heal it again. A direction cut one way is held: the
+//! proxy stops reading that way, so the sender's bytes wait (its socket's buffers fill, its
+//! writes stop) and arrive once healed, in order, as TCP delivers them after a one-way
+//! partition shorter than its retransmission timeout; the other direction flows on. Cutting
+//! both ways closes the connections open through it and refuses new ones, as a partition
+//! that outlasts TCP's timeouts does.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -74,7 +77,7 @@ impl Proxy {
         Proxy { addr, cuts, open }
     }
 
-    /// Drops the bytes going one way: `up` from the clients to the target, else back.
+    /// Holds the bytes going one way: `up` from the clients to the target, else back.
     pub fn cut_one_way(&self, up: bool) {
         if up {
             self.cuts.up.store(true, Ordering::SeqCst);
@@ -100,7 +103,8 @@ impl Proxy {
     }
 }
 
-/// Copies `from` to `to` until either closes; drops the bytes while its direction is cut.
+/// Copies `from` to `to` until either closes; reads nothing while its direction is cut one
+/// way, and drops what it read when both are (the connection is closing then).
 fn pump(mut from: TcpStream, mut to: TcpStream, cuts: Arc<Cuts>, up: bool, generation: u64) {
     std::thread::spawn(move || {
         let _ = from.set_read_timeout(Some(Duration::from_millis(200)));
@@ -108,6 +112,15 @@ fn pump(mut from: TcpStream, mut to: TcpStream, cuts: Arc<Cuts>, up: bool, gener
         loop {
             if cuts.generation.load(Ordering::SeqCst) != generation {
                 break;
+            }
+            let (this_way, other_way) = if up {
+                (&cuts.up, &cuts.down)
+            } else {
+                (&cuts.down, &cuts.up)
+            };
+            if this_way.load(Ordering::SeqCst) && !other_way.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
             }
             let n = match from.read(&mut buf) {
                 Ok(0) => break,
@@ -122,8 +135,14 @@ fn pump(mut from: TcpStream, mut to: TcpStream, cuts: Arc<Cuts>, up: bool, gener
                 }
                 Err(_) => break,
             };
-            let cut = if up { &cuts.up } else { &cuts.down };
-            if cut.load(Ordering::SeqCst) {
+            // Read as the cut came: held until healed, unless both ways are cut.
+            while this_way.load(Ordering::SeqCst)
+                && !other_way.load(Ordering::SeqCst)
+                && cuts.generation.load(Ordering::SeqCst) == generation
+            {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            if this_way.load(Ordering::SeqCst) {
                 continue;
             }
             if to.write_all(&buf[..n]).is_err() {

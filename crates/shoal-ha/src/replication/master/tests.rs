@@ -407,6 +407,38 @@ fn an_unreachable_replica_that_writes_wait_for_leaves_the_in_sync_set_at_once() 
     );
 }
 
+/// A replica SIGKILLed with the last batch in flight to it, as a broker traced it: the write
+/// that batch carries waits for the replica, and no other write comes (the producer waits for
+/// each answer), so nothing more is shipped and no send fails before the heartbeat is due.
+/// The driver reports the link's closed connection instead; that hint alone proposes it out,
+/// with no time passing. A hint that comes while nothing waits still counts when a write then
+/// waits for it.
+#[test]
+fn a_replica_that_dies_with_a_batch_in_flight_leaves_on_the_hint_alone() {
+    let mut m = master(AckMode::InSyncSet, 1, EpochCache::default(), 0);
+    grant(&mut m, 0);
+    handshake(&mut m, 1, 2, 0, vec![]);
+    m.handle_appended(2, 1, 50);
+    assert_eq!(shipped(&mut m, 2), vec![(2, 0, 50)]);
+    assert!(m.poll_transmit(2).is_none(), "nothing more to send");
+    assert!(
+        m.poll_timeout() > 2,
+        "nothing due before a heartbeat or a renewal"
+    );
+    m.handle_unreachable(3, 2);
+    assert_eq!(proposals(&mut m, 3), vec![BTreeSet::from([1])]);
+    assert_eq!(m.poll_ack(), None, "not before the controller applies it");
+
+    // The hint first, while nothing waits; then a write.
+    let mut m = master(AckMode::InSyncSet, 1, EpochCache::default(), 0);
+    grant(&mut m, 0);
+    handshake(&mut m, 1, 2, 0, vec![]);
+    m.handle_unreachable(2, 2);
+    assert!(proposals(&mut m, 2).is_empty(), "caught up: no change");
+    m.handle_appended(3, 1, 50);
+    assert_eq!(proposals(&mut m, 3), vec![BTreeSet::from([1])]);
+}
+
 #[test]
 fn a_replica_heard_again_is_no_longer_unreachable() {
     let mut m = master(AckMode::InSyncSet, 1, EpochCache::default(), 0);
@@ -539,6 +571,60 @@ fn the_lease_is_renewed_within_a_third_of_the_first_grant() {
     }
     assert!(
         renewals.windows(2).all(|w| w[1] - w[0] <= 334),
+        "{renewals:?}"
+    );
+}
+
+/// The controller's leader dies: no voter grants a renewal until the others have elected a
+/// new leader (a Raft election timeout, 1 to 2 s by default, longer than the lease). A renewal
+/// that got no grant is asked again `renew_retry_ms` later rather than at the next renewal
+/// (a third of the lease later), so the lease lapses for at most that long after a leader is
+/// there again.
+#[test]
+fn a_renewal_no_voter_granted_is_asked_again_soon() {
+    let mut m = master(AckMode::InSyncSet, 1, EpochCache::default(), 0);
+    let leader_back_at = 1_500;
+    let mut renewals = Vec::new();
+    let mut now = 0;
+    while now <= 3_000 {
+        if now >= m.poll_timeout() {
+            m.handle_timeout(now);
+        }
+        while let Some(t) = m.poll_transmit(now) {
+            if let MasterTransmit::Controller {
+                call,
+                req: Request::RenewLease { master_epoch, .. },
+            } = t
+            {
+                renewals.push(now);
+                // No leader from 200 ms on: the voters answer NotLeader, the driver reports
+                // no answer 5 ms later.
+                if (200..leader_back_at).contains(&now) {
+                    m.handle_controller_timeout(now + 5, call);
+                } else {
+                    m.handle_controller_response(
+                        now + 5,
+                        call,
+                        Response::LeaseGranted {
+                            master_epoch,
+                            lease_ms: 1_000,
+                        },
+                    );
+                }
+            }
+        }
+        now += 1;
+    }
+    let first_after = renewals.iter().find(|at| **at >= leader_back_at).copied();
+    let retry = MasterConfig::default().renew_retry_ms;
+    assert!(
+        first_after.is_some_and(|at| at <= leader_back_at + retry + 5),
+        "{renewals:?}"
+    );
+    assert!(m.holds_lease(first_after.unwrap_or_default() + 5));
+    // While no leader answered, one renewal per retry interval, no more.
+    assert!(
+        renewals.windows(2).all(|w| w[1] - w[0] >= retry.min(334)),
         "{renewals:?}"
     );
 }

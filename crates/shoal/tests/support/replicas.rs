@@ -1,0 +1,388 @@
+//! A replicated broker group as separate `shoal` processes on 127.0.0.1 (ports chosen at run
+//! time): one name server, one or three controller voters (`shoal controller`, each with its
+//! own data directory, so a restarted voter keeps its log), and three brokers of [`GROUP`]
+//! with `--controller`, each reaching every voter through a TCP proxy the test controls. A
+//! steady producer and a tracked consumer group put it under load ([`under_load`]).
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    unreachable_pub,
+    reason = "test code: a failed unwrap is a failed test"
+)]
+
+use super::cluster::{Cluster, SteadyProducer, TrackedGroup};
+use super::proxy::Proxy;
+use super::{free_port, log_sink, shoal, Proc};
+use serde_json::Value;
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long any wait for the group may take.
+pub const LIMIT: Duration = Duration::from_secs(60);
+/// The topic the load goes to.
+pub const TOPIC: &str = "Replicated";
+/// The broker group.
+pub const GROUP: &str = "broker-a";
+
+/// One controller voter: its address, data directory and process (none while down).
+pub struct Voter {
+    pub addr: String,
+    pub dir: PathBuf,
+    pub proc: Option<Proc>,
+}
+
+/// The processes of one replicated group.
+pub struct Replicas {
+    pub cluster: Cluster,
+    /// Voter `i` has Raft id `i + 1`.
+    pub voters: Vec<Voter>,
+    /// Each broker's listen address, data directory and process (none while down).
+    pub brokers: Vec<(String, PathBuf, Option<Proc>)>,
+    /// Each broker's links to the voters, one proxy per voter.
+    pub links: Vec<Vec<Proxy>>,
+    /// With [`Replicas::start_with_peer_proxies`]: a proxy in front of each broker, which it
+    /// advertises as its replication address (`--replication-addr`), so every replication
+    /// message to broker `i` goes through `peers[i]`. Empty otherwise.
+    pub peers: Vec<Proxy>,
+    /// More arguments for every broker.
+    extra: Vec<String>,
+}
+
+impl Replicas {
+    /// One voter, brokers with default settings.
+    pub fn start() -> Replicas {
+        Self::start_with(1, |_| Vec::new())
+    }
+
+    /// `voters` controller voters, brokers started with the arguments `extra` gives (given the
+    /// cluster's directory).
+    pub fn start_with(voters: usize, extra: impl FnOnce(&Path) -> Vec<String>) -> Replicas {
+        Self::start_all(voters, false, extra)
+    }
+
+    /// [`Replicas::start_with`], every broker reached by the others through a proxy of
+    /// [`Replicas::peers`].
+    pub fn start_with_peer_proxies(
+        voters: usize,
+        extra: impl FnOnce(&Path) -> Vec<String>,
+    ) -> Replicas {
+        Self::start_all(voters, true, extra)
+    }
+
+    fn start_all(
+        voters: usize,
+        peer_proxies: bool,
+        extra: impl FnOnce(&Path) -> Vec<String>,
+    ) -> Replicas {
+        let cluster = Cluster::start(None);
+        let extra = extra(cluster.dev.dir.path());
+        let voters: Vec<Voter> = (0..voters)
+            .map(|i| Voter {
+                addr: format!("127.0.0.1:{}", free_port()),
+                dir: cluster.dev.dir.path().join(format!("controller-{}", i + 1)),
+                proc: None,
+            })
+            .collect();
+        let links = (0..3)
+            .map(|_| voters.iter().map(|v| Proxy::start(&v.addr)).collect())
+            .collect();
+        let brokers: Vec<(String, PathBuf, Option<Proc>)> = (0..3)
+            .map(|i| {
+                (
+                    format!("127.0.0.1:{}", free_port()),
+                    cluster.dev.dir.path().join(format!("replica-{i}")),
+                    None,
+                )
+            })
+            .collect();
+        let peers = match peer_proxies {
+            true => brokers.iter().map(|b| Proxy::start(&b.0)).collect(),
+            false => Vec::new(),
+        };
+        let mut r = Replicas {
+            brokers,
+            links,
+            peers,
+            cluster,
+            voters,
+            extra,
+        };
+        for i in 0..r.voters.len() {
+            r.start_voter(i);
+        }
+        for i in 0..3 {
+            r.start_broker(i);
+        }
+        r
+    }
+
+    /// Starts voter `i` (again), on its address and data directory.
+    pub fn start_voter(&mut self, i: usize) {
+        let peers: Vec<String> = self
+            .voters
+            .iter()
+            .enumerate()
+            .map(|(j, v)| format!("{}={}", j + 1, v.addr))
+            .collect();
+        let v = &self.voters[i];
+        let mut cmd = Command::new(shoal());
+        cmd.args(["controller", "--listen", &v.addr])
+            .args(["--id", &(i + 1).to_string()])
+            .args(["--data-dir", v.dir.to_str().unwrap()]);
+        if self.voters.len() > 1 {
+            cmd.args(["--peers", &peers.join(",")]);
+        }
+        let child = cmd
+            .stdout(Stdio::null())
+            .stderr(log_sink(&format!("controller-{}", i + 1)))
+            .spawn()
+            .unwrap();
+        self.voters[i].proc = Some(Proc { child });
+    }
+
+    /// SIGKILLs voter `i`.
+    pub fn kill_voter(&mut self, i: usize) {
+        if let Some(mut p) = self.voters[i].proc.take() {
+            p.sigkill();
+        }
+    }
+
+    /// Starts broker `i` (again), on its address and data directory.
+    pub fn start_broker(&mut self, i: usize) {
+        let controllers: Vec<&str> = self.links[i].iter().map(|p| p.addr.as_str()).collect();
+        let peer: Vec<&str> = match self.peers.get(i) {
+            Some(p) => vec!["--replication-addr", p.addr.as_str()],
+            None => Vec::new(),
+        };
+        let (addr, dir, proc) = &mut self.brokers[i];
+        let child = Command::new(shoal())
+            .args([
+                "broker",
+                "--listen",
+                addr,
+                "--namesrv",
+                &self.cluster.dev.namesrv,
+            ])
+            .args(["--data-dir", dir.to_str().unwrap(), "--broker-name", GROUP])
+            .args(["--controller", &controllers.join(","), "--flush", "sync"])
+            .arg("--auto-create-topic")
+            .args(&peer)
+            .args(&self.extra)
+            .stdout(Stdio::null())
+            .stderr(log_sink(&format!("replica-{i}")))
+            .spawn()
+            .unwrap();
+        *proc = Some(Proc { child });
+    }
+
+    /// SIGKILLs broker `i`.
+    pub fn kill_broker(&mut self, i: usize) {
+        if let Some(p) = self.brokers[i].2.as_mut() {
+            p.sigkill();
+        }
+    }
+
+    /// Cuts broker `i` off from every voter (both ways: its connections close).
+    pub fn cut_from_controller(&self, i: usize) {
+        self.links[i].iter().for_each(Proxy::cut);
+    }
+
+    /// Heals what [`Replicas::cut_from_controller`] cut.
+    pub fn heal_to_controller(&self, i: usize) {
+        self.links[i].iter().for_each(Proxy::heal);
+    }
+
+    /// `shoal cluster status --controller ADDR --json` of voter `i`, while it answers.
+    pub fn status_of(&self, i: usize) -> Option<Value> {
+        let out = Command::new(shoal())
+            .args([
+                "cluster",
+                "status",
+                "--controller",
+                &self.voters[i].addr,
+                "--json",
+            ])
+            .output()
+            .unwrap();
+        if !out.status.success() {
+            return None;
+        }
+        serde_json::from_slice::<Value>(&out.stdout).ok()
+    }
+
+    /// The group as a running voter shows it, once `ok` holds.
+    pub fn wait_group(&self, what: &str, ok: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + LIMIT;
+        loop {
+            for i in 0..self.voters.len() {
+                if self.voters[i].proc.is_none() {
+                    continue;
+                }
+                if let Some(v) = self.status_of(i) {
+                    let g = &v["groups"][GROUP];
+                    if ok(g) {
+                        return g.clone();
+                    }
+                }
+            }
+            assert!(Instant::now() < deadline, "{what}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// The index of the voter that leads, as running voter `from` knows it, once it knows one
+    /// for which `ok` holds.
+    pub fn wait_leader(&self, from: usize, what: &str, ok: impl Fn(usize) -> bool) -> usize {
+        let deadline = Instant::now() + LIMIT;
+        loop {
+            if let Some(id) = self.status_of(from).and_then(|v| v["leaderId"].as_u64()) {
+                let i = id as usize - 1;
+                if ok(i) {
+                    return i;
+                }
+            }
+            assert!(Instant::now() < deadline, "{what}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The index of the broker with controller id `id` (registered with its listen address,
+    /// or its proxy's).
+    pub fn index_of(&self, group: &Value, id: u64) -> usize {
+        let addr = group["members"][id.to_string()].as_str().unwrap();
+        match self.peers.iter().position(|p| p.addr == addr) {
+            Some(i) => i,
+            None => self.brokers.iter().position(|(a, _, _)| a == addr).unwrap(),
+        }
+    }
+
+    /// The controller id of broker `i` in `group`.
+    pub fn id_of(&self, group: &Value, i: usize) -> u64 {
+        group["members"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(|id| id.parse::<u64>().unwrap())
+            .find(|id| self.index_of(group, *id) == i)
+            .unwrap()
+    }
+}
+
+/// The size of the group's in-sync set.
+pub fn in_sync_len(g: &Value) -> usize {
+    g["inSync"].as_array().map_or(0, Vec::len)
+}
+
+/// Waits until `group` consumed every message of `acked`.
+pub fn wait_all_consumed(group: &TrackedGroup, acked: &BTreeSet<String>) {
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        let seen: BTreeSet<String> = group
+            .lines
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|l| l.body.clone())
+            .collect();
+        let missing: Vec<&String> = acked.difference(&seen).collect();
+        if missing.is_empty() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} of {} acknowledged messages never consumed, e.g. {:?}",
+            missing.len(),
+            acked.len(),
+            &missing[..missing.len().min(5)]
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Waits until `producer` has `more` acknowledgements beyond what it had.
+pub fn wait_sends(producer: &SteadyProducer, more: usize, what: &str) {
+    let before = producer.sent.lock().unwrap().len();
+    let deadline = Instant::now() + LIMIT;
+    while producer.sent.lock().unwrap().len() < before + more {
+        assert!(Instant::now() < deadline, "{what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The bodies `producer` has had acknowledged so far (it goes on sending).
+pub fn acknowledged(producer: &SteadyProducer) -> BTreeSet<String> {
+    producer
+        .sent
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|l| l.body.clone())
+        .collect()
+}
+
+/// The longest time between two acknowledgements of `producer` from `since` (counted from
+/// `since` itself) to its latest one.
+pub fn longest_gap(producer: &SteadyProducer, since: Instant) -> Duration {
+    let mut at: Vec<Instant> = producer
+        .sent
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|l| l.at)
+        .filter(|at| *at >= since)
+        .collect();
+    at.sort();
+    let mut last = since;
+    let mut gap = Duration::ZERO;
+    for t in at {
+        gap = gap.max(t - last);
+        last = t;
+    }
+    gap
+}
+
+/// A group with its first master and all three in sync, under load.
+pub struct Loaded {
+    /// The first master's epoch.
+    pub epoch: u64,
+    /// The indexes of the master and of its two replicas.
+    pub master: usize,
+    pub replica: usize,
+    pub other: usize,
+    /// Sends every 10 ms to [`TOPIC`], created on the master only.
+    pub producer: SteadyProducer,
+    /// One tracked consumer, `c1`.
+    pub group: TrackedGroup,
+}
+
+/// Waits for a master with three in sync, creates [`TOPIC`] on it (the replicas learn it from
+/// the group's log), starts a producer (bodies `prefix-N`) and a consumer of `group`.
+pub fn under_load(r: &Replicas, prefix: &str, group: &str) -> Loaded {
+    let g = r.wait_group("no master with three in sync", |g| {
+        g["master"].is_u64() && in_sync_len(g) == 3
+    });
+    let epoch = g["masterEpoch"].as_u64().unwrap();
+    let master = r.index_of(&g, g["master"].as_u64().unwrap());
+    let (replica, other) = match master {
+        0 => (1, 2),
+        1 => (2, 0),
+        _ => (0, 1),
+    };
+    let master_addr = r.brokers[master].0.clone();
+    let mut args = vec!["topic", "create", TOPIC, "--queues", "4", "--brokers"];
+    args.extend([master_addr.as_str(), "--json"]);
+    r.cluster.json(&args);
+    let producer = SteadyProducer::start(&r.cluster.dev, TOPIC, prefix, 10);
+    let mut tracked = TrackedGroup::new(group, TOPIC);
+    tracked.join(&r.cluster.dev, "c1", &[]);
+    Loaded {
+        epoch,
+        master,
+        replica,
+        other,
+        producer,
+        group: tracked,
+    }
+}
