@@ -636,6 +636,14 @@ impl BrokerConfig {
                 "acl_enabled needs acl_file (the accounts and their permissions)".into(),
             ));
         }
+        if self.acl_enabled && self.replication.enabled() && self.replication.access_key.is_none() {
+            return Err(ConfigError(
+                "acl_enabled with replication needs replication.access_key and \
+                 replication.secret_key: an admin account of the ACL file, which the group's \
+                 brokers sign their replication messages with (the ACL refuses unsigned ones)"
+                    .into(),
+            ));
+        }
         if self.namesrv_access_key.is_some() != self.namesrv_secret_key.is_some() {
             return Err(ConfigError(
                 "namesrv_access_key and namesrv_secret_key go together".into(),

@@ -30,6 +30,12 @@ pub struct ReplicationSettings {
     /// (`announce_addr`, else its listen address). Set it when the brokers reach each other
     /// at another address than clients do (a separate network, a proxy).
     pub advertised_addr: Option<String>,
+    /// The ACL account (an admin `accessKey` of every broker's `acl_file`) this broker signs
+    /// its replication messages to the group's other brokers with. Needed with `acl_enabled`,
+    /// whose check refuses unsigned ones.
+    pub access_key: Option<String>,
+    /// That account's secret key.
+    pub secret_key: Option<String>,
     /// When a send is acknowledged: `in_sync_set` (default) or `master`.
     pub ack: AckSetting,
     /// Sends are refused (IN_SYNC_REPLICAS_NOT_ENOUGH) while the in-sync set, the master
@@ -66,6 +72,8 @@ impl Default for ReplicationSettings {
         Self {
             controller_addrs: Vec::new(),
             advertised_addr: None,
+            access_key: None,
+            secret_key: None,
             ack: AckSetting::InSyncSet,
             min_insync_replicas: 1,
             heartbeat_ms: 500,
@@ -87,6 +95,17 @@ impl ReplicationSettings {
         !self.controller_addrs.is_empty()
     }
 
+    /// The account replication messages are signed with, if set.
+    pub(crate) fn credentials(&self) -> Option<shoal_proto::acl::SessionCredentials> {
+        match (&self.access_key, &self.secret_key) {
+            (Some(ak), Some(sk)) => Some(shoal_proto::acl::SessionCredentials::new(
+                ak.clone(),
+                sk.clone(),
+            )),
+            _ => None,
+        }
+    }
+
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         if !self.enabled() {
             return Ok(());
@@ -97,6 +116,11 @@ impl ReplicationSettings {
         }) {
             return Err(ConfigError(
                 "replication.advertised_addr must be host:port".into(),
+            ));
+        }
+        if self.access_key.is_some() != self.secret_key.is_some() {
+            return Err(ConfigError(
+                "replication.access_key and replication.secret_key go together".into(),
             ));
         }
         if self.min_insync_replicas == 0 {

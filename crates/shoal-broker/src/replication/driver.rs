@@ -117,6 +117,7 @@ pub(crate) fn start(
         controllers: Arc::new(settings.controller_addrs.clone()),
         leader_hint: Arc::new(AtomicUsize::new(0)),
         call_timeout: Duration::from_millis(settings.call_timeout_ms),
+        credentials: settings.credentials(),
         addrs: BTreeMap::new(),
         links: HashMap::new(),
         waiting: HashMap::new(),
@@ -161,6 +162,8 @@ struct Driver {
     /// The voter asked first: the last one that answered as leader.
     leader_hint: Arc<AtomicUsize>,
     call_timeout: Duration,
+    /// The ACL account peer messages are signed with (`replication.access_key`).
+    credentials: Option<shoal_proto::acl::SessionCredentials>,
     /// The group's brokers' addresses, as the controller last told.
     addrs: BTreeMap<BrokerId, String>,
     links: HashMap<BrokerId, PeerLink>,
@@ -502,13 +505,16 @@ impl Driver {
                     .fetch_add(1, Ordering::Relaxed);
             }
         }
-        let cmd = match wire::encode_peer(&self.cfg.group, me, &msg, bytes) {
+        let mut cmd = match wire::encode_peer(&self.cfg.group, me, &msg, bytes) {
             Ok(c) => c,
             Err(e) => {
                 warn!(error = %e, "replication message not encoded");
                 return;
             }
         };
+        if let Some(c) = &self.credentials {
+            shoal_proto::acl::sign_request(&mut cmd, c);
+        }
         let link = self.link(to, &addr);
         // A full queue drops it: the member sends again.
         let _ = link.queue.try_send(cmd);

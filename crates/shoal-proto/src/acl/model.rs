@@ -46,7 +46,9 @@ pub fn parse_perm(text: &str) -> Option<u8> {
 }
 
 /// Broker requests only admin accounts may make: RocketMQ's set (topic create/update and
-/// delete, broker config, group create/update and delete) plus offset resets.
+/// delete, broker config, group create/update and delete) plus offset resets, and the
+/// replication messages between the brokers of a group (Shoal's 9082 and 9083, which carry
+/// the commit log).
 pub const ADMIN_REQUEST_CODES: &[i32] = &[
     rc::UPDATE_AND_CREATE_TOPIC,
     rc::UPDATE_BROKER_CONFIG,
@@ -55,6 +57,8 @@ pub const ADMIN_REQUEST_CODES: &[i32] = &[
     rc::DELETE_SUBSCRIPTIONGROUP,
     rc::INVOKE_BROKER_TO_RESET_OFFSET,
     rc::RESET_CONSUMER_OFFSET_IN_BROKER,
+    crate::ext::request_code::HA_TO_REPLICA,
+    crate::ext::request_code::HA_TO_MASTER,
 ];
 
 /// One account of the ACL file (RocketMQ `PlainAccessConfig`).
