@@ -77,6 +77,9 @@ pub struct Membership {
     wake: Notify,
     /// The core's clock starts here.
     started: Instant,
+    /// Leaves begun: a heartbeat answered after a leave that began while it was in flight
+    /// (a held heartbeat, answered when the member left) speaks of the member that left.
+    leaves: std::sync::atomic::AtomicU64,
 }
 
 impl Membership {
@@ -103,6 +106,7 @@ impl Membership {
             core: Mutex::new(CoordinatedMember::new(config, 0)),
             wake: Notify::new(),
             started: Instant::now(),
+            leaves: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -234,6 +238,7 @@ impl Membership {
         held: Vec<MessageQueue>,
         applied_epoch: Option<i64>,
     ) -> Outcome {
+        let leaves = self.leaves.load(std::sync::atomic::Ordering::Acquire);
         let now = self.now_ms();
         let (moved, sent, member_id, instance_id, last_epoch, owned) = {
             let mut c = self.core.lock();
@@ -258,7 +263,7 @@ impl Membership {
         let Some(epoch) = sent else {
             return Outcome::default();
         };
-        let answer = self
+        let mut answer = self
             .exchange(
                 instance,
                 addr,
@@ -270,6 +275,12 @@ impl Membership {
                 owned,
             )
             .await;
+        if self.leaves.load(std::sync::atomic::Ordering::Acquire) != leaves {
+            // The member left meanwhile: its coordinator answered for a member that is gone
+            // (UNKNOWN_MEMBER_ID), not a fence. Taken as no answer.
+            debug!(group = %self.group, "heartbeat answered after the member left: ignored");
+            answer = MemberAnswer::NoAnswer;
+        }
         let out = self.answered(instance, addr, epoch, answer);
         if let Some(old) = moved {
             // After the join: a dead old coordinator must not delay it.
@@ -405,6 +416,10 @@ impl Membership {
     }
 
     async fn leave_at(&self, instance: &ClientInstance, addr: &str, permanent: bool) {
+        if !permanent {
+            self.leaves
+                .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        }
         let body = GroupLeaveRequest {
             group: self.group.clone(),
             member_id: self.member_id(),
@@ -442,3 +457,106 @@ pub fn new_member_id(client_id: &str) -> String {
 
 /// Shared handle used by the consumer.
 pub type SharedMembership = Arc<Membership>;
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests")]
+    use super::*;
+    use crate::config::ClientConfig;
+    use shoal_net::Server;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// A coordinator stand-in: the first heartbeat is assigned epoch 1; later ones wait until
+    /// the member leaves and are then answered UNKNOWN_MEMBER_ID, as a coordinator answers for
+    /// a member that left.
+    async fn coordinator(beats: Arc<AtomicUsize>) -> Server {
+        let left = Arc::new(tokio::sync::Semaphore::new(0));
+        Server::bind(
+            "127.0.0.1:0",
+            Arc::new(shoal_net::processor_fn(move |_ctx, req| {
+                let (beats, left) = (beats.clone(), left.clone());
+                async move {
+                    let ok = |r: RemotingCommand| Ok(Some(r));
+                    match req.code {
+                        shoal_proto::ext::request_code::GET_BROKER_FEATURES => {
+                            ok(RemotingCommand::response(resp::SUCCESS, None)
+                                .with_json_body(&shoal_proto::ext::BrokerFeatures {
+                                    features: vec![
+                                        shoal_proto::ext::feature::COORDINATOR.to_string()
+                                    ],
+                                    min_session_timeout_ms: 1_000,
+                                    max_session_timeout_ms: 300_000,
+                                })
+                                .unwrap())
+                        }
+                        crc::GROUP_HEARTBEAT => {
+                            if beats.fetch_add(1, Ordering::SeqCst) == 0 {
+                                return ok(RemotingCommand::response(resp::SUCCESS, None)
+                                    .with_json_body(&GroupHeartbeatResponse {
+                                        member_epoch: 1,
+                                        member_id: "m1".into(),
+                                        heartbeat_interval_ms: 1,
+                                        ..Default::default()
+                                    })
+                                    .unwrap());
+                            }
+                            let _ = left.acquire().await.unwrap();
+                            ok(RemotingCommand::response(
+                                cresp::UNKNOWN_MEMBER_ID,
+                                Some("m1 left".into()),
+                            ))
+                        }
+                        crc::GROUP_LEAVE => {
+                            left.add_permits(1);
+                            ok(RemotingCommand::response(resp::SUCCESS, None))
+                        }
+                        _ => ok(RemotingCommand::response(resp::SYSTEM_ERROR, None)),
+                    }
+                }
+            })),
+        )
+        .await
+        .unwrap()
+    }
+
+    /// A heartbeat in flight when the consumer leaves at shutdown is answered for a member
+    /// that is gone: not a fence (no warning, no queues dropped again).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_heartbeat_answered_after_the_member_left_is_not_a_fence() {
+        let beats = Arc::new(AtomicUsize::new(0));
+        let server = coordinator(beats.clone()).await;
+        let addr = server.local_addr().to_string();
+        let instance = ClientInstance::start(ClientConfig::new("127.0.0.1:1")).unwrap();
+        let m = Arc::new(Membership::new(
+            "G",
+            "m1".into(),
+            None,
+            GroupProtocol::Coordinated,
+            None,
+        ));
+        m.heartbeat(&instance, &addr, vec!["T".into()], Vec::new(), None)
+            .await;
+        assert_eq!(
+            m.core.lock().mode(),
+            shoal_group::member::MemberMode::Coordinated
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let in_flight = tokio::spawn({
+            let (m, instance, addr) = (m.clone(), instance.clone(), addr.clone());
+            async move {
+                m.heartbeat(&instance, &addr, vec!["T".into()], Vec::new(), None)
+                    .await
+            }
+        });
+        while beats.load(Ordering::SeqCst) < 2 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        m.leave(&instance, &addr).await;
+        in_flight.await.unwrap();
+        assert_eq!(
+            m.core.lock().fences(),
+            0,
+            "the answer after the leave is no fence"
+        );
+    }
+}

@@ -175,7 +175,7 @@ impl Dev {
             ])
             .args(extra)
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(log_sink("dev"))
             .spawn()
             .unwrap();
         let dev = Dev {
