@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Replication's cost, side by side in one sitting: a lone broker against a replicated group of
 # three (one controller voter, `ack = in_sync_set`: a send is answered once all three have it,
-# each replica's copy fsynced), both with async flush on the master, the same Shoal client
+# each replica's copy written: with async flush a replica acknowledges what reached its page cache
+# and its flusher syncs it later), all with async flush, the same Shoal client
 # (`shoal bench produce`). Each round, on each target (the order alternates from round to
 # round): a fresh topic of 8 queues, COUNT messages of SIZE bytes from PRODUCERS producers,
 # unbatched, then in batches of BATCH. For each phase: messages per second (the client's
@@ -13,6 +14,7 @@
 #   SHOAL_BIN   default target/release/shoal (cargo build --release -p shoal)
 #   COUNT, SIZE, PRODUCERS, BATCH   (defaults 100000, 128, 8, 32)
 #   BASE_PORT   first of 20 ports (default 27300)
+#   REPL_ARGS   more arguments for the three replicated brokers (e.g. "-c repl.toml")
 # Needs: jq.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -74,7 +76,7 @@ pids+=("$repl_ns_pid" "$ctl_pid")
 repl_pids=()
 for i in 1 2 3; do
   "$bin" broker --listen 127.0.0.1:$((base + 11 + i)) --namesrv "$repl_ns" --broker-name broker-a \
-    --data-dir "$work/r$i" --flush async --controller "$ctl" >"$work/r$i.out" 2>&1 &
+    --data-dir "$work/r$i" --flush async --controller "$ctl" ${REPL_ARGS:-} >"$work/r$i.out" 2>&1 &
   repl_pids+=($!)
   pids+=($!)
 done
