@@ -312,7 +312,10 @@ async fn incomplete_frames_share_a_memory_budget() {
             "shoal_broker_net_limit_hits_total{limit=\"net.max_partial_frame_bytes\",action=\"closed\"}"
         ) >= 50
     );
-    assert!(b.counter("netPartialFrameBytes").await <= 8 << 20);
+    // A connection adds what it read to the shared count before it finds the budget
+    // exceeded, and gives it back as it closes: the count settles within the budget.
+    b.wait_counter("netPartialFrameBytes", |n| n <= 8 << 20)
+        .await;
     let grown = b.rss().saturating_sub(rss_before);
     assert!(grown < 96 << 20, "RSS grew by {grown} bytes");
     drop(outcome);
