@@ -66,7 +66,7 @@ pub(crate) async fn pull_message(
     tokio::spawn(async move {
         b.holds.wait(ticket, hold_for).await;
         let response = match read(&b, &plan) {
-            Ok(result) => answer(result, plan.header.queue_offset),
+            Ok(result) => answer(result, plan.header.queue_offset, answers_as_replica(&b)),
             Err(r) => RemotingCommand::response(r.code, Some(r.remark)),
         };
         if let Err(e) = responder.send(response).await {
@@ -129,7 +129,11 @@ pub(crate) fn pull_now(
     let nothing_new = result.status == GetMessageStatus::OffsetOverflowOne
         || (result.status == GetMessageStatus::NoMessageInQueue && h.queue_offset == 0);
     if !(may_suspend && nothing_new) {
-        return Ok(PullNow::Answer(answer(result, h.queue_offset)));
+        return Ok(PullNow::Answer(answer(
+            result,
+            h.queue_offset,
+            answers_as_replica(b),
+        )));
     }
     let hold_for = if b.config.long_polling {
         Duration::from_millis(h.suspend_timeout_millis.clamp(0, 60_000) as u64)
@@ -316,7 +320,21 @@ fn read(b: &Shared, plan: &PullPlan) -> Result<GetMessageResult, Reject> {
     Ok(r)
 }
 
-fn answer(r: GetMessageResult, request_offset: i64) -> RemotingCommand {
+/// Whether this broker answers pulls as a replica of its group: it is not registered as
+/// `brokerId` 0 (a replica, a master that lost its lease, or one without an id yet). A lone
+/// broker never is.
+fn answers_as_replica(b: &Shared) -> bool {
+    b.replication.get().is_some() && b.route_broker_id() != Some(0)
+}
+
+/// The pull's answer. `suggestWhichBrokerId` is always 0, as RocketMQ brokers with the default
+/// `slaveReadEnable = false` answer (a replica included): the client's next pull goes to the
+/// master when its route has one and to any replica when it has none. A replica never moves a
+/// consumer's offset (RocketMQ's `offsetCheckInSlave = false`): where the master would answer
+/// PULL_OFFSET_MOVED, a replica answers PULL_RETRY_IMMEDIATELY and the offset stays, so that a
+/// replica a little behind the master's confirmed offset, or one read during a failover, does
+/// not send a consumer back (or forward) on its queue.
+fn answer(r: GetMessageResult, request_offset: i64, replica: bool) -> RemotingCommand {
     use GetMessageStatus::*;
     let (code, remark) = match r.status {
         Found => (resp::SUCCESS, "FOUND"),
@@ -328,9 +346,17 @@ fn answer(r: GetMessageResult, request_offset: i64) -> RemotingCommand {
         OffsetOverflowOne => (resp::PULL_NOT_FOUND, "OFFSET_OVERFLOW_ONE"),
         OffsetOverflowBadly => (resp::PULL_OFFSET_MOVED, "OFFSET_OVERFLOW_BADLY"),
     };
+    // Clients take nextBeginOffset as their next offset on PULL_RETRY_IMMEDIATELY too: a
+    // replica hands the requested one back, as RocketMQ's slaves correct no offset.
+    let (code, next_begin_offset) =
+        if replica && code == resp::PULL_OFFSET_MOVED && request_offset >= 0 {
+            (resp::PULL_RETRY_IMMEDIATELY, request_offset)
+        } else {
+            (code, r.next_begin_offset as i64)
+        };
     let header = PullMessageResponseHeader {
         suggest_which_broker_id: 0,
-        next_begin_offset: r.next_begin_offset as i64,
+        next_begin_offset,
         min_offset: r.min_offset as i64,
         max_offset: r.max_offset as i64,
         ..Default::default()
@@ -340,4 +366,53 @@ fn answer(r: GetMessageResult, request_offset: i64) -> RemotingCommand {
         cmd.body = Some(r.messages);
     }
     cmd
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "test code")]
+    use super::*;
+
+    fn result(status: GetMessageStatus, next: u64) -> GetMessageResult {
+        GetMessageResult {
+            status,
+            messages: bytes::Bytes::new(),
+            message_count: 0,
+            queue_offsets: Vec::new(),
+            next_begin_offset: next,
+            min_offset: 0,
+            max_offset: next,
+            corrupt_skipped: 0,
+        }
+    }
+
+    fn header(cmd: &RemotingCommand) -> PullMessageResponseHeader {
+        cmd.decode_command_header().unwrap()
+    }
+
+    #[test]
+    fn a_replica_moves_no_offset_and_a_lone_broker_or_master_does() {
+        use GetMessageStatus::*;
+        for (status, request) in [(OffsetOverflowBadly, 50), (NoMessageInQueue, 7)] {
+            // Master (or a lone broker): the offset moves to the queue's end.
+            let m = answer(result(status, 3), request, false);
+            assert_eq!(m.code, resp::PULL_OFFSET_MOVED);
+            assert_eq!(header(&m).next_begin_offset, 3);
+            assert_eq!(header(&m).suggest_which_broker_id, 0);
+            // A replica behind: ask again, from the same offset, and go to the master.
+            let r = answer(result(status, 3), request, true);
+            assert_eq!(r.code, resp::PULL_RETRY_IMMEDIATELY);
+            assert_eq!(header(&r).next_begin_offset, request);
+            assert_eq!(header(&r).suggest_which_broker_id, 0);
+        }
+        // Anything else is answered alike by both.
+        for status in [OffsetOverflowOne, NoMatchedMessage] {
+            let m = answer(result(status, 9), 9, false);
+            let r = answer(result(status, 9), 9, true);
+            assert_eq!(
+                (m.code, header(&m).next_begin_offset),
+                (r.code, header(&r).next_begin_offset)
+            );
+        }
+    }
 }
