@@ -25,7 +25,7 @@ set +e
 mvn -B -o -ntp -Dmaven.repo.local="$repo" -f tests/compat/java/pom.xml -P "$profile" test "$@" >"$log" 2>&1
 status=$?
 set -e
-grep -E 'Tests run:|FAIL|BUILD|mixed group|exclusive and complete' "$log" || true
+grep -E 'Tests run:|FAIL|BUILD|mixed group|exclusive and complete|^failover' "$log" || true
 if [ "$status" != 0 ]; then
   echo "--- $log (tail)"
   tail -60 "$log"

@@ -1,7 +1,8 @@
 //! Apache RocketMQ's Java clients (rocketmq-client and rocketmq-tools 4.9.8 and 5.3.3) against
 //! Shoal: `tests/compat/java` (JUnit, run by Maven offline from the repository that
 //! `.ci/setup.d/20-java.sh` fills). Producer, push and lite pull consumers, admin calls and
-//! mqadmin commands, and a consumer group mixing Java and Shoal members.
+//! mqadmin commands, a consumer group mixing Java and Shoal members, and a producer, push and
+//! lite pull consumer through a SIGKILLed master of `shoal dev --replicas 3` (`FailoverTest`).
 
 mod support;
 
