@@ -121,12 +121,21 @@ impl ConsumerGroups {
         }
     }
 
-    pub(crate) fn queue(&self, topic: &str, partition: i32) -> MessageQueue {
-        MessageQueue {
-            topic: topic.to_string(),
-            broker_name: self.broker_name.clone(),
-            queue_id: partition,
-        }
+    /// The queue partition `partition` of `topic` is ([`crate::cluster`]); this broker's
+    /// queue of that id when no layout is known.
+    pub(crate) fn queue(
+        &self,
+        host: &dyn BrokerHandle,
+        topic: &str,
+        partition: i32,
+    ) -> MessageQueue {
+        host.topic_layout(topic)
+            .and_then(|l| l.queue_of(topic, partition))
+            .unwrap_or_else(|| MessageQueue {
+                topic: topic.to_string(),
+                broker_name: self.broker_name.clone(),
+                queue_id: partition,
+            })
     }
 
     /// Forgets the cached heartbeat fields of members the coordinator no longer has (left,
@@ -182,7 +191,7 @@ impl ConsumerGroups {
         topic: &str,
         partition: i32,
     ) -> Result<(), ResponseError> {
-        let q = self.queue(topic, partition);
+        let q = self.queue(host, topic, partition);
         match on_coordinator(host, None, &[], |c, _| {
             c.validate(group, member_id, epoch, &q)
         }) {

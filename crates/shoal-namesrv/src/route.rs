@@ -5,6 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
+pub use shoal_proto::body::KafkaListener;
 use shoal_proto::constants::perm::PERM_WRITE;
 pub use shoal_proto::constants::MASTER_ID;
 
@@ -46,6 +47,18 @@ pub struct BrokerInfo {
     pub zone_name: Option<String>,
     /// RocketMQ 5 acting-master switch, passed through.
     pub enable_acting_master: bool,
+    /// Broker address → the Kafka listener that broker registered (Shoal brokers only).
+    pub kafka_listeners: BTreeMap<String, KafkaListener>,
+}
+
+impl BrokerInfo {
+    /// The Kafka listeners by broker id (as routes show them), for the ids that have one.
+    pub fn kafka_by_id(&self) -> BTreeMap<i64, KafkaListener> {
+        self.broker_addrs
+            .iter()
+            .filter_map(|(id, addr)| self.kafka_listeners.get(addr).map(|k| (*id, k.clone())))
+            .collect()
+    }
 }
 
 /// A topic's route: the broker groups serving it and their queues.
@@ -78,6 +91,8 @@ pub struct BrokerRegistration {
     pub enable_acting_master: bool,
     /// The broker's whole topic table (authoritative: topics missing here leave its routes).
     pub topics: Vec<TopicRegistration>,
+    /// The broker's Kafka listener, if it runs one (Shoal's extension).
+    pub kafka: Option<KafkaListener>,
     /// The broker's data version counter, to skip rewriting identical tables.
     pub data_version: Option<(i64, i64)>,
     /// The transport connection it came on, so a closed connection can expire it at once.
@@ -164,6 +179,7 @@ impl RouteTable {
                 broker_addrs: BTreeMap::new(),
                 zone_name: reg.zone_name.clone(),
                 enable_acting_master: reg.enable_acting_master,
+                kafka_listeners: BTreeMap::new(),
             });
         broker.enable_acting_master = reg.enable_acting_master;
         if reg.zone_name.is_some() {
@@ -176,6 +192,16 @@ impl RouteTable {
         broker
             .broker_addrs
             .insert(reg.broker_id, reg.broker_addr.clone());
+        match &reg.kafka {
+            Some(k) => {
+                broker
+                    .kafka_listeners
+                    .insert(reg.broker_addr.clone(), k.clone());
+            }
+            None => {
+                broker.kafka_listeners.remove(&reg.broker_addr);
+            }
+        }
 
         let previous = self.live.get(&key);
         let data_changed =
@@ -329,6 +355,7 @@ impl RouteTable {
         if let Some(b) = self.brokers.get_mut(broker_name) {
             if b.broker_addrs.get(&broker_id).map(String::as_str) == Some(broker_addr) {
                 b.broker_addrs.remove(&broker_id);
+                b.kafka_listeners.remove(broker_addr);
                 addr_gone = true;
             }
             group_gone = b.broker_addrs.is_empty();
@@ -490,6 +517,7 @@ mod tests {
                     },
                 })
                 .collect(),
+            kafka: None,
             data_version: None,
             connection_id: Some(1),
         }
@@ -655,5 +683,45 @@ mod tests {
         assert!(!t.is_write_wiped("broker-a"));
         t.register(a2, 20);
         assert_eq!(perm(&t, "T", "broker-a"), 6);
+    }
+
+    #[test]
+    fn kafka_listeners_follow_the_broker_address_and_change_the_route() {
+        let mut t = RouteTable::new();
+        let mut a = reg("a", "1:1", 0, &[("T", 4)]);
+        a.kafka = Some(KafkaListener {
+            node_id: 5,
+            addr: "1:9092".into(),
+        });
+        let mut b = reg("a", "1:2", 2, &[("T", 4)]);
+        b.kafka = Some(KafkaListener {
+            node_id: 6,
+            addr: "1:9093".into(),
+        });
+        t.register(a.clone(), 0);
+        let r = t.register(b.clone(), 0);
+        assert_eq!(
+            r.changed_topics,
+            topics(&["T"]),
+            "a new listener changes the route"
+        );
+        let info = t.route("T").unwrap().brokers[0].clone();
+        let by_id = info.kafka_by_id();
+        assert_eq!(by_id[&0].node_id, 5);
+        assert_eq!(by_id[&2].node_id, 6);
+        // The replica takes over: it registers as id 0 at its own address; the old master
+        // is gone.
+        t.unregister("DefaultCluster", "1:1", "a", 0);
+        b.broker_id = 0;
+        t.register(b, 0);
+        let by_id = t.route("T").unwrap().brokers[0].kafka_by_id();
+        assert_eq!(by_id.len(), 1);
+        assert_eq!(by_id[&0].addr, "1:9093");
+        // A registration without a listener drops it.
+        let mut plain = reg("a", "1:2", 0, &[("T", 4)]);
+        plain.data_version = Some((1, 1));
+        let r = t.register(plain, 0);
+        assert!(r.changed_topics.contains("T"));
+        assert!(t.route("T").unwrap().brokers[0].kafka_by_id().is_empty());
     }
 }
