@@ -198,8 +198,20 @@ fn prepare(
             Err(e) => fail(req, ResponseError::CoordinatorNotAvailable, e.to_string()),
         }));
     }
-    let mut cache = cg.members.lock().get(&key).cloned().unwrap_or_default();
-    if req.member_epoch == 0 {
+    let cached = cg.members.lock().get(&key).cloned();
+    // A member of this group's previous coordinator (its broker stopped or left, so
+    // FindCoordinator named this one): librdkafka sends its whole state after a coordinator
+    // change. It joins here keeping what it owns that nobody else does, on its word (its
+    // partitions' brokers hold no lock for Kafka members), and the group's epochs continue
+    // above its own, as Shoal members do when their coordinator moves.
+    let moved_in = req.member_epoch > 0
+        && cached.is_none()
+        && req.subscribed_topic_names.is_some()
+        && req.topic_partitions.is_some()
+        && !on_coordinator(host, None, &[], |c, _| c.has_member(&group, &member_id))
+            .unwrap_or(true);
+    let mut cache = cached.unwrap_or_default();
+    if req.member_epoch == 0 || moved_in {
         let Some(subs) = &req.subscribed_topic_names else {
             return Err(Box::new(fail(
                 req,
@@ -238,19 +250,26 @@ fn prepare(
     let hb = HeartbeatRequest {
         group,
         member_id,
-        member_epoch: req.member_epoch,
+        member_epoch: if moved_in { 0 } else { req.member_epoch },
         instance_id: req.instance_id.as_ref().map(|s| s.to_string()),
         client_id: ctx.client_id.to_string(),
         conn_id: KAFKA_CONN_ID,
         subscriptions: cache.subscriptions.clone(),
         owned: cache.owned.clone(),
-        adoptable: BTreeSet::new(),
+        adoptable: if moved_in {
+            cache.owned.clone()
+        } else {
+            BTreeSet::new()
+        },
         rebalance_timeout_ms: cache.rebalance_timeout_ms,
         // Kafka's consumer protocol has no member session timeout: the group's (coordinator's).
         session_timeout_ms: None,
         assignor: cache.assignor.clone(),
-        last_epoch: None,
+        last_epoch: moved_in.then_some(req.member_epoch),
     };
+    if moved_in {
+        tracing::info!(group = %hb.group, member = %hb.member_id, epoch = req.member_epoch, owned = hb.owned.len(), "a Kafka member of the group's previous coordinator joins with what it owns");
+    }
     // The coordinator learns the subscribed topics' queues from the broker, in the same lock.
     let topics: Vec<String> = cache.subscriptions.iter().cloned().collect();
     Ok(Prepared { hb, cache, topics })
@@ -313,19 +332,23 @@ fn answer(
     // partition of the cluster's numbering ([`crate::cluster`]). A queue no layout places
     // (a broker not in the routes this listener knows) is not sent.
     let mut numbering = Numbering::new(host);
-    let own: Vec<MessageQueue> = r
+    let mut own: BTreeMap<(String, i32), MessageQueue> = r
         .assignment
         .iter()
-        .filter(|q| numbering.partition(q).is_some())
-        .cloned()
+        .filter_map(|q| Some(((q.topic.clone(), numbering.partition(q)?), q.clone())))
         .collect();
+    // A partition whose index names another queue than when the member was given it (a
+    // broker group added before another in name order renumbers those after it) is left out
+    // of this answer, so the member drops its position there; the next answer gives it back
+    // as new, and the member reads its committed offset.
+    if let Some(sent) = &cache.last_sent {
+        own.retain(|k, q| sent.get(k).is_none_or(|was| was == q));
+    }
     let changed = cache.last_sent.as_ref() != Some(&own) || req.member_epoch == 0;
     if changed {
         let mut by_topic: BTreeMap<String, Vec<i32>> = BTreeMap::new();
-        for q in &own {
-            if let Some(p) = numbering.partition(q) {
-                by_topic.entry(q.topic.clone()).or_default().push(p);
-            }
+        for (t, p) in own.keys() {
+            by_topic.entry(t.clone()).or_default().push(*p);
         }
         let mut a = cgh::Assignment::default();
         a.topic_partitions = by_topic
@@ -354,9 +377,9 @@ fn answer(
         let given = cache
             .last_sent
             .iter()
-            .flatten()
-            .filter_map(|q| Some((q.topic.clone(), numbering.partition(q)?)))
+            .flat_map(|s| s.keys())
             .filter(|p| !held.contains(p))
+            .cloned()
             .collect();
         state.replace_fetch_holds(&key, held, given);
     } else {

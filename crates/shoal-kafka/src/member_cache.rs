@@ -11,6 +11,7 @@ use parking_lot::Mutex;
 use shoal_group::coordinator::{Coordinator, GroupDescription};
 use shoal_group::GroupError;
 use shoal_proto::mq::MessageQueue;
+use std::collections::BTreeMap;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use tokio::sync::Notify;
@@ -21,7 +22,9 @@ pub(crate) struct MemberCache {
     pub(crate) owned: BTreeSet<MessageQueue>,
     pub(crate) assignor: Option<String>,
     pub(crate) rebalance_timeout_ms: Option<u64>,
-    pub(crate) last_sent: Option<Vec<MessageQueue>>,
+    /// The assignment the member was last sent: partition (topic, index) → the queue it was
+    /// then.
+    pub(crate) last_sent: Option<BTreeMap<(String, i32), MessageQueue>>,
     /// The heartbeat interval the last answer gave (librdkafka times its next heartbeat
     /// out after it, so that heartbeat's answer must not be held longer).
     pub(crate) told_ms: Option<u64>,

@@ -68,7 +68,14 @@ pub struct Route {
     pub queues: BTreeMap<String, QueueInfo>,
     /// The broker groups named in `queues`, sorted by broker name.
     pub brokers: Vec<BrokerInfo>,
+    /// Broker groups that left while serving the topic, with their queue count (Kafka's
+    /// partition numbering keeps their place; see [`RouteTable`]).
+    pub departed: BTreeMap<String, i32>,
 }
+
+/// Most (topic, broker group) places of departed broker groups kept ([`RouteTable`]); past
+/// it, a departure is not recorded (and logged).
+pub const MAX_DEPARTED_SLOTS: usize = 100_000;
 
 /// What a broker sends when it registers (REGISTER_BROKER header and body, decoded).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -153,6 +160,14 @@ pub struct RouteTable {
     /// leaves the table (a restarted broker registers writable, as in RocketMQ). The topics'
     /// registered permissions are kept as registered, so restoring gives them back exactly.
     write_wiped: BTreeSet<String>,
+    /// topic -> broker name -> queue count, for broker groups that left the table while
+    /// serving the topic (expired, unregistered, connection closed): Kafka clients number a
+    /// topic's partitions over its broker groups in name order, and a group that is gone
+    /// keeps its place (its partitions reported without a leader) until it registers the
+    /// topic again or the topic is deleted, so no other partition is renumbered.
+    departed: BTreeMap<String, BTreeMap<String, i32>>,
+    /// Entries of `departed`, at most [`MAX_DEPARTED_SLOTS`].
+    departed_len: usize,
 }
 
 impl RouteTable {
@@ -266,6 +281,7 @@ impl RouteTable {
             !by_broker.is_empty()
         });
         for t in topics {
+            self.forget_departed(&t.topic, Some(broker_name));
             let by_broker = self.topic_queues.entry(t.topic.clone()).or_default();
             if by_broker.get(broker_name) != Some(&t.queues) {
                 by_broker.insert(broker_name.to_string(), t.queues.clone());
@@ -273,6 +289,29 @@ impl RouteTable {
             }
         }
         changed
+    }
+
+    /// Forgets departed places of `topic` (of one broker group, or all).
+    fn forget_departed(&mut self, topic: &str, broker_name: Option<&str>) {
+        let Some(slots) = self.departed.get_mut(topic) else {
+            return;
+        };
+        let before = slots.len();
+        match broker_name {
+            Some(b) => {
+                slots.remove(b);
+            }
+            None => slots.clear(),
+        }
+        self.departed_len -= before - slots.len();
+        if slots.is_empty() {
+            self.departed.remove(topic);
+        }
+    }
+
+    /// Places of departed broker groups kept now (for the metric).
+    pub fn departed_slots(&self) -> usize {
+        self.departed_len
     }
 
     /// The topics a broker group serves queues of.
@@ -374,8 +413,28 @@ impl RouteTable {
                     self.clusters.remove(cluster);
                 }
             }
-            self.topic_queues.retain(|_, by_broker| {
-                by_broker.remove(broker_name);
+            let departed = &mut self.departed;
+            let departed_len = &mut self.departed_len;
+            self.topic_queues.retain(|topic, by_broker| {
+                if let Some(q) = by_broker.remove(broker_name) {
+                    let slots = departed.entry(topic.clone()).or_default();
+                    if slots.contains_key(broker_name) || *departed_len < MAX_DEPARTED_SLOTS {
+                        if slots
+                            .insert(
+                                broker_name.to_string(),
+                                q.read_queue_nums.max(q.write_queue_nums),
+                            )
+                            .is_none()
+                        {
+                            *departed_len += 1;
+                        }
+                    } else {
+                        tracing::warn!(topic = %topic, broker = %broker_name, limit = MAX_DEPARTED_SLOTS, "departed broker group not remembered for Kafka's numbering: limit reached");
+                    }
+                    if slots.is_empty() {
+                        departed.remove(topic);
+                    }
+                }
                 !by_broker.is_empty()
             });
         }
@@ -433,7 +492,11 @@ impl RouteTable {
                 (name.clone(), q)
             })
             .collect();
-        Some(Route { queues, brokers })
+        Some(Route {
+            queues,
+            brokers,
+            departed: self.departed.get(topic).cloned().unwrap_or_default(),
+        })
     }
 
     /// True when a broker group of this name is registered.
@@ -460,6 +523,7 @@ impl RouteTable {
 
     /// Removes a topic from the routes (of the brokers of `cluster`, or of every broker).
     pub fn delete_topic(&mut self, topic: &str, cluster: Option<&str>) -> bool {
+        self.forget_departed(topic, None);
         match cluster {
             None => self.topic_queues.remove(topic).is_some(),
             Some(c) => {
@@ -723,5 +787,27 @@ mod tests {
         let r = t.register(plain, 0);
         assert!(r.changed_topics.contains("T"));
         assert!(t.route("T").unwrap().brokers[0].kafka_by_id().is_empty());
+    }
+
+    #[test]
+    fn a_departed_broker_group_keeps_its_place_until_it_returns_or_the_topic_goes() {
+        let mut t = RouteTable::new();
+        t.register(reg("a", "1:1", 0, &[("T", 4), ("U", 2)]), 0);
+        t.register(reg("b", "1:2", 0, &[("T", 3)]), 0);
+        assert!(t.route("T").unwrap().departed.is_empty());
+        t.unregister("DefaultCluster", "1:1", "a", 0);
+        let r = t.route("T").unwrap();
+        assert_eq!(r.departed, BTreeMap::from([("a".to_string(), 4)]));
+        assert!(!r.queues.contains_key("a"));
+        assert_eq!(t.departed_slots(), 2, "T and U");
+        // Back with T only: T's place is live again, U's stays departed.
+        let mut back = reg("a", "1:1", 0, &[("T", 4)]);
+        back.data_version = Some((2, 2));
+        t.register(back, 0);
+        assert!(t.route("T").unwrap().departed.is_empty());
+        assert_eq!(t.departed_slots(), 1);
+        // A topic deleted forgets every place.
+        t.delete_topic("U", None);
+        assert_eq!(t.departed_slots(), 0);
     }
 }

@@ -140,6 +140,7 @@ impl std::fmt::Debug for NamesrvProcessor {
 impl RouteStatsSource for NamesrvProcessor {
     fn route_stats(&self) -> RouteStats {
         let (brokers, topics) = self.sizes();
+        let departed_slots = self.departed_slots();
         let w = self.watches.lock();
         RouteStats {
             brokers,
@@ -148,6 +149,7 @@ impl RouteStatsSource for NamesrvProcessor {
             watching_connections: w.connections(),
             watch_refused_total: w.refused(WatchLimit::Total),
             watch_refused_per_connection: w.refused(WatchLimit::PerConnection),
+            departed_slots,
         }
     }
 }
@@ -218,6 +220,11 @@ impl NamesrvProcessor {
         let st = self.state.lock();
         let (_, brokers) = st.routes.cluster_info();
         (brokers.len(), st.routes.topics().len())
+    }
+
+    /// Places of departed broker groups kept for Kafka's numbering.
+    fn departed_slots(&self) -> usize {
+        self.state.lock().routes.departed_slots()
     }
 
     fn now_ms(&self) -> u64 {
@@ -475,6 +482,8 @@ impl NamesrvProcessor {
                 })
                 .collect(),
             topic_queue_mapping_by_broker: None,
+            kafka_departed: (with_kafka && !route.departed.is_empty())
+                .then(|| route.departed.clone()),
         };
         let standard = req.version >= STANDARD_JSON_ROUTE_VERSION
             || h.accept_standard_json_only.unwrap_or(false);

@@ -121,6 +121,16 @@ impl BrokerHandle for BrokerBridge {
                 });
             }
         }
+        // Broker groups that left keep their place (no leader), so nothing is renumbered.
+        for (name, n) in route.iter().flat_map(|r| r.kafka_departed.iter().flatten()) {
+            if name != own_name && !slots.iter().any(|s| &s.broker_name == name) {
+                slots.push(Slot {
+                    broker_name: name.clone(),
+                    partitions: *n,
+                    leader: Leader::Unknown,
+                });
+            }
+        }
         if let Some(t) = &local {
             slots.push(Slot {
                 broker_name: own_name.clone(),

@@ -21,6 +21,11 @@ pub struct TopicRouteData {
     /// Static-topic mapping per broker, passed through untyped.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub topic_queue_mapping_by_broker: Option<BTreeMap<String, serde_json::Value>>,
+    /// Shoal only, and only to a request that asked for the Kafka view
+    /// ([`crate::kafka_cluster`]): broker groups that left while serving the topic, with
+    /// their queue count, so Kafka's partition numbering keeps their place.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kafka_departed: Option<BTreeMap<String, i32>>,
 }
 
 impl TopicRouteData {

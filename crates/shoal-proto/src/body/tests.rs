@@ -50,6 +50,7 @@ fn route_value() -> TopicRouteData {
             write_queue_nums: 4,
         }],
         topic_queue_mapping_by_broker: None,
+        kafka_departed: None,
     }
 }
 
