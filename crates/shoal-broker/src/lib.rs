@@ -16,6 +16,7 @@ mod broker;
 mod caller;
 mod client;
 mod clock;
+mod cluster_view;
 mod collector;
 mod config;
 mod connections;

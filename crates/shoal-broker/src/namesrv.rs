@@ -6,8 +6,9 @@
 use parking_lot::Mutex;
 use shoal_net::{processor_fn, request_code_not_supported, NetConfig, RemotingClient};
 use shoal_proto::acl::SessionCredentials;
+use shoal_proto::body::{ClusterInfo, TopicRouteData};
 use shoal_proto::code::{request_code as rc, response_code as resp};
-use shoal_proto::route_watch;
+use shoal_proto::{kafka_cluster, route_watch};
 use shoal_proto::{MessageQueue, RemotingCommand};
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -28,8 +29,10 @@ pub(crate) struct NameServers {
     addrs: Vec<String>,
     credentials: Option<SessionCredentials>,
     broker_name: String,
-    /// Other brokers' queues of a topic and when they were fetched.
-    route_cache: Mutex<HashMap<String, (Vec<MessageQueue>, Instant)>>,
+    /// A topic's route (every broker, with their Kafka listeners) and when it was fetched.
+    route_cache: Mutex<HashMap<String, (Arc<TopicRouteData>, Instant)>>,
+    /// The cluster's broker groups (with their Kafka listeners) and when they were fetched.
+    cluster_cache: Mutex<Option<(Arc<ClusterInfo>, Instant)>>,
     /// Topics whose route a name server said changed, not yet fetched again.
     notices: Arc<RouteNotices>,
 }
@@ -81,6 +84,7 @@ impl NameServers {
             credentials,
             broker_name,
             route_cache: Mutex::new(HashMap::new()),
+            cluster_cache: Mutex::new(None),
             notices,
         }
     }
@@ -107,13 +111,93 @@ impl NameServers {
     /// Fetches the other brokers' queues of `topic` again (the cache aside); true when they
     /// differ from those cached.
     pub(crate) async fn refresh_other_queues(&self, topic: &str) -> bool {
-        let Some(fresh) = self.fetch_other_queues(topic).await else {
+        let Some(fresh) = self.fetch_route(topic).await else {
             return false;
         };
         let mut cache = self.route_cache.lock();
-        let changed = cache.get(topic).is_none_or(|(q, _)| *q != fresh);
+        let changed = cache
+            .get(topic)
+            .is_none_or(|(r, _)| self.others(topic, r) != self.others(topic, &fresh));
         cache.insert(topic.to_string(), (fresh, Instant::now()));
         changed
+    }
+
+    /// The other brokers' readable queues in a route.
+    fn others(&self, topic: &str, route: &TopicRouteData) -> Vec<MessageQueue> {
+        route
+            .subscribe_queues(topic)
+            .into_iter()
+            .filter(|q| q.broker_name != self.broker_name)
+            .collect()
+    }
+
+    /// A topic's route as last fetched (no request), with the brokers' Kafka listeners.
+    pub(crate) fn known_route(&self, topic: &str) -> Option<Arc<TopicRouteData>> {
+        self.route_cache.lock().get(topic).map(|(r, _)| r.clone())
+    }
+
+    /// Fetches `topic`'s route unless the cached one is younger than `max_age` (the cached
+    /// one stays when no name server answers).
+    pub(crate) async fn refresh_route(&self, topic: &str, max_age: Duration) {
+        let fresh = self
+            .route_cache
+            .lock()
+            .get(topic)
+            .is_some_and(|(_, at)| at.elapsed() < max_age);
+        if fresh {
+            return;
+        }
+        if let Some(r) = self.fetch_route(topic).await {
+            self.route_cache
+                .lock()
+                .insert(topic.to_string(), (r, Instant::now()));
+        }
+    }
+
+    /// The cluster's broker groups as last fetched (no request).
+    pub(crate) fn known_cluster(&self) -> Option<Arc<ClusterInfo>> {
+        self.cluster_cache.lock().as_ref().map(|(c, _)| c.clone())
+    }
+
+    /// Fetches the cluster's broker groups (with their Kafka listeners) unless the cached
+    /// ones are younger than `max_age`.
+    pub(crate) async fn refresh_cluster(&self, max_age: Duration) {
+        let fresh = self
+            .cluster_cache
+            .lock()
+            .as_ref()
+            .is_some_and(|(_, at)| at.elapsed() < max_age);
+        if fresh {
+            return;
+        }
+        let mut req = RemotingCommand::request(rc::GET_BROKER_CLUSTER_INFO);
+        kafka_cluster::want_listeners(&mut req);
+        for addr in &self.addrs {
+            match self.client.invoke(addr, req.clone(), NAMESRV_TIMEOUT).await {
+                Ok(r) if r.code == resp::SUCCESS => {
+                    if let Ok(c) = r.decode_json_body::<ClusterInfo>() {
+                        *self.cluster_cache.lock() = Some((Arc::new(c), Instant::now()));
+                    }
+                    return;
+                }
+                Ok(_) | Err(_) => continue,
+            }
+        }
+    }
+
+    /// Calls another broker (`addr`), signed like requests to the name servers.
+    pub(crate) async fn call_broker(
+        &self,
+        addr: &str,
+        mut req: RemotingCommand,
+    ) -> Result<RemotingCommand, String> {
+        if let Some(c) = &self.credentials {
+            shoal_proto::acl::sign_request(&mut req, c);
+        }
+        self.client
+            .invoke(addr, req, NAMESRV_TIMEOUT)
+            .await
+            .map_err(|e| format!("broker {addr}: {e}"))
     }
 
     /// How many name servers there are.
@@ -158,15 +242,16 @@ impl NameServers {
             .lock()
             .get(topic)
             .filter(|(_, at)| at.elapsed() < ROUTE_CACHE_TTL)
-            .map(|(q, _)| q.clone());
-        if let Some(q) = fresh {
-            return q;
+            .map(|(r, _)| r.clone());
+        if let Some(r) = fresh {
+            return self.others(topic, &r);
         }
-        match self.fetch_other_queues(topic).await {
-            Some(o) => {
+        match self.fetch_route(topic).await {
+            Some(r) => {
+                let o = self.others(topic, &r);
                 self.route_cache
                     .lock()
-                    .insert(topic.to_string(), (o.clone(), Instant::now()));
+                    .insert(topic.to_string(), (r, Instant::now()));
                 o
             }
             None => self.known_other_queues(topic),
@@ -175,14 +260,13 @@ impl NameServers {
 
     /// Other brokers' queues of `topic` as last fetched (no request).
     pub(crate) fn known_other_queues(&self, topic: &str) -> Vec<MessageQueue> {
-        self.route_cache
-            .lock()
-            .get(topic)
-            .map(|(q, _)| q.clone())
-            .unwrap_or_default()
+        let route = self.known_route(topic);
+        route.map(|r| self.others(topic, &r)).unwrap_or_default()
     }
 
-    async fn fetch_other_queues(&self, topic: &str) -> Option<Vec<MessageQueue>> {
+    /// The topic's route from the first name server that answers (an empty route when it
+    /// does not know the topic; none when no name server answers).
+    async fn fetch_route(&self, topic: &str) -> Option<Arc<TopicRouteData>> {
         let mut req = RemotingCommand::request_with_header(
             rc::GET_ROUTEINFO_BY_TOPIC,
             &shoal_proto::header::GetRouteInfoRequestHeader {
@@ -192,19 +276,13 @@ impl NameServers {
         );
         // Changes are pushed from now on (a Shoal name server; the cache's expiry otherwise).
         route_watch::watch(&mut req);
+        kafka_cluster::want_listeners(&mut req);
         for addr in &self.addrs {
             match self.client.invoke(addr, req.clone(), NAMESRV_TIMEOUT).await {
                 Ok(r) if r.code == resp::SUCCESS => {
-                    let route: shoal_proto::body::TopicRouteData = r.decode_json_body().ok()?;
-                    return Some(
-                        route
-                            .subscribe_queues(topic)
-                            .into_iter()
-                            .filter(|q| q.broker_name != self.broker_name)
-                            .collect(),
-                    );
+                    return r.decode_json_body::<TopicRouteData>().ok().map(Arc::new);
                 }
-                Ok(_) => return Some(Vec::new()),
+                Ok(_) => return Some(Arc::new(TopicRouteData::default())),
                 Err(_) => continue,
             }
         }

@@ -89,6 +89,9 @@ pub(crate) struct Shared {
     /// Replication of the broker's group, when `[replication]` names a controller; set once
     /// at start, before requests are served.
     pub(crate) replication: OnceLock<Arc<crate::replication::Replication>>,
+    /// The Kafka listener this broker runs, named in its registrations so that every
+    /// broker's listener can serve the whole cluster; set once by whoever starts it.
+    pub(crate) kafka_listener: OnceLock<shoal_proto::body::KafkaListener>,
     /// Serializes writes of the config tables.
     persist_lock: Mutex<()>,
 }
@@ -143,6 +146,7 @@ impl Shared {
             listener_groups: OnceLock::new(),
             transaction_checker: OnceLock::new(),
             replication: OnceLock::new(),
+            kafka_listener: OnceLock::new(),
             persist_lock: Mutex::new(()),
         }
     }
@@ -293,7 +297,12 @@ impl Shared {
             body_crc32: shoal_proto::message::body_crc(&bytes) as i32,
             ..Default::default()
         };
-        RemotingCommand::request_with_header(rc::REGISTER_BROKER, &header).with_body(bytes)
+        let mut req =
+            RemotingCommand::request_with_header(rc::REGISTER_BROKER, &header).with_body(bytes);
+        if let Some(k) = self.kafka_listener.get() {
+            shoal_proto::kafka_cluster::announce(&mut req, k.node_id, &k.addr);
+        }
+        req
     }
 
     /// Registers with every name server in parallel; returns how many accepted.

@@ -202,7 +202,7 @@ async fn route(state: &Arc<State>, ctx: &RequestCtx, mut buf: Bytes) -> Result<R
             r.error_code = ResponseError::UnsupportedSaslMechanism.code();
             ctx.reply(&r)
         }
-        ApiKey::Metadata => answer!(crate::metadata::metadata),
+        ApiKey::Metadata => answer!(crate::metadata::metadata, await),
         ApiKey::CreateTopics => answer!(crate::metadata::create_topics),
         ApiKey::DeleteTopics => answer!(crate::metadata::delete_topics),
         ApiKey::CreatePartitions => answer!(crate::metadata::create_partitions, no_ctx),
@@ -217,13 +217,13 @@ async fn route(state: &Arc<State>, ctx: &RequestCtx, mut buf: Bytes) -> Result<R
         ApiKey::Fetch => answer!(crate::fetch::fetch, await),
         ApiKey::ListOffsets => answer!(crate::offsets::list_offsets, await),
         ApiKey::OffsetForLeaderEpoch => answer!(crate::offsets::offset_for_leader_epoch, no_ctx),
-        ApiKey::OffsetCommit => answer!(crate::offsets::offset_commit),
-        ApiKey::OffsetFetch => answer!(crate::offsets::offset_fetch),
-        ApiKey::FindCoordinator => answer!(crate::groups::find_coordinator),
+        ApiKey::OffsetCommit => answer!(crate::offsets::offset_commit, await),
+        ApiKey::OffsetFetch => answer!(crate::offsets::offset_fetch, await),
+        ApiKey::FindCoordinator => answer!(crate::groups::find_coordinator, await),
         ApiKey::JoinGroup => answer!(crate::groups::join_group, await),
         ApiKey::SyncGroup => answer!(crate::groups::sync_group, await),
         ApiKey::Heartbeat => answer!(crate::groups::heartbeat, await),
-        ApiKey::LeaveGroup => answer!(crate::groups::leave_group),
+        ApiKey::LeaveGroup => answer!(crate::groups::leave_group, await),
         ApiKey::DescribeGroups => answer!(crate::groups::describe_groups),
         ApiKey::ListGroups => answer!(crate::groups::list_groups, no_ctx),
         ApiKey::DeleteGroups => answer!(crate::groups::delete_groups, no_ctx),

@@ -66,13 +66,13 @@ pub(crate) fn error_of(e: ClassicError) -> ResponseError {
     }
 }
 
-/// The queues a `consumer`-protocol assignment names (Kafka's ConsumerProtocolAssignment:
-/// a version, then the topics with their partitions), as this broker's queues. Anything
-/// else (another protocol type, bytes that do not decode) names none.
+/// The partitions a `consumer`-protocol assignment names (Kafka's ConsumerProtocolAssignment:
+/// a version, then the topics with their partitions), each as `to_queue(topic, partition)`
+/// makes it. Anything else (another protocol type, bytes that do not decode) names none.
 pub(crate) fn assigned_queues(
     protocol_type: &str,
     bytes: &[u8],
-    broker_name: &str,
+    to_queue: &dyn Fn(&str, i32) -> MessageQueue,
 ) -> Vec<MessageQueue> {
     if protocol_type != "consumer" || !plausible_assignment(bytes) {
         return Vec::new();
@@ -88,11 +88,9 @@ pub(crate) fn assigned_queues(
             .assigned_partitions
             .iter()
             .flat_map(|tp| {
-                tp.partitions.iter().map(|p| MessageQueue {
-                    topic: tp.topic.0.to_string(),
-                    broker_name: broker_name.to_string(),
-                    queue_id: *p,
-                })
+                tp.partitions
+                    .iter()
+                    .map(|p| to_queue(tp.topic.0.as_str(), *p))
             })
             .collect(),
         Err(_) => Vec::new(),
@@ -139,17 +137,31 @@ pub(crate) fn err_code(e: Option<ClassicError>) -> i16 {
 
 impl GroupCoordinator {
     /// A classic group with members as `shoal group describe` shows it; assignments of the
-    /// `consumer` protocol are decoded into this broker's queues.
+    /// `consumer` protocol are decoded into the cluster's queues (`host`'s topic layouts).
     pub(crate) fn describe(
         &self,
         group: &str,
-        broker_name: &str,
+        host: &dyn crate::host::BrokerHandle,
     ) -> Option<ClassicGroupDescription> {
+        let own = host.broker_name();
+        let to_queue = |t: &str, p: i32| {
+            host.topic_layout(t)
+                .and_then(|l| l.queue_of(t, p))
+                .unwrap_or_else(|| MessageQueue::new(t, own.clone(), p))
+        };
         let inner = self.inner.lock();
         let g = inner.groups.get(group).filter(|g| !g.is_empty())?;
-        Some(g.describe(|pt, bytes| assigned_queues(pt, bytes, broker_name)))
+        Some(g.describe(|pt, bytes| assigned_queues(pt, bytes, &to_queue)))
     }
+}
 
+/// A partition as a queue key of the listener's own bookkeeping (fetch holds, commit
+/// checks): the topic and the partition index, under this broker's name.
+pub(crate) fn partition_key(broker_name: &str) -> impl Fn(&str, i32) -> MessageQueue + '_ {
+    move |t, p| MessageQueue::new(t, broker_name.to_string(), p)
+}
+
+impl GroupCoordinator {
     pub(crate) fn new(config: &KafkaConfig) -> GroupCoordinator {
         GroupCoordinator {
             inner: Mutex::new(Inner {

@@ -14,8 +14,9 @@ pub struct KafkaConfig {
     pub advertised_host: Option<String>,
     /// Port clients are told to connect to. Default: the bound port.
     pub advertised_port: Option<u16>,
-    /// This broker's Kafka node id.
-    pub node_id: i32,
+    /// This broker's Kafka node id; `None` derives one from the advertised address (stable
+    /// across restarts, different for each listener of a cluster).
+    pub node_id: Option<i32>,
     /// Cluster id reported in Metadata.
     pub cluster_id: String,
     /// Largest request frame accepted, bytes (Kafka's `socket.request.max.bytes`); a larger
@@ -101,7 +102,7 @@ impl Default for KafkaConfig {
             listen_addr: "127.0.0.1:9092".into(),
             advertised_host: None,
             advertised_port: None,
-            node_id: 0,
+            node_id: None,
             cluster_id: "shoal".into(),
             max_request_bytes: 100 * 1024 * 1024,
             max_batch_decompressed_bytes: 100 * 1024 * 1024,
@@ -266,7 +267,14 @@ impl KafkaFile {
             cfg.set_advertised(a)
                 .map_err(|e| KafkaError::Config(format!("advertised_addr: {e}")))?;
         }
-        set(&mut cfg.node_id, &self.node_id);
+        if let Some(id) = self.node_id {
+            if id < 0 {
+                return Err(KafkaError::Config(format!(
+                    "node_id: {id} is negative (Kafka node ids are 0 or more)"
+                )));
+            }
+            cfg.node_id = Some(id);
+        }
         set(&mut cfg.cluster_id, &self.cluster_id);
         set(&mut cfg.max_request_bytes, &self.max_request_bytes);
         set(
@@ -371,7 +379,7 @@ mod tests {
                 listen_addr: "0.0.0.0:19092".into(),
                 advertised_host: Some("kafka.example".into()),
                 advertised_port: Some(9093),
-                node_id: 3,
+                node_id: Some(3),
                 cluster_id: "c".into(),
                 max_request_bytes: 2048,
                 max_batch_decompressed_bytes: 4096,

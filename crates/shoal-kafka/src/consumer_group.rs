@@ -90,6 +90,14 @@ pub(crate) async fn heartbeat(
     req: ConsumerGroupHeartbeatRequest,
 ) -> ConsumerGroupHeartbeatResponse {
     let cg = &state.consumer_groups;
+    if !state.coordinates(req.group_id.as_str()).await {
+        let mut resp = ConsumerGroupHeartbeatResponse::default();
+        resp.error_code = code(ResponseError::NotCoordinator);
+        resp.error_message = Some(StrBytes::from_static_str(
+            "another broker coordinates this group: ask FindCoordinator",
+        ));
+        return resp;
+    }
     let prepared = match prepare(state, ctx, &req) {
         Ok(p) => p,
         Err(resp) => {
@@ -99,6 +107,9 @@ pub(crate) async fn heartbeat(
             return *resp;
         }
     };
+    // The coordinator allocates every broker group's queues of the subscribed topics: it
+    // learns them from routes at most a second old (changes of watched routes are pushed).
+    state.host.refresh_routes(prepared.topics.clone()).await;
     let key = (prepared.hb.group.clone(), prepared.hb.member_id.clone());
     // A heartbeat after a new assignment shows the member past its rebalance callback: the
     // answer ends its fetch holds, or replaces them when it carries another new assignment.
@@ -187,8 +198,20 @@ fn prepare(
             Err(e) => fail(req, ResponseError::CoordinatorNotAvailable, e.to_string()),
         }));
     }
-    let mut cache = cg.members.lock().get(&key).cloned().unwrap_or_default();
-    if req.member_epoch == 0 {
+    let cached = cg.members.lock().get(&key).cloned();
+    // A member of this group's previous coordinator (its broker stopped or left, so
+    // FindCoordinator named this one): librdkafka sends its whole state after a coordinator
+    // change. It joins here keeping what it owns that nobody else does, on its word (its
+    // partitions' brokers hold no lock for Kafka members), and the group's epochs continue
+    // above its own, as Shoal members do when their coordinator moves.
+    let moved_in = req.member_epoch > 0
+        && cached.is_none()
+        && req.subscribed_topic_names.is_some()
+        && req.topic_partitions.is_some()
+        && !on_coordinator(host, None, &[], |c, _| c.has_member(&group, &member_id))
+            .unwrap_or(true);
+    let mut cache = cached.unwrap_or_default();
+    if req.member_epoch == 0 || moved_in {
         let Some(subs) = &req.subscribed_topic_names else {
             return Err(Box::new(fail(
                 req,
@@ -204,12 +227,14 @@ fn prepare(
         cache.subscriptions = subs.iter().map(|t| t.0.to_string()).collect();
     }
     if let Some(owned) = &req.topic_partitions {
-        let topics = host.topics();
+        // Topic ids name the member's subscriptions (any broker's) or this broker's topics.
+        let mut names: Vec<String> = cache.subscriptions.iter().cloned().collect();
+        names.extend(host.topics().into_iter().map(|t| t.name));
         let mut set = BTreeSet::new();
         for tp in owned {
-            if let Some(t) = topics.iter().find(|t| topic_id(&t.name) == tp.topic_id) {
+            if let Some(t) = names.iter().find(|t| topic_id(t) == tp.topic_id) {
                 for p in &tp.partitions {
-                    set.insert(cg.queue(&t.name, *p));
+                    set.insert(cg.queue(host, t, *p));
                 }
             }
         }
@@ -225,19 +250,26 @@ fn prepare(
     let hb = HeartbeatRequest {
         group,
         member_id,
-        member_epoch: req.member_epoch,
+        member_epoch: if moved_in { 0 } else { req.member_epoch },
         instance_id: req.instance_id.as_ref().map(|s| s.to_string()),
         client_id: ctx.client_id.to_string(),
         conn_id: KAFKA_CONN_ID,
         subscriptions: cache.subscriptions.clone(),
         owned: cache.owned.clone(),
-        adoptable: BTreeSet::new(),
+        adoptable: if moved_in {
+            cache.owned.clone()
+        } else {
+            BTreeSet::new()
+        },
         rebalance_timeout_ms: cache.rebalance_timeout_ms,
         // Kafka's consumer protocol has no member session timeout: the group's (coordinator's).
         session_timeout_ms: None,
         assignor: cache.assignor.clone(),
-        last_epoch: None,
+        last_epoch: moved_in.then_some(req.member_epoch),
     };
+    if moved_in {
+        tracing::info!(group = %hb.group, member = %hb.member_id, epoch = req.member_epoch, owned = hb.owned.len(), "a Kafka member of the group's previous coordinator joins with what it owns");
+    }
     // The coordinator learns the subscribed topics' queues from the broker, in the same lock.
     let topics: Vec<String> = cache.subscriptions.iter().cloned().collect();
     Ok(Prepared { hb, cache, topics })
@@ -296,22 +328,27 @@ fn answer(
     };
     resp.heartbeat_interval_ms = interval.min(i32::MAX as u64) as i32;
     cache.told_ms = Some(interval);
-    // Kafka partitions are this broker's queues; in a cluster the coordinator also
-    // allocates other brokers' queues of the topic, which this listener does not serve.
-    let own: Vec<MessageQueue> = r
+    // The coordinator allocates every broker group's queues of the topics; each is a
+    // partition of the cluster's numbering ([`crate::cluster`]). A queue no layout places
+    // (a broker not in the routes this listener knows) is not sent.
+    let mut numbering = Numbering::new(host);
+    let mut own: BTreeMap<(String, i32), MessageQueue> = r
         .assignment
         .iter()
-        .filter(|q| q.broker_name == cg.broker_name)
-        .cloned()
+        .filter_map(|q| Some(((q.topic.clone(), numbering.partition(q)?), q.clone())))
         .collect();
+    // A partition whose index names another queue than when the member was given it (a
+    // broker group added before another in name order renumbers those after it) is left out
+    // of this answer, so the member drops its position there; the next answer gives it back
+    // as new, and the member reads its committed offset.
+    if let Some(sent) = &cache.last_sent {
+        own.retain(|k, q| sent.get(k).is_none_or(|was| was == q));
+    }
     let changed = cache.last_sent.as_ref() != Some(&own) || req.member_epoch == 0;
     if changed {
         let mut by_topic: BTreeMap<String, Vec<i32>> = BTreeMap::new();
-        for q in &own {
-            by_topic
-                .entry(q.topic.clone())
-                .or_default()
-                .push(q.queue_id);
+        for (t, p) in own.keys() {
+            by_topic.entry(t.clone()).or_default().push(*p);
         }
         let mut a = cgh::Assignment::default();
         a.topic_partitions = by_topic
@@ -327,11 +364,12 @@ fn answer(
         resp.assignment = Some(a);
         cache.last_sent = Some(own);
         // Its fetches of what it held wait for its rebalance callback (crate::fetch_hold).
+        // Held by partition index, as fetches name them; only fetches to this listener wait.
         let held: Vec<(String, i32)> = if req.member_epoch > 0 {
             p.hb.owned
                 .iter()
                 .filter(|q| q.broker_name == cg.broker_name)
-                .map(|q| (q.topic.clone(), q.queue_id))
+                .filter_map(|q| Some((q.topic.clone(), numbering.partition(q)?)))
                 .collect()
         } else {
             Vec::new()
@@ -339,9 +377,9 @@ fn answer(
         let given = cache
             .last_sent
             .iter()
-            .flatten()
-            .map(|q| (q.topic.clone(), q.queue_id))
+            .flat_map(|s| s.keys())
             .filter(|p| !held.contains(p))
+            .cloned()
             .collect();
         state.replace_fetch_holds(&key, held, given);
     } else {
@@ -360,12 +398,12 @@ fn answer(
     let owned: Vec<&MessageQueue> =
         p.hb.owned
             .iter()
-            .filter(|q| q.broker_name == cg.broker_name)
+            .filter(|q| numbering.partition(q).is_some())
             .collect();
     let quiet = r
         .assignment
         .iter()
-        .filter(|q| q.broker_name == cg.broker_name)
+        .filter(|q| numbering.partition(q).is_some())
         .eq(owned);
     let hold = (cg.hold_ms * steady / cg.heartbeat_interval_ms.max(1))
         .min(told_before.map_or(u64::MAX, |t| t.saturating_sub(hold_margin(t))));
@@ -375,13 +413,38 @@ fn answer(
     )
 }
 
-fn assignment(queues: &[MessageQueue]) -> cgd::Assignment {
+/// Partition indexes of queues, one topic layout looked up per topic.
+struct Numbering<'a> {
+    host: &'a dyn crate::host::BrokerHandle,
+    layouts: HashMap<String, Option<crate::cluster::TopicLayout>>,
+}
+
+impl<'a> Numbering<'a> {
+    fn new(host: &'a dyn crate::host::BrokerHandle) -> Self {
+        Numbering {
+            host,
+            layouts: HashMap::new(),
+        }
+    }
+
+    /// The partition `q` is, when a layout places its broker group.
+    fn partition(&mut self, q: &MessageQueue) -> Option<i32> {
+        let host = self.host;
+        self.layouts
+            .entry(q.topic.clone())
+            .or_insert_with(|| host.topic_layout(&q.topic))
+            .as_ref()?
+            .index_of(&q.broker_name, q.queue_id)
+    }
+}
+
+fn assignment(host: &dyn crate::host::BrokerHandle, queues: &[MessageQueue]) -> cgd::Assignment {
+    let mut numbering = Numbering::new(host);
     let mut by_topic: BTreeMap<String, Vec<i32>> = BTreeMap::new();
     for q in queues {
-        by_topic
-            .entry(q.topic.clone())
-            .or_default()
-            .push(q.queue_id);
+        if let Some(p) = numbering.partition(q) {
+            by_topic.entry(q.topic.clone()).or_default().push(p);
+        }
     }
     let mut a = cgd::Assignment::default();
     a.topic_partitions = by_topic
@@ -463,8 +526,8 @@ pub(crate) fn describe(
                             .map_or("", String::as_str));
                         x.subscribed_topic_names =
                             m.subscriptions.iter().map(|t| TopicName(sb(t))).collect();
-                        x.assignment = assignment(&m.owned);
-                        x.target_assignment = assignment(&m.target);
+                        x.assignment = assignment(state.host.as_ref(), &m.owned);
+                        x.target_assignment = assignment(state.host.as_ref(), &m.target);
                         x
                     })
                     .collect();

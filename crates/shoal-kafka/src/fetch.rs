@@ -3,8 +3,9 @@
 //! hold service when there is not enough data yet. Fetch sessions (KIP-227) are not kept:
 //! every answer says session 0, so clients send full fetches.
 
+use crate::cluster::local_queue;
 use crate::convert::stored_to_batch;
-use crate::host::WaitPosition;
+use crate::host::{TopicInfo, WaitPosition};
 use crate::request::{code, RequestCtx};
 use crate::state::State;
 use bytes::{Bytes, BytesMut};
@@ -28,7 +29,10 @@ const INLINE_FETCH_MESSAGES: u64 = 128;
 #[derive(Debug, Clone)]
 struct Wanted {
     name: Option<String>,
+    /// The partition as the client names it (cluster-wide numbering).
     partition: i32,
+    /// Its queue on this broker, or why this broker does not serve it.
+    queue: Result<(i32, TopicInfo), ResponseError>,
     offset: i64,
     max_bytes: usize,
 }
@@ -74,12 +78,17 @@ pub(crate) async fn fetch(
         } else {
             Some(t.topic.0.to_string())
         };
+        let layout = name.as_deref().and_then(|n| state.host.topic_layout(n));
         let wanted = t
             .partitions
             .iter()
             .map(|p| Wanted {
                 name: name.clone(),
                 partition: p.partition,
+                queue: match &name {
+                    Some(_) => local_queue(layout.as_ref(), p.partition),
+                    None => Err(ResponseError::UnknownTopicId),
+                },
                 offset: p.fetch_offset,
                 max_bytes: p.partition_max_bytes.max(0) as usize,
             })
@@ -134,7 +143,7 @@ pub(crate) async fn fetch(
             .filter_map(|(w, r)| {
                 Some(WaitPosition {
                     topic: w.name.clone()?,
-                    partition: w.partition,
+                    partition: w.queue.as_ref().ok()?.0,
                     offset: r.next.max(0) as u64,
                 })
             })
@@ -197,9 +206,10 @@ pub(crate) async fn fetch(
 fn waiting_messages(state: &State, wanted: &[Wanted]) -> u64 {
     wanted
         .iter()
-        .filter(|w| w.partition >= 0)
         .filter_map(|w| {
-            let max = state.store.max_offset(w.name.as_deref()?, w.partition);
+            let max = state
+                .store
+                .max_offset(w.name.as_deref()?, w.queue.as_ref().ok()?.0);
             Some(max.saturating_sub(w.offset.max(0) as u64))
         })
         .fold(0u64, u64::saturating_add)
@@ -234,22 +244,22 @@ fn read_partition(state: &State, w: &Wanted, budget: usize, may_exceed: bool) ->
         out.error = Some(ResponseError::UnknownTopicId);
         return out;
     };
-    let Some(info) = state.host.topic(name) else {
-        out.error = Some(ResponseError::UnknownTopicOrPartition);
-        return out;
+    let (queue, info) = match &w.queue {
+        Ok(q) => q,
+        Err(e) => {
+            out.error = Some(*e);
+            return out;
+        }
     };
-    if w.partition < 0 || w.partition >= info.partitions {
-        out.error = Some(ResponseError::UnknownTopicOrPartition);
-        return out;
-    }
+    let queue = *queue;
     if !info.readable {
         out.error = Some(ResponseError::TopicAuthorizationFailed);
         return out;
     }
     let store = &state.store;
     let (min, max) = (
-        store.min_offset(name, w.partition) as i64,
-        store.max_offset(name, w.partition) as i64,
+        store.min_offset(name, queue) as i64,
+        store.max_offset(name, queue) as i64,
     );
     out.high_watermark = max;
     out.log_start = min;
@@ -275,7 +285,7 @@ fn read_partition(state: &State, w: &Wanted, budget: usize, may_exceed: bool) ->
         }
         let r = match store.get_messages(
             name,
-            w.partition,
+            queue,
             offset,
             MAX_MESSAGES_PER_READ.min((end - offset) as usize),
             left.max(1),

@@ -4,7 +4,10 @@
 //! lock; a JoinGroup or SyncGroup that has to wait registers a one-shot channel under a
 //! request id and awaits it outside the lock; a timer task runs the group timers.
 
-use crate::classic_groups::{assigned_queues, err_code, error_of, GroupCoordinator, Inner, Waiter};
+use crate::classic_groups::{
+    assigned_queues, err_code, error_of, partition_key, GroupCoordinator, Inner, Waiter,
+};
+use crate::cluster::Leader;
 use crate::request::{code, sb, RequestCtx};
 use crate::state::State;
 use bytes::Bytes;
@@ -75,8 +78,9 @@ impl GroupCoordinator {
     ) -> Result<(), ResponseError> {
         let now = state.now_ms();
         let broker = state.host.broker_name();
+        let key = partition_key(&broker);
         let covers = |protocol_type: &str, bytes: &[u8]| {
-            let held = assigned_queues(protocol_type, bytes, &broker);
+            let held = assigned_queues(protocol_type, bytes, &key);
             let named = partitions
                 .iter()
                 .filter(|(t, p)| held.iter().any(|q| &q.topic == t && q.queue_id == *p))
@@ -124,59 +128,90 @@ pub(crate) async fn timer_loop(state: Arc<State>, mut stop: watch::Receiver<bool
     }
 }
 
-/// FindCoordinator: this broker coordinates every group; transactions have no coordinator.
-pub(crate) fn find_coordinator(
+/// FindCoordinator: a group's coordinator is one broker's listener, the same whichever broker
+/// is asked ([`crate::cluster::coordinator_of`]); transactions have no coordinator.
+pub(crate) async fn find_coordinator(
     state: &Arc<State>,
     ctx: &RequestCtx,
     req: FindCoordinatorRequest,
 ) -> FindCoordinatorResponse {
+    state.host.refresh_cluster().await;
+    let masters = state.host.kafka_masters();
     let mut resp = FindCoordinatorResponse::default();
-    let answer = |key_type: i8| -> (i16, Option<StrBytes>) {
+    // (error, message, node): the node for groups; an error for the others.
+    let answer = |key_type: i8, key: &str| -> (i16, Option<StrBytes>, Option<(i32, String, i32)>) {
         match key_type {
-            0 => (0, None),
+            0 => match crate::cluster::coordinator_of(key, &masters) {
+                None | Some(Leader::Here) => (
+                    0,
+                    None,
+                    Some((
+                        state.node_id,
+                        state.advertised_host.clone(),
+                        state.advertised_port,
+                    )),
+                ),
+                Some(Leader::At(n)) => (0, None, Some((n.node_id, n.host.clone(), n.port))),
+                Some(Leader::Unknown) => (
+                    code(ResponseError::CoordinatorNotAvailable),
+                    Some(sb("the group's coordinator broker has no master now")),
+                    None,
+                ),
+            },
             1 => (
                 code(ResponseError::CoordinatorNotAvailable),
                 Some(sb(
                     "transactions are not supported by Shoal's Kafka listener",
                 )),
+                None,
             ),
             t => (
                 code(ResponseError::InvalidRequest),
                 Some(sb(&format!("coordinator key type {t} is not supported"))),
+                None,
             ),
         }
     };
     if ctx.version >= 4 {
         for key in req.coordinator_keys {
-            let (err, m) = answer(req.key_type);
+            let (err, m, node) = answer(req.key_type, key.as_str());
             let mut c = Coordinator::default();
             c.key = key;
             c.error_code = err;
             c.error_message = m;
-            if err == 0 {
-                c.node_id = BrokerId(state.config.node_id);
-                c.host = sb(&state.advertised_host);
-                c.port = state.advertised_port;
-            } else {
-                c.node_id = BrokerId(-1);
-                c.port = -1;
+            match node {
+                Some((id, host, port)) => {
+                    c.node_id = BrokerId(id);
+                    c.host = sb(&host);
+                    c.port = port;
+                }
+                None => {
+                    c.node_id = BrokerId(-1);
+                    c.port = -1;
+                }
             }
             resp.coordinators.push(c);
         }
         return resp;
     }
-    let (err, m) = answer(if ctx.version >= 1 { req.key_type } else { 0 });
+    let (err, m, node) = answer(
+        if ctx.version >= 1 { req.key_type } else { 0 },
+        req.key.as_str(),
+    );
     resp.error_code = err;
     if ctx.version >= 1 {
         resp.error_message = m;
     }
-    if err == 0 {
-        resp.node_id = BrokerId(state.config.node_id);
-        resp.host = sb(&state.advertised_host);
-        resp.port = state.advertised_port;
-    } else {
-        resp.node_id = BrokerId(-1);
-        resp.port = -1;
+    match node {
+        Some((id, host, port)) => {
+            resp.node_id = BrokerId(id);
+            resp.host = sb(&host);
+            resp.port = port;
+        }
+        None => {
+            resp.node_id = BrokerId(-1);
+            resp.port = -1;
+        }
     }
     resp
 }
@@ -200,6 +235,11 @@ pub(crate) async fn join_group(
     }
     if group.is_empty() {
         resp.error_code = code(ResponseError::InvalidGroupId);
+        resp.generation_id = -1;
+        return resp;
+    }
+    if !state.coordinates(&group).await {
+        resp.error_code = code(ResponseError::NotCoordinator);
         resp.generation_id = -1;
         return resp;
     }
@@ -324,6 +364,11 @@ pub(crate) async fn sync_group(
     req: SyncGroupRequest,
 ) -> SyncGroupResponse {
     let group = req.group_id.0.to_string();
+    if !state.coordinates(&group).await {
+        let mut resp = SyncGroupResponse::default();
+        resp.error_code = code(ResponseError::NotCoordinator);
+        return resp;
+    }
     let sync = SyncRequest {
         member_id: req.member_id.to_string(),
         instance_id: req.group_instance_id.as_ref().map(|s| s.to_string()),
@@ -340,10 +385,12 @@ pub(crate) async fn sync_group(
     state.release_fetches(&key);
     // What the member holds now: its assignment of the previous generation.
     let mut held = Vec::new();
+    let own = state.host.broker_name();
+    let as_key = partition_key(&own);
     let asked = ask(state, Waiter::Sync, |groups, id, now| {
         if let Some(g) = groups.get(&group) {
             if let (Some(pt), Some(a)) = (g.protocol_type(), g.assignment_of(&key.1)) {
-                held = assigned_queues(pt, a, &state.host.broker_name());
+                held = assigned_queues(pt, a, &as_key);
             }
         }
         groups.handle_sync(now, &group, id, sync)
@@ -358,7 +405,7 @@ pub(crate) async fn sync_group(
                 let given = s
                     .protocol_type
                     .as_deref()
-                    .map(|pt| assigned_queues(pt, &s.assignment, &state.host.broker_name()))
+                    .map(|pt| assigned_queues(pt, &s.assignment, &as_key))
                     .unwrap_or_default()
                     .into_iter()
                     .map(|q| (q.topic, q.queue_id))
@@ -388,6 +435,11 @@ pub(crate) async fn heartbeat(
     req: HeartbeatRequest,
 ) -> HeartbeatResponse {
     let group = req.group_id.0.to_string();
+    if !state.coordinates(&group).await {
+        let mut resp = HeartbeatResponse::default();
+        resp.error_code = code(ResponseError::NotCoordinator);
+        return resp;
+    }
     let id = state.groups.next_req.fetch_add(1, Ordering::Relaxed);
     let answer = ask_as(state, id, Waiter::Heartbeat, |groups, id, now| {
         groups.handle_heartbeat(
@@ -421,12 +473,17 @@ pub(crate) async fn heartbeat(
 }
 
 /// LeaveGroup (one member before v3, a batch from v3).
-pub(crate) fn leave_group(
+pub(crate) async fn leave_group(
     state: &Arc<State>,
     ctx: &RequestCtx,
     req: LeaveGroupRequest,
 ) -> LeaveGroupResponse {
     let group = req.group_id.0.to_string();
+    if !state.coordinates(&group).await {
+        let mut resp = LeaveGroupResponse::default();
+        resp.error_code = code(ResponseError::NotCoordinator);
+        return resp;
+    }
     let leaving: Vec<LeavingMember> = if ctx.version >= 3 {
         req.members
             .iter()

@@ -2,6 +2,7 @@
 //! groups and its long-polling hold service. `shoal-kafka` does not depend on `shoal-broker`;
 //! the `shoal` binary implements [`BrokerHandle`] over a running broker.
 
+use crate::cluster::{KafkaNode, Leader, TopicLayout};
 use crate::KafkaError;
 use futures::future::BoxFuture;
 use shoal_group::coordinator::Coordinator;
@@ -67,6 +68,60 @@ pub trait BrokerHandle: Send + Sync + 'static {
     fn replicated_write(&self, end: u64) -> BoxFuture<'static, Result<(), ReplicaRefusal>> {
         let _ = end;
         Box::pin(async { Ok(()) })
+    }
+    /// Where `name`'s partitions are in the cluster as last learned (no request): every
+    /// broker group serving the topic, in name order ([`crate::cluster`]). Default: this
+    /// broker alone.
+    fn topic_layout(&self, name: &str) -> Option<TopicLayout> {
+        self.topic(name)
+            .map(|t| TopicLayout::alone(&self.broker_name(), t))
+    }
+    /// Learns fresher routes of `topics` from the name servers (before a Metadata answer).
+    fn refresh_routes(&self, topics: Vec<String>) -> BoxFuture<'static, ()> {
+        let _ = topics;
+        Box::pin(async {})
+    }
+    /// The other Kafka listeners of the cluster (every broker group's master and replicas),
+    /// as last learned. Default: none.
+    fn cluster_nodes(&self) -> Vec<KafkaNode> {
+        Vec::new()
+    }
+    /// The broker groups whose master runs a Kafka listener, sorted by name, this broker's
+    /// own as [`Leader::Here`] while it is master; empty when the broker is the whole cluster
+    /// (no name servers). Group coordinators are chosen among them.
+    fn kafka_masters(&self) -> Vec<(String, Leader)> {
+        Vec::new()
+    }
+    /// Learns a fresher list of the cluster's brokers (before FindCoordinator and Metadata).
+    fn refresh_cluster(&self) -> BoxFuture<'static, ()> {
+        Box::pin(async {})
+    }
+    /// Commits `offset` for `group` on queue `queue` of `topic` at broker group
+    /// `broker_name`'s master (a coordinator commits partitions of every broker).
+    fn commit_offset_at(
+        &self,
+        broker_name: &str,
+        group: &str,
+        topic: &str,
+        queue: i32,
+        offset: i64,
+    ) -> BoxFuture<'static, Result<(), KafkaError>> {
+        let _ = (group, topic, queue, offset);
+        let why = format!("broker {broker_name} is not reachable from this listener");
+        Box::pin(async move { Err(KafkaError::Broker(why)) })
+    }
+    /// The committed offset of `group` on queue `queue` of `topic` at broker group
+    /// `broker_name`'s master; `None` when it has none.
+    fn query_offset_at(
+        &self,
+        broker_name: &str,
+        group: &str,
+        topic: &str,
+        queue: i32,
+    ) -> BoxFuture<'static, Result<Option<i64>, KafkaError>> {
+        let _ = (group, topic, queue);
+        let why = format!("broker {broker_name} is not reachable from this listener");
+        Box::pin(async move { Err(KafkaError::Broker(why)) })
     }
     /// Every topic of this broker.
     fn topics(&self) -> Vec<TopicInfo>;

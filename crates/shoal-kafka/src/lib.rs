@@ -17,6 +17,7 @@ mod api;
 mod batch_writer;
 mod classic_groups;
 mod clock;
+pub mod cluster;
 mod config;
 mod consumer_group;
 pub mod convert;

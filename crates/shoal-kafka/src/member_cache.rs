@@ -11,6 +11,7 @@ use parking_lot::Mutex;
 use shoal_group::coordinator::{Coordinator, GroupDescription};
 use shoal_group::GroupError;
 use shoal_proto::mq::MessageQueue;
+use std::collections::BTreeMap;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use tokio::sync::Notify;
@@ -21,7 +22,9 @@ pub(crate) struct MemberCache {
     pub(crate) owned: BTreeSet<MessageQueue>,
     pub(crate) assignor: Option<String>,
     pub(crate) rebalance_timeout_ms: Option<u64>,
-    pub(crate) last_sent: Option<Vec<MessageQueue>>,
+    /// The assignment the member was last sent: partition (topic, index) → the queue it was
+    /// then.
+    pub(crate) last_sent: Option<BTreeMap<(String, i32), MessageQueue>>,
     /// The heartbeat interval the last answer gave (librdkafka times its next heartbeat
     /// out after it, so that heartbeat's answer must not be held longer).
     pub(crate) told_ms: Option<u64>,
@@ -121,12 +124,21 @@ impl ConsumerGroups {
         }
     }
 
-    pub(crate) fn queue(&self, topic: &str, partition: i32) -> MessageQueue {
-        MessageQueue {
-            topic: topic.to_string(),
-            broker_name: self.broker_name.clone(),
-            queue_id: partition,
-        }
+    /// The queue partition `partition` of `topic` is ([`crate::cluster`]); this broker's
+    /// queue of that id when no layout is known.
+    pub(crate) fn queue(
+        &self,
+        host: &dyn BrokerHandle,
+        topic: &str,
+        partition: i32,
+    ) -> MessageQueue {
+        host.topic_layout(topic)
+            .and_then(|l| l.queue_of(topic, partition))
+            .unwrap_or_else(|| MessageQueue {
+                topic: topic.to_string(),
+                broker_name: self.broker_name.clone(),
+                queue_id: partition,
+            })
     }
 
     /// Forgets the cached heartbeat fields of members the coordinator no longer has (left,
@@ -182,7 +194,7 @@ impl ConsumerGroups {
         topic: &str,
         partition: i32,
     ) -> Result<(), ResponseError> {
-        let q = self.queue(topic, partition);
+        let q = self.queue(host, topic, partition);
         match on_coordinator(host, None, &[], |c, _| {
             c.validate(group, member_id, epoch, &q)
         }) {

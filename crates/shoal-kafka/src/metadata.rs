@@ -2,6 +2,7 @@
 //! table as Kafka clients and admin tools see it. A topic's partitions are its queues on this
 //! broker, which leads every partition (epoch 0, one replica).
 
+use crate::cluster::{KafkaNode, Leader, TopicLayout};
 use crate::host::TopicInfo;
 use crate::request::{code, sb, RequestCtx};
 use crate::state::{topic_id, State};
@@ -45,27 +46,52 @@ pub(crate) fn valid_topic_name(name: &str) -> Result<(), KafkaError> {
     Ok(())
 }
 
-fn partition_metadata(state: &State, index: i32) -> MetadataResponsePartition {
-    let node = BrokerId(state.config.node_id);
+fn partition_metadata(index: i32, leader: i32) -> MetadataResponsePartition {
     let mut p = MetadataResponsePartition::default();
     p.partition_index = index;
-    p.leader_id = node;
+    p.leader_id = BrokerId(leader);
     p.leader_epoch = 0;
-    p.replica_nodes = vec![node];
-    p.isr_nodes = vec![node];
+    if leader < 0 {
+        p.error_code = code(ResponseError::LeaderNotAvailable);
+    } else {
+        p.replica_nodes = vec![BrokerId(leader)];
+        p.isr_nodes = vec![BrokerId(leader)];
+    }
     p
 }
 
-fn topic_metadata(state: &State, t: &TopicInfo, version: i16) -> MetadataResponseTopic {
+/// A topic's partitions as the cluster serves them ([`crate::cluster`]); `leaders` collects
+/// the other listeners that lead some of them.
+fn topic_metadata(
+    state: &State,
+    name: &str,
+    layout: &TopicLayout,
+    version: i16,
+    leaders: &mut Vec<KafkaNode>,
+) -> MetadataResponseTopic {
     let mut m = MetadataResponseTopic::default();
-    m.name = Some(TopicName(sb(&t.name)));
+    m.name = Some(TopicName(sb(name)));
     if version >= 10 {
-        m.topic_id = topic_id(&t.name);
+        m.topic_id = topic_id(name);
     }
-    m.is_internal = t.internal;
-    m.partitions = (0..t.partitions)
-        .map(|i| partition_metadata(state, i))
-        .collect();
+    m.is_internal = layout.local.as_ref().is_some_and(|t| t.internal);
+    let mut index = 0;
+    for s in &layout.slots {
+        let leader = match &s.leader {
+            Leader::Here => state.node_id,
+            Leader::At(n) => {
+                if !leaders.contains(n) {
+                    leaders.push(n.clone());
+                }
+                n.node_id
+            }
+            Leader::Unknown => -1,
+        };
+        for _ in 0..s.partitions.max(0) {
+            m.partitions.push(partition_metadata(index, leader));
+            index += 1;
+        }
+    }
     m
 }
 
@@ -97,24 +123,20 @@ fn auto_create(state: &State, name: &str) -> Result<TopicInfo, KafkaError> {
     }
 }
 
-/// Metadata: brokers (this one), and the requested (or all non-internal) topics.
-pub(crate) fn metadata(
+/// Metadata: the cluster's Kafka listeners, and the requested (or all non-internal) topics
+/// with every broker group's partitions ([`crate::cluster`]).
+pub(crate) async fn metadata(
     state: &Arc<State>,
     ctx: &RequestCtx,
     req: MetadataRequest,
 ) -> MetadataResponse {
     let v = ctx.version;
     let mut resp = MetadataResponse::default();
-    let mut broker = MetadataResponseBroker::default();
-    broker.node_id = BrokerId(state.config.node_id);
-    broker.host = sb(&state.advertised_host);
-    broker.port = state.advertised_port;
-    resp.brokers = vec![broker];
     if v >= 2 {
         resp.cluster_id = Some(sb(&state.config.cluster_id));
     }
     if v >= 1 {
-        resp.controller_id = BrokerId(state.config.node_id);
+        resp.controller_id = BrokerId(state.node_id);
     }
     let allow_auto = (v < 4 || req.allow_auto_topic_creation) && state.host.auto_create_topics();
     let wanted = match req.topics {
@@ -122,23 +144,42 @@ pub(crate) fn metadata(
         Some(t) if t.is_empty() && v == 0 => None,
         Some(t) => Some(t),
     };
+    let names: Vec<String> = wanted
+        .iter()
+        .flatten()
+        .filter_map(|t| t.name.as_ref().map(|n| n.0.to_string()))
+        .collect();
+    let mut refresh = vec![state.host.refresh_cluster()];
+    if !names.is_empty() {
+        refresh.push(state.host.refresh_routes(names));
+    }
+    futures::future::join_all(refresh).await;
+    let mut leaders: Vec<KafkaNode> = Vec::new();
     resp.topics = match wanted {
         None => state
             .host
             .topics()
             .iter()
             .filter(|t| !t.internal)
-            .map(|t| topic_metadata(state, t, v))
+            .filter_map(|t| {
+                let layout = state.host.topic_layout(&t.name)?;
+                Some(topic_metadata(state, &t.name, &layout, v, &mut leaders))
+            })
             .collect(),
         Some(list) => list
             .into_iter()
             .map(|t| match t.name {
                 Some(name) => {
                     let name = name.0.to_string();
-                    match state.host.topic(&name) {
-                        Some(info) => topic_metadata(state, &info, v),
+                    match state.host.topic_layout(&name) {
+                        Some(layout) => topic_metadata(state, &name, &layout, v, &mut leaders),
                         None if allow_auto => match auto_create(state, &name) {
-                            Ok(info) => topic_metadata(state, &info, v),
+                            Ok(info) => {
+                                let layout = state.host.topic_layout(&name).unwrap_or_else(|| {
+                                    TopicLayout::alone(&state.host.broker_name(), info)
+                                });
+                                topic_metadata(state, &name, &layout, v, &mut leaders)
+                            }
                             Err(e) => {
                                 let mut m = error_topic(
                                     Some(&name),
@@ -163,13 +204,34 @@ pub(crate) fn metadata(
                         },
                     }
                 }
-                None => match state.topic_by_id(t.topic_id) {
-                    Some(info) => topic_metadata(state, &info, v),
+                None => match state
+                    .topic_by_id(t.topic_id)
+                    .and_then(|info| Some((state.host.topic_layout(&info.name)?, info)))
+                {
+                    Some((layout, info)) => {
+                        topic_metadata(state, &info.name, &layout, v, &mut leaders)
+                    }
                     None => error_topic(None, t.topic_id, ResponseError::UnknownTopicId),
                 },
             })
             .collect(),
     };
+    // This listener, every listener of the cluster, and any leader not listed yet.
+    let mut me = MetadataResponseBroker::default();
+    me.node_id = BrokerId(state.node_id);
+    me.host = sb(&state.advertised_host);
+    me.port = state.advertised_port;
+    resp.brokers = vec![me];
+    for n in state.host.cluster_nodes().into_iter().chain(leaders) {
+        if n.node_id == state.node_id || resp.brokers.iter().any(|b| b.node_id.0 == n.node_id) {
+            continue;
+        }
+        let mut b = MetadataResponseBroker::default();
+        b.node_id = BrokerId(n.node_id);
+        b.host = sb(&n.host);
+        b.port = n.port;
+        resp.brokers.push(b);
+    }
     resp
 }
 
@@ -419,7 +481,7 @@ fn broker_config_entries(state: &State) -> Vec<(&'static str, String)> {
             "auto.create.topics.enable",
             state.host.auto_create_topics().to_string(),
         ),
-        ("broker.id", state.config.node_id.to_string()),
+        ("broker.id", state.node_id.to_string()),
         (
             "group.initial.rebalance.delay.ms",
             state.config.group_initial_rebalance_delay_ms.to_string(),
@@ -472,12 +534,12 @@ pub(crate) fn describe_configs(
             },
             4 => {
                 let n = res.resource_name.as_str();
-                if n.is_empty() || n == state.config.node_id.to_string() {
+                if n.is_empty() || n == state.node_id.to_string() {
                     Ok(broker_config_entries(state))
                 } else {
                     Err((
                         ResponseError::InvalidRequest,
-                        format!("broker {n} is not this broker ({})", state.config.node_id),
+                        format!("broker {n} is not this broker ({})", state.node_id),
                     ))
                 }
             }

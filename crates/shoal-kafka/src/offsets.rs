@@ -32,11 +32,9 @@ const MAX_TIMESTAMP: i64 = -3;
 /// Earliest local offset (no tiered storage here: the earliest).
 const EARLIEST_LOCAL: i64 = -4;
 
-fn partition_ok(state: &State, topic: &str, partition: i32) -> Result<(), ResponseError> {
-    match state.host.topic(topic) {
-        Some(t) if partition >= 0 && partition < t.partitions => Ok(()),
-        _ => Err(ResponseError::UnknownTopicOrPartition),
-    }
+/// The queue of this broker that partition `partition` of `topic` is, or the error it gets.
+fn local(state: &State, topic: &str, partition: i32) -> Result<i32, ResponseError> {
+    crate::cluster::local_queue(state.host.topic_layout(topic).as_ref(), partition).map(|(q, _)| q)
 }
 
 /// ListOffsets: earliest, latest, max timestamp, and by timestamp (store time; the first
@@ -83,7 +81,7 @@ fn lookup(
     partition: i32,
     ts: i64,
 ) -> Result<(i64, i64), ResponseError> {
-    partition_ok(state, topic, partition)?;
+    let partition = local(state, topic, partition)?;
     let s = &state.store;
     let (min, max) = (
         s.min_offset(topic, partition),
@@ -141,16 +139,19 @@ pub(crate) fn offset_for_leader_epoch(
         for p in t.partitions {
             let mut e = EpochEndOffset::default();
             e.partition = p.partition;
-            if let Err(err) = partition_ok(state, &name, p.partition) {
-                e.error_code = code(err);
-            } else if p.current_leader_epoch > 0 {
-                e.error_code = code(ResponseError::UnknownLeaderEpoch);
-            } else if p.leader_epoch < 0 {
-                e.leader_epoch = -1;
-                e.end_offset = -1;
-            } else {
-                e.leader_epoch = 0;
-                e.end_offset = state.store.max_offset(&name, p.partition) as i64;
+            match local(state, &name, p.partition) {
+                Err(err) => e.error_code = code(err),
+                Ok(_) if p.current_leader_epoch > 0 => {
+                    e.error_code = code(ResponseError::UnknownLeaderEpoch);
+                }
+                Ok(_) if p.leader_epoch < 0 => {
+                    e.leader_epoch = -1;
+                    e.end_offset = -1;
+                }
+                Ok(queue) => {
+                    e.leader_epoch = 0;
+                    e.end_offset = state.store.max_offset(&name, queue) as i64;
+                }
             }
             tr.partitions.push(e);
         }
@@ -159,15 +160,56 @@ pub(crate) fn offset_for_leader_epoch(
     resp
 }
 
+/// Where a partition's committed offset lives: this broker's queue, or another broker
+/// group's (the offset stays with the queue, wherever the group's coordinator is).
+enum OffsetHome {
+    Here(i32),
+    At(String, i32),
+}
+
+fn offset_home(
+    layout: Option<&crate::cluster::TopicLayout>,
+    own: &str,
+    partition: i32,
+) -> Result<OffsetHome, ResponseError> {
+    let (slot, queue) = layout
+        .and_then(|l| l.locate(partition))
+        .ok_or(ResponseError::UnknownTopicOrPartition)?;
+    Ok(if slot.broker_name == own {
+        OffsetHome::Here(queue)
+    } else {
+        OffsetHome::At(slot.broker_name.clone(), queue)
+    })
+}
+
 /// OffsetCommit: fenced by the classic group's generation and member id; a commit with
 /// generation -1 and no member (a consumer that assigns itself partitions) is accepted while
-/// the group has no members.
-pub(crate) fn offset_commit(
+/// the group has no members. Partitions of other broker groups are committed at their
+/// brokers.
+pub(crate) async fn offset_commit(
     state: &Arc<State>,
     ctx: &RequestCtx,
     req: OffsetCommitRequest,
 ) -> OffsetCommitResponse {
     let group = req.group_id.0.to_string();
+    let mut resp = OffsetCommitResponse::default();
+    if !state.coordinates(&group).await {
+        for t in req.topics {
+            let mut tr = OffsetCommitResponseTopic::default();
+            tr.name = t.name.clone();
+            if ctx.version >= 10 {
+                tr.topic_id = t.topic_id;
+            }
+            for p in t.partitions {
+                let mut pr = OffsetCommitResponsePartition::default();
+                pr.partition_index = p.partition_index;
+                pr.error_code = code(ResponseError::NotCoordinator);
+                tr.partitions.push(pr);
+            }
+            resp.topics.push(tr);
+        }
+        return resp;
+    }
     let consumer =
         !req.member_id.is_empty() && state.consumer_groups.has_group(state.host.as_ref(), &group);
     let check = if consumer {
@@ -196,9 +238,11 @@ pub(crate) fn offset_commit(
             tracing::debug!(group = %group, error = %e, "Kafka group not registered as a subscription group (it still commits)");
         }
     }
-    let mut resp = OffsetCommitResponse::default();
+    let own = state.host.broker_name();
+    let mut remote = Vec::new();
     for t in req.topics {
         let name = t.name.0.to_string();
+        let layout = state.host.topic_layout(&name);
         let mut tr = OffsetCommitResponseTopic::default();
         tr.name = t.name.clone();
         if ctx.version >= 10 {
@@ -208,8 +252,8 @@ pub(crate) fn offset_commit(
             let mut pr = OffsetCommitResponsePartition::default();
             pr.partition_index = p.partition_index;
             let r = check
-                .and_then(|()| partition_ok(state, &name, p.partition_index))
-                .and_then(|()| {
+                .and_then(|()| offset_home(layout.as_ref(), &own, p.partition_index))
+                .and_then(|home| {
                     if consumer {
                         state.consumer_groups.validate_commit(
                             state.host.as_ref(),
@@ -218,21 +262,30 @@ pub(crate) fn offset_commit(
                             req.generation_id_or_member_epoch,
                             &name,
                             p.partition_index,
-                        )
-                    } else {
-                        Ok(())
+                        )?;
                     }
-                })
-                .and_then(|()| {
                     (p.committed_offset >= 0)
-                        .then_some(())
+                        .then_some(home)
                         .ok_or(ResponseError::InvalidCommitOffsetSize)
                 });
             match r {
-                Ok(()) => {
+                Ok(OffsetHome::Here(queue)) => {
                     state
                         .store
-                        .commit_offset(&group, &name, p.partition_index, p.committed_offset)
+                        .commit_offset(&group, &name, queue, p.committed_offset)
+                }
+                Ok(OffsetHome::At(broker, queue)) => {
+                    remote.push((
+                        resp.topics.len(),
+                        tr.partitions.len(),
+                        state.host.commit_offset_at(
+                            &broker,
+                            &group,
+                            &name,
+                            queue,
+                            p.committed_offset,
+                        ),
+                    ));
                 }
                 Err(e) => pr.error_code = code(e),
             }
@@ -240,30 +293,75 @@ pub(crate) fn offset_commit(
         }
         resp.topics.push(tr);
     }
+    let (at, calls): (Vec<(usize, usize)>, Vec<_>) =
+        remote.into_iter().map(|(t, p, f)| ((t, p), f)).unzip();
+    for ((t, p), r) in at.into_iter().zip(futures::future::join_all(calls).await) {
+        if let Err(e) = r {
+            tracing::warn!(group = %group, error = %e, "a commit for another broker's partition failed");
+            resp.topics[t].partitions[p].error_code = code(ResponseError::CoordinatorNotAvailable);
+        }
+    }
     resp
 }
 
-/// The committed offsets of a group: `topics` = None means every partition it committed.
-fn committed(
+/// The committed offsets of a group: `topics` = None means every partition it committed on
+/// this broker. Partitions of other broker groups are asked of their brokers (-1 when one
+/// does not answer, with the error code of that partition).
+async fn committed(
     state: &State,
     group: &str,
     topics: Option<Vec<(String, Vec<i32>)>>,
-) -> Vec<(String, Vec<(i32, i64)>)> {
+) -> Vec<(String, Vec<(i32, i64, i16)>)> {
     match topics {
-        Some(list) => list
-            .into_iter()
-            .map(|(name, parts)| {
-                let offs = parts
-                    .into_iter()
-                    .map(|p| (p, state.store.query_offset(group, &name, p).unwrap_or(-1)))
-                    .collect();
-                (name, offs)
-            })
-            .collect(),
+        Some(list) => {
+            let own = state.host.broker_name();
+            let mut out = Vec::with_capacity(list.len());
+            for (name, parts) in list {
+                let layout = state.host.topic_layout(&name);
+                let mut offs = Vec::with_capacity(parts.len());
+                let mut asks = Vec::new();
+                for p in parts {
+                    match offset_home(layout.as_ref(), &own, p) {
+                        Ok(OffsetHome::Here(q)) => offs.push((
+                            p,
+                            state.store.query_offset(group, &name, q).unwrap_or(-1),
+                            0,
+                        )),
+                        Ok(OffsetHome::At(broker, q)) => {
+                            asks.push((
+                                offs.len(),
+                                state.host.query_offset_at(&broker, group, &name, q),
+                            ));
+                            offs.push((p, -1, 0));
+                        }
+                        // A partition nobody serves (now) has no committed offset.
+                        Err(_) => offs.push((p, -1, 0)),
+                    }
+                }
+                let (at, calls): (Vec<usize>, Vec<_>) = asks.into_iter().unzip();
+                for (i, r) in at.into_iter().zip(futures::future::join_all(calls).await) {
+                    match r {
+                        Ok(o) => offs[i].1 = o.unwrap_or(-1),
+                        Err(e) => {
+                            tracing::warn!(group = %group, error = %e, "a committed offset of another broker's partition could not be read");
+                            offs[i].2 = code(ResponseError::UnstableOffsetCommit);
+                        }
+                    }
+                }
+                out.push((name, offs));
+            }
+            out
+        }
         None => {
-            let mut by_topic: BTreeMap<String, Vec<(i32, i64)>> = BTreeMap::new();
+            let own = state.host.broker_name();
+            let mut by_topic: BTreeMap<String, Vec<(i32, i64, i16)>> = BTreeMap::new();
             for (topic, q, off) in state.store.offsets_of_group(group) {
-                by_topic.entry(topic).or_default().push((q, off));
+                let p = state
+                    .host
+                    .topic_layout(&topic)
+                    .and_then(|l| l.index_of(&own, q))
+                    .unwrap_or(q);
+                by_topic.entry(topic).or_default().push((p, off, 0));
             }
             by_topic
                 .into_iter()
@@ -278,7 +376,7 @@ fn committed(
 
 /// OffsetFetch (one group before v8, several from v8). Metadata strings are not kept: they
 /// come back empty.
-pub(crate) fn offset_fetch(
+pub(crate) async fn offset_fetch(
     state: &Arc<State>,
     ctx: &RequestCtx,
     req: OffsetFetchRequest,
@@ -286,21 +384,26 @@ pub(crate) fn offset_fetch(
     let mut resp = OffsetFetchResponse::default();
     if ctx.version < 8 {
         let group = req.group_id.0.to_string();
+        if !state.coordinates(&group).await {
+            resp.error_code = code(ResponseError::NotCoordinator);
+            return resp;
+        }
         let topics: Option<Vec<(String, Vec<i32>)>> = req.topics.map(|ts| {
             ts.into_iter()
                 .map(|t| (t.name.0.to_string(), t.partition_indexes))
                 .collect()
         });
         asked(state, &group, topics.as_deref());
-        for (name, offs) in committed(state, &group, topics) {
+        for (name, offs) in committed(state, &group, topics).await {
             let mut tr = OffsetFetchResponseTopic::default();
             tr.name = TopicName(crate::request::sb(&name));
             tr.partitions = offs
                 .into_iter()
-                .map(|(p, o)| {
+                .map(|(p, o, e)| {
                     let mut pr = OffsetFetchResponsePartition::default();
                     pr.partition_index = p;
                     pr.committed_offset = o;
+                    pr.error_code = e;
                     pr
                 })
                 .collect();
@@ -312,21 +415,27 @@ pub(crate) fn offset_fetch(
         let group = g.group_id.0.to_string();
         let mut gr = OffsetFetchResponseGroup::default();
         gr.group_id = g.group_id.clone();
+        if !state.coordinates(&group).await {
+            gr.error_code = code(ResponseError::NotCoordinator);
+            resp.groups.push(gr);
+            continue;
+        }
         let topics: Option<Vec<(String, Vec<i32>)>> = g.topics.map(|ts| {
             ts.into_iter()
                 .map(|t| (t.name.0.to_string(), t.partition_indexes))
                 .collect()
         });
         asked(state, &group, topics.as_deref());
-        for (name, offs) in committed(state, &group, topics) {
+        for (name, offs) in committed(state, &group, topics).await {
             let mut tr = OffsetFetchResponseTopics::default();
             tr.name = TopicName(crate::request::sb(&name));
             tr.partitions = offs
                 .into_iter()
-                .map(|(p, o)| {
+                .map(|(p, o, e)| {
                     let mut pr = OffsetFetchResponsePartitions::default();
                     pr.partition_index = p;
                     pr.committed_offset = o;
+                    pr.error_code = e;
                     pr
                 })
                 .collect();

@@ -154,21 +154,25 @@ async fn partition(
     peer: SocketAddr,
     small: bool,
 ) -> Outcome {
-    let Some(info) = state.host.topic(topic) else {
-        return Outcome::err(
-            ResponseError::UnknownTopicOrPartition,
-            format!("topic {topic} does not exist"),
-        );
+    let layout = state.host.topic_layout(topic);
+    let (queue, info) = match crate::cluster::local_queue(layout.as_ref(), index) {
+        Ok(q) => q,
+        Err(e) => {
+            let why = match (e, &layout) {
+                (ResponseError::NotLeaderOrFollower, _) => {
+                    format!("partition {index} of topic {topic} is led by another broker")
+                }
+                (_, Some(l)) => format!(
+                    "topic {topic} has {} partitions, not {index}",
+                    l.partitions()
+                ),
+                (_, None) => format!("topic {topic} does not exist"),
+            };
+            return Outcome::err(e, why);
+        }
     };
-    if index < 0 || index >= info.partitions {
-        return Outcome::err(
-            ResponseError::UnknownTopicOrPartition,
-            format!(
-                "topic {topic} has {} partitions, not {index}",
-                info.partitions
-            ),
-        );
-    }
+    // From here on the partition is this broker's queue `queue`.
+    let index = queue;
     if !info.writable {
         return Outcome::err(
             ResponseError::TopicAuthorizationFailed,
@@ -340,11 +344,28 @@ async fn store_idempotent(
     producer_id: i64,
     batches: Vec<IdempotentBatch>,
 ) -> Result<i64, Outcome> {
-    let Some(entry) = state.producers.get(producer_id) else {
-        return Err(Outcome::err(
-            ResponseError::UnknownProducerId,
-            format!("producer id {producer_id} is not known (expired or from before a restart)"),
-        ));
+    let entry = match state.producers.get(producer_id) {
+        Some(e) => e,
+        // A producer whose id another broker of the cluster gave (or this one before its
+        // state was evicted) starts here with its first batch of sequence 0.
+        None if batches.first().is_some_and(|b| b.first_seq == 0) => {
+            let (e, evicted) = state.producers.adopt(producer_id, batches[0].epoch);
+            if evicted > 0 {
+                state
+                    .counters
+                    .limit_max_producer_states
+                    .fetch_add(evicted as u64, Ordering::Relaxed);
+            }
+            e
+        }
+        None => {
+            return Err(Outcome::err(
+                ResponseError::UnknownProducerId,
+                format!(
+                    "producer id {producer_id} is not known (expired or from before a restart)"
+                ),
+            ))
+        }
     };
     let began = entry.lock().begin_write(topic, index);
     if !began {

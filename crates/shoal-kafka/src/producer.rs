@@ -164,7 +164,9 @@ impl ProducerTable {
     pub(crate) fn new(max: usize) -> ProducerTable {
         // Ids start from the wall clock so that producers from before a restart do not get
         // their id handed to someone else.
-        let base = (wall_ms().max(1) << 20) & i64::MAX;
+        // A random part keeps two brokers started in the same millisecond apart: a producer
+        // writes to every partition leader with the id one of them gave it.
+        let base = ((wall_ms().max(1) << 20) + (i64::from(rand::random::<u16>()) << 4)) & i64::MAX;
         ProducerTable {
             slots: Mutex::new(HashMap::new()),
             next_id: AtomicI64::new(base),
@@ -205,30 +207,55 @@ impl ProducerTable {
                 // Epoch exhausted: a new id follows.
             }
         }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (_, evicted) = Self::insert(&mut slots, self.max, id, 0, tick);
+        Ok(((id, 0), evicted))
+    }
+
+    /// The state of a producer another broker gave its id to (a leader learns a producer from
+    /// its first batch, as Kafka's partition leaders do): registered at `epoch`; returns it
+    /// and how many states were evicted to make room.
+    pub(crate) fn adopt(&self, id: i64, epoch: i16) -> (Arc<Mutex<ProducerEntry>>, usize) {
+        let tick = self.clock.fetch_add(1, Ordering::Relaxed);
+        let mut slots = self.slots.lock();
+        if let Some(slot) = slots.get_mut(&id) {
+            slot.last_used = tick;
+            return (slot.entry.clone(), 0);
+        }
+        Self::insert(&mut slots, self.max, id, epoch, tick)
+    }
+
+    fn insert(
+        slots: &mut HashMap<i64, Slot>,
+        max: usize,
+        id: i64,
+        epoch: i16,
+        tick: u64,
+    ) -> (Arc<Mutex<ProducerEntry>>, usize) {
         let mut evicted = 0;
-        if slots.len() >= self.max {
+        if slots.len() >= max {
             let mut by_age: Vec<(u64, i64)> =
                 slots.iter().map(|(id, s)| (s.last_used, *id)).collect();
             by_age.sort_unstable();
-            let drop_n = (self.max / 10).max(1).min(by_age.len());
+            let drop_n = (max / 10).max(1).min(by_age.len());
             for (_, id) in &by_age[..drop_n] {
                 slots.remove(id);
             }
             evicted = drop_n;
         }
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let entry = Arc::new(Mutex::new(ProducerEntry {
+            epoch,
+            partitions: HashMap::new(),
+            writing: HashSet::new(),
+        }));
         slots.insert(
             id,
             Slot {
-                entry: Arc::new(Mutex::new(ProducerEntry {
-                    epoch: 0,
-                    partitions: HashMap::new(),
-                    writing: HashSet::new(),
-                })),
+                entry: entry.clone(),
                 last_used: tick,
             },
         );
-        Ok(((id, 0), evicted))
+        (entry, evicted)
     }
 
     /// Known producers.
@@ -343,5 +370,18 @@ mod tests {
         }
         assert!(t.len() <= 10);
         assert_eq!(evicted, 15);
+    }
+
+    #[test]
+    fn a_producer_from_another_broker_is_adopted_at_its_epoch() {
+        let t = ProducerTable::new(4);
+        let (e, evicted) = t.adopt(77, 3);
+        assert_eq!(evicted, 0);
+        assert_eq!(e.lock().epoch, 3);
+        assert!(Arc::ptr_eq(&e, &t.get(77).unwrap()));
+        // Adopting again keeps the state.
+        let (again, _) = t.adopt(77, 5);
+        assert_eq!(again.lock().epoch, 3);
+        assert_eq!(t.len(), 1);
     }
 }

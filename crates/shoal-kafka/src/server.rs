@@ -65,6 +65,18 @@ impl KafkaServer {
         self.local_addr
     }
 
+    /// This listener's node id and the `host:port` clients are told to connect to (what the
+    /// broker registers with the name servers).
+    pub fn advertised(&self) -> (i32, String) {
+        (
+            self.state.node_id,
+            format!(
+                "{}:{}",
+                self.state.advertised_host, self.state.advertised_port
+            ),
+        )
+    }
+
     /// Describes this listener's classic (JoinGroup/SyncGroup) groups for the broker's
     /// GROUP_DESCRIBE, so `shoal group describe` shows them: `None` for a group the listener
     /// does not hold (or holds without members), and for every group once the listener is
@@ -75,7 +87,7 @@ impl KafkaServer {
         let state = Arc::downgrade(&self.state);
         move |group| {
             let s = state.upgrade()?;
-            s.groups.describe(group, &s.host.broker_name())
+            s.groups.describe(group, s.host.as_ref())
         }
     }
 

@@ -79,6 +79,8 @@ pub(crate) struct State {
     pub store: Arc<MessageStore>,
     pub advertised_host: String,
     pub advertised_port: i32,
+    /// This listener's node id (configured, or derived from the advertised address).
+    pub node_id: i32,
     pub counters: Counters,
     pub producers: ProducerTable,
     pub groups: GroupCoordinator,
@@ -111,6 +113,9 @@ impl State {
             }
         });
         let advertised_port = i32::from(config.advertised_port.unwrap_or(bound.port()));
+        let node_id = config.node_id.unwrap_or_else(|| {
+            crate::cluster::derived_node_id(&format!("{advertised_host}:{advertised_port}"))
+        });
         let producers = ProducerTable::new(config.max_producer_states);
         let groups = GroupCoordinator::new(&config);
         let consumer_groups = ConsumerGroups::new(&config, host.broker_name());
@@ -119,6 +124,7 @@ impl State {
             host,
             advertised_host,
             advertised_port,
+            node_id,
             counters: Counters::default(),
             producers,
             groups,
@@ -265,6 +271,18 @@ impl State {
     }
 
     /// Looks a topic up by its id (Fetch v13+, Metadata by id).
+    /// Whether this listener is `group`'s coordinator ([`crate::cluster::coordinator_of`];
+    /// alone, it coordinates every group), with a cluster list at most a second old. Others
+    /// answer NOT_COORDINATOR.
+    pub(crate) async fn coordinates(&self, group: &str) -> bool {
+        self.host.refresh_cluster().await;
+        let masters = self.host.kafka_masters();
+        matches!(
+            crate::cluster::coordinator_of(group, &masters),
+            None | Some(crate::cluster::Leader::Here)
+        )
+    }
+
     pub(crate) fn topic_by_id(&self, id: Uuid) -> Option<TopicInfo> {
         self.host
             .topics()

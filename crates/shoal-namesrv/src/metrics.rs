@@ -65,6 +65,9 @@ pub struct RouteStats {
     pub watch_refused_total: u64,
     /// Watches refused by `max_route_watches_per_connection` so far.
     pub watch_refused_per_connection: u64,
+    /// Places of departed broker groups kept for Kafka's numbering (at most
+    /// [`crate::route::MAX_DEPARTED_SLOTS`]).
+    pub departed_slots: usize,
 }
 
 /// Where [`NamesrvCollector`] reads the route table's size at scrape time (the name server's
@@ -108,6 +111,7 @@ impl Collector for NamesrvCollector {
             watching_connections,
             watch_refused_total,
             watch_refused_per_connection,
+            departed_slots,
         } = source.route_stats();
         let none: [(&str, &str); 0] = [];
         encode_gauges(
@@ -133,6 +137,12 @@ impl Collector for NamesrvCollector {
             "shoal_namesrv_route_watching_connections",
             "Connections watching at least one topic's route now.",
             [(none, watching_connections as i64)],
+        )?;
+        encode_gauges(
+            &mut e,
+            "shoal_namesrv_kafka_departed_slots",
+            "(topic, broker group) places kept for broker groups that left while serving the topic, so Kafka's partition numbering keeps them (at most 100000).",
+            [(none, departed_slots as i64)],
         )?;
         encode_counters(
             &mut e,
@@ -197,6 +207,10 @@ mod tests {
         assert!(text.contains("shoal_namesrv_topics 0\n"), "{text}");
         assert!(text.contains("shoal_namesrv_connections 0\n"), "{text}");
         assert!(text.contains("shoal_namesrv_route_watches 0\n"), "{text}");
+        assert!(
+            text.contains("shoal_namesrv_kafka_departed_slots 0\n"),
+            "{text}"
+        );
         assert!(
             text.contains(
                 "shoal_namesrv_route_watch_refused_total{limit=\"max_route_watches\"} 0\n"

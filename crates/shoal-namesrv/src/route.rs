@@ -5,6 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
+pub use shoal_proto::body::KafkaListener;
 use shoal_proto::constants::perm::PERM_WRITE;
 pub use shoal_proto::constants::MASTER_ID;
 
@@ -46,6 +47,18 @@ pub struct BrokerInfo {
     pub zone_name: Option<String>,
     /// RocketMQ 5 acting-master switch, passed through.
     pub enable_acting_master: bool,
+    /// Broker address → the Kafka listener that broker registered (Shoal brokers only).
+    pub kafka_listeners: BTreeMap<String, KafkaListener>,
+}
+
+impl BrokerInfo {
+    /// The Kafka listeners by broker id (as routes show them), for the ids that have one.
+    pub fn kafka_by_id(&self) -> BTreeMap<i64, KafkaListener> {
+        self.broker_addrs
+            .iter()
+            .filter_map(|(id, addr)| self.kafka_listeners.get(addr).map(|k| (*id, k.clone())))
+            .collect()
+    }
 }
 
 /// A topic's route: the broker groups serving it and their queues.
@@ -55,7 +68,14 @@ pub struct Route {
     pub queues: BTreeMap<String, QueueInfo>,
     /// The broker groups named in `queues`, sorted by broker name.
     pub brokers: Vec<BrokerInfo>,
+    /// Broker groups that left while serving the topic, with their queue count (Kafka's
+    /// partition numbering keeps their place; see [`RouteTable`]).
+    pub departed: BTreeMap<String, i32>,
 }
+
+/// Most (topic, broker group) places of departed broker groups kept ([`RouteTable`]); past
+/// it, a departure is not recorded (and logged).
+pub const MAX_DEPARTED_SLOTS: usize = 100_000;
 
 /// What a broker sends when it registers (REGISTER_BROKER header and body, decoded).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -78,6 +98,8 @@ pub struct BrokerRegistration {
     pub enable_acting_master: bool,
     /// The broker's whole topic table (authoritative: topics missing here leave its routes).
     pub topics: Vec<TopicRegistration>,
+    /// The broker's Kafka listener, if it runs one (Shoal's extension).
+    pub kafka: Option<KafkaListener>,
     /// The broker's data version counter, to skip rewriting identical tables.
     pub data_version: Option<(i64, i64)>,
     /// The transport connection it came on, so a closed connection can expire it at once.
@@ -138,6 +160,14 @@ pub struct RouteTable {
     /// leaves the table (a restarted broker registers writable, as in RocketMQ). The topics'
     /// registered permissions are kept as registered, so restoring gives them back exactly.
     write_wiped: BTreeSet<String>,
+    /// topic -> broker name -> queue count, for broker groups that left the table while
+    /// serving the topic (expired, unregistered, connection closed): Kafka clients number a
+    /// topic's partitions over its broker groups in name order, and a group that is gone
+    /// keeps its place (its partitions reported without a leader) until it registers the
+    /// topic again or the topic is deleted, so no other partition is renumbered.
+    departed: BTreeMap<String, BTreeMap<String, i32>>,
+    /// Entries of `departed`, at most [`MAX_DEPARTED_SLOTS`].
+    departed_len: usize,
 }
 
 impl RouteTable {
@@ -164,6 +194,7 @@ impl RouteTable {
                 broker_addrs: BTreeMap::new(),
                 zone_name: reg.zone_name.clone(),
                 enable_acting_master: reg.enable_acting_master,
+                kafka_listeners: BTreeMap::new(),
             });
         broker.enable_acting_master = reg.enable_acting_master;
         if reg.zone_name.is_some() {
@@ -176,6 +207,16 @@ impl RouteTable {
         broker
             .broker_addrs
             .insert(reg.broker_id, reg.broker_addr.clone());
+        match &reg.kafka {
+            Some(k) => {
+                broker
+                    .kafka_listeners
+                    .insert(reg.broker_addr.clone(), k.clone());
+            }
+            None => {
+                broker.kafka_listeners.remove(&reg.broker_addr);
+            }
+        }
 
         let previous = self.live.get(&key);
         let data_changed =
@@ -240,6 +281,7 @@ impl RouteTable {
             !by_broker.is_empty()
         });
         for t in topics {
+            self.forget_departed(&t.topic, Some(broker_name));
             let by_broker = self.topic_queues.entry(t.topic.clone()).or_default();
             if by_broker.get(broker_name) != Some(&t.queues) {
                 by_broker.insert(broker_name.to_string(), t.queues.clone());
@@ -247,6 +289,29 @@ impl RouteTable {
             }
         }
         changed
+    }
+
+    /// Forgets departed places of `topic` (of one broker group, or all).
+    fn forget_departed(&mut self, topic: &str, broker_name: Option<&str>) {
+        let Some(slots) = self.departed.get_mut(topic) else {
+            return;
+        };
+        let before = slots.len();
+        match broker_name {
+            Some(b) => {
+                slots.remove(b);
+            }
+            None => slots.clear(),
+        }
+        self.departed_len -= before - slots.len();
+        if slots.is_empty() {
+            self.departed.remove(topic);
+        }
+    }
+
+    /// Places of departed broker groups kept now (for the metric).
+    pub fn departed_slots(&self) -> usize {
+        self.departed_len
     }
 
     /// The topics a broker group serves queues of.
@@ -329,6 +394,7 @@ impl RouteTable {
         if let Some(b) = self.brokers.get_mut(broker_name) {
             if b.broker_addrs.get(&broker_id).map(String::as_str) == Some(broker_addr) {
                 b.broker_addrs.remove(&broker_id);
+                b.kafka_listeners.remove(broker_addr);
                 addr_gone = true;
             }
             group_gone = b.broker_addrs.is_empty();
@@ -347,8 +413,28 @@ impl RouteTable {
                     self.clusters.remove(cluster);
                 }
             }
-            self.topic_queues.retain(|_, by_broker| {
-                by_broker.remove(broker_name);
+            let departed = &mut self.departed;
+            let departed_len = &mut self.departed_len;
+            self.topic_queues.retain(|topic, by_broker| {
+                if let Some(q) = by_broker.remove(broker_name) {
+                    let slots = departed.entry(topic.clone()).or_default();
+                    if slots.contains_key(broker_name) || *departed_len < MAX_DEPARTED_SLOTS {
+                        if slots
+                            .insert(
+                                broker_name.to_string(),
+                                q.read_queue_nums.max(q.write_queue_nums),
+                            )
+                            .is_none()
+                        {
+                            *departed_len += 1;
+                        }
+                    } else {
+                        tracing::warn!(topic = %topic, broker = %broker_name, limit = MAX_DEPARTED_SLOTS, "departed broker group not remembered for Kafka's numbering: limit reached");
+                    }
+                    if slots.is_empty() {
+                        departed.remove(topic);
+                    }
+                }
                 !by_broker.is_empty()
             });
         }
@@ -406,7 +492,11 @@ impl RouteTable {
                 (name.clone(), q)
             })
             .collect();
-        Some(Route { queues, brokers })
+        Some(Route {
+            queues,
+            brokers,
+            departed: self.departed.get(topic).cloned().unwrap_or_default(),
+        })
     }
 
     /// True when a broker group of this name is registered.
@@ -433,6 +523,7 @@ impl RouteTable {
 
     /// Removes a topic from the routes (of the brokers of `cluster`, or of every broker).
     pub fn delete_topic(&mut self, topic: &str, cluster: Option<&str>) -> bool {
+        self.forget_departed(topic, None);
         match cluster {
             None => self.topic_queues.remove(topic).is_some(),
             Some(c) => {
@@ -490,6 +581,7 @@ mod tests {
                     },
                 })
                 .collect(),
+            kafka: None,
             data_version: None,
             connection_id: Some(1),
         }
@@ -655,5 +747,67 @@ mod tests {
         assert!(!t.is_write_wiped("broker-a"));
         t.register(a2, 20);
         assert_eq!(perm(&t, "T", "broker-a"), 6);
+    }
+
+    #[test]
+    fn kafka_listeners_follow_the_broker_address_and_change_the_route() {
+        let mut t = RouteTable::new();
+        let mut a = reg("a", "1:1", 0, &[("T", 4)]);
+        a.kafka = Some(KafkaListener {
+            node_id: 5,
+            addr: "1:9092".into(),
+        });
+        let mut b = reg("a", "1:2", 2, &[("T", 4)]);
+        b.kafka = Some(KafkaListener {
+            node_id: 6,
+            addr: "1:9093".into(),
+        });
+        t.register(a.clone(), 0);
+        let r = t.register(b.clone(), 0);
+        assert_eq!(
+            r.changed_topics,
+            topics(&["T"]),
+            "a new listener changes the route"
+        );
+        let info = t.route("T").unwrap().brokers[0].clone();
+        let by_id = info.kafka_by_id();
+        assert_eq!(by_id[&0].node_id, 5);
+        assert_eq!(by_id[&2].node_id, 6);
+        // The replica takes over: it registers as id 0 at its own address; the old master
+        // is gone.
+        t.unregister("DefaultCluster", "1:1", "a", 0);
+        b.broker_id = 0;
+        t.register(b, 0);
+        let by_id = t.route("T").unwrap().brokers[0].kafka_by_id();
+        assert_eq!(by_id.len(), 1);
+        assert_eq!(by_id[&0].addr, "1:9093");
+        // A registration without a listener drops it.
+        let mut plain = reg("a", "1:2", 0, &[("T", 4)]);
+        plain.data_version = Some((1, 1));
+        let r = t.register(plain, 0);
+        assert!(r.changed_topics.contains("T"));
+        assert!(t.route("T").unwrap().brokers[0].kafka_by_id().is_empty());
+    }
+
+    #[test]
+    fn a_departed_broker_group_keeps_its_place_until_it_returns_or_the_topic_goes() {
+        let mut t = RouteTable::new();
+        t.register(reg("a", "1:1", 0, &[("T", 4), ("U", 2)]), 0);
+        t.register(reg("b", "1:2", 0, &[("T", 3)]), 0);
+        assert!(t.route("T").unwrap().departed.is_empty());
+        t.unregister("DefaultCluster", "1:1", "a", 0);
+        let r = t.route("T").unwrap();
+        assert_eq!(r.departed, BTreeMap::from([("a".to_string(), 4)]));
+        assert!(!r.queues.contains_key("a"));
+        assert_eq!(t.departed_slots(), 2, "T and U");
+        // Back with T only: T's place is live again, U's stays departed.
+        let mut back = reg("a", "1:1", 0, &[("T", 4)]);
+        back.data_version = Some((2, 2));
+        t.register(back, 0);
+        assert!(t.route("T").unwrap().departed.is_empty());
+        assert_eq!(t.departed_slots(), 1);
+        // A topic deleted forgets every place.
+        t.delete_topic("U", None);
+        assert_eq!(t.departed_slots(), 0);
     }
 }

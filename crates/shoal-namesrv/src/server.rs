@@ -140,6 +140,7 @@ impl std::fmt::Debug for NamesrvProcessor {
 impl RouteStatsSource for NamesrvProcessor {
     fn route_stats(&self) -> RouteStats {
         let (brokers, topics) = self.sizes();
+        let departed_slots = self.departed_slots();
         let w = self.watches.lock();
         RouteStats {
             brokers,
@@ -148,6 +149,7 @@ impl RouteStatsSource for NamesrvProcessor {
             watching_connections: w.connections(),
             watch_refused_total: w.refused(WatchLimit::Total),
             watch_refused_per_connection: w.refused(WatchLimit::PerConnection),
+            departed_slots,
         }
     }
 }
@@ -220,6 +222,11 @@ impl NamesrvProcessor {
         (brokers.len(), st.routes.topics().len())
     }
 
+    /// Places of departed broker groups kept for Kafka's numbering.
+    fn departed_slots(&self) -> usize {
+        self.state.lock().routes.departed_slots()
+    }
+
     fn now_ms(&self) -> u64 {
         self.started.elapsed().as_millis() as u64
     }
@@ -281,7 +288,7 @@ impl NamesrvProcessor {
             rc::GET_ROUTEINFO_BY_TOPIC => self.route(conn, req),
             rc::WIPE_WRITE_PERM_OF_BROKER => self.wipe_write_perm(req),
             rc::ADD_WRITE_PERM_OF_BROKER => self.add_write_perm(req),
-            rc::GET_BROKER_CLUSTER_INFO => self.cluster_info(),
+            rc::GET_BROKER_CLUSTER_INFO => self.cluster_info(req),
             rc::GET_ALL_TOPIC_LIST_FROM_NAMESERVER => {
                 let topics = self.state.lock().routes.topics();
                 json_ok(&TopicList {
@@ -340,6 +347,7 @@ impl NamesrvProcessor {
                     },
                 })
                 .collect(),
+            kafka: shoal_proto::kafka_cluster::announced(req),
             data_version: (dv.timestamp != 0 || dv.counter != 0)
                 .then_some((dv.timestamp, dv.counter)),
             connection_id: Some(conn.id()),
@@ -437,6 +445,7 @@ impl NamesrvProcessor {
                 ),
             ));
         };
+        let with_kafka = shoal_proto::kafka_cluster::wants_listeners(req);
         let mut answer = RemotingCommand::response(resp::SUCCESS, None);
         if let Some(watched) = watched {
             answer
@@ -448,7 +457,11 @@ impl NamesrvProcessor {
                 );
         }
         let data = TopicRouteData {
-            broker_datas: route.brokers.iter().map(broker_data).collect(),
+            broker_datas: route
+                .brokers
+                .iter()
+                .map(|b| broker_data(b, with_kafka))
+                .collect(),
             filter_server_table: BTreeMap::new(),
             order_topic_conf: self
                 .state
@@ -469,6 +482,8 @@ impl NamesrvProcessor {
                 })
                 .collect(),
             topic_queue_mapping_by_broker: None,
+            kafka_departed: (with_kafka && !route.departed.is_empty())
+                .then(|| route.departed.clone()),
         };
         let standard = req.version >= STANDARD_JSON_ROUTE_VERSION
             || h.accept_standard_json_only.unwrap_or(false);
@@ -480,12 +495,13 @@ impl NamesrvProcessor {
         Ok(answer.with_body(body))
     }
 
-    fn cluster_info(&self) -> Handled {
+    fn cluster_info(&self, req: &RemotingCommand) -> Handled {
+        let with_kafka = shoal_proto::kafka_cluster::wants_listeners(req);
         let (brokers, clusters) = self.state.lock().routes.cluster_info();
         json_ok(&ClusterInfo {
             broker_addr_table: brokers
                 .iter()
-                .map(|(n, b)| (n.clone(), broker_data(b)))
+                .map(|(n, b)| (n.clone(), broker_data(b, with_kafka)))
                 .collect(),
             cluster_addr_table: clusters,
         })
@@ -580,8 +596,10 @@ fn json_ok<T: serde::Serialize>(value: &T) -> Handled {
     Ok(RemotingCommand::response(resp::SUCCESS, None).with_body(body))
 }
 
-fn broker_data(b: &crate::route::BrokerInfo) -> BrokerData {
+/// A broker group as answers show it; its Kafka listeners only when the request asked.
+fn broker_data(b: &crate::route::BrokerInfo, with_kafka: bool) -> BrokerData {
     BrokerData {
+        kafka_listeners: with_kafka.then(|| b.kafka_by_id()),
         broker_addrs: b.broker_addrs.clone(),
         broker_name: b.broker_name.clone(),
         cluster: b.cluster.clone(),

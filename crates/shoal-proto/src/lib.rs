@@ -22,6 +22,7 @@ pub mod ext;
 pub mod ext_fields;
 pub mod hash;
 pub mod header;
+pub mod kafka_cluster;
 pub mod message;
 pub mod mq;
 pub mod route_watch;

@@ -6,7 +6,9 @@
 use futures::future::BoxFuture;
 use shoal_broker::{ApiError, BrokerApi};
 use shoal_group::coordinator::Coordinator;
+use shoal_kafka::cluster::{KafkaNode, Leader, Slot, TopicLayout};
 use shoal_kafka::{BrokerHandle, KafkaError, ReplicaRefusal, TopicInfo, WaitPosition};
+use shoal_proto::body::BrokerData;
 use shoal_proto::body::TopicConfig;
 use shoal_proto::constants::{
     is_dlq_topic, is_retry_topic, perm, AUTO_CREATE_TOPIC_KEY_TOPIC, SCHEDULE_TOPIC,
@@ -69,7 +71,149 @@ fn replica_refusal(r: shoal_ha::replication::WriteRefusal) -> ReplicaRefusal {
     }
 }
 
+/// The leader of a broker group's partitions: its master's Kafka listener.
+fn leader_of(b: Option<&BrokerData>) -> Leader {
+    b.and_then(BrokerData::master_kafka)
+        .and_then(|k| KafkaNode::parse(k.node_id, &k.addr))
+        .map_or(Leader::Unknown, Leader::At)
+}
+
+impl BrokerBridge {
+    /// This broker's own group as a slot leader: this listener while master, else the
+    /// master's listener as the route or the cluster list shows it.
+    fn own_leader(&self, route: Option<&shoal_proto::body::TopicRouteData>) -> Leader {
+        if self.broker.is_route_master() {
+            return Leader::Here;
+        }
+        let name = &self.broker.config().broker_name;
+        let from_route = route.and_then(|r| r.broker_datas.iter().find(|b| &b.broker_name == name));
+        match leader_of(from_route) {
+            Leader::Unknown => {
+                let cluster = self.broker.known_cluster();
+                leader_of(cluster.as_ref().and_then(|c| c.broker_addr_table.get(name)))
+            }
+            l => l,
+        }
+    }
+}
+
 impl BrokerHandle for BrokerBridge {
+    fn topic_layout(&self, name: &str) -> Option<TopicLayout> {
+        let own_name = &self.broker.config().broker_name;
+        let local = self.broker.topic(name).as_ref().map(info);
+        let route = self.broker.known_route(name);
+        let mut slots: Vec<Slot> = Vec::new();
+        if let Some(r) = &route {
+            for q in &r.queue_datas {
+                if &q.broker_name == own_name
+                    || slots.iter().any(|s| s.broker_name == q.broker_name)
+                {
+                    continue;
+                }
+                let b = r
+                    .broker_datas
+                    .iter()
+                    .find(|b| b.broker_name == q.broker_name);
+                slots.push(Slot {
+                    broker_name: q.broker_name.clone(),
+                    partitions: q.read_queue_nums.max(q.write_queue_nums),
+                    leader: leader_of(b),
+                });
+            }
+        }
+        // Broker groups that left keep their place (no leader), so nothing is renumbered.
+        for (name, n) in route.iter().flat_map(|r| r.kafka_departed.iter().flatten()) {
+            if name != own_name && !slots.iter().any(|s| &s.broker_name == name) {
+                slots.push(Slot {
+                    broker_name: name.clone(),
+                    partitions: *n,
+                    leader: Leader::Unknown,
+                });
+            }
+        }
+        if let Some(t) = &local {
+            slots.push(Slot {
+                broker_name: own_name.clone(),
+                partitions: t.partitions,
+                leader: self.own_leader(route.as_deref()),
+            });
+        }
+        if slots.is_empty() {
+            return None;
+        }
+        slots.sort_by(|a, b| a.broker_name.cmp(&b.broker_name));
+        Some(TopicLayout { slots, local })
+    }
+
+    fn refresh_routes(&self, topics: Vec<String>) -> BoxFuture<'static, ()> {
+        Box::pin(self.broker.refresh_routes(topics))
+    }
+
+    fn cluster_nodes(&self) -> Vec<KafkaNode> {
+        let Some(c) = self.broker.known_cluster() else {
+            return Vec::new();
+        };
+        c.broker_addr_table
+            .values()
+            .flat_map(|b| b.kafka_listeners.iter().flatten())
+            .filter_map(|(_, k)| KafkaNode::parse(k.node_id, &k.addr))
+            .collect()
+    }
+
+    fn kafka_masters(&self) -> Vec<(String, Leader)> {
+        let Some(c) = self.broker.known_cluster() else {
+            return Vec::new();
+        };
+        let own = &self.broker.config().broker_name;
+        let mut masters: Vec<(String, Leader)> = c
+            .broker_addr_table
+            .iter()
+            .filter(|(name, _)| *name != own)
+            .filter_map(|(name, b)| match leader_of(Some(b)) {
+                Leader::Unknown => None,
+                l => Some((name.clone(), l)),
+            })
+            .collect();
+        if self.broker.is_route_master() {
+            masters.push((own.clone(), Leader::Here));
+        } else if let l @ Leader::At(_) = self.own_leader(None) {
+            masters.push((own.clone(), l));
+        }
+        masters.sort_by(|a, b| a.0.cmp(&b.0));
+        masters
+    }
+
+    fn refresh_cluster(&self) -> BoxFuture<'static, ()> {
+        Box::pin(self.broker.refresh_cluster())
+    }
+
+    fn commit_offset_at(
+        &self,
+        broker_name: &str,
+        group: &str,
+        topic: &str,
+        queue: i32,
+        offset: i64,
+    ) -> BoxFuture<'static, Result<(), KafkaError>> {
+        let call = self
+            .broker
+            .commit_offset_at(broker_name, group, topic, queue, offset);
+        Box::pin(async move { call.await.map_err(KafkaError::Broker) })
+    }
+
+    fn query_offset_at(
+        &self,
+        broker_name: &str,
+        group: &str,
+        topic: &str,
+        queue: i32,
+    ) -> BoxFuture<'static, Result<Option<i64>, KafkaError>> {
+        let call = self
+            .broker
+            .query_offset_at(broker_name, group, topic, queue);
+        Box::pin(async move { call.await.map_err(KafkaError::Broker) })
+    }
+
     fn store(&self) -> Arc<MessageStore> {
         self.broker.store()
     }

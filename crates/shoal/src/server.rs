@@ -494,6 +494,10 @@ async fn start_kafka(broker: &Broker, cfg: KafkaConfig) -> anyhow::Result<KafkaS
     let server = KafkaServer::start(cfg, bridge)
         .await
         .map_err(anyhow::Error::new)?;
+    // Registered with the name servers, so every broker's listener can name this one as
+    // the leader of this broker group's partitions.
+    let (node_id, advertised) = server.advertised();
+    api.set_kafka_listener(node_id, advertised);
     // `shoal group describe` shows the listener's classic groups, and the hosts of its
     // KIP-848 members (the coordinator knows their client ids only).
     // Its consumer-protocol members have no remoting connection: the coordinator's notices

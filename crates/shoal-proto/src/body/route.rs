@@ -21,6 +21,11 @@ pub struct TopicRouteData {
     /// Static-topic mapping per broker, passed through untyped.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub topic_queue_mapping_by_broker: Option<BTreeMap<String, serde_json::Value>>,
+    /// Shoal only, and only to a request that asked for the Kafka view
+    /// ([`crate::kafka_cluster`]): broker groups that left while serving the topic, with
+    /// their queue count, so Kafka's partition numbering keeps their place.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kafka_departed: Option<BTreeMap<String, i32>>,
 }
 
 impl TopicRouteData {
@@ -89,12 +94,31 @@ pub struct BrokerData {
     /// Zone name.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub zone_name: Option<String>,
+    /// Shoal only, and only to a request that asked for it ([`crate::kafka_cluster`]): broker
+    /// id → the Kafka listener of that broker.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kafka_listeners: Option<BTreeMap<i64, KafkaListener>>,
+}
+
+/// A broker's Kafka listener as it registered it with the name servers (Shoal only).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct KafkaListener {
+    /// The listener's Kafka node id.
+    pub node_id: i32,
+    /// `host:port` Kafka clients connect to.
+    pub addr: String,
 }
 
 impl BrokerData {
     /// The master's address (broker id 0), if registered.
     pub fn master_addr(&self) -> Option<&str> {
         self.broker_addrs.get(&MASTER_ID).map(String::as_str)
+    }
+
+    /// The Kafka listener of the master, when the route carries listeners and it has one.
+    pub fn master_kafka(&self) -> Option<&KafkaListener> {
+        self.kafka_listeners.as_ref()?.get(&MASTER_ID)
     }
 }
 

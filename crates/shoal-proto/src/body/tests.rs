@@ -38,6 +38,7 @@ fn route_value() -> TopicRouteData {
             cluster: "DefaultCluster".into(),
             enable_acting_master: false,
             zone_name: None,
+            kafka_listeners: None,
         }],
         filter_server_table: BTreeMap::new(),
         order_topic_conf: None,
@@ -49,6 +50,7 @@ fn route_value() -> TopicRouteData {
             write_queue_nums: 4,
         }],
         topic_queue_mapping_by_broker: None,
+        kafka_departed: None,
     }
 }
 
@@ -721,6 +723,10 @@ proptest! {
                 cluster: text.clone(),
                 enable_acting_master: flag,
                 zone_name: flag.then(|| text.clone()),
+                kafka_listeners: flag.then(|| BTreeMap::from([(nums[0], KafkaListener {
+                    node_id: 7,
+                    addr: text.clone(),
+                })])),
             })).collect(),
             cluster_addr_table: BTreeMap::from([(text.clone(), names.clone())]),
         })?;

@@ -1,0 +1,162 @@
+"""Kafka clients against a cluster of two Shoal brokers (see crates/shoal/tests/kafka_cluster.rs).
+
+Usage: kafka_cluster.py PHASE BOOTSTRAP_A BOOTSTRAP_B TOPIC
+Phases:
+  whole     metadata from either broker lists both listeners and every partition of TOPIC
+            (queues of broker-a first, then broker-b), with the same leaders; an idempotent
+            producer bootstrapped at one broker writes every partition; groups of two members
+            (classic cooperative-sticky, then KIP-848) bootstrapped at different brokers consume
+            every message once; their commits are read back through the other broker.
+  departed  broker-b is gone: its partitions are still listed, without a leader (no partition
+            renumbered), and broker-a's are still served.
+Each prints what it checked and exits non-zero on the first failed check.
+"""
+import sys
+import threading
+import time
+import uuid
+
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+PHASE, BS_A, BS_B, TOPIC = sys.argv[1:5]
+PER_BROKER = 2
+PARTITIONS = 2 * PER_BROKER
+
+
+def check(cond, what):
+    if not cond:
+        print("FAILED:", what, flush=True)
+        sys.exit(1)
+    print("ok:", what, flush=True)
+
+
+def layout(bs):
+    md = AdminClient({"bootstrap.servers": bs}).list_topics(TOPIC, timeout=15)
+    t = md.topics[TOPIC]
+    brokers = {b.id: f"{b.host}:{b.port}" for b in md.brokers.values()}
+    return brokers, {p.id: p.leader for p in t.partitions.values()}
+
+
+class Member:
+    """A consumer in a thread that records what it consumed and what it owns."""
+
+    def __init__(self, bs, group, protocol):
+        conf = {"bootstrap.servers": bs, "group.id": group, "auto.offset.reset": "earliest",
+                "enable.auto.commit": False}
+        if protocol == "consumer":
+            conf["group.protocol"] = "consumer"
+        else:
+            conf.update({"partition.assignment.strategy": "cooperative-sticky",
+                         "session.timeout.ms": 10000, "heartbeat.interval.ms": 500})
+        self.c = Consumer(conf)
+        self.seen, self.owned, self.stop, self.error = [], set(), False, None
+        self.c.subscribe([TOPIC], on_assign=self._assign, on_revoke=self._revoke)
+        self.t = threading.Thread(target=self._run, daemon=True)
+        self.t.start()
+
+    def _assign(self, c, parts):
+        c.incremental_assign(parts)
+        self.owned |= {p.partition for p in parts}
+
+    def _revoke(self, c, parts):
+        c.incremental_unassign(parts)
+        self.owned -= {p.partition for p in parts}
+
+    def _run(self):
+        while not self.stop:
+            m = self.c.poll(0.2)
+            if m is None:
+                continue
+            if m.error():
+                self.error = m.error()
+                continue
+            self.seen.append((m.partition(), m.offset(), m.value()))
+
+    def close(self):
+        self.stop = True
+        self.t.join()
+        try:
+            self.c.commit(asynchronous=False)
+        except KafkaException as e:
+            print("commit at close:", e, flush=True)
+        self.c.close()
+
+
+def whole():
+    brokers_a, leaders_a = layout(BS_A)
+    brokers_b, leaders_b = layout(BS_B)
+    check(len(brokers_a) == 2 and brokers_a == brokers_b,
+          f"both listeners list both brokers: {brokers_a}")
+    check(sorted(leaders_a) == list(range(PARTITIONS)),
+          f"{TOPIC} has {PARTITIONS} partitions: {leaders_a}")
+    check(leaders_a == leaders_b, "both listeners name the same leader for every partition")
+    by_addr = {addr: i for i, addr in brokers_a.items()}
+    first = {leaders_a[p] for p in range(PER_BROKER)}
+    second = {leaders_a[p] for p in range(PER_BROKER, PARTITIONS)}
+    check(first == {by_addr[BS_A]} and second == {by_addr[BS_B]},
+          "partitions 0-1 are led by broker-a's listener, 2-3 by broker-b's")
+
+    p = Producer({"bootstrap.servers": BS_A, "enable.idempotence": True, "acks": "all",
+                  "linger.ms": 5})
+    acked, failed = [], []
+
+    def done(err, m):
+        (failed if err else acked).append(err or (m.partition(), m.offset(), m.value()))
+
+    n = 200
+    for i in range(n):
+        p.produce(TOPIC, value=f"m-{i}".encode(), partition=i % PARTITIONS, on_delivery=done)
+    p.flush(30)
+    check(not failed and len(acked) == n, f"{n} records acknowledged by both leaders ({failed[:3]})")
+    check({a[0] for a in acked} == set(range(PARTITIONS)), "every partition took records")
+    sent = {a[2] for a in acked}
+
+    for protocol in ["classic", "consumer"]:
+        gid = f"kc-{protocol}-{uuid.uuid4().hex[:6]}"
+        members = [Member(BS_A, gid, protocol), Member(BS_B, gid, protocol)]
+        t0 = time.time()
+        while time.time() - t0 < 60:
+            got = [s for m in members for s in m.seen]
+            if len(got) >= n and all(m.owned for m in members):
+                break
+            time.sleep(0.2)
+        owned = [sorted(m.owned) for m in members]
+        got = [s for m in members for s in m.seen]
+        values = [g[2] for g in got]
+        for m in members:
+            m.close()
+        check(set(values) == sent, f"{protocol}: every record consumed ({len(values)} of {n})")
+        check(len(values) == len(set(values)), f"{protocol}: none consumed twice")
+        check(sorted(sum(owned, [])) == list(range(PARTITIONS)),
+              f"{protocol}: the two members split the partitions of both brokers {owned}")
+        c = Consumer({"bootstrap.servers": BS_B, "group.id": gid})
+        committed = c.committed([TopicPartition(TOPIC, i) for i in range(PARTITIONS)], timeout=15)
+        c.close()
+        ends = {i: max(a[1] for a in acked if a[0] == i) + 1 for i in range(PARTITIONS)}
+        offs = {tp.partition: tp.offset for tp in committed}
+        check(offs == ends, f"{protocol}: commits of both brokers' partitions read back {offs}")
+
+
+def departed():
+    t0 = time.time()
+    while True:
+        brokers, leaders = layout(BS_A)
+        if len(brokers) == 1 and leaders.get(PER_BROKER) == -1:
+            break
+        if time.time() - t0 > 30:
+            check(False, f"broker-b's leaders gone from the metadata: {leaders}")
+        time.sleep(0.5)
+    check(sorted(leaders) == list(range(PARTITIONS)),
+          f"broker-b's partitions keep their place without a leader: {leaders}")
+    check(all(leaders[i] >= 0 for i in range(PER_BROKER)), "broker-a still leads 0-1")
+    p = Producer({"bootstrap.servers": BS_A, "enable.idempotence": True, "acks": "all"})
+    acked = []
+    for i in range(10):
+        p.produce(TOPIC, value=f"after-{i}".encode(), partition=i % PER_BROKER,
+                  on_delivery=lambda e, m: acked.append(e is None))
+    p.flush(30)
+    check(len(acked) == 10 and all(acked), "broker-a's partitions still take records")
+
+
+{"whole": whole, "departed": departed}[PHASE]()
