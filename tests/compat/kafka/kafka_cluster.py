@@ -9,6 +9,11 @@ Phases:
             every message once; their commits are read back through the other broker.
   departed  broker-b is gone: its partitions are still listed, without a leader (no partition
             renumbered), and broker-a's are still served.
+  move      a classic (cooperative-sticky) and a KIP-848 group of two members each, whose
+            coordinator is broker-a, consume under a producer sending every 20 ms; the script
+            prints READY and waits for a line on standard input (the test stops broker-a
+            meanwhile); then every record acknowledged to broker-b's partitions must be
+            consumed by both groups, and the longest wait of a broker-b record is printed.
 Each prints what it checked and exits non-zero on the first failed check.
 """
 import sys
@@ -41,9 +46,12 @@ def layout(bs):
 class Member:
     """A consumer in a thread that records what it consumed and what it owns."""
 
-    def __init__(self, bs, group, protocol):
+    def __init__(self, bs, group, protocol, track=False):
+        self.track = track
+        # Tracking members commit as applications usually do (every 200 ms here), so a
+        # coordinator move re-delivers only what was consumed since the last commit.
         conf = {"bootstrap.servers": bs, "group.id": group, "auto.offset.reset": "earliest",
-                "enable.auto.commit": False}
+                "enable.auto.commit": track, "auto.commit.interval.ms": 200}
         if protocol == "consumer":
             conf["group.protocol"] = "consumer"
         else:
@@ -71,7 +79,10 @@ class Member:
             if m.error():
                 self.error = m.error()
                 continue
-            self.seen.append((m.partition(), m.offset(), m.value()))
+            if self.track:
+                self.seen.append((m.partition(), m.offset(), m.value(), time.time()))
+            else:
+                self.seen.append((m.partition(), m.offset(), m.value()))
 
     def close(self):
         self.stop = True
@@ -159,4 +170,89 @@ def departed():
     check(len(acked) == 10 and all(acked), "broker-a's partitions still take records")
 
 
-{"whole": whole, "departed": departed}[PHASE]()
+def java_hash(text):
+    """Java's String.hashCode of an ASCII name."""
+    h = 0
+    for ch in text:
+        h = (31 * h + ord(ch)) & 0xFFFFFFFF
+    return h - (1 << 32) if h >= 1 << 31 else h
+
+
+def coordinated_by_a(prefix):
+    """A group name whose coordinator is broker-a: brokers sorted by name, the group name's
+    Java hash modulo their count (docs/kafka.md)."""
+    while True:
+        g = f"{prefix}-{uuid.uuid4().hex[:6]}"
+        if abs(java_hash(g)) % 2 == 0:
+            return g
+
+
+def move():
+    acked, lock, stop = [], threading.Lock(), threading.Event()
+
+    def produce():
+        p = Producer({"bootstrap.servers": BS_B, "acks": "all", "linger.ms": 0,
+                      "message.timeout.ms": 5000})
+        i = 0
+        while not stop.is_set():
+            part = i % PARTITIONS
+            v = f"mv-{i}".encode()
+
+            def done(err, m, part=part, v=v):
+                if err is None:
+                    with lock:
+                        acked.append((part, v, time.time()))
+            p.produce(TOPIC, value=v, partition=part, on_delivery=done)
+            p.poll(0)
+            i += 1
+            time.sleep(0.02)
+        p.flush(10)
+
+    prod = threading.Thread(target=produce, daemon=True)
+    prod.start()
+    gids = {proto: coordinated_by_a(f"mv-{proto}") for proto in ["classic", "consumer"]}
+    groups = {proto: [Member(BS_B, gid, proto, track=True) for _ in range(2)]
+              for proto, gid in gids.items()}
+    t0 = time.time()
+    while time.time() - t0 < 60:
+        ready = all(sorted(sum([sorted(m.owned) for m in ms], [])) == list(range(PARTITIONS))
+                    and all(m.seen for m in ms) for ms in groups.values())
+        if ready:
+            break
+        time.sleep(0.2)
+    check(ready, "both groups consume every partition: "
+          + str({p: [sorted(m.owned) for m in ms] for p, ms in groups.items()}))
+    time.sleep(2)
+    print("READY", flush=True)
+    sys.stdin.readline()
+    stopped = time.time()
+    print(f"broker-a stopped", flush=True)
+    time.sleep(10)
+    stop.set()
+    prod.join()
+    with lock:
+        on_b = [(part, v, at) for part, v, at in acked if part >= PER_BROKER]
+    for proto, ms in groups.items():
+        t1 = time.time()
+        while time.time() - t1 < 40:
+            got = {v for m in ms for (part, _, v, _) in m.seen if part >= PER_BROKER}
+            if all(v in got for _, v, _ in on_b):
+                break
+            time.sleep(0.2)
+        for m in ms:
+            m.close()
+        seen = [x for m in ms for x in m.seen if x[0] >= PER_BROKER]
+        first = {}
+        for part, _, v, at in seen:
+            first.setdefault(v, at)
+        missing = [v for _, v, _ in on_b if v not in first]
+        check(not missing, f"{proto}: every record acknowledged to broker-b's partitions "
+                           f"consumed ({len(on_b)}; missing {missing[:5]})")
+        waits = [max(0.0, first[v] - at) for _, v, at in on_b if at >= stopped - 1]
+        dup = len(seen) - len(first)
+        print(f"{proto}: broker-b records sent from 1 s before the stop: {len(waits)}, longest wait "
+              f"{max(waits):.2f} s, median {sorted(waits)[len(waits) // 2]:.3f} s; "
+              f"delivered twice: {dup}", flush=True)
+
+
+{"whole": whole, "departed": departed, "move": move}[PHASE]()
