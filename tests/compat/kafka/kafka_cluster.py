@@ -14,6 +14,11 @@ Phases:
             prints READY and waits for a line on standard input (the test stops broker-a
             meanwhile); then every record acknowledged to broker-b's partitions must be
             consumed by both groups, and the longest wait of a broker-b record is printed.
+  failover  BOOTSTRAP_A lists every broker of one replicated broker group (BOOTSTRAP_B is
+            unused): an idempotent acks=all producer sends every 10 ms and a KIP-848 consumer
+            reads; READY, then a line on standard input (the test SIGKILLs the master); every
+            acknowledged record must be consumed, and the times until sends and consumption
+            resumed are printed.
 Each prints what it checked and exits non-zero on the first failed check.
 """
 import sys
@@ -255,4 +260,75 @@ def move():
               f"delivered twice: {dup}", flush=True)
 
 
-{"whole": whole, "departed": departed, "move": move}[PHASE]()
+def failover():
+    acked, failed, lock, stop = [], [], threading.Lock(), threading.Event()
+
+    def produce():
+        p = Producer({"bootstrap.servers": BS_A, "acks": "all", "enable.idempotence": True,
+                      "linger.ms": 0, "message.timeout.ms": 30000})
+        i = 0
+        while not stop.is_set():
+            v = f"fo-{i}".encode()
+            sent_at = time.time()
+
+            def done(err, m, v=v, sent_at=sent_at):
+                with lock:
+                    if err is None:
+                        acked.append((v, sent_at, time.time()))
+                    else:
+                        failed.append((v, str(err)))
+            p.produce(TOPIC, value=v, partition=i % PARTITIONS, on_delivery=done)
+            p.poll(0)
+            i += 1
+            time.sleep(0.01)
+        left = p.flush(40)
+        check(left == 0, f"the producer delivered or failed every record ({left} left)")
+
+    prod = threading.Thread(target=produce, daemon=True)
+    prod.start()
+    m = Member(BS_A, f"fo-{uuid.uuid4().hex[:6]}", "consumer", track=True)
+    t0 = time.time()
+    while time.time() - t0 < 60 and (len(m.seen) < 50 or len(acked) < 50):
+        time.sleep(0.1)
+    check(len(m.seen) >= 50, f"records flow through the first master ({len(m.seen)} consumed)")
+    print("READY", flush=True)
+    sys.stdin.readline()
+    killed = time.time()
+    time.sleep(8)
+    stop.set()
+    prod.join()
+    with lock:
+        all_acked = list(acked)
+        fails = list(failed)
+    want = {v for v, _, _ in all_acked}
+    t1 = time.time()
+    while time.time() - t1 < 60:
+        got = {x[2] for x in m.seen}
+        if want <= got:
+            break
+        time.sleep(0.2)
+    m.close()
+    got = {x[2] for x in m.seen}
+    missing = sorted(want - got)
+    check(not missing, f"every acknowledged record consumed ({len(want)}; missing {missing[:5]})")
+    acks_after = sorted(at for _, _, at in all_acked if at > killed)
+    gap, last = 0.0, killed
+    for at in acks_after:
+        gap, last = max(gap, at - last), at
+    first_ack = next((at - killed for v, sent, at in sorted(all_acked, key=lambda a: a[2])
+                      if sent > killed), None)
+    sent_after = {v: sent for v, sent, _ in all_acked if sent > killed}
+    first_seen = min((at for _, _, v, at in m.seen if v in sent_after), default=None)
+    dup = len(m.seen) - len(got)
+
+    def secs(x):
+        return "never" if x is None else f"{x:.2f} s"
+    print(f"failover: {len(want)} acknowledged, {len(fails)} failed ({fails[:2]}); "
+          f"longest time between acknowledgements after the kill {gap:.2f} s; first record "
+          f"sent after the kill acknowledged {secs(first_ack)} and consumed "
+          f"{secs(first_seen - killed if first_seen else None)} after the kill; "
+          f"delivered twice: {dup}", flush=True)
+    check(first_ack is not None, "records sent after the kill were acknowledged")
+
+
+{"whole": whole, "departed": departed, "move": move, "failover": failover}[PHASE]()
