@@ -233,8 +233,17 @@ fn prepare(
         let mut set = BTreeSet::new();
         for tp in owned {
             if let Some(t) = names.iter().find(|t| topic_id(t) == tp.topic_id) {
+                // Joining from another coordinator, it keeps only partitions a broker still
+                // leads (a departed broker group's are nobody's to keep).
+                let layout = moved_in.then(|| host.topic_layout(t)).flatten();
                 for p in &tp.partitions {
-                    set.insert(cg.queue(host, t, *p));
+                    let led = layout.as_ref().is_none_or(|l| {
+                        l.locate(*p)
+                            .is_some_and(|(s, _)| s.leader != crate::cluster::Leader::Unknown)
+                    });
+                    if led {
+                        set.insert(cg.queue(host, t, *p));
+                    }
                 }
             }
         }

@@ -305,8 +305,11 @@ pub(crate) async fn offset_commit(
 }
 
 /// The committed offsets of a group: `topics` = None means every partition it committed on
-/// this broker. Partitions of other broker groups are asked of their brokers (-1 when one
-/// does not answer, with the error code of that partition).
+/// this broker. Partitions of other broker groups are asked of their brokers; one that does
+/// not answer (stopped, crashed) gets KAFKA_STORAGE_ERROR on its partitions, which a client
+/// reports for those partitions alone and does not fetch them until its next assignment
+/// (a retriable error would hold every partition of the request back; no offset would let
+/// `auto.offset.reset` skip what was not consumed).
 async fn committed(
     state: &State,
     group: &str,
@@ -344,7 +347,7 @@ async fn committed(
                         Ok(o) => offs[i].1 = o.unwrap_or(-1),
                         Err(e) => {
                             tracing::warn!(group = %group, error = %e, "a committed offset of another broker's partition could not be read");
-                            offs[i].2 = code(ResponseError::UnstableOffsetCommit);
+                            offs[i].2 = code(ResponseError::KafkaStorageError);
                         }
                     }
                 }

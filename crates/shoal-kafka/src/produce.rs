@@ -346,9 +346,11 @@ async fn store_idempotent(
 ) -> Result<i64, Outcome> {
     let entry = match state.producers.get(producer_id) {
         Some(e) => e,
-        // A producer whose id another broker of the cluster gave (or this one before its
-        // state was evicted) starts here with its first batch of sequence 0.
-        None if batches.first().is_some_and(|b| b.first_seq == 0) => {
+        // A producer whose id another broker of the cluster gave, or this broker group's
+        // master before a failover (producer state is not replicated), or this broker before
+        // its state was evicted: taken from its first batch, as it is
+        // ([`crate::producer::ProducerTable::adopt`]).
+        None if !batches.is_empty() => {
             let (e, evicted) = state.producers.adopt(producer_id, batches[0].epoch);
             if evicted > 0 {
                 state

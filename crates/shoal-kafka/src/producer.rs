@@ -41,6 +41,13 @@ pub(crate) struct ProducerEntry {
     /// written) is turned away until the first is recorded: its sequence check would not see
     /// the batch in flight.
     writing: HashSet<(String, i32)>,
+    /// Another leader gave this producer its id (another broker of the cluster, or this
+    /// broker group's master before a failover, whose sequence state is not replicated): on a
+    /// partition this entry has no state for, its first batch is taken at whatever sequence
+    /// it has, so a producer that carries on after a failover is not refused. Idempotence
+    /// then holds from that batch on: a batch the old master wrote but did not acknowledge
+    /// may be written again.
+    adopted: bool,
 }
 
 /// The outcome of checking one batch.
@@ -74,8 +81,9 @@ impl ProducerEntry {
             self.partitions.get(&(topic.to_string(), partition))
         };
         let Some(last_batch) = seq.and_then(|s| s.recent.back()) else {
-            // Nothing stored yet for this partition in this epoch: Kafka expects 0.
-            return if first == 0 {
+            // Nothing stored yet for this partition in this epoch: Kafka expects 0 (an
+            // adopted producer goes on from where it is).
+            return if first == 0 || (self.adopted && epoch == self.epoch) {
                 SeqCheck::Append
             } else {
                 SeqCheck::Refuse(ResponseError::OutOfOrderSequenceNumber)
@@ -208,7 +216,7 @@ impl ProducerTable {
             }
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let (_, evicted) = Self::insert(&mut slots, self.max, id, 0, tick);
+        let (_, evicted) = Self::insert(&mut slots, self.max, id, 0, false, tick);
         Ok(((id, 0), evicted))
     }
 
@@ -222,7 +230,7 @@ impl ProducerTable {
             slot.last_used = tick;
             return (slot.entry.clone(), 0);
         }
-        Self::insert(&mut slots, self.max, id, epoch, tick)
+        Self::insert(&mut slots, self.max, id, epoch, true, tick)
     }
 
     fn insert(
@@ -230,6 +238,7 @@ impl ProducerTable {
         max: usize,
         id: i64,
         epoch: i16,
+        adopted: bool,
         tick: u64,
     ) -> (Arc<Mutex<ProducerEntry>>, usize) {
         let mut evicted = 0;
@@ -247,6 +256,7 @@ impl ProducerTable {
             epoch,
             partitions: HashMap::new(),
             writing: HashSet::new(),
+            adopted,
         }));
         slots.insert(
             id,
@@ -271,6 +281,7 @@ mod tests {
 
     fn entry() -> ProducerEntry {
         ProducerEntry {
+            adopted: false,
             epoch: 0,
             partitions: HashMap::new(),
             writing: HashSet::new(),
@@ -383,5 +394,16 @@ mod tests {
         let (again, _) = t.adopt(77, 5);
         assert_eq!(again.lock().epoch, 3);
         assert_eq!(t.len(), 1);
+        // It goes on at its sequence on a partition it has no state for here; from then on
+        // its sequences must follow on.
+        let mut e = e.lock();
+        assert_eq!(e.check("T", 0, 3, 14, 14), SeqCheck::Append);
+        e.record("T", 0, 3, 14, 14, 500);
+        assert_eq!(e.check("T", 0, 3, 15, 15), SeqCheck::Append);
+        assert_eq!(e.check("T", 0, 3, 14, 14), SeqCheck::Duplicate(500));
+        assert_eq!(
+            e.check("T", 0, 3, 17, 17),
+            SeqCheck::Refuse(ResponseError::OutOfOrderSequenceNumber)
+        );
     }
 }

@@ -12,7 +12,8 @@
 
 mod support;
 
-use std::process::Command;
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
 use support::cluster::Cluster;
 use support::external;
 
@@ -51,4 +52,41 @@ fn kafka_clients_see_every_broker_of_the_cluster() {
     phase(&py, "whole", &kafka_a, &kafka_b, topic);
     c.stop_broker("broker-b");
     phase(&py, "departed", &kafka_a, &kafka_b, topic);
+}
+
+/// Issue 39's coordinator move with Kafka clients: a classic and a KIP-848 group coordinated
+/// by broker-a keep consuming broker-b's partitions while broker-a is stopped (SIGTERM).
+#[test]
+fn kafka_groups_keep_consuming_while_their_coordinator_broker_stops() {
+    let Some(py) = python() else {
+        external::skip("confluent-kafka is not installed (.ci/setup.d/40-kafka-clients.sh)");
+        return;
+    };
+    let mut c = Cluster::start(None);
+    let kafka_a = format!("127.0.0.1:{}", support::free_port());
+    let kafka_b = format!("127.0.0.1:{}", support::free_port());
+    c.start_broker_with("broker-a", &["--kafka-listen", &kafka_a]);
+    c.start_broker_with("broker-b", &["--kafka-listen", &kafka_b]);
+    let topic = "KMove";
+    let out = c.dev.cmd(&["topic", "create", topic, "--queues", "2"]);
+    assert!(out.status.success(), "{out:?}");
+    let mut child = Command::new(&py)
+        .arg(external::repo_root().join("tests/compat/kafka/kafka_cluster.py"))
+        .args(["move", &kafka_a, &kafka_b, topic])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let stdout = BufReader::new(child.stdout.take().unwrap());
+    for line in stdout.lines() {
+        let line = line.unwrap();
+        println!("{line}");
+        if line == "READY" {
+            c.stop_broker("broker-a");
+            writeln!(stdin, "stopped").unwrap();
+        }
+    }
+    let status = child.wait().unwrap();
+    assert!(status.success(), "kafka_cluster.py move failed: {status}");
 }

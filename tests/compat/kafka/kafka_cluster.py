@@ -9,6 +9,16 @@ Phases:
             every message once; their commits are read back through the other broker.
   departed  broker-b is gone: its partitions are still listed, without a leader (no partition
             renumbered), and broker-a's are still served.
+  move      a classic (cooperative-sticky) and a KIP-848 group of two members each, whose
+            coordinator is broker-a, consume under a producer sending every 20 ms; the script
+            prints READY and waits for a line on standard input (the test stops broker-a
+            meanwhile); then every record acknowledged to broker-b's partitions must be
+            consumed by both groups, and the longest wait of a broker-b record is printed.
+  failover  BOOTSTRAP_A lists every broker of one replicated broker group (BOOTSTRAP_B is
+            unused): an idempotent acks=all producer sends every 10 ms and a KIP-848 consumer
+            reads; READY, then a line on standard input (the test SIGKILLs the master); every
+            acknowledged record must be consumed, and the times until sends and consumption
+            resumed are printed.
 Each prints what it checked and exits non-zero on the first failed check.
 """
 import sys
@@ -41,9 +51,12 @@ def layout(bs):
 class Member:
     """A consumer in a thread that records what it consumed and what it owns."""
 
-    def __init__(self, bs, group, protocol):
+    def __init__(self, bs, group, protocol, track=False):
+        self.track = track
+        # Tracking members commit as applications usually do (every 200 ms here), so a
+        # coordinator move re-delivers only what was consumed since the last commit.
         conf = {"bootstrap.servers": bs, "group.id": group, "auto.offset.reset": "earliest",
-                "enable.auto.commit": False}
+                "enable.auto.commit": track, "auto.commit.interval.ms": 200}
         if protocol == "consumer":
             conf["group.protocol"] = "consumer"
         else:
@@ -71,7 +84,10 @@ class Member:
             if m.error():
                 self.error = m.error()
                 continue
-            self.seen.append((m.partition(), m.offset(), m.value()))
+            if self.track:
+                self.seen.append((m.partition(), m.offset(), m.value(), time.time()))
+            else:
+                self.seen.append((m.partition(), m.offset(), m.value()))
 
     def close(self):
         self.stop = True
@@ -159,4 +175,160 @@ def departed():
     check(len(acked) == 10 and all(acked), "broker-a's partitions still take records")
 
 
-{"whole": whole, "departed": departed}[PHASE]()
+def java_hash(text):
+    """Java's String.hashCode of an ASCII name."""
+    h = 0
+    for ch in text:
+        h = (31 * h + ord(ch)) & 0xFFFFFFFF
+    return h - (1 << 32) if h >= 1 << 31 else h
+
+
+def coordinated_by_a(prefix):
+    """A group name whose coordinator is broker-a: brokers sorted by name, the group name's
+    Java hash modulo their count (docs/kafka.md)."""
+    while True:
+        g = f"{prefix}-{uuid.uuid4().hex[:6]}"
+        if abs(java_hash(g)) % 2 == 0:
+            return g
+
+
+def move():
+    acked, lock, stop = [], threading.Lock(), threading.Event()
+
+    def produce():
+        p = Producer({"bootstrap.servers": BS_B, "acks": "all", "linger.ms": 0,
+                      "message.timeout.ms": 5000})
+        i = 0
+        while not stop.is_set():
+            part = i % PARTITIONS
+            v = f"mv-{i}".encode()
+
+            def done(err, m, part=part, v=v):
+                if err is None:
+                    with lock:
+                        acked.append((part, v, time.time()))
+            p.produce(TOPIC, value=v, partition=part, on_delivery=done)
+            p.poll(0)
+            i += 1
+            time.sleep(0.02)
+        p.flush(10)
+
+    prod = threading.Thread(target=produce, daemon=True)
+    prod.start()
+    gids = {proto: coordinated_by_a(f"mv-{proto}") for proto in ["classic", "consumer"]}
+    groups = {proto: [Member(BS_B, gid, proto, track=True) for _ in range(2)]
+              for proto, gid in gids.items()}
+    t0 = time.time()
+    while time.time() - t0 < 60:
+        ready = all(sorted(sum([sorted(m.owned) for m in ms], [])) == list(range(PARTITIONS))
+                    and all(m.seen for m in ms) for ms in groups.values())
+        if ready:
+            break
+        time.sleep(0.2)
+    check(ready, "both groups consume every partition: "
+          + str({p: [sorted(m.owned) for m in ms] for p, ms in groups.items()}))
+    time.sleep(2)
+    print("READY", flush=True)
+    sys.stdin.readline()
+    stopped = time.time()
+    print(f"broker-a stopped", flush=True)
+    time.sleep(10)
+    stop.set()
+    prod.join()
+    with lock:
+        on_b = [(part, v, at) for part, v, at in acked if part >= PER_BROKER]
+    for proto, ms in groups.items():
+        t1 = time.time()
+        while time.time() - t1 < 40:
+            got = {v for m in ms for (part, _, v, _) in m.seen if part >= PER_BROKER}
+            if all(v in got for _, v, _ in on_b):
+                break
+            time.sleep(0.2)
+        for m in ms:
+            m.close()
+        seen = [x for m in ms for x in m.seen if x[0] >= PER_BROKER]
+        first = {}
+        for part, _, v, at in seen:
+            first.setdefault(v, at)
+        missing = [v for _, v, _ in on_b if v not in first]
+        check(not missing, f"{proto}: every record acknowledged to broker-b's partitions "
+                           f"consumed ({len(on_b)}; missing {missing[:5]})")
+        waits = [max(0.0, first[v] - at) for _, v, at in on_b if at >= stopped - 1]
+        dup = len(seen) - len(first)
+        print(f"{proto}: broker-b records sent from 1 s before the stop: {len(waits)}, longest wait "
+              f"{max(waits):.2f} s, median {sorted(waits)[len(waits) // 2]:.3f} s; "
+              f"delivered twice: {dup}", flush=True)
+
+
+def failover():
+    acked, failed, lock, stop = [], [], threading.Lock(), threading.Event()
+
+    def produce():
+        p = Producer({"bootstrap.servers": BS_A, "acks": "all", "enable.idempotence": True,
+                      "linger.ms": 0, "message.timeout.ms": 30000})
+        i = 0
+        while not stop.is_set():
+            v = f"fo-{i}".encode()
+            sent_at = time.time()
+
+            def done(err, m, v=v, sent_at=sent_at):
+                with lock:
+                    if err is None:
+                        acked.append((v, sent_at, time.time()))
+                    else:
+                        failed.append((v, str(err)))
+            p.produce(TOPIC, value=v, partition=i % PARTITIONS, on_delivery=done)
+            p.poll(0)
+            i += 1
+            time.sleep(0.01)
+        left = p.flush(40)
+        check(left == 0, f"the producer delivered or failed every record ({left} left)")
+
+    prod = threading.Thread(target=produce, daemon=True)
+    prod.start()
+    m = Member(BS_A, f"fo-{uuid.uuid4().hex[:6]}", "consumer", track=True)
+    t0 = time.time()
+    while time.time() - t0 < 60 and (len(m.seen) < 50 or len(acked) < 50):
+        time.sleep(0.1)
+    check(len(m.seen) >= 50, f"records flow through the first master ({len(m.seen)} consumed)")
+    print("READY", flush=True)
+    sys.stdin.readline()
+    killed = time.time()
+    time.sleep(8)
+    stop.set()
+    prod.join()
+    with lock:
+        all_acked = list(acked)
+        fails = list(failed)
+    want = {v for v, _, _ in all_acked}
+    t1 = time.time()
+    while time.time() - t1 < 60:
+        got = {x[2] for x in m.seen}
+        if want <= got:
+            break
+        time.sleep(0.2)
+    m.close()
+    got = {x[2] for x in m.seen}
+    missing = sorted(want - got)
+    check(not missing, f"every acknowledged record consumed ({len(want)}; missing {missing[:5]})")
+    acks_after = sorted(at for _, _, at in all_acked if at > killed)
+    gap, last = 0.0, killed
+    for at in acks_after:
+        gap, last = max(gap, at - last), at
+    first_ack = next((at - killed for v, sent, at in sorted(all_acked, key=lambda a: a[2])
+                      if sent > killed), None)
+    sent_after = {v: sent for v, sent, _ in all_acked if sent > killed}
+    first_seen = min((at for _, _, v, at in m.seen if v in sent_after), default=None)
+    dup = len(m.seen) - len(got)
+
+    def secs(x):
+        return "never" if x is None else f"{x:.2f} s"
+    print(f"failover: {len(want)} acknowledged, {len(fails)} failed ({fails[:2]}); "
+          f"longest time between acknowledgements after the kill {gap:.2f} s; first record "
+          f"sent after the kill acknowledged {secs(first_ack)} and consumed "
+          f"{secs(first_seen - killed if first_seen else None)} after the kill; "
+          f"delivered twice: {dup}", flush=True)
+    check(first_ack is not None, "records sent after the kill were acknowledged")
+
+
+{"whole": whole, "departed": departed, "move": move, "failover": failover}[PHASE]()

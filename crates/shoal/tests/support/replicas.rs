@@ -46,6 +46,9 @@ pub struct Replicas {
     /// advertises as its replication address (`--replication-addr`), so every replication
     /// message to broker `i` goes through `peers[i]`. Empty otherwise.
     pub peers: Vec<Proxy>,
+    /// With [`Replicas::start_with_kafka`]: each broker's Kafka listener address. Empty
+    /// otherwise.
+    pub kafka: Vec<String>,
     /// More arguments for every broker.
     extra: Vec<String>,
 }
@@ -59,7 +62,12 @@ impl Replicas {
     /// `voters` controller voters, brokers started with the arguments `extra` gives (given the
     /// cluster's directory).
     pub fn start_with(voters: usize, extra: impl FnOnce(&Path) -> Vec<String>) -> Replicas {
-        Self::start_all(voters, false, extra)
+        Self::start_all(voters, false, false, extra)
+    }
+
+    /// One voter, every broker with a Kafka listener ([`Replicas::kafka`]).
+    pub fn start_with_kafka() -> Replicas {
+        Self::start_all(1, false, true, |_| Vec::new())
     }
 
     /// [`Replicas::start_with`], every broker reached by the others through a proxy of
@@ -68,12 +76,13 @@ impl Replicas {
         voters: usize,
         extra: impl FnOnce(&Path) -> Vec<String>,
     ) -> Replicas {
-        Self::start_all(voters, true, extra)
+        Self::start_all(voters, true, false, extra)
     }
 
     fn start_all(
         voters: usize,
         peer_proxies: bool,
+        kafka: bool,
         extra: impl FnOnce(&Path) -> Vec<String>,
     ) -> Replicas {
         let cluster = Cluster::start(None);
@@ -101,10 +110,17 @@ impl Replicas {
             true => brokers.iter().map(|b| Proxy::start(&b.0)).collect(),
             false => Vec::new(),
         };
+        let kafka = match kafka {
+            true => (0..3)
+                .map(|_| format!("127.0.0.1:{}", free_port()))
+                .collect(),
+            false => Vec::new(),
+        };
         let mut r = Replicas {
             brokers,
             links,
             peers,
+            kafka,
             cluster,
             voters,
             extra,
@@ -156,6 +172,10 @@ impl Replicas {
             Some(p) => vec!["--replication-addr", p.addr.as_str()],
             None => Vec::new(),
         };
+        let kafka: Vec<&str> = match self.kafka.get(i) {
+            Some(k) => vec!["--kafka-listen", k.as_str()],
+            None => Vec::new(),
+        };
         let (addr, dir, proc) = &mut self.brokers[i];
         let child = Command::new(shoal())
             .args([
@@ -169,6 +189,7 @@ impl Replicas {
             .args(["--controller", &controllers.join(","), "--flush", "sync"])
             .arg("--auto-create-topic")
             .args(&peer)
+            .args(&kafka)
             .args(&self.extra)
             .stdout(Stdio::null())
             .stderr(log_sink(&format!("replica-{i}")))
