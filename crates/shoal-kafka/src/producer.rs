@@ -27,6 +27,10 @@ struct BatchMeta {
 #[derive(Debug, Default)]
 struct PartitionSeq {
     recent: VecDeque<BatchMeta>,
+    /// Its first batch here did not start at sequence 0: this broker took the partition over
+    /// from another leader (a failover) while the producer was writing it, so batches that
+    /// were in flight then may come in any order.
+    mid_stream: bool,
 }
 
 /// One producer's state. Locked for the whole check-append-record of a partition's batches,
@@ -44,9 +48,12 @@ pub(crate) struct ProducerEntry {
     /// Another leader gave this producer its id (another broker of the cluster, or this
     /// broker group's master before a failover, whose sequence state is not replicated): on a
     /// partition this entry has no state for, its first batch is taken at whatever sequence
-    /// it has, so a producer that carries on after a failover is not refused. Idempotence
-    /// then holds from that batch on: a batch the old master wrote but did not acknowledge
-    /// may be written again.
+    /// it has, and a later batch that does not follow on is taken too (batches in flight at a
+    /// failover may arrive in any order): a producer that carries on after a failover is
+    /// never refused for its sequences. What idempotence still gives it here: a batch sent
+    /// again is answered as a duplicate while it is among the last five of the partition. A
+    /// batch the old master wrote but did not acknowledge may be written again, and batches
+    /// in flight at the failover may be written out of order.
     adopted: bool,
 }
 
@@ -81,9 +88,11 @@ impl ProducerEntry {
             self.partitions.get(&(topic.to_string(), partition))
         };
         let Some(last_batch) = seq.and_then(|s| s.recent.back()) else {
-            // Nothing stored yet for this partition in this epoch: Kafka expects 0 (an
-            // adopted producer goes on from where it is).
-            return if first == 0 || (self.adopted && epoch == self.epoch) {
+            // Nothing stored yet for this partition in this epoch. A new epoch starts at 0;
+            // otherwise the producer may have written the partition under another leader
+            // (before a failover, or it got its id from another broker of the cluster): it
+            // goes on from where it is.
+            return if first == 0 || epoch == self.epoch {
                 SeqCheck::Append
             } else {
                 SeqCheck::Refuse(ResponseError::OutOfOrderSequenceNumber)
@@ -101,7 +110,11 @@ impl ProducerEntry {
         } else {
             last_batch.last_seq + 1
         };
-        if first == expected {
+        // An adopted producer's batches that were in flight when the leader changed may
+        // arrive in another order than they were sent: this leader cannot tell a gap from a
+        // batch still on its way, so it takes them (a refusal would be fatal to the producer).
+        let mid_stream = seq.is_some_and(|s| s.mid_stream);
+        if first == expected || mid_stream || (self.adopted && epoch == self.epoch) {
             SeqCheck::Append
         } else {
             SeqCheck::Refuse(ResponseError::OutOfOrderSequenceNumber)
@@ -130,7 +143,10 @@ impl ProducerEntry {
         let seq = self
             .partitions
             .entry((topic.to_string(), partition))
-            .or_default();
+            .or_insert_with(|| PartitionSeq {
+                recent: VecDeque::new(),
+                mid_stream: first != 0,
+            });
         seq.recent.push_back(BatchMeta {
             first_seq: first,
             last_seq: last,
@@ -291,10 +307,10 @@ mod tests {
     #[test]
     fn sequences_must_follow_on() {
         let mut e = entry();
-        assert_eq!(
-            e.check("T", 0, 0, 1, 3),
-            SeqCheck::Refuse(ResponseError::OutOfOrderSequenceNumber)
-        );
+        // A partition first written here mid-stream (another leader had it before).
+        assert_eq!(e.check("T", 3, 0, 7, 9), SeqCheck::Append);
+        e.record("T", 3, 0, 7, 9, 50);
+        assert_eq!(e.check("T", 3, 0, 4, 6), SeqCheck::Append, "in flight at a failover");
         assert_eq!(e.check("T", 0, 0, 0, 4), SeqCheck::Append);
         e.record("T", 0, 0, 0, 4, 100);
         assert_eq!(e.check("T", 0, 0, 5, 9), SeqCheck::Append);
@@ -366,8 +382,9 @@ mod tests {
         e.lock().record("T", 0, 0, 0, 9, 500);
         // The new epoch starts at sequence 0, and the old batch is no duplicate of it.
         assert_eq!(e.lock().check("T", 0, 1, 0, 9), SeqCheck::Append);
+        e.lock().record("T", 0, 1, 0, 9, 600);
         assert_eq!(
-            e.lock().check("T", 0, 1, 10, 12),
+            e.lock().check("T", 0, 1, 11, 12),
             SeqCheck::Refuse(ResponseError::OutOfOrderSequenceNumber)
         );
     }
@@ -394,16 +411,18 @@ mod tests {
         let (again, _) = t.adopt(77, 5);
         assert_eq!(again.lock().epoch, 3);
         assert_eq!(t.len(), 1);
-        // It goes on at its sequence on a partition it has no state for here; from then on
-        // its sequences must follow on.
+        // It goes on at its sequence on a partition it has no state for here.
         let mut e = e.lock();
         assert_eq!(e.check("T", 0, 3, 14, 14), SeqCheck::Append);
         e.record("T", 0, 3, 14, 14, 500);
         assert_eq!(e.check("T", 0, 3, 15, 15), SeqCheck::Append);
         assert_eq!(e.check("T", 0, 3, 14, 14), SeqCheck::Duplicate(500));
+        // A batch in flight at the failover may come after a later one.
+        assert_eq!(e.check("T", 0, 3, 10, 13), SeqCheck::Append);
+        // A stale epoch is still refused.
         assert_eq!(
-            e.check("T", 0, 3, 17, 17),
-            SeqCheck::Refuse(ResponseError::OutOfOrderSequenceNumber)
+            e.check("T", 0, 2, 16, 16),
+            SeqCheck::Refuse(ResponseError::InvalidProducerEpoch)
         );
     }
 }

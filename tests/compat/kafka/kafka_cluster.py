@@ -21,6 +21,7 @@ Phases:
             resumed are printed.
 Each prints what it checked and exits non-zero on the first failed check.
 """
+import os
 import sys
 import threading
 import time
@@ -62,6 +63,8 @@ class Member:
         else:
             conf.update({"partition.assignment.strategy": "cooperative-sticky",
                          "session.timeout.ms": 10000, "heartbeat.interval.ms": 500})
+        if os.environ.get("KAFKA_DEBUG"):
+            conf["debug"] = os.environ["KAFKA_DEBUG"]
         self.c = Consumer(conf)
         self.seen, self.owned, self.stop, self.error = [], set(), False, None
         self.c.subscribe([TOPIC], on_assign=self._assign, on_revoke=self._revoke)
@@ -307,6 +310,13 @@ def failover():
         if want <= got:
             break
         time.sleep(0.2)
+    if not want <= {x[2] for x in m.seen}:
+        # What the consumer and the leaders say, to tell a stuck consumer from a lost record.
+        for tp in m.c.position(m.c.assignment()):
+            lo, hi = m.c.get_watermark_offsets(tp, timeout=10)
+            print(f"partition {tp.partition}: position {tp.offset}, watermarks {lo}..{hi}",
+                  flush=True)
+        print(f"consumer error: {m.error}; assignment {sorted(m.owned)}", flush=True)
     m.close()
     got = {x[2] for x in m.seen}
     missing = sorted(want - got)
