@@ -310,7 +310,11 @@ mod tests {
         // A partition first written here mid-stream (another leader had it before).
         assert_eq!(e.check("T", 3, 0, 7, 9), SeqCheck::Append);
         e.record("T", 3, 0, 7, 9, 50);
-        assert_eq!(e.check("T", 3, 0, 4, 6), SeqCheck::Append, "in flight at a failover");
+        assert_eq!(
+            e.check("T", 3, 0, 4, 6),
+            SeqCheck::Append,
+            "in flight at a failover"
+        );
         assert_eq!(e.check("T", 0, 0, 0, 4), SeqCheck::Append);
         e.record("T", 0, 0, 0, 4, 100);
         assert_eq!(e.check("T", 0, 0, 5, 9), SeqCheck::Append);
