@@ -31,8 +31,10 @@ pub(crate) struct NameServers {
     broker_name: String,
     /// A topic's route (every broker, with their Kafka listeners) and when it was fetched.
     route_cache: Mutex<HashMap<String, (Arc<TopicRouteData>, Instant)>>,
-    /// The cluster's broker groups (with their Kafka listeners) and when they were fetched.
-    cluster_cache: Mutex<Option<(Arc<ClusterInfo>, Instant)>>,
+    /// The cluster's broker groups (with their Kafka listeners), as last fetched.
+    cluster_cache: Mutex<Option<Arc<ClusterInfo>>>,
+    /// When the cluster's broker groups were last fetched or tried.
+    cluster_tried: Mutex<Option<Instant>>,
     /// Topics whose route a name server said changed, not yet fetched again.
     notices: Arc<RouteNotices>,
 }
@@ -85,6 +87,7 @@ impl NameServers {
             broker_name,
             route_cache: Mutex::new(HashMap::new()),
             cluster_cache: Mutex::new(None),
+            cluster_tried: Mutex::new(None),
             notices,
         }
     }
@@ -136,39 +139,49 @@ impl NameServers {
         self.route_cache.lock().get(topic).map(|(r, _)| r.clone())
     }
 
-    /// Fetches `topic`'s route unless the cached one is younger than `max_age` (the cached
-    /// one stays when no name server answers).
+    /// Fetches `topic`'s route unless the cached one was fetched (or tried) less than
+    /// `max_age` ago. The cached one stays when no name server answers, and it is not tried
+    /// again before `max_age` (a name server that does not answer delays one request a
+    /// period, not every one). A topic no broker serves is not cached.
     pub(crate) async fn refresh_route(&self, topic: &str, max_age: Duration) {
-        let fresh = self
-            .route_cache
-            .lock()
-            .get(topic)
-            .is_some_and(|(_, at)| at.elapsed() < max_age);
-        if fresh {
-            return;
+        {
+            let mut cache = self.route_cache.lock();
+            if let Some((_, at)) = cache.get_mut(topic) {
+                if at.elapsed() < max_age {
+                    return;
+                }
+                // Tried now: concurrent callers use the cached route meanwhile.
+                *at = Instant::now();
+            }
         }
-        if let Some(r) = self.fetch_route(topic).await {
-            self.route_cache
-                .lock()
-                .insert(topic.to_string(), (r, Instant::now()));
+        match self.fetch_route(topic).await {
+            Some(r) if r.queue_datas.is_empty() => {
+                self.route_cache.lock().remove(topic);
+            }
+            Some(r) => {
+                self.route_cache
+                    .lock()
+                    .insert(topic.to_string(), (r, Instant::now()));
+            }
+            None => {}
         }
     }
 
     /// The cluster's broker groups as last fetched (no request).
     pub(crate) fn known_cluster(&self) -> Option<Arc<ClusterInfo>> {
-        self.cluster_cache.lock().as_ref().map(|(c, _)| c.clone())
+        self.cluster_cache.lock().clone()
     }
 
-    /// Fetches the cluster's broker groups (with their Kafka listeners) unless the cached
-    /// ones are younger than `max_age`.
+    /// Fetches the cluster's broker groups (with their Kafka listeners) unless they were
+    /// fetched or tried less than `max_age` ago (the cached ones stay when no name server
+    /// answers).
     pub(crate) async fn refresh_cluster(&self, max_age: Duration) {
-        let fresh = self
-            .cluster_cache
-            .lock()
-            .as_ref()
-            .is_some_and(|(_, at)| at.elapsed() < max_age);
-        if fresh {
-            return;
+        {
+            let mut tried = self.cluster_tried.lock();
+            if tried.is_some_and(|at| at.elapsed() < max_age) {
+                return;
+            }
+            *tried = Some(Instant::now());
         }
         let mut req = RemotingCommand::request(rc::GET_BROKER_CLUSTER_INFO);
         kafka_cluster::want_listeners(&mut req);
@@ -176,7 +189,7 @@ impl NameServers {
             match self.client.invoke(addr, req.clone(), NAMESRV_TIMEOUT).await {
                 Ok(r) if r.code == resp::SUCCESS => {
                     if let Ok(c) = r.decode_json_body::<ClusterInfo>() {
-                        *self.cluster_cache.lock() = Some((Arc::new(c), Instant::now()));
+                        *self.cluster_cache.lock() = Some(Arc::new(c));
                     }
                     return;
                 }

@@ -79,6 +79,14 @@ fn leader_of(b: Option<&BrokerData>) -> Leader {
 }
 
 impl BrokerBridge {
+    /// Whether broker group `name` is in this broker's cluster (name servers may serve
+    /// several): only those are Kafka nodes and coordinators of this listener's cluster.
+    fn in_my_cluster(&self, c: &shoal_proto::body::ClusterInfo, name: &str) -> bool {
+        c.cluster_addr_table
+            .get(&self.broker.config().cluster_name)
+            .is_none_or(|names| names.contains(name))
+    }
+
     /// This broker's own group as a slot leader: this listener while master, else the
     /// master's listener as the route or the cluster list shows it.
     fn own_leader(&self, route: Option<&shoal_proto::body::TopicRouteData>) -> Leader {
@@ -154,8 +162,9 @@ impl BrokerHandle for BrokerBridge {
             return Vec::new();
         };
         c.broker_addr_table
-            .values()
-            .flat_map(|b| b.kafka_listeners.iter().flatten())
+            .iter()
+            .filter(|(name, _)| self.in_my_cluster(&c, name))
+            .flat_map(|(_, b)| b.kafka_listeners.iter().flatten())
             .filter_map(|(_, k)| KafkaNode::parse(k.node_id, &k.addr))
             .collect()
     }
@@ -168,7 +177,7 @@ impl BrokerHandle for BrokerBridge {
         let mut masters: Vec<(String, Leader)> = c
             .broker_addr_table
             .iter()
-            .filter(|(name, _)| *name != own)
+            .filter(|(name, _)| *name != own && self.in_my_cluster(&c, name))
             .filter_map(|(name, b)| match leader_of(Some(b)) {
                 Leader::Unknown => None,
                 l => Some((name.clone(), l)),

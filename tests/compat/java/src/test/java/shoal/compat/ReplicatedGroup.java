@@ -75,8 +75,16 @@ public final class ReplicatedGroup implements AutoCloseable {
         int lo = 10_000;
         int hi = 32_767;
         try {
-            String eph = Files.readString(Path.of("/proc/sys/net/ipv4/ip_local_port_range")).trim();
-            hi = Integer.parseInt(eph.split("\\s+")[0]) - 1;
+            // Read line by line: /proc files report size 0, and Files.readString then returns
+            // only the first byte of them.
+            String eph;
+            try (var r = Files.newBufferedReader(Path.of("/proc/sys/net/ipv4/ip_local_port_range"))) {
+                eph = r.readLine().trim();
+            }
+            int below = Integer.parseInt(eph.split("\\s+")[0]) - 1;
+            if (below - 30 > lo) {
+                hi = below;
+            }
         } catch (IOException | RuntimeException e) {
             // keep the default
         }
