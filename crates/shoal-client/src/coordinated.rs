@@ -239,6 +239,12 @@ impl Membership {
         applied_epoch: Option<i64>,
     ) -> Outcome {
         let leaves = self.leaves.load(std::sync::atomic::Ordering::Acquire);
+        if leaves > 0 {
+            // The member left (the consumer shuts down): a heartbeat now would be answered for
+            // a member that is gone, and the rebalancer's task may still wake once.
+            debug!(group = %self.group, "heartbeat after the member left: not sent");
+            return Outcome::default();
+        }
         let now = self.now_ms();
         let (moved, sent, member_id, instance_id, last_epoch, owned) = {
             let mut c = self.core.lock();
@@ -558,5 +564,15 @@ mod tests {
             0,
             "the answer after the leave is no fence"
         );
+        // A heartbeat that starts after the leave is not sent at all.
+        let before = beats.load(Ordering::SeqCst);
+        m.heartbeat(&instance, &addr, vec!["T".into()], Vec::new(), None)
+            .await;
+        assert_eq!(
+            beats.load(Ordering::SeqCst),
+            before,
+            "nothing sent after the leave"
+        );
+        assert_eq!(m.core.lock().fences(), 0);
     }
 }
