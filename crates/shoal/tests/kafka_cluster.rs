@@ -35,20 +35,27 @@ fn phase(py: &std::path::Path, name: &str, a: &str, b: &str, topic: &str) {
     assert!(status.success(), "kafka_cluster.py {name} failed: {status}");
 }
 
+/// A name server and brokers `broker-a` and `broker-b`, each with a Kafka listener (their
+/// addresses returned), and `topic` with 2 queues on each.
+fn two_brokers(topic: &str) -> (Cluster, String, String) {
+    let mut c = Cluster::start(None);
+    let kafka_a = format!("127.0.0.1:{}", support::free_port());
+    let kafka_b = format!("127.0.0.1:{}", support::free_port());
+    c.start_broker_with("broker-a", &["--kafka-listen", &kafka_a]);
+    c.start_broker_with("broker-b", &["--kafka-listen", &kafka_b]);
+    let out = c.dev.cmd(&["topic", "create", topic, "--queues", "2"]);
+    assert!(out.status.success(), "{out:?}");
+    (c, kafka_a, kafka_b)
+}
+
 #[test]
 fn kafka_clients_see_every_broker_of_the_cluster() {
     let Some(py) = python() else {
         external::skip("confluent-kafka is not installed (.ci/setup.d/40-kafka-clients.sh)");
         return;
     };
-    let mut c = Cluster::start(None);
-    let kafka_a = format!("127.0.0.1:{}", support::free_port());
-    let kafka_b = format!("127.0.0.1:{}", support::free_port());
-    c.start_broker_with("broker-a", &["--kafka-listen", &kafka_a]);
-    c.start_broker_with("broker-b", &["--kafka-listen", &kafka_b]);
     let topic = "KCluster";
-    let out = c.dev.cmd(&["topic", "create", topic, "--queues", "2"]);
-    assert!(out.status.success(), "{out:?}");
+    let (mut c, kafka_a, kafka_b) = two_brokers(topic);
     phase(&py, "whole", &kafka_a, &kafka_b, topic);
     c.stop_broker("broker-b");
     phase(&py, "departed", &kafka_a, &kafka_b, topic);
@@ -62,14 +69,8 @@ fn kafka_groups_keep_consuming_while_their_coordinator_broker_stops() {
         external::skip("confluent-kafka is not installed (.ci/setup.d/40-kafka-clients.sh)");
         return;
     };
-    let mut c = Cluster::start(None);
-    let kafka_a = format!("127.0.0.1:{}", support::free_port());
-    let kafka_b = format!("127.0.0.1:{}", support::free_port());
-    c.start_broker_with("broker-a", &["--kafka-listen", &kafka_a]);
-    c.start_broker_with("broker-b", &["--kafka-listen", &kafka_b]);
     let topic = "KMove";
-    let out = c.dev.cmd(&["topic", "create", topic, "--queues", "2"]);
-    assert!(out.status.success(), "{out:?}");
+    let (mut c, kafka_a, kafka_b) = two_brokers(topic);
     let mut child = Command::new(&py)
         .arg(external::repo_root().join("tests/compat/kafka/kafka_cluster.py"))
         .args(["move", &kafka_a, &kafka_b, topic])
