@@ -93,6 +93,11 @@ pub trait BrokerHandle: Send + Sync + 'static {
     fn kafka_masters(&self) -> Vec<(String, Leader)> {
         Vec::new()
     }
+    /// This broker's leader epochs (its replicated group's master epochs; default: epoch 0,
+    /// no entries, for a broker that does not replicate). See [`crate::epochs`].
+    fn leader_epochs(&self) -> crate::epochs::LeaderEpochs {
+        crate::epochs::LeaderEpochs::default()
+    }
     /// Learns a fresher list of the cluster's brokers (before FindCoordinator and Metadata).
     fn refresh_cluster(&self) -> BoxFuture<'static, ()> {
         Box::pin(async {})
