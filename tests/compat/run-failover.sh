@@ -6,8 +6,10 @@
 # consumed afterwards (tests/compat/go/failover.go, tests/compat/cpp_failover.py).
 #
 # usage: run-failover.sh go|cpp
-# SHOAL_BIN is the shoal binary (default target/debug/shoal). Exit 0: passed; 1: failed;
-# 77: skipped (the client is not built: .ci/setup.d/30-go-client.sh, 10-cpp-client.sh).
+# SHOAL_BIN is the shoal binary (default target/debug/shoal); FAILOVER_KILL_AFTER_S, when set,
+# is how long after the clients started the master is killed at the earliest (default 5 s).
+# Exit 0: passed; 1: failed; 77: skipped (the client is not built: .ci/setup.d/30-go-client.sh,
+# 10-cpp-client.sh).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 SHOAL_BIN=$(realpath "${SHOAL_BIN:-target/debug/shoal}")

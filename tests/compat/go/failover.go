@@ -1,20 +1,24 @@
 // The Go client through a failover (`rocketmq-go-check failover NAMESRV MASTER_ADDR MASTER_PID`,
 // run by tests/compat/run-failover.sh against `shoal dev --replicas 3`): a producer sending
-// one message every 20 ms with SendSync and a clustering push consumer; once the consumer
-// receives, the master's process is SIGKILLed; the producer goes on until sends are
-// acknowledged again and 3 s more; then every acknowledged message (SendSync returned
-// SEND_OK) must reach the consumer (duplicates allowed). Prints the time from the kill until
-// the first send that began after it was acknowledged, and until the consumer first received
-// a message sent after it.
+// one message every 20 ms with SendSync and a clustering push consumer (from the first
+// offset); once the consumer received 50 messages, and not sooner than 5 s after the clients
+// started (FAILOVER_KILL_AFTER_S), the master's process is SIGKILLed; the producer goes on
+// until sends are acknowledged again and 3 s more; then every acknowledged message (SendSync
+// returned SEND_OK) must reach the consumer (duplicates allowed). Prints the time from the
+// kill until the first send that began after it was acknowledged, and until the consumer
+// first received a message sent after it.
 //
-// The client reads routes from the name server every 30 s (`_PullNameServerInterval`, a
-// constant of the client: no option lowers it), and until then sends to the dead master's
-// address; so sends resume at the first route poll after the new master registered.
+// The client reads routes from the name server when it starts and every 30 s after that
+// (`_PullNameServerInterval`, a constant of the client: no option lowers it), and until then
+// sends to the dead master's address; so sends resume at the first route poll after the new
+// master registered. A pull held at the master when it dies fails only at its 30 s timeout
+// (a constant of the client), and the consumer pulls again 3 s later.
 package main
 
 import (
 	"context"
 	"fmt"
+	"os"
 	"sort"
 	"strconv"
 	"sync"
@@ -36,8 +40,14 @@ type ack struct {
 // poll, the election and a margin.
 const resumeLimit = 45 * time.Second
 
-// The kill comes this long after the clients started, at the earliest.
-const killAfter = 5 * time.Second
+// The kill comes this long after the clients started, at the earliest: 5 s, or
+// FAILOVER_KILL_AFTER_S seconds (to place the kill elsewhere in the route poll's period).
+func killAfter() time.Duration {
+	if s, err := strconv.ParseFloat(os.Getenv("FAILOVER_KILL_AFTER_S"), 64); err == nil && s >= 0 {
+		return time.Duration(s * float64(time.Second))
+	}
+	return 5 * time.Second
+}
 
 func failover(masterAddr string, masterPid int) {
 	topic := "GoFailover" + run
@@ -121,10 +131,11 @@ func failover(masterAddr string, masterPid int) {
 	// Not sooner than 5 s after the clients started, like the C++ test (whose client polls
 	// routes 3 s after it starts, then every 30 s): a kill at a point of the route poll's
 	// period that does not depend on how fast the consumer started.
-	time.Sleep(time.Until(clientsStarted.Add(killAfter)))
+	time.Sleep(time.Until(clientsStarted.Add(killAfter())))
 	must(syscall.Kill(masterPid, syscall.SIGKILL), "SIGKILL the master")
 	killedAt := time.Now()
-	fmt.Printf("master %s (pid %d) SIGKILLed\n", masterAddr, masterPid)
+	fmt.Printf("master %s (pid %d) SIGKILLed %d ms after the clients started\n", masterAddr, masterPid,
+		killedAt.Sub(clientsStarted).Milliseconds())
 
 	firstAfter := func() (ack, bool) {
 		for _, a := range acks {
