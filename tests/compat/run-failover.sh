@@ -43,6 +43,7 @@ show_logs() {
   echo "--- shoal dev log (replicas included)"; tail -40 "$work/dev.err"
 }
 
+root=$PWD
 base=$(python3 tools/free_ports.py --block 0,2,10,20,30)
 ns="127.0.0.1:$base"
 controller="127.0.0.1:$((base + 2))"
@@ -82,7 +83,7 @@ case "$client" in
     ;;
   cpp)
     # librocketmq logs to $HOME/logs/rocketmq-cpp.
-    (cd "$work" && HOME="$work" timeout 200 "$venv/bin/python" "$OLDPWD/tests/compat/cpp_failover.py" "$ns" "$master" "$pid") || {
+    (cd "$work" && HOME="$work" timeout 200 "$venv/bin/python" "$root/tests/compat/cpp_failover.py" "$ns" "$master" "$pid") || {
       show_logs; echo "--- the C++ client's log"; tail -40 "$work"/logs/rocketmq-cpp/* 2>/dev/null || true; exit 1; }
     ;;
 esac
