@@ -86,9 +86,10 @@ pub trait BrokerHandle: Send + Sync + 'static {
     fn cluster_nodes(&self) -> Vec<KafkaNode> {
         Vec::new()
     }
-    /// The broker groups whose master runs a Kafka listener, sorted by name, this broker's
-    /// own as [`Leader::Here`] while it is master; empty when the broker is the whole cluster
-    /// (no name servers). Group coordinators are chosen among them.
+    /// The broker groups that run Kafka listeners, sorted by name, each with its master's
+    /// listener ([`Leader::Unknown`] while it has none, as in a failover), this broker's own
+    /// as [`Leader::Here`] while it is master; empty when the broker is the whole cluster (no
+    /// name servers). Group coordinators are chosen among them.
     fn kafka_masters(&self) -> Vec<(String, Leader)> {
         Vec::new()
     }
@@ -159,7 +160,8 @@ pub trait BrokerHandle: Send + Sync + 'static {
     /// after the lock is released; `f` must neither block nor await.
     ///
     /// With `group`: [`KafkaError::ClassicGroup`] (and `f` is not run) when RocketMQ members of
-    /// that group allocate client-side (the classic protocol).
+    /// that group allocate client-side (the classic protocol); [`KafkaError::NotCoordinator`]
+    /// when the broker is a replica, or a master still taking over its group's state.
     fn with_coordinator(
         &self,
         group: Option<&str>,

@@ -38,6 +38,7 @@ fn kafka_error(e: ApiError) -> KafkaError {
         ApiError::Invalid(why) => KafkaError::InvalidRequest(why),
         ApiError::ClassicGroup(g) => KafkaError::ClassicGroup(g),
         ApiError::Broker(why) => KafkaError::Broker(why),
+        ApiError::NotCoordinator(why) => KafkaError::NotCoordinator(why),
     }
 }
 
@@ -170,24 +171,32 @@ impl BrokerHandle for BrokerBridge {
     }
 
     fn kafka_masters(&self) -> Vec<(String, Leader)> {
-        let Some(c) = self.broker.known_cluster() else {
-            return Vec::new();
-        };
         let own = &self.broker.config().broker_name;
-        let mut masters: Vec<(String, Leader)> = c
-            .broker_addr_table
+        if !self.broker.has_name_servers() {
+            return Vec::new();
+        }
+        // Every broker group with a Kafka listener counts, also while it has no master (a
+        // failover): its groups wait for the new master (COORDINATOR_NOT_AVAILABLE) instead of
+        // moving to another broker group and back, and no replica coordinates them.
+        let mut masters: Vec<(String, Leader)> = self
+            .broker
+            .known_cluster()
             .iter()
-            .filter(|(name, _)| *name != own && self.in_my_cluster(&c, name))
-            .filter_map(|(name, b)| match leader_of(Some(b)) {
-                Leader::Unknown => None,
-                l => Some((name.clone(), l)),
+            .flat_map(|c| {
+                c.broker_addr_table
+                    .iter()
+                    .filter(|(name, _)| *name != own && self.in_my_cluster(c, name))
+                    .filter(|(_, b)| b.kafka_listeners.as_ref().is_some_and(|l| !l.is_empty()))
+                    .map(|(name, b)| (name.clone(), leader_of(Some(b))))
+                    .collect::<Vec<_>>()
             })
             .collect();
-        if self.broker.is_route_master() {
-            masters.push((own.clone(), Leader::Here));
-        } else if let l @ Leader::At(_) = self.own_leader(None) {
-            masters.push((own.clone(), l));
-        }
+        let own_leader = if self.broker.is_route_master() {
+            Leader::Here
+        } else {
+            self.own_leader(None)
+        };
+        masters.push((own.clone(), own_leader));
         masters.sort_by(|a, b| a.0.cmp(&b.0));
         masters
     }

@@ -311,7 +311,13 @@ def failover():
             break
         time.sleep(0.2)
     if not want <= {x[2] for x in m.seen}:
-        # What the consumer and the leaders say, to tell a stuck consumer from a lost record.
+        # What the consumer and the leaders say, to tell a stuck consumer from a lost record
+        # (its polling thread stopped first: the client serializes calls on one handle).
+        m.stop = True
+        m.t.join()
+        missing = want - {x[2] for x in m.seen}
+        where = sorted({int(v.decode().split("-")[1]) % PARTITIONS for v in missing})
+        print(f"missing {len(missing)} records of partitions {where}", flush=True)
         for tp in m.c.position(m.c.assignment()):
             lo, hi = m.c.get_watermark_offsets(tp, timeout=10)
             print(f"partition {tp.partition}: position {tp.offset}, watermarks {lo}..{hi}",
