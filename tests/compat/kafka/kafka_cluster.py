@@ -104,11 +104,19 @@ class Member:
         self.c.close()
 
 
-def replication_view(bs):
-    """Partition -> (leader, replicas, in-sync replicas) as a listener's metadata shows them."""
-    md = AdminClient({"bootstrap.servers": bs}).list_topics(TOPIC, timeout=15)
-    return {p.id: (p.leader, sorted(p.replicas), sorted(p.isrs))
-            for p in md.topics[TOPIC].partitions.values()}
+def replication_view(bs, settled):
+    """Partition -> (leader, replicas, in-sync replicas) as a listener's metadata shows them,
+    asked again for up to 10 s until `settled` holds (registrations reach the listeners'
+    route caches within about a second)."""
+    admin = AdminClient({"bootstrap.servers": bs})
+    t0 = time.time()
+    while True:
+        md = admin.list_topics(TOPIC, timeout=15)
+        view = {p.id: (p.leader, sorted(p.replicas), sorted(p.isrs))
+                for p in md.topics[TOPIC].partitions.values()}
+        if settled(view) or time.time() - t0 > 10:
+            return view
+        time.sleep(0.2)
 
 
 def whole():
@@ -303,7 +311,8 @@ def failover():
     while time.time() - t0 < 60 and (len(m.seen) < 50 or len(acked) < 50):
         time.sleep(0.1)
     check(len(m.seen) >= 50, f"records flow through the first master ({len(m.seen)} consumed)")
-    before = replication_view(BS_A)
+    before = replication_view(BS_A, lambda v: all(len(r) == 3 and len(i) == 3 and lead in r
+                                                  for lead, r, i in v.values()))
     check(all(len(r) == 3 and len(i) == 3 and lead in r for lead, r, i in before.values()),
           f"every partition has 3 replicas, all in sync: {before}")
     epochs_before = set(m.epochs.values())
@@ -360,7 +369,8 @@ def failover():
           f"{secs(first_seen - killed if first_seen else None)} after the kill; "
           f"delivered twice: {dup}", flush=True)
     check(first_ack is not None, "records sent after the kill were acknowledged")
-    after = replication_view(BS_A)
+    after = replication_view(BS_A, lambda v: all(lead != before[p][0] and lead in i
+                                                 for p, (lead, _, i) in v.items()))
     check(all(lead != before[p][0] and lead in i for p, (lead, _, i) in after.items()),
           f"a new leader, in sync, for every partition: {after}")
     epochs_after = {m.epochs[v] for v in sent_after if v in m.epochs}
