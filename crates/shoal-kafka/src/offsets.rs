@@ -155,6 +155,15 @@ pub(crate) fn offset_for_leader_epoch(
             let end = queue.and_then(|q| match epochs.end_of(p.leader_epoch) {
                 EpochEnd::Undefined => Ok((-1, -1)),
                 EpochEnd::LogEnd { epoch } => Ok((epoch, state.store.max_offset(&name, q) as i64)),
+                // The next epoch's first record not shown yet (a new master confirms its log's
+                // tail first): where this epoch ends in the partition is not known yet; the
+                // client asks again.
+                EpochEnd::Before { next_start, .. }
+                    if state.store.dispatched_offset() <= next_start
+                        && !crate::fetch::store_caught_up(&state.store) =>
+                {
+                    Err(ResponseError::UnknownLeaderEpoch)
+                }
                 EpochEnd::Before { epoch, next_start } => state
                     .store
                     .offset_at_physical(&name, q, next_start)
