@@ -111,7 +111,11 @@ pub(crate) fn start(b: Arc<Shared>, repl: Arc<Replication>) -> JoinHandle<()> {
         let mut tick = tokio::time::interval(ROUND);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            tick.tick().await;
+            // Every round, or at once when a commit waits for its offsets to be replicated.
+            tokio::select! {
+                _ = tick.tick() => {}
+                () = repl.round_wanted() => {}
+            }
             f.round(&b, &repl).await;
         }
     })
@@ -156,8 +160,10 @@ impl Follower {
                     self.master_of = Some((epoch, since.0, true));
                     repl.set_taken_over(epoch);
                 }
-                if let Err(e) = self.write_changes(b).await {
-                    debug!(error = %e.remark, "metadata not written this round");
+                let n = repl.round_started();
+                match self.write_changes(b).await {
+                    Ok(()) => repl.round_done(n),
+                    Err(e) => debug!(error = %e.remark, "metadata not written this round"),
                 }
             }
             RoleView::Replica { .. } | RoleView::Joining => {
