@@ -2,19 +2,39 @@
 //! `SCHEDULE_TOPIC_XXXX` queue `level - 1` are re-stored in their real topic and queue when
 //! their store time plus the level's delay has passed. One task per level; each sleeps until
 //! the next message is due (or a new one arrives), so delivery is on time rather than polled.
-//! Progress per level is kept in the store's delay offsets (persisted with consumer offsets).
+//! Progress per level is kept in the store's delay offsets (persisted with consumer offsets,
+//! and replicated as metadata records in a replicated group).
+//!
+//! Progress written out lags the deliveries (a persisted file every few seconds, a replicated
+//! record every metadata round), so a broker that starts delivering (after a restart, or as a
+//! new master) first moves each level past what its log shows delivered already: every
+//! delivered copy carries [`SCHEDULE_ORIGIN`] (`level:offset` of its schedule-queue entry),
+//! and deliveries go in offset order, so the entries from the progress on whose copies are in
+//! the log (found by their `UNIQ_KEY`) are a prefix ([`skip_delivered`]). An entry without a
+//! `UNIQ_KEY` cannot be looked up and stops the skip (it may be delivered again).
 
 use crate::clock::wall_ms;
 use crate::reply::Reject;
 use crate::send::put;
 use crate::shared::Shared;
 use shoal_proto::constants::SCHEDULE_TOPIC;
-use shoal_proto::message::{decode_records, encode_properties, property, DecodeOptions};
+use shoal_proto::message::{
+    decode_records, encode_properties, property, DecodeOptions, MessageExt,
+};
 use shoal_store::MessageExtBrokerInner;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::task::JoinHandle;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
+
+/// The property of a delivered copy naming the schedule-queue entry it came from,
+/// `level:offset`.
+pub(crate) const SCHEDULE_ORIGIN: &str = "SHOAL_SCHEDULE_ORIGIN";
+
+/// The [`SCHEDULE_ORIGIN`] value of `level`'s entry at `offset`.
+fn origin(level: i32, offset: i64) -> String {
+    format!("{level}:{offset}")
+}
 
 /// Starts one delivery task per delay level.
 pub(crate) fn start(b: Arc<Shared>) -> Vec<JoinHandle<()>> {
@@ -31,11 +51,30 @@ enum Step {
 }
 
 async fn run_level(b: Arc<Shared>, level: i32) {
+    // Whether this run of delivering started from what the log shows delivered.
+    let mut resumed = false;
     loop {
         if !b.writes_log() {
             // A replica: the master delivers, and its progress reaches this log.
+            resumed = false;
             tokio::time::sleep(Duration::from_secs(1)).await;
             continue;
+        }
+        if !resumed {
+            match skip_delivered(&b, level).await {
+                Ok(0) => {}
+                Ok(n) => info!(
+                    level,
+                    entries = n,
+                    "delay level resumes past entries its log shows delivered"
+                ),
+                Err(e) => {
+                    warn!(level, error = %e.remark, "delay level progress not checked; retrying in 1 s");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    continue;
+                }
+            }
+            resumed = true;
         }
         let notified = b.schedule_wakeup.notified();
         let step = match deliver_due(&b, level).await {
@@ -101,6 +140,7 @@ async fn deliver_due(b: &Arc<Shared>, level: i32) -> Result<Step, Reject> {
             (Some(topic), Some(queue_id)) => {
                 let mut props = msg.properties.clone();
                 props.shift_remove(property::DELAY);
+                props.insert(SCHEDULE_ORIGIN.to_string(), origin(level, msg.queue_offset));
                 let mut inner = MessageExtBrokerInner {
                     topic,
                     queue_id,
@@ -131,4 +171,179 @@ async fn deliver_due(b: &Arc<Shared>, level: i32) -> Result<Step, Reject> {
     let next = next.max(got.next_begin_offset);
     b.store.set_schedule_offset(level, next as i64);
     Ok(Step::Progress)
+}
+
+/// Moves `level`'s progress past the entries whose delivered copies the log holds; returns
+/// how many.
+async fn skip_delivered(b: &Arc<Shared>, level: i32) -> Result<u64, Reject> {
+    let start = b.store.schedule_offset(level).unwrap_or(0).max(0) as u64;
+    let store = b.store.clone();
+    let skipped = crate::reply::blocking(move || {
+        let mut offset = start;
+        loop {
+            let got = store
+                .get_messages(
+                    SCHEDULE_TOPIC,
+                    level - 1,
+                    offset,
+                    32,
+                    4 * 1024 * 1024,
+                    &|_| true,
+                )
+                .map_err(Reject::system)?;
+            let run = decode_records(&got.messages, &DecodeOptions::default());
+            if run.messages.is_empty() {
+                return Ok(offset);
+            }
+            for msg in &run.messages {
+                if !delivered(&store, level, msg)? {
+                    return Ok(offset);
+                }
+                offset = msg.queue_offset as u64 + 1;
+            }
+        }
+    })
+    .await?;
+    if skipped > start {
+        b.store.set_schedule_offset(level, skipped as i64);
+    }
+    Ok(skipped - start)
+}
+
+/// Whether a copy of `level`'s entry `msg` was delivered: stored in its real topic (or, a
+/// timed message's next hop, in the schedule topic) with the entry's [`SCHEDULE_ORIGIN`].
+/// An entry without its real topic is never delivered (it is skipped).
+fn delivered(
+    store: &shoal_store::MessageStore,
+    level: i32,
+    msg: &MessageExt,
+) -> Result<bool, Reject> {
+    let Some(topic) = msg.property(property::REAL_TOPIC) else {
+        return Ok(true);
+    };
+    let Some(uniq) = msg.property(property::UNIQ_KEY) else {
+        return Ok(false);
+    };
+    let want = origin(level, msg.queue_offset);
+    for t in [topic, SCHEDULE_TOPIC] {
+        for rec in store.query_by_uniq_key(t, uniq).map_err(Reject::system)? {
+            let copies = decode_records(&rec, &DecodeOptions::default());
+            if copies
+                .messages
+                .iter()
+                .any(|m| m.property(SCHEDULE_ORIGIN) == Some(want.as_str()))
+            {
+                return Ok(true);
+            }
+        }
+    }
+    Ok(false)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests")]
+    use super::*;
+
+    /// A broker over a store in `dir` whose level 1 is due after 1 ms.
+    fn broker(dir: &std::path::Path, rt: &tokio::runtime::Runtime) -> Arc<Shared> {
+        let config = crate::config::BrokerConfig {
+            data_dir: dir.to_path_buf(),
+            namesrv_addrs: Vec::new(),
+            announce_addr: Some("127.0.0.1:1".into()),
+            commit_log_segment_bytes: 16 * 1024 * 1024,
+            delay_levels: "1ms 1h".into(),
+            ..Default::default()
+        };
+        let (store, _) = rt.block_on(crate::broker::open_store(&config)).unwrap();
+        let delay_levels_ms = crate::config::parse_delay_levels(&config.delay_levels).unwrap();
+        crate::broker::assemble(crate::broker::Assembly {
+            config,
+            store,
+            delay_levels_ms,
+            net_stats: Arc::new(shoal_net::NetStats::default()),
+            namesrv_tls: None,
+            clock: crate::clock::BrokerClock::starting_at(wall_ms()),
+            sink: None,
+        })
+        .unwrap()
+    }
+
+    /// A message for topic `T` queue 0 parked in level 1's schedule queue.
+    fn scheduled(b: &Shared, uniq: Option<&str>) -> MessageExtBrokerInner {
+        let mut props = shoal_proto::message::Properties::default();
+        props.insert(property::REAL_TOPIC.into(), "T".into());
+        props.insert(property::REAL_QID.into(), "0".into());
+        props.insert(property::DELAY.into(), "1".into());
+        if let Some(u) = uniq {
+            props.insert(property::UNIQ_KEY.into(), u.into());
+        }
+        MessageExtBrokerInner {
+            topic: SCHEDULE_TOPIC.to_string(),
+            queue_id: 0,
+            flag: 0,
+            sys_flag: 0,
+            born_timestamp: wall_ms(),
+            born_host: b.store_host,
+            reconsume_times: 0,
+            prepared_transaction_offset: 0,
+            body: bytes::Bytes::from_static(b"x"),
+            properties: encode_properties(&props).unwrap(),
+            known: None,
+        }
+    }
+
+    /// Delivered copies carry their entry's origin; a broker that lost its progress (an older
+    /// master's, or a file written before a crash) skips what its log shows delivered, stops
+    /// at the first entry not delivered, and delivers nothing twice.
+    #[test]
+    fn a_lost_progress_resumes_past_what_the_log_shows_delivered() {
+        let dir = tempfile::tempdir().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let b = broker(dir.path(), &rt);
+        rt.block_on(async {
+            crate::send::put(
+                &b,
+                (0..3)
+                    .map(|i| scheduled(&b, Some(&format!("u{i}"))))
+                    .collect(),
+            )
+            .await
+            .unwrap();
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            while let Step::Progress = deliver_due(&b, 1).await.unwrap() {}
+            assert_eq!(b.store.schedule_offset(1), Some(3));
+            assert_eq!(b.store.max_offset("T", 0), 3);
+            let got = b
+                .store
+                .get_messages("T", 0, 0, 8, 1 << 20, &|_| true)
+                .unwrap();
+            let copies = decode_records(&got.messages, &DecodeOptions::default());
+            let origins: Vec<_> = copies
+                .messages
+                .iter()
+                .map(|m| m.property(SCHEDULE_ORIGIN).unwrap().to_string())
+                .collect();
+            assert_eq!(origins, ["1:0", "1:1", "1:2"]);
+
+            // Two more entries: one without a unique key, one after it; neither delivered.
+            crate::send::put(&b, vec![scheduled(&b, None), scheduled(&b, Some("u4"))])
+                .await
+                .unwrap();
+            // The progress written out was older than the deliveries.
+            b.store.set_schedule_offset(1, 1);
+            assert_eq!(skip_delivered(&b, 1).await.unwrap(), 2);
+            assert_eq!(b.store.schedule_offset(1), Some(3));
+            // Nothing more to skip: the next entry was never delivered.
+            assert_eq!(skip_delivered(&b, 1).await.unwrap(), 0);
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            while let Step::Progress = deliver_due(&b, 1).await.unwrap() {}
+            // Each entry stored once in its topic.
+            assert_eq!(b.store.max_offset("T", 0), 5);
+            assert_eq!(b.store.schedule_offset(1), Some(5));
+        });
+    }
 }
