@@ -91,7 +91,8 @@ impl QueueLockTable {
     }
 
     /// Every live lock, sorted, each with how long its holder may go on without renewing:
-    /// `session_hold` of its session (session locks; the TTL when unknown), or the TTL.
+    /// `session_hold` of its session (session locks; the TTL when unknown), or what is left of
+    /// its TTL.
     pub fn held(
         &self,
         now_ms: u64,
@@ -113,7 +114,9 @@ impl QueueLockTable {
                         hold_ms: match (e.adopted_until, e.session) {
                             (Some(until), _) => until.saturating_sub(now_ms),
                             (None, Some(s)) => session_hold(group, s).unwrap_or(self.ttl_ms),
-                            (None, None) => self.ttl_ms,
+                            (None, None) => self
+                                .ttl_ms
+                                .saturating_sub(now_ms.saturating_sub(e.last_update_ms)),
                         },
                     })
             })
@@ -415,8 +418,9 @@ mod tests {
         );
         let held = old.held(30_000, |_, _| None);
         assert_eq!(held.len(), 4);
-        assert!(held[0].orderly && !held[2].orderly);
-        assert_eq!(held[2].hold_ms, 60_000);
+        // TTL locks are orderly ones (RocketMQ's); what is left of the TTL is their hold.
+        assert!(held[0].orderly && held[2].orderly && !held[3].orderly);
+        assert_eq!(held[2].hold_ms, 30_000);
 
         let mut new = QueueLockTable::new(60_000);
         // b locked q1 here before the old master's locks were adopted: it keeps it.
