@@ -125,19 +125,16 @@ impl QueueLockTable {
         out
     }
 
-    /// Adopts an older master's live locks (this broker became master): each queue not
-    /// locked here is held by the same client for its `hold_ms` from now, or until that
-    /// client locks it again or unlocks it.
+    /// Adopts an older master's live locks (this broker became master and took over its
+    /// log's state before answering any lock request): they replace the table, whose own
+    /// locks and waiters are from an earlier time this broker was master. Each queue is held
+    /// by the same client for its `hold_ms` from now, or until that client locks it again or
+    /// unlocks it.
     pub fn adopt(&mut self, locks: Vec<HeldLock>, now_ms: u64) {
-        let ttl = self.ttl_ms;
+        self.groups.clear();
+        self.waiters.clear();
         for l in locks {
             let table = self.groups.entry(l.group).or_default();
-            if table
-                .get(&l.queue)
-                .is_some_and(|e| entry_live(e, ttl, now_ms))
-            {
-                continue;
-            }
             table.insert(
                 l.queue,
                 LockEntry {
@@ -423,12 +420,15 @@ mod tests {
         assert_eq!(held[2].hold_ms, 30_000);
 
         let mut new = QueueLockTable::new(60_000);
-        // b locked q1 here before the old master's locks were adopted: it keeps it.
-        new.lock_batch_session("G", &[q(1)], "b", 1, true, 100);
+        // What this broker held when it was master before is replaced.
+        new.lock_batch_session("G", &[q(1), q(4)], "b", 1, true, 100);
+        new.lock_batch_session("G", &[q(1)], "c", 2, true, 100);
         new.adopt(old.held(0, |_, _| Some(10_000)), 100);
-        assert_eq!(new.owner("G", &q(1), 100), Some("b"));
+        assert_eq!(new.owner("G", &q(1), 100), Some("a"));
+        assert_eq!(new.owner("G", &q(4), 100), None);
+        assert_eq!(new.sizes(), (4, 0));
         assert!(new
-            .lock_batch_session("G", &[q(0), q(2)], "b", 1, true, 200)
+            .lock_batch_session("G", &[q(0), q(1), q(2)], "b", 1, true, 200)
             .is_empty());
         assert!(new.group_has_live_locks("G", 200));
         // a takes q0 over with its new session; the hold of q2 (a TTL lock) is the TTL.

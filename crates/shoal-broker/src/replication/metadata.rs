@@ -204,11 +204,10 @@ impl Follower {
             }
             b.groups.take_over(self.coordinator.snapshot());
         }
-        if !self.locks.is_empty() {
-            let locks = std::mem::take(&mut self.locks);
-            debug!(locks = locks.len(), "queue locks of the old master adopted");
-            b.groups.with(|g, now| g.adopt_locks(now, locks));
-        }
+        // They replace what this broker held when it was master before.
+        let locks = std::mem::take(&mut self.locks);
+        debug!(locks = locks.len(), "queue locks of the old master adopted");
+        b.groups.with(|g, now| g.adopt_locks(now, locks));
         match crate::transaction::service::rebuild_decisions(b).await {
             Ok(n) => debug!(
                 decisions = n,

@@ -275,7 +275,7 @@ impl GroupState {
     }
 
     /// This broker became its replicated group's master: it adopts the old master's locks
-    /// as its log replicated them ([`QueueLockTable::adopt`]).
+    /// as its log replicated them, in place of its own ([`QueueLockTable::adopt`]).
     pub fn adopt_locks(&mut self, now_ms: u64, locks: Vec<HeldLock>) {
         self.locks.adopt(locks, now_ms);
     }
