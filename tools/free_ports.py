@@ -8,6 +8,9 @@ does often enough to fail a run. Each port is checked by binding it; all stay bo
 one is chosen, so the N are distinct.
 
 usage: free_ports.py N
+       free_ports.py --block OFFSETS   (e.g. 0,2,10,20,30: prints a base port B such that B+o
+                                        is free for every offset o, as `shoal dev --replicas`
+                                        needs)
 """
 import random
 import socket
@@ -22,10 +25,33 @@ def ephemeral_low():
         return 32768
 
 
+def free(port):
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", port))
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
+def block(offsets, low, high):
+    top = high - max(offsets)
+    for _ in range(1000):
+        base = random.randint(low, top)
+        if all(free(base + o) for o in offsets):
+            return base
+    sys.exit("no free block of ports found")
+
+
 def main():
-    n = int(sys.argv[1])
     high = ephemeral_low() - 1
     low = 10000 if high > 11000 else 1024
+    if sys.argv[1] == "--block":
+        print(block([int(o) for o in sys.argv[2].split(",")], low, high))
+        return
+    n = int(sys.argv[1])
     held = []
     chosen = []
     for _ in range(100 * n + 1000):

@@ -2,7 +2,8 @@
 # Apache RocketMQ's Go client (github.com/apache/rocketmq-client-go/v2 from the Go module
 # proxy, pinned by tests/compat/go/go.mod and go.sum) built with tests/compat/go into
 # target/external/rocketmq-go-check, for crates/shoal/tests/compat_go.rs. Modules are kept in
-# target/external/gopath. Rebuilt when the program or its module files changed.
+# target/external/gopath. Rebuilt when the program (tests/compat/go/*.go) or its module files
+# changed.
 set -euo pipefail
 root=$(pwd)
 if ! command -v go >/dev/null; then
@@ -17,7 +18,7 @@ if ! command -v go >/dev/null; then
 fi
 out=$root/target/external/rocketmq-go-check
 stamp=$root/target/external/rocketmq-go-check.sha256
-sum=$(cat tests/compat/go/go.mod tests/compat/go/go.sum tests/compat/go/main.go | sha256sum | cut -d' ' -f1)
+sum=$(cat tests/compat/go/go.mod tests/compat/go/go.sum tests/compat/go/*.go | sha256sum | cut -d' ' -f1)
 if [ -x "$out" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$sum" ]; then
   echo "rocketmq go client already built"
   exit 0

@@ -35,6 +35,10 @@ pub enum ApiError {
     /// The broker could not do it (a table not persisted, the store).
     #[error("{0}")]
     Broker(String),
+    /// A replica, or a master still taking over its group's state: its coordinator answers
+    /// no member (the client asks which broker coordinates the group again).
+    #[error("{0}")]
+    NotCoordinator(String),
 }
 
 /// What the dashboard shows of the broker.
@@ -336,7 +340,9 @@ impl BrokerApi {
 
     /// Runs `f` on the group coordinator for a listener's group (the coordinator first
     /// learns the queues of `topics`), with the coordinator's clock; refused when the group
-    /// runs classic here. Effects (notices, persistence) follow as for any group operation.
+    /// runs classic here, or (with `group`) when this broker is a replica or a master still
+    /// taking over its group's state. Effects (notices, persistence) follow as for any group
+    /// operation.
     pub fn with_coordinator<R>(
         &self,
         group: Option<&str>,
@@ -345,6 +351,11 @@ impl BrokerApi {
     ) -> Result<R, ApiError> {
         // Computed before the group-state lock (they read the topic table and the route
         // cache), so no lock is taken inside another.
+        // A group's members are answered only by a master that took over the group's state.
+        if let (Some(r), Some(_)) = (self.b.replication.get(), group) {
+            r.refuse_unless_serving()
+                .map_err(|e| ApiError::NotCoordinator(e.remark))?;
+        }
         let routes = self.b.routes();
         let queues: Vec<(String, Vec<shoal_proto::MessageQueue>)> = topics
             .iter()

@@ -21,13 +21,35 @@ use std::time::Duration;
 const CLUSTER_VIEW_MAX_AGE: Duration = Duration::from_secs(1);
 
 impl BrokerApi {
+    /// In a replicated group: the master epochs this broker's log holds data of
+    /// (`(epoch, first commit-log offset)`, oldest first) and the newest master epoch it
+    /// knows; none for a broker that does not replicate.
+    pub fn master_epochs(&self) -> Option<(Vec<(u32, u64)>, u32)> {
+        self.b.replication.get().map(|r| r.epochs())
+    }
+
+    /// The node id of the Kafka listener this broker runs, once named.
+    pub fn kafka_node_id(&self) -> Option<i32> {
+        self.b.kafka_listener.get().map(|k| k.node_id)
+    }
+
+    /// In a replicated group, while master holding its lease: its master epoch and in-sync
+    /// set as registered broker ids (itself as 0).
+    pub fn leadership(&self) -> Option<(u32, Vec<i64>)> {
+        self.b.replication.get().and_then(|r| r.leadership())
+    }
+
     /// Names the Kafka listener this broker runs (its node id and the address clients are
     /// told), registers it with the name servers at once. Set once; a second call is ignored.
     pub fn set_kafka_listener(&self, node_id: i32, addr: String) {
         if self
             .b
             .kafka_listener
-            .set(KafkaListener { node_id, addr })
+            .set(KafkaListener {
+                node_id,
+                addr,
+                ..Default::default()
+            })
             .is_ok()
         {
             let b = self.b.clone();

@@ -301,6 +301,10 @@ impl Shared {
             RemotingCommand::request_with_header(rc::REGISTER_BROKER, &header).with_body(bytes);
         if let Some(k) = self.kafka_listener.get() {
             shoal_proto::kafka_cluster::announce(&mut req, k.node_id, &k.addr);
+            if let Some((epoch, in_sync)) = self.replication.get().and_then(|r| r.leadership()) {
+                let epoch = i32::try_from(epoch).unwrap_or(i32::MAX);
+                shoal_proto::kafka_cluster::announce_leadership(&mut req, epoch, &in_sync);
+            }
         }
         req
     }

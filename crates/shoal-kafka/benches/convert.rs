@@ -113,7 +113,7 @@ fn bench(c: &mut Criterion) {
         });
         g.bench_function("kafka_encode_only", |b| b.iter(|| batch(&recs)));
         g.bench_function("fetch_stored_to_batch", |b| {
-            b.iter(|| stored_to_batch(&st, 1 << 24).unwrap())
+            b.iter(|| stored_to_batch(&st, 1 << 24, &Default::default()).unwrap())
         });
         g.bench_function("fetch_decode_stored_only", |b| {
             b.iter(|| decode_records(&st, &DecodeOptions::default()))

@@ -11,6 +11,7 @@ use crate::convert::{
     message_to_record, BuiltBatch, ShownRecord, EMPTY_KEY, HIDDEN, PROP_HEADERS, PROP_HEADER_LIST,
     PROP_KEY_B64, PROP_NULL_VALUE, PROP_ORIGIN,
 };
+use crate::epochs::LeaderEpochs;
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine as _;
 use bytes::{BufMut, Bytes, BytesMut};
@@ -111,12 +112,17 @@ fn from_slices<'a>(view: &RecordView<'a>) -> Option<Shown<'a>> {
 /// Rebuilds one record batch from stored message records (a `get_messages` answer); see the
 /// module documentation. Bodies compressed by RocketMQ producers are decompressed (up to
 /// `max_decompressed` bytes each). A record that cannot be read ends the batch before it (an
-/// error when it is the first).
+/// error when it is the first). The batch carries the leader epoch of its first record
+/// (`epochs`, by commit-log offset) and ends before the first record of a later epoch.
 #[allow(
     clippy::expect_used,
     reason = "every record not shown was built, in order, just above"
 )]
-pub(crate) fn write_batch(stored: &Bytes, max_decompressed: usize) -> Result<BuiltBatch, String> {
+pub(crate) fn write_batch(
+    stored: &Bytes,
+    max_decompressed: usize,
+    epochs: &LeaderEpochs,
+) -> Result<BuiltBatch, String> {
     let opts = DecodeOptions {
         verify_crc: false,
         decompress_body: true,
@@ -124,11 +130,22 @@ pub(crate) fn write_batch(stored: &Bytes, max_decompressed: usize) -> Result<Bui
     };
     // The views first: the batch header needs the smallest and largest timestamps and offsets,
     // and every record's timestamp is written relative to the smallest.
-    let mut views = Vec::new();
+    let mut views: Vec<RecordView<'_>> = Vec::new();
     let mut error = None;
+    let mut epoch = 0;
+    let mut epoch_end = None;
     for v in iter_records(stored) {
         match v {
-            Ok(v) => views.push(v),
+            Ok(v) => {
+                let phys = u64::try_from(v.physical_offset()).unwrap_or(0);
+                if views.is_empty() {
+                    epoch = epochs.epoch_at(phys);
+                    epoch_end = epochs.end_of_epoch_at(phys);
+                } else if epoch_end.is_some_and(|end| phys >= end) {
+                    break;
+                }
+                views.push(v);
+            }
             Err(e) => {
                 error = Some(e.to_string());
                 break;
@@ -199,7 +216,7 @@ pub(crate) fn write_batch(stored: &Bytes, max_decompressed: usize) -> Result<Bui
     let mut buf = BytesMut::with_capacity(BATCH_HEADER + size + stored.len() / 4);
     buf.put_i64(min_offset);
     buf.put_i32(0); // batch length, filled in below
-    buf.put_i32(0); // partition leader epoch
+    buf.put_i32(epoch); // partition leader epoch
     buf.put_i8(2); // magic
     buf.put_u32(0); // CRC-32C, filled in below
     buf.put_i16(0); // attributes: no compression, not transactional, not control

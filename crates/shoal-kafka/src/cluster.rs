@@ -56,6 +56,21 @@ pub struct Slot {
     pub partitions: i32,
     /// Who leads them.
     pub leader: Leader,
+    /// The group's replicas, in-sync set and leader epoch.
+    pub replicas: GroupReplicas,
+}
+
+/// A broker group's replicas as Kafka metadata shows them: every broker of a replicated group
+/// that runs a Kafka listener is a replica of its partitions, its in-sync set is their ISR and
+/// its master epoch their leader epoch.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct GroupReplicas {
+    /// The leader epoch (the group's master epoch; 0 for a broker that does not replicate).
+    pub leader_epoch: i32,
+    /// Node ids of the group's listeners, the master's first (empty: the leader alone).
+    pub nodes: Vec<i32>,
+    /// Node ids of the in-sync set (empty: the leader alone).
+    pub in_sync: Vec<i32>,
 }
 
 /// Where a topic's partitions are. See the [module documentation](self).
@@ -91,6 +106,7 @@ impl TopicLayout {
                 broker_name: broker_name.to_string(),
                 partitions: info.partitions,
                 leader: Leader::Here,
+                replicas: GroupReplicas::default(),
             }],
             local: Some(info),
         }
@@ -216,16 +232,19 @@ mod tests {
                     broker_name: "a".into(),
                     partitions: 4,
                     leader: Leader::At(node(1)),
+                    replicas: GroupReplicas::default(),
                 },
                 Slot {
                     broker_name: "b".into(),
                     partitions: 2,
                     leader: Leader::Here,
+                    replicas: GroupReplicas::default(),
                 },
                 Slot {
                     broker_name: "c".into(),
                     partitions: 3,
                     leader: Leader::Unknown,
+                    replicas: GroupReplicas::default(),
                 },
             ],
             local: Some(info(2)),

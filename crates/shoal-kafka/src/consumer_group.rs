@@ -212,15 +212,22 @@ fn prepare(
             .unwrap_or(true);
     let mut cache = cached.unwrap_or_default();
     if req.member_epoch == 0 || moved_in {
-        let Some(subs) = &req.subscribed_topic_names else {
-            return Err(Box::new(fail(
-                req,
-                ResponseError::InvalidRequest,
-                "a joining member must send its subscription".into(),
-            )));
+        // A member this listener knows that heartbeats at epoch 0 without its subscription
+        // (a client answered epoch 0 takes it for a join but sends only what changed) keeps
+        // the subscription it sent before.
+        let subscriptions = match &req.subscribed_topic_names {
+            Some(subs) => subs.iter().map(|t| t.0.to_string()).collect(),
+            None if !cache.subscriptions.is_empty() => std::mem::take(&mut cache.subscriptions),
+            None => {
+                return Err(Box::new(fail(
+                    req,
+                    ResponseError::InvalidRequest,
+                    "a joining member must send its subscription".into(),
+                )))
+            }
         };
         cache = MemberCache {
-            subscriptions: subs.iter().map(|t| t.0.to_string()).collect(),
+            subscriptions,
             ..MemberCache::default()
         };
     } else if let Some(subs) = &req.subscribed_topic_names {

@@ -262,9 +262,15 @@ pub struct BuiltBatch {
 /// Rebuilds one record batch from stored message records (a `get_messages` answer): each
 /// record is shown as [`message_to_record`] shows its message, read from the stored bytes
 /// without decoding them into messages where it can be (see `batch_writer`). Bodies compressed
-/// by RocketMQ producers are decompressed (up to `max_decompressed` bytes each).
-pub fn stored_to_batch(stored: &Bytes, max_decompressed: usize) -> Result<BuiltBatch, String> {
-    crate::batch_writer::write_batch(stored, max_decompressed)
+/// by RocketMQ producers are decompressed (up to `max_decompressed` bytes each). The batch
+/// carries the leader epoch its first record was written in (`epochs`) and ends before the
+/// first record of a later epoch (the next fetch starts there).
+pub fn stored_to_batch(
+    stored: &Bytes,
+    max_decompressed: usize,
+    epochs: &crate::epochs::LeaderEpochs,
+) -> Result<BuiltBatch, String> {
+    crate::batch_writer::write_batch(stored, max_decompressed, epochs)
 }
 
 /// The conversion [`stored_to_batch`] replaced, kept as its reference: every record decoded
@@ -535,7 +541,7 @@ pub(crate) mod tests {
             ext.store_timestamp = 1;
             ext.encode(&mut buf).unwrap();
         }
-        let built = stored_to_batch(&Bytes::from(buf), 1 << 20).unwrap();
+        let built = stored_to_batch(&Bytes::from(buf), 1 << 20, &Default::default()).unwrap();
         assert_eq!(built.records, 5);
         assert_eq!(built.next_offset, Some(15));
         let mut b = built.bytes.clone();

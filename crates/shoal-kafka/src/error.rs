@@ -41,6 +41,10 @@ pub enum KafkaError {
     /// Something else went wrong in the broker.
     #[error("{0}")]
     Broker(String),
+    /// This broker's coordinator answers no member now (a replica, or a master still taking
+    /// over its group's state).
+    #[error("{0}")]
+    NotCoordinator(String),
 }
 
 impl KafkaError {
@@ -57,6 +61,7 @@ impl KafkaError {
                 ResponseError::MessageTooLarge
             }
             KafkaError::Store(_) | KafkaError::Broker(_) => ResponseError::KafkaStorageError,
+            KafkaError::NotCoordinator(_) => ResponseError::NotCoordinator,
             KafkaError::Bind { .. } | KafkaError::Config(_) => ResponseError::UnknownServerError,
         };
         e.code()

@@ -5,6 +5,7 @@
 
 use crate::cluster::local_queue;
 use crate::convert::stored_to_batch;
+use crate::epochs::LeaderEpochs;
 use crate::host::{TopicInfo, WaitPosition};
 use crate::request::{code, RequestCtx};
 use crate::state::State;
@@ -35,6 +36,8 @@ struct Wanted {
     queue: Result<(i32, TopicInfo), ResponseError>,
     offset: i64,
     max_bytes: usize,
+    /// This leader's epochs (records carry the epoch they were written in).
+    epochs: Arc<LeaderEpochs>,
 }
 
 /// Waits while a member that fetches `all` is in its rebalance callback
@@ -72,6 +75,7 @@ pub(crate) async fn fetch(
         return resp;
     }
     let mut topics: Vec<(Option<String>, Uuid, Vec<Wanted>)> = Vec::new();
+    let epochs = Arc::new(state.host.leader_epochs());
     for t in &req.topics {
         let name = if v >= 13 {
             state.topic_by_id(t.topic_id).map(|i| i.name)
@@ -86,11 +90,16 @@ pub(crate) async fn fetch(
                 name: name.clone(),
                 partition: p.partition,
                 queue: match &name {
-                    Some(_) => local_queue(layout.as_ref(), p.partition),
+                    // The client's leader epoch (v9+) is checked where this broker leads.
+                    Some(_) => local_queue(layout.as_ref(), p.partition).and_then(|q| {
+                        let current = if v >= 9 { p.current_leader_epoch } else { -1 };
+                        epochs.check(current).map(|()| q)
+                    }),
                     None => Err(ResponseError::UnknownTopicId),
                 },
                 offset: p.fetch_offset,
                 max_bytes: p.partition_max_bytes.max(0) as usize,
+                epochs: epochs.clone(),
             })
             .collect();
         topics.push((name, t.topic_id, wanted));
@@ -322,6 +331,7 @@ fn read_partition(state: &State, w: &Wanted, budget: usize, may_exceed: bool) ->
     match stored_to_batch(
         &stored.freeze(),
         state.host.max_message_bytes().saturating_mul(8),
+        &w.epochs,
     ) {
         Ok(b) => {
             out.records = b.bytes;

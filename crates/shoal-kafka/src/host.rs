@@ -86,11 +86,17 @@ pub trait BrokerHandle: Send + Sync + 'static {
     fn cluster_nodes(&self) -> Vec<KafkaNode> {
         Vec::new()
     }
-    /// The broker groups whose master runs a Kafka listener, sorted by name, this broker's
-    /// own as [`Leader::Here`] while it is master; empty when the broker is the whole cluster
-    /// (no name servers). Group coordinators are chosen among them.
+    /// The broker groups that run Kafka listeners, sorted by name, each with its master's
+    /// listener ([`Leader::Unknown`] while it has none, as in a failover), this broker's own
+    /// as [`Leader::Here`] while it is master; empty when the broker is the whole cluster (no
+    /// name servers). Group coordinators are chosen among them.
     fn kafka_masters(&self) -> Vec<(String, Leader)> {
         Vec::new()
+    }
+    /// This broker's leader epochs (its replicated group's master epochs; default: epoch 0,
+    /// no entries, for a broker that does not replicate). See [`crate::epochs`].
+    fn leader_epochs(&self) -> crate::epochs::LeaderEpochs {
+        crate::epochs::LeaderEpochs::default()
     }
     /// Learns a fresher list of the cluster's brokers (before FindCoordinator and Metadata).
     fn refresh_cluster(&self) -> BoxFuture<'static, ()> {
@@ -159,7 +165,8 @@ pub trait BrokerHandle: Send + Sync + 'static {
     /// after the lock is released; `f` must neither block nor await.
     ///
     /// With `group`: [`KafkaError::ClassicGroup`] (and `f` is not run) when RocketMQ members of
-    /// that group allocate client-side (the classic protocol).
+    /// that group allocate client-side (the classic protocol); [`KafkaError::NotCoordinator`]
+    /// when the broker is a replica, or a master still taking over its group's state.
     fn with_coordinator(
         &self,
         group: Option<&str>,

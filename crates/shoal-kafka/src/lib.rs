@@ -21,6 +21,7 @@ pub mod cluster;
 mod config;
 mod consumer_group;
 pub mod convert;
+pub mod epochs;
 mod error;
 mod fetch;
 mod fetch_hold;

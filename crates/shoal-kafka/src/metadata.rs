@@ -1,8 +1,10 @@
 //! Metadata, CreateTopics, DeleteTopics, CreatePartitions and DescribeConfigs: the topic
-//! table as Kafka clients and admin tools see it. A topic's partitions are its queues on this
-//! broker, which leads every partition (epoch 0, one replica).
+//! table as Kafka clients and admin tools see it: every broker group's queues of a topic as a
+//! run of partitions ([`crate::cluster`]), each led by its group's master, with the group's
+//! listeners as replicas, its in-sync set as ISR and its master epoch as leader epoch (epoch
+//! 0 and the leader alone for a broker that does not replicate).
 
-use crate::cluster::{KafkaNode, Leader, TopicLayout};
+use crate::cluster::{GroupReplicas, KafkaNode, Leader, TopicLayout};
 use crate::host::TopicInfo;
 use crate::request::{code, sb, RequestCtx};
 use crate::state::{topic_id, State};
@@ -46,17 +48,24 @@ pub(crate) fn valid_topic_name(name: &str) -> Result<(), KafkaError> {
     Ok(())
 }
 
-fn partition_metadata(index: i32, leader: i32) -> MetadataResponsePartition {
+fn partition_metadata(index: i32, leader: i32, r: &GroupReplicas) -> MetadataResponsePartition {
     let mut p = MetadataResponsePartition::default();
     p.partition_index = index;
     p.leader_id = BrokerId(leader);
-    p.leader_epoch = 0;
+    p.leader_epoch = r.leader_epoch;
+    let listed = |nodes: &[i32]| -> Vec<BrokerId> {
+        let mut out: Vec<BrokerId> = nodes.iter().copied().map(BrokerId).collect();
+        if leader >= 0 && !nodes.contains(&leader) {
+            out.insert(0, BrokerId(leader));
+        }
+        out
+    };
     if leader < 0 {
         p.error_code = code(ResponseError::LeaderNotAvailable);
-    } else {
-        p.replica_nodes = vec![BrokerId(leader)];
-        p.isr_nodes = vec![BrokerId(leader)];
     }
+    // The leader is always listed (the leader alone for a broker that does not replicate).
+    p.replica_nodes = listed(&r.nodes);
+    p.isr_nodes = listed(&r.in_sync);
     p
 }
 
@@ -88,7 +97,8 @@ fn topic_metadata(
             Leader::Unknown => -1,
         };
         for _ in 0..s.partitions.max(0) {
-            m.partitions.push(partition_metadata(index, leader));
+            m.partitions
+                .push(partition_metadata(index, leader, &s.replicas));
             index += 1;
         }
     }

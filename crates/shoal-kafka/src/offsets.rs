@@ -2,6 +2,7 @@
 //! offsets; committed offsets live in the store's offset table beside RocketMQ groups' (a
 //! Kafka commit of offset N means "next to read is N", as RocketMQ's commit does).
 
+use crate::epochs::EpochEnd;
 use crate::request::{code, RequestCtx};
 use crate::state::State;
 use kafka_protocol::messages::list_offsets_response::{
@@ -38,7 +39,9 @@ fn local(state: &State, topic: &str, partition: i32) -> Result<i32, ResponseErro
 }
 
 /// ListOffsets: earliest, latest, max timestamp, and by timestamp (store time; the first
-/// message stored at or after it).
+/// message stored at or after it). The client's leader epoch (v4+) is checked; offsets are
+/// answered with the current leader epoch (at least the epoch of the record there, which is
+/// what a later OffsetForLeaderEpoch needs not to truncate below it).
 pub(crate) async fn list_offsets(
     state: &Arc<State>,
     ctx: &RequestCtx,
@@ -48,6 +51,7 @@ pub(crate) async fn list_offsets(
     let v = ctx.version;
     tokio::task::spawn_blocking(move || {
         let mut resp = ListOffsetsResponse::default();
+        let epochs = st.host.leader_epochs();
         for t in req.topics {
             let name = t.name.0.to_string();
             let mut tr = ListOffsetsTopicResponse::default();
@@ -55,12 +59,16 @@ pub(crate) async fn list_offsets(
             for p in t.partitions {
                 let mut pr = ListOffsetsPartitionResponse::default();
                 pr.partition_index = p.partition_index;
-                match lookup(&st, &name, p.partition_index, p.timestamp) {
+                let current = if v >= 4 { p.current_leader_epoch } else { -1 };
+                let found = local(&st, &name, p.partition_index)
+                    .and_then(|queue| epochs.check(current).map(|()| queue))
+                    .and_then(|queue| lookup(&st, &name, queue, p.timestamp));
+                match found {
                     Ok((offset, ts)) => {
                         pr.offset = offset;
                         pr.timestamp = ts;
                         if v >= 4 {
-                            pr.leader_epoch = 0;
+                            pr.leader_epoch = epochs.current;
                         }
                     }
                     Err(e) => pr.error_code = code(e),
@@ -75,13 +83,13 @@ pub(crate) async fn list_offsets(
     .unwrap_or_default()
 }
 
+/// Offset and timestamp of `ts` (a time or one of the special values) in queue `partition`.
 fn lookup(
     state: &State,
     topic: &str,
     partition: i32,
     ts: i64,
 ) -> Result<(i64, i64), ResponseError> {
-    let partition = local(state, topic, partition)?;
     let s = &state.store;
     let (min, max) = (
         s.min_offset(topic, partition),
@@ -125,13 +133,16 @@ fn lookup(
     })
 }
 
-/// OffsetForLeaderEpoch: every partition has had one leader epoch (0), ending at the high
-/// watermark.
+/// OffsetForLeaderEpoch: where a leader epoch's records end in the partition
+/// ([`crate::epochs::LeaderEpochs::end_of`]): the current epoch's at the high watermark, an older one's at
+/// the first record of a later epoch; the client truncates its position to it. The client's
+/// current leader epoch is checked as for Fetch.
 pub(crate) fn offset_for_leader_epoch(
     state: &Arc<State>,
     req: OffsetForLeaderEpochRequest,
 ) -> OffsetForLeaderEpochResponse {
     let mut resp = OffsetForLeaderEpochResponse::default();
+    let epochs = state.host.leader_epochs();
     for t in req.topics {
         let name = t.topic.0.to_string();
         let mut tr = OffsetForLeaderTopicResult::default();
@@ -139,19 +150,26 @@ pub(crate) fn offset_for_leader_epoch(
         for p in t.partitions {
             let mut e = EpochEndOffset::default();
             e.partition = p.partition;
-            match local(state, &name, p.partition) {
+            let queue = local(state, &name, p.partition)
+                .and_then(|q| epochs.check(p.current_leader_epoch).map(|()| q));
+            let end = queue.and_then(|q| match epochs.end_of(p.leader_epoch) {
+                EpochEnd::Undefined => Ok((-1, -1)),
+                EpochEnd::LogEnd { epoch } => Ok((epoch, state.store.max_offset(&name, q) as i64)),
+                EpochEnd::Before { epoch, next_start } => state
+                    .store
+                    .offset_at_physical(&name, q, next_start)
+                    .map(|o| (epoch, o as i64))
+                    .map_err(|err| {
+                        tracing::warn!(error = %err, "OffsetForLeaderEpoch: store lookup failed");
+                        ResponseError::KafkaStorageError
+                    }),
+            });
+            match end {
+                Ok((epoch, offset)) => {
+                    e.leader_epoch = epoch;
+                    e.end_offset = offset;
+                }
                 Err(err) => e.error_code = code(err),
-                Ok(_) if p.current_leader_epoch > 0 => {
-                    e.error_code = code(ResponseError::UnknownLeaderEpoch);
-                }
-                Ok(_) if p.leader_epoch < 0 => {
-                    e.leader_epoch = -1;
-                    e.end_offset = -1;
-                }
-                Ok(queue) => {
-                    e.leader_epoch = 0;
-                    e.end_offset = state.store.max_offset(&name, queue) as i64;
-                }
             }
             tr.partitions.push(e);
         }

@@ -756,11 +756,13 @@ mod tests {
         a.kafka = Some(KafkaListener {
             node_id: 5,
             addr: "1:9092".into(),
+            ..Default::default()
         });
         let mut b = reg("a", "1:2", 2, &[("T", 4)]);
         b.kafka = Some(KafkaListener {
             node_id: 6,
             addr: "1:9093".into(),
+            ..Default::default()
         });
         t.register(a.clone(), 0);
         let r = t.register(b.clone(), 0);

@@ -241,6 +241,28 @@ impl MessageStore {
         })
     }
 
+    /// The first queue offset of (topic, queue id) whose message is at commit-log offset
+    /// `phys` or later (binary search on the queue's entries): the queue's max offset when
+    /// none is, its min offset when every readable one is. 0 for an unknown queue.
+    pub fn offset_at_physical(&self, topic: &str, queue_id: i32, phys: u64) -> Result<u64> {
+        let Some(cq) = self.cq(topic, queue_id) else {
+            return Ok(0);
+        };
+        let (mut lo, mut hi) = (cq.min_offset(), cq.max_offset());
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            let e = cq.get(mid)?.ok_or_else(|| {
+                StoreError::InvalidArgument(format!("queue offset {mid} is not stored"))
+            })?;
+            if e.phys_offset < phys {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        Ok(lo)
+    }
+
     fn entry_store_timestamp(&self, cq: &ConsumeQueue, offset: u64) -> Result<i64> {
         let e = cq.get(offset)?.ok_or_else(|| {
             StoreError::InvalidArgument(format!("queue offset {offset} is not stored"))

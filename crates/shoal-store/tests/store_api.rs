@@ -681,3 +681,28 @@ fn properties_ending_in_nul_are_refused() {
     store.put_message(&m).unwrap();
     assert_eq!(store.max_offset("N", 0), 1);
 }
+
+#[test]
+fn search_by_commit_log_offset() {
+    let be = MemBackend::new();
+    let (store, _) = MessageStore::open(mem_config(&be, FlushMode::Async)).unwrap();
+    assert_eq!(store.offset_at_physical("P", 0, 0).unwrap(), 0);
+    let mut phys = Vec::new();
+    for i in 0..10 {
+        // Another queue's messages in between: commit-log offsets of this queue skip.
+        store.put_message(&msg("P", 1, "other", 20, "")).unwrap();
+        let r = store
+            .put_message(&msg("P", 0, &format!("p{i}"), 20, ""))
+            .unwrap();
+        phys.push(r.messages[0].physical_offset);
+    }
+    for (i, &p) in phys.iter().enumerate() {
+        assert_eq!(store.offset_at_physical("P", 0, p).unwrap(), i as u64);
+        assert_eq!(
+            store.offset_at_physical("P", 0, p + 1).unwrap(),
+            i as u64 + 1
+        );
+    }
+    assert_eq!(store.offset_at_physical("P", 0, 0).unwrap(), 0);
+    assert_eq!(store.offset_at_physical("P", 0, u64::MAX).unwrap(), 10);
+}

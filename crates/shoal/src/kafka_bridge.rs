@@ -6,7 +6,8 @@
 use futures::future::BoxFuture;
 use shoal_broker::{ApiError, BrokerApi};
 use shoal_group::coordinator::Coordinator;
-use shoal_kafka::cluster::{KafkaNode, Leader, Slot, TopicLayout};
+use shoal_kafka::cluster::{GroupReplicas, KafkaNode, Leader, Slot, TopicLayout};
+use shoal_kafka::epochs::LeaderEpochs;
 use shoal_kafka::{BrokerHandle, KafkaError, ReplicaRefusal, TopicInfo, WaitPosition};
 use shoal_proto::body::BrokerData;
 use shoal_proto::body::TopicConfig;
@@ -38,6 +39,7 @@ fn kafka_error(e: ApiError) -> KafkaError {
         ApiError::Invalid(why) => KafkaError::InvalidRequest(why),
         ApiError::ClassicGroup(g) => KafkaError::ClassicGroup(g),
         ApiError::Broker(why) => KafkaError::Broker(why),
+        ApiError::NotCoordinator(why) => KafkaError::NotCoordinator(why),
     }
 }
 
@@ -72,6 +74,28 @@ fn replica_refusal(r: shoal_ha::replication::WriteRefusal) -> ReplicaRefusal {
 }
 
 /// The leader of a broker group's partitions: its master's Kafka listener.
+/// A broker group's listeners, in-sync set and leader epoch as its registrations name them
+/// (the master's names the epoch and the in-sync set).
+fn replicas_of(b: Option<&BrokerData>) -> GroupReplicas {
+    let Some(listeners) = b.and_then(|b| b.kafka_listeners.as_ref()) else {
+        return GroupReplicas::default();
+    };
+    let master = listeners.get(&shoal_proto::constants::MASTER_ID);
+    GroupReplicas {
+        leader_epoch: master.and_then(|m| m.leader_epoch).unwrap_or(0),
+        // Broker ids sort the master (0) first.
+        nodes: listeners.values().map(|l| l.node_id).collect(),
+        in_sync: master
+            .and_then(|m| m.in_sync.as_ref())
+            .map(|ids| {
+                ids.iter()
+                    .filter_map(|id| listeners.get(id).map(|l| l.node_id))
+                    .collect()
+            })
+            .unwrap_or_default(),
+    }
+}
+
 fn leader_of(b: Option<&BrokerData>) -> Leader {
     b.and_then(BrokerData::master_kafka)
         .and_then(|k| KafkaNode::parse(k.node_id, &k.addr))
@@ -85,6 +109,40 @@ impl BrokerBridge {
         c.cluster_addr_table
             .get(&self.broker.config().cluster_name)
             .is_none_or(|names| names.contains(name))
+    }
+
+    /// This broker's own group's replicas: as the route or the cluster list shows them, with
+    /// the epoch and in-sync set this broker has while it is master (fresher than its
+    /// registration).
+    fn own_replicas(&self, route: Option<&shoal_proto::body::TopicRouteData>) -> GroupReplicas {
+        let name = &self.broker.config().broker_name;
+        let cluster;
+        let data = match route.and_then(|r| r.broker_datas.iter().find(|b| &b.broker_name == name))
+        {
+            Some(b) => Some(b),
+            None => {
+                cluster = self.broker.known_cluster();
+                cluster.as_ref().and_then(|c| c.broker_addr_table.get(name))
+            }
+        };
+        let mut r = replicas_of(data);
+        if let Some((epoch, in_sync)) = self.broker.leadership() {
+            r.leader_epoch = i32::try_from(epoch).unwrap_or(i32::MAX);
+            // Itself as 0, whatever the route says yet; the replicas by their registrations.
+            let listeners = data.and_then(|b| b.kafka_listeners.as_ref());
+            r.in_sync = in_sync
+                .iter()
+                .filter_map(|id| match id {
+                    0 => self.broker.kafka_node_id(),
+                    id => listeners.and_then(|l| l.get(id)).map(|l| l.node_id),
+                })
+                .collect();
+            if let Some(own) = self.broker.kafka_node_id() {
+                r.nodes.retain(|n| *n != own);
+                r.nodes.insert(0, own);
+            }
+        }
+        r
     }
 
     /// This broker's own group as a slot leader: this listener while master, else the
@@ -126,6 +184,7 @@ impl BrokerHandle for BrokerBridge {
                     broker_name: q.broker_name.clone(),
                     partitions: q.read_queue_nums.max(q.write_queue_nums),
                     leader: leader_of(b),
+                    replicas: replicas_of(b),
                 });
             }
         }
@@ -136,6 +195,7 @@ impl BrokerHandle for BrokerBridge {
                     broker_name: name.clone(),
                     partitions: *n,
                     leader: Leader::Unknown,
+                    replicas: GroupReplicas::default(),
                 });
             }
         }
@@ -144,6 +204,7 @@ impl BrokerHandle for BrokerBridge {
                 broker_name: own_name.clone(),
                 partitions: t.partitions,
                 leader: self.own_leader(route.as_deref()),
+                replicas: self.own_replicas(route.as_deref()),
             });
         }
         if slots.is_empty() {
@@ -151,6 +212,17 @@ impl BrokerHandle for BrokerBridge {
         }
         slots.sort_by(|a, b| a.broker_name.cmp(&b.broker_name));
         Some(TopicLayout { slots, local })
+    }
+
+    fn leader_epochs(&self) -> LeaderEpochs {
+        let Some((entries, current)) = self.broker.master_epochs() else {
+            return LeaderEpochs::default();
+        };
+        let epoch = |e: u32| i32::try_from(e).unwrap_or(i32::MAX);
+        LeaderEpochs {
+            current: epoch(current),
+            entries: entries.into_iter().map(|(e, s)| (epoch(e), s)).collect(),
+        }
     }
 
     fn refresh_routes(&self, topics: Vec<String>) -> BoxFuture<'static, ()> {
@@ -170,24 +242,32 @@ impl BrokerHandle for BrokerBridge {
     }
 
     fn kafka_masters(&self) -> Vec<(String, Leader)> {
-        let Some(c) = self.broker.known_cluster() else {
-            return Vec::new();
-        };
         let own = &self.broker.config().broker_name;
-        let mut masters: Vec<(String, Leader)> = c
-            .broker_addr_table
+        if !self.broker.has_name_servers() {
+            return Vec::new();
+        }
+        // Every broker group with a Kafka listener counts, also while it has no master (a
+        // failover): its groups wait for the new master (COORDINATOR_NOT_AVAILABLE) instead of
+        // moving to another broker group and back, and no replica coordinates them.
+        let mut masters: Vec<(String, Leader)> = self
+            .broker
+            .known_cluster()
             .iter()
-            .filter(|(name, _)| *name != own && self.in_my_cluster(&c, name))
-            .filter_map(|(name, b)| match leader_of(Some(b)) {
-                Leader::Unknown => None,
-                l => Some((name.clone(), l)),
+            .flat_map(|c| {
+                c.broker_addr_table
+                    .iter()
+                    .filter(|(name, _)| *name != own && self.in_my_cluster(c, name))
+                    .filter(|(_, b)| b.kafka_listeners.as_ref().is_some_and(|l| !l.is_empty()))
+                    .map(|(name, b)| (name.clone(), leader_of(Some(b))))
+                    .collect::<Vec<_>>()
             })
             .collect();
-        if self.broker.is_route_master() {
-            masters.push((own.clone(), Leader::Here));
-        } else if let l @ Leader::At(_) = self.own_leader(None) {
-            masters.push((own.clone(), l));
-        }
+        let own_leader = if self.broker.is_route_master() {
+            Leader::Here
+        } else {
+            self.own_leader(None)
+        };
+        masters.push((own.clone(), own_leader));
         masters.sort_by(|a, b| a.0.cmp(&b.0));
         masters
     }

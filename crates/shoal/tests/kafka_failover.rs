@@ -16,12 +16,7 @@ use std::process::{Command, Stdio};
 use support::external;
 use support::replicas::{in_sync_len, Replicas, TOPIC};
 
-/// Ignored in the default run: in CI (once, debug build under load) the KIP-848 consumer
-/// got a fatal INVALID_REQUEST from the new master's coordinator during the hand-over (a
-/// heartbeat answered with member epoch 0, after which librdkafka sends epoch 0 without its
-/// subscription). Run it with `--ignored`; docs/ha.md has its figures.
 #[test]
-#[ignore = "a KIP-848 hand-over race at the new master can fail the consumer (docs/ha.md)"]
 fn kafka_clients_lose_no_acknowledged_record_when_the_master_is_killed() {
     let py = external::repo_root().join("target/external/venv-kafka/bin/python");
     let installed = Command::new(&py)

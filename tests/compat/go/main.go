@@ -309,12 +309,20 @@ func retries(p rocketmq.Producer) {
 }
 
 func main() {
+	rlog.SetLogLevel("error")
+	if len(os.Args) == 5 && os.Args[1] == "failover" {
+		ns = os.Args[2]
+		pid, err := strconv.Atoi(os.Args[4])
+		must(err, "master pid")
+		failover(os.Args[3], pid)
+		fmt.Println("rocketmq go client failover: passed")
+		return
+	}
 	if len(os.Args) != 3 {
-		fmt.Println("usage: rocketmq-go-check NAMESRV BROKER_ADDR")
+		fmt.Println("usage: rocketmq-go-check NAMESRV BROKER_ADDR | failover NAMESRV MASTER_ADDR MASTER_PID")
 		os.Exit(2)
 	}
 	ns, broker = os.Args[1], os.Args[2]
-	rlog.SetLogLevel("error")
 	adminChecks()
 	p := newProducer("go-producer")
 	defer p.Shutdown()

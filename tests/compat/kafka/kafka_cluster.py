@@ -67,6 +67,7 @@ class Member:
             conf["debug"] = os.environ["KAFKA_DEBUG"]
         self.c = Consumer(conf)
         self.seen, self.owned, self.stop, self.error = [], set(), False, None
+        self.epochs = {}  # record value -> the leader epoch its batch carried
         self.c.subscribe([TOPIC], on_assign=self._assign, on_revoke=self._revoke)
         self.t = threading.Thread(target=self._run, daemon=True)
         self.t.start()
@@ -89,6 +90,7 @@ class Member:
                 continue
             if self.track:
                 self.seen.append((m.partition(), m.offset(), m.value(), time.time()))
+                self.epochs[m.value()] = m.leader_epoch()
             else:
                 self.seen.append((m.partition(), m.offset(), m.value()))
 
@@ -100,6 +102,21 @@ class Member:
         except KafkaException as e:
             print("commit at close:", e, flush=True)
         self.c.close()
+
+
+def replication_view(bs, settled):
+    """Partition -> (leader, replicas, in-sync replicas) as a listener's metadata shows them,
+    asked again for up to 10 s until `settled` holds (registrations reach the listeners'
+    route caches within about a second)."""
+    admin = AdminClient({"bootstrap.servers": bs})
+    t0 = time.time()
+    while True:
+        md = admin.list_topics(TOPIC, timeout=15)
+        view = {p.id: (p.leader, sorted(p.replicas), sorted(p.isrs))
+                for p in md.topics[TOPIC].partitions.values()}
+        if settled(view) or time.time() - t0 > 10:
+            return view
+        time.sleep(0.2)
 
 
 def whole():
@@ -294,6 +311,13 @@ def failover():
     while time.time() - t0 < 60 and (len(m.seen) < 50 or len(acked) < 50):
         time.sleep(0.1)
     check(len(m.seen) >= 50, f"records flow through the first master ({len(m.seen)} consumed)")
+    before = replication_view(BS_A, lambda v: all(len(r) == 3 and len(i) == 3 and lead in r
+                                                  for lead, r, i in v.values()))
+    check(all(len(r) == 3 and len(i) == 3 and lead in r for lead, r, i in before.values()),
+          f"every partition has 3 replicas, all in sync: {before}")
+    epochs_before = set(m.epochs.values())
+    check(len(epochs_before) == 1 and min(epochs_before) >= 1,
+          f"records carry the master epoch as leader epoch: {epochs_before}")
     print("READY", flush=True)
     sys.stdin.readline()
     killed = time.time()
@@ -311,7 +335,13 @@ def failover():
             break
         time.sleep(0.2)
     if not want <= {x[2] for x in m.seen}:
-        # What the consumer and the leaders say, to tell a stuck consumer from a lost record.
+        # What the consumer and the leaders say, to tell a stuck consumer from a lost record
+        # (its polling thread stopped first: the client serializes calls on one handle).
+        m.stop = True
+        m.t.join()
+        missing = want - {x[2] for x in m.seen}
+        where = sorted({int(v.decode().split("-")[1]) % PARTITIONS for v in missing})
+        print(f"missing {len(missing)} records of partitions {where}", flush=True)
         for tp in m.c.position(m.c.assignment()):
             lo, hi = m.c.get_watermark_offsets(tp, timeout=10)
             print(f"partition {tp.partition}: position {tp.offset}, watermarks {lo}..{hi}",
@@ -339,6 +369,13 @@ def failover():
           f"{secs(first_seen - killed if first_seen else None)} after the kill; "
           f"delivered twice: {dup}", flush=True)
     check(first_ack is not None, "records sent after the kill were acknowledged")
+    after = replication_view(BS_A, lambda v: all(lead != before[p][0] and lead in i
+                                                 for p, (lead, _, i) in v.items()))
+    check(all(lead != before[p][0] and lead in i for p, (lead, _, i) in after.items()),
+          f"a new leader, in sync, for every partition: {after}")
+    epochs_after = {m.epochs[v] for v in sent_after if v in m.epochs}
+    check(epochs_after and min(epochs_after) > max(epochs_before),
+          f"records written after the failover carry a later leader epoch: {epochs_after}")
 
 
 {"whole": whole, "departed": departed, "move": move, "failover": failover}[PHASE]()

@@ -434,6 +434,13 @@ impl Driver {
             log_end: self.member.log_end(),
             confirmed: self.member.confirmed(),
             pending_acks: self.waiting.len(),
+            epochs: self
+                .member
+                .epochs()
+                .entries()
+                .iter()
+                .map(|e| (e.epoch, e.start))
+                .collect(),
             ..Default::default()
         };
         match self.member.role() {

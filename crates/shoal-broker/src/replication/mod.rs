@@ -84,6 +84,9 @@ pub(crate) struct ReplicationView {
     pub(crate) replicas: Vec<(BrokerId, Option<u64>)>,
     /// Sends waiting for their acknowledgement.
     pub(crate) pending_acks: usize,
+    /// The log's epoch entries: `(master epoch, first commit-log offset)`, oldest first.
+    #[serde(skip)]
+    pub(crate) epochs: Vec<(Epoch, u64)>,
 }
 
 pub(crate) enum Input {
@@ -254,6 +257,42 @@ impl Replication {
         }
     }
 
+    /// While master holding its lease: its master epoch and its in-sync set as registered
+    /// broker ids (itself as 0, the replicas by their controller ids), which its
+    /// registration names for the Kafka listeners (leader epoch and ISR).
+    pub(crate) fn leadership(&self) -> Option<(Epoch, Vec<i64>)> {
+        let view = self.view.lock();
+        match view.role {
+            RoleView::Master { epoch } if view.lease_held => {
+                let own = view.broker_id;
+                let ids = view
+                    .in_sync
+                    .iter()
+                    .map(|id| {
+                        if Some(*id) == own {
+                            0
+                        } else {
+                            i64::try_from(*id).unwrap_or(i64::MAX)
+                        }
+                    })
+                    .collect();
+                Some((epoch, ids))
+            }
+            _ => None,
+        }
+    }
+
+    /// The master epochs this broker's log holds data of (`(epoch, first commit-log offset)`,
+    /// oldest first) and the newest master epoch it knows.
+    pub(crate) fn epochs(&self) -> (Vec<(Epoch, u64)>, Epoch) {
+        let view = self.view.lock();
+        let current = match view.role {
+            RoleView::Master { epoch } | RoleView::Replica { epoch, .. } => epoch,
+            RoleView::Joining => 0,
+        };
+        (view.epochs.clone(), current)
+    }
+
     /// Whether this broker is its group's master now.
     pub(crate) fn is_master(&self) -> bool {
         matches!(self.view.lock().role, RoleView::Master { .. })
@@ -329,13 +368,15 @@ impl Replication {
         self.role_changed.notified().await;
     }
 
-    /// The driver publishes a new view; wakes registration when the role changed.
+    /// The driver publishes a new view; wakes registration when the role or the in-sync set
+    /// changed (routes name the master; Kafka metadata names the in-sync set).
     fn publish(&self, view: ReplicationView) {
         let changed = {
             let mut v = self.view.lock();
             let changed = v.role != view.role
                 || v.broker_id != view.broker_id
-                || v.lease_held != view.lease_held;
+                || v.lease_held != view.lease_held
+                || v.in_sync != view.in_sync;
             *v = view;
             changed
         };

@@ -297,7 +297,10 @@ impl Group {
                             conn_id: req.conn_id,
                             subscriptions: req.subscriptions.clone(),
                             assignor: assignor.clone(),
-                            epoch: 0,
+                            // A member of the group's previous coordinator keeps its epoch
+                            // until it reaches the target: a Kafka member answered epoch 0
+                            // would take that for a join and leave out its subscription.
+                            epoch: req.last_epoch.unwrap_or(0).max(0),
                             assigned: BTreeMap::new(),
                             pending: BTreeMap::new(),
                             released: BTreeMap::new(),

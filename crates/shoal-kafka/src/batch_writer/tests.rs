@@ -55,7 +55,7 @@ fn props(pairs: &[(&str, &str)]) -> String {
 
 /// Both conversions of `stored` agree: same bytes, count and next offset (or both fail).
 fn assert_same(stored: &Bytes) -> Option<BuiltBatch> {
-    let ours = write_batch(stored, 1 << 20);
+    let ours = write_batch(stored, 1 << 20, &LeaderEpochs::default());
     let reference = stored_to_batch_via_messages(stored, 1 << 20);
     match (ours, reference) {
         (Ok(a), Ok(b)) => {
@@ -191,7 +191,12 @@ fn an_undecodable_record_ends_the_batch_before_it() {
     assert_eq!((batch.records, batch.next_offset), (2, Some(2)));
     // Undecodable from the first record: an error, as before.
     assert!(assert_same(&Bytes::from(out[good..].to_vec())).is_none());
-    assert!(write_batch(&Bytes::from(out[good..].to_vec()), 1 << 20).is_err());
+    assert!(write_batch(
+        &Bytes::from(out[good..].to_vec()),
+        1 << 20,
+        &LeaderEpochs::default()
+    )
+    .is_err());
     // A compressed body that does not inflate ends the batch too.
     let mut out2 = Vec::new();
     put_stored(&mut out2, 0, 1, 0, b"a", "");
@@ -199,7 +204,7 @@ fn an_undecodable_record_ends_the_batch_before_it() {
     let batch = assert_same(&Bytes::from(out2)).unwrap();
     assert_eq!(batch.records, 1);
     // Nothing stored: an empty batch.
-    let empty = write_batch(&Bytes::new(), 1 << 20).unwrap();
+    let empty = write_batch(&Bytes::new(), 1 << 20, &LeaderEpochs::default()).unwrap();
     assert_eq!((empty.records, empty.bytes.len()), (0, 0));
 }
 
@@ -237,7 +242,7 @@ proptest! {
                 put_stored(&mut out, i as i64, m.born_timestamp, 0, &m.body, &m.properties);
             }
         }
-        let ours = write_batch(&Bytes::from(out.clone()), 1 << 20).unwrap();
+        let ours = write_batch(&Bytes::from(out.clone()), 1 << 20, &LeaderEpochs::default()).unwrap();
         let reference = stored_to_batch_via_messages(&Bytes::from(out), 1 << 20).unwrap();
         prop_assert_eq!(ours.bytes, reference.bytes);
         prop_assert_eq!(ours.records, reference.records);
@@ -280,7 +285,7 @@ proptest! {
             let m = record_to_message(&r, headers, "T", 0, host(), "c").unwrap();
             put_stored(&mut out, i as i64, m.born_timestamp, 0, &m.body, &m.properties);
         }
-        let fetched = write_batch(&Bytes::from(out), 1 << 20).unwrap().bytes;
+        let fetched = write_batch(&Bytes::from(out), 1 << 20, &LeaderEpochs::default()).unwrap().bytes;
         // What a consumer decodes (it reads the header list as sent, as the produce side).
         let bytes = if gzip { gzipped(&fetched) } else { fetched };
         let sets = crate::records::decode_record_set(bytes, 1 << 20).unwrap();
@@ -296,4 +301,44 @@ proptest! {
         }).collect();
         prop_assert_eq!(again, first);
     }
+}
+
+/// A batch carries the leader epoch its first record was written in and ends before the
+/// first record of a later epoch; the next one starts there with that epoch.
+#[test]
+fn a_batch_holds_the_records_of_one_leader_epoch() {
+    let mut out = Vec::new();
+    for i in 0..4 {
+        put_stored(&mut out, i, 1, 0, b"v", "");
+    }
+    // Records are at commit-log offsets 1000-1003; epoch 2 starts at 1002.
+    let epochs = LeaderEpochs {
+        current: 2,
+        entries: vec![(1, 0), (2, 1002)],
+    };
+    let first = write_batch(&Bytes::from(out.clone()), 1 << 20, &epochs).unwrap();
+    assert_eq!((first.records, first.next_offset), (2, Some(2)));
+    let mut bytes = first.bytes.clone();
+    let decoded = RecordBatchDecoder::decode_all(&mut bytes)
+        .unwrap()
+        .remove(0);
+    assert!(decoded
+        .records
+        .iter()
+        .all(|r| r.partition_leader_epoch == 1));
+    // The rest, as the next fetch reads it.
+    let mut rest = Vec::new();
+    for i in 2..4 {
+        put_stored(&mut rest, i, 1, 0, b"v", "");
+    }
+    let second = write_batch(&Bytes::from(rest), 1 << 20, &epochs).unwrap();
+    assert_eq!((second.records, second.next_offset), (2, Some(4)));
+    let mut bytes = second.bytes.clone();
+    let decoded = RecordBatchDecoder::decode_all(&mut bytes)
+        .unwrap()
+        .remove(0);
+    assert!(decoded
+        .records
+        .iter()
+        .all(|r| r.partition_leader_epoch == 2));
 }

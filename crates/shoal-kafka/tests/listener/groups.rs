@@ -243,3 +243,38 @@ async fn consumer_protocol_members_live_in_the_brokers_coordinator() {
     assert_eq!(r.error_code, 0);
     assert!(!f.broker.coordinator.lock().has_member("KG", "member-a"));
 }
+
+/// A joining member must send its subscription; one this listener knows that heartbeats at
+/// epoch 0 without it (librdkafka does after an answer at epoch 0) keeps the one it sent.
+#[tokio::test]
+async fn an_epoch_zero_heartbeat_without_subscription_needs_a_known_member() {
+    let f = Fixture::start(KafkaConfig::default()).await;
+    let mut c = f.client().await;
+    let _: CreateTopicsResponse = c.call(ApiKey::CreateTopics, 7, &create_req("T5", 2)).await;
+    let r: ConsumerGroupHeartbeatResponse = c
+        .call(
+            ApiKey::ConsumerGroupHeartbeat,
+            1,
+            &cg_heartbeat("member-n", 0, None, Some(vec![])),
+        )
+        .await;
+    assert_eq!(r.error_code, 42, "INVALID_REQUEST: {:?}", r.error_message);
+    let r: ConsumerGroupHeartbeatResponse = c
+        .call(
+            ApiKey::ConsumerGroupHeartbeat,
+            1,
+            &cg_heartbeat("member-k", 0, Some("T5"), Some(vec![])),
+        )
+        .await;
+    assert_eq!(r.error_code, 0, "{:?}", r.error_message);
+    assert_eq!(partitions(&r), Some(vec![0, 1]));
+    let r: ConsumerGroupHeartbeatResponse = c
+        .call(
+            ApiKey::ConsumerGroupHeartbeat,
+            1,
+            &cg_heartbeat("member-k", 0, None, Some(vec![0, 1])),
+        )
+        .await;
+    assert_eq!(r.error_code, 0, "{:?}", r.error_message);
+    assert_eq!(partitions(&r), Some(vec![0, 1]), "still subscribed to T5");
+}

@@ -108,6 +108,13 @@ pub struct KafkaListener {
     pub node_id: i32,
     /// `host:port` Kafka clients connect to.
     pub addr: String,
+    /// A replicated group's master only: its master epoch, the partitions' Kafka leader epoch.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub leader_epoch: Option<i32>,
+    /// A replicated group's master only: the broker ids (as registered: 0 for the master) of
+    /// its in-sync set, the partitions' ISR.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub in_sync: Option<Vec<i64>>,
 }
 
 impl BrokerData {

@@ -726,6 +726,8 @@ proptest! {
                 kafka_listeners: flag.then(|| BTreeMap::from([(nums[0], KafkaListener {
                     node_id: 7,
                     addr: text.clone(),
+                    leader_epoch: flag.then_some(3),
+                    in_sync: flag.then(|| nums.clone()),
                 })])),
             })).collect(),
             cluster_addr_table: BTreeMap::from([(text.clone(), names.clone())]),

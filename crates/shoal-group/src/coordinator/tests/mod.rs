@@ -1040,3 +1040,45 @@ fn members_rejoining_a_new_coordinator_are_not_fenced_for_what_they_hold() {
         Err(GroupError::FencedMemberEpoch { .. })
     ));
 }
+
+/// A member of the group's previous coordinator that cannot reach its target at once (here
+/// the new coordinator does not know the topic's queues yet, so it must release what it
+/// holds) keeps the epoch it had instead of being answered epoch 0: a Kafka client takes
+/// epoch 0 for a join and would leave out its subscription. Its next heartbeats at that
+/// epoch are accepted, and it moves above it once it reaches the target.
+#[test]
+fn a_moved_in_member_keeps_its_epoch_until_it_reaches_the_target() {
+    let mut c = Coordinator::new(CoordinatorConfig::default());
+    let q = queues(4);
+    let join = HeartbeatRequest {
+        group: "G".into(),
+        member_id: "a".into(),
+        member_epoch: 0,
+        client_id: "a".into(),
+        conn_id: 1,
+        subscriptions: [T.to_string()].into(),
+        owned: q[..2].iter().cloned().collect(),
+        adoptable: q[..2].iter().cloned().collect(),
+        last_epoch: Some(5),
+        ..Default::default()
+    };
+    let first = c.handle_heartbeat(10, join.clone()).unwrap();
+    assert_eq!(
+        first.member_epoch, 5,
+        "not 0 while it releases what it holds"
+    );
+    assert!(first.assignment.is_empty(), "no queue of an unknown topic");
+    // Still holding them, at the epoch it was told.
+    let mut again = join.clone();
+    again.member_epoch = 5;
+    again.adoptable.clear();
+    again.last_epoch = None;
+    let second = c.handle_heartbeat(11, again.clone()).unwrap();
+    assert_eq!(second.member_epoch, 5);
+    // The queues become known and it let go: it reaches the target above its old epoch.
+    c.handle_topic_queues(12, T, q.clone());
+    again.owned.clear();
+    let third = c.handle_heartbeat(13, again).unwrap();
+    assert!(third.member_epoch > 5, "epoch {}", third.member_epoch);
+    assert_eq!(third.assignment.len(), 4);
+}
