@@ -377,9 +377,10 @@ impl Replication {
     }
 
     /// The refusal of a request that only a master that took over its group's state answers
-    /// (GROUP_HEARTBEAT, GROUP_LEAVE, END_TRANSACTION): a replica, or a master still applying
-    /// its log, would answer from stale state. The client asks again (members heartbeat;
-    /// a producer's transaction is checked back).
+    /// (GROUP_HEARTBEAT, GROUP_LEAVE, END_TRANSACTION, LOCK_BATCH_MQ, UNLOCK_BATCH_MQ): a
+    /// replica, or a master still applying its log, would answer from stale state. The client
+    /// asks again (members heartbeat and lock again; a producer's transaction is checked
+    /// back).
     pub(crate) fn refuse_unless_serving(&self) -> Result<(), Reject> {
         if self.serves_as_master() {
             return Ok(());
@@ -392,8 +393,8 @@ impl Replication {
             )
         } else {
             format!(
-                "this broker is a replica of {}: coordinated groups and transactions are served \
-                 by its master (brokerId 0)",
+                "this broker is a replica of {}: coordinated groups, queue locks and \
+                 transactions are served by its master (brokerId 0)",
                 self.group
             )
         };
