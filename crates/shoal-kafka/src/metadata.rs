@@ -145,6 +145,22 @@ pub(crate) async fn metadata(
     if v >= 2 {
         resp.cluster_id = Some(sb(&state.config.cluster_id));
     }
+    let allow_auto = (v < 4 || req.allow_auto_topic_creation) && state.host.auto_create_topics();
+    let wanted = match req.topics {
+        None => None,
+        Some(t) if t.is_empty() && v == 0 => None,
+        Some(t) => Some(t),
+    };
+    let names: Vec<String> = wanted
+        .iter()
+        .flatten()
+        .filter_map(|t| t.name.as_ref().map(|n| n.0.to_string()))
+        .collect();
+    let mut refresh = vec![state.host.refresh_cluster()];
+    if !names.is_empty() {
+        refresh.push(state.host.refresh_routes(names));
+    }
+    futures::future::join_all(refresh).await;
     if v >= 1 {
         // Topics change on a broker group's master: this broker's own group's names the
         // controller (a replica's listener names its master's; -1 while it has none).
@@ -162,22 +178,6 @@ pub(crate) async fn metadata(
             },
         );
     }
-    let allow_auto = (v < 4 || req.allow_auto_topic_creation) && state.host.auto_create_topics();
-    let wanted = match req.topics {
-        None => None,
-        Some(t) if t.is_empty() && v == 0 => None,
-        Some(t) => Some(t),
-    };
-    let names: Vec<String> = wanted
-        .iter()
-        .flatten()
-        .filter_map(|t| t.name.as_ref().map(|n| n.0.to_string()))
-        .collect();
-    let mut refresh = vec![state.host.refresh_cluster()];
-    if !names.is_empty() {
-        refresh.push(state.host.refresh_routes(names));
-    }
-    futures::future::join_all(refresh).await;
     let mut leaders: Vec<KafkaNode> = Vec::new();
     resp.topics = match wanted {
         None => state
