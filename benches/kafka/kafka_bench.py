@@ -1,8 +1,9 @@
 """Kafka-protocol throughput and rebalance on Shoal (see benches/kafka/run.sh).
 
-kafka_bench.py BOOTSTRAP SHOAL_PID produce|fetch|rebalance|sync|e2e|groups [options as env]
-Prints one JSON line per run: throughput, and the broker process's CPU per message
-(utime+stime of SHOAL_PID, or of a peer broker's PID, from /proc/PID/stat over the run).
+kafka_bench.py BOOTSTRAP PIDS produce|fetch|rebalance|sync|e2e|groups [options as env]
+Prints one JSON line per run: throughput, and the servers' CPU per message (utime+stime of
+the comma-separated PIDS, the broker's or a cluster's server processes, from /proc/PID/stat
+over the run). REPLICATION_FACTOR (1) is the replication factor of the topics it creates.
 `groups` (benches/kafka/groups.sh) is in kafka_groups.py.
 """
 import json
@@ -15,7 +16,9 @@ import uuid
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-BS, PID, WHAT = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+BS, WHAT = sys.argv[1], sys.argv[3]
+PIDS = [int(p) for p in sys.argv[2].split(",")]
+RF = int(os.environ.get("REPLICATION_FACTOR", "1"))
 SIZE = int(os.environ.get("SIZE", "128"))
 COUNT = int(os.environ.get("COUNT", "200000"))
 PARTS = int(os.environ.get("PARTITIONS", "8"))
@@ -28,14 +31,17 @@ LINGER_MS = int(os.environ.get("LINGER_MS", "5"))
 
 
 def cpu_s():
-    with open(f"/proc/{PID}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK
+    total = 0
+    for pid in PIDS:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / TICK
 
 
 def create(topic, parts):
     a = AdminClient({"bootstrap.servers": BS})
-    for _, f in a.create_topics([NewTopic(topic, num_partitions=parts, replication_factor=1)]).items():
+    for _, f in a.create_topics([NewTopic(topic, num_partitions=parts, replication_factor=RF)]).items():
         try:
             f.result(15)
         except Exception as e:  # exists from an earlier run
@@ -198,14 +204,15 @@ def rebalance():
 
 
 def ctx_switches():
-    """Context switches (voluntary and not) of every thread of the broker process."""
+    """Context switches (voluntary and not) of every thread of the server processes."""
     n = 0
-    for t in os.listdir(f"/proc/{PID}/task"):
-        try:
-            with open(f"/proc/{PID}/task/{t}/status") as f:
-                n += sum(int(l.split()[1]) for l in f if "ctxt_switches" in l)
-        except FileNotFoundError:  # a thread that ended meanwhile
-            pass
+    for pid in PIDS:
+        for t in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{t}/status") as f:
+                    n += sum(int(l.split()[1]) for l in f if "ctxt_switches" in l)
+            except FileNotFoundError:  # a thread that ended meanwhile
+                pass
     return n
 
 

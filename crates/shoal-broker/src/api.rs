@@ -119,6 +119,21 @@ impl BrokerApi {
         }
     }
 
+    /// In a replicated group: resolves with `true` once every consumer offset committed
+    /// before the call is acknowledged by the in-sync set (a new master has it), `false` when
+    /// it was not within `replication.ack_timeout_ms` (this broker is not master, or the set
+    /// did not acknowledge). Unreplicated brokers resolve `true` at once.
+    pub fn offsets_replicated(&self) -> impl std::future::Future<Output = bool> + Send + 'static {
+        let r = self.b.replication.get().cloned();
+        let timeout = Duration::from_millis(self.b.config.replication.ack_timeout_ms);
+        async move {
+            match r {
+                Some(r) => r.offsets_replicated(timeout).await,
+                None => true,
+            }
+        }
+    }
+
     /// The replication view of this broker (role, epochs, in-sync set, offsets), when it
     /// replicates.
     pub fn replication_status(&self) -> Option<serde_json::Value> {

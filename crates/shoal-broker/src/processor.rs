@@ -47,12 +47,16 @@ fn changes_tables(code: i32) -> bool {
 }
 
 /// Whether a request needs the group's state a new master takes over from its log (the
-/// coordinator, the transaction decisions): a replicated broker answers it only as master,
-/// once it took over.
+/// coordinator, the transaction decisions, the queue locks it adopts): a replicated broker
+/// answers it only as master, once it took over.
 fn needs_master_state(code: i32) -> bool {
     matches!(
         code,
-        rc::END_TRANSACTION | crc::GROUP_HEARTBEAT | crc::GROUP_LEAVE
+        rc::END_TRANSACTION
+            | crc::GROUP_HEARTBEAT
+            | crc::GROUP_LEAVE
+            | rc::LOCK_BATCH_MQ
+            | rc::UNLOCK_BATCH_MQ
     )
 }
 

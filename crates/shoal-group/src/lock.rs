@@ -11,7 +11,15 @@
 //!   lock frees ([`QueueLockTable::take_waiters`]).
 //!
 //! A client that leaves loses its locks at once. Sans-IO: the caller passes the time.
+//!
+//! **Across a failover** (replicated broker groups): the master's live locks
+//! ([`QueueLockTable::held`]) reach its replicas, and a new master adopts them
+//! ([`QueueLockTable::adopt`]): each is held by the same client id until that client locks it
+//! again (it becomes an ordinary lock of the new master), unlocks it, or the hold the old
+//! master's lock gave it runs out, so no other member gets the queue while its holder may
+//! still consume it under its lease.
 
+use serde::{Deserialize, Serialize};
 use shoal_proto::MessageQueue;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -29,6 +37,25 @@ struct LockEntry {
     session: Option<u64>,
     /// Taken for orderly consumption (RocketMQ diverts such groups' retry sends to the DLQ).
     orderly: bool,
+    /// Adopted from an older master: held until then (instead of by session or TTL).
+    adopted_until: Option<u64>,
+}
+
+/// A live lock as a new master adopts it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HeldLock {
+    /// Consumer group.
+    pub group: String,
+    /// The queue.
+    pub queue: MessageQueue,
+    /// The holder's client id.
+    pub client_id: String,
+    /// Taken for orderly consumption.
+    pub orderly: bool,
+    /// How long the holder may consume under it without renewing, ms: its session timeout
+    /// (session locks) or the TTL.
+    pub hold_ms: u64,
 }
 
 /// The holder of a live lock.
@@ -60,7 +87,65 @@ impl QueueLockTable {
     }
 
     fn live(&self, e: &LockEntry, now_ms: u64) -> bool {
-        e.session.is_some() || now_ms.saturating_sub(e.last_update_ms) <= self.ttl_ms
+        entry_live(e, self.ttl_ms, now_ms)
+    }
+
+    /// Every live lock, sorted, each with how long its holder may go on without renewing:
+    /// `session_hold` of its session (session locks; the TTL when unknown), or what is left of
+    /// its TTL.
+    pub fn held(
+        &self,
+        now_ms: u64,
+        session_hold: impl Fn(&str, u64) -> Option<u64>,
+    ) -> Vec<HeldLock> {
+        let session_hold = &session_hold;
+        let mut out: Vec<HeldLock> = self
+            .groups
+            .iter()
+            .flat_map(|(group, table)| {
+                table
+                    .iter()
+                    .filter(|(_, e)| self.live(e, now_ms))
+                    .map(move |(mq, e)| HeldLock {
+                        group: group.clone(),
+                        queue: mq.clone(),
+                        client_id: e.client_id.clone(),
+                        orderly: e.orderly,
+                        hold_ms: match (e.adopted_until, e.session) {
+                            (Some(until), _) => until.saturating_sub(now_ms),
+                            (None, Some(s)) => session_hold(group, s).unwrap_or(self.ttl_ms),
+                            (None, None) => self
+                                .ttl_ms
+                                .saturating_sub(now_ms.saturating_sub(e.last_update_ms)),
+                        },
+                    })
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
+    /// Adopts an older master's live locks (this broker became master and took over its
+    /// log's state before answering any lock request): they replace the table, whose own
+    /// locks and waiters are from an earlier time this broker was master. Each queue is held
+    /// by the same client for its `hold_ms` from now, or until that client locks it again or
+    /// unlocks it.
+    pub fn adopt(&mut self, locks: Vec<HeldLock>, now_ms: u64) {
+        self.groups.clear();
+        self.waiters.clear();
+        for l in locks {
+            let table = self.groups.entry(l.group).or_default();
+            table.insert(
+                l.queue,
+                LockEntry {
+                    client_id: l.client_id,
+                    last_update_ms: now_ms,
+                    session: None,
+                    orderly: l.orderly,
+                    adopted_until: Some(now_ms.saturating_add(l.hold_ms)),
+                },
+            );
+        }
     }
 
     /// TTL locks (RocketMQ's LOCK_BATCH_MQ, orderly): locks or renews every queue that is
@@ -126,10 +211,7 @@ impl QueueLockTable {
         for mq in mqs {
             let take = match table.get(mq) {
                 None => true,
-                Some(e) => {
-                    e.client_id == client_id
-                        || (e.session.is_none() && now_ms.saturating_sub(e.last_update_ms) > ttl)
-                }
+                Some(e) => e.client_id == client_id || !entry_live(e, ttl, now_ms),
             };
             if take {
                 table.insert(
@@ -139,6 +221,7 @@ impl QueueLockTable {
                         last_update_ms: now_ms,
                         session,
                         orderly,
+                        adopted_until: None,
                     },
                 );
                 locked.insert(mq.clone());
@@ -263,6 +346,15 @@ impl QueueLockTable {
     }
 }
 
+/// Whether a lock is live: adopted ones until their hold ends, session locks always, TTL
+/// locks for `ttl_ms` after their last renewal.
+fn entry_live(e: &LockEntry, ttl_ms: u64, now_ms: u64) -> bool {
+    match e.adopted_until {
+        Some(until) => now_ms <= until,
+        None => e.session.is_some() || now_ms.saturating_sub(e.last_update_ms) <= ttl_ms,
+    }
+}
+
 impl Default for QueueLockTable {
     fn default() -> Self {
         Self::new(DEFAULT_LOCK_TTL_MS)
@@ -302,6 +394,63 @@ mod tests {
         assert_eq!(t.release_client("G", "c1"), vec![q(1)]);
         assert!(!t.group_has_live_locks("G", 0));
         assert_eq!(t.lock_batch("G", &[q(1)], "c2", 1).len(), 1);
+    }
+
+    /// A new master adopts the old one's live locks: each stays with its client (who takes it
+    /// over by locking again) until its hold runs out; nobody else gets it meanwhile.
+    #[test]
+    fn adopted_locks_stay_with_their_holder_until_their_hold_ends() {
+        let mut old = QueueLockTable::new(60_000);
+        old.lock_batch_session("G", &[q(0), q(1)], "a", 7, true, 0);
+        old.lock_batch("G", &[q(2)], "official", 0);
+        old.lock_batch_session("G", &[q(3)], "gone", 9, false, 0);
+        let held = old.held(70_000, |g, s| (g == "G" && s == 7).then_some(10_000));
+        // The TTL lock expired; session locks hold for their session's timeout (the TTL when
+        // the session is not known).
+        assert_eq!(
+            held.iter()
+                .map(|l| (l.queue.queue_id, l.client_id.as_str(), l.hold_ms))
+                .collect::<Vec<_>>(),
+            [(0, "a", 10_000), (1, "a", 10_000), (3, "gone", 60_000)]
+        );
+        let held = old.held(30_000, |_, _| None);
+        assert_eq!(held.len(), 4);
+        // TTL locks are orderly ones (RocketMQ's); what is left of the TTL is their hold.
+        assert!(held[0].orderly && held[2].orderly && !held[3].orderly);
+        assert_eq!(held[2].hold_ms, 30_000);
+
+        let mut new = QueueLockTable::new(60_000);
+        // What this broker held when it was master before is replaced.
+        new.lock_batch_session("G", &[q(1), q(4)], "b", 1, true, 100);
+        new.lock_batch_session("G", &[q(1)], "c", 2, true, 100);
+        new.adopt(old.held(0, |_, _| Some(10_000)), 100);
+        assert_eq!(new.owner("G", &q(1), 100), Some("a"));
+        assert_eq!(new.owner("G", &q(4), 100), None);
+        assert_eq!(new.sizes(), (4, 0));
+        assert!(new
+            .lock_batch_session("G", &[q(0), q(1), q(2)], "b", 1, true, 200)
+            .is_empty());
+        assert!(new.group_has_live_locks("G", 200));
+        // a takes q0 over with its new session; the hold of q2 (a TTL lock) is the TTL.
+        assert_eq!(
+            new.lock_batch_session("G", &[q(0)], "a", 3, true, 300)
+                .len(),
+            1
+        );
+        assert_eq!(
+            new.holder("G", &q(0), 1_000_000).map(|h| h.session),
+            Some(Some(3))
+        );
+        assert_eq!(new.owner("G", &q(2), 60_100), Some("official"));
+        assert_eq!(new.lock_batch("G", &[q(2)], "b", 60_101).len(), 1);
+        // A hold that ran out frees the queue; an adopted lock can be unlocked by its holder.
+        assert_eq!(new.owner("G", &q(3), 10_100), Some("gone"));
+        assert_eq!(new.owner("G", &q(3), 10_101), None);
+        assert_eq!(new.lock_batch("G", &[q(3)], "b", 10_101).len(), 1);
+        let mut again = QueueLockTable::new(60_000);
+        again.adopt(old.held(0, |_, _| None), 0);
+        assert_eq!(again.unlock_batch("G", &[q(2)], "official"), vec![q(2)]);
+        assert_eq!(again.held(0, |_, _| None).len(), 3);
     }
 
     #[test]

@@ -354,6 +354,16 @@ impl<M: Clone + PartialEq, S: Subscription> ClientRegistry<M, S> {
         })
     }
 
+    /// The session timeout of `group`'s member whose session is `session_id` (a Shoal member).
+    pub fn session_timeout(&self, group: &str, session_id: u64) -> Option<u64> {
+        self.consumers
+            .get(group)?
+            .members
+            .values()
+            .find(|m| m.session_id == session_id)?
+            .session_timeout_ms
+    }
+
     /// Counts as a heartbeat of the member on `conn_id` (a Shoal member's lock request keeps
     /// its session alive: the lease it is granted is measured from it); returns its session.
     pub fn touch(&mut self, group: &str, conn_id: u64, now_ms: u64) -> Option<MemberSession> {

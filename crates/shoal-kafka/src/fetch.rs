@@ -240,6 +240,12 @@ fn read_all(state: &State, wanted: &[Wanted], max_bytes: usize) -> Vec<Read> {
         .collect()
 }
 
+/// Whether every record of the commit log is visible to reads (in a replicated group, the
+/// confirmed offset reached the log end).
+pub(crate) fn store_caught_up(store: &shoal_store::MessageStore) -> bool {
+    store.dispatched_offset() >= store.commit_log_max_offset()
+}
+
 fn read_partition(state: &State, w: &Wanted, budget: usize, may_exceed: bool) -> Read {
     let mut out = Read {
         error: None,
@@ -272,6 +278,13 @@ fn read_partition(state: &State, w: &Wanted, budget: usize, may_exceed: bool) ->
     );
     out.high_watermark = max;
     out.log_start = min;
+    if w.offset > max && w.epochs.current > 0 && !store_caught_up(store) {
+        // A replicated group's records this broker has but does not show yet (a new master
+        // confirms its log's tail before consumers see it): a position read from the previous
+        // leader may be there. Nothing to read yet, as Kafka answers a fetch between its high
+        // watermark and its log end.
+        return out;
+    }
     if w.offset < min || w.offset > max {
         out.error = Some(ResponseError::OffsetOutOfRange);
         return out;

@@ -98,6 +98,12 @@ pub trait BrokerHandle: Send + Sync + 'static {
     fn leader_epochs(&self) -> crate::epochs::LeaderEpochs {
         crate::epochs::LeaderEpochs::default()
     }
+    /// Resolves with `true` once the consumer offsets committed before the call are as
+    /// durable as the broker makes them (a replicated group's in-sync set has them), `false`
+    /// when they were not in time. Default: at once.
+    fn offsets_replicated(&self) -> BoxFuture<'static, bool> {
+        Box::pin(async { true })
+    }
     /// Learns a fresher list of the cluster's brokers (before FindCoordinator and Metadata).
     fn refresh_cluster(&self) -> BoxFuture<'static, ()> {
         Box::pin(async {})

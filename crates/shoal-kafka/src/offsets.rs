@@ -155,6 +155,15 @@ pub(crate) fn offset_for_leader_epoch(
             let end = queue.and_then(|q| match epochs.end_of(p.leader_epoch) {
                 EpochEnd::Undefined => Ok((-1, -1)),
                 EpochEnd::LogEnd { epoch } => Ok((epoch, state.store.max_offset(&name, q) as i64)),
+                // The next epoch's first record not shown yet (a new master confirms its log's
+                // tail first): where this epoch ends in the partition is not known yet; the
+                // client asks again.
+                EpochEnd::Before { next_start, .. }
+                    if state.store.dispatched_offset() <= next_start
+                        && !crate::fetch::store_caught_up(&state.store) =>
+                {
+                    Err(ResponseError::UnknownLeaderEpoch)
+                }
                 EpochEnd::Before { epoch, next_start } => state
                     .store
                     .offset_at_physical(&name, q, next_start)
@@ -258,6 +267,7 @@ pub(crate) async fn offset_commit(
     }
     let own = state.host.broker_name();
     let mut remote = Vec::new();
+    let mut here = Vec::new();
     for t in req.topics {
         let name = t.name.0.to_string();
         let layout = state.host.topic_layout(&name);
@@ -290,7 +300,8 @@ pub(crate) async fn offset_commit(
                 Ok(OffsetHome::Here(queue)) => {
                     state
                         .store
-                        .commit_offset(&group, &name, queue, p.committed_offset)
+                        .commit_offset(&group, &name, queue, p.committed_offset);
+                    here.push((resp.topics.len(), tr.partitions.len()));
                 }
                 Ok(OffsetHome::At(broker, queue)) => {
                     remote.push((
@@ -316,6 +327,14 @@ pub(crate) async fn offset_commit(
     for ((t, p), r) in at.into_iter().zip(futures::future::join_all(calls).await) {
         if let Err(e) = r {
             tracing::warn!(group = %group, error = %e, "a commit for another broker's partition failed");
+            resp.topics[t].partitions[p].error_code = code(ResponseError::CoordinatorNotAvailable);
+        }
+    }
+    // In a replicated group the commit is answered once the in-sync set has it, as Kafka
+    // answers once its offsets topic's in-sync replicas have it: a new master then has it.
+    if !here.is_empty() && !state.host.offsets_replicated().await {
+        tracing::debug!(group = %group, "committed offsets not replicated in time");
+        for (t, p) in here {
             resp.topics[t].partitions[p].error_code = code(ResponseError::CoordinatorNotAvailable);
         }
     }

@@ -225,6 +225,10 @@ impl BrokerHandle for BrokerBridge {
         }
     }
 
+    fn offsets_replicated(&self) -> BoxFuture<'static, bool> {
+        Box::pin(self.broker.offsets_replicated())
+    }
+
     fn refresh_routes(&self, topics: Vec<String>) -> BoxFuture<'static, ()> {
         Box::pin(self.broker.refresh_routes(topics))
     }

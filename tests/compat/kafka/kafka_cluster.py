@@ -66,6 +66,7 @@ class Member:
         if os.environ.get("KAFKA_DEBUG"):
             conf["debug"] = os.environ["KAFKA_DEBUG"]
         self.c = Consumer(conf)
+        self.group = group
         self.seen, self.owned, self.stop, self.error = [], set(), False, None
         self.epochs = {}  # record value -> the leader epoch its batch carried
         self.c.subscribe([TOPIC], on_assign=self._assign, on_revoke=self._revoke)
@@ -104,11 +105,19 @@ class Member:
         self.c.close()
 
 
-def replication_view(bs):
-    """Partition -> (leader, replicas, in-sync replicas) as a listener's metadata shows them."""
-    md = AdminClient({"bootstrap.servers": bs}).list_topics(TOPIC, timeout=15)
-    return {p.id: (p.leader, sorted(p.replicas), sorted(p.isrs))
-            for p in md.topics[TOPIC].partitions.values()}
+def replication_view(bs, settled):
+    """Partition -> (leader, replicas, in-sync replicas) as a listener's metadata shows them,
+    asked again for up to 10 s until `settled` holds (registrations reach the listeners'
+    route caches within about a second)."""
+    admin = AdminClient({"bootstrap.servers": bs})
+    t0 = time.time()
+    while True:
+        md = admin.list_topics(TOPIC, timeout=15)
+        view = {p.id: (p.leader, sorted(p.replicas), sorted(p.isrs))
+                for p in md.topics[TOPIC].partitions.values()}
+        if settled(view) or time.time() - t0 > 10:
+            return view
+        time.sleep(0.2)
 
 
 def whole():
@@ -298,21 +307,38 @@ def failover():
 
     prod = threading.Thread(target=produce, daemon=True)
     prod.start()
-    m = Member(BS_A, f"fo-{uuid.uuid4().hex[:6]}", "consumer", track=True)
+    # A KIP-848 group and a classic (cooperative-sticky) group, one member each.
+    members = {proto: Member(BS_A, f"fo-{proto}-{uuid.uuid4().hex[:6]}", proto, track=True)
+               for proto in ("consumer", "classic")}
+    m = members["consumer"]
     t0 = time.time()
-    while time.time() - t0 < 60 and (len(m.seen) < 50 or len(acked) < 50):
+    while time.time() - t0 < 60 and (min(len(x.seen) for x in members.values()) < 50
+                                     or len(acked) < 50):
         time.sleep(0.1)
-    check(len(m.seen) >= 50, f"records flow through the first master ({len(m.seen)} consumed)")
-    before = replication_view(BS_A)
+    for proto, x in members.items():
+        check(len(x.seen) >= 50, f"{proto}: records flow through the first master "
+                                 f"({len(x.seen)} consumed)")
+    before = replication_view(BS_A, lambda v: all(len(r) == 3 and len(i) == 3 and lead in r
+                                                  for lead, r, i in v.values()))
     check(all(len(r) == 3 and len(i) == 3 and lead in r for lead, r, i in before.values()),
           f"every partition has 3 replicas, all in sync: {before}")
     epochs_before = set(m.epochs.values())
     check(len(epochs_before) == 1 and min(epochs_before) >= 1,
           f"records carry the master epoch as leader epoch: {epochs_before}")
+    def probe(tag):
+        if not os.environ.get("PROBE"):
+            return
+        for proto, mm in members.items():
+            c = Consumer({"bootstrap.servers": BS_A, "group.id": mm.group})
+            got = c.committed([TopicPartition(TOPIC, i) for i in range(PARTITIONS)], timeout=15)
+            print(f"PROBE {tag} {proto}: {[t.offset for t in got]} seen {len(mm.seen)}", flush=True)
+            c.close()
+    probe("before")
     print("READY", flush=True)
     sys.stdin.readline()
     killed = time.time()
     time.sleep(8)
+    probe("after")
     stop.set()
     prod.join()
     with lock:
@@ -321,27 +347,31 @@ def failover():
     want = {v for v, _, _ in all_acked}
     t1 = time.time()
     while time.time() - t1 < 60:
-        got = {x[2] for x in m.seen}
-        if want <= got:
+        if all(want <= {x[2] for x in mm.seen} for mm in members.values()):
             break
         time.sleep(0.2)
-    if not want <= {x[2] for x in m.seen}:
+    for proto, mm in members.items():
+        if want <= {x[2] for x in mm.seen}:
+            continue
         # What the consumer and the leaders say, to tell a stuck consumer from a lost record
         # (its polling thread stopped first: the client serializes calls on one handle).
-        m.stop = True
-        m.t.join()
-        missing = want - {x[2] for x in m.seen}
+        mm.stop = True
+        mm.t.join()
+        missing = want - {x[2] for x in mm.seen}
         where = sorted({int(v.decode().split("-")[1]) % PARTITIONS for v in missing})
-        print(f"missing {len(missing)} records of partitions {where}", flush=True)
-        for tp in m.c.position(m.c.assignment()):
-            lo, hi = m.c.get_watermark_offsets(tp, timeout=10)
-            print(f"partition {tp.partition}: position {tp.offset}, watermarks {lo}..{hi}",
-                  flush=True)
-        print(f"consumer error: {m.error}; assignment {sorted(m.owned)}", flush=True)
-    m.close()
-    got = {x[2] for x in m.seen}
-    missing = sorted(want - got)
-    check(not missing, f"every acknowledged record consumed ({len(want)}; missing {missing[:5]})")
+        print(f"{proto}: missing {len(missing)} records of partitions {where}", flush=True)
+        for tp in mm.c.position(mm.c.assignment()):
+            lo, hi = mm.c.get_watermark_offsets(tp, timeout=10)
+            print(f"{proto}: partition {tp.partition}: position {tp.offset}, watermarks "
+                  f"{lo}..{hi}", flush=True)
+        print(f"{proto}: consumer error: {mm.error}; assignment {sorted(mm.owned)}", flush=True)
+    for mm in members.values():
+        mm.close()
+    for proto, mm in members.items():
+        got = {x[2] for x in mm.seen}
+        missing = sorted(want - got)
+        check(not missing, f"{proto}: every acknowledged record consumed ({len(want)}; "
+                           f"missing {missing[:5]})")
     acks_after = sorted(at for _, _, at in all_acked if at > killed)
     gap, last = 0.0, killed
     for at in acks_after:
@@ -349,18 +379,22 @@ def failover():
     first_ack = next((at - killed for v, sent, at in sorted(all_acked, key=lambda a: a[2])
                       if sent > killed), None)
     sent_after = {v: sent for v, sent, _ in all_acked if sent > killed}
-    first_seen = min((at for _, _, v, at in m.seen if v in sent_after), default=None)
-    dup = len(m.seen) - len(got)
 
     def secs(x):
         return "never" if x is None else f"{x:.2f} s"
+    consumed = []
+    for proto, mm in members.items():
+        first_seen = min((at for _, _, v, at in mm.seen if v in sent_after), default=None)
+        dup = len(mm.seen) - len({x[2] for x in mm.seen})
+        consumed.append(f"{proto} consumed it {secs(first_seen - killed if first_seen else None)}"
+                        f" after the kill, delivered twice: {dup}")
     print(f"failover: {len(want)} acknowledged, {len(fails)} failed ({fails[:2]}); "
           f"longest time between acknowledgements after the kill {gap:.2f} s; first record "
-          f"sent after the kill acknowledged {secs(first_ack)} and consumed "
-          f"{secs(first_seen - killed if first_seen else None)} after the kill; "
-          f"delivered twice: {dup}", flush=True)
+          f"sent after the kill acknowledged {secs(first_ack)}; " + "; ".join(consumed),
+          flush=True)
     check(first_ack is not None, "records sent after the kill were acknowledged")
-    after = replication_view(BS_A)
+    after = replication_view(BS_A, lambda v: all(lead != before[p][0] and lead in i
+                                                 for p, (lead, _, i) in v.items()))
     check(all(lead != before[p][0] and lead in i for p, (lead, _, i) in after.items()),
           f"a new leader, in sync, for every partition: {after}")
     epochs_after = {m.epochs[v] for v in sent_after if v in m.epochs}

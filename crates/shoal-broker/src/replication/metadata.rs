@@ -1,5 +1,6 @@
 //! Metadata follows the data: the master writes its topic table, subscription groups,
-//! consumer offsets, delay-level progress and group coordinator state into the group's own
+//! consumer offsets, delay-level progress, queue locks and group coordinator state into the
+//! group's own
 //! commit log, as records of the system topic [`METADATA_TOPIC`]; replicas apply them in log
 //! order as they become visible (below the confirmed offset). They are replicated,
 //! acknowledged and truncated exactly as messages are, so a new master has the tables and
@@ -7,7 +8,8 @@
 //!
 //! What is written: the whole topic table or subscription-group table when it changed (both
 //! are small and change rarely), the consumer offsets and delay-level progress that changed
-//! since the last round, and the whole state of every coordinated group that changed (and the
+//! since the last round, the live queue locks when their holders changed, and the whole state
+//! of every coordinated group that changed (and the
 //! topics' queues the coordinator knows, when they changed); all of them on becoming master
 //! and every [`FULL_ROUND_EVERY`] rounds, so that a replica restarted from an old log or a
 //! trimmed one converges. One round every [`ROUND`]: an offset committed to a master less
@@ -18,7 +20,9 @@
 //! coordinator decides nothing for members, who are refused until it is master). A new master
 //! first applies every record its log holds (up to the end it became master at, once
 //! confirmed), then takes over: its coordinator continues from the replicated state with every
-//! group epoch moved forward (so epochs only grow across a failover), its transaction
+//! group epoch moved forward (so epochs only grow across a failover), it adopts the old
+//! master's queue locks (so no other member gets a queue while its holder may still consume
+//! it under its lease), its transaction
 //! decisions are rebuilt from its log's op queue, and only then does it answer members and
 //! END_TRANSACTION, check transactions, deliver delay levels
 //! ([`Replication::serves_as_master`]) and write its own records: its own tables never go back
@@ -29,6 +33,7 @@ use crate::group_config::SubscriptionGroupConfig;
 use crate::shared::Shared;
 use serde::{Deserialize, Serialize};
 use shoal_group::coordinator::{CoordinatorFollower, CoordinatorUpdate};
+use shoal_group::lock::HeldLock;
 use shoal_proto::body::TopicConfig;
 use shoal_proto::message::{decode_records, DecodeOptions};
 use shoal_store::MessageExtBrokerInner;
@@ -50,6 +55,9 @@ const FULL_ROUND_EVERY: u64 = 1200;
 
 /// Records applied per read at most.
 const READ_BATCH: usize = 64;
+
+/// Queue locks per record at most.
+const LOCKS_PER_RECORD: usize = 2048;
 
 /// Coordinated groups per record at most (fewer when their state is large).
 const GROUPS_PER_RECORD: usize = 64;
@@ -74,6 +82,9 @@ enum MetadataRecord {
     },
     /// Delay-level progress: (level, offset).
     Delay { levels: Vec<(i32, i64)> },
+    /// The live queue locks: the first record of a set replaces the previous set, the others
+    /// add to it.
+    Locks { locks: Vec<HeldLock>, first: bool },
     /// The group coordinator's state: whole groups, groups gone, the topics' queues, or (a
     /// full round's end) the name of every group.
     Coordinator { update: CoordinatorUpdate },
@@ -86,6 +97,8 @@ struct Written {
     groups: Option<Vec<SubscriptionGroupConfig>>,
     offsets: BTreeMap<(String, String, i32), i64>,
     delay: BTreeMap<i32, i64>,
+    /// The locks' holders written last: (group, queue, client id, orderly).
+    locks: Option<Vec<(String, shoal_proto::MessageQueue, String, bool)>>,
     rounds: u64,
     /// Every coordinated group was written (false: the next round writes them all).
     coordinator_full: bool,
@@ -102,6 +115,8 @@ struct Follower {
     written: Written,
     /// The master's coordinator state as its records carried it.
     coordinator: CoordinatorFollower,
+    /// The master's queue locks as its records carried them.
+    locks: Vec<HeldLock>,
 }
 
 /// Starts the task that writes (as master) or applies (as replica) the group's metadata.
@@ -111,7 +126,11 @@ pub(crate) fn start(b: Arc<Shared>, repl: Arc<Replication>) -> JoinHandle<()> {
         let mut tick = tokio::time::interval(ROUND);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            tick.tick().await;
+            // Every round, or at once when a commit waits for its offsets to be replicated.
+            tokio::select! {
+                _ = tick.tick() => {}
+                () = repl.round_wanted() => {}
+            }
             f.round(&b, &repl).await;
         }
     })
@@ -124,6 +143,7 @@ impl Follower {
             master_of: None,
             written: Written::default(),
             coordinator: CoordinatorFollower::new(b.config.coordinator.max_groups),
+            locks: Vec::new(),
         }
     }
 
@@ -156,8 +176,10 @@ impl Follower {
                     self.master_of = Some((epoch, since.0, true));
                     repl.set_taken_over(epoch);
                 }
-                if let Err(e) = self.write_changes(b).await {
-                    debug!(error = %e.remark, "metadata not written this round");
+                let n = repl.round_started();
+                match self.write_changes(b).await {
+                    Ok(()) => repl.round_done(n),
+                    Err(e) => debug!(error = %e.remark, "metadata not written this round"),
                 }
             }
             RoleView::Replica { .. } | RoleView::Joining => {
@@ -188,6 +210,10 @@ impl Follower {
             }
             b.groups.take_over(self.coordinator.snapshot());
         }
+        // They replace what this broker held when it was master before.
+        let locks = std::mem::take(&mut self.locks);
+        debug!(locks = locks.len(), "queue locks of the old master adopted");
+        b.groups.with(|g, now| g.adopt_locks(now, locks));
         match crate::transaction::service::rebuild_decisions(b).await {
             Ok(n) => debug!(
                 decisions = n,
@@ -221,6 +247,12 @@ impl Follower {
             for msg in &run.messages {
                 match serde_json::from_slice::<MetadataRecord>(&msg.body) {
                     Ok(MetadataRecord::Coordinator { update }) => self.coordinator.apply(update),
+                    Ok(MetadataRecord::Locks { locks, first }) => {
+                        if first {
+                            self.locks.clear();
+                        }
+                        self.locks.extend(locks);
+                    }
                     Ok(r) => apply(b, r),
                     Err(e) => warn!(offset = msg.queue_offset, error = %e,
                         "metadata record not understood; skipped"),
@@ -241,6 +273,7 @@ impl Follower {
         if w.rounds % FULL_ROUND_EVERY == 0 {
             w.offsets.clear();
             w.delay.clear();
+            w.locks = None;
         }
         let topics = b.topics.all();
         if w.topics.as_ref() != Some(&topics) {
@@ -302,6 +335,43 @@ impl Follower {
             )
             .await?;
             w.delay.extend(levels);
+        }
+        let locks = b.groups.read(|g, now| g.held_locks(now));
+        let holders: Vec<_> = locks
+            .iter()
+            .map(|l| {
+                (
+                    l.group.clone(),
+                    l.queue.clone(),
+                    l.client_id.clone(),
+                    l.orderly,
+                )
+            })
+            .collect();
+        if w.locks.as_ref() != Some(&holders) {
+            let mut first = true;
+            for chunk in locks.chunks(LOCKS_PER_RECORD) {
+                put(
+                    b,
+                    &MetadataRecord::Locks {
+                        locks: chunk.to_vec(),
+                        first,
+                    },
+                )
+                .await?;
+                first = false;
+            }
+            if first {
+                put(
+                    b,
+                    &MetadataRecord::Locks {
+                        locks: Vec::new(),
+                        first,
+                    },
+                )
+                .await?;
+            }
+            w.locks = Some(holders);
         }
         if let Err(e) = write_coordinator(b, w).await {
             // What was taken is gone from the changed set: all of it next round.
@@ -433,7 +503,7 @@ fn apply(b: &Shared, record: MetadataRecord) {
             }
         }
         // The task's follower keeps these (`Follower::apply_visible`).
-        MetadataRecord::Coordinator { .. } => {}
+        MetadataRecord::Coordinator { .. } | MetadataRecord::Locks { .. } => {}
     }
 }
 
@@ -604,6 +674,23 @@ mod tests {
             )
             .await
             .unwrap();
+            // A lock set replaced by a later one: the later one is adopted.
+            let held = |client: &str, queue_id: i32| HeldLock {
+                group: "orderly".into(),
+                queue: shoal_proto::MessageQueue::new("T", "broker-a", queue_id),
+                client_id: client.into(),
+                orderly: true,
+                hold_ms: 10_000,
+            };
+            for (locks, first) in [
+                (vec![held("c0", 0)], true),
+                (vec![held("c1", 0)], true),
+                (vec![held("c2", 1)], false),
+            ] {
+                put(&b, &MetadataRecord::Locks { locks, first })
+                    .await
+                    .unwrap();
+            }
             crate::transaction::half::ensure_topic(&b, crate::transaction::OP_TOPIC).unwrap();
             let op = crate::transaction::half::op_message(&b, 0, Some("tx-1"), true).unwrap();
             crate::send::put(&b, vec![op]).await.unwrap();
@@ -615,6 +702,7 @@ mod tests {
             // A replica's own coordinator is not touched by what it follows.
             assert!(!b.groups.read(|g, _| g.coordinator().knows_group("G")));
             assert_eq!(b.transactions.decisions.lock().get("tx-1"), None);
+            assert!(b.groups.read(|g, now| g.held_locks(now)).is_empty());
 
             f.take_over(&b).await;
         });
@@ -640,5 +728,13 @@ mod tests {
             b.transactions.decisions.lock().get("tx-1"),
             Some(crate::transaction::Decision::Committed)
         );
+        // The old master's last lock set is held here by the same clients.
+        let held: Vec<(i32, String)> = b
+            .groups
+            .read(|g, now| g.held_locks(now))
+            .into_iter()
+            .map(|l| (l.queue.queue_id, l.client_id))
+            .collect();
+        assert_eq!(held, [(0, "c1".to_string()), (1, "c2".to_string())]);
     }
 }

@@ -149,6 +149,12 @@ pub(crate) struct Replication {
     /// applied every metadata record of its log, restored the coordinator and rebuilt the
     /// transaction decisions from it (`metadata.rs`).
     taken_over: AtomicU64,
+    /// Metadata rounds the master started (`metadata.rs`; each reads the offsets then).
+    rounds_started: AtomicU64,
+    /// Metadata rounds the in-sync set acknowledged, by the number they started as.
+    rounds_done: tokio::sync::watch::Sender<u64>,
+    /// Asks the metadata task for a round now.
+    round_wanted: Notify,
     pub(crate) counters: ReplicationCounters,
 }
 
@@ -194,6 +200,9 @@ impl Replication {
             inbox,
             role_changed: Notify::new(),
             taken_over: AtomicU64::new(0),
+            rounds_started: AtomicU64::new(0),
+            rounds_done: tokio::sync::watch::channel(0).0,
+            round_wanted: Notify::new(),
             counters: ReplicationCounters::default(),
         }
     }
@@ -293,6 +302,40 @@ impl Replication {
         (view.epochs.clone(), current)
     }
 
+    /// Resolves once a metadata round that started after the call is acknowledged by the
+    /// in-sync set, so every consumer offset committed before the call is on every member
+    /// of the set (a new master has it); `false` when none was within `timeout` (not master,
+    /// or the set did not acknowledge).
+    pub(crate) async fn offsets_replicated(&self, timeout: std::time::Duration) -> bool {
+        let want = self.rounds_started.load(Ordering::Acquire) + 1;
+        let mut done = self.rounds_done.subscribe();
+        self.round_wanted.notify_one();
+        tokio::time::timeout(timeout, done.wait_for(|n| *n >= want))
+            .await
+            .is_ok_and(|r| r.is_ok())
+    }
+
+    /// The metadata task starts a round (before it reads the offsets); its number.
+    pub(crate) fn round_started(&self) -> u64 {
+        self.rounds_started.fetch_add(1, Ordering::AcqRel) + 1
+    }
+
+    /// The metadata task's round `n` was acknowledged.
+    pub(crate) fn round_done(&self, n: u64) {
+        self.rounds_done.send_if_modified(|d| {
+            let newer = n > *d;
+            if newer {
+                *d = n;
+            }
+            newer
+        });
+    }
+
+    /// Resolves when a round is asked for ([`Self::offsets_replicated`]).
+    pub(crate) async fn round_wanted(&self) {
+        self.round_wanted.notified().await;
+    }
+
     /// Whether this broker is its group's master now.
     pub(crate) fn is_master(&self) -> bool {
         matches!(self.view.lock().role, RoleView::Master { .. })
@@ -334,9 +377,10 @@ impl Replication {
     }
 
     /// The refusal of a request that only a master that took over its group's state answers
-    /// (GROUP_HEARTBEAT, GROUP_LEAVE, END_TRANSACTION): a replica, or a master still applying
-    /// its log, would answer from stale state. The client asks again (members heartbeat;
-    /// a producer's transaction is checked back).
+    /// (GROUP_HEARTBEAT, GROUP_LEAVE, END_TRANSACTION, LOCK_BATCH_MQ, UNLOCK_BATCH_MQ): a
+    /// replica, or a master still applying its log, would answer from stale state. The client
+    /// asks again (members heartbeat and lock again; a producer's transaction is checked
+    /// back).
     pub(crate) fn refuse_unless_serving(&self) -> Result<(), Reject> {
         if self.serves_as_master() {
             return Ok(());
@@ -349,8 +393,8 @@ impl Replication {
             )
         } else {
             format!(
-                "this broker is a replica of {}: coordinated groups and transactions are served \
-                 by its master (brokerId 0)",
+                "this broker is a replica of {}: coordinated groups, queue locks and \
+                 transactions are served by its master (brokerId 0)",
                 self.group
             )
         };
@@ -437,5 +481,41 @@ mod tests {
         assert!(!r.serves_as_master());
         as_role(&r, RoleView::Master { epoch: 6 });
         assert!(!r.serves_as_master());
+    }
+}
+
+#[cfg(test)]
+mod round_tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests")]
+    use super::*;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    /// A commit waits for a metadata round that started after it: not for one in progress
+    /// when it came (that round read the offsets before it), and not at all once its round is
+    /// acknowledged; without rounds (not master) it gives up after its timeout.
+    #[tokio::test]
+    async fn a_commit_waits_for_a_round_that_started_after_it() {
+        let (tx, _rx) = mpsc::channel(1);
+        let r = Arc::new(Replication::new("broker-a".into(), tx));
+        let in_progress = r.round_started();
+        let waiter = {
+            let r = r.clone();
+            tokio::spawn(async move { r.offsets_replicated(Duration::from_secs(30)).await })
+        };
+        // The task is asked for a round.
+        tokio::time::timeout(Duration::from_secs(5), r.round_wanted())
+            .await
+            .unwrap();
+        r.round_done(in_progress);
+        tokio::task::yield_now().await;
+        assert!(
+            !waiter.is_finished(),
+            "the round in progress read the offsets before"
+        );
+        let next = r.round_started();
+        r.round_done(next);
+        assert!(waiter.await.unwrap());
+        assert!(!r.offsets_replicated(Duration::from_millis(20)).await);
     }
 }

@@ -32,7 +32,7 @@ use crate::coordinator::{
     HeartbeatResponse, JOIN_EPOCH,
 };
 use crate::error::GroupError;
-use crate::lock::QueueLockTable;
+use crate::lock::{HeldLock, QueueLockTable};
 use crate::membership::{ClientChannel, ClientRegistry, GroupChange, MemberSession};
 use shoal_proto::body::{ConsumeFromWhere, ConsumeType, MessageModel, SubscriptionData};
 use shoal_proto::ext::ConsumerIdsNotice;
@@ -264,6 +264,20 @@ impl GroupState {
         for group in self.coordinator.group_names() {
             self.persist(group);
         }
+    }
+
+    /// The live queue locks, for a replica to adopt if it becomes master (each held for its
+    /// session's timeout, or the TTL).
+    pub fn held_locks(&self, now_ms: u64) -> Vec<HeldLock> {
+        self.locks.held(now_ms, |group, session| {
+            self.clients.session_timeout(group, session)
+        })
+    }
+
+    /// This broker became its replicated group's master: it adopts the old master's locks
+    /// as its log replicated them, in place of its own ([`QueueLockTable::adopt`]).
+    pub fn adopt_locks(&mut self, now_ms: u64, locks: Vec<HeldLock>) {
+        self.locks.adopt(locks, now_ms);
     }
 
     // ---- outputs ----
