@@ -39,6 +39,10 @@ pub enum ApiError {
     /// no member (the client asks which broker coordinates the group again).
     #[error("{0}")]
     NotCoordinator(String),
+    /// A replica: topics and subscription groups change on the master, whose tables the
+    /// replicas follow.
+    #[error("{0}")]
+    NotMaster(String),
 }
 
 /// What the dashboard shows of the broker.
@@ -146,7 +150,7 @@ impl BrokerApi {
         match self.b.replication.get() {
             Some(r) => r
                 .refuse_table_change()
-                .map_err(|e| ApiError::Broker(e.remark)),
+                .map_err(|e| ApiError::NotMaster(e.remark)),
             None => Ok(()),
         }
     }

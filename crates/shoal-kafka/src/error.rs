@@ -45,6 +45,9 @@ pub enum KafkaError {
     /// over its group's state).
     #[error("{0}")]
     NotCoordinator(String),
+    /// A replica: topics change on its group's master (the Kafka controller it names).
+    #[error("{0}")]
+    NotController(String),
 }
 
 impl KafkaError {
@@ -62,6 +65,7 @@ impl KafkaError {
             }
             KafkaError::Store(_) | KafkaError::Broker(_) => ResponseError::KafkaStorageError,
             KafkaError::NotCoordinator(_) => ResponseError::NotCoordinator,
+            KafkaError::NotController(_) => ResponseError::NotController,
             KafkaError::Bind { .. } | KafkaError::Config(_) => ResponseError::UnknownServerError,
         };
         e.code()

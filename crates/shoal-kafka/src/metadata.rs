@@ -146,7 +146,21 @@ pub(crate) async fn metadata(
         resp.cluster_id = Some(sb(&state.config.cluster_id));
     }
     if v >= 1 {
-        resp.controller_id = BrokerId(state.node_id);
+        // Topics change on a broker group's master: this broker's own group's names the
+        // controller (a replica's listener names its master's; -1 while it has none).
+        let own = state.host.broker_name();
+        resp.controller_id = BrokerId(
+            match state
+                .host
+                .kafka_masters()
+                .iter()
+                .find(|(name, _)| *name == own)
+            {
+                None | Some((_, Leader::Here)) => state.node_id,
+                Some((_, Leader::At(n))) => n.node_id,
+                Some((_, Leader::Unknown)) => -1,
+            },
+        );
     }
     let allow_auto = (v < 4 || req.allow_auto_topic_creation) && state.host.auto_create_topics();
     let wanted = match req.topics {
