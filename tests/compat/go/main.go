@@ -2,7 +2,8 @@
 // (create, list and delete topics), a producer with tags and keys, a push consumer with a tag
 // expression (TagA || TagB), ordered sends and an orderly consumer, two broadcasting
 // consumers, and retries (a message failed once comes back with reconsumeTimes 1).
-// Usage: rocketmq-go-check NAMESRV BROKER_ADDR
+// Usage: rocketmq-go-check NAMESRV BROKER_ADDR; the failover (failover.go) and a consumer that
+// prints what it receives (consume.go) have modes of their own.
 package main
 
 import (
@@ -318,8 +319,13 @@ func main() {
 		fmt.Println("rocketmq go client failover: passed")
 		return
 	}
+	if len(os.Args) == 6 && os.Args[1] == "consume" {
+		ns = os.Args[2]
+		consume(os.Args[3], os.Args[4], os.Args[5])
+		return
+	}
 	if len(os.Args) != 3 {
-		fmt.Println("usage: rocketmq-go-check NAMESRV BROKER_ADDR | failover NAMESRV MASTER_ADDR MASTER_PID")
+		fmt.Println("usage: rocketmq-go-check NAMESRV BROKER_ADDR | failover NAMESRV MASTER_ADDR MASTER_PID | consume NAMESRV GROUP TOPIC INSTANCE")
 		os.Exit(2)
 	}
 	ns, broker = os.Args[1], os.Args[2]

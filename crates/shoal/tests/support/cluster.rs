@@ -153,6 +153,10 @@ pub struct Line {
     pub queue: i64,
     pub body: String,
     pub member: String,
+    /// A consumed message's `atUs` (when the consumer's listener got it, µs since the epoch),
+    /// its queue offset; 0 and -1 for a send.
+    pub at_us: u64,
+    pub offset: i64,
 }
 
 /// A [`Group`] whose consumers' lines also keep the broker each message came from.
@@ -202,6 +206,8 @@ impl TrackedGroup {
                     queue: v["queue"].as_i64().unwrap_or(-1),
                     body: body.clone(),
                     member: who.clone(),
+                    at_us: v["atUs"].as_u64().unwrap_or_default(),
+                    offset: v["queueOffset"].as_i64().unwrap_or(-1),
                 });
                 seen.lock().unwrap().push(Seen {
                     consumer: who.clone(),
@@ -274,6 +280,8 @@ impl SteadyProducer {
                     queue: v["queue"].as_i64().unwrap_or(-1),
                     body: format!("{prefix}-{i}"),
                     member: String::new(),
+                    at_us: 0,
+                    offset: v["queueOffset"].as_i64().unwrap_or(-1),
                 });
             }
         });

@@ -1,8 +1,9 @@
 //! A replicated broker group as separate `shoal` processes on 127.0.0.1 (ports chosen at run
 //! time): one name server, one or three controller voters (`shoal controller`, each with its
 //! own data directory, so a restarted voter keeps its log), and three brokers of [`GROUP`]
-//! with `--controller`, each reaching every voter through a TCP proxy the test controls. A
-//! steady producer and a tracked consumer group put it under load ([`under_load`]).
+//! with `--controller`, each reaching every voter through a TCP proxy the test controls
+//! ([`Replicas::start_groups`]: three brokers of each of several groups). A steady producer and
+//! a tracked consumer group put it under load ([`under_load`]).
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -40,6 +41,8 @@ pub struct Replicas {
     pub voters: Vec<Voter>,
     /// Each broker's listen address, data directory and process (none while down).
     pub brokers: Vec<(String, PathBuf, Option<Proc>)>,
+    /// Each broker's group: brokers `3 * g .. 3 * g + 3` are those of `groups[g]`.
+    pub groups: Vec<String>,
     /// Each broker's links to the voters, one proxy per voter.
     pub links: Vec<Vec<Proxy>>,
     /// With [`Replicas::start_with_peer_proxies`]: a proxy in front of each broker, which it
@@ -65,6 +68,12 @@ impl Replicas {
         Self::start_all(voters, false, false, extra)
     }
 
+    /// One voter, three brokers of each group of `groups` (brokers `3 * g .. 3 * g + 3` are
+    /// those of `groups[g]`), with default settings.
+    pub fn start_groups(groups: &[&str]) -> Replicas {
+        Self::start_in_groups(groups, 1, false, false, |_| Vec::new())
+    }
+
     /// One voter, every broker with a Kafka listener ([`Replicas::kafka`]).
     pub fn start_with_kafka() -> Replicas {
         Self::start_all(1, false, true, |_| Vec::new())
@@ -85,6 +94,17 @@ impl Replicas {
         kafka: bool,
         extra: impl FnOnce(&Path) -> Vec<String>,
     ) -> Replicas {
+        Self::start_in_groups(&[GROUP], voters, peer_proxies, kafka, extra)
+    }
+
+    fn start_in_groups(
+        groups: &[&str],
+        voters: usize,
+        peer_proxies: bool,
+        kafka: bool,
+        extra: impl FnOnce(&Path) -> Vec<String>,
+    ) -> Replicas {
+        let n = 3 * groups.len();
         let cluster = Cluster::start(None);
         let extra = extra(cluster.dev.dir.path());
         let voters: Vec<Voter> = (0..voters)
@@ -94,14 +114,19 @@ impl Replicas {
                 proc: None,
             })
             .collect();
-        let links = (0..3)
+        let links = (0..n)
             .map(|_| voters.iter().map(|v| Proxy::start(&v.addr)).collect())
             .collect();
-        let brokers: Vec<(String, PathBuf, Option<Proc>)> = (0..3)
+        let brokers: Vec<(String, PathBuf, Option<Proc>)> = (0..n)
             .map(|i| {
+                // The first group's directories keep their names of a one-group cluster.
+                let dir = match i / 3 {
+                    0 => format!("replica-{i}"),
+                    g => format!("{}-replica-{}", groups[g], i % 3),
+                };
                 (
                     format!("127.0.0.1:{}", free_port()),
-                    cluster.dev.dir.path().join(format!("replica-{i}")),
+                    cluster.dev.dir.path().join(dir),
                     None,
                 )
             })
@@ -111,13 +136,14 @@ impl Replicas {
             false => Vec::new(),
         };
         let kafka = match kafka {
-            true => (0..3)
+            true => (0..n)
                 .map(|_| format!("127.0.0.1:{}", free_port()))
                 .collect(),
             false => Vec::new(),
         };
         let mut r = Replicas {
             brokers,
+            groups: (0..n).map(|i| groups[i / 3].to_string()).collect(),
             links,
             peers,
             kafka,
@@ -128,7 +154,7 @@ impl Replicas {
         for i in 0..r.voters.len() {
             r.start_voter(i);
         }
-        for i in 0..3 {
+        for i in 0..n {
             r.start_broker(i);
         }
         r
@@ -176,6 +202,7 @@ impl Replicas {
             Some(k) => vec!["--kafka-listen", k.as_str()],
             None => Vec::new(),
         };
+        let group = self.groups[i].as_str();
         let (addr, dir, proc) = &mut self.brokers[i];
         let child = Command::new(shoal())
             .args([
@@ -185,14 +212,14 @@ impl Replicas {
                 "--namesrv",
                 &self.cluster.dev.namesrv,
             ])
-            .args(["--data-dir", dir.to_str().unwrap(), "--broker-name", GROUP])
+            .args(["--data-dir", dir.to_str().unwrap(), "--broker-name", group])
             .args(["--controller", &controllers.join(","), "--flush", "sync"])
             .arg("--auto-create-topic")
             .args(&peer)
             .args(&kafka)
             .args(&self.extra)
             .stdout(Stdio::null())
-            .stderr(log_sink(&format!("replica-{i}")))
+            .stderr(log_sink(&format!("{group}-replica-{i}")))
             .spawn()
             .unwrap();
         *proc = Some(Proc { child });
@@ -235,6 +262,11 @@ impl Replicas {
 
     /// The group as a running voter shows it, once `ok` holds.
     pub fn wait_group(&self, what: &str, ok: impl Fn(&Value) -> bool) -> Value {
+        self.wait_group_named(GROUP, what, ok)
+    }
+
+    /// Group `name` as a running voter shows it, once `ok` holds.
+    pub fn wait_group_named(&self, name: &str, what: &str, ok: impl Fn(&Value) -> bool) -> Value {
         let deadline = Instant::now() + LIMIT;
         loop {
             for i in 0..self.voters.len() {
@@ -242,7 +274,7 @@ impl Replicas {
                     continue;
                 }
                 if let Some(v) = self.status_of(i) {
-                    let g = &v["groups"][GROUP];
+                    let g = &v["groups"][name];
                     if ok(g) {
                         return g.clone();
                     }
