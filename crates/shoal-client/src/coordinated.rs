@@ -18,7 +18,7 @@ use shoal_proto::coordinated::{
     GroupLeaveRequest,
 };
 use shoal_proto::{MessageQueue, RemotingCommand};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
@@ -65,6 +65,50 @@ pub struct Outcome {
 /// The default session timeout of a member: Kafka's.
 const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(45);
 
+/// How long a member waits for a new master of its coordinator's broker group (a replicated
+/// group in a failover, whose coordinator state the new master takes over) before it picks a
+/// coordinator among the broker groups that have a master. Liveness only: an election takes
+/// about a second; the member's session (45 s) is far longer.
+const MASTERLESS_WAIT_MS: u64 = 10_000;
+
+/// The coordinator's broker group among `groups` (broker name, whether it has a master now),
+/// sorted by name: the one at the group name's Java hash modulo their count.
+fn choose_coordinator<'a>(group: &str, groups: &'a [(String, bool)]) -> Option<&'a (String, bool)> {
+    if groups.is_empty() {
+        return None;
+    }
+    let h = shoal_proto::hash::java_string_hash(group).unsigned_abs() as usize;
+    groups.get(h % groups.len())
+}
+
+/// The coordinator to heartbeat now: the chosen broker group's master; none while that group
+/// has no master, for up to [`MASTERLESS_WAIT_MS`] from `since` (when it was first seen
+/// without one; set here), then one among the groups that have a master.
+fn coordinator_now(
+    group: &str,
+    groups: &[(String, bool)],
+    masterless: &mut Option<(String, u64)>,
+    now_ms: u64,
+) -> Option<String> {
+    let (name, has_master) = choose_coordinator(group, groups)?;
+    if *has_master {
+        *masterless = None;
+        return Some(name.clone());
+    }
+    let since = match masterless {
+        Some((n, t)) if n == name => *t,
+        _ => {
+            *masterless = Some((name.clone(), now_ms));
+            now_ms
+        }
+    };
+    if now_ms.saturating_sub(since) < MASTERLESS_WAIT_MS {
+        return None;
+    }
+    let with_master: Vec<(String, bool)> = groups.iter().filter(|g| g.1).cloned().collect();
+    choose_coordinator(group, &with_master).map(|(n, _)| n.clone())
+}
+
 /// A consumer's membership of a coordinated group. See the [module documentation](self).
 #[derive(Debug)]
 pub struct Membership {
@@ -80,6 +124,8 @@ pub struct Membership {
     /// Leaves begun: a heartbeat answered after a leave that began while it was in flight
     /// (a held heartbeat, answered when the member left) speaks of the member that left.
     leaves: std::sync::atomic::AtomicU64,
+    /// The coordinator's broker group while it has no master, and since when (core clock).
+    masterless: Mutex<Option<(String, u64)>>,
 }
 
 impl Membership {
@@ -107,6 +153,7 @@ impl Membership {
             wake: Notify::new(),
             started: Instant::now(),
             leaves: std::sync::atomic::AtomicU64::new(0),
+            masterless: Mutex::new(None),
         }
     }
 
@@ -199,34 +246,29 @@ impl Membership {
         }
     }
 
-    /// The coordinator of the group: a deterministic choice among the masters serving the
-    /// group's topics (sorted broker names, index by the group name's Java hash), so every
-    /// member finds the same one; recomputed from the current routes at every heartbeat.
-    pub fn coordinator_addr(
-        instance: &ClientInstance,
-        group: &str,
-        topics: &[String],
-    ) -> Option<String> {
-        let mut names: BTreeSet<String> = BTreeSet::new();
+    /// The coordinator of the group: a deterministic choice among the broker groups serving
+    /// the group's topics (sorted broker names, index by the group name's Java hash), so every
+    /// member finds the same one; recomputed from the current routes at every heartbeat. While
+    /// the chosen group has no master (a replicated group's failover: its new master takes the
+    /// coordinator's state over) there is none, for up to [`MASTERLESS_WAIT_MS`]; then the
+    /// choice is made among the groups that have a master.
+    pub fn coordinator_addr(&self, instance: &ClientInstance, topics: &[String]) -> Option<String> {
+        let mut groups: BTreeMap<String, bool> = BTreeMap::new();
         for t in topics
             .iter()
             .filter(|t| !t.starts_with(shoal_proto::constants::RETRY_GROUP_TOPIC_PREFIX))
         {
             if let Some(r) = instance.cached_route(t) {
-                for b in &r.broker_datas {
-                    if b.master_addr().is_some() {
-                        names.insert(b.broker_name.clone());
-                    }
+                for b in r.broker_datas.iter().filter(|b| !b.broker_addrs.is_empty()) {
+                    let has = groups.entry(b.broker_name.clone()).or_default();
+                    *has |= b.master_addr().is_some();
                 }
             }
         }
-        if names.is_empty() {
-            return None;
-        }
-        let names: Vec<String> = names.into_iter().collect();
-        let h = shoal_proto::hash::java_string_hash(group).unsigned_abs() as usize;
-        let name = names.get(h % names.len())?;
-        instance.master_addr(name)
+        let groups: Vec<(String, bool)> = groups.into_iter().collect();
+        let now = self.now_ms();
+        let name = coordinator_now(&self.group, &groups, &mut self.masterless.lock(), now)?;
+        instance.master_addr(&name)
     }
 
     /// One heartbeat to the coordinator at `addr` reporting `owned`.
@@ -574,5 +616,56 @@ mod tests {
             "nothing sent after the leave"
         );
         assert_eq!(m.core.lock().fences(), 0);
+    }
+
+    /// While the chosen broker group has no master (a failover), members wait for its new
+    /// master instead of moving to another group's coordinator and back; only a group
+    /// masterless for longer than [`MASTERLESS_WAIT_MS`] gives way to one that has a master.
+    #[test]
+    fn a_coordinator_without_a_master_is_waited_for_then_replaced() {
+        let group = "G";
+        let both = vec![
+            ("broker-a".to_string(), true),
+            ("broker-b".to_string(), true),
+        ];
+        let chosen = choose_coordinator(group, &both).unwrap().0.clone();
+        let other = if chosen == "broker-a" {
+            "broker-b"
+        } else {
+            "broker-a"
+        };
+        let mut masterless = None;
+        assert_eq!(
+            coordinator_now(group, &both, &mut masterless, 0),
+            Some(chosen.clone())
+        );
+        // The chosen group's master dies: no coordinator for a while.
+        let failing: Vec<(String, bool)> = both
+            .iter()
+            .map(|(n, _)| (n.clone(), *n != chosen))
+            .collect();
+        assert_eq!(
+            coordinator_now(group, &failing, &mut masterless, 1_000),
+            None
+        );
+        assert_eq!(
+            coordinator_now(group, &failing, &mut masterless, 10_999),
+            None
+        );
+        // Its new master registers in time: the same group again.
+        assert_eq!(
+            coordinator_now(group, &both, &mut masterless, 11_000),
+            Some(chosen.clone())
+        );
+        // Masterless for longer than the wait: another group's master.
+        assert_eq!(
+            coordinator_now(group, &failing, &mut masterless, 20_000),
+            None
+        );
+        assert_eq!(
+            coordinator_now(group, &failing, &mut masterless, 30_000),
+            Some(other.to_string())
+        );
+        assert_eq!(coordinator_now(group, &[], &mut None, 0), None);
     }
 }

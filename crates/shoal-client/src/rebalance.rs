@@ -306,8 +306,7 @@ async fn coordinator_addr(
     m: &Membership,
     topics: &[String],
 ) -> Option<String> {
-    let group = m.group();
-    if let Some(a) = Membership::coordinator_addr(instance, group, topics) {
+    if let Some(a) = m.coordinator_addr(instance, topics) {
         return Some(a);
     }
     for t in topics.iter().filter(|t| !is_retry_topic(t)) {
@@ -315,7 +314,7 @@ async fn coordinator_addr(
             debug!(topic = %t, error = %e, "no route for the coordinator choice");
         }
     }
-    Membership::coordinator_addr(instance, group, topics)
+    m.coordinator_addr(instance, topics)
 }
 
 /// Starts the driver task of a consumer; it ends after a shutdown, or when `token` is cancelled
