@@ -181,6 +181,10 @@ struct Inner {
     driver: OnceLock<DriverHandle>,
     /// Coordinated mode membership (clustering consumers whose protocol is not classic).
     membership: Option<Arc<Membership>>,
+    /// Wakes pull loops backing off after an error when a route of the consumer changes (a
+    /// new master registered): they pull again at once instead of after
+    /// `pull_delay_on_error`.
+    routes_changed: tokio::sync::Notify,
 }
 
 /// A started push consumer. Cheap to clone.
@@ -288,6 +292,7 @@ impl PushConsumer {
             });
         let inner = Arc::new(Inner {
             membership,
+            routes_changed: tokio::sync::Notify::new(),
             token: instance.shutdown_token().child_token(),
             instance,
             listener,
@@ -767,6 +772,7 @@ impl ConsumerHandle for Inner {
         if let Some(m) = &self.membership {
             m.wake();
         }
+        self.routes_changed.notify_waiters();
         self.rebalance_now();
     }
 

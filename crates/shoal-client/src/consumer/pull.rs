@@ -25,9 +25,12 @@ impl Inner {
                 match inner.pull_once(&state, next).await {
                     Some(n) => next = n,
                     None => {
+                        // A failed pull waits, unless a route changes meanwhile (its broker
+                        // died and a new master registered: pull from it at once).
                         tokio::select! {
                             _ = state.cancel.cancelled() => return,
                             _ = tokio::time::sleep(inner.config.pull_delay_on_error) => {}
+                            () = inner.routes_changed.notified() => {}
                         }
                     }
                 }
