@@ -98,6 +98,12 @@ pub trait BrokerHandle: Send + Sync + 'static {
     fn leader_epochs(&self) -> crate::epochs::LeaderEpochs {
         crate::epochs::LeaderEpochs::default()
     }
+    /// How many replicas this broker's group keeps of every partition it leads: its Kafka
+    /// listeners (1 for a broker that does not replicate). CreateTopics accepts a
+    /// replication factor up to it.
+    fn replica_count(&self) -> usize {
+        1
+    }
     /// Resolves with `true` once the consumer offsets committed before the call are as
     /// durable as the broker makes them (a replicated group's in-sync set has them), `false`
     /// when they were not in time. Default: at once.

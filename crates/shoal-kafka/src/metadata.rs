@@ -283,6 +283,7 @@ pub(crate) fn create_topics(
         } else {
             t.num_partitions
         };
+        let replicas = state.host.replica_count() as i64;
         let check = || -> Result<(), (ResponseError, String)> {
             valid_topic_name(&name)
                 .map_err(|e| (ResponseError::InvalidTopicException, e.to_string()))?;
@@ -292,9 +293,16 @@ pub(crate) fn create_topics(
                     format!("{partitions} partitions: must be 1..=65535"),
                 ));
             }
-            if t.replication_factor != -1 && t.replication_factor != 1 {
-                return Err((ResponseError::InvalidReplicationFactor, format!(
-                    "replication factor {} requested; Shoal's Kafka listener keeps one copy per broker", t.replication_factor)));
+            let rf = t.replication_factor;
+            if rf != -1 && !(1..=replicas).contains(&i64::from(rf)) {
+                return Err((
+                    ResponseError::InvalidReplicationFactor,
+                    format!(
+                        "replication factor {rf} requested; this broker group keeps {replicas} \
+                         cop{} of every partition (its replicas)",
+                        if replicas == 1 { "y" } else { "ies" }
+                    ),
+                ));
             }
             if !t.assignments.is_empty() {
                 return Err((
@@ -345,7 +353,7 @@ pub(crate) fn create_topics(
                 }
                 if ctx.version >= 5 {
                     r.num_partitions = partitions;
-                    r.replication_factor = 1;
+                    r.replication_factor = i16::try_from(replicas).unwrap_or(i16::MAX);
                     r.configs = Some(
                         topic_config_entries(state)
                             .into_iter()

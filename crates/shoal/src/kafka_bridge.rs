@@ -335,6 +335,10 @@ impl BrokerHandle for BrokerBridge {
         self.broker.config().auto_create_topic
     }
 
+    fn replica_count(&self) -> usize {
+        self.own_replicas(None).nodes.len().max(1)
+    }
+
     fn default_partitions(&self) -> i32 {
         self.broker.config().default_topic_queue_nums
     }

@@ -578,3 +578,25 @@ async fn a_fetch_returns_no_record_past_the_high_watermark_it_reports() {
     }
     assert!(fetches > 1, "the consumer read while the producers wrote");
 }
+
+/// CreateTopics takes a replication factor up to the broker group's replica count (1 for this
+/// broker, which does not replicate) or -1, and refuses a larger one with
+/// INVALID_REPLICATION_FACTOR.
+#[tokio::test]
+async fn create_topics_takes_a_replication_factor_up_to_the_groups_replicas() {
+    let f = Fixture::start(KafkaConfig::default()).await;
+    let mut c = f.client().await;
+    for (topic, rf, code) in [("RfDefault", -1, 0), ("RfOne", 1, 0), ("RfThree", 3, 38)] {
+        let mut req = create_req(topic, 2);
+        req.topics[0].replication_factor = rf;
+        let r: CreateTopicsResponse = c.call(ApiKey::CreateTopics, 7, &req).await;
+        let t = &r.topics[0];
+        assert_eq!(t.error_code, code, "rf {rf}: {:?}", t.error_message);
+        if code == 0 {
+            assert_eq!(t.replication_factor, 1, "rf {rf}: the copies it keeps");
+        } else {
+            let m = t.error_message.as_ref().unwrap().to_string();
+            assert!(m.contains("keeps 1 copy"), "{m}");
+        }
+    }
+}
