@@ -73,7 +73,6 @@ fn failover(what: &str, client: impl FnOnce(&str) -> Command) {
     let g = r.wait_group("no master with three in sync", |g| {
         g["master"].is_u64() && in_sync_len(g) == 3
     });
-    let epoch = g["masterEpoch"].as_u64().unwrap();
     let master = r.index_of(&g, g["master"].as_u64().unwrap());
     let master_addr = r.brokers[master].0.clone();
     r.cluster.json(&[
@@ -98,6 +97,11 @@ fn failover(what: &str, client: impl FnOnce(&str) -> Command) {
         let line = line.unwrap();
         println!("{line}");
         if line == "READY" {
+            // The master now (on a loaded machine a lease can lapse before this point, and
+            // another replica be master).
+            let g = r.wait_group("no master", |g| g["master"].is_u64());
+            let epoch = g["masterEpoch"].as_u64().unwrap();
+            let master = r.index_of(&g, g["master"].as_u64().unwrap());
             r.kill_broker(master);
             writeln!(stdin, "killed").unwrap();
             let g = r.wait_group("no new master elected", |g| {

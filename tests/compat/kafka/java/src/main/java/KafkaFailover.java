@@ -135,7 +135,7 @@ public class KafkaFailover {
             } catch (Exception e) {
                 System.out.println(protocol + ": commit at close: " + e);
             }
-            c.close(Duration.ofSeconds(15));
+            c.close(CloseOptions.timeout(Duration.ofSeconds(15)));
         }
     }
 
@@ -233,7 +233,9 @@ public class KafkaFailover {
         check(fullySynced(before), "every partition has 3 replicas, all in sync: " + before);
         Set<Integer> epochsBefore = new TreeSet<>();
         for (Seen s : m.snapshot()) epochsBefore.add(s.epoch());
-        check(epochsBefore.size() == 1 && Collections.min(epochsBefore) >= 1,
+        // More than one when a lease lapsed before the kill (a loaded machine): each master's
+        // records carry its epoch.
+        check(!epochsBefore.isEmpty() && Collections.min(epochsBefore) >= 1,
               "records carry the master epoch as leader epoch: " + epochsBefore);
         // Both groups commit what they read (every 200 ms) before the kill, so what is
         // delivered twice measures the failover, not a group that had not committed yet.
