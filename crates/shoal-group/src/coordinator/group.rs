@@ -170,7 +170,10 @@ impl Group {
 
     /// What live member `id` last reported ([`super::Coordinator::member_report`]).
     pub(crate) fn member_report(&self, id: &str) -> Option<super::MemberReport> {
-        let m = self.members.get(id).filter(|m| m.state != MemberState::Away)?;
+        let m = self
+            .members
+            .get(id)
+            .filter(|m| m.state != MemberState::Away)?;
         Some(super::MemberReport {
             subscriptions: m.subscriptions.clone(),
             held: m.assigned.keys().chain(m.pending.keys()).cloned().collect(),

@@ -323,7 +323,11 @@ async fn a_member_of_a_taken_over_group_keeps_what_its_heartbeat_leaves_out() {
         )
         .await;
     assert_eq!(r.error_code, 0, "{:?}", r.error_message);
-    assert_eq!(partitions(&r), Some(vec![0, 1, 2, 3]), "it keeps its partitions");
+    assert_eq!(
+        partitions(&r),
+        Some(vec![0, 1, 2, 3]),
+        "it keeps its partitions"
+    );
     let d = new.broker.coordinator.lock().describe("KG", 0).unwrap();
     assert_eq!(d.members[0].subscriptions, ["T5".to_string()]);
     assert_eq!(d.members[0].owned.len(), 4);
