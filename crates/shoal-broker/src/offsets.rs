@@ -71,12 +71,39 @@ pub(crate) fn query_consumer_offset(b: &Shared, req: &RemotingCommand) -> Handle
     ))
 }
 
-/// UPDATE_CONSUMER_OFFSET: stores the group's next offset for a queue.
-pub(crate) fn update_consumer_offset(
+/// UPDATE_CONSUMER_OFFSET: stores the group's next offset for a queue; with
+/// [`ext::field::WAIT_REPLICATED`](shoal_proto::ext::field::WAIT_REPLICATED), answers once the
+/// in-sync set of a replicated group has it.
+pub(crate) async fn update_consumer_offset(
     b: &Shared,
     caller: &Caller<'_>,
     req: &RemotingCommand,
 ) -> Handled {
+    let wait = req.ext(shoal_proto::ext::field::WAIT_REPLICATED) == Some("true");
+    let repl = b.replication.get().filter(|_| wait);
+    if let Some(r) = repl {
+        if !r.is_master() {
+            return Err(Reject::new(
+                resp::SERVICE_NOT_AVAILABLE,
+                "this broker is not the master of its group; commit at its master (brokerId 0)",
+            ));
+        }
+    }
+    store_consumer_offset(b, caller, req)?;
+    if let Some(r) = repl {
+        let timeout = std::time::Duration::from_millis(b.config.replication.ack_timeout_ms);
+        if !r.metadata_replicated(timeout).await {
+            return Err(Reject::new(
+                resp::FLUSH_SLAVE_TIMEOUT,
+                "the offset is stored; the in-sync set did not acknowledge it in time",
+            ));
+        }
+    }
+    ok()
+}
+
+/// Checks and stores an UPDATE_CONSUMER_OFFSET.
+fn store_consumer_offset(b: &Shared, caller: &Caller<'_>, req: &RemotingCommand) -> Handled {
     let h: UpdateConsumerOffsetRequestHeader = req.decode_command_header()?;
     let mq = shoal_proto::MessageQueue::new(&h.topic, &b.config.broker_name, h.queue_id);
     let cx = b.group_ctx();
@@ -94,6 +121,9 @@ pub(crate) fn update_consumer_offset(
             format!("commitOffset {} is negative", h.commit_offset),
         ));
     }
+    if req.ext(shoal_proto::ext::field::FORWARDED) == Some("true") {
+        return store_forwarded(b, caller, &h, &mq);
+    }
     check_commit(
         &cx,
         caller.conn_id,
@@ -101,6 +131,37 @@ pub(crate) fn update_consumer_offset(
         &mq,
         h.commit_offset,
         req.ext(shoal_proto::ext::field::REWIND) == Some("true"),
+    )?;
+    crate::replication::store_commit(b, &h.consumer_group, &h.topic, h.queue_id, h.commit_offset)?;
+    ok()
+}
+
+/// A commit a replica of this broker's group forwards (a client committed to it while it had
+/// no master): stored only by a master that took over its group's state (the old master's
+/// offsets it applies first would replace it), and only above the stored offset (a forward
+/// never moves an offset back; a lower one is answered SUCCESS, as the master has it).
+fn store_forwarded(
+    b: &Shared,
+    caller: &Caller<'_>,
+    h: &UpdateConsumerOffsetRequestHeader,
+    mq: &shoal_proto::MessageQueue,
+) -> Handled {
+    if let Some(r) = b.replication.get() {
+        r.refuse_unless_serving()?;
+    }
+    let stored = b
+        .store
+        .query_offset(&h.consumer_group, &h.topic, h.queue_id);
+    if stored.is_some_and(|s| s >= h.commit_offset) {
+        return ok();
+    }
+    check_commit(
+        &b.group_ctx(),
+        caller.conn_id,
+        &h.consumer_group,
+        mq,
+        h.commit_offset,
+        false,
     )?;
     b.store
         .commit_offset(&h.consumer_group, &h.topic, h.queue_id, h.commit_offset);

@@ -17,6 +17,7 @@
 //! The store is the other half of the rules: a replicated store shows consumers nothing above
 //! the confirmed offset and refuses puts unless the driver allows them (only while master).
 
+mod commits;
 mod config;
 mod disk;
 mod driver;
@@ -37,6 +38,7 @@ use shoal_proto::RemotingCommand;
 use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::sync::{mpsc, oneshot, Notify};
 
+pub(crate) use commits::{start as start_forwarding_commits, store_commit};
 pub(crate) use driver::start;
 pub(crate) use metadata::{start as start_metadata, METADATA_TOPIC};
 pub(crate) use wire::is_peer_code;
@@ -80,6 +82,8 @@ pub(crate) struct ReplicationView {
     /// The in-sync set (on a master).
     pub(crate) in_sync: Vec<BrokerId>,
     pub(crate) in_sync_epoch: Epoch,
+    /// On a replica: the address of the master it follows, when known.
+    pub(crate) master_addr: Option<String>,
     /// Each replica's acknowledged log end (on a master; `None`: not following this epoch).
     pub(crate) replicas: Vec<(BrokerId, Option<u64>)>,
     /// Sends waiting for their acknowledgement.
@@ -156,6 +160,8 @@ pub(crate) struct Replication {
     /// Asks the metadata task for a round now.
     round_wanted: Notify,
     pub(crate) counters: ReplicationCounters,
+    /// Commits made to this broker while a replica, for its master (`commits.rs`).
+    pub(crate) commits: commits::ForwardedCommits,
 }
 
 impl std::fmt::Debug for Input {
@@ -190,7 +196,7 @@ pub(crate) fn refusal_reject(r: WriteRefusal) -> Reject {
 }
 
 impl Replication {
-    fn new(group: String, inbox: mpsc::Sender<Input>) -> Self {
+    fn new(group: String, inbox: mpsc::Sender<Input>, max_pending_commits: usize) -> Self {
         Self {
             view: Mutex::new(ReplicationView {
                 group: group.clone(),
@@ -204,6 +210,7 @@ impl Replication {
             rounds_done: tokio::sync::watch::channel(0).0,
             round_wanted: Notify::new(),
             counters: ReplicationCounters::default(),
+            commits: commits::ForwardedCommits::new(max_pending_commits),
         }
     }
 
@@ -303,10 +310,10 @@ impl Replication {
     }
 
     /// Resolves once a metadata round that started after the call is acknowledged by the
-    /// in-sync set, so every consumer offset committed before the call is on every member
-    /// of the set (a new master has it); `false` when none was within `timeout` (not master,
+    /// in-sync set, so every consumer offset committed and every topic or subscription-group
+    /// change made before the call is on every member of the set (a new master has it); `false` when none was within `timeout` (not master,
     /// or the set did not acknowledge).
-    pub(crate) async fn offsets_replicated(&self, timeout: std::time::Duration) -> bool {
+    pub(crate) async fn metadata_replicated(&self, timeout: std::time::Duration) -> bool {
         let want = self.rounds_started.load(Ordering::Acquire) + 1;
         let mut done = self.rounds_done.subscribe();
         self.round_wanted.notify_one();
@@ -331,7 +338,7 @@ impl Replication {
         });
     }
 
-    /// Resolves when a round is asked for ([`Self::offsets_replicated`]).
+    /// Resolves when a round is asked for ([`Self::metadata_replicated`]).
     pub(crate) async fn round_wanted(&self) {
         self.round_wanted.notified().await;
     }
@@ -446,7 +453,7 @@ mod tests {
     #[test]
     fn only_a_master_that_took_over_serves_members_and_transactions() {
         let (tx, _rx) = mpsc::channel(1);
-        let r = Replication::new("broker-a".into(), tx);
+        let r = Replication::new("broker-a".into(), tx, 16);
         let refused = |r: &Replication| r.refuse_unless_serving().err().map(|e| e.code);
         assert_eq!(refused(&r), Some(resp::SERVICE_NOT_AVAILABLE), "joining");
         as_role(
@@ -497,11 +504,11 @@ mod round_tests {
     #[tokio::test]
     async fn a_commit_waits_for_a_round_that_started_after_it() {
         let (tx, _rx) = mpsc::channel(1);
-        let r = Arc::new(Replication::new("broker-a".into(), tx));
+        let r = Arc::new(Replication::new("broker-a".into(), tx, 16));
         let in_progress = r.round_started();
         let waiter = {
             let r = r.clone();
-            tokio::spawn(async move { r.offsets_replicated(Duration::from_secs(30)).await })
+            tokio::spawn(async move { r.metadata_replicated(Duration::from_secs(30)).await })
         };
         // The task is asked for a round.
         tokio::time::timeout(Duration::from_secs(5), r.round_wanted())
@@ -516,6 +523,6 @@ mod round_tests {
         let next = r.round_started();
         r.round_done(next);
         assert!(waiter.await.unwrap());
-        assert!(!r.offsets_replicated(Duration::from_millis(20)).await);
+        assert!(!r.metadata_replicated(Duration::from_millis(20)).await);
     }
 }
