@@ -16,8 +16,13 @@ mod support;
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
+use std::sync::Mutex;
 use support::external;
 use support::replicas::{in_sync_len, Replicas, TOPIC};
+
+/// One failover at a time: each runs a cluster of its own under load, and the times it prints
+/// are those of one cluster on the machine.
+static ONE: Mutex<()> = Mutex::new(());
 
 #[test]
 fn kafka_clients_lose_no_acknowledged_record_when_the_master_is_killed() {
@@ -69,6 +74,8 @@ fn java_kafka_clients_lose_no_acknowledged_record_when_the_master_is_killed() {
 /// program `client` gives for the bootstrap list: once it prints `READY`, SIGKILLs the master,
 /// writes `killed` to it, and waits for a new master; the program must then exit with success.
 fn failover(what: &str, client: impl FnOnce(&str) -> Command) {
+    let _one = ONE.lock().unwrap_or_else(|e| e.into_inner());
+    println!("== {what}");
     let mut r = Replicas::start_with_kafka();
     let g = r.wait_group("no master with three in sync", |g| {
         g["master"].is_u64() && in_sync_len(g) == 3
