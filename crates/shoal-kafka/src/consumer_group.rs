@@ -210,6 +210,25 @@ fn prepare(
         && req.topic_partitions.is_some()
         && !on_coordinator(host, None, &[], |c, _| c.has_member(&group, &member_id))
             .unwrap_or(true);
+    // A member the coordinator has that this listener has not heard from: the group's state
+    // came with the coordinator (this broker group's new master took it over). The Java
+    // client sends the new coordinator only its id and epoch, so what its heartbeat leaves
+    // out is what it last told the coordinator, not nothing.
+    let cached = match cached {
+        None if req.member_epoch > 0 && !moved_in => {
+            on_coordinator(host, None, &[], |c, _| c.member_report(&group, &member_id))
+                .ok()
+                .flatten()
+                .map(|r| MemberCache {
+                    subscriptions: r.subscriptions,
+                    owned: r.held,
+                    assignor: r.assignor,
+                    rebalance_timeout_ms: Some(r.rebalance_timeout_ms),
+                    ..MemberCache::default()
+                })
+        }
+        cached => cached,
+    };
     let mut cache = cached.unwrap_or_default();
     if req.member_epoch == 0 || moved_in {
         // A member this listener knows that heartbeats at epoch 0 without its subscription

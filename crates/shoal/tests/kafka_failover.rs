@@ -1,8 +1,11 @@
 //! Kafka clients through a failover of a replicated broker group: a name server, one
 //! controller voter and three `shoal broker` replicas of `broker-a`, each with a Kafka
-//! listener; confluent-kafka (`tests/compat/kafka/kafka_cluster.py failover`) produces with
-//! `acks=all` and an idempotent producer every 10 ms and consumes in a KIP-848 group; the
-//! master is SIGKILLed; every acknowledged record must be consumed from the new master.
+//! listener; a client program produces with `acks=all` and an idempotent producer every 10 ms
+//! and consumes in a KIP-848 group and a classic group; the master is SIGKILLed; every
+//! acknowledged record must be consumed from the new master. The clients are confluent-kafka
+//! (`tests/compat/kafka/kafka_cluster.py failover`) and the Java kafka-clients
+//! (`tests/compat/kafka/java/src/main/java/KafkaFailover.java`), which speak the same protocol
+//! on their standard input and output.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -13,8 +16,13 @@ mod support;
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
+use std::sync::Mutex;
 use support::external;
 use support::replicas::{in_sync_len, Replicas, TOPIC};
+
+/// One failover at a time: each runs a cluster of its own under load, and the times it prints
+/// are those of one cluster on the machine.
+static ONE: Mutex<()> = Mutex::new(());
 
 #[test]
 fn kafka_clients_lose_no_acknowledged_record_when_the_master_is_killed() {
@@ -27,11 +35,51 @@ fn kafka_clients_lose_no_acknowledged_record_when_the_master_is_killed() {
         external::skip("confluent-kafka is not installed (.ci/setup.d/40-kafka-clients.sh)");
         return;
     }
+    failover("kafka_cluster.py failover", |bootstrap| {
+        let mut cmd = Command::new(&py);
+        cmd.arg(external::repo_root().join("tests/compat/kafka/kafka_cluster.py"))
+            .args(["failover", bootstrap, "-", TOPIC]);
+        cmd
+    });
+}
+
+#[test]
+fn java_kafka_clients_lose_no_acknowledged_record_when_the_master_is_killed() {
+    let root = external::repo_root();
+    let lib = root.join("target/external/kafka-java-lib");
+    let java = Command::new("java")
+        .arg("-version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !java || !lib.is_dir() {
+        external::skip(
+            "java or the Java kafka-clients are not installed (.ci/setup.d/40-kafka-clients.sh)",
+        );
+        return;
+    }
+    let src = root.join("tests/compat/kafka/java/src/main/java");
+    failover("KafkaFailover.java", |bootstrap| {
+        let mut cmd = Command::new("java");
+        cmd.arg("-cp")
+            .arg(format!("{}/*:{}", lib.display(), src.display()))
+            .arg(src.join("KafkaFailover.java"))
+            .args([bootstrap, TOPIC]);
+        cmd
+    });
+}
+
+/// Starts the group with Kafka listeners, creates [`TOPIC`] on its master and runs the client
+/// program `client` gives for the bootstrap list: once it prints `READY`, SIGKILLs the master,
+/// writes `killed` to it, and waits for a new master; the program must then exit with success.
+fn failover(what: &str, client: impl FnOnce(&str) -> Command) {
+    let _one = ONE.lock().unwrap_or_else(|e| e.into_inner());
+    println!("== {what}");
     let mut r = Replicas::start_with_kafka();
     let g = r.wait_group("no master with three in sync", |g| {
         g["master"].is_u64() && in_sync_len(g) == 3
     });
-    let epoch = g["masterEpoch"].as_u64().unwrap();
     let master = r.index_of(&g, g["master"].as_u64().unwrap());
     let master_addr = r.brokers[master].0.clone();
     r.cluster.json(&[
@@ -45,9 +93,7 @@ fn kafka_clients_lose_no_acknowledged_record_when_the_master_is_killed() {
         "--json",
     ]);
     let bootstrap = r.kafka.join(",");
-    let mut child = Command::new(&py)
-        .arg(external::repo_root().join("tests/compat/kafka/kafka_cluster.py"))
-        .args(["failover", &bootstrap, "-", TOPIC])
+    let mut child = client(&bootstrap)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
@@ -58,6 +104,11 @@ fn kafka_clients_lose_no_acknowledged_record_when_the_master_is_killed() {
         let line = line.unwrap();
         println!("{line}");
         if line == "READY" {
+            // The master now (on a loaded machine a lease can lapse before this point, and
+            // another replica be master).
+            let g = r.wait_group("no master", |g| g["master"].is_u64());
+            let epoch = g["masterEpoch"].as_u64().unwrap();
+            let master = r.index_of(&g, g["master"].as_u64().unwrap());
             r.kill_broker(master);
             writeln!(stdin, "killed").unwrap();
             let g = r.wait_group("no new master elected", |g| {
@@ -67,8 +118,5 @@ fn kafka_clients_lose_no_acknowledged_record_when_the_master_is_killed() {
         }
     }
     let status = child.wait().unwrap();
-    assert!(
-        status.success(),
-        "kafka_cluster.py failover failed: {status}"
-    );
+    assert!(status.success(), "{what} failed: {status}");
 }

@@ -168,6 +168,20 @@ impl Group {
         self.members.contains_key(id)
     }
 
+    /// What live member `id` last reported ([`super::Coordinator::member_report`]).
+    pub(crate) fn member_report(&self, id: &str) -> Option<super::MemberReport> {
+        let m = self
+            .members
+            .get(id)
+            .filter(|m| m.state != MemberState::Away)?;
+        Some(super::MemberReport {
+            subscriptions: m.subscriptions.clone(),
+            held: m.assigned.keys().chain(m.pending.keys()).cloned().collect(),
+            assignor: m.assignor.clone(),
+            rebalance_timeout_ms: m.rebalance_timeout_ms,
+        })
+    }
+
     pub(crate) fn epoch(&self) -> i32 {
         self.epoch
     }

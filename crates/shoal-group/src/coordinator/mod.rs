@@ -171,6 +171,22 @@ pub struct HeartbeatRequest {
     pub last_epoch: Option<i32>,
 }
 
+/// What a member last told the coordinator, and the queues it holds: a transport that keeps
+/// each member's last heartbeat fields (Kafka heartbeats leave out what did not change) and has
+/// none for a member the coordinator has (the group's state came with it from another broker)
+/// fills them from here.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemberReport {
+    /// Topics the member subscribes.
+    pub subscriptions: BTreeSet<String>,
+    /// Queues it holds: those assigned to it and those it is asked to release.
+    pub held: BTreeSet<MessageQueue>,
+    /// The assignor it asks for.
+    pub assignor: Option<String>,
+    /// Its rebalance timeout.
+    pub rebalance_timeout_ms: u64,
+}
+
 /// The coordinator's answer to a heartbeat.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -549,6 +565,11 @@ impl Coordinator {
         self.groups
             .get(group)
             .is_some_and(|g| g.has_member(member_id))
+    }
+
+    /// What member `member_id` of `group` last told the coordinator (a live member only).
+    pub fn member_report(&self, group: &str, member_id: &str) -> Option<MemberReport> {
+        self.groups.get(group)?.member_report(member_id)
     }
 
     /// True when `group` has members.

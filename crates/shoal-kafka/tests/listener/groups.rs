@@ -278,3 +278,58 @@ async fn an_epoch_zero_heartbeat_without_subscription_needs_a_known_member() {
     assert_eq!(r.error_code, 0, "{:?}", r.error_message);
     assert_eq!(partitions(&r), Some(vec![0, 1]), "still subscribed to T5");
 }
+
+/// A member whose group's state came with the coordinator (a broker group's new master took
+/// it over) and that heartbeats there with only its id and epoch, as the Java client does
+/// after a coordinator change, keeps its subscription and what it owns.
+#[tokio::test]
+async fn a_member_of_a_taken_over_group_keeps_what_its_heartbeat_leaves_out() {
+    let old = Fixture::start(KafkaConfig::default()).await;
+    let mut c = old.client().await;
+    let _: CreateTopicsResponse = c.call(ApiKey::CreateTopics, 7, &create_req("T5", 4)).await;
+    let r: ConsumerGroupHeartbeatResponse = c
+        .call(
+            ApiKey::ConsumerGroupHeartbeat,
+            1,
+            &cg_heartbeat("member-j", 0, Some("T5"), Some(vec![])),
+        )
+        .await;
+    assert_eq!(r.error_code, 0, "{:?}", r.error_message);
+    assert_eq!(partitions(&r), Some(vec![0, 1, 2, 3]));
+    let r: ConsumerGroupHeartbeatResponse = c
+        .call(
+            ApiKey::ConsumerGroupHeartbeat,
+            1,
+            &cg_heartbeat("member-j", r.member_epoch, None, Some(vec![0, 1, 2, 3])),
+        )
+        .await;
+    assert_eq!(r.error_code, 0, "{:?}", r.error_message);
+    let epoch = r.member_epoch;
+    let snapshot = old.broker.coordinator.lock().snapshot();
+    // The new coordinator has the group's state, and its listener has heard nothing.
+    let new = Fixture::start(KafkaConfig::default()).await;
+    let mut c = new.client().await;
+    let _: CreateTopicsResponse = c.call(ApiKey::CreateTopics, 7, &create_req("T5", 4)).await;
+    *new.broker.coordinator.lock() = shoal_group::coordinator::Coordinator::restore(
+        shoal_group::coordinator::CoordinatorConfig::default(),
+        snapshot,
+        0,
+    );
+    let r: ConsumerGroupHeartbeatResponse = c
+        .call(
+            ApiKey::ConsumerGroupHeartbeat,
+            1,
+            &cg_heartbeat("member-j", epoch, None, None),
+        )
+        .await;
+    assert_eq!(r.error_code, 0, "{:?}", r.error_message);
+    assert_eq!(
+        partitions(&r),
+        Some(vec![0, 1, 2, 3]),
+        "it keeps its partitions"
+    );
+    let d = new.broker.coordinator.lock().describe("KG", 0).unwrap();
+    assert_eq!(d.members[0].subscriptions, ["T5".to_string()]);
+    assert_eq!(d.members[0].owned.len(), 4);
+    new.broker.coordinator.lock().check_invariants().unwrap();
+}

@@ -147,3 +147,33 @@ fn a_replica_taking_over_continues_above_the_master_and_its_own_epochs() {
     assert_eq!(assignment_of(&all), before);
     assert!(all.iter().all(|cl| cl.epoch > master_epoch));
 }
+
+/// What a member last reported comes with the group's state to a coordinator that takes it
+/// over: its subscriptions and every queue it holds (assigned, or being released).
+#[test]
+fn a_member_report_comes_with_the_taken_over_group() {
+    let mut c = coordinator();
+    let mut a = Client::new("a", 1, "RANGE");
+    assert!(a.heartbeat(&mut c, 0).is_none());
+    let mut b = Client::new("b", 2, "RANGE");
+    a.slow = true;
+    assert!(b.heartbeat(&mut c, 0).is_none());
+    assert!(a.heartbeat(&mut c, 0).is_none());
+    assert!(
+        !a.to_release.is_empty(),
+        "a is asked to release some queues"
+    );
+    let taken = Coordinator::restore(CoordinatorConfig::default(), c.snapshot(), 10);
+    let r = taken
+        .member_report("G", "a")
+        .expect("a is in the taken-over group");
+    assert_eq!(r.subscriptions, [T.to_string()].into());
+    assert_eq!(
+        r.held, a.owned,
+        "its queues, those it is releasing included"
+    );
+    assert_eq!(r.assignor.as_deref(), Some("RANGE"));
+    assert_eq!(r.rebalance_timeout_ms, 10_000);
+    assert!(taken.member_report("G", "nobody").is_none());
+    assert!(taken.member_report("other", "a").is_none());
+}
