@@ -13,7 +13,8 @@
 # per message (utime + stime from /proc/PID/stat over the phase: lone = name server + broker;
 # replicated = name server + controller + three brokers, and the master's share alone;
 # rocketmq = the name server's JVM, which runs the controller, + three broker JVMs, and the
-# master's alone), and the size of the in-sync set after the phase.
+# master's alone), and the size of the in-sync set after the phase. Before the first round, the
+# servers' CPU while idle, per second, for reading the per-message figures of slow phases.
 #
 # Usage: benches/peers/replicated.sh [ROUNDS]            (default 2)
 #   SHOAL_BIN   default target/release/shoal (cargo build --release -p shoal)
@@ -186,6 +187,17 @@ if [ "$rmq" != 0 ]; then
   targets="lone replicated rocketmq"
   echo "RocketMQ 5.3.3 controller mode: master $(master_of "$rmq_ns"), in sync: $(in_sync_rmq) after the warm-up"
 fi
+# What the servers spend idle (timers, heartbeats, replication's polls), which the per-message
+# figures include for the length of each phase (after a pause: the warm-up's tail settles).
+sleep 5
+i0=$(ticks "$lone_ns_pid" "$lone_pid")
+r0=$(ticks "$repl_ns_pid" "$ctl_pid" "${repl_pids[@]}")
+[ "$rmq" = 0 ] || q0=$(ticks "$rmq_ns_pid" "${rmq_pids[@]}")
+sleep 5
+idle="lone $(( ($(ticks "$lone_ns_pid" "$lone_pid") - i0) * 1000 / tck / 5 )) ms/s"
+idle+=", replicated $(( ($(ticks "$repl_ns_pid" "$ctl_pid" "${repl_pids[@]}") - r0) * 1000 / tck / 5 )) ms/s"
+[ "$rmq" = 0 ] || idle+=", rocketmq $(( ($(ticks "$rmq_ns_pid" "${rmq_pids[@]}") - q0) * 1000 / tck / 5 )) ms/s"
+echo "servers' CPU while idle (5 s): $idle"
 echo "load average at the start: $(cut -d' ' -f1-3 /proc/loadavg)"
 
 phase() { # TARGET NAMESRV TOPIC BATCHARG MASTER-PID|- PIDS...
