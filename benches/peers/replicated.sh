@@ -9,7 +9,8 @@
 # `allAckInSyncStateSet=true`, async flush), measured only once its in-sync set (SyncStateSet)
 # has all three. Each round, on each target (the order reverses from round to round): a fresh
 # topic of 8 queues, COUNT messages of SIZE bytes from PRODUCERS producers, unbatched, then in
-# batches of BATCH. For each phase: messages per second (the client's clock), the servers' CPU
+# batches of BATCH. For each phase: messages per second (the client's clock), the send's
+# acknowledgement latency (p50/p99; in batches, a batch's), the servers' CPU
 # per message (utime + stime from /proc/PID/stat over the phase: lone = name server + broker;
 # replicated = name server + controller + three brokers, and the master's share alone;
 # rocketmq = the name server's JVM, which runs the controller, + three broker JVMs, and the
@@ -203,7 +204,7 @@ echo "load average at the start: $(cut -d' ' -f1-3 /proc/loadavg)"
 phase() { # TARGET NAMESRV TOPIC BATCHARG MASTER-PID|- PIDS...
   local target=$1 ns=$2 topic=$3 b=$4 master=$5
   shift 5
-  local t0 t1 m0=0 j rate errors cpu mcpu="" in_sync
+  local t0 t1 m0=0 j rate errors ack cpu mcpu="" in_sync
   "$bin" --namesrv "$ns" topic create "$topic" --queues 8 >/dev/null
   sleep 1
   t0=$(ticks "$@")
@@ -214,14 +215,15 @@ phase() { # TARGET NAMESRV TOPIC BATCHARG MASTER-PID|- PIDS...
   [ "$master" = - ] || mcpu=$(echo "scale=1; ($(ticks "$master") - $m0) * 1000000 / $tck / $count" | bc)
   rate=$(echo "$j" | jq -r '.produce.msgs_per_s')
   errors=$(echo "$j" | jq -r '.produce.errors')
+  ack=$(echo "$j" | jq -r '.produce.ack_latency | "\(.p50_ms)/\(.p99_ms)"')
   cpu=$(echo "scale=1; ($t1 - $t0) * 1000000 / $tck / $count" | bc)
   case $target in
     replicated) in_sync=$(in_sync_shoal) ;;
     rocketmq) in_sync=$(in_sync_rmq) ;;
     *) in_sync="" ;;
   esac
-  printf '%-10s %-12s %10s msg/s  %7s us CPU/msg (servers)  %-22s %-10s errors %s  load %s\n' \
-    "$target" "${b:-unbatched}" "$rate" "$cpu" "${mcpu:+$mcpu us on the master}" \
+  printf '%-10s %-12s %10s msg/s  %7s us CPU/msg (servers)  %-22s ack p50/p99 %-14s %-10s errors %s  load %s\n' \
+    "$target" "${b:-unbatched}" "$rate" "$cpu" "${mcpu:+$mcpu us on the master}" "$ack ms" \
     "${in_sync:+in sync $in_sync}" "$errors" "$(cut -d' ' -f1 /proc/loadavg)"
 }
 
