@@ -164,6 +164,10 @@ impl Broker {
                 shared.clone(),
                 r.clone(),
             ));
+            tasks.push(crate::replication::start_forwarding_commits(
+                shared.clone(),
+                r.clone(),
+            ));
         }
         let registered = shared.register_all().await;
         // A replica without a broker id yet registers once the controller gives it one (its

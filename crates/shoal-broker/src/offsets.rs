@@ -94,6 +94,9 @@ pub(crate) fn update_consumer_offset(
             format!("commitOffset {} is negative", h.commit_offset),
         ));
     }
+    if req.ext(shoal_proto::ext::field::FORWARDED) == Some("true") {
+        return store_forwarded(b, caller, &h, &mq);
+    }
     check_commit(
         &cx,
         caller.conn_id,
@@ -101,6 +104,37 @@ pub(crate) fn update_consumer_offset(
         &mq,
         h.commit_offset,
         req.ext(shoal_proto::ext::field::REWIND) == Some("true"),
+    )?;
+    crate::replication::store_commit(b, &h.consumer_group, &h.topic, h.queue_id, h.commit_offset)?;
+    ok()
+}
+
+/// A commit a replica of this broker's group forwards (a client committed to it while it had
+/// no master): stored only by a master that took over its group's state (the old master's
+/// offsets it applies first would replace it), and only above the stored offset (a forward
+/// never moves an offset back; a lower one is answered SUCCESS, as the master has it).
+fn store_forwarded(
+    b: &Shared,
+    caller: &Caller<'_>,
+    h: &UpdateConsumerOffsetRequestHeader,
+    mq: &shoal_proto::MessageQueue,
+) -> Handled {
+    if let Some(r) = b.replication.get() {
+        r.refuse_unless_serving()?;
+    }
+    let stored = b
+        .store
+        .query_offset(&h.consumer_group, &h.topic, h.queue_id);
+    if stored.is_some_and(|s| s >= h.commit_offset) {
+        return ok();
+    }
+    check_commit(
+        &b.group_ctx(),
+        caller.conn_id,
+        &h.consumer_group,
+        mq,
+        h.commit_offset,
+        false,
     )?;
     b.store
         .commit_offset(&h.consumer_group, &h.topic, h.queue_id, h.commit_offset);

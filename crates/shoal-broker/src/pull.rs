@@ -108,8 +108,15 @@ pub(crate) fn pull_now(
             false,
         ) {
             Ok(()) => {
-                b.store
-                    .commit_offset(&h.consumer_group, &h.topic, h.queue_id, h.commit_offset)
+                if let Err(r) = crate::replication::store_commit(
+                    b,
+                    &h.consumer_group,
+                    &h.topic,
+                    h.queue_id,
+                    h.commit_offset,
+                ) {
+                    piggyback_refused(&r);
+                }
             }
             Err(r) => piggyback_refused(&r),
         }

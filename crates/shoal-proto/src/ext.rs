@@ -60,6 +60,10 @@ pub mod field {
     /// stores (commit fence as for UPDATE_CONSUMER_OFFSET) before it frees the locks
     /// ([`super::feature::COMMIT_ON_UNLOCK`]).
     pub const COMMIT: &str = "shoalCommit";
+    /// UPDATE_CONSUMER_OFFSET request: `true` when a replica forwards to its master a commit
+    /// a client made to it; the master stores it only above what it has, and only once it has
+    /// taken over its group's state.
+    pub const FORWARDED: &str = "shoalForwarded";
 }
 
 /// The feature names a Shoal broker lists.

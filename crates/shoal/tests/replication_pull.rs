@@ -2,7 +2,8 @@
 //! `shoal` processes on 127.0.0.1): both suggest `brokerId` 0, and a pull past the queue's end
 //! moves the consumer's offset at the master (PULL_OFFSET_MOVED) but not at a replica
 //! (PULL_RETRY_IMMEDIATELY at the requested offset), as RocketMQ's slaves answer with
-//! `offsetCheckInSlave = false`.
+//! `offsetCheckInSlave = false`. Offsets committed to replicas while the group has no master
+//! reach the master elected next, whichever replica it is.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -15,7 +16,10 @@ use shoal_net::{NetConfig, NotSupportedProcessor, RemotingClient};
 use shoal_proto::body::{ConsumerData, HeartbeatData};
 use shoal_proto::code::{request_code as rc, response_code as resp};
 use shoal_proto::constants::pull_sys_flag;
-use shoal_proto::header::{PullMessageRequestHeader, PullMessageResponseHeader};
+use shoal_proto::header::{
+    PullMessageRequestHeader, PullMessageResponseHeader, QueryConsumerOffsetRequestHeader,
+    QueryConsumerOffsetResponseHeader, UpdateConsumerOffsetRequestHeader,
+};
 use shoal_proto::RemotingCommand;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -130,5 +134,120 @@ fn a_pull_past_the_end_moves_the_offset_at_the_master_and_not_at_a_replica() {
             h.suggest_which_broker_id, 0,
             "and sends the consumer to the master"
         );
+    });
+}
+
+fn commit(queue_id: i32, offset: i64) -> RemotingCommand {
+    RemotingCommand::request(rc::UPDATE_CONSUMER_OFFSET).with_header(
+        &UpdateConsumerOffsetRequestHeader {
+            consumer_group: GROUP.into(),
+            topic: TOPIC.into(),
+            queue_id,
+            commit_offset: offset,
+            ..Default::default()
+        },
+    )
+}
+
+fn query(queue_id: i32) -> RemotingCommand {
+    RemotingCommand::request(rc::QUERY_CONSUMER_OFFSET).with_header(
+        &QueryConsumerOffsetRequestHeader {
+            consumer_group: GROUP.into(),
+            topic: TOPIC.into(),
+            queue_id,
+            set_zero_if_not_found: Some(false),
+            ..Default::default()
+        },
+    )
+}
+
+/// The master is killed; a client commits queue 0 to one replica and queue 1 to the other
+/// (as RocketMQ's clients commit to a replica while their route has no master). Whichever
+/// replica is elected, the new master ends up with both commits, and so does the other
+/// replica (through the new master's replicated offsets).
+#[test]
+fn offsets_committed_to_replicas_without_a_master_reach_the_new_master() {
+    let mut r = Replicas::start();
+    let g = r.wait_group("no master with three in sync", |g| {
+        g["master"].is_u64() && in_sync_len(g) == 3
+    });
+    let epoch = g["masterEpoch"].as_u64().unwrap();
+    let master = r.index_of(&g, g["master"].as_u64().unwrap());
+    let replicas = [(master + 1) % 3, (master + 2) % 3];
+    let addrs: Vec<String> = r.brokers.iter().map(|b| b.0.clone()).collect();
+    let addr = |i: usize| addrs[i].clone();
+    r.cluster.json(&[
+        "topic",
+        "create",
+        TOPIC,
+        "--queues",
+        "2",
+        "--brokers",
+        &addr(master),
+        "--json",
+    ]);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let client = RemotingClient::new(NetConfig::default(), Arc::new(NotSupportedProcessor));
+    // Both replicas know the topic (the master's tables replicated) before the kill: they
+    // take a commit of offset 0 (forwarded to the live master).
+    rt.block_on(async {
+        for i in replicas {
+            let deadline = Instant::now() + LIMIT;
+            loop {
+                let a = client.invoke(&addr(i), commit(0, 0), T).await.unwrap();
+                if a.code == resp::SUCCESS {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "replica {i} never had the topic");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    });
+    r.kill_broker(master);
+    rt.block_on(async {
+        for (i, (queue, offset)) in replicas.into_iter().zip([(0, 3), (1, 4)]) {
+            let a = client
+                .invoke(&addr(i), commit(queue, offset), T)
+                .await
+                .unwrap();
+            assert_eq!(
+                a.code,
+                resp::SUCCESS,
+                "commit to replica {i}: {:?}",
+                a.remark
+            );
+        }
+    });
+    let g = r.wait_group("no new master elected", |g| {
+        g["masterEpoch"].as_u64().unwrap_or(0) > epoch && g["master"].is_u64()
+    });
+    let new_master = r.index_of(&g, g["master"].as_u64().unwrap());
+    assert_ne!(new_master, master);
+    rt.block_on(async {
+        // The new master first, then the other replica (from the new master's offsets).
+        let other = replicas.into_iter().find(|i| *i != new_master).unwrap();
+        for i in [new_master, other] {
+            let deadline = Instant::now() + LIMIT;
+            loop {
+                let mut got = Vec::new();
+                for q in [0, 1] {
+                    let a = client.invoke(&addr(i), query(q), T).await.unwrap();
+                    let h: Option<QueryConsumerOffsetResponseHeader> =
+                        a.decode_command_header().ok();
+                    got.push(h.filter(|_| a.code == resp::SUCCESS).map(|h| h.offset));
+                }
+                if got == [Some(3), Some(4)] {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "broker {i} (new master {new_master}) has offsets {got:?}, not [3, 4]"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
     });
 }

@@ -61,6 +61,9 @@ pub struct ReplicationSettings {
     pub ack_timeout_ms: u64,
     /// Sends waiting for their acknowledgement at most; beyond it SYSTEM_BUSY (65536).
     pub max_pending_acks: usize,
+    /// Queues whose offsets, committed to this broker while a replica, wait to be forwarded
+    /// to the master at most; a commit for one more is refused with SYSTEM_BUSY (65536).
+    pub max_pending_commits: usize,
     /// Messages from the other brokers of the group and the controller's answers waiting for
     /// the replication task at most; beyond it they are dropped (the protocol sends again)
     /// (4096).
@@ -84,6 +87,7 @@ impl Default for ReplicationSettings {
             max_lag_ms: 15_000,
             ack_timeout_ms: 5_000,
             max_pending_acks: 65_536,
+            max_pending_commits: 65_536,
             inbox_capacity: 4_096,
         }
     }
@@ -137,6 +141,7 @@ impl ReplicationSettings {
             ("max_lag_ms", self.max_lag_ms),
             ("ack_timeout_ms", self.ack_timeout_ms),
             ("max_pending_acks", self.max_pending_acks as u64),
+            ("max_pending_commits", self.max_pending_commits as u64),
             ("inbox_capacity", self.inbox_capacity as u64),
         ] {
             if v == 0 {

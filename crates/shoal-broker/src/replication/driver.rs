@@ -85,7 +85,11 @@ pub(crate) fn start(
         },
     };
     let (tx, rx) = mpsc::channel(settings.inbox_capacity);
-    let handle = Arc::new(Replication::new(group.to_string(), tx.clone()));
+    let handle = Arc::new(Replication::new(
+        group.to_string(),
+        tx.clone(),
+        settings.max_pending_commits,
+    ));
     let clock = Instant::now();
     let member = Member::new(
         cfg.clone(),
@@ -462,7 +466,8 @@ impl Driver {
                 view.role = RoleView::Replica {
                     master: r.master(),
                     epoch: r.epoch(),
-                }
+                };
+                view.master_addr = r.master().and_then(|m| self.addrs.get(&m).cloned());
             }
             Role::Joining => {}
         }

@@ -493,8 +493,14 @@ fn apply(b: &Shared, record: MetadataRecord) {
             }
         }
         MetadataRecord::Offsets { offsets } => {
+            let waiting = b.replication.get();
             for (g, t, q, o) in offsets {
-                b.store.commit_offset(&g, &t, q, o);
+                let key = (g, t, q);
+                // A commit made here that the master does not have yet stays.
+                if waiting.is_some_and(|r| r.commits.above(&key, o).is_some()) {
+                    continue;
+                }
+                b.store.commit_offset(&key.0, &key.1, key.2, o);
             }
         }
         MetadataRecord::Delay { levels } => {

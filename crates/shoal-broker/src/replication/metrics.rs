@@ -20,7 +20,7 @@ impl Replication {
             RoleView::Replica { epoch, .. } => (0, epoch),
             RoleView::Joining => (0, 0),
         };
-        let gauges: [(&str, &str, i64); 7] = [
+        let gauges: [(&str, &str, i64); 8] = [
             (
                 "shoal_replication_is_master",
                 "1 while this broker is the master of its group (holding a lease or not).",
@@ -56,6 +56,12 @@ impl Replication {
                 "Coordinated groups of the master's replicated coordinator state this broker \
                  holds (at most [coordinator] max_groups).",
                 self.counters.coordinator_groups.load(Ordering::Relaxed) as i64,
+            ),
+            (
+                "shoal_replication_commits_waiting",
+                "Queues whose offsets, committed to this broker while a replica, wait for the \
+                 master (at most replication.max_pending_commits).",
+                self.commits.len() as i64,
             ),
         ];
         for (name, help, value) in gauges {
@@ -130,7 +136,20 @@ impl Replication {
                 &c.coordinator_groups_left_out,
             ),
         ];
-        for (name, help, v) in counters {
+        let commits = [
+            (
+                "shoal_replication_commits_forwarded",
+                "Offsets committed to this broker while a replica that its master took.",
+                &self.commits.forwarded,
+            ),
+            (
+                "shoal_replication_commits_refused_full",
+                "Commits to this replica refused (SYSTEM_BUSY): replication.max_pending_commits \
+                 queues waited for the master already.",
+                &self.commits.refused_full,
+            ),
+        ];
+        for (name, help, v) in counters.into_iter().chain(commits) {
             encode_counters(e, name, help, [(label(), v.load(Ordering::Relaxed))])?;
         }
         Ok(())

@@ -17,6 +17,7 @@
 //! The store is the other half of the rules: a replicated store shows consumers nothing above
 //! the confirmed offset and refuses puts unless the driver allows them (only while master).
 
+mod commits;
 mod config;
 mod disk;
 mod driver;
@@ -37,6 +38,7 @@ use shoal_proto::RemotingCommand;
 use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::sync::{mpsc, oneshot, Notify};
 
+pub(crate) use commits::{start as start_forwarding_commits, store_commit};
 pub(crate) use driver::start;
 pub(crate) use metadata::{start as start_metadata, METADATA_TOPIC};
 pub(crate) use wire::is_peer_code;
@@ -80,6 +82,8 @@ pub(crate) struct ReplicationView {
     /// The in-sync set (on a master).
     pub(crate) in_sync: Vec<BrokerId>,
     pub(crate) in_sync_epoch: Epoch,
+    /// On a replica: the address of the master it follows, when known.
+    pub(crate) master_addr: Option<String>,
     /// Each replica's acknowledged log end (on a master; `None`: not following this epoch).
     pub(crate) replicas: Vec<(BrokerId, Option<u64>)>,
     /// Sends waiting for their acknowledgement.
@@ -156,6 +160,8 @@ pub(crate) struct Replication {
     /// Asks the metadata task for a round now.
     round_wanted: Notify,
     pub(crate) counters: ReplicationCounters,
+    /// Commits made to this broker while a replica, for its master (`commits.rs`).
+    pub(crate) commits: commits::ForwardedCommits,
 }
 
 impl std::fmt::Debug for Input {
@@ -190,7 +196,7 @@ pub(crate) fn refusal_reject(r: WriteRefusal) -> Reject {
 }
 
 impl Replication {
-    fn new(group: String, inbox: mpsc::Sender<Input>) -> Self {
+    fn new(group: String, inbox: mpsc::Sender<Input>, max_pending_commits: usize) -> Self {
         Self {
             view: Mutex::new(ReplicationView {
                 group: group.clone(),
@@ -204,6 +210,7 @@ impl Replication {
             rounds_done: tokio::sync::watch::channel(0).0,
             round_wanted: Notify::new(),
             counters: ReplicationCounters::default(),
+            commits: commits::ForwardedCommits::new(max_pending_commits),
         }
     }
 
@@ -446,7 +453,7 @@ mod tests {
     #[test]
     fn only_a_master_that_took_over_serves_members_and_transactions() {
         let (tx, _rx) = mpsc::channel(1);
-        let r = Replication::new("broker-a".into(), tx);
+        let r = Replication::new("broker-a".into(), tx, 16);
         let refused = |r: &Replication| r.refuse_unless_serving().err().map(|e| e.code);
         assert_eq!(refused(&r), Some(resp::SERVICE_NOT_AVAILABLE), "joining");
         as_role(
@@ -497,7 +504,7 @@ mod round_tests {
     #[tokio::test]
     async fn a_commit_waits_for_a_round_that_started_after_it() {
         let (tx, _rx) = mpsc::channel(1);
-        let r = Arc::new(Replication::new("broker-a".into(), tx));
+        let r = Arc::new(Replication::new("broker-a".into(), tx, 16));
         let in_progress = r.round_started();
         let waiter = {
             let r = r.clone();
