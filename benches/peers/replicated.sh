@@ -165,14 +165,19 @@ for i in 1 2 3; do
 done
 targets="lone replicated"
 if [ "$rmq" != 0 ]; then
-  wait_master "$rmq_ns" "$work"/rmq-ns/*.out "$work"/rmq-b?/*.out
+  wait_master "$rmq_ns" "$work"/rmq-ns/*.out "$work"/rmq-b?/*.out \
+    "$work"/rmq-b?/logs/rocketmqlogs/broker.log
   n=""
   for i in $(seq 1 60); do
     n=$(in_sync_rmq)
     [ "$n" = 3 ] && break
     sleep 1
   done
-  [ "$n" = 3 ] || { echo "RocketMQ's in-sync set did not reach three (last: ${n:-none})" >&2; exit 1; }
+  if [ "$n" != 3 ]; then
+    echo "RocketMQ's in-sync set did not reach three (last: ${n:-none})" >&2
+    tail -n 20 "$work"/rmq-b?/logs/rocketmqlogs/broker.log >&2 || true
+    exit 1
+  fi
   rmq_master=""
   for i in 1 2 3; do
     [ "127.0.0.1:$((base + 20 + 5 * i))" = "$(master_of "$rmq_ns")" ] && rmq_master=${rmq_pids[$((i - 1))]}
