@@ -26,8 +26,9 @@
 #               /tmp/shoal-repl-bench)
 #   ROCKETMQ=1  add the RocketMQ group; RMQ_HEAP its brokers' heap (default 1g; the name server
 #               512m); WARMUP the length of an unreported warm-up run on it, unbatched then in
-#               batches (default 10s each), as its JIT compiles the hot paths under load first.
-#               Its broker refuses sends on a file system over 90% full by its count: the
+#               batches (default 30s each), as its JIT compiles the hot paths under load first
+#               (with 10s its unbatched rate still rose from round to round). Its broker
+#               refuses sends on a file system over 90% full by its count: the
 #               script says so, then use another WORK_PREFIX (e.g. /dev/shm/shoal-repl-bench)
 # Needs: jq; with ROCKETMQ=1, java and the class path above.
 set -euo pipefail
@@ -184,7 +185,7 @@ if [ "$rmq" != 0 ]; then
   done
   # Warm-up (not reported), then the in-sync set again: a replica that fell behind by more
   # than haMaxTimeSlaveNotCatchup (15 s) would have been dropped from it.
-  w=${WARMUP:-10s}
+  w=${WARMUP:-30s}
   "$bin" --namesrv "$rmq_ns" topic create Warmup --queues 8 >/dev/null
   "$bin" --namesrv "$rmq_ns" bench produce --topic Warmup --no-create --producers "$producers" \
     --size "$size" --duration "$w" >/dev/null 2>&1
