@@ -132,7 +132,7 @@ impl BrokerApi {
         let timeout = Duration::from_millis(self.b.config.replication.ack_timeout_ms);
         async move {
             match r {
-                Some(r) => r.offsets_replicated(timeout).await,
+                Some(r) => r.metadata_replicated(timeout).await,
                 None => true,
             }
         }

@@ -128,7 +128,8 @@ impl BrokerApi {
 
     /// Commits `offset` (next to read) for `group` on queue `queue` of `topic` at the master
     /// of broker group `broker_name` (UPDATE_CONSUMER_OFFSET, marked as a possible rewind:
-    /// Kafka commits may move an offset back).
+    /// Kafka commits may move an offset back), answered once a replicated group's in-sync set
+    /// has it (as a commit to this broker's own partitions is).
     pub fn commit_offset_at(
         &self,
         broker_name: &str,
@@ -150,9 +151,10 @@ impl BrokerApi {
                 ..Default::default()
             },
         );
-        req.ext_fields
-            .get_or_insert_with(Default::default)
-            .insert(shoal_proto::ext::field::REWIND, "true");
+        req.ext_fields.get_or_insert_with(Default::default).extend([
+            (shoal_proto::ext::field::REWIND, "true"),
+            (shoal_proto::ext::field::WAIT_REPLICATED, "true"),
+        ]);
         async move {
             let addr = addr.ok_or_else(|| format!("broker {broker_name} has no master"))?;
             let r = b.namesrv.call_broker(&addr, req).await?;

@@ -355,7 +355,7 @@ impl RealBroker {
         );
         stamped(&mut req, stamp);
         let caller = Caller::detached(conn, peer());
-        let r = answer(crate::offsets::update_consumer_offset(
+        let r = self.run(crate::offsets::update_consumer_offset(
             &self.shared,
             &caller,
             &req,

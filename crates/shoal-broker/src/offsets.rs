@@ -71,12 +71,39 @@ pub(crate) fn query_consumer_offset(b: &Shared, req: &RemotingCommand) -> Handle
     ))
 }
 
-/// UPDATE_CONSUMER_OFFSET: stores the group's next offset for a queue.
-pub(crate) fn update_consumer_offset(
+/// UPDATE_CONSUMER_OFFSET: stores the group's next offset for a queue; with
+/// [`ext::field::WAIT_REPLICATED`](shoal_proto::ext::field::WAIT_REPLICATED), answers once the
+/// in-sync set of a replicated group has it.
+pub(crate) async fn update_consumer_offset(
     b: &Shared,
     caller: &Caller<'_>,
     req: &RemotingCommand,
 ) -> Handled {
+    let wait = req.ext(shoal_proto::ext::field::WAIT_REPLICATED) == Some("true");
+    let repl = b.replication.get().filter(|_| wait);
+    if let Some(r) = repl {
+        if !r.is_master() {
+            return Err(Reject::new(
+                resp::SERVICE_NOT_AVAILABLE,
+                "this broker is not the master of its group; commit at its master (brokerId 0)",
+            ));
+        }
+    }
+    store_consumer_offset(b, caller, req)?;
+    if let Some(r) = repl {
+        let timeout = std::time::Duration::from_millis(b.config.replication.ack_timeout_ms);
+        if !r.metadata_replicated(timeout).await {
+            return Err(Reject::new(
+                resp::FLUSH_SLAVE_TIMEOUT,
+                "the offset is stored; the in-sync set did not acknowledge it in time",
+            ));
+        }
+    }
+    ok()
+}
+
+/// Checks and stores an UPDATE_CONSUMER_OFFSET.
+fn store_consumer_offset(b: &Shared, caller: &Caller<'_>, req: &RemotingCommand) -> Handled {
     let h: UpdateConsumerOffsetRequestHeader = req.decode_command_header()?;
     let mq = shoal_proto::MessageQueue::new(&h.topic, &b.config.broker_name, h.queue_id);
     let cx = b.group_ctx();

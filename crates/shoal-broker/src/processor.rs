@@ -10,7 +10,7 @@ use shoal_proto::coordinated::request_code as crc;
 use shoal_proto::RemotingCommand;
 use std::sync::{Arc, OnceLock};
 
-use crate::reply::{ok_json, Handled};
+use crate::reply::{ok_json, Handled, Reject};
 
 /// The ACL's answer to a request it refuses (NO_PERMISSION, as RocketMQ 5's broker), if ACL is
 /// on and refuses it.
@@ -88,8 +88,34 @@ impl BrokerProcessor {
             rc::PULL_MESSAGE | rc::LITE_PULL_MESSAGE => {
                 Some(Box::pin(crate::pull::pull_message(b, ctx, req)).await)
             }
-            _ => Box::pin(Self::dispatch_other(b, ctx, req)).await,
+            _ => {
+                let answer = Box::pin(Self::dispatch_other(b, ctx, req)).await;
+                match (b.replication.get(), &answer) {
+                    (Some(r), Some(Ok(_))) if changes_tables(req.code) => {
+                        Some(Self::tables_replicated(b, r, answer).await)
+                    }
+                    _ => answer,
+                }
+            }
         }
+    }
+
+    /// A change to the topic or subscription-group table of a replicated master is answered
+    /// once a metadata round that carries it is acknowledged by the in-sync set (as a send
+    /// is): a new master elected right after the answer has the topic.
+    async fn tables_replicated(
+        b: &Shared,
+        r: &crate::replication::Replication,
+        answer: Option<Handled>,
+    ) -> Handled {
+        let timeout = std::time::Duration::from_millis(b.config.replication.ack_timeout_ms);
+        if r.metadata_replicated(timeout).await {
+            return answer.unwrap_or(Ok(None));
+        }
+        Err(Reject::new(
+            resp::FLUSH_SLAVE_TIMEOUT,
+            "the change is made on the master; its in-sync set did not acknowledge it in time",
+        ))
     }
 
     /// Every request but sends and pulls.
@@ -131,7 +157,9 @@ impl BrokerProcessor {
                 crate::lease::features(&b.group_ctx())
             }
             rc::QUERY_CONSUMER_OFFSET => crate::offsets::query_consumer_offset(b, req),
-            rc::UPDATE_CONSUMER_OFFSET => crate::offsets::update_consumer_offset(b, caller, req),
+            rc::UPDATE_CONSUMER_OFFSET => {
+                crate::offsets::update_consumer_offset(b, caller, req).await
+            }
             rc::GET_MAX_OFFSET => crate::offsets::get_max_offset(b, req),
             rc::GET_MIN_OFFSET => crate::offsets::get_min_offset(b, req),
             rc::SEARCH_OFFSET_BY_TIMESTAMP => crate::offsets::search_offset(b, req).await,

@@ -64,6 +64,11 @@ pub mod field {
     /// a client made to it; the master stores it only above what it has, and only once it has
     /// taken over its group's state.
     pub const FORWARDED: &str = "shoalForwarded";
+    /// UPDATE_CONSUMER_OFFSET request: `true` asks a replicated group's master to answer only
+    /// once the in-sync set has the offset (a Kafka coordinator committing another broker
+    /// group's partition); FLUSH_SLAVE_TIMEOUT when that does not happen in time, and
+    /// SERVICE_NOT_AVAILABLE from a broker that is not its group's master.
+    pub const WAIT_REPLICATED: &str = "shoalWaitReplicated";
 }
 
 /// The feature names a Shoal broker lists.

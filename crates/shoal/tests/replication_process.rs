@@ -24,33 +24,70 @@ use support::replicas::{
 };
 use support::{free_port, log_sink, shoal, Proc};
 
-/// How the master fails.
+/// How the master (the first three) or another process of the group fails.
 #[derive(Debug, Clone, Copy)]
 enum Fault {
     Kill,
     Freeze,
     CutFromController,
+    /// A replica SIGKILLed (restarted afterwards).
+    ReplicaKill,
+    /// A replica frozen with SIGSTOP (SIGCONT afterwards).
+    ReplicaFreeze,
+    /// A replica cut off from the other brokers of its group (the proxy in front of it cuts
+    /// every replication connection; healed afterwards).
+    ReplicaCutFromPeers,
+    /// The controller voters' Raft leader SIGKILLed (restarted afterwards).
+    ControllerLeaderKill,
+    /// The controller voters' Raft leader frozen with SIGSTOP (SIGCONT afterwards).
+    ControllerLeaderFreeze,
+}
+
+impl Fault {
+    fn of_master(self) -> bool {
+        matches!(self, Fault::Kill | Fault::Freeze | Fault::CutFromController)
+    }
 }
 
 #[test]
 fn the_masters_death_loses_no_acknowledged_message() {
-    scenario(Fault::Kill);
+    scenario(Replicas::start(), Fault::Kill);
 }
 
 #[test]
 fn a_frozen_master_is_replaced_and_rejoins() {
-    scenario(Fault::Freeze);
+    scenario(Replicas::start(), Fault::Freeze);
 }
 
 #[test]
 fn a_master_cut_off_from_the_controller_stops_and_is_replaced() {
-    scenario(Fault::CutFromController);
+    scenario(Replicas::start(), Fault::CutFromController);
 }
 
-/// What one failover took.
+#[test]
+fn a_replica_cut_off_from_its_peers_leaves_the_in_sync_set_and_rejoins() {
+    scenario(
+        Replicas::start_with_peer_proxies(1, |_| Vec::new()),
+        Fault::ReplicaCutFromPeers,
+    );
+}
+
+#[test]
+fn a_frozen_controller_leader_is_replaced_and_the_master_keeps_serving() {
+    scenario(
+        Replicas::start_with(3, |_| Vec::new()),
+        Fault::ControllerLeaderFreeze,
+    );
+}
+
+/// What one fault took.
 struct Outcome {
     acknowledged: usize,
+    /// A master fault: until the new master was elected. Another fault: until the group
+    /// showed it (the replica out of the in-sync set, a new controller leader).
     elected: Duration,
+    /// A master fault: until the first send after the fault was acknowledged. Another fault:
+    /// the longest time between two acknowledgements from the fault on.
     resumed: Option<Duration>,
 }
 
@@ -61,16 +98,45 @@ struct Outcome {
 #[test]
 #[ignore = "a soak of about 25 minutes, run by hand"]
 fn soak_master_faults() {
+    soak(
+        &[Fault::Kill, Fault::Freeze, Fault::CutFromController],
+        Replicas::start,
+    );
+}
+
+/// Every fault of [`Fault`] in turn, `SHOAL_SOAK_RUNS` runs (default 100), each in a fresh
+/// group of three voters with a proxy in front of every broker: masters killed, frozen and cut
+/// off from the controller, replicas killed, frozen and cut off from their peers, the
+/// controller's leader killed and frozen. By hand: `SHOAL_TEST_BIN=target/release/shoal cargo
+/// test -p shoal --test replication_process -- --ignored --nocapture soak_mixed`.
+#[test]
+#[ignore = "a soak of about 35 minutes, run by hand"]
+fn soak_mixed_faults() {
+    soak(
+        &[
+            Fault::Kill,
+            Fault::ReplicaKill,
+            Fault::ControllerLeaderKill,
+            Fault::Freeze,
+            Fault::ReplicaFreeze,
+            Fault::ControllerLeaderFreeze,
+            Fault::CutFromController,
+            Fault::ReplicaCutFromPeers,
+        ],
+        || Replicas::start_with_peer_proxies(3, |_| Vec::new()),
+    );
+}
+
+fn soak(faults: &[Fault], start: impl Fn() -> Replicas) {
     let runs: usize = std::env::var("SHOAL_SOAK_RUNS")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(100);
-    let faults = [Fault::Kill, Fault::Freeze, Fault::CutFromController];
     let mut by_fault: Vec<(Fault, Vec<Outcome>)> =
         faults.iter().map(|f| (*f, Vec::new())).collect();
     for run in 0..runs {
         let fault = faults[run % faults.len()];
-        let o = scenario(fault);
+        let o = scenario(start(), fault);
         by_fault[run % faults.len()].1.push(o);
     }
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
@@ -88,8 +154,12 @@ fn soak_master_faults() {
                 .unwrap_or(f64::NAN)
         };
         let acked: usize = outcomes.iter().map(|o| o.acknowledged).sum();
+        let (took, gap) = match fault.of_master() {
+            true => ("new master after", "first send after"),
+            false => ("seen after", "longest gap between acknowledgements"),
+        };
         eprintln!(
-            "soak {fault:?}: {} runs, {acked} acknowledged, 0 lost; new master after (ms) min {:.0} median {:.0} max {:.0}; first send after (ms) min {:.0} median {:.0} p99 {:.0} max {:.0}",
+            "soak {fault:?}: {} runs, {acked} acknowledged, 0 lost; {took} (ms) min {:.0} median {:.0} max {:.0}; {gap} (ms) min {:.0} median {:.0} p99 {:.0} max {:.0}",
             outcomes.len(),
             pct(&elected, 0.0),
             pct(&elected, 0.5),
@@ -102,8 +172,11 @@ fn soak_master_faults() {
     }
 }
 
-fn scenario(fault: Fault) -> Outcome {
-    let mut r = Replicas::start();
+fn scenario(r: Replicas, fault: Fault) -> Outcome {
+    if !fault.of_master() {
+        return beside_the_master(r, fault);
+    }
+    let mut r = r;
     let g = r.wait_group("no master with three in sync", |g| {
         g["master"].is_u64() && in_sync_len(g) == 3
     });
@@ -138,6 +211,7 @@ fn scenario(fault: Fault) -> Outcome {
             Command::new("kill").args(["-STOP", &pid]).status().unwrap();
         }
         Fault::CutFromController => r.cut_from_controller(master),
+        _ => unreachable!("not a master fault"),
     }
     let g = r.wait_group("no new master elected", |g| {
         g["masterEpoch"].as_u64().unwrap_or(0) > epoch && g["master"].is_u64()
@@ -173,6 +247,7 @@ fn scenario(fault: Fault) -> Outcome {
             Command::new("kill").args(["-CONT", &pid]).status().unwrap();
         }
         Fault::CutFromController => r.heal_to_controller(master),
+        _ => unreachable!("not a master fault"),
     }
     r.wait_group("the old master did not rejoin the in-sync set", |g| {
         in_sync_len(g) == 3
@@ -184,6 +259,101 @@ fn scenario(fault: Fault) -> Outcome {
         acknowledged: acked.len(),
         elected,
         resumed,
+    }
+}
+
+/// A fault of a replica or of the controller's leader under load: the master stays, sends go
+/// on (a frozen replica holds them until the master gives up on it), every acknowledged
+/// message is consumed, and once the process is back (restarted, thawed, healed) the group is
+/// whole again: three in sync, with a master.
+fn beside_the_master(mut r: Replicas, fault: Fault) -> Outcome {
+    let mut l = under_load(&r, "m", "replicated-readers");
+    wait_sends(&l.producer, 200, "the first master acknowledged too little");
+    let at = Instant::now();
+    let pid = |p: &Option<support::Proc>| p.as_ref().unwrap().child.id().to_string();
+    let signal = |sig: &str, pid: &str| {
+        Command::new("kill").args([sig, pid]).status().unwrap();
+    };
+    let leader = match fault {
+        Fault::ControllerLeaderKill | Fault::ControllerLeaderFreeze => {
+            Some(r.wait_leader(0, "no controller leader", |_| true))
+        }
+        _ => None,
+    };
+    let mut frozen_voter = None;
+    match fault {
+        Fault::ReplicaKill => r.kill_broker(l.replica),
+        Fault::ReplicaFreeze => signal("-STOP", &pid(&r.brokers[l.replica].2)),
+        Fault::ReplicaCutFromPeers => r.peers[l.replica].cut(),
+        Fault::ControllerLeaderKill => r.kill_voter(leader.unwrap()),
+        Fault::ControllerLeaderFreeze => {
+            // Out of the voters the test asks while frozen (it would not answer).
+            let p = r.voters[leader.unwrap()].proc.take();
+            signal("-STOP", &pid(&p));
+            frozen_voter = p;
+        }
+        _ => unreachable!("a master fault"),
+    }
+    let replica_id = r.id_of(
+        &r.wait_group("no group", |g| g["master"].is_u64()),
+        l.replica,
+    );
+    let seen = match leader {
+        Some(old) => {
+            let from = (old + 1) % r.voters.len();
+            r.wait_leader(from, "no new controller leader", |i| i != old);
+            at.elapsed()
+        }
+        None => {
+            r.wait_group("the replica did not leave the in-sync set", |g| {
+                in_sync_len(g) == 2
+                    && !g["inSync"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .any(|id| id.as_u64() == Some(replica_id))
+            });
+            at.elapsed()
+        }
+    };
+    // Sends go on, to the same master.
+    wait_sends(&l.producer, 200, "sends did not go on beside the fault");
+    let gap = support::replicas::longest_gap(&l.producer, at);
+    let acked: BTreeSet<String> = l.producer.stop().into_iter().collect();
+    let failed = l.producer.failed.lock().unwrap().len();
+    wait_all_consumed(&l.group, &acked);
+    eprintln!(
+        "fault beside the master ({fault:?}): {} acknowledged, {failed} sends failed, seen after {seen:?}, longest gap between acknowledgements {gap:?}",
+        acked.len()
+    );
+    match fault {
+        Fault::ReplicaKill => r.start_broker(l.replica),
+        Fault::ReplicaFreeze => signal("-CONT", &pid(&r.brokers[l.replica].2)),
+        Fault::ReplicaCutFromPeers => r.peers[l.replica].heal(),
+        Fault::ControllerLeaderKill => r.start_voter(leader.unwrap()),
+        Fault::ControllerLeaderFreeze => {
+            signal("-CONT", &pid(&frozen_voter));
+            r.voters[leader.unwrap()].proc = frozen_voter;
+        }
+        _ => unreachable!("a master fault"),
+    }
+    let g = r.wait_group("the group is not whole again", |g| {
+        g["master"].is_u64() && in_sync_len(g) == 3
+    });
+    if matches!(fault, Fault::ReplicaKill | Fault::ReplicaCutFromPeers) {
+        assert_eq!(
+            g["masterEpoch"].as_u64(),
+            Some(l.epoch),
+            "a replica's fault moved the master"
+        );
+    }
+    for m in l.group.group.members.values_mut() {
+        m.sigkill();
+    }
+    Outcome {
+        acknowledged: acked.len(),
+        elected: seen,
+        resumed: Some(gap),
     }
 }
 

@@ -251,3 +251,79 @@ fn offsets_committed_to_replicas_without_a_master_reach_the_new_master() {
         }
     });
 }
+
+/// A topic created on the master, and then a commit marked `shoalWaitReplicated` (how a Kafka
+/// coordinator commits another broker group's partition), are answered only once the in-sync
+/// set has them (a replica refuses the commit): the master killed right after the answers,
+/// the new master has the topic and the offset.
+#[test]
+fn a_topic_and_a_commit_answered_once_replicated_survive_a_kill_right_after_their_answers() {
+    let mut r = Replicas::start();
+    let g = r.wait_group("no master with three in sync", |g| {
+        g["master"].is_u64() && in_sync_len(g) == 3
+    });
+    let epoch = g["masterEpoch"].as_u64().unwrap();
+    let master = r.index_of(&g, g["master"].as_u64().unwrap());
+    let addrs: Vec<String> = r.brokers.iter().map(|b| b.0.clone()).collect();
+    r.cluster.json(&[
+        "topic",
+        "create",
+        TOPIC,
+        "--queues",
+        "1",
+        "--brokers",
+        &addrs[master],
+        "--json",
+    ]);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let client = RemotingClient::new(NetConfig::default(), Arc::new(NotSupportedProcessor));
+    let waiting = |offset: i64| {
+        let mut c = commit(0, offset);
+        c.ext_fields
+            .get_or_insert_with(Default::default)
+            .insert(shoal_proto::ext::field::WAIT_REPLICATED, "true");
+        c
+    };
+    rt.block_on(async {
+        let replica = (master + 1) % 3;
+        let a = client.invoke(&addrs[replica], waiting(1), T).await.unwrap();
+        assert_eq!(a.code, resp::SERVICE_NOT_AVAILABLE, "{:?}", a.remark);
+        let a = client.invoke(&addrs[master], waiting(9), T).await.unwrap();
+        assert_eq!(a.code, resp::SUCCESS, "{:?}", a.remark);
+    });
+    r.kill_broker(master);
+    let g = r.wait_group("no new master elected", |g| {
+        g["masterEpoch"].as_u64().unwrap_or(0) > epoch && g["master"].is_u64()
+    });
+    let new_master = r.index_of(&g, g["master"].as_u64().unwrap());
+    rt.block_on(async {
+        let deadline = Instant::now() + LIMIT;
+        loop {
+            // A forwarded commit is answered once the new master took over (it applied its
+            // log), and moves no offset back.
+            let mut probe = commit(0, 0);
+            probe
+                .ext_fields
+                .get_or_insert_with(Default::default)
+                .insert(shoal_proto::ext::field::FORWARDED, "true");
+            let a = client.invoke(&addrs[new_master], probe, T).await.unwrap();
+            if a.code == resp::SUCCESS {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{:?}", a.remark);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let a = client
+            .invoke(&addrs[new_master], query(0), T)
+            .await
+            .unwrap();
+        let h: QueryConsumerOffsetResponseHeader = a.decode_command_header().unwrap();
+        assert_eq!(
+            h.offset, 9,
+            "the new master has the commit answered before the kill"
+        );
+    });
+}

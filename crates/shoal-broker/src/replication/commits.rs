@@ -10,7 +10,9 @@
 //! old master's replicated offsets it applies first cannot replace it. Until the master has
 //! it, the replica does not let the master's replicated offsets move it back, and a replica
 //! elected master keeps it (it is in its own store, and its metadata rounds carry it to the
-//! others).
+//! others). A master that has not yet taken over its group's state keeps the commits it takes
+//! in the same way until it has, so the old master's offsets it applies first do not replace
+//! them.
 //!
 //! Bounded: at most `replication.max_pending_commits` queues wait; a commit for one more queue
 //! is refused with SYSTEM_BUSY (the client commits again; it loses nothing), counted in
@@ -137,7 +139,8 @@ impl ForwardedCommits {
     }
 }
 
-/// Stores a commit a client made to this broker; on a replica, keeps it for the master.
+/// Stores a commit a client made to this broker; on a replica, keeps it for the master (and on
+/// a master that has not taken over yet, until it has).
 pub(crate) fn store_commit(
     b: &Shared,
     group: &str,
@@ -146,7 +149,7 @@ pub(crate) fn store_commit(
     offset: i64,
 ) -> Result<(), crate::reply::Reject> {
     if let Some(r) = b.replication.get() {
-        if !r.is_master() {
+        if !r.serves_as_master() {
             r.commits
                 .record((group.to_string(), topic.to_string(), queue_id), offset)
                 .map_err(|f| {
@@ -174,7 +177,9 @@ pub(crate) fn start(b: Arc<Shared>, repl: Arc<Replication>) -> JoinHandle<()> {
             }
             let view = repl.view();
             match (&view.role, view.master_addr.as_deref()) {
-                (RoleView::Master { .. }, _) => {
+                // A master still applying its log keeps them: a replicated offset it applies
+                // must not replace them.
+                (RoleView::Master { .. }, _) if repl.serves_as_master() => {
                     let n = repl.commits.clear();
                     if n > 0 {
                         info!(

@@ -569,25 +569,7 @@ impl Driver {
         let tx = self.tx.clone();
         let inbox_dropped = self.handle.clone();
         tokio::spawn(async move {
-            let n = controllers.len();
-            let first = hint.load(Ordering::Relaxed);
-            let mut response = None;
-            for i in 0..n {
-                let at = (first + i) % n;
-                match client.invoke(&controllers[at], cmd.clone(), timeout).await {
-                    Ok(r) => match wire::decode_controller(&r) {
-                        Some(Response::NotLeader { .. }) | Some(Response::Busy) | None => {}
-                        Some(r) => {
-                            hint.store(at, Ordering::Relaxed);
-                            response = Some(r);
-                            break;
-                        }
-                    },
-                    Err(e) => {
-                        tracing::debug!(controller = %controllers[at], error = %e, "controller call failed");
-                    }
-                }
-            }
+            let response = ask_voters(&client, &controllers, &hint, cmd, timeout).await;
             if tx.try_send(Input::Answer { call, response }).is_err() {
                 inbox_dropped
                     .counters
@@ -595,6 +577,64 @@ impl Driver {
                     .fetch_add(1, Ordering::Relaxed);
             }
         });
+    }
+}
+
+/// A voter that has not answered a call within this is asked to be hedged: the next voter is
+/// asked too (a frozen or partitioned leader would hold every call for its whole timeout,
+/// longer than the master's lease). Liveness only: a voter that is not the leader answers
+/// NOT_LEADER, and the controller fences stale commands whoever carries them.
+const HEDGE_AFTER: Duration = Duration::from_millis(200);
+
+/// Asks the voters, from the last one that answered as leader, until one answers as leader;
+/// the next voter is asked as well whenever the ones asked have been silent for
+/// [`HEDGE_AFTER`] (the first leader's answer wins). `None`: none did within `timeout` each.
+async fn ask_voters(
+    client: &RemotingClient,
+    controllers: &[String],
+    hint: &AtomicUsize,
+    cmd: RemotingCommand,
+    timeout: Duration,
+) -> Option<Response> {
+    use futures::stream::{FuturesUnordered, StreamExt};
+    let n = controllers.len();
+    let first = hint.load(Ordering::Relaxed);
+    let mut asked = 0;
+    let mut pending = FuturesUnordered::new();
+    let ask = |i: usize| {
+        let at = (first + i) % n;
+        let cmd = cmd.clone();
+        async move { (at, client.invoke(&controllers[at], cmd, timeout).await) }
+    };
+    loop {
+        if pending.is_empty() {
+            if asked == n {
+                return None;
+            }
+            pending.push(ask(asked));
+            asked += 1;
+        }
+        let next = tokio::select! {
+            next = pending.next() => next,
+            () = tokio::time::sleep(HEDGE_AFTER), if asked < n => {
+                pending.push(ask(asked));
+                asked += 1;
+                continue;
+            }
+        };
+        let Some((at, answer)) = next else { continue };
+        match answer {
+            Ok(r) => match wire::decode_controller(&r) {
+                Some(Response::NotLeader { .. }) | Some(Response::Busy) | None => {}
+                Some(r) => {
+                    hint.store(at, Ordering::Relaxed);
+                    return Some(r);
+                }
+            },
+            Err(e) => {
+                tracing::debug!(controller = %controllers[at], error = %e, "controller call failed");
+            }
+        }
     }
 }
 

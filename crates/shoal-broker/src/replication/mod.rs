@@ -310,10 +310,10 @@ impl Replication {
     }
 
     /// Resolves once a metadata round that started after the call is acknowledged by the
-    /// in-sync set, so every consumer offset committed before the call is on every member
-    /// of the set (a new master has it); `false` when none was within `timeout` (not master,
+    /// in-sync set, so every consumer offset committed and every topic or subscription-group
+    /// change made before the call is on every member of the set (a new master has it); `false` when none was within `timeout` (not master,
     /// or the set did not acknowledge).
-    pub(crate) async fn offsets_replicated(&self, timeout: std::time::Duration) -> bool {
+    pub(crate) async fn metadata_replicated(&self, timeout: std::time::Duration) -> bool {
         let want = self.rounds_started.load(Ordering::Acquire) + 1;
         let mut done = self.rounds_done.subscribe();
         self.round_wanted.notify_one();
@@ -338,7 +338,7 @@ impl Replication {
         });
     }
 
-    /// Resolves when a round is asked for ([`Self::offsets_replicated`]).
+    /// Resolves when a round is asked for ([`Self::metadata_replicated`]).
     pub(crate) async fn round_wanted(&self) {
         self.round_wanted.notified().await;
     }
@@ -508,7 +508,7 @@ mod round_tests {
         let in_progress = r.round_started();
         let waiter = {
             let r = r.clone();
-            tokio::spawn(async move { r.offsets_replicated(Duration::from_secs(30)).await })
+            tokio::spawn(async move { r.metadata_replicated(Duration::from_secs(30)).await })
         };
         // The task is asked for a round.
         tokio::time::timeout(Duration::from_secs(5), r.round_wanted())
@@ -523,6 +523,6 @@ mod round_tests {
         let next = r.round_started();
         r.round_done(next);
         assert!(waiter.await.unwrap());
-        assert!(!r.offsets_replicated(Duration::from_millis(20)).await);
+        assert!(!r.metadata_replicated(Duration::from_millis(20)).await);
     }
 }
