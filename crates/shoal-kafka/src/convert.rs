@@ -45,6 +45,7 @@ pub type HeaderList = Vec<(String, Option<Bytes>)>;
 /// and a Kafka header with one of these names goes into [`PROP_HEADERS`].
 pub(crate) const HIDDEN: &[&str] = &[
     PROP_ORIGIN,
+    crate::producer_log::PROP_PRODUCER,
     PROP_KEY_B64,
     PROP_NULL_VALUE,
     PROP_HEADERS,

@@ -34,6 +34,7 @@ mod metrics;
 mod offsets;
 mod produce;
 mod producer;
+mod producer_log;
 mod records;
 mod request;
 mod server;

@@ -30,14 +30,16 @@ use std::sync::Arc;
 /// thread hop is small next to the work.
 const INLINE_REQUEST_BYTES: usize = 64 * 1024;
 
-struct Outcome {
+/// A partition's answer: an error, or where its records went.
+pub(crate) struct Outcome {
     error: Option<(ResponseError, String)>,
     base_offset: i64,
     log_start: i64,
 }
 
 impl Outcome {
-    fn err(e: ResponseError, m: impl Into<String>) -> Outcome {
+    /// A refusal with `e` and a message.
+    pub(crate) fn err(e: ResponseError, m: impl Into<String>) -> Outcome {
         Outcome {
             error: Some((e, m.into())),
             base_offset: -1,
@@ -388,6 +390,14 @@ async fn store_idempotent(
         topic,
         partition: index,
     };
+    let queue = batches
+        .iter()
+        .find_map(|b| b.msgs.first())
+        .map(|m| m.queue_id);
+    let needs_log = entry.lock().needs_log(topic, index);
+    if let (Some(queue), true) = (queue, needs_log) {
+        crate::producer_log::rebuild(state, &entry, topic, index, queue, producer_id).await?;
+    }
     let mut base_offset: Option<i64> = None;
     for b in batches {
         let check = entry
@@ -415,7 +425,9 @@ async fn store_idempotent(
                 ));
             }
             SeqCheck::Append => {
-                let at = store(state, b.msgs).await?;
+                let mut msgs = b.msgs;
+                crate::producer_log::mark(&mut msgs, producer_id, b.epoch, b.first_seq, b.last_seq);
+                let at = store(state, msgs).await?;
                 entry
                     .lock()
                     .record(topic, index, b.epoch, b.first_seq, b.last_seq, at);

@@ -4,8 +4,10 @@
 //! answered with its original offset and not stored again; a stale epoch is fenced.
 //!
 //! The state is held in memory (bounded by `max_producer_states`, least recently used
-//! forgotten first); after a restart producers are unknown and re-initialise
-//! (UNKNOWN_PRODUCER_ID), so a retry that straddles a restart can be stored twice.
+//! forgotten first). A producer this broker has no state for (after a restart or a failover,
+//! or evicted) is adopted from its first batch, and its batches among each partition's last
+//! messages are read back from the log first (`producer_log.rs`), so a batch the previous
+//! leader wrote is answered as a duplicate when the producer sends it again.
 
 use crate::clock::wall_ms;
 use kafka_protocol::ResponseError;
@@ -119,6 +121,33 @@ impl ProducerEntry {
         } else {
             SeqCheck::Refuse(ResponseError::OutOfOrderSequenceNumber)
         }
+    }
+
+    /// Whether this entry was adopted (another leader gave the producer its id) and has no
+    /// state for the partition yet: its batches there are read back from the log first.
+    pub(crate) fn needs_log(&self, topic: &str, partition: i32) -> bool {
+        self.adopted
+            && !self
+                .partitions
+                .contains_key(&(topic.to_string(), partition))
+    }
+
+    /// The producer's batches of a partition as the log showed them, oldest first (epoch,
+    /// first and last sequence, first offset): recorded as if stored here (those of older
+    /// epochs are not), and the partition is known from now on, as taken over mid-stream.
+    pub(crate) fn rebuilt(
+        &mut self,
+        topic: &str,
+        partition: i32,
+        batches: &[crate::producer_log::LoggedBatch],
+    ) {
+        for (epoch, first, last, base) in batches {
+            self.record(topic, partition, *epoch, *first, *last, *base);
+        }
+        self.partitions
+            .entry((topic.to_string(), partition))
+            .or_default()
+            .mid_stream = true;
     }
 
     /// Records a stored batch.

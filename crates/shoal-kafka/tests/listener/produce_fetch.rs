@@ -297,6 +297,88 @@ async fn idempotent_batches_are_stored_once_and_gaps_refused() {
     );
 }
 
+/// A new listener over the same log (a restart; a new master after a failover is the same
+/// case) knows no producer: the batch the old one stored, sent again, is answered with its
+/// offset and not stored twice (the producer's batches are read back from the log), and the
+/// producer goes on from its next sequence.
+#[tokio::test]
+async fn an_idempotent_batch_sent_again_to_a_new_leader_is_not_stored_twice() {
+    let mut f = Fixture::start(KafkaConfig::default()).await;
+    let mut c = f.client().await;
+    let _: CreateTopicsResponse = c.call(ApiKey::CreateTopics, 7, &create_req("T7", 1)).await;
+    let init = init_producer(&mut c).await;
+    let idem = |first: i32, n: i64| -> Bytes {
+        let recs: Vec<Record> = (0..n)
+            .map(|i| Record {
+                producer_id: init.producer_id.0,
+                producer_epoch: init.producer_epoch,
+                sequence: first + i as i32,
+                ..record(i, "k", "v")
+            })
+            .collect();
+        batch(&recs, Compression::None)
+    };
+    // Another producer's records between them: the scan picks this producer's out.
+    for (first, n) in [(0, 3), (3, 2), (5, 4)] {
+        let r: ProduceResponse = c
+            .call(
+                ApiKey::Produce,
+                9,
+                &produce_req("T7", 0, -1, idem(first, n)),
+            )
+            .await;
+        assert_eq!(r.responses[0].partition_responses[0].error_code, 0);
+        let r: ProduceResponse = c
+            .call(
+                ApiKey::Produce,
+                9,
+                &produce_req(
+                    "T7",
+                    0,
+                    -1,
+                    batch(&[record(0, "o", "x")], Compression::None),
+                ),
+            )
+            .await;
+        assert_eq!(r.responses[0].partition_responses[0].error_code, 0);
+    }
+    assert_eq!(f.broker.store.max_offset("T7", 0), 12);
+    f.restart_listener(KafkaConfig::default()).await;
+    let mut c = f.client().await;
+    // The last two batches again (a retry after the leader changed): answered, not stored.
+    for (first, n, at) in [(3, 2, 4), (5, 4, 7)] {
+        let r: ProduceResponse = c
+            .call(
+                ApiKey::Produce,
+                9,
+                &produce_req("T7", 0, -1, idem(first, n)),
+            )
+            .await;
+        let p = &r.responses[0].partition_responses[0];
+        assert_eq!((p.error_code, p.base_offset), (0, at), "batch {first}");
+    }
+    assert_eq!(f.broker.store.max_offset("T7", 0), 12);
+    let r: ProduceResponse = c
+        .call(ApiKey::Produce, 9, &produce_req("T7", 0, -1, idem(9, 1)))
+        .await;
+    let p = &r.responses[0].partition_responses[0];
+    assert_eq!((p.error_code, p.base_offset), (0, 12));
+    // What the old listener wrote reads back without the bookkeeping property.
+    let r: FetchResponse = c
+        .call(ApiKey::Fetch, 12, &fetch_req("T7", 0, 0, 0, 1))
+        .await;
+    let mut bytes = r.responses[0].partitions[0].records.clone().unwrap();
+    for b in kafka_protocol::records::RecordBatchDecoder::decode_all(&mut bytes).unwrap() {
+        for rec in b.records {
+            assert!(
+                rec.headers.keys().all(|k| !k.contains("PRODUCER")),
+                "{:?}",
+                rec.headers
+            );
+        }
+    }
+}
+
 /// The same idempotent batch sent at once on eight connections (a retry storm after
 /// reconnects): it is stored once; every answer is its offset or the retriable
 /// REQUEST_TIMED_OUT of a request that found another one writing the partition, and retrying

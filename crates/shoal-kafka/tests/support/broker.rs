@@ -232,6 +232,23 @@ impl Fixture {
         }
     }
 
+    /// A new listener over the same broker and store in place of the running one (as after a
+    /// restart or a failover: it knows no producer, group or connection of the old one).
+    pub async fn restart_listener(&mut self, config: KafkaConfig) {
+        drop(self.server.take());
+        let server = KafkaServer::start(
+            KafkaConfig {
+                listen_addr: "127.0.0.1:0".into(),
+                group_initial_rebalance_delay_ms: 0,
+                ..config
+            },
+            self.broker.clone(),
+        )
+        .await
+        .unwrap();
+        self.server = Some(server);
+    }
+
     pub async fn client(&self) -> Client {
         let addr = self.server.as_ref().unwrap().local_addr();
         Client {
