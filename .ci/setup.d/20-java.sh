@@ -3,7 +3,8 @@
 # repository), so that the Java compatibility tests run offline: rocketmq-client/-tools 4.9.8
 # and 5.3.3 (tests/compat/java profiles client4, client5) with the test plugins, and
 # rocketmq-namesrv/-broker 5.3.3 (profile broker5) with their class path written to
-# target/external/rocketmq-broker5.classpath.
+# target/external/rocketmq-broker5.classpath (it holds, through their dependencies, the
+# controller and mqadmin that benches/peers/replicated.sh runs too).
 set -euo pipefail
 if ! command -v java >/dev/null || ! command -v mvn >/dev/null; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then

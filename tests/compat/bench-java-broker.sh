@@ -14,26 +14,29 @@
 #               machines)
 #   BENCH_PRODUCE, BENCH_E2E  the bench arguments (defaults below)
 #   WARMUP      length of the unreported warm-up produce run on each server (default 10s)
+#   WORK_PREFIX where the data directories go, WORK_PREFIX.XXXXXX (default /tmp/shoal-bench-rmq;
+#               RocketMQ's broker refuses sends on a file system over 90% full by its count:
+#               the script says so, then use another, e.g. /dev/shm/shoal-bench-rmq)
 # Prints one table row per run (markdown) and keeps the JSON reports in $OUT (default a
 # temporary directory, removed at the end unless OUT is set).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 rounds=${1:-2}
+# shellcheck source=../../benches/peers/lib.sh
+. benches/peers/lib.sh
 bin=$(realpath "${SHOAL_BIN:-target/release/shoal}")
-cpf=target/external/rocketmq-broker5.classpath
 [ -x "$bin" ] || { echo "no shoal binary at $bin (cargo build --release -p shoal)" >&2; exit 1; }
-[ -s "$cpf" ] || { echo "no $cpf: run .ci/setup.d/20-java.sh first" >&2; exit 1; }
-command -v java >/dev/null || { echo "java not found" >&2; exit 1; }
+rmq_check || exit 1
 command -v jq >/dev/null || { echo "jq not found" >&2; exit 1; }
-cp=$(cat "$cpf")
 base=${BASE_PORT:-23100}
 heap=${JAVA_HEAP:-1g}
 produce_args=${BENCH_PRODUCE:---size 128 --producers 8 --duration 10s}
 e2e_args=${BENCH_E2E:---size 128 --rate 2000 --consumers 4 --duration 20s}
-work=$(mktemp -d /tmp/shoal-bench-rmq.XXXXXX)
+work=$(mktemp -d "${WORK_PREFIX:-/tmp/shoal-bench-rmq}.XXXXXX")
 out=${OUT:-$work/reports}
 mkdir -p "$out"
 pids=()
+rmq_disk_check "$work" || { rm -rf "$work"; exit 1; }
 cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
   for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
@@ -43,17 +46,6 @@ cleanup() {
 trap cleanup EXIT
 
 tck=$(getconf CLK_TCK)
-# CPU ticks (utime + stime) of the given processes.
-ticks() {
-  local t=0 p f
-  for p in "$@"; do
-    # Fields after the command name (which is in parentheses): utime is the 12th, stime the 13th.
-    f=$(sed 's/.*) //' "/proc/$p/stat")
-    set -- $f
-    t=$((t + ${12} + ${13}))
-  done
-  echo "$t"
-}
 
 wait_up() { # NAMESRV BROKER-NAME
   local i
@@ -90,15 +82,10 @@ storePathCommitLog=$work/rmq/store/commitlog
 flushDiskType=ASYNC_FLUSH
 autoCreateTopicEnable=false
 EOF
-jvm=(-server -XX:+UseG1GC -XX:G1HeapRegionSize=16m -XX:G1ReservePercent=25
-  -XX:InitiatingHeapOccupancyPercent=30 -XX:SoftRefLRUPolicyMSPerMB=0
-  -XX:-OmitStackTraceInFastThrow "-Duser.home=$work/rmq" "-Drocketmq.home.dir=$work/rmq")
-(cd "$work/rmq" && exec java -Xms256m -Xmx256m "${jvm[@]}" -cp "$cp" \
-  org.apache.rocketmq.namesrv.NamesrvStartup -c "$work/rmq/namesrv.conf" >namesrv.out 2>&1) &
+rmq_java "$work/rmq" 256m org.apache.rocketmq.namesrv.NamesrvStartup -c "$work/rmq/namesrv.conf" &
 ns_pid=$!
 pids+=("$ns_pid")
-(cd "$work/rmq" && exec java "-Xms$heap" "-Xmx$heap" "${jvm[@]}" -cp "$cp" \
-  org.apache.rocketmq.broker.BrokerStartup -c "$work/rmq/broker.conf" >broker.out 2>&1) &
+rmq_java "$work/rmq" "$heap" org.apache.rocketmq.broker.BrokerStartup -c "$work/rmq/broker.conf" &
 broker_pid=$!
 pids+=("$broker_pid")
 
