@@ -8,7 +8,7 @@
 //!   and every acknowledged message (SEND_OK) must be consumed afterwards. The client re-reads
 //!   routes 3 s after it starts and then every 30 s, so sends resume at its next route poll,
 //!   and a pull held at the dead master waits out its 30 s timeout: the run takes about 40 s
-//!   (docs/ha.md, "Official clients through a failover").
+//!   (docs/failover.md, "Official clients through a failover").
 
 mod support;
 

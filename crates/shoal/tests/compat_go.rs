@@ -10,7 +10,7 @@
 //!   and every acknowledged message (SEND_OK) must be consumed afterwards. The client re-reads
 //!   routes every 30 s (a constant of the client), so sends resume at its next route poll, and a
 //!   pull held at the dead master waits out its 30 s timeout: the run takes about 45 s
-//!   (docs/ha.md, "Official clients through a failover").
+//!   (docs/failover.md, "Official clients through a failover").
 //! - `rocketmq-go-check consume` (a clustering push consumer printing what it receives) is a
 //!   member of the official group of `replication_mixed`.
 

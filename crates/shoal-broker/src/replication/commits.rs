@@ -1,7 +1,7 @@
 //! Offsets committed to a replica reach the master.
 //!
 //! A RocketMQ client commits to a replica when its route has no master (Java 5.3.3 at once,
-//! 4.9.8 after asking the name server again; docs/ha.md "Official clients through a
+//! 4.9.8 after asking the name server again; docs/failover.md "Official clients through a
 //! failover"). The replica stores the commit, so its own pulls and queries see it, and keeps it
 //! in [`ForwardedCommits`] until the group's master has it: the forwarding task
 //! ([`start`]) sends each one to the master it follows (UPDATE_CONSUMER_OFFSET marked
