@@ -35,10 +35,14 @@ pub enum ApiError {
     /// The broker could not do it (a table not persisted, the store).
     #[error("{0}")]
     Broker(String),
-    /// A replica, or a master still taking over its group's state: its coordinator answers
-    /// no member (the client asks which broker coordinates the group again).
+    /// A replica: its coordinator answers no member (the client asks which broker
+    /// coordinates the group again).
     #[error("{0}")]
     NotCoordinator(String),
+    /// The group's master, still taking over its group's state (applying its log's
+    /// metadata): it coordinates the group, and answers its members once it has done so.
+    #[error("{0}")]
+    CoordinatorLoading(String),
     /// A replica: topics and subscription groups change on the master, whose tables the
     /// replicas follow.
     #[error("{0}")]
@@ -372,8 +376,13 @@ impl BrokerApi {
         // cache), so no lock is taken inside another.
         // A group's members are answered only by a master that took over the group's state.
         if let (Some(r), Some(_)) = (self.b.replication.get(), group) {
-            r.refuse_unless_serving()
-                .map_err(|e| ApiError::NotCoordinator(e.remark))?;
+            r.refuse_unless_serving().map_err(|e| {
+                if r.is_master() {
+                    ApiError::CoordinatorLoading(e.remark)
+                } else {
+                    ApiError::NotCoordinator(e.remark)
+                }
+            })?;
         }
         let routes = self.b.routes();
         let queues: Vec<(String, Vec<shoal_proto::MessageQueue>)> = topics

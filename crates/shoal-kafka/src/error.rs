@@ -41,10 +41,14 @@ pub enum KafkaError {
     /// Something else went wrong in the broker.
     #[error("{0}")]
     Broker(String),
-    /// This broker's coordinator answers no member now (a replica, or a master still taking
-    /// over its group's state).
+    /// This broker's coordinator answers no member: a replica.
     #[error("{0}")]
     NotCoordinator(String),
+    /// This broker is the group's new master and still takes over the group's state: it
+    /// answers the group's members once it has (COORDINATOR_LOAD_IN_PROGRESS, which clients
+    /// retry on the same coordinator after a short back-off).
+    #[error("{0}")]
+    CoordinatorLoading(String),
     /// A replica: topics change on its group's master (the Kafka controller it names).
     #[error("{0}")]
     NotController(String),
@@ -65,6 +69,7 @@ impl KafkaError {
             }
             KafkaError::Store(_) | KafkaError::Broker(_) => ResponseError::KafkaStorageError,
             KafkaError::NotCoordinator(_) => ResponseError::NotCoordinator,
+            KafkaError::CoordinatorLoading(_) => ResponseError::CoordinatorLoadInProgress,
             KafkaError::NotController(_) => ResponseError::NotController,
             KafkaError::Bind { .. } | KafkaError::Config(_) => ResponseError::UnknownServerError,
         };

@@ -178,7 +178,8 @@ pub trait BrokerHandle: Send + Sync + 'static {
     ///
     /// With `group`: [`KafkaError::ClassicGroup`] (and `f` is not run) when RocketMQ members of
     /// that group allocate client-side (the classic protocol); [`KafkaError::NotCoordinator`]
-    /// when the broker is a replica, or a master still taking over its group's state.
+    /// when the broker is a replica, [`KafkaError::CoordinatorLoading`] when it is a master
+    /// still taking over its group's state.
     fn with_coordinator(
         &self,
         group: Option<&str>,

@@ -74,6 +74,25 @@ pub(crate) fn on_coordinator<R>(
     out.ok_or_else(|| KafkaError::Broker("the broker did not run the coordinator request".into()))
 }
 
+/// Who fences a commit, from the coordinator's answer to whether it knows the group:
+/// `Ok(true)` the consumer-protocol coordinator, `Ok(false)` the classic groups (a group the
+/// coordinator does not know, or a group of classic RocketMQ members). A coordinator that
+/// answers no group now (a new master still taking over the group's state) does not know
+/// the group yet: the commit is refused with the code that makes the client send it again
+/// (COORDINATOR_LOAD_IN_PROGRESS), not fenced as a classic group's, whose ILLEGAL_GENERATION
+/// librdkafka's KIP-848 consumer takes for a lost assignment (it drops its partitions and
+/// joins again).
+pub(crate) fn commit_fencing(knows: Result<bool, KafkaError>) -> Result<bool, ResponseError> {
+    match knows {
+        Ok(known) => Ok(known),
+        Err(KafkaError::ClassicGroup(_)) => Ok(false),
+        Err(e) => {
+            Err(ResponseError::try_from_code(e.code())
+                .unwrap_or(ResponseError::CoordinatorNotAvailable))
+        }
+    }
+}
+
 /// Kafka's state name of a consumer group.
 pub(crate) fn state_name(d: &GroupDescription) -> &'static str {
     if d.members.is_empty() {
@@ -174,9 +193,16 @@ impl ConsumerGroups {
             .collect()
     }
 
-    /// Whether the coordinator knows this group (it then fences the group's commits).
-    pub(crate) fn has_group(&self, host: &dyn BrokerHandle, group: &str) -> bool {
-        on_coordinator(host, None, &[], |c, _| c.knows_group(group)).unwrap_or(false)
+    /// Whether the coordinator knows this group (it then fences the group's commits); `Err`
+    /// is the answer to a commit while the coordinator answers no group ([`commit_fencing`]).
+    pub(crate) fn has_group(
+        &self,
+        host: &dyn BrokerHandle,
+        group: &str,
+    ) -> Result<bool, ResponseError> {
+        commit_fencing(on_coordinator(host, Some(group), &[], |c, _| {
+            c.knows_group(group)
+        }))
     }
 
     /// Whether the coordinator's group has members (Kafka's or Shoal's).
@@ -238,5 +264,32 @@ impl ConsumerGroups {
             Ok(true)
         })
         .unwrap_or(Err(ResponseError::CoordinatorNotAvailable))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_commit_to_a_master_taking_over_is_sent_again_not_fenced_as_a_classic_groups() {
+        let loading = KafkaError::CoordinatorLoading("still applying its log".into());
+        assert_eq!(
+            commit_fencing(Err(loading)),
+            Err(ResponseError::CoordinatorLoadInProgress)
+        );
+        let replica = KafkaError::NotCoordinator("a replica".into());
+        assert_eq!(
+            commit_fencing(Err(replica)),
+            Err(ResponseError::NotCoordinator)
+        );
+    }
+
+    #[test]
+    fn a_known_group_is_fenced_by_the_coordinator_and_others_as_classic() {
+        assert_eq!(commit_fencing(Ok(true)), Ok(true));
+        assert_eq!(commit_fencing(Ok(false)), Ok(false));
+        let classic = KafkaError::ClassicGroup("g".into());
+        assert_eq!(commit_fencing(Err(classic)), Ok(false));
     }
 }

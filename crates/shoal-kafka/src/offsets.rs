@@ -237,10 +237,18 @@ pub(crate) async fn offset_commit(
         }
         return resp;
     }
-    let consumer =
-        !req.member_id.is_empty() && state.consumer_groups.has_group(state.host.as_ref(), &group);
+    // A new master still taking over the group's state answers COORDINATOR_LOAD_IN_PROGRESS
+    // (member_cache::commit_fencing), and the client sends the commit again.
+    let fencing = if req.member_id.is_empty() {
+        Ok(false)
+    } else {
+        state.consumer_groups.has_group(state.host.as_ref(), &group)
+    };
+    let consumer = fencing == Ok(true);
     let check = if consumer {
         Ok(())
+    } else if let Err(e) = fencing {
+        Err(e)
     } else {
         let partitions: Vec<(String, i32)> = req
             .topics

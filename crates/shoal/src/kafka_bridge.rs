@@ -40,6 +40,7 @@ fn kafka_error(e: ApiError) -> KafkaError {
         ApiError::ClassicGroup(g) => KafkaError::ClassicGroup(g),
         ApiError::Broker(why) => KafkaError::Broker(why),
         ApiError::NotCoordinator(why) => KafkaError::NotCoordinator(why),
+        ApiError::CoordinatorLoading(why) => KafkaError::CoordinatorLoading(why),
         ApiError::NotMaster(why) => KafkaError::NotController(why),
     }
 }
