@@ -340,6 +340,8 @@ def failover():
     print("READY", flush=True)
     sys.stdin.readline()
     killed = time.time()
+    if os.environ.get("PROBE") or os.environ.get("KAFKA_DEBUG"):
+        print(f"PROBE killed at {killed:.3f}", flush=True)
     time.sleep(8)
     probe("after")
     stop.set()
