@@ -86,10 +86,8 @@ pub(crate) fn commit_fencing(knows: Result<bool, KafkaError>) -> Result<bool, Re
     match knows {
         Ok(known) => Ok(known),
         Err(KafkaError::ClassicGroup(_)) => Ok(false),
-        Err(e) => {
-            Err(ResponseError::try_from_code(e.code())
-                .unwrap_or(ResponseError::CoordinatorNotAvailable))
-        }
+        Err(e) => Err(ResponseError::try_from_code(e.code())
+            .unwrap_or(ResponseError::CoordinatorNotAvailable)),
     }
 }
 
