@@ -142,6 +142,21 @@ impl BrokerApi {
         }
     }
 
+    /// Resolves once this broker's coordinator answers its group's members, or when it is
+    /// not its group's master (it will not), or after `limit`: a new master answers them
+    /// once it has taken over its group's state.
+    pub fn coordinator_ready(
+        &self,
+        limit: Duration,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let r = self.b.replication.get().cloned();
+        async move {
+            if let Some(r) = r {
+                r.serving_or_not_master(limit).await;
+            }
+        }
+    }
+
     /// The replication view of this broker (role, epochs, in-sync set, offsets), when it
     /// replicates.
     pub fn replication_status(&self) -> Option<serde_json::Value> {

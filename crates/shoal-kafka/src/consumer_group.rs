@@ -98,6 +98,18 @@ pub(crate) async fn heartbeat(
         ));
         return resp;
     }
+    // A new master takes over its group's state a few hundred milliseconds after its election
+    // (it names itself coordinator at once) and answers the group's members after that: the
+    // heartbeat waits for it, as long as a held answer may. Refused meanwhile with
+    // COORDINATOR_LOAD_IN_PROGRESS, librdkafka retries at most twice and then waits its
+    // heartbeat interval. The connection's next request ends the wait (answers go out in
+    // request order).
+    if cg.hold_ms > 0 {
+        tokio::select! {
+            _ = state.host.coordinator_ready(Duration::from_millis(cg.hold_ms)) => {}
+            _ = ctx.next_request() => {}
+        }
+    }
     let prepared = match prepare(state, ctx, &req) {
         Ok(p) => p,
         Err(resp) => {

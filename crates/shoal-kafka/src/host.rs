@@ -110,6 +110,13 @@ pub trait BrokerHandle: Send + Sync + 'static {
     fn offsets_replicated(&self) -> BoxFuture<'static, bool> {
         Box::pin(async { true })
     }
+    /// Resolves once the broker's group coordinator answers members (a new master took over
+    /// its group's state), at once when it will not (a replica, a broker without
+    /// replication), or after `limit`. Default: at once.
+    fn coordinator_ready(&self, limit: std::time::Duration) -> BoxFuture<'static, ()> {
+        let _ = limit;
+        Box::pin(async {})
+    }
     /// Learns a fresher list of the cluster's brokers (before FindCoordinator and Metadata).
     fn refresh_cluster(&self) -> BoxFuture<'static, ()> {
         Box::pin(async {})

@@ -282,6 +282,10 @@ impl BrokerHandle for BrokerBridge {
         Box::pin(self.broker.refresh_cluster())
     }
 
+    fn coordinator_ready(&self, limit: std::time::Duration) -> BoxFuture<'static, ()> {
+        Box::pin(self.broker.coordinator_ready(limit))
+    }
+
     fn commit_offset_at(
         &self,
         broker_name: &str,

@@ -153,6 +153,8 @@ pub(crate) struct Replication {
     /// applied every metadata record of its log, restored the coordinator and rebuilt the
     /// transaction decisions from it (`metadata.rs`).
     taken_over: AtomicU64,
+    /// Wakes those waiting for the take-over ([`Self::serving_or_not_master`]).
+    taken_over_now: Notify,
     /// Metadata rounds the master started (`metadata.rs`; each reads the offsets then).
     rounds_started: AtomicU64,
     /// Metadata rounds the in-sync set acknowledged, by the number they started as.
@@ -206,6 +208,7 @@ impl Replication {
             inbox,
             role_changed: Notify::new(),
             taken_over: AtomicU64::new(0),
+            taken_over_now: Notify::new(),
             rounds_started: AtomicU64::new(0),
             rounds_done: tokio::sync::watch::channel(0).0,
             round_wanted: Notify::new(),
@@ -368,6 +371,20 @@ impl Replication {
     pub(crate) fn set_taken_over(&self, epoch: Epoch) {
         self.taken_over
             .store(u64::from(epoch) + 1, Ordering::Release);
+        self.taken_over_now.notify_waiters();
+    }
+
+    /// Resolves once this broker serves as master, at once when it is not master (a replica
+    /// answers at once that it is not the coordinator), or after `limit`: a master still
+    /// taking over its group's state answers its members after it, not in between.
+    pub(crate) async fn serving_or_not_master(&self, limit: std::time::Duration) {
+        let taken_over = self.taken_over_now.notified();
+        tokio::pin!(taken_over);
+        taken_over.as_mut().enable();
+        if !self.is_master() || self.serves_as_master() {
+            return;
+        }
+        let _ = tokio::time::timeout(limit, taken_over).await;
     }
 
     /// Whether this broker is master and has taken over the group's state in its epoch
@@ -448,6 +465,44 @@ mod tests {
             role,
             ..Default::default()
         });
+    }
+
+    #[tokio::test]
+    async fn a_wait_for_the_take_over_ends_with_it_at_once_off_master_or_at_its_limit() {
+        use std::sync::Arc;
+        use std::time::Duration;
+        let (tx, _rx) = mpsc::channel(1);
+        let r = Arc::new(Replication::new("broker-a".into(), tx, 16));
+        // A limit no run reaches: the guard only turns a wait that does not end into a failure.
+        let hour = Duration::from_secs(3600);
+        let guard = Duration::from_secs(30);
+        // Not master: at once.
+        let ended = tokio::time::timeout(guard, r.serving_or_not_master(hour)).await;
+        assert!(ended.is_ok(), "a replica does not wait");
+        // Elected, still taking over: until the take-over.
+        as_role(&r, RoleView::Master { epoch: 4 });
+        let waiting = tokio::spawn({
+            let r = r.clone();
+            async move { r.serving_or_not_master(hour).await }
+        });
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert!(
+            !waiting.is_finished(),
+            "it waits while the master takes over"
+        );
+        r.set_taken_over(4);
+        let ended = tokio::time::timeout(guard, waiting).await;
+        assert!(ended.is_ok(), "the take-over ends the wait");
+        // Serving: at once.
+        let ended = tokio::time::timeout(guard, r.serving_or_not_master(hour)).await;
+        assert!(ended.is_ok(), "a serving master does not wait");
+        // Elected again and never taking over: the limit ends it.
+        as_role(&r, RoleView::Master { epoch: 6 });
+        let ended =
+            tokio::time::timeout(guard, r.serving_or_not_master(Duration::from_millis(1))).await;
+        assert!(ended.is_ok(), "the limit ends the wait");
     }
 
     #[test]
