@@ -37,6 +37,9 @@ pub const PROP_HEADERS: &str = "KAFKA_HEADERS";
 /// repeated name, a value that is binary, empty or null, a name taken by RocketMQ): JSON array
 /// of `[name, base64 value or null]`. A fetch shows exactly this list.
 pub const PROP_HEADER_LIST: &str = "KAFKA_HEADER_LIST";
+/// The first record of an idempotent producer's batch: `producer id:epoch:first sequence:last
+/// sequence` (read back by a leader that has no state for the producer: `producer_log.rs`).
+pub(crate) const PROP_PRODUCER: &str = "KAFKA_PRODUCER";
 
 /// A record's headers in order: a name may repeat, a value may be null.
 pub type HeaderList = Vec<(String, Option<Bytes>)>;
@@ -45,7 +48,7 @@ pub type HeaderList = Vec<(String, Option<Bytes>)>;
 /// and a Kafka header with one of these names goes into [`PROP_HEADERS`].
 pub(crate) const HIDDEN: &[&str] = &[
     PROP_ORIGIN,
-    crate::producer_log::PROP_PRODUCER,
+    PROP_PRODUCER,
     PROP_KEY_B64,
     PROP_NULL_VALUE,
     PROP_HEADERS,

@@ -31,7 +31,7 @@ use std::sync::Arc;
 const INLINE_REQUEST_BYTES: usize = 64 * 1024;
 
 /// A partition's answer: an error, or where its records went.
-pub(crate) struct Outcome {
+struct Outcome {
     error: Option<(ResponseError, String)>,
     base_offset: i64,
     log_start: i64,
@@ -39,7 +39,7 @@ pub(crate) struct Outcome {
 
 impl Outcome {
     /// A refusal with `e` and a message.
-    pub(crate) fn err(e: ResponseError, m: impl Into<String>) -> Outcome {
+    fn err(e: ResponseError, m: impl Into<String>) -> Outcome {
         Outcome {
             error: Some((e, m.into())),
             base_offset: -1,
@@ -396,7 +396,9 @@ async fn store_idempotent(
         .map(|m| m.queue_id);
     let needs_log = entry.lock().needs_log(topic, index);
     if let (Some(queue), true) = (queue, needs_log) {
-        crate::producer_log::rebuild(state, &entry, topic, index, queue, producer_id).await?;
+        crate::producer_log::rebuild(state, &entry, topic, index, queue, producer_id)
+            .await
+            .map_err(|(e, m)| Outcome::err(e, m))?;
     }
     let mut base_offset: Option<i64> = None;
     for b in batches {

@@ -16,6 +16,9 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 
+/// One batch as the log shows it: (epoch, first sequence, last sequence, first offset).
+pub(crate) type LoggedBatch = (i16, i32, i32, i64);
+
 /// Batches remembered per (producer, partition) for duplicate detection (Kafka keeps 5).
 const RECENT_BATCHES: usize = 5;
 
@@ -135,12 +138,7 @@ impl ProducerEntry {
     /// The producer's batches of a partition as the log showed them, oldest first (epoch,
     /// first and last sequence, first offset): recorded as if stored here (those of older
     /// epochs are not), and the partition is known from now on, as taken over mid-stream.
-    pub(crate) fn rebuilt(
-        &mut self,
-        topic: &str,
-        partition: i32,
-        batches: &[crate::producer_log::LoggedBatch],
-    ) {
+    pub(crate) fn rebuilt(&mut self, topic: &str, partition: i32, batches: &[LoggedBatch]) {
         for (epoch, first, last, base) in batches {
             self.record(topic, partition, *epoch, *first, *last, *base);
         }

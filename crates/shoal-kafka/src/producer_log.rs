@@ -11,17 +11,14 @@
 //! by its in-sync set); until then such a batch is answered NOT_LEADER_OR_FOLLOWER and the
 //! producer sends it again.
 
-use crate::produce::Outcome;
-use crate::producer::ProducerEntry;
+use crate::convert::PROP_PRODUCER;
+use crate::producer::{LoggedBatch, ProducerEntry};
 use crate::state::State;
 use kafka_protocol::ResponseError;
 use parking_lot::Mutex;
 use shoal_proto::message::property;
 use shoal_proto::message::{decode_records, DecodeOptions};
 use shoal_store::MessageExtBrokerInner;
-
-/// The property of a batch's first record: `producer id:epoch:first sequence:last sequence`.
-pub(crate) const PROP_PRODUCER: &str = "KAFKA_PRODUCER";
 
 /// Messages of a partition read back at most for one producer's batches (its last five
 /// batches are what duplicate detection needs; a batch in flight at a failover is at the end).
@@ -40,9 +37,6 @@ pub(crate) fn mark(msgs: &mut [MessageExtBrokerInner], id: i64, epoch: i16, firs
         ));
     }
 }
-
-/// One batch as the log shows it: (epoch, first sequence, last sequence, first offset).
-pub(crate) type LoggedBatch = (i16, i32, i32, i64);
 
 fn parse(value: &str) -> Option<(i64, LoggedBatch)> {
     let mut it = value.split(':');
@@ -63,19 +57,20 @@ pub(crate) async fn rebuild(
     partition: i32,
     queue: i32,
     id: i64,
-) -> Result<(), Outcome> {
+) -> Result<(), (ResponseError, String)> {
     if !previous_leaders_visible(state) {
-        return Err(Outcome::err(
+        return Err((
             ResponseError::NotLeaderOrFollower,
-            "this broker became leader and is still confirming the previous leader's records",
+            "this broker became leader and is still confirming the previous leader's records"
+                .into(),
         ));
     }
     let store = state.store.clone();
     let t = topic.to_string();
     let found = tokio::task::spawn_blocking(move || scan(&store, &t, queue, id))
         .await
-        .map_err(|e| Outcome::err(ResponseError::KafkaStorageError, e.to_string()))?
-        .map_err(|e| Outcome::err(ResponseError::KafkaStorageError, e.to_string()))?;
+        .map_err(|e| (ResponseError::KafkaStorageError, e.to_string()))?
+        .map_err(|e| (ResponseError::KafkaStorageError, e.to_string()))?;
     entry.lock().rebuilt(topic, partition, &found);
     Ok(())
 }

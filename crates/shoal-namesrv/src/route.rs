@@ -219,8 +219,14 @@ impl RouteTable {
         }
 
         let previous = self.live.get(&key);
-        let data_changed =
-            previous.is_none_or(|p| p.data_version != reg.data_version || p.data_version.is_none());
+        // A broker that registered as a replica and now registers as the master (elected, or
+        // restarted before it knew its role) brings its table as the master's, whatever its
+        // data version (RocketMQ takes a master's topics the first time it takes that id).
+        let data_changed = previous.is_none_or(|p| {
+            p.data_version != reg.data_version
+                || p.data_version.is_none()
+                || p.broker_id != reg.broker_id
+        });
         let mut changed_topics = ChangedTopics::new();
         if reg.broker_id == MASTER_ID && data_changed {
             changed_topics = self.replace_topics_of(&reg.broker_name, &reg.topics);
@@ -661,6 +667,20 @@ mod tests {
     }
     fn topics(list: &[&str]) -> ChangedTopics {
         list.iter().map(|t| t.to_string()).collect()
+    }
+
+    /// A broker registered as a replica (id 1) while its group has no master, then as the
+    /// master (id 0) with the same data version: its topics are the group's route.
+    #[test]
+    fn a_replica_that_registers_again_as_master_brings_its_topics() {
+        let mut t = RouteTable::new();
+        let mut a = reg("broker-a", "127.0.0.1:1", 1, &[("T", 4)]);
+        a.data_version = Some((7, 7));
+        assert!(t.register(a.clone(), 0).changed_topics.is_empty());
+        a.broker_id = 0;
+        assert_eq!(t.register(a.clone(), 10).changed_topics, topics(&["T"]));
+        // Periodic registrations as master after that: nothing new.
+        assert!(t.register(a, 20).changed_topics.is_empty());
     }
 
     #[test]

@@ -162,8 +162,13 @@ impl Follower {
                 };
                 if !since.1 {
                     self.apply_visible(b).await;
-                    let caught_up = self.next >= b.store.max_offset(METADATA_TOPIC, 0)
-                        && b.store.confirmed() >= since.0;
+                    // Dispatched, not only confirmed: a record confirmed but not yet in the
+                    // metadata queue would be missed, and an older record applied before it
+                    // (a topic table without a topic created since) would stand. Read before
+                    // the queue's end, so that end includes every record up to `since.0`.
+                    let dispatched = b.store.dispatched_offset();
+                    let caught_up =
+                        dispatched >= since.0 && self.next >= b.store.max_offset(METADATA_TOPIC, 0);
                     if !caught_up {
                         return;
                     }
