@@ -161,31 +161,32 @@ fn query(queue_id: i32) -> RemotingCommand {
     )
 }
 
+/// A group with a master and three in sync, and [`TOPIC`] of `queues` queues created on the
+/// master: the group, its master epoch, the master's index and every broker's address.
+fn group_with_topic(queues: &str) -> (Replicas, u64, usize, Vec<String>) {
+    let r = Replicas::start();
+    let g = r.wait_group("no master with three in sync", |g| {
+        g["master"].is_u64() && in_sync_len(g) == 3
+    });
+    let epoch = g["masterEpoch"].as_u64().unwrap();
+    let master = r.index_of(&g, g["master"].as_u64().unwrap());
+    let addrs: Vec<String> = r.brokers.iter().map(|b| b.0.clone()).collect();
+    let create = ["topic", "create", TOPIC, "--queues", queues, "--brokers"];
+    let mut args = create.to_vec();
+    args.extend([addrs[master].as_str(), "--json"]);
+    r.cluster.json(&args);
+    (r, epoch, master, addrs)
+}
+
 /// The master is killed; a client commits queue 0 to one replica and queue 1 to the other
 /// (as RocketMQ's clients commit to a replica while their route has no master). Whichever
 /// replica is elected, the new master ends up with both commits, and so does the other
 /// replica (through the new master's replicated offsets).
 #[test]
 fn offsets_committed_to_replicas_without_a_master_reach_the_new_master() {
-    let mut r = Replicas::start();
-    let g = r.wait_group("no master with three in sync", |g| {
-        g["master"].is_u64() && in_sync_len(g) == 3
-    });
-    let epoch = g["masterEpoch"].as_u64().unwrap();
-    let master = r.index_of(&g, g["master"].as_u64().unwrap());
+    let (mut r, epoch, master, addrs) = group_with_topic("2");
     let replicas = [(master + 1) % 3, (master + 2) % 3];
-    let addrs: Vec<String> = r.brokers.iter().map(|b| b.0.clone()).collect();
     let addr = |i: usize| addrs[i].clone();
-    r.cluster.json(&[
-        "topic",
-        "create",
-        TOPIC,
-        "--queues",
-        "2",
-        "--brokers",
-        &addr(master),
-        "--json",
-    ]);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -258,23 +259,7 @@ fn offsets_committed_to_replicas_without_a_master_reach_the_new_master() {
 /// the new master has the topic and the offset.
 #[test]
 fn a_topic_and_a_commit_answered_once_replicated_survive_a_kill_right_after_their_answers() {
-    let mut r = Replicas::start();
-    let g = r.wait_group("no master with three in sync", |g| {
-        g["master"].is_u64() && in_sync_len(g) == 3
-    });
-    let epoch = g["masterEpoch"].as_u64().unwrap();
-    let master = r.index_of(&g, g["master"].as_u64().unwrap());
-    let addrs: Vec<String> = r.brokers.iter().map(|b| b.0.clone()).collect();
-    r.cluster.json(&[
-        "topic",
-        "create",
-        TOPIC,
-        "--queues",
-        "1",
-        "--brokers",
-        &addrs[master],
-        "--json",
-    ]);
+    let (mut r, epoch, master, addrs) = group_with_topic("1");
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -246,23 +246,26 @@ async fn init_producer(c: &mut Client) -> InitProducerIdResponse {
     init
 }
 
+/// `n` records of the producer `init` named, sequences from `first`.
+fn idempotent_batch(init: &InitProducerIdResponse, first: i32, n: i64) -> Bytes {
+    let recs: Vec<Record> = (0..n)
+        .map(|i| Record {
+            producer_id: init.producer_id.0,
+            producer_epoch: init.producer_epoch,
+            sequence: first + i as i32,
+            ..record(i, "k", "v")
+        })
+        .collect();
+    batch(&recs, Compression::None)
+}
+
 #[tokio::test]
 async fn idempotent_batches_are_stored_once_and_gaps_refused() {
     let f = Fixture::start(KafkaConfig::default()).await;
     let mut c = f.client().await;
     let _: CreateTopicsResponse = c.call(ApiKey::CreateTopics, 7, &create_req("T3", 1)).await;
     let init = init_producer(&mut c).await;
-    let idem = |first: i32, n: i64| -> Bytes {
-        let recs: Vec<Record> = (0..n)
-            .map(|i| Record {
-                producer_id: init.producer_id.0,
-                producer_epoch: init.producer_epoch,
-                sequence: first + i as i32,
-                ..record(i, "k", "v")
-            })
-            .collect();
-        batch(&recs, Compression::None)
-    };
+    let idem = |first: i32, n: i64| idempotent_batch(&init, first, n);
     let r: ProduceResponse = c
         .call(ApiKey::Produce, 9, &produce_req("T3", 0, -1, idem(0, 3)))
         .await;
@@ -307,17 +310,7 @@ async fn an_idempotent_batch_sent_again_to_a_new_leader_is_not_stored_twice() {
     let mut c = f.client().await;
     let _: CreateTopicsResponse = c.call(ApiKey::CreateTopics, 7, &create_req("T7", 1)).await;
     let init = init_producer(&mut c).await;
-    let idem = |first: i32, n: i64| -> Bytes {
-        let recs: Vec<Record> = (0..n)
-            .map(|i| Record {
-                producer_id: init.producer_id.0,
-                producer_epoch: init.producer_epoch,
-                sequence: first + i as i32,
-                ..record(i, "k", "v")
-            })
-            .collect();
-        batch(&recs, Compression::None)
-    };
+    let idem = |first: i32, n: i64| idempotent_batch(&init, first, n);
     // Another producer's records between them: the scan picks this producer's out.
     for (first, n) in [(0, 3), (3, 2), (5, 4)] {
         let r: ProduceResponse = c
