@@ -5,8 +5,10 @@
 # (`shoal send --interval-ms 10`) sending one message every 10 ms; once all three are in sync
 # and sends flow, the master is SIGKILLed. Per run it prints when the new master took over
 # (its log's "replication role changed ... to=Master" line) and when the first send made
-# after the kill was acknowledged, both counted from the kill, and the sends that failed in
-# between (they are not acknowledged, so not lost). Then the median, p99 and max.
+# after the kill was acknowledged, both counted from the kill, the sends that failed in
+# between (they are not acknowledged, so not lost), and when a Shoal consumer (`shoal consume`,
+# one member of a classic group, reading from the first message) first received a message
+# acknowledged after the kill. Then the median, p99 and max.
 #
 # With KILL=replica a replica of the in-sync set is SIGKILLed instead, and each run prints the
 # longest time between two acknowledgements after the kill (sends should not stop).
@@ -71,6 +73,12 @@ import sys, time
 for line in sys.stdin:
     print("%.3f %s" % (time.time(), line.strip()))' >"$d/prod.out") &
   pids+=($!)
+  SHOAL_NAMESRV=$ns "$bin" consume Failover --group failover-readers --from first --json \
+    2>"$d/cons.err" > >(python3 -u -c '
+import sys, time
+for line in sys.stdin:
+    print("%.3f %s" % (time.time(), line.strip()))' >"$d/cons.out") &
+  pids+=($!)
   sleep 3
   addrs=$("$bin" --namesrv "$ns" cluster list --json | jq -r '.brokerAddrTable["broker-a"].brokerAddrs')
   if [ "$victim" = replica ]; then
@@ -109,10 +117,23 @@ elected = max(took) - killed
 # The first acknowledgement of a send made after the kill (not one in flight then).
 first = next(float(l.split()[0]) for l in open(d + "/prod.out") if float(l.split()[0]) > killed + 0.05)
 failed = sum(1 for l in open(d + "/prod.err") if "not sent" in l)
-print("%.3f %.3f %d" % (elected, first - killed, failed))
+# The first message consumed whose send was acknowledged after the kill.
+import json
+after = set()
+for l in open(d + "/prod.out"):
+    t, rest = l.split(" ", 1)
+    if float(t) > killed + 0.05 and rest.strip().startswith("{"):
+        after.add("m-%d" % json.loads(rest)["n"])
+consumed = float("nan")
+for l in open(d + "/cons.out"):
+    t, rest = l.split(" ", 1)
+    if rest.strip().startswith("{") and json.loads(rest).get("body") in after:
+        consumed = float(t)
+        break
+print("%.3f %.3f %d %.3f" % (elected, first - killed, failed, consumed - killed))
 EOF
-  read -r e f n < <(tail -1 "$results")
-  printf 'run %3d: new master after %.3f s, first send acknowledged after %.3f s, %d sends failed in between\n' "$run" "$e" "$f" "$n"
+  read -r e f n c < <(tail -1 "$results")
+  printf 'run %3d: new master after %.3f s, first send acknowledged after %.3f s, %d sends failed in between, first such message consumed after %.3f s\n' "$run" "$e" "$f" "$n" "$c"
 done
 
 [ "$victim" = replica ] && exit 0
@@ -122,7 +143,8 @@ rows = [tuple(map(float, l.split())) for l in open(sys.argv[1]) if l.strip()]
 def pct(v, p):
     v = sorted(v)
     return v[min(len(v) - 1, round((len(v) - 1) * p))]
-for name, i in (("new master after", 0), ("first send acknowledged after", 1)):
+for name, i in (("new master after", 0), ("first send acknowledged after", 1),
+                ("a message acknowledged after the kill first consumed after", 3)):
     v = [r[i] for r in rows]
     print("%s: min %.3f s, median %.3f s, p99 %.3f s, max %.3f s (%d runs)" % (name, min(v), pct(v, 0.5), pct(v, 0.99), max(v), len(v)))
 EOF
