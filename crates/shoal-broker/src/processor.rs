@@ -34,8 +34,8 @@ fn acl_refusal(b: &Shared, ctx: &RequestContext, req: &RemotingCommand) -> Optio
     ))
 }
 
-/// Whether a request changes the topic or subscription-group table (which a replica takes
-/// from its master's log only).
+/// Whether a request changes the topic or subscription-group table or the POP request modes
+/// (which a replica takes from its master's log only).
 fn changes_tables(code: i32) -> bool {
     matches!(
         code,
@@ -43,6 +43,7 @@ fn changes_tables(code: i32) -> bool {
             | rc::DELETE_TOPIC_IN_BROKER
             | rc::UPDATE_AND_CREATE_SUBSCRIPTIONGROUP
             | rc::DELETE_SUBSCRIPTIONGROUP
+            | rc::SET_MESSAGE_REQUEST_MODE
     )
 }
 

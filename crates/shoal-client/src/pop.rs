@@ -6,11 +6,16 @@
 //! - **Simple**: [`PopConsumer::receive`] (POP_MESSAGE with long polling),
 //!   [`PopConsumer::ack`] (ACK_MESSAGE), [`PopConsumer::change_invisible`]
 //!   (CHANGE_MESSAGE_INVISIBLETIME: the receipt changes).
-//! - **Push**: [`PopConsumer::start`] with a listener: one task per broker pops, hands each
-//!   message to the listener on a blocking thread, acks it when the listener succeeds, makes
-//!   it invisible for [`PopConsumerConfig::retry_delay`] when the listener asks for a retry,
-//!   and renews the lease while a slow listener still runs (at half the invisibility), so a
-//!   slow message is not handed to another consumer meanwhile.
+//! - **Push**: [`PopConsumer::start`] with a listener: one task per broker group of the
+//!   topic pops, hands each message to the listener on a blocking thread, acks it when the
+//!   listener succeeds, makes it invisible for [`PopConsumerConfig::retry_delay`] when the
+//!   listener asks for a retry, and renews the lease while a slow listener still runs (at half
+//!   the invisibility), so a slow message is not handed to another consumer meanwhile.
+//!
+//! Pops, acks and renewals go to the group's master as the route names it now: after a
+//! failover they reach the new master (which has the old one's leases in a replicated group)
+//! as soon as the name servers push the new route; a broker group that joins the topic's
+//! route gets its task within a second.
 //!
 //! A lease that lapses (the consumer died, or could not renew) makes the broker redeliver the
 //! message: through the group's POP retry topic with its reconsume count raised, or in place
@@ -28,10 +33,14 @@ use shoal_proto::header::{
 };
 use shoal_proto::message::{decode_records, DecodeOptions, MessageExt};
 use shoal_proto::RemotingCommand;
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::task::JoinHandle;
+use tokio::task::{JoinHandle, JoinSet};
+
+/// How often the push consumer looks for broker groups that joined the topic's route.
+const NEW_BROKERS_EVERY: Duration = Duration::from_secs(1);
 
 /// What a POP consumer reads and how.
 #[derive(Debug, Clone)]
@@ -89,7 +98,8 @@ pub struct PoppedMessage {
     /// The message (its topic is the subscribed one, also for redeliveries through the POP
     /// retry topic; its queue and offset are the stored copy's).
     pub message: MessageExt,
-    /// The broker that leased it.
+    /// The address of the broker that leased it (acks and renewals go to its group's master
+    /// as the route names it then, this address when the route names none).
     pub broker_addr: String,
     /// The receipt (RocketMQ's `POP_CK` extra info); changed by
     /// [`PopConsumer::change_invisible`].
@@ -162,8 +172,8 @@ impl PopConsumer {
         })
     }
 
-    /// Starts a push-style consumer: one task per broker of the topic pops and hands the
-    /// messages to `listener` (on blocking threads).
+    /// Starts a push-style consumer: one task per broker group of the topic pops and hands
+    /// the messages to `listener` (on blocking threads).
     ///
     /// # Errors
     /// An unusable configuration; the topic has no route.
@@ -172,16 +182,44 @@ impl PopConsumer {
         listener: impl Fn(&PoppedMessage) -> PopConsumeResult + Send + Sync + 'static,
     ) -> Result<Arc<Self>> {
         let me = Arc::new(Self::new(config)?);
-        let brokers = me.brokers().await?;
+        me.brokers().await?;
         let listener: Listener = Arc::new(listener);
-        let mut tasks = Vec::new();
-        for (name, addr) in brokers {
-            let c = me.clone();
-            let l = listener.clone();
-            tasks.push(tokio::spawn(async move { c.run(name, addr, l).await }));
-        }
-        *me.tasks.lock() = tasks;
+        let c = me.clone();
+        *me.tasks.lock() = vec![tokio::spawn(async move { c.supervise(listener).await })];
         Ok(me)
+    }
+
+    /// Runs a task per broker group of the topic's route, adding one for each group that
+    /// joins it (the tasks end with this one).
+    async fn supervise(self: Arc<Self>, listener: Listener) {
+        let mut tasks = JoinSet::new();
+        let mut started: BTreeSet<String> = BTreeSet::new();
+        while self.running.load(Ordering::Acquire) {
+            let names: Vec<String> = match self.instance.cached_route(&self.config.topic) {
+                Some(route) => route
+                    .queue_datas
+                    .iter()
+                    .filter(|q| q.read_queue_nums > 0)
+                    .map(|q| q.broker_name.clone())
+                    .collect(),
+                None => Vec::new(),
+            };
+            for name in names {
+                if started.insert(name.clone()) {
+                    let c = self.clone();
+                    let l = listener.clone();
+                    tasks.spawn(async move { c.run(name, l).await });
+                }
+            }
+            tokio::time::sleep(NEW_BROKERS_EVERY).await;
+        }
+    }
+
+    /// Where requests for `m` go: its broker group's master now, else where it came from.
+    fn addr_of(&self, m: &PoppedMessage) -> String {
+        self.instance
+            .master_addr(&m.receipt.broker_name)
+            .unwrap_or_else(|| m.broker_addr.clone())
     }
 
     /// The client id.
@@ -334,7 +372,7 @@ impl PopConsumer {
         let req = RemotingCommand::request_with_header(rc::ACK_MESSAGE, &header);
         let r = self
             .instance
-            .invoke(&m.broker_addr, req, self.instance.config().rpc_timeout)
+            .invoke(&self.addr_of(m), req, self.instance.config().rpc_timeout)
             .await?;
         if r.code == resp::SUCCESS {
             self.stats.acked.fetch_add(1, Ordering::Relaxed);
@@ -364,7 +402,7 @@ impl PopConsumer {
         let req = RemotingCommand::request_with_header(rc::CHANGE_MESSAGE_INVISIBLETIME, &header);
         let r = self
             .instance
-            .invoke(&m.broker_addr, req, self.instance.config().rpc_timeout)
+            .invoke(&self.addr_of(m), req, self.instance.config().rpc_timeout)
             .await?;
         if r.code != resp::SUCCESS {
             return Err(ClientError::server("CHANGE_MESSAGE_INVISIBLETIME", &r));
@@ -388,11 +426,17 @@ impl PopConsumer {
         self.instance.shutdown();
     }
 
-    /// One broker's loop: pop, deliver, ack.
-    async fn run(self: Arc<Self>, broker_name: String, addr: String, listener: Listener) {
+    /// One broker group's loop: pop from its master, deliver, ack.
+    async fn run(self: Arc<Self>, broker_name: String, listener: Listener) {
         use futures::StreamExt;
         let mut backoff = Duration::from_millis(100);
         while self.running.load(Ordering::Acquire) {
+            let Some(addr) = self.instance.master_addr(&broker_name) else {
+                // No master in the route (a failover under way): the next route names one.
+                self.wait_for_master(&broker_name, None, backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+                continue;
+            };
             let batch = match self.receive(&broker_name, &addr, self.config.batch).await {
                 Ok(b) => {
                     backoff = Duration::from_millis(100);
@@ -400,7 +444,8 @@ impl PopConsumer {
                 }
                 Err(e) => {
                     tracing::warn!(broker = %addr, error = %e, "pop failed; retrying");
-                    tokio::time::sleep(backoff).await;
+                    self.wait_for_master(&broker_name, Some(&addr), backoff)
+                        .await;
                     backoff = (backoff * 2).min(Duration::from_secs(5));
                     continue;
                 }
@@ -417,6 +462,19 @@ impl PopConsumer {
                     async move { me.deliver(m, l).await }
                 })
                 .await;
+        }
+    }
+
+    /// Waits `backoff`, or less when the route names another master of `broker_name` than
+    /// `failed` meanwhile.
+    async fn wait_for_master(&self, broker_name: &str, failed: Option<&str>, backoff: Duration) {
+        let until = Instant::now() + backoff;
+        while Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(50).min(backoff)).await;
+            let now = self.instance.master_addr(broker_name);
+            if now.is_some() && now.as_deref() != failed {
+                return;
+            }
         }
     }
 

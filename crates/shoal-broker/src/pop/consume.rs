@@ -96,6 +96,7 @@ fn records(r: &shoal_store::GetMessageResult) -> Vec<(u64, Bytes)> {
 /// # Errors
 /// Store or journal failures.
 pub(crate) fn try_pop(b: &Shared, ask: &PopAsk) -> Result<PopOutcome, Reject> {
+    view::serving(b)?;
     let now = b.clock.now_ms();
     let retry = pop_retry_topic(&ask.group, &ask.topic);
     let mut cands: Vec<(QueueKey, bool)> = Vec::new();
@@ -262,6 +263,7 @@ pub(crate) fn refused(e: ReceiptError) -> Reject {
 /// # Errors
 /// NO_MESSAGE for a stale, foreign or lapsed receipt; SYSTEM_ERROR when the journal failed.
 pub(crate) fn ack(b: &Shared, key: &QueueKey, offset: u64, pop_time: u64) -> Result<(), Reject> {
+    view::serving(b)?;
     let now = b.clock.now_ms();
     b.pop
         .with_engine(&b.store, |e| e.handle_ack(now, key, offset, pop_time))
@@ -291,6 +293,7 @@ pub(crate) fn change_invisible(
     pop_time: u64,
     invisible_ms: u64,
 ) -> Result<(u64, u64), Reject> {
+    view::serving(b)?;
     let now = b.clock.now_ms();
     let g = b
         .pop

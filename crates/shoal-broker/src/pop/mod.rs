@@ -3,6 +3,10 @@
 //! topic), long polling of pops, and the per-group message request modes (PULL or POP) set by
 //! SET_MESSAGE_REQUEST_MODE. Handlers for the remoting codes are in [`remoting`].
 //!
+//! In a replicated group the engine's records also go to the group's replicas, through the
+//! master's metadata rounds ([`PopService::take_changes`]); a new master adopts the state its
+//! log carried ([`PopService::adopt`]).
+//!
 //! Broker state is reached only through the functions of [`view`], so that it can be
 //! re-pointed in one place.
 
@@ -27,13 +31,40 @@ use tokio::sync::Notify;
 /// A lapsed lease to copy: (queue, offset, receipt time, straight to the dead-letter topic).
 type ReviveJob = (QueueKey, u64, u64, bool);
 
+/// Engine records held for the replicas at most; past it the next round writes the whole
+/// state instead.
+const MAX_OUTBOX_RECORDS: usize = 262_144;
+
 /// The engine and its journal: one lock, held for an engine call and its journal write.
 #[derive(Debug)]
 pub(crate) struct PopCore {
     /// The engine.
     pub engine: PopEngine,
     journal: Option<journal::Journal>,
+    outbox: Outbox,
 }
+
+/// The engine's records on their way to the group's replicas (collected once a replicated
+/// master's metadata task has asked for them).
+#[derive(Debug)]
+struct Outbox {
+    collecting: bool,
+    /// The next round writes the whole state rather than `records`.
+    whole: bool,
+    records: Vec<PopRecord>,
+}
+
+/// What the engine changed since the metadata task last asked.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum PopChanges {
+    /// The whole state (it replaces what a replica held).
+    Whole(Vec<PopRecord>),
+    /// Records to apply after the earlier ones.
+    Since(Vec<PopRecord>),
+}
+
+/// A (topic, group)'s message request mode and `popShareQueueNum`.
+pub(crate) type RequestMode = (String, String, MessageRequestMode, i32);
 
 /// Counters of POP traffic (for metrics and `shoal group describe`).
 #[derive(Debug, Default)]
@@ -88,9 +119,7 @@ impl PopService {
         let modes_path = dir.join("messageRequestMode.json");
         let modes = std::fs::read(&modes_path)
             .ok()
-            .and_then(|b| {
-                serde_json::from_slice::<Vec<(String, String, MessageRequestMode, i32)>>(&b).ok()
-            })
+            .and_then(|b| serde_json::from_slice::<Vec<RequestMode>>(&b).ok())
             .unwrap_or_default()
             .into_iter()
             .map(|(t, g, m, n)| ((t, g), (m, n)))
@@ -99,6 +128,11 @@ impl PopService {
             core: Mutex::new(PopCore {
                 engine,
                 journal: Some(journal),
+                outbox: Outbox {
+                    collecting: false,
+                    whole: true,
+                    records: Vec::new(),
+                },
             }),
             arrivals: Notify::new(),
             revive_wakeup: Notify::new(),
@@ -144,6 +178,15 @@ impl PopService {
                 }
             }
             let core = &mut *core;
+            let out = &mut core.outbox;
+            if out.collecting && !out.whole && !records.is_empty() {
+                if out.records.len() + records.len() > MAX_OUTBOX_RECORDS {
+                    out.whole = true;
+                    out.records = Vec::new();
+                } else {
+                    out.records.extend(records.iter().cloned());
+                }
+            }
             let written = match core.journal.as_mut() {
                 Some(j) => {
                     let w = j.append(&records);
@@ -177,6 +220,89 @@ impl PopService {
         }
     }
 
+    /// The engine's changes for the group's replicas since the last call: the whole state on
+    /// the first call, after [`Self::send_whole`], or when more piled up than a round carries.
+    pub(crate) fn take_changes(&self) -> PopChanges {
+        let mut core = self.core.lock();
+        let core = &mut *core;
+        core.outbox.collecting = true;
+        if core.outbox.whole {
+            core.outbox.whole = false;
+            core.outbox.records = Vec::new();
+            PopChanges::Whole(core.engine.snapshot())
+        } else {
+            PopChanges::Since(std::mem::take(&mut core.outbox.records))
+        }
+    }
+
+    /// The next [`Self::take_changes`] gives the whole state (a new master's first round, a
+    /// full round, a round that could not be written).
+    pub(crate) fn send_whole(&self) {
+        self.core.lock().outbox.whole = true;
+    }
+
+    /// A new master adopts the state its log replicated: it replaces the engine's (and the
+    /// journal's), and lapsed leases are revived from here on.
+    ///
+    /// # Errors
+    /// The journal could not be rewritten (the engine has the state all the same).
+    pub(crate) fn adopt(&self, records: Vec<PopRecord>) -> std::io::Result<()> {
+        let written = {
+            let mut core = self.core.lock();
+            let core = &mut *core;
+            let mut engine = PopEngine::new(core.engine.config().clone());
+            engine.restore(records);
+            core.engine = engine;
+            core.outbox.whole = true;
+            core.outbox.records = Vec::new();
+            match core.journal.as_mut() {
+                Some(j) => j.compact(&core.engine.snapshot()),
+                None => Ok(()),
+            }
+        };
+        self.revive_wakeup.notify_one();
+        self.arrivals.notify_waiters();
+        written
+    }
+
+    /// The engine's limits (a replica's copy of its master's state uses the same).
+    pub(crate) fn engine_config(&self) -> PopConfig {
+        self.core.lock().engine.config().clone()
+    }
+
+    /// Every message request mode set.
+    pub(crate) fn request_modes(&self) -> Vec<RequestMode> {
+        self.modes
+            .lock()
+            .iter()
+            .map(|((t, g), (m, n))| (t.clone(), g.clone(), *m, *n))
+            .collect()
+    }
+
+    /// Replaces the message request modes with the master's (and persists them).
+    ///
+    /// # Errors
+    /// The file could not be written.
+    pub(crate) fn replace_request_modes(&self, all: Vec<RequestMode>) -> std::io::Result<()> {
+        *self.modes.lock() = all
+            .iter()
+            .map(|(t, g, m, n)| ((t.clone(), g.clone()), (*m, *n)))
+            .collect();
+        self.persist_modes(&all)
+    }
+
+    fn persist_modes(&self, all: &[RequestMode]) -> std::io::Result<()> {
+        if let Some(p) = &self.modes_path {
+            let tmp = p.with_extension("tmp");
+            std::fs::write(
+                &tmp,
+                serde_json::to_vec(all).map_err(std::io::Error::other)?,
+            )?;
+            std::fs::rename(&tmp, p)?;
+        }
+        Ok(())
+    }
+
     /// The request mode and share count of (topic, group): PULL unless set.
     pub(crate) fn request_mode(&self, topic: &str, group: &str) -> (MessageRequestMode, i32) {
         self.modes
@@ -197,22 +323,14 @@ impl PopService {
         mode: MessageRequestMode,
         share: i32,
     ) -> std::io::Result<()> {
-        let all: Vec<(String, String, MessageRequestMode, i32)> = {
+        let all: Vec<RequestMode> = {
             let mut m = self.modes.lock();
             m.insert((topic.to_owned(), group.to_owned()), (mode, share));
             m.iter()
                 .map(|((t, g), (m, n))| (t.clone(), g.clone(), *m, *n))
                 .collect()
         };
-        if let Some(p) = &self.modes_path {
-            let tmp = p.with_extension("tmp");
-            std::fs::write(
-                &tmp,
-                serde_json::to_vec(&all).map_err(std::io::Error::other)?,
-            )?;
-            std::fs::rename(&tmp, p)?;
-        }
-        Ok(())
+        self.persist_modes(&all)
     }
 
     /// Groups in POP mode (by request mode, or with POP state).

@@ -94,10 +94,17 @@ pub(crate) async fn copy(
     Ok(dead)
 }
 
-/// Starts the revive service: lapses leases at their deadlines and writes the copies.
+/// Starts the revive service: lapses leases at their deadlines and writes the copies (only
+/// where this broker writes its own log).
 pub(crate) fn start(b: Arc<Shared>) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         loop {
+            if !b.writes_log() {
+                // A replica (or a master still taking over): the master revives, and the
+                // state this one adopts when it takes over holds what it did.
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
             let now = b.clock.now_ms();
             let next = b.pop.with_engine(&b.store, |e| {
                 e.handle_timeout(now);

@@ -9,6 +9,16 @@ use shoal_proto::code::response_code as resp;
 use shoal_proto::constants::perm;
 use shoal_store::{GetMessageResult, MessageExtBrokerInner};
 
+/// Refuses a request that leases, acknowledges or renews when this broker is a replica of a
+/// group, or a master still taking over the state its log replicated (the leases of the old
+/// master among it): the client asks again, at the master.
+pub(crate) fn serving(b: &Shared) -> Result<(), Reject> {
+    match b.replication.get() {
+        Some(r) => r.refuse_unless_serving(),
+        None => Ok(()),
+    }
+}
+
 /// A readable topic's read queue count.
 pub(crate) fn readable_queues(b: &Shared, topic: &str) -> Result<i32, Reject> {
     let t = b.topics.get(topic).ok_or_else(|| {

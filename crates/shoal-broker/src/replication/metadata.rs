@@ -1,6 +1,6 @@
 //! Metadata follows the data: the master writes its topic table, subscription groups,
-//! consumer offsets, delay-level progress, queue locks and group coordinator state into the
-//! group's own
+//! consumer offsets, delay-level progress, queue locks, POP leases and request modes, and
+//! group coordinator state into the group's own
 //! commit log, as records of the system topic [`METADATA_TOPIC`]; replicas apply them in log
 //! order as they become visible (below the confirmed offset). They are replicated,
 //! acknowledged and truncated exactly as messages are, so a new master has the tables and
@@ -22,14 +22,16 @@
 //! confirmed), then takes over: its coordinator continues from the replicated state with every
 //! group epoch moved forward (so epochs only grow across a failover), it adopts the old
 //! master's queue locks (so no other member gets a queue while its holder may still consume
-//! it under its lease), its transaction
+//! it under its lease), it adopts the old master's POP leases (`super::pop`), its transaction
 //! decisions are rebuilt from its log's op queue, and only then does it answer members and
 //! END_TRANSACTION, check transactions, deliver delay levels
 //! ([`Replication::serves_as_master`]) and write its own records: its own tables never go back
 //! to an older master's.
 
+use super::pop::{encode_lines, PopFollower, RECORDS_PER_METADATA};
 use super::{Replication, RoleView};
 use crate::group_config::SubscriptionGroupConfig;
+use crate::pop::{PopChanges, RequestMode};
 use crate::shared::Shared;
 use serde::{Deserialize, Serialize};
 use shoal_group::coordinator::{CoordinatorFollower, CoordinatorUpdate};
@@ -88,6 +90,11 @@ enum MetadataRecord {
     /// The group coordinator's state: whole groups, groups gone, the topics' queues, or (a
     /// full round's end) the name of every group.
     Coordinator { update: CoordinatorUpdate },
+    /// POP engine records in the journal's text form; `whole`: the first record of a whole
+    /// state, which replaces the earlier one.
+    Pop { lines: String, whole: bool },
+    /// Every POP message request mode (SET_MESSAGE_REQUEST_MODE).
+    PopModes { modes: Vec<RequestMode> },
 }
 
 /// What the master last wrote.
@@ -104,6 +111,8 @@ struct Written {
     coordinator_full: bool,
     /// The coordinator's topic map version written last (0: none).
     coordinator_topics: u64,
+    /// The POP request modes written last.
+    pop_modes: Option<Vec<RequestMode>>,
 }
 
 #[derive(Debug)]
@@ -117,6 +126,8 @@ struct Follower {
     coordinator: CoordinatorFollower,
     /// The master's queue locks as its records carried them.
     locks: Vec<HeldLock>,
+    /// The master's POP state as its records carried it.
+    pop: PopFollower,
 }
 
 /// Starts the task that writes (as master) or applies (as replica) the group's metadata.
@@ -144,6 +155,7 @@ impl Follower {
             written: Written::default(),
             coordinator: CoordinatorFollower::new(b.config.coordinator.max_groups),
             locks: Vec::new(),
+            pop: PopFollower::new(b.pop.engine_config()),
         }
     }
 
@@ -157,6 +169,7 @@ impl Follower {
                         let end = b.store.commit_log_max_offset();
                         self.master_of = Some((epoch, end, false));
                         self.written = Written::default();
+                        b.pop.send_whole();
                         (end, false)
                     }
                 };
@@ -219,6 +232,18 @@ impl Follower {
         let locks = std::mem::take(&mut self.locks);
         debug!(locks = locks.len(), "queue locks of the old master adopted");
         b.groups.with(|g, now| g.adopt_locks(now, locks));
+        if let Some(records) = self.pop.snapshot() {
+            let leases = records
+                .iter()
+                .filter(|r| matches!(r, shoal_group::pop::PopRecord::Grant { .. }))
+                .count();
+            match b.pop.adopt(records) {
+                Ok(()) => debug!(leases, "POP leases of the old master adopted"),
+                Err(e) => {
+                    warn!(error = %e, leases, "POP leases adopted; the POP journal not rewritten")
+                }
+            }
+        }
         match crate::transaction::service::rebuild_decisions(b).await {
             Ok(n) => debug!(
                 decisions = n,
@@ -258,6 +283,7 @@ impl Follower {
                         }
                         self.locks.extend(locks);
                     }
+                    Ok(MetadataRecord::Pop { lines, whole }) => self.pop.apply(whole, &lines),
                     Ok(r) => apply(b, r),
                     Err(e) => warn!(offset = msg.queue_offset, error = %e,
                         "metadata record not understood; skipped"),
@@ -279,6 +305,8 @@ impl Follower {
             w.offsets.clear();
             w.delay.clear();
             w.locks = None;
+            w.pop_modes = None;
+            b.pop.send_whole();
         }
         let topics = b.topics.all();
         if w.topics.as_ref() != Some(&topics) {
@@ -378,6 +406,7 @@ impl Follower {
             }
             w.locks = Some(holders);
         }
+        write_pop(b, w).await?;
         if let Err(e) = write_coordinator(b, w).await {
             // What was taken is gone from the changed set: all of it next round.
             w.coordinator_full = false;
@@ -385,6 +414,44 @@ impl Follower {
         }
         Ok(())
     }
+}
+
+/// The POP engine's changes since the last round (the whole state when asked for), then the
+/// request modes if they changed.
+async fn write_pop(b: &Arc<Shared>, w: &mut Written) -> Result<(), crate::reply::Reject> {
+    let (records, mut whole) = match b.pop.take_changes() {
+        PopChanges::Whole(r) => (r, true),
+        PopChanges::Since(r) => (r, false),
+    };
+    // A whole state with no queue still replaces what the replicas held.
+    let empty_whole = whole && records.is_empty();
+    let chunks = records
+        .chunks(RECORDS_PER_METADATA)
+        .chain(empty_whole.then_some(&[][..]));
+    for chunk in chunks {
+        let record = MetadataRecord::Pop {
+            lines: encode_lines(chunk),
+            whole,
+        };
+        if let Err(e) = put(b, &record).await {
+            // What was taken is gone: the whole state next round.
+            b.pop.send_whole();
+            return Err(e);
+        }
+        whole = false;
+    }
+    let modes = b.pop.request_modes();
+    if w.pop_modes.as_ref() != Some(&modes) {
+        put(
+            b,
+            &MetadataRecord::PopModes {
+                modes: modes.clone(),
+            },
+        )
+        .await?;
+        w.pop_modes = Some(modes);
+    }
+    Ok(())
 }
 
 /// The coordinator's changes since the last round (every group after a full-round reset),
@@ -513,8 +580,15 @@ fn apply(b: &Shared, record: MetadataRecord) {
                 b.store.set_schedule_offset(l, o);
             }
         }
+        MetadataRecord::PopModes { modes } => {
+            if let Err(e) = b.pop.replace_request_modes(modes) {
+                warn!(error = %e, "replicated POP request modes not written");
+            }
+        }
         // The task's follower keeps these (`Follower::apply_visible`).
-        MetadataRecord::Coordinator { .. } | MetadataRecord::Locks { .. } => {}
+        MetadataRecord::Coordinator { .. }
+        | MetadataRecord::Locks { .. }
+        | MetadataRecord::Pop { .. } => {}
     }
 }
 
@@ -747,5 +821,92 @@ mod tests {
             .map(|l| (l.queue.queue_id, l.client_id))
             .collect();
         assert_eq!(held, [(0, "c1".to_string()), (1, "c2".to_string())]);
+    }
+
+    /// The old master's POP records (its whole state, then a round's changes) and request
+    /// modes, applied by a replica and adopted when it takes over: the leases and acked
+    /// offsets are the old master's, and the next round writes the whole state again.
+    #[test]
+    fn a_new_master_adopts_the_pop_leases_its_log_replicated() {
+        use shoal_group::pop::{PopRecord, QueueKey};
+        let dir = tempfile::tempdir().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let b = broker(dir.path(), &rt);
+        let key = QueueKey::new("pop-g", "T", 1);
+        let grant = |offset: u64| PopRecord::Grant {
+            key: key.clone(),
+            offset,
+            pop_time: 5_000,
+            deadline: u64::MAX / 2,
+            attempts: 1,
+            consumer: "c1".into(),
+        };
+        // Before anything is replicated the first round's changes are the whole state.
+        assert_eq!(b.pop.take_changes(), PopChanges::Whole(Vec::new()));
+        rt.block_on(async {
+            let whole = [PopRecord::Base {
+                key: key.clone(),
+                ack: 10,
+                cursor: 10,
+                fifo: false,
+            }];
+            let since = [
+                grant(10),
+                grant(11),
+                grant(12),
+                PopRecord::Cursor {
+                    key: key.clone(),
+                    cursor: 13,
+                },
+                PopRecord::Done {
+                    key: key.clone(),
+                    offset: 10,
+                },
+            ];
+            for (records, whole) in [(&whole[..], true), (&since[..], false)] {
+                put(
+                    &b,
+                    &MetadataRecord::Pop {
+                        lines: encode_lines(records),
+                        whole,
+                    },
+                )
+                .await
+                .unwrap();
+            }
+            let modes = vec![(
+                "T".to_string(),
+                "pop-g".to_string(),
+                shoal_proto::body::MessageRequestMode::Pop,
+                2,
+            )];
+            put(&b, &MetadataRecord::PopModes { modes }).await.unwrap();
+
+            let mut f = Follower::new(&b);
+            f.apply_visible(&b).await;
+            // Applied aside: this broker's own engine is untouched until it takes over.
+            assert_eq!(b.pop.queue_offsets(&key), None);
+            assert_eq!(
+                b.pop.request_mode("T", "pop-g"),
+                (shoal_proto::body::MessageRequestMode::Pop, 2)
+            );
+            f.take_over(&b).await;
+        });
+        // Offset 10 acknowledged, 11 and 12 under c1's lease.
+        assert_eq!(b.pop.queue_offsets(&key), Some((11, 13)));
+        match b.pop.take_changes() {
+            PopChanges::Whole(records) => {
+                assert!(records.contains(&grant(11)) && records.contains(&grant(12)));
+                assert!(!records.contains(&grant(10)), "{records:?}");
+            }
+            other => panic!("a new master writes its whole POP state first: {other:?}"),
+        }
+        assert_eq!(b.pop.take_changes(), PopChanges::Since(Vec::new()));
+        // Its journal holds the adopted state: a restart keeps the leases.
+        let journal = std::fs::read_to_string(dir.path().join("pop").join("journal")).unwrap();
+        assert!(journal.contains(&encode_lines(&[grant(11)])), "{journal}");
     }
 }

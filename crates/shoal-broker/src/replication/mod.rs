@@ -24,6 +24,7 @@ mod driver;
 mod link;
 mod metadata;
 mod metrics;
+mod pop;
 mod wire;
 
 pub use config::{AckSetting, ReplicationSettings};
@@ -401,7 +402,8 @@ impl Replication {
     }
 
     /// The refusal of a request that only a master that took over its group's state answers
-    /// (GROUP_HEARTBEAT, GROUP_LEAVE, END_TRANSACTION, LOCK_BATCH_MQ, UNLOCK_BATCH_MQ): a
+    /// (GROUP_HEARTBEAT, GROUP_LEAVE, END_TRANSACTION, LOCK_BATCH_MQ, UNLOCK_BATCH_MQ, and
+    /// the POP codes that lease, acknowledge or renew): a
     /// replica, or a master still applying its log, would answer from stale state. The client
     /// asks again (members heartbeat and lock again; a producer's transaction is checked
     /// back).
@@ -417,8 +419,8 @@ impl Replication {
             )
         } else {
             format!(
-                "this broker is a replica of {}: coordinated groups, queue locks and \
-                 transactions are served by its master (brokerId 0)",
+                "this broker is a replica of {}: coordinated groups, queue locks, POP leases \
+                 and transactions are served by its master (brokerId 0)",
                 self.group
             )
         };
