@@ -26,7 +26,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 /// Messages queued for one other broker at most (batches are bounded by the member's
 /// in-flight window; this bounds heartbeats and acks to a broker that does not read).
@@ -130,6 +130,7 @@ pub(crate) fn start(
         puts_allowed: false,
         role_key: RoleKey::Joining,
         durable,
+        append_failures: 0,
     };
     Ok((handle, tokio::spawn(driver.run())))
 }
@@ -177,6 +178,9 @@ struct Driver {
     puts_allowed: bool,
     role_key: RoleKey,
     durable: bool,
+    /// Batches that could not be appended in a row (logged at the first, and when appends
+    /// work again).
+    append_failures: u64,
 }
 
 impl Driver {
@@ -272,6 +276,13 @@ impl Driver {
         };
         match appended {
             Ok(_) => {
+                if self.append_failures > 0 {
+                    info!(
+                        failed_batches = self.append_failures,
+                        "batches from the master are appended again"
+                    );
+                    self.append_failures = 0;
+                }
                 self.handle
                     .counters
                     .bytes_received
@@ -282,28 +293,23 @@ impl Driver {
                     .fetch_add(1, Ordering::Relaxed);
             }
             Err(e) => {
-                // The member counts the bytes as appended; they are not. Start over from what
-                // the store holds: a fresh member handshakes from the store's end.
-                warn!(error = %e, start, end, "a batch from the master could not be appended; rejoining");
-                self.rejoin(now);
+                // The member counts the bytes as appended; they are not. It withdraws its
+                // acknowledgement, tells the master (writes stop waiting for this replica),
+                // and handshakes again from the store's end after a pause.
+                self.append_failures += 1;
+                self.handle
+                    .counters
+                    .append_failures
+                    .fetch_add(1, Ordering::Relaxed);
+                if self.append_failures == 1 {
+                    warn!(error = %e, start, end, "a batch from the master could not be appended; out of the in-sync set until it can");
+                } else {
+                    debug!(error = %e, start, end, failed_batches = self.append_failures, "a batch from the master could not be appended");
+                }
+                let log_end = self.store.commit_log_max_offset();
+                self.member.handle_append_failed(now, log_end);
             }
         }
-    }
-
-    /// A fresh member over what the store and the member file hold.
-    fn rejoin(&mut self, now: Millis) {
-        self.fail_waiting();
-        let log_end = self.store.commit_log_max_offset();
-        self.member = Member::new(
-            self.cfg.clone(),
-            DiskState {
-                broker_id: self.disk.file().broker_id,
-                epochs: self.disk.epochs_for(log_end),
-                log_end,
-            },
-            now,
-        );
-        self.member.handle_timeout(now);
     }
 
     fn fail_waiting(&mut self) {

@@ -103,6 +103,12 @@ impl Replication {
                 &c.batches_received,
             ),
             (
+                "shoal_replication_append_failures",
+                "Batches received from a master that this replica could not append (a full \
+                 disk, an I/O error); it leaves the in-sync set and tries again after a pause.",
+                &c.append_failures,
+            ),
+            (
                 "shoal_replication_truncations",
                 "Truncations of this broker's log at a divergence point.",
                 &c.truncations,

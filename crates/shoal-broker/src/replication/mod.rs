@@ -125,6 +125,8 @@ pub(crate) struct ReplicationCounters {
     pub(crate) batches_shipped: AtomicU64,
     /// Non-empty batches received from a master and appended.
     pub(crate) batches_received: AtomicU64,
+    /// Batches received from a master that could not be appended (a full disk, I/O errors).
+    pub(crate) append_failures: AtomicU64,
     /// Truncations of this broker's log at a divergence point.
     pub(crate) truncations: AtomicU64,
     /// Restarts of this broker's log at its master's first offset.

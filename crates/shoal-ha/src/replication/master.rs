@@ -402,6 +402,15 @@ impl Master {
                 self.out
                     .push_back(MasterTransmit::Replica { to: replica, msg });
             }
+            ToMaster::CannotAppend { master_epoch, .. } => {
+                if master_epoch == self.epoch {
+                    // Nothing more is shipped to it until it handshakes again, and writes
+                    // stop waiting for it, as for a replica that cannot be reached.
+                    f.acked = None;
+                    f.inflight.clear();
+                    f.unreachable_since = Some(now);
+                }
+            }
             ToMaster::Ack {
                 end, master_epoch, ..
             } => {

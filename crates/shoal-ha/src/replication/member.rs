@@ -192,6 +192,15 @@ impl Member {
         self.settle(now);
     }
 
+    /// The bytes of the last [`BatchVerdict::Append`] could not be appended; the log ends at
+    /// `log_end` (see [`Replica::handle_append_failed`]).
+    pub fn handle_append_failed(&mut self, now: Millis, log_end: u64) {
+        if let Role::Replica(r) = &mut self.role {
+            r.handle_append_failed(now, log_end);
+        }
+        self.settle(now);
+    }
+
     /// A message from another broker of the group; for a batch, what to do with its bytes.
     pub fn handle_peer(&mut self, now: Millis, from: BrokerId, msg: PeerMessage) -> BatchVerdict {
         let verdict = match (&mut self.role, msg) {

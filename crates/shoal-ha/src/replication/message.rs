@@ -75,6 +75,17 @@ pub enum ToMaster {
         /// Its log end.
         end: u64,
     },
+    /// The replica could not append a batch (its disk refused it: full, or an I/O error); its
+    /// log ends at `end` and it handshakes again later. A hint, as a broken connection is:
+    /// writes stop waiting for it.
+    CannotAppend {
+        /// The replica.
+        replica: BrokerId,
+        /// The highest master epoch the replica knows.
+        master_epoch: Epoch,
+        /// Its log end.
+        end: u64,
+    },
 }
 
 impl ToReplica {
@@ -92,16 +103,18 @@ impl ToMaster {
     /// Who sent it.
     pub fn replica(&self) -> BrokerId {
         match self {
-            ToMaster::Handshake { replica, .. } | ToMaster::Ack { replica, .. } => *replica,
+            ToMaster::Handshake { replica, .. }
+            | ToMaster::Ack { replica, .. }
+            | ToMaster::CannotAppend { replica, .. } => *replica,
         }
     }
 
     /// The master epoch the sender knows.
     pub fn master_epoch(&self) -> Epoch {
         match self {
-            ToMaster::Handshake { master_epoch, .. } | ToMaster::Ack { master_epoch, .. } => {
-                *master_epoch
-            }
+            ToMaster::Handshake { master_epoch, .. }
+            | ToMaster::Ack { master_epoch, .. }
+            | ToMaster::CannotAppend { master_epoch, .. } => *master_epoch,
         }
     }
 }

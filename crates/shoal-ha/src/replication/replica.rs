@@ -45,6 +45,9 @@ enum Phase {
     /// Handshake sent at this time, no answer yet.
     Handshaking(Millis),
     Following,
+    /// A batch could not be appended: nothing is taken until this time, then it handshakes
+    /// again (a full disk is not retried as fast as the master ships).
+    Paused(Millis),
 }
 
 /// A replica of one broker group.
@@ -161,7 +164,10 @@ impl Replica {
                 at,
                 for_end,
             } => {
-                if !self.accepts(now, from, master_epoch) || for_end != self.log_end {
+                if !self.accepts(now, from, master_epoch)
+                    || for_end != self.log_end
+                    || self.is_paused()
+                {
                     // Not our master, or a late answer: the log may have moved since.
                     return BatchVerdict::Ignore;
                 }
@@ -233,12 +239,47 @@ impl Replica {
         }
     }
 
-    /// Time passed: a handshake without answer is sent again.
+    /// The bytes of the last [`BatchVerdict::Append`] could not be appended (the disk refused
+    /// them) and the log ends at `log_end`, where it did before them. The acknowledgement
+    /// queued with the verdict is withdrawn, the master is told (writes stop waiting for this
+    /// replica at once rather than after its lag limit), and nothing more is taken for
+    /// `resend_ms`; then it handshakes again.
+    pub fn handle_append_failed(&mut self, now: Millis, log_end: u64) {
+        self.out.retain(|(_, m)| !matches!(m, ToMaster::Ack { .. }));
+        if log_end < self.log_end {
+            self.log_end = log_end;
+            self.epochs.truncate_to(log_end);
+        }
+        self.confirmed = self.confirmed.min(self.log_end);
+        if let Some(master) = self.master {
+            self.out.push_back((
+                master,
+                ToMaster::CannotAppend {
+                    replica: self.me,
+                    master_epoch: self.epoch,
+                    end: self.log_end,
+                },
+            ));
+        }
+        self.phase = Phase::Paused(now + self.resend_ms);
+    }
+
+    /// Whether it stopped taking batches after a failed append.
+    pub fn is_paused(&self) -> bool {
+        matches!(self.phase, Phase::Paused(_))
+    }
+
+    /// Time passed: a handshake without answer is sent again; a pause ends.
     pub fn handle_timeout(&mut self, now: Millis) {
-        if let Phase::Handshaking(at) = self.phase {
-            if self.master.is_some() && now >= at + self.resend_ms {
+        match self.phase {
+            Phase::Handshaking(at) if self.master.is_some() && now >= at + self.resend_ms => {
                 self.handshake(now);
             }
+            Phase::Paused(until) if now >= until => {
+                self.phase = Phase::Handshaking(now);
+                self.handshake(now);
+            }
+            _ => {}
         }
     }
 
@@ -247,6 +288,7 @@ impl Replica {
     pub fn poll_timeout(&self) -> Option<Millis> {
         match self.phase {
             Phase::Handshaking(at) if self.master.is_some() => Some(at + self.resend_ms),
+            Phase::Paused(until) => Some(until),
             _ => None,
         }
     }
@@ -435,6 +477,58 @@ mod tests {
                 }
             ))
         );
+    }
+
+    /// A batch its disk refused: the acknowledgement queued with the verdict is withdrawn and
+    /// the master told; batches are ignored during the pause, then it handshakes again from
+    /// where its log ends.
+    #[test]
+    fn a_batch_that_could_not_be_appended_is_not_acknowledged_and_pauses_it() {
+        let mut r = Replica::new(9, 0, EpochCache::default(), 0, 200);
+        r.handle_master(0, 1, 1);
+        let _ = r.poll_transmit();
+        r.handle_message(
+            1,
+            1,
+            ToReplica::Truncate {
+                master_epoch: 1,
+                to: 0,
+                for_end: 0,
+            },
+        );
+        let _ = r.poll_transmit();
+        assert_eq!(
+            r.handle_message(2, 1, batch(1, 1, 0, 10)),
+            BatchVerdict::Append { start: 0, end: 10 }
+        );
+        r.handle_append_failed(3, 0);
+        assert_eq!(
+            r.poll_transmit(),
+            Some((
+                1,
+                ToMaster::CannotAppend {
+                    replica: 9,
+                    master_epoch: 1,
+                    end: 0
+                }
+            ))
+        );
+        assert_eq!(r.poll_transmit(), None, "the batch is not acknowledged");
+        assert_eq!(r.log_end(), 0);
+        assert!(r.epochs().entries().is_empty());
+        assert!(r.is_paused());
+        assert_eq!(
+            r.handle_message(50, 1, batch(1, 1, 0, 10)),
+            BatchVerdict::Ignore
+        );
+        assert_eq!(r.poll_transmit(), None, "no handshake during the pause");
+        assert_eq!(r.poll_timeout(), Some(203));
+        r.handle_timeout(203);
+        assert!(matches!(
+            r.poll_transmit(),
+            Some((1, ToMaster::Handshake { end: 0, .. }))
+        ));
+        assert!(!r.is_paused());
     }
 
     /// The controller told the replica of the new master before the master knew: its

@@ -106,6 +106,14 @@ pub enum Fault {
         /// For how long.
         down_ms: Millis,
     },
+    /// A broker's disk is full for `ms`: it appends nothing (a replica cannot take batches,
+    /// a master's writes fail), and keeps running.
+    DiskFull {
+        /// Which.
+        broker: usize,
+        /// For how long.
+        ms: Millis,
+    },
     /// Kill a controller voter; it restarts after `down_ms` with its log.
     CrashController {
         /// Which.
@@ -201,6 +209,10 @@ impl Schedule {
                 84..=93 => Fault::Lossy {
                     percent: rng.gen_range(5..=40),
                     ms: dur(rng, 2_000),
+                },
+                94..=96 => Fault::DiskFull {
+                    broker,
+                    ms: dur(rng, 3_000),
                 },
                 _ => Fault::ManualElect {
                     target: rng.gen_bool(0.5).then(|| rng.gen_range(0..cfg.brokers)),

@@ -132,6 +132,8 @@ pub(crate) struct SimBroker {
     pub(crate) disk: Disk,
     drift_ppm: i64,
     paused_until: Option<Millis>,
+    /// Its disk refuses appends until then.
+    disk_full_until: Option<Millis>,
     deferred: Vec<(Node, Msg)>,
     leader_guess: usize,
     last_answer: Millis,
@@ -248,6 +250,7 @@ impl World {
                     disk,
                     drift_ppm: drift(&mut rng),
                     paused_until: None,
+                    disk_full_until: None,
                     deferred: Vec::new(),
                     leader_guess: i % cfg.controllers,
                     last_answer: 0,
@@ -493,6 +496,11 @@ impl World {
                 self.lost_ids.insert(id);
                 self.at(self.now + down_ms, Event::Restart(Node::Broker(broker)));
             }
+            Fault::DiskFull { broker, ms } => {
+                let b = &mut self.brokers[broker];
+                let until = b.disk_full_until.unwrap_or(0).max(self.now + ms);
+                b.disk_full_until = Some(until);
+            }
             Fault::PauseBroker { broker, ms } => {
                 let b = &mut self.brokers[broker];
                 if b.member.is_some() && b.paused_until.is_none() {
@@ -679,6 +687,11 @@ impl World {
                         if let BatchVerdict::Append { start, end } =
                             m.handle_peer(now, from_id, msg)
                         {
+                            if b.disk_full_until.is_some_and(|t| self.now < t) {
+                                m.handle_append_failed(now, b.disk.log.len() as u64);
+                                self.flush_broker(i);
+                                return;
+                            }
                             if start != b.disk.log.len() as u64 || end - start != bytes.len() as u64
                             {
                                 let v = Violation::InSyncLogDiverged {
@@ -862,7 +875,7 @@ impl World {
         let Some(m) = &mut b.member else {
             return;
         };
-        if m.check_writable(now).is_err() {
+        if m.check_writable(now).is_err() || b.disk_full_until.is_some_and(|t| self.now < t) {
             self.report.writes.3 += 1;
             return;
         }

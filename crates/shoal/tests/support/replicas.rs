@@ -54,6 +54,9 @@ pub struct Replicas {
     pub kafka: Vec<String>,
     /// More arguments for every broker.
     extra: Vec<String>,
+    /// With [`Replicas::start_on_small_disks`]: the size of each broker's disk, a tmpfs
+    /// mounted on its data directory in a mount namespace of its own (gone with the process).
+    disk_bytes: Option<u64>,
 }
 
 impl Replicas {
@@ -88,6 +91,36 @@ impl Replicas {
         Self::start_all(voters, true, false, extra)
     }
 
+    /// One voter, each broker's data directory a disk of `bytes` of its own (a tmpfs in the
+    /// broker's own mount namespace, through `unshare -m`: root only). `None` when this
+    /// machine cannot do that.
+    pub fn start_on_small_disks(bytes: u64) -> Option<Replicas> {
+        let probe = Command::new("unshare")
+            .args(["-m", "sh", "-c", "mount -t tmpfs -o size=1m tmpfs /mnt"])
+            .status();
+        if !probe.is_ok_and(|s| s.success()) {
+            return None;
+        }
+        let mut r =
+            Self::start_in_groups_with(&[GROUP], 1, false, false, Some(bytes), |_| Vec::new());
+        for i in 0..r.brokers.len() {
+            r.start_broker(i);
+        }
+        Some(r)
+    }
+
+    /// The path, as this process sees it, of `name` in broker `i`'s data directory (inside its
+    /// mount namespace when it has a disk of its own).
+    pub fn in_data_dir(&self, i: usize, name: &str) -> PathBuf {
+        let (_, dir, proc) = &self.brokers[i];
+        match (self.disk_bytes, proc) {
+            (Some(_), Some(p)) => PathBuf::from(format!("/proc/{}/root", p.child.id()))
+                .join(dir.strip_prefix("/").unwrap())
+                .join(name),
+            _ => dir.join(name),
+        }
+    }
+
     fn start_all(
         voters: usize,
         peer_proxies: bool,
@@ -102,6 +135,22 @@ impl Replicas {
         voters: usize,
         peer_proxies: bool,
         kafka: bool,
+        extra: impl FnOnce(&Path) -> Vec<String>,
+    ) -> Replicas {
+        let mut r = Self::start_in_groups_with(groups, voters, peer_proxies, kafka, None, extra);
+        for i in 0..r.brokers.len() {
+            r.start_broker(i);
+        }
+        r
+    }
+
+    /// The processes but the brokers (their voters started).
+    fn start_in_groups_with(
+        groups: &[&str],
+        voters: usize,
+        peer_proxies: bool,
+        kafka: bool,
+        disk_bytes: Option<u64>,
         extra: impl FnOnce(&Path) -> Vec<String>,
     ) -> Replicas {
         let n = 3 * groups.len();
@@ -150,12 +199,10 @@ impl Replicas {
             cluster,
             voters,
             extra,
+            disk_bytes,
         };
         for i in 0..r.voters.len() {
             r.start_voter(i);
-        }
-        for i in 0..n {
-            r.start_broker(i);
         }
         r
     }
@@ -204,7 +251,21 @@ impl Replicas {
         };
         let group = self.groups[i].as_str();
         let (addr, dir, proc) = &mut self.brokers[i];
-        let child = Command::new(shoal())
+        let mut cmd = match self.disk_bytes {
+            Some(bytes) => {
+                std::fs::create_dir_all(&*dir).unwrap();
+                let mut c = Command::new("unshare");
+                c.args(["-m", "--propagation", "private", "sh", "-c"])
+                    .arg(format!(
+                        "mount -t tmpfs -o size={bytes} tmpfs \"$0\" && exec \"$@\""
+                    ))
+                    .arg(dir.to_str().unwrap())
+                    .arg(shoal());
+                c
+            }
+            None => Command::new(shoal()),
+        };
+        let child = cmd
             .args([
                 "broker",
                 "--listen",

@@ -439,6 +439,32 @@ fn a_replica_that_dies_with_a_batch_in_flight_leaves_on_the_hint_alone() {
     assert_eq!(proposals(&mut m, 3), vec![BTreeSet::from([1])]);
 }
 
+/// A replica whose disk refused a batch says so: the write that waits for it is proposed out
+/// of the in-sync set at once, nothing more is shipped to it, and it is proposed in again only
+/// after a handshake and acknowledgements up to the confirmed offset.
+#[test]
+fn a_replica_that_cannot_append_leaves_the_in_sync_set_at_once() {
+    let mut m = master(AckMode::InSyncSet, 1, EpochCache::default(), 0);
+    grant(&mut m, 0);
+    handshake(&mut m, 1, 2, 0, vec![]);
+    m.handle_appended(2, 1, 50);
+    assert_eq!(shipped(&mut m, 2), vec![(2, 0, 50)]);
+    m.handle_message(
+        3,
+        ToMaster::CannotAppend {
+            replica: 2,
+            master_epoch: 3,
+            end: 0,
+        },
+    );
+    assert_eq!(proposals(&mut m, 3), vec![BTreeSet::from([1])]);
+    m.handle_appended(4, 2, 80);
+    assert!(
+        shipped(&mut m, 4).is_empty(),
+        "nothing shipped before it handshakes again"
+    );
+}
+
 #[test]
 fn a_replica_heard_again_is_no_longer_unreachable() {
     let mut m = master(AckMode::InSyncSet, 1, EpochCache::default(), 0);
