@@ -145,7 +145,7 @@ fn controller_leader_then_master_killed_under_load() {
 }
 
 /// Which way replication messages are held.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum OneWay {
     /// The master's messages to one replica (batches, heartbeats); its acknowledgements to the
     /// master still arrive.
@@ -153,6 +153,9 @@ enum OneWay {
     /// Both replicas' messages to the master (acknowledgements, handshakes); the master's to
     /// them still arrive.
     ReplicasToMaster,
+    /// One replica's messages to the master; the other replica's, and the master's to both,
+    /// still arrive.
+    OneReplicaToMaster,
 }
 
 /// A one-way partition between brokers: every replication message to a broker goes through a
@@ -174,6 +177,15 @@ fn a_replica_cut_off_one_way_from_the_master_leaves_the_in_sync_set_and_rejoins(
 #[test]
 fn acknowledgements_held_one_way_drop_the_replicas_until_healed() {
     one_way(OneWay::ReplicasToMaster);
+}
+
+/// One replica's acknowledgements alone are held on their way to the master (the proxy in
+/// front of the master tells the replicas' connections apart by their sender field). The
+/// master drops that replica after `max_lag_ms`, keeps the other in the in-sync set, and
+/// acknowledges with it; healed, the replica rejoins. The same SIGKILLs and checks follow.
+#[test]
+fn one_replicas_acknowledgements_held_drop_it_alone_until_healed() {
+    one_way(OneWay::OneReplicaToMaster);
 }
 
 fn one_way(way: OneWay) {
@@ -202,16 +214,29 @@ fn one_way(way: OneWay) {
     let (held, in_sync_cut) = match way {
         OneWay::MasterToReplica => (replica, 2),
         OneWay::ReplicasToMaster => (master, 1),
+        OneWay::OneReplicaToMaster => (master, 2),
     };
+    let other_id = r.id_of(&g, other);
 
     let cut_at = Instant::now();
-    r.peers[held].cut_one_way(true);
+    match way {
+        OneWay::OneReplicaToMaster => {
+            r.peers[held].hold_up_from(&format!("\"haFrom\":\"{replica_id}\""));
+        }
+        _ => r.peers[held].cut_one_way(true),
+    }
     let g = r.wait_group(
         "the master kept a cut-off replica in the in-sync set",
         |g| !holds(g, replica_id) && in_sync_len(g) == in_sync_cut,
     );
     let dropped_after = cut_at.elapsed();
     assert_eq!(g["masterEpoch"].as_u64(), Some(epoch), "{g}");
+    if way == OneWay::OneReplicaToMaster {
+        assert!(
+            holds(&g, other_id),
+            "the other replica left the set too: {g}"
+        );
+    }
     assert_eq!(r.index_of(&g, g["master"].as_u64().unwrap()), master);
     wait_sends(
         &producer,

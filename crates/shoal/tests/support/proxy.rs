@@ -4,7 +4,8 @@
 //! writes stop) and arrive once healed, in order, as TCP delivers them after a one-way
 //! partition shorter than its retransmission timeout; the other direction flows on. Cutting
 //! both ways closes the connections open through it and refuses new ones, as a partition
-//! that outlasts TCP's timeouts does.
+//! that outlasts TCP's timeouts does. One sender's bytes can be held alone, when the
+//! connection it opened says who it is ([`Proxy::hold_up_from`]).
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -26,6 +27,15 @@ struct Cuts {
     down: AtomicBool,
     /// Connections through the proxy: bumped on a full cut so that pumps of older ones stop.
     generation: AtomicU64,
+    /// Client to target bytes held on connections whose first bytes contain one of these.
+    held_senders: Mutex<Vec<Vec<u8>>>,
+}
+
+/// How much of a connection's first client bytes is kept to recognise its sender.
+const SENDER_BYTES: usize = 64 * 1024;
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    !needle.is_empty() && haystack.windows(needle.len()).any(|w| w == needle)
 }
 
 /// A running proxy.
@@ -86,6 +96,17 @@ impl Proxy {
         }
     }
 
+    /// Holds the bytes from the clients to the target on connections whose first bytes contain
+    /// `marker` (for the replication messages of one broker, its sender field:
+    /// `"haFrom":"ID"`); other connections flow on.
+    pub fn hold_up_from(&self, marker: &str) {
+        self.cuts
+            .held_senders
+            .lock()
+            .unwrap()
+            .push(marker.as_bytes().to_vec());
+    }
+
     /// Cuts both ways: open connections are closed and new ones refused.
     pub fn cut(&self) {
         self.cuts.up.store(true, Ordering::SeqCst);
@@ -98,6 +119,7 @@ impl Proxy {
 
     /// Lets everything through again.
     pub fn heal(&self) {
+        self.cuts.held_senders.lock().unwrap().clear();
         self.cuts.up.store(false, Ordering::SeqCst);
         self.cuts.down.store(false, Ordering::SeqCst);
     }
@@ -109,9 +131,23 @@ fn pump(mut from: TcpStream, mut to: TcpStream, cuts: Arc<Cuts>, up: bool, gener
     std::thread::spawn(move || {
         let _ = from.set_read_timeout(Some(Duration::from_millis(200)));
         let mut buf = vec![0u8; 64 * 1024];
+        // The connection's first client bytes, which say who the sender is.
+        let mut first: Vec<u8> = Vec::new();
+        let sender_held = |first: &[u8]| {
+            up && cuts
+                .held_senders
+                .lock()
+                .unwrap()
+                .iter()
+                .any(|m| contains(first, m))
+        };
         loop {
             if cuts.generation.load(Ordering::SeqCst) != generation {
                 break;
+            }
+            if sender_held(&first) {
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
             }
             let (this_way, other_way) = if up {
                 (&cuts.up, &cuts.down)
@@ -135,7 +171,14 @@ fn pump(mut from: TcpStream, mut to: TcpStream, cuts: Arc<Cuts>, up: bool, gener
                 }
                 Err(_) => break,
             };
+            if up && first.len() < SENDER_BYTES {
+                let take = n.min(SENDER_BYTES - first.len());
+                first.extend_from_slice(&buf[..take]);
+            }
             // Read as the cut came: held until healed, unless both ways are cut.
+            while sender_held(&first) && cuts.generation.load(Ordering::SeqCst) == generation {
+                std::thread::sleep(Duration::from_millis(10));
+            }
             while this_way.load(Ordering::SeqCst)
                 && !other_way.load(Ordering::SeqCst)
                 && cuts.generation.load(Ordering::SeqCst) == generation
