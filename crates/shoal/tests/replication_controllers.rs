@@ -18,8 +18,8 @@ mod support;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 use support::replicas::{
-    acknowledged, in_sync_len, longest_gap, under_load, wait_all_consumed, wait_sends, Loaded,
-    Replicas, GROUP, LIMIT,
+    acknowledged, check_history, in_sync_len, longest_gap, under_load, wait_all_consumed,
+    wait_sends, Loaded, Replicas, GROUP, LIMIT,
 };
 
 /// (a) The controller's Raft leader is SIGKILLed under load: the two other voters elect a new
@@ -134,6 +134,7 @@ fn controller_leader_then_master_killed_under_load() {
     let acked: BTreeSet<String> = producer.stop().into_iter().collect();
     assert!(acked.is_superset(&acked_b));
     wait_all_consumed(&group, &acked);
+    check_history(&producer, &group);
     let failed = producer.failed.lock().unwrap().len();
     eprintln!(
         "voter and old master restarted: old master back in the in-sync set; {} acknowledged in all, every one consumed, {failed} sends failed",
@@ -267,6 +268,7 @@ fn one_way(way: OneWay) {
     wait_sends(&producer, 50, "sends did not resume on the replica");
     let acked: BTreeSet<String> = producer.stop().into_iter().collect();
     wait_all_consumed(&group, &acked);
+    check_history(&producer, &group);
     eprintln!(
         "then the master and the other replica killed: {} acknowledged, every one consumed from the replica, {} sends failed",
         acked.len(),

@@ -18,8 +18,8 @@ use std::io::Write;
 use std::path::Path;
 use std::time::Instant;
 use support::replicas::{
-    acknowledged, in_sync_len, longest_gap, under_load, wait_all_consumed, wait_sends, Loaded,
-    Replicas,
+    acknowledged, check_history, in_sync_len, longest_gap, under_load, wait_all_consumed,
+    wait_sends, Loaded, Replicas,
 };
 
 /// Each broker's disk.
@@ -114,6 +114,7 @@ fn a_replica_whose_disk_fills_leaves_the_in_sync_set_and_rejoins_when_it_has_roo
     let acked: BTreeSet<String> = producer.stop().into_iter().collect();
     let failed = producer.failed.lock().unwrap().len();
     wait_all_consumed(&group, &acked);
+    check_history(&producer, &group);
     eprintln!(
         "replica's disk filled ({} MiB written to fill it): out of the in-sync set after {left_after:?}, \
          longest gap between acknowledgements {gap:?}, back in it {rejoined_after:?} after the disk had room; \

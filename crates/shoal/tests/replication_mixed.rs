@@ -30,7 +30,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use support::cluster::{Line, SteadyProducer, TrackedGroup};
 use support::replicas::{
-    acknowledged, in_sync_len, wait_all_consumed, wait_sends, Replicas, LIMIT,
+    acknowledged, check_history, in_sync_len, wait_all_consumed, wait_sends, Replicas, LIMIT,
 };
 use support::{log_sink, Proc, Seen};
 
@@ -443,6 +443,10 @@ fn two_groups_mixed_consumers_through_master_then_replica_killed_and_old_master_
     let failed = producer.failed.lock().unwrap().len();
     for g in &groups {
         wait_all_consumed(g, &acked);
+    }
+    // The Shoal members print where each message was stored.
+    for g in [&coordinated, &classic] {
+        check_history(&producer, g);
     }
     let names: Vec<&str> = groups.iter().map(|g| g.group.name.as_str()).collect();
     let figures = |d: &[Duration]| -> String {

@@ -20,7 +20,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use support::cluster::{SteadyProducer, TrackedGroup};
 use support::replicas::{
-    in_sync_len, under_load, wait_all_consumed, wait_sends, Loaded, Replicas, GROUP, LIMIT, TOPIC,
+    check_history, in_sync_len, under_load, wait_all_consumed, wait_sends, Loaded, Replicas, GROUP,
+    LIMIT, TOPIC,
 };
 use support::{free_port, log_sink, shoal, Proc};
 
@@ -235,6 +236,7 @@ fn scenario(r: Replicas, fault: Fault) -> Outcome {
 
     // Every acknowledged message is consumed, with the old master still down.
     wait_all_consumed(&group, &acked);
+    check_history(&producer, &group);
     eprintln!(
         "replicated failover ({fault:?}): {} acknowledged, {failed} sends failed, new master elected after {elected:?}, first send acknowledged {resumed:?} after the fault",
         acked.len()
@@ -322,6 +324,7 @@ fn beside_the_master(mut r: Replicas, fault: Fault) -> Outcome {
     let acked: BTreeSet<String> = l.producer.stop().into_iter().collect();
     let failed = l.producer.failed.lock().unwrap().len();
     wait_all_consumed(&l.group, &acked);
+    check_history(&l.producer, &l.group);
     eprintln!(
         "fault beside the master ({fault:?}): {} acknowledged, {failed} sends failed, seen after {seen:?}, longest gap between acknowledgements {gap:?}",
         acked.len()
@@ -396,6 +399,7 @@ fn a_killed_replica_catches_up_and_then_carries_every_message_alone() {
     let acked: BTreeSet<String> = producer.stop().into_iter().collect();
     let failed = producer.failed.lock().unwrap().len();
     wait_all_consumed(&group, &acked);
+    check_history(&producer, &group);
     eprintln!(
         "replica killed, restarted, then alone: {} acknowledged, all consumed; sends failed: {failed_before} before the master and the other replica were killed, {} after",
         acked.len(),
@@ -439,6 +443,7 @@ fn everything_killed_at_once_and_restarted_keeps_every_acknowledged_message() {
     let acked: BTreeSet<String> = producer.stop().into_iter().collect();
     let failed = producer.failed.lock().unwrap().len();
     wait_all_consumed(&group, &acked);
+    check_history(&producer, &group);
     eprintln!(
         "everything killed and restarted: {before} acknowledged before the cut, {} in all, every one consumed; {failed} sends failed; master epoch {epoch} then {}",
         acked.len(),
@@ -526,6 +531,7 @@ fn a_replica_behind_the_masters_retention_restarts_its_log_and_rejoins() {
     assert_eq!(r.index_of(&g, g["master"].as_u64().unwrap()), replica);
     acked.extend(producer.stop());
     wait_all_consumed(&group, &acked);
+    check_history(&producer, &group);
     eprintln!(
         "retention passed the replica: its log end {replica_end}, the master's first offset {master_start}, the replica's first offset after its restart {replica_min}; {} acknowledged, all consumed",
         acked.len()

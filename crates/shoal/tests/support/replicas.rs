@@ -415,6 +415,60 @@ pub fn wait_all_consumed(group: &TrackedGroup, acked: &BTreeSet<String>) {
     }
 }
 
+/// Checks in Jepsen's spirit over what a run's producer and a group's consumers printed
+/// (call it once every acknowledged message was consumed):
+/// - the producer's acknowledgements name increasing queue offsets per (broker, queue): it
+///   sends one message at a time, so a lower one would be a place handed out twice;
+/// - every acknowledged message was consumed at the place its acknowledgement named (a copy
+///   elsewhere, from a send the client retried, does not count): an acknowledged message keeps
+///   its place in the log across failovers;
+/// - no place (broker, queue, offset) was consumed with two different bodies: no consumer was
+///   shown a message that a failover then cut from the log.
+pub fn check_history(producer: &SteadyProducer, group: &TrackedGroup) {
+    use std::collections::BTreeMap;
+    let sent = producer.sent.lock().unwrap().clone();
+    let consumed = group.lines.lock().unwrap().clone();
+    let mut last: BTreeMap<(&str, i64), (i64, &str)> = BTreeMap::new();
+    for l in &sent {
+        if let Some((offset, body)) = last.get(&(l.broker.as_str(), l.queue)) {
+            assert!(
+                l.offset > *offset,
+                "{} acknowledged at {}#{} offset {}, after {body} at offset {offset}",
+                l.body,
+                l.broker,
+                l.queue,
+                l.offset
+            );
+        }
+        last.insert((l.broker.as_str(), l.queue), (l.offset, l.body.as_str()));
+    }
+    let mut at: BTreeMap<(&str, i64, i64), &str> = BTreeMap::new();
+    for l in &consumed {
+        let place = (l.broker.as_str(), l.queue, l.offset);
+        if let Some(other) = at.insert(place, l.body.as_str()) {
+            assert_eq!(
+                other, l.body,
+                "{}#{} offset {} was consumed as {other} and as {} ({} of group {})",
+                l.broker, l.queue, l.offset, l.body, l.member, group.group.name
+            );
+        }
+    }
+    for l in &sent {
+        let place = (l.broker.as_str(), l.queue, l.offset);
+        assert_eq!(
+            at.get(&place).copied(),
+            Some(l.body.as_str()),
+            "{} was acknowledged at {}#{} offset {} but group {} consumed {:?} there",
+            l.body,
+            l.broker,
+            l.queue,
+            l.offset,
+            group.group.name,
+            at.get(&place)
+        );
+    }
+}
+
 /// Waits until `producer` has `more` acknowledgements beyond what it had.
 pub fn wait_sends(producer: &SteadyProducer, more: usize, what: &str) {
     let before = producer.sent.lock().unwrap().len();
