@@ -71,17 +71,19 @@ pub(crate) fn query_consumer_offset(b: &Shared, req: &RemotingCommand) -> Handle
     ))
 }
 
-/// UPDATE_CONSUMER_OFFSET: stores the group's next offset for a queue; with
-/// [`ext::field::WAIT_REPLICATED`](shoal_proto::ext::field::WAIT_REPLICATED), answers once the
-/// in-sync set of a replicated group has it.
+/// UPDATE_CONSUMER_OFFSET: stores the group's next offset for a queue. At the master of a
+/// replicated group a commit that waits for its answer is answered once the in-sync set has
+/// it (as a send is), so a new master has every commit answered SUCCESS; a oneway commit (the
+/// clients' periodic persistence) reaches the replicas with the next metadata round. With
+/// [`ext::field::WAIT_REPLICATED`](shoal_proto::ext::field::WAIT_REPLICATED) a broker that is
+/// not master refuses it instead of storing it.
 pub(crate) async fn update_consumer_offset(
     b: &Shared,
     caller: &Caller<'_>,
     req: &RemotingCommand,
 ) -> Handled {
-    let wait = req.ext(shoal_proto::ext::field::WAIT_REPLICATED) == Some("true");
-    let repl = b.replication.get().filter(|_| wait);
-    if let Some(r) = repl {
+    let flagged = req.ext(shoal_proto::ext::field::WAIT_REPLICATED) == Some("true");
+    if let (Some(r), true) = (b.replication.get(), flagged) {
         if !r.is_master() {
             return Err(Reject::new(
                 resp::SERVICE_NOT_AVAILABLE,
@@ -90,6 +92,10 @@ pub(crate) async fn update_consumer_offset(
         }
     }
     store_consumer_offset(b, caller, req)?;
+    let repl = b
+        .replication
+        .get()
+        .filter(|r| flagged || (!req.is_oneway() && r.is_master()));
     if let Some(r) = repl {
         let timeout = std::time::Duration::from_millis(b.config.replication.ack_timeout_ms);
         if !r.metadata_replicated(timeout).await {

@@ -254,12 +254,13 @@ fn offsets_committed_to_replicas_without_a_master_reach_the_new_master() {
 }
 
 /// A topic created on the master, and then a commit marked `shoalWaitReplicated` (how a Kafka
-/// coordinator commits another broker group's partition), are answered only once the in-sync
-/// set has them (a replica refuses the commit): the master killed right after the answers,
-/// the new master has the topic and the offset.
+/// coordinator commits another broker group's partition), and a plain commit that waits for
+/// its answer, are answered only once the in-sync set has them (a replica refuses the marked
+/// commit): the master killed right after the answers, the new master has the topic and both
+/// offsets.
 #[test]
 fn a_topic_and_a_commit_answered_once_replicated_survive_a_kill_right_after_their_answers() {
-    let (mut r, epoch, master, addrs) = group_with_topic("1");
+    let (mut r, epoch, master, addrs) = group_with_topic("2");
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -277,6 +278,12 @@ fn a_topic_and_a_commit_answered_once_replicated_survive_a_kill_right_after_thei
         let a = client.invoke(&addrs[replica], waiting(1), T).await.unwrap();
         assert_eq!(a.code, resp::SERVICE_NOT_AVAILABLE, "{:?}", a.remark);
         let a = client.invoke(&addrs[master], waiting(9), T).await.unwrap();
+        assert_eq!(a.code, resp::SUCCESS, "{:?}", a.remark);
+        // A plain commit that waits for its answer (not oneway) is answered so too.
+        let a = client
+            .invoke(&addrs[master], commit(1, 7), T)
+            .await
+            .unwrap();
         assert_eq!(a.code, resp::SUCCESS, "{:?}", a.remark);
     });
     r.kill_broker(master);
@@ -309,6 +316,15 @@ fn a_topic_and_a_commit_answered_once_replicated_survive_a_kill_right_after_thei
         assert_eq!(
             h.offset, 9,
             "the new master has the commit answered before the kill"
+        );
+        let a = client
+            .invoke(&addrs[new_master], query(1), T)
+            .await
+            .unwrap();
+        let h: QueryConsumerOffsetResponseHeader = a.decode_command_header().unwrap();
+        assert_eq!(
+            h.offset, 7,
+            "the new master has the plain commit answered before the kill"
         );
     });
 }

@@ -12,9 +12,10 @@
 //! of every coordinated group that changed (and the
 //! topics' queues the coordinator knows, when they changed); all of them on becoming master
 //! and every [`FULL_ROUND_EVERY`] rounds, so that a replica restarted from an old log or a
-//! trimmed one converges. One round every [`ROUND`]: an offset committed to a master less
-//! than a round before it dies is not on the new master (its messages are delivered again);
-//! an offset never moves below what a round carried.
+//! trimmed one converges. One round every [`ROUND`], and one at once when a commit or a table
+//! change waits for its answer ([`Replication::metadata_replicated`]): an offset committed
+//! oneway to a master less than a round before it dies is not on the new master (its messages
+//! are delivered again); an offset never moves below what a round carried.
 //!
 //! A replica keeps the coordinator's state aside ([`CoordinatorFollower`]; its own
 //! coordinator decides nothing for members, who are refused until it is master). A new master
