@@ -33,6 +33,12 @@ impl BrokerApi {
         self.b.kafka_listener.get().map(|k| k.node_id)
     }
 
+    /// In a replicated group, while master: how many brokers keep a copy of its log (itself
+    /// and every replica the controller counts in the group, in sync or not).
+    pub fn group_size(&self) -> Option<usize> {
+        self.b.replication.get().and_then(|r| r.group_size())
+    }
+
     /// In a replicated group, while master holding its lease: its master epoch and in-sync
     /// set as registered broker ids (itself as 0).
     pub fn leadership(&self) -> Option<(u32, Vec<i64>)> {

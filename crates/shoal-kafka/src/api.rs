@@ -203,9 +203,12 @@ async fn route(state: &Arc<State>, ctx: &RequestCtx, mut buf: Bytes) -> Result<R
             ctx.reply(&r)
         }
         ApiKey::Metadata => answer!(crate::metadata::metadata, await),
-        ApiKey::CreateTopics => answer!(crate::metadata::create_topics),
-        ApiKey::DeleteTopics => answer!(crate::metadata::delete_topics),
-        ApiKey::CreatePartitions => answer!(crate::metadata::create_partitions, no_ctx),
+        ApiKey::CreateTopics => answer!(crate::metadata::create_topics_replicated, await),
+        ApiKey::DeleteTopics => answer!(crate::metadata::delete_topics_replicated, await),
+        ApiKey::CreatePartitions => {
+            let req = decode(state, key, v, b)?;
+            ctx.reply(&crate::metadata::create_partitions_replicated(state, req).await)
+        }
         ApiKey::DescribeConfigs => answer!(crate::metadata::describe_configs),
         ApiKey::Produce => {
             match crate::produce::produce(state, ctx, decode(state, key, v, b)?).await {

@@ -104,9 +104,9 @@ pub trait BrokerHandle: Send + Sync + 'static {
     fn replica_count(&self) -> usize {
         1
     }
-    /// Resolves with `true` once the consumer offsets committed before the call are as
-    /// durable as the broker makes them (a replicated group's in-sync set has them), `false`
-    /// when they were not in time. Default: at once.
+    /// Resolves with `true` once the consumer offsets committed and the topic-table changes
+    /// made before the call are as durable as the broker makes them (a replicated group's
+    /// in-sync set has them), `false` when they were not in time. Default: at once.
     fn offsets_replicated(&self) -> BoxFuture<'static, bool> {
         Box::pin(async { true })
     }

@@ -263,6 +263,75 @@ fn msg(s: impl Into<String>) -> Option<StrBytes> {
     Some(StrBytes::from_string(s.into()))
 }
 
+/// Why a table change is answered REQUEST_TIMED_OUT: made, but not known replicated.
+const NOT_REPLICATED: &str =
+    "made on the master of its broker group; the group's in-sync set did not acknowledge it in time";
+
+/// Whether the table changes made so far are on the broker group's in-sync set (at once for a
+/// broker that does not replicate): a change is answered only then, as a Kafka controller
+/// answers once the change is committed to its log, so a new master elected right after the
+/// answer has it.
+async fn tables_replicated(state: &State) -> bool {
+    state.host.offsets_replicated().await
+}
+
+/// [`create_topics`], answered once the topics created are replicated (REQUEST_TIMED_OUT
+/// when not in time: the topic exists on the master).
+pub(crate) async fn create_topics_replicated(
+    state: &Arc<State>,
+    ctx: &RequestCtx,
+    req: CreateTopicsRequest,
+) -> CreateTopicsResponse {
+    let changes = !req.validate_only;
+    let mut resp = create_topics(state, ctx, req);
+    let made = |t: &CreatableTopicResult| t.error_code == 0;
+    if changes && resp.topics.iter().any(made) && !tables_replicated(state).await {
+        for t in resp.topics.iter_mut().filter(|t| made(t)) {
+            t.error_code = code(ResponseError::RequestTimedOut);
+            if ctx.version >= 1 {
+                t.error_message = msg(format!("topic {} {NOT_REPLICATED}", t.name.0));
+            }
+        }
+    }
+    resp
+}
+
+/// [`delete_topics`], answered once the deletions are replicated.
+pub(crate) async fn delete_topics_replicated(
+    state: &Arc<State>,
+    ctx: &RequestCtx,
+    req: DeleteTopicsRequest,
+) -> DeleteTopicsResponse {
+    let mut resp = delete_topics(state, ctx, req);
+    let made = |t: &DeletableTopicResult| t.error_code == 0;
+    if resp.responses.iter().any(made) && !tables_replicated(state).await {
+        for t in resp.responses.iter_mut().filter(|t| made(t)) {
+            t.error_code = code(ResponseError::RequestTimedOut);
+            if ctx.version >= 5 {
+                t.error_message = msg(format!("the deletion was {NOT_REPLICATED}"));
+            }
+        }
+    }
+    resp
+}
+
+/// [`create_partitions`], answered once the new counts are replicated.
+pub(crate) async fn create_partitions_replicated(
+    state: &Arc<State>,
+    req: CreatePartitionsRequest,
+) -> CreatePartitionsResponse {
+    let changes = !req.validate_only;
+    let mut resp = create_partitions(state, req);
+    let made = |t: &CreatePartitionsTopicResult| t.error_code == 0;
+    if changes && resp.results.iter().any(made) && !tables_replicated(state).await {
+        for t in resp.results.iter_mut().filter(|t| made(t)) {
+            t.error_code = code(ResponseError::RequestTimedOut);
+            t.error_message = msg(format!("the new count was {NOT_REPLICATED}"));
+        }
+    }
+    resp
+}
+
 /// CreateTopics: one replica; partitions -1 take the default; `cleanup.policy=compact` is
 /// refused (Shoal does not compact); other configs are accepted and reported, not applied.
 pub(crate) fn create_topics(

@@ -341,7 +341,11 @@ impl BrokerHandle for BrokerBridge {
     }
 
     fn replica_count(&self) -> usize {
-        self.own_replicas(None).nodes.len().max(1)
+        // A master knows its group from the controller; the name servers' list may lag.
+        self.broker
+            .group_size()
+            .unwrap_or_else(|| self.own_replicas(None).nodes.len())
+            .max(1)
     }
 
     fn default_partitions(&self) -> i32 {

@@ -120,3 +120,93 @@ fn failover(what: &str, client: impl FnOnce(&str) -> Command) {
     let status = child.wait().unwrap();
     assert!(status.success(), "{what} failed: {status}");
 }
+
+/// Kafka's admin requests on a replicated master are answered once the group's in-sync set has
+/// the change, as a Kafka controller answers once its log has it: a topic created by
+/// CreateTopics and partitions added by CreatePartitions are on the new master when the master
+/// is SIGKILLed right after the answers.
+#[test]
+fn kafka_topic_changes_answered_on_the_master_survive_its_kill() {
+    use kafka_protocol::messages::create_partitions_request::CreatePartitionsTopic;
+    use kafka_protocol::messages::create_topics_request::CreatableTopic;
+    use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
+    use kafka_protocol::messages::*;
+    use support::kafka_wire::{topic_name, Client};
+
+    let _one = ONE.lock().unwrap_or_else(|e| e.into_inner());
+    let mut r = Replicas::start_with_kafka();
+    let g = r.wait_group("no master with three in sync", |g| {
+        g["master"].is_u64() && in_sync_len(g) == 3
+    });
+    let epoch = g["masterEpoch"].as_u64().unwrap();
+    let master = r.index_of(&g, g["master"].as_u64().unwrap());
+    let mut c = Client::connect(&r.kafka[master]);
+    let mut create = CreateTopicsRequest::default();
+    create.timeout_ms = 10_000;
+    for name in ["KafkaMade", "KafkaGrown"] {
+        let mut t = CreatableTopic::default();
+        t.name = topic_name(name);
+        t.num_partitions = 2;
+        t.replication_factor = 3;
+        create.topics.push(t);
+    }
+    let made: CreateTopicsResponse = c.call(ApiKey::CreateTopics, 7, &create);
+    for t in &made.topics {
+        assert_eq!(t.error_code, 0, "{:?}", t.error_message);
+        assert_eq!(t.replication_factor, 3);
+    }
+    let mut grow = CreatePartitionsRequest::default();
+    grow.timeout_ms = 10_000;
+    let mut t = CreatePartitionsTopic::default();
+    t.name = topic_name("KafkaGrown");
+    t.count = 5;
+    grow.topics.push(t);
+    let grown: CreatePartitionsResponse = c.call(ApiKey::CreatePartitions, 3, &grow);
+    assert_eq!(
+        grown.results[0].error_code, 0,
+        "{:?}",
+        grown.results[0].error_message
+    );
+    r.kill_broker(master);
+
+    let g = r.wait_group("no new master elected", |g| {
+        g["masterEpoch"].as_u64().unwrap_or(0) > epoch && g["master"].is_u64()
+    });
+    let new_master = r.index_of(&g, g["master"].as_u64().unwrap());
+    let mut c = Client::connect(&r.kafka[new_master]);
+    let mut ask = MetadataRequest::default();
+    ask.allow_auto_topic_creation = false;
+    for name in ["KafkaMade", "KafkaGrown"] {
+        let mut t = MetadataRequestTopic::default();
+        t.name = Some(topic_name(name));
+        ask.topics.get_or_insert_with(Vec::new).push(t);
+    }
+    let deadline = std::time::Instant::now() + support::replicas::LIMIT;
+    let partitions = loop {
+        let m: MetadataResponse = c.call(ApiKey::Metadata, 9, &ask);
+        let counts: Vec<(String, i16, usize)> = m
+            .topics
+            .iter()
+            .map(|t| {
+                let name = t.name.as_ref().map(|n| n.0.to_string()).unwrap_or_default();
+                (name, t.error_code, t.partitions.len())
+            })
+            .collect();
+        // A new master answers its own topics once it took over its log's metadata.
+        if counts.iter().all(|(_, e, _)| *e == 0) {
+            break counts;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the new master does not have the topics answered before the kill: {counts:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    assert_eq!(
+        partitions,
+        [
+            ("KafkaMade".to_string(), 0, 2),
+            ("KafkaGrown".to_string(), 0, 5)
+        ]
+    );
+}

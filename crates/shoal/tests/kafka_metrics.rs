@@ -13,66 +13,13 @@ mod support;
 #[path = "../../shoal-kafka/tests/support/records.rs"]
 mod records;
 
-use bytes::{BufMut, Bytes, BytesMut};
 use kafka_protocol::messages::*;
-use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, StrBytes};
 use kafka_protocol::records::{Compression, RecordBatchDecoder};
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
+use support::kafka_wire::{topic_name, Client};
 use support::{sample, Dev};
-
-/// One Kafka connection, requests answered in order.
-struct Client {
-    stream: TcpStream,
-    next: i32,
-}
-
-impl Client {
-    fn connect(addr: &str) -> Client {
-        let stream = TcpStream::connect(addr).unwrap();
-        stream
-            .set_read_timeout(Some(Duration::from_secs(30)))
-            .unwrap();
-        Client { stream, next: 1 }
-    }
-
-    fn call<Q: Encodable + HeaderVersion, R: Decodable>(
-        &mut self,
-        key: ApiKey,
-        version: i16,
-        req: &Q,
-    ) -> R {
-        let id = self.next;
-        self.next += 1;
-        let mut buf = BytesMut::new();
-        buf.put_i32(0);
-        RequestHeader::default()
-            .with_request_api_key(key as i16)
-            .with_request_api_version(version)
-            .with_correlation_id(id)
-            .with_client_id(Some(StrBytes::from_static_str("kafka-metrics-test")))
-            .encode(&mut buf, key.request_header_version(version))
-            .unwrap();
-        req.encode(&mut buf, version).unwrap();
-        let len = (buf.len() - 4) as i32;
-        buf[0..4].copy_from_slice(&len.to_be_bytes());
-        self.stream.write_all(&buf).unwrap();
-
-        let mut len = [0u8; 4];
-        self.stream.read_exact(&mut len).unwrap();
-        let mut body = vec![0u8; i32::from_be_bytes(len) as usize];
-        self.stream.read_exact(&mut body).unwrap();
-        let mut b = Bytes::from(body);
-        let h = ResponseHeader::decode(&mut b, key.response_header_version(version)).unwrap();
-        assert_eq!(h.correlation_id, id);
-        R::decode(&mut b, version).unwrap()
-    }
-}
-
-fn topic_name(t: &str) -> TopicName {
-    TopicName(StrBytes::from_string(t.to_string()))
-}
 
 /// Scrapes until `series` has the value `want` (the listener updates some counters after it
 /// has written the answer, e.g. a closed connection's `connections_open`).

@@ -279,6 +279,16 @@ impl Replication {
         }
     }
 
+    /// While master: how many brokers keep a copy of the group's log (itself and the
+    /// replicas it ships to, in sync or not).
+    pub(crate) fn group_size(&self) -> Option<usize> {
+        let view = self.view.lock();
+        match view.role {
+            RoleView::Master { .. } => Some(1 + view.replicas.len()),
+            _ => None,
+        }
+    }
+
     /// While master holding its lease: its master epoch and its in-sync set as registered
     /// broker ids (itself as 0, the replicas by their controller ids), which its
     /// registration names for the Kafka listeners (leader epoch and ISR).

@@ -10,6 +10,7 @@
 
 pub mod cluster;
 pub mod external;
+pub mod kafka_wire;
 pub mod proxy;
 pub mod replicas;
 
